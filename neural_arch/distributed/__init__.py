@@ -1,0 +1,69 @@
+"""neural_arch.distributed: the public face of distributed training.
+
+Every name the seeds import lives here, loaded lazily from the module that implements it
+(so ``import neural_arch.distributed`` stays cheap, and never imports mpi4py or cupy)::
+
+    from neural_arch.distributed import (
+        init_process_group, destroy_process_group, get_rank, get_world_size,
+        all_reduce, ReduceOp, DistributedDataParallel, DistributedSampler,
+    )
+
+    init_process_group()                 # backend picked from the environment
+    t = all_reduce(Tensor(np.ones(3)), ReduceOp.SUM)
+
+=================================  ===========================================
+module                             names
+=================================  ===========================================
+``group``                          process groups, init/destroy, rank queries
+``collectives``                    Tensor collectives, p2p, object collectives
+``backends``                       ``ReduceOp``, ``Work``, the error classes
+``ddp``                            ``DistributedDataParallel``, ``no_sync``
+``sampler``                        ``DistributedSampler``, ``distributed_evaluate``
+``launcher`` / ``spawn``           the process launcher, ``launch(fn, nprocs)``
+``store``                          ``TCPStore``, ``FileStore``, ``PrefixStore``
+=================================  ===========================================
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Dict
+
+_LAZY: Dict[str, str] = {}
+
+
+def _export(module: str, *names: str) -> None:
+    for name in names:
+        _LAZY[name] = module
+
+
+_export("group", "init_process_group", "destroy_process_group", "is_initialized", "is_available",
+        "get_rank", "get_world_size", "get_backend", "get_distributed_info", "new_group", "ProcessGroup",
+        "get_default_group", "GroupMember")
+_export("collectives", "barrier", "all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter",
+        "reduce_scatter", "all_to_all", "send", "recv", "isend", "irecv", "broadcast_object_list",
+        "all_gather_object", "gather_object", "scatter_object_list")
+_export("backends", "ReduceOp", "Work", "DistributedError", "NotInitializedError", "CollectiveTimeoutError",
+        "PeerFailureError", "CollectiveMismatchError", "RendezvousError", "AuthenticationError",
+        "available_backends", "is_backend_available")
+_export("ddp", "DistributedDataParallel", "no_sync")
+_export("sampler", "DistributedSampler", "distributed_evaluate")
+_export("launcher", "LaunchConfig", "DistributedLauncher", "launch_distributed_training")
+_export("spawn", "launch")
+_export("elastic", "find_latest_checkpoint")
+_export("store", "TCPStore", "FileStore", "PrefixStore")
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'neural_arch.distributed' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # cache: later lookups skip __getattr__
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,38 @@
+"""Exceptions raised by the communication layer.
+
+Every error names the operation, its sequence number within the group and the ranks
+involved, so that a failure on rank 3 of 5 can be read without the other four logs::
+
+    CollectiveTimeoutError: all_reduce #57 (shape (1024,), float32) on group [0, 1, 2, 3]
+    timed out after 30.0 s on rank 0: ranks [3] did not arrive; ranks [0, 1, 2] were waiting
+"""
+
+from __future__ import annotations
+
+
+class DistributedError(RuntimeError):
+    """Base class of every error raised by ``neural_arch.distributed``."""
+
+
+class NotInitializedError(DistributedError):
+    """A collective was called before ``init_process_group()``."""
+
+
+class CollectiveTimeoutError(DistributedError, TimeoutError):
+    """A blocking operation did not complete within the group's timeout."""
+
+
+class PeerFailureError(DistributedError, ConnectionError):
+    """A peer closed its connection or died while an operation needed it."""
+
+
+class CollectiveMismatchError(DistributedError):
+    """Ranks called different collectives (op, shape, dtype or root) at the same sequence number."""
+
+
+class RendezvousError(DistributedError):
+    """Ranks did not all reach the rendezvous in time (the message lists the missing ones)."""
+
+
+class AuthenticationError(DistributedError):
+    """A connection presented no job token, or the wrong one."""

@@ -1,0 +1,360 @@
+"""A harness for testing distributed code with real processes.
+
+Every distributed test in neural_arch runs through this module: N real Python processes
+(or ``mpiexec -n N`` for the MPI backend) rendezvous into a process group, run a picklable
+function, and send back their results or their tracebacks. Every wait has a deadline and
+every process is reaped, even when a test fails or a rank hangs.
+
+Two entry points:
+
+* :class:`RankPool` keeps its ranks alive and feeds them many functions: start it once per
+  test module (a process start costs about a second here) and run hypothesis examples
+  through it.
+* :func:`run_ranks` starts fresh processes for one function and reports what happened to
+  each rank, including ranks that died: the tool for fault tests.
+
+Example::
+
+    def total(x):                     # module level: it is pickled by reference
+        import neural_arch.distributed as dist
+        import numpy as np
+        a = np.full(3, float(dist.get_rank() + x))
+        dist.all_reduce(a)
+        return a.tolist()
+
+    with RankPool(world_size=2) as pool:
+        assert pool.run(total, 1) == [[3.0] * 3, [3.0] * 3]
+
+The function runs with ``NEURAL_ARCH_*`` environment variables set by the pool; for the gloo
+backend pass ``env={"NEURAL_ARCH_GLOO_TRANSPORT": "tcp"}`` to force a transport.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
+from typing import Any, Callable, Dict, List, Optional
+
+from .backends.errors import DistributedError
+
+
+class RankFailure(DistributedError):
+    """One or more ranks raised (or died, or timed out) while running a pool function."""
+
+    def __init__(self, message: str, results: Optional[List["RankResult"]] = None):
+        super().__init__(message)
+        self.results = results or []
+
+
+@dataclass
+class RankResult:
+    """What happened on one rank: ``ok`` with ``value``, or an ``error`` (type name in ``exc_type``)."""
+
+    rank: int
+    ok: bool
+    value: Any = None
+    error: Optional[str] = None
+    exc_type: Optional[str] = None
+    traceback: Optional[str] = None
+    exitcode: Optional[int] = None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (good enough for tests on loopback)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def mpiexec_path() -> Optional[str]:
+    """The ``mpiexec`` to use, or None when MPI is not installed."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None
+    return shutil.which("mpiexec") or shutil.which("mpirun")
+
+
+_LIVE_POOLS: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_pools() -> None:
+    for pool in list(_LIVE_POOLS):
+        pool.close()
+
+
+class RankPool:
+    """``world_size`` ranks kept alive to run many functions (see the module docstring).
+
+    Args:
+        world_size: number of ranks (1-5 in tests; oversubscribing the cores is fine).
+        backend: ``"gloo"``, ``"mpi"`` (started under a real ``mpiexec``) or any registered name.
+        timeout: seconds one :meth:`run` may take before the pool is killed and the call fails;
+            also the process group's collective timeout inside the ranks.
+        env: extra environment variables for the ranks.
+        init: call ``init_process_group()`` in each rank before running anything.
+        start_timeout: seconds the ranks have to start and rendezvous.
+    """
+
+    def __init__(self, world_size: int, backend: str = "gloo", timeout: float = 60.0,
+                 env: Optional[Dict[str, str]] = None, init: bool = True, start_timeout: float = 60.0):
+        if world_size < 1:
+            raise ValueError(f"world_size={world_size} must be >= 1")
+        self.world_size = world_size
+        self.backend = backend
+        self.timeout = timeout
+        self.env = dict(env or {})
+        self.init = init
+        self.start_timeout = start_timeout
+        self._procs: List[subprocess.Popen] = []
+        self._conns: Dict[int, Connection] = {}
+        self._pids: Dict[int, int] = {}
+        self._logdir: Optional[str] = None
+        self._started = False
+        _LIVE_POOLS.add(self)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def __enter__(self) -> "RankPool":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> None:
+        if self._started:
+            return
+        self._logdir = tempfile.mkdtemp(prefix="neural_arch_pool_")
+        key = secrets.token_bytes(16)
+        server = socket.create_server(("127.0.0.1", 0))
+        server.settimeout(0.2)
+        env = self._child_env(server.getsockname()[1], key)
+        try:
+            self._spawn(env)
+            self._accept(server, key)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            server.close()
+        self._started = True
+
+    def _child_env(self, pool_port: int, key: bytes) -> Dict[str, str]:
+        env = dict(os.environ)
+        # The ranks import exactly what this process can import (test modules included).
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        env.update({
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+            "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": str(self.world_size),
+            "NEURAL_ARCH_BACKEND": self.backend,
+            "NEURAL_ARCH_AUTH_TOKEN": secrets.token_hex(16),
+            "NEURAL_ARCH_TIMEOUT": str(self.timeout),
+            "NEURAL_ARCH_POOL_ADDR": f"127.0.0.1:{pool_port}", "NEURAL_ARCH_POOL_KEY": key.hex(),
+            "NEURAL_ARCH_POOL_INIT": "1" if self.init else "0",
+            # one BLAS thread per rank: ranks share two cores
+            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+        })
+        env.update(self.env)
+        return env
+
+    def _spawn(self, env: Dict[str, str]) -> None:
+        worker = [sys.executable, "-m", "neural_arch.distributed._rank_worker"]
+        if self.backend == "mpi":
+            mpiexec = mpiexec_path()
+            if mpiexec is None:
+                raise RuntimeError("backend='mpi' needs mpi4py and mpiexec: pip install 'neural_arch[mpi]'")
+            env = dict(env, NEURAL_ARCH_POOL_LAUNCHER="mpiexec")
+            for var in ("RANK", "LOCAL_RANK"):
+                env.pop(var, None)
+            log = open(os.path.join(self._logdir, "mpiexec.log"), "wb")
+            self._procs.append(subprocess.Popen([mpiexec, "-n", str(self.world_size)] + worker, env=env,
+                                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                start_new_session=True))
+            log.close()
+            return
+        for rank in range(self.world_size):
+            log = open(os.path.join(self._logdir, f"rank{rank}.log"), "wb")
+            rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
+            self._procs.append(subprocess.Popen(worker, env=rank_env, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, start_new_session=True))
+            log.close()
+
+    def _accept(self, server: socket.socket, key: bytes) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        pending: List[Connection] = []
+        while len(self._conns) < self.world_size:
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(self.world_size)) - set(self._conns))
+                raise RankFailure(f"RankPool: ranks {missing} did not start within {self.start_timeout:.0f} s"
+                                  f"{self._log_tail()}")
+            dead = [p for p in self._procs if p.poll() is not None]
+            if dead and not pending:
+                raise RankFailure(f"RankPool: a rank process exited with code {dead[0].returncode} "
+                                  f"during start-up{self._log_tail()}")
+            try:
+                sock, _ = server.accept()
+            except socket.timeout:
+                sock = None
+            if sock is not None:
+                sock.setblocking(True)
+                conn = Connection(sock.detach())
+                deliver_challenge(conn, key)
+                answer_challenge(conn, key)
+                pending.append(conn)
+            for conn in wait(pending, timeout=0):
+                pending.remove(conn)
+                kind, rank, pid, detail = conn.recv()
+                if kind == "init-error":
+                    raise RankFailure(f"RankPool: rank {rank} failed in init_process_group:\n{detail}")
+                self._conns[rank] = conn
+                self._pids[rank] = pid
+
+    def close(self) -> None:
+        """Stop every rank (politely, then SIGKILL) and reap them. Safe to call twice."""
+        for conn in self._conns.values():
+            try:
+                conn.send(("stop",))
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + 3.0
+        for proc in self._procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self._kill()
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()
+        self._procs.clear()
+        self._started = False
+        if self._logdir:
+            shutil.rmtree(self._logdir, ignore_errors=True)
+            self._logdir = None
+
+    def _kill(self) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    proc.kill()
+        for pid in self._pids.values():  # ranks that escaped the process group (mpiexec proxies)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for proc in self._procs:
+            try:
+                proc.wait(5.0)
+            except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not fail
+                pass
+
+    def _log_tail(self, limit: int = 4000) -> str:
+        if not self._logdir or not os.path.isdir(self._logdir):
+            return ""
+        parts = []
+        for name in sorted(os.listdir(self._logdir)):
+            with open(os.path.join(self._logdir, name), "rb") as f:
+                text = f.read().decode(errors="replace")[-limit:]
+            if text.strip():
+                parts.append(f"--- {name} ---\n{text}")
+        return ("\n" + "\n".join(parts)) if parts else ""
+
+    # -- running ---------------------------------------------------------------------------------
+    def run(self, fn: Callable, *args, timeout: Optional[float] = None, **kwargs) -> List[Any]:
+        """Run ``fn(*args, **kwargs)`` on every rank; return the results in rank order.
+
+        Raises :class:`RankFailure` naming every failing rank with its traceback. When some
+        ranks fail and the others do not finish shortly after, the pool is restarted on the
+        next call (its ranks may be stuck in a collective the failed ranks never joined).
+        """
+        results = self.run_detailed(fn, *args, timeout=timeout, **kwargs)
+        failed = [r for r in results if not r.ok]
+        if failed:
+            detail = "\n".join(f"--- rank {r.rank}: {r.exc_type}: {r.error}\n{r.traceback or ''}" for r in failed)
+            raise RankFailure(f"{getattr(fn, '__name__', fn)} failed on ranks {[r.rank for r in failed]}:\n"
+                              f"{detail}", results)
+        return [r.value for r in results]
+
+    def run_detailed(self, fn: Callable, *args, timeout: Optional[float] = None, **kwargs) -> List[RankResult]:
+        """Like :meth:`run`, but return a :class:`RankResult` per rank instead of raising."""
+        self.start()
+        timeout = self.timeout if timeout is None else timeout
+        results: Dict[int, RankResult] = {}
+        for rank, conn in self._conns.items():
+            try:
+                conn.send(("run", fn, args, kwargs))
+            except (OSError, ValueError) as exc:
+                results[rank] = RankResult(rank, False, error=f"cannot reach rank: {exc}", exc_type="BrokenPipe")
+        deadline = time.monotonic() + timeout
+        waiting = {conn: rank for rank, conn in self._conns.items() if rank not in results}
+        broken = False
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                broken = True
+                for rank in sorted(waiting.values()):
+                    results[rank] = RankResult(rank, False, error=f"no answer within {timeout:.0f} s "
+                                               "(hung, or stuck in a collective another rank never joined)",
+                                               exc_type="Timeout")
+                break
+            for conn in wait(list(waiting), timeout=min(left, 0.5)):
+                rank = waiting.pop(conn)
+                try:
+                    reply = conn.recv()
+                except (EOFError, OSError):
+                    broken = True
+                    results[rank] = RankResult(rank, False, error="the rank process died", exc_type="Died",
+                                               exitcode=self._exitcode(rank))
+                    continue
+                if reply[0] == "ok":
+                    results[rank] = RankResult(rank, True, value=reply[1])
+                else:
+                    results[rank] = RankResult(rank, False, exc_type=reply[1], error=reply[2], traceback=reply[3])
+            if any(not r.ok for r in results.values()):
+                # Survivors of a failure get a short grace to finish, not the whole timeout.
+                deadline = min(deadline, time.monotonic() + 10.0)
+        if broken:
+            log = self._log_tail()
+            self.close()
+            for r in results.values():
+                if not r.ok and r.traceback is None:
+                    r.traceback = log
+        return [results[r] for r in range(self.world_size)]
+
+    def _exitcode(self, rank: int) -> Optional[int]:
+        if self.backend == "mpi":
+            return None
+        proc = self._procs[rank]
+        try:
+            return proc.wait(2.0)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def run_ranks(fn: Callable, world_size: int, backend: str = "gloo", args: tuple = (), timeout: float = 60.0,
+              env: Optional[Dict[str, str]] = None, init: bool = True, kwargs: Optional[dict] = None
+              ) -> List[RankResult]:
+    """Run ``fn(*args)`` once on ``world_size`` fresh ranks; report each rank's outcome.
+
+    Unlike :meth:`RankPool.run` this never raises for a failing rank: fault tests inspect
+    the results (a rank that SIGKILLed itself shows ``exc_type == "Died"`` and its exit code).
+    """
+    pool = RankPool(world_size, backend=backend, timeout=timeout, env=env, init=init)
+    try:
+        return pool.run_detailed(fn, *args, **(kwargs or {}))
+    finally:
+        pool.close()
