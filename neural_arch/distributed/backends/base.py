@@ -43,6 +43,7 @@ from typing import Any, Callable, List, Optional, Sequence
 import numpy as np
 
 from .errors import CollectiveMismatchError, DistributedError
+from .fingerprint import FINGERPRINT_LEN, OP_CODES, describe_fingerprint, fingerprint
 from .work import OpInfo, ReduceOp, Work
 
 # Dtypes every backend must move. bool travels as uint8 (same itemsize).
@@ -52,12 +53,6 @@ SUPPORTED_DTYPES = frozenset(
 FLOAT_DTYPE_KINDS = ("f",)
 DEBUG_ENV = "NEURAL_ARCH_DISTRIBUTED_DEBUG"
 
-# Fingerprint of an op for the debug-mode cross-rank check: fixed length so the check
-# itself can never hang on a shape mismatch.
-_FP_LEN = 16
-_OP_CODES = {name: i for i, name in enumerate(
-    ["all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter", "reduce_scatter",
-     "all_to_all", "barrier", "broadcast_object", "all_gather_object"])}
 
 
 def debug_mode_from_env() -> bool:
@@ -267,7 +262,7 @@ class Backend(abc.ABC):
         info = work.info
         info.deadline = time.monotonic() + self.timeout
         try:
-            if self.debug and info.name in _OP_CODES:
+            if self.debug and info.name in OP_CODES:
                 self._debug_check(info)
             result = fn()
         except BaseException as exc:  # noqa: BLE001 - stored, raised by Work.wait()
@@ -299,13 +294,13 @@ class Backend(abc.ABC):
 
     def _debug_check(self, info: OpInfo) -> None:
         """Compare (op, shape, dtype, root, reduce op) across ranks; raise on every rank if they differ."""
-        mine = _fingerprint(info)
-        table = np.zeros((self._size, _FP_LEN), dtype=np.int64)
+        mine = fingerprint(info)
+        table = np.zeros((self._size, FINGERPRINT_LEN), dtype=np.int64)
         check = OpInfo(f"debug check of {info.name}", info.seq, info.group_ranks, info.rank,
                        deadline=info.deadline)
         self._allgather(table, mine, check)
         if not (table == mine).all():
-            rows = {self.group_ranks[r]: _describe_fingerprint(table[r]) for r in range(self._size)}
+            rows = {self.group_ranks[r]: describe_fingerprint(table[r]) for r in range(self._size)}
             lines = "; ".join(f"rank {r}: {d}" for r, d in rows.items())
             raise CollectiveMismatchError(
                 f"collective #{info.seq} differs across ranks of group {self.group_ranks}: {lines}. "
@@ -581,41 +576,3 @@ _COLLECTIVE_TAG = -1  # tag used by derived collectives built on send/recv
 
 def _pickle(obj) -> np.ndarray:
     return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8).copy()
-
-
-_DTYPE_CODES = {str(d): i + 1 for i, d in enumerate(sorted(str(d) for d in SUPPORTED_DTYPES))}
-_OP_NAMES = {code: name for name, code in _OP_CODES.items()}
-_DTYPE_NAMES = {code: name for name, code in _DTYPE_CODES.items()}
-_REDUCE_CODES = {"sum": 1, "avg": 2, "max": 3, "min": 4, "product": 5}
-_REDUCE_NAMES = {v: k for k, v in _REDUCE_CODES.items()}
-_MAX_DIMS = _FP_LEN - 6
-
-
-def _fingerprint(info: OpInfo) -> np.ndarray:
-    fp = np.full(_FP_LEN, -1, dtype=np.int64)
-    fp[0] = _OP_CODES.get(info.name, 99)
-    fp[1] = info.seq
-    fp[2] = -1 if info.root is None else info.root
-    fp[3] = _DTYPE_CODES.get(info.dtype or "", 0)
-    fp[4] = _REDUCE_CODES.get(info.reduce_op or "", 0)
-    shape = info.shape or ()
-    fp[5] = len(shape) if info.shape is not None else -1
-    for i, d in enumerate(shape[:_MAX_DIMS]):
-        fp[6 + i] = d
-    return fp
-
-
-def _describe_fingerprint(fp: np.ndarray) -> str:
-    name = _OP_NAMES.get(int(fp[0]), "?")
-    ndim = int(fp[5])
-    shape = tuple(int(d) for d in fp[6:6 + min(ndim, _MAX_DIMS)]) if ndim >= 0 else None
-    parts = [f"{name}"]
-    if shape is not None:
-        parts.append(f"shape {shape}")
-    if fp[3]:
-        parts.append(_DTYPE_NAMES.get(int(fp[3]), "?"))
-    if fp[2] >= 0:
-        parts.append(f"root {int(fp[2])}")
-    if fp[4]:
-        parts.append(f"op {_REDUCE_NAMES.get(int(fp[4]), '?')}")
-    return " ".join(parts)
