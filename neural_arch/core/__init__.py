@@ -1,0 +1,88 @@
+"""The core: ``Tensor``, the autograd engine, and the differentiable ops.
+
+Example::
+
+    >>> from neural_arch.core import Tensor, no_grad
+    >>> x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    >>> (x ** 2).mean().backward()
+    >>> [round(v, 4) for v in x.grad.tolist()]
+    [0.6667, 1.3333, 2.0]
+"""
+
+# tensor first: it binds the ops as methods, and the op modules import Tensor from it.
+from .tensor import Tensor, tensor  # noqa: I001
+from .autograd import (
+    RemovableHandle,
+    enable_grad,
+    is_backward_running,
+    is_grad_enabled,
+    no_grad,
+    queue_callback,
+    set_grad_enabled,
+)
+from .ops_basic import (
+    add,
+    div,
+    matmul,
+    max,
+    mean,
+    min,
+    mul,
+    neg,
+    pow,
+    sub,
+    sum,
+    unbroadcast,
+    var,
+)
+from .ops_shape import (
+    broadcast_to,
+    cat,
+    chunk,
+    concatenate,
+    flatten,
+    getitem,
+    permute,
+    reshape,
+    split,
+    squeeze,
+    stack,
+    transpose,
+    unsqueeze,
+)
+from .ops_nn import (
+    abs,
+    clamp,
+    clip,
+    cross_entropy,
+    dropout,
+    embedding,
+    exp,
+    gelu,
+    layer_norm,
+    leaky_relu,
+    linear,
+    log,
+    log_softmax,
+    mse_loss,
+    nll_loss,
+    relu,
+    sigmoid,
+    silu,
+    softmax,
+    sqrt,
+    tanh,
+    where,
+)
+from .rng import get_generator, manual_seed
+
+__all__ = [
+    "Tensor", "tensor", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
+    "queue_callback", "is_backward_running", "RemovableHandle", "manual_seed", "get_generator",
+    "add", "sub", "mul", "div", "pow", "neg", "matmul", "sum", "mean", "max", "min", "var",
+    "reshape", "transpose", "permute", "squeeze", "unsqueeze", "flatten", "broadcast_to",
+    "getitem", "cat", "concatenate", "stack", "split", "chunk", "unbroadcast",
+    "exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "leaky_relu", "silu", "gelu",
+    "softmax", "log_softmax", "where", "clip", "clamp", "dropout", "embedding", "layer_norm",
+    "cross_entropy", "nll_loss", "mse_loss", "linear",
+]

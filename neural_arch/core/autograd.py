@@ -1,0 +1,400 @@
+"""The autograd engine: grad mode, graph nodes, hooks and the (iterative) backward pass.
+
+Every differentiable op records one :class:`Node` holding a closure ``fn(grad) -> tuple`` that
+maps the gradient of its output to gradients of its parents (raw arrays, ``None`` where a parent
+gets nothing). :func:`run_backward` walks the graph without recursion, so a 10,000-op chain is
+fine, in the order PyTorch uses: among ready nodes the most recently created one runs first.
+That order finishes the gradients of the *last* layers first, which is what lets DDP start
+reducing them while backward is still running.
+
+Grad mode (``no_grad``) is a process-wide switch, not a per-thread one: it is read by every op,
+and a module global is the cheapest read. Build graphs from one thread at a time (communication
+threads move raw arrays and never call ops, so DDP is unaffected).
+
+Example::
+
+    >>> from neural_arch.core.tensor import Tensor, no_grad
+    >>> x = Tensor([1.0, 2.0], requires_grad=True)
+    >>> (x * x).sum().backward()
+    >>> x.grad.tolist()
+    [2.0, 4.0]
+    >>> with no_grad():
+    ...     y = x * 2
+    >>> y.requires_grad
+    False
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import threading
+
+import numpy as np
+
+__all__ = [
+    "no_grad",
+    "enable_grad",
+    "set_grad_enabled",
+    "is_grad_enabled",
+    "queue_callback",
+    "is_backward_running",
+    "Node",
+    "RemovableHandle",
+    "run_backward",
+]
+
+# Grad mode is a plain module global rather than thread-local: it is read by every op, and a
+# global read is the cheapest check there is. Training loops are single-threaded here (DDP's
+# communication threads move raw arrays and never build graphs).
+_grad_enabled = True
+
+
+def is_grad_enabled() -> bool:
+    """True when ops record the graph (the default)."""
+    return _grad_enabled
+
+
+class _GradMode:
+    """Base for the grad-mode context managers; each instance also works as a decorator."""
+
+    _mode = True
+
+    def __enter__(self):
+        global _grad_enabled
+        self._prev = _grad_enabled
+        _grad_enabled = self._mode
+        return self
+
+    def __exit__(self, *exc):
+        global _grad_enabled
+        _grad_enabled = self._prev
+        return False
+
+    def __call__(self, func):
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            with self.__class__():
+                return func(*args, **kwargs)
+
+        return wrapper
+
+
+class no_grad(_GradMode):
+    """Context manager / decorator: ops inside record no graph (inference, optimizer steps).
+
+    >>> with no_grad():
+    ...     pass
+    """
+
+    _mode = False
+
+
+class enable_grad(_GradMode):
+    """Context manager / decorator that turns graph recording back on inside ``no_grad``."""
+
+    _mode = True
+
+
+class set_grad_enabled(_GradMode):
+    """``set_grad_enabled(False)`` as a context manager (or called plainly) sets grad mode."""
+
+    def __init__(self, mode: bool):
+        global _grad_enabled
+        self._mode = bool(mode)
+        # Calling it plainly (not in a with-block) sets the mode at once, like torch.
+        self._prev = _grad_enabled
+        _grad_enabled = self._mode
+
+    def __enter__(self):
+        return self
+
+    def __call__(self, func):  # pragma: no cover - rarely used as decorator
+        mode = self._mode
+
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            with set_grad_enabled(mode):
+                return func(*args, **kwargs)
+
+        return wrapper
+
+
+# --------------------------------------------------------------------------------------------
+# Hooks and backward-time callbacks
+# --------------------------------------------------------------------------------------------
+
+_hook_ids = itertools.count()
+
+
+class RemovableHandle:
+    """Returned by hook registration; ``handle.remove()`` unregisters the hook (idempotent)."""
+
+    __slots__ = ("_store", "_key")
+
+    def __init__(self, store: dict, key: int):
+        self._store = store
+        self._key = key
+
+    def remove(self) -> None:
+        self._store.pop(self._key, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False
+
+
+def add_hook(store: dict, fn) -> RemovableHandle:
+    if not callable(fn):
+        raise TypeError(f"hook must be callable, got {type(fn).__name__}")
+    key = next(_hook_ids)
+    store[key] = fn
+    return RemovableHandle(store, key)
+
+
+_local = threading.local()
+
+
+def _callback_stack() -> list:
+    stack = getattr(_local, "callbacks", None)
+    if stack is None:
+        stack = _local.callbacks = []
+    return stack
+
+
+def is_backward_running() -> bool:
+    """True while a backward pass is running in this thread (e.g. inside a gradient hook)."""
+    return bool(_callback_stack())
+
+
+def queue_callback(fn) -> None:
+    """Run ``fn()`` once when the current backward finishes (after all post-accumulate hooks).
+
+    Only valid while a backward is running (call it from a gradient hook). Callbacks run in the
+    order they were queued; DDP uses this to wait for its outstanding all-reduces.
+    """
+    stack = _callback_stack()
+    if not stack:
+        raise RuntimeError(
+            "queue_callback() may only be called while a backward pass is running "
+            "(call it from inside a gradient hook)"
+        )
+    if not callable(fn):
+        raise TypeError(f"queue_callback needs a callable, got {type(fn).__name__}")
+    stack[-1].append(fn)
+
+
+# --------------------------------------------------------------------------------------------
+# Graph nodes
+# --------------------------------------------------------------------------------------------
+
+_seq = itertools.count()
+
+_FREED_MSG = (
+    "Trying to backward through the graph a second time (its saved arrays were freed after the "
+    "first backward). Pass retain_graph=True to the first .backward() call if you need to "
+    "backward twice."
+)
+
+
+class Node:
+    """One recorded op. ``fn(grad)`` returns one gradient (array or None) per entry of ``parents``.
+
+    ``parents`` holds the input Tensors (``None`` for inputs that need no gradient).
+    ``fresh=True`` promises that the arrays ``fn`` returns are newly allocated and not shared with
+    each other, so the engine may store them as ``.grad`` (or add into them) without copying.
+    """
+
+    __slots__ = ("fn", "parents", "name", "seq", "fresh", "hooks", "retain", "__weakref__")
+
+    def __init__(self, fn, parents, name: str, fresh: bool = True):
+        self.fn = fn
+        self.parents = parents
+        self.name = name
+        self.seq = next(_seq)
+        self.fresh = fresh
+        self.hooks = None  # dict of tensor hooks of the output tensor (register_hook on non-leaf)
+        self.retain = None  # weakref to the output tensor when retain_grad() was called
+
+    def __repr__(self) -> str:
+        return f"<{self.name}Backward>"
+
+
+def _run_tensor_hooks(hooks: dict, g, make_tensor):
+    """Apply ``register_hook`` hooks; returns (array, replaced?)."""
+    gt = make_tensor(g)
+    replaced = False
+    for h in list(hooks.values()):
+        r = h(gt)
+        if r is not None:
+            if not hasattr(r, "data"):
+                raise TypeError("a gradient hook must return a Tensor or None")
+            if tuple(r.shape) != tuple(gt.shape):
+                raise RuntimeError(
+                    f"gradient hook returned shape {tuple(r.shape)}, expected {tuple(gt.shape)}"
+                )
+            gt = r
+            replaced = True
+    return gt.data, replaced
+
+
+def _finalize_leaf(t, g, owned, make_tensor):
+    """Give leaf ``t`` its complete gradient for this backward: hooks, accumulate, post-hooks."""
+    if t._hooks:
+        g, replaced = _run_tensor_hooks(t._hooks, g, make_tensor)
+        if replaced:
+            owned = False
+    data = t.data
+    if isinstance(g, np.generic) or getattr(g, "dtype", None) != data.dtype:
+        g = np.asarray(g, dtype=data.dtype) if isinstance(g, np.generic) else g.astype(data.dtype)
+        owned = True
+    if g.shape != data.shape:
+        # Only reachable through a user-given root gradient or a hook; torch would error too.
+        raise RuntimeError(f"gradient shape {g.shape} does not match tensor shape {data.shape}")
+    cur = t._grad
+    if cur is None:
+        # Never store an array that another node (or the caller) may still read or mutate.
+        t._grad = make_tensor(g if owned else g.copy())
+    else:
+        cur.data += g
+    if t._post_hooks:
+        for h in list(t._post_hooks.values()):
+            h(t)
+
+
+def _accumulate(bufs, key, g, fresh):
+    entry = bufs.get(key)
+    if entry is None:
+        bufs[key] = [g, fresh]
+    elif entry[1]:
+        try:
+            entry[0] += g
+        except (TypeError, ValueError):
+            entry[0] = entry[0] + g
+    else:
+        entry[0] = entry[0] + g
+        entry[1] = True
+
+
+def run_backward(root, grad, retain_graph: bool, make_tensor) -> None:
+    """Backpropagate ``grad`` (an array shaped like ``root``) through the graph ending at ``root``.
+
+    ``make_tensor(array)`` wraps an array into a (non-grad) Tensor for hooks and ``.grad``.
+    """
+    global _grad_enabled
+    stack = _callback_stack()
+    callbacks: list = []
+    stack.append(callbacks)
+    prev_mode = _grad_enabled
+    _grad_enabled = False  # hooks may use Tensor ops; they must not build graphs
+    ok = False
+    try:
+        root_node = root.grad_fn
+        if root_node is None:
+            _finalize_leaf(root, grad, False, make_tensor)
+        else:
+            _execute(root_node, grad, retain_graph, make_tensor)
+        ok = True
+    finally:
+        _grad_enabled = prev_mode
+        stack.pop()
+    if ok:
+        # Callbacks may queue more callbacks (e.g. a follow-up wait); keep draining in order.
+        stack.append(callbacks)
+        try:
+            i = 0
+            while i < len(callbacks):
+                callbacks[i]()
+                i += 1
+        finally:
+            stack.pop()
+
+
+def _execute(root_node, grad, retain_graph, make_tensor):
+    # 1) Discover the reachable graph, counting how many gradient contributions each node and
+    #    each leaf will receive. A leaf is final (and its hooks fire) as soon as its count is 0.
+    if root_node.fn is None:
+        raise RuntimeError(_FREED_MSG)
+    deps = {root_node: 0}
+    leaf_count: dict = {}
+    todo = [root_node]
+    while todo:
+        n = todo.pop()
+        for p in n.parents:
+            if p is None:
+                continue
+            gf = p.grad_fn
+            if gf is not None:
+                c = deps.get(gf)
+                if c is None:
+                    if gf.fn is None:
+                        raise RuntimeError(_FREED_MSG)
+                    deps[gf] = 1
+                    todo.append(gf)
+                else:
+                    deps[gf] = c + 1
+            elif p.requires_grad:
+                k = id(p)
+                leaf_count[k] = leaf_count.get(k, 0) + 1
+
+    # 2) Run nodes, newest first among the ready ones.
+    bufs = {root_node: [grad, False]}
+    leaf_bufs: dict = {}
+    ready = [(-root_node.seq, root_node)]
+    pop, push = heapq.heappop, heapq.heappush
+    while ready:
+        n = pop(ready)[1]
+        entry = bufs.pop(n, None)
+        fn = n.fn
+        parents = n.parents
+        if not retain_graph:
+            # Free the saved arrays (closure) and the links to the input tensors, so activations
+            # die as soon as backward is done even if the caller keeps the loss tensor around.
+            n.fn = None
+            n.parents = ()
+        if entry is not None:
+            g = entry[0]
+            if n.hooks:
+                g, replaced = _run_tensor_hooks(n.hooks, g, make_tensor)
+                if replaced:
+                    entry[1] = False
+            if n.retain is not None:
+                t = n.retain()
+                if t is not None:
+                    if t._grad is None:
+                        keep = np.array(g) if isinstance(g, np.generic) else g.copy()
+                        t._grad = make_tensor(keep)
+                    else:
+                        t._grad.data = t._grad.data + g
+            grads = fn(g)
+            fresh = n.fresh
+        else:
+            grads = None  # this node got no gradient: only propagate the "done" signal
+        for i, p in enumerate(parents):
+            if p is None:
+                continue
+            pg = None if grads is None else grads[i]
+            gf = p.grad_fn
+            if gf is not None:
+                if pg is not None:
+                    if pg.dtype != p.data.dtype:
+                        pg = pg.astype(p.data.dtype)
+                    _accumulate(bufs, gf, pg, fresh)
+                c = deps[gf] - 1
+                deps[gf] = c
+                if c == 0:
+                    push(ready, (-gf.seq, gf))
+            elif p.requires_grad:
+                k = id(p)
+                if pg is not None:
+                    _accumulate(leaf_bufs, k, pg, fresh)
+                c = leaf_count[k] - 1
+                leaf_count[k] = c
+                if c == 0:
+                    e = leaf_bufs.pop(k, None)
+                    if e is not None:
+                        _finalize_leaf(p, e[0], e[1], make_tensor)

@@ -1,0 +1,317 @@
+"""Differentiable shape ops: reshape/view, transpose/permute, casting and device moves,
+indexing (basic, integer-array, boolean) and joining/splitting (cat, stack, split, chunk).
+
+Example::
+
+    >>> import numpy as np
+    >>> from neural_arch.core.tensor import Tensor
+    >>> x = Tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    >>> x[np.array([0, 0])].sum().backward()     # repeated rows: gradients accumulate
+    >>> x.grad.tolist()
+    [[2.0, 2.0, 2.0], [0.0, 0.0, 0.0]]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import backend as _backend
+from . import autograd as _ag
+from .autograd import Node
+from .ops_basic import _SCALARS, _bmax, _needs, _result, _same_device, _xp, scatter_add, unbroadcast
+from .tensor import Tensor
+
+
+# ============================================================================ shape ops
+def _shape_arg(shape):
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        return tuple(shape[0])
+    return shape
+
+
+def reshape(x: Tensor, *shape) -> Tensor:
+    """Reshape (a view when possible). ``x.reshape(2, 3)`` or ``x.reshape((2, 3))``."""
+    shape = _shape_arg(shape)
+    xd = x.data
+    out = xd.reshape(shape)
+    if not _needs(x):
+        return _result(out, None)
+    ish = xd.shape
+    return _result(out, Node(lambda g: (g.reshape(ish),), (x,), "Reshape", fresh=False))
+
+
+def transpose(x: Tensor, *axes) -> Tensor:
+    """Permute axes (reverse them when none given), like ``ndarray.transpose``.
+
+    ``transpose(x, d0, d1)`` with exactly two axes on a tensor of more than 2 dims swaps those
+    two (torch style).
+    """
+    axes = _shape_arg(axes)
+    xd = x.data
+    if len(axes) == 2 and xd.ndim >= 2:
+        perm = list(range(xd.ndim))
+        i, j = axes[0] % xd.ndim, axes[1] % xd.ndim
+        perm[i], perm[j] = perm[j], perm[i]
+        axes = tuple(perm)
+    if not axes:
+        axes = tuple(range(xd.ndim))[::-1]
+    axes = tuple(a % xd.ndim for a in axes) if xd.ndim else ()
+    out = xd.transpose(axes)
+    if not _needs(x):
+        return _result(out, None)
+    inv = tuple(np.argsort(axes)) if axes else ()
+    return _result(out, Node(lambda g: (g.transpose(inv),), (x,), "Transpose", fresh=False))
+
+
+def permute(x: Tensor, *axes) -> Tensor:
+    """Reorder all axes: ``x.permute(2, 0, 1)``."""
+    axes = _shape_arg(axes)
+    if len(axes) != x.ndim:
+        raise ValueError(f"permute needs {x.ndim} axes for a {x.ndim}-d tensor, got {axes}")
+    xd = x.data
+    out = xd.transpose(axes)
+    if not _needs(x):
+        return _result(out, None)
+    inv = tuple(np.argsort([a % xd.ndim for a in axes]))
+    return _result(out, Node(lambda g: (g.transpose(inv),), (x,), "Permute", fresh=False))
+
+
+def swapaxes(x: Tensor, a: int, b: int) -> Tensor:
+    perm = list(range(x.ndim))
+    perm[a], perm[b] = perm[b], perm[a]
+    return permute(x, *perm)
+
+
+def squeeze(x: Tensor, axis=None) -> Tensor:
+    return reshape(x, *_xp(x.data).squeeze(x.data, axis=axis).shape)
+
+
+def unsqueeze(x: Tensor, axis: int) -> Tensor:
+    return reshape(x, *_xp(x.data).expand_dims(x.data, axis).shape)
+
+
+def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    shape = x.shape
+    if not shape:
+        return reshape(x, 1)
+    s, e = start_dim % len(shape), end_dim % len(shape)
+    n = 1
+    for d in shape[s : e + 1]:
+        n *= d
+    return reshape(x, *(shape[:s] + (n,) + shape[e + 1 :]))
+
+
+def broadcast_to(x: Tensor, shape) -> Tensor:
+    xd = x.data
+    out = _xp(xd).broadcast_to(xd, tuple(shape))
+    if not _needs(x):
+        return _result(out, None)
+    ish = xd.shape
+    return _result(out, Node(lambda g: (unbroadcast(g, ish),), (x,), "BroadcastTo", fresh=False))
+
+
+def astype(x: Tensor, dtype) -> Tensor:
+    """Cast (differentiable between float dtypes; casting to int/bool gives a no-grad tensor)."""
+    xd = x.data
+    out = xd.astype(dtype, copy=False)
+    if out is xd:
+        return x
+    if not _needs(x) or out.dtype.kind not in "fc":
+        return _result(out, None)
+    src = xd.dtype
+    return _result(out, Node(lambda g: (g.astype(src),), (x,), "Cast"))
+
+
+def to_device(x: Tensor, device) -> Tensor:
+    """Move to ``device``; gradients flow back to the source device."""
+    xd = x.data
+    out = _backend.to_device(xd, device)
+    if out is xd:
+        return x
+    if not _needs(x):
+        return _result(out, None)
+    src = _backend.device_of(xd)
+    return _result(out, Node(lambda g: (_backend.to_device(g, src),), (x,), "ToDevice"))
+
+
+# ============================================================================ indexing
+def _is_basic_index(idx) -> bool:
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    for i in idx:
+        if not (i is None or i is Ellipsis or isinstance(i, (slice, int, np.integer))) or isinstance(
+            i, bool
+        ):
+            return False
+    return True
+
+
+def _convert_index(idx, like=None):
+    """Unwrap Tensor indices; lists become arrays. For GPU data, index arrays move to its device."""
+    if isinstance(idx, Tensor):
+        idx = idx.data
+    elif isinstance(idx, tuple):
+        idx = tuple(i.data if isinstance(i, Tensor) else i for i in idx)
+    elif isinstance(idx, list):
+        idx = np.asarray(idx)
+    if like is not None and type(like) is not np.ndarray:
+        dev = _backend.device_of(like)
+        def move(i):
+            is_array = hasattr(i, "__array__") and not isinstance(i, np.generic)
+            return _backend.to_device(i, dev) if is_array else i
+
+        idx = tuple(move(i) for i in idx) if isinstance(idx, tuple) else move(idx)
+    return idx
+
+
+def getitem(x: Tensor, idx) -> Tensor:
+    """``x[idx]``: slicing, integer-array and boolean indexing. The gradient is scattered back
+    with ``add.at`` for advanced indices (repeated indices accumulate)."""
+    xd = x.data
+    idx = _convert_index(idx, xd)
+    out = xd[idx]
+    if not _needs(x):
+        return _result(out, None)
+    basic = _is_basic_index(idx)
+    # A lone boolean mask selects each element at most once, so assignment is exact too.
+    mask_only = getattr(idx, "dtype", None) is not None and idx.dtype == bool
+
+    def fn(g):
+        xp = _xp(xd)
+        gx = xp.zeros(xd.shape, dtype=g.dtype)
+        if basic or mask_only:
+            gx[idx] = g  # basic indices never repeat: plain assignment is exact and fast
+        else:
+            scatter_add(xp, gx, idx, g)
+        return (gx,)
+
+    return _result(out, Node(fn, (x,), "Index"))
+
+
+def setitem(x: Tensor, idx, value) -> None:
+    """``x[idx] = value`` in place on the data (not recorded by autograd).
+
+    Allowed on leaves and constants (like writing ``x.data[idx]``); refused on a tensor that an
+    op produced while grad mode is on, because ops that saved it for backward would silently
+    compute wrong gradients.
+    """
+    if x.grad_fn is not None and _ag._grad_enabled:
+        raise RuntimeError(
+            "in-place assignment to a tensor that is part of an autograd graph would corrupt its "
+            "gradients; build a new tensor instead (e.g. F.where or F.cat), or write under no_grad()"
+        )
+    idx = _convert_index(idx, x.data)
+    val = value.data if isinstance(value, Tensor) else value
+    if not isinstance(val, _SCALARS) and _backend.device_of(val) != _backend.device_of(x.data):
+        val = _backend.to_device(val, _backend.device_of(x.data))
+    x.data[idx] = val
+
+
+# ============================================================================ joining / splitting
+def concatenate(tensors, axis: int = 0, *, dim=None) -> Tensor:
+    """Join tensors along an existing axis (``cat``; ``dim=`` is torch's alias)."""
+    if dim is not None:
+        axis = dim
+    tensors = [t if isinstance(t, Tensor) else Tensor(t) for t in tensors]
+    if not tensors:
+        raise ValueError("concatenate needs at least one tensor")
+    datas = [t.data for t in tensors]
+    _same_device(datas, "concatenate")
+    xp = _xp(datas[0])
+    out = xp.concatenate(datas, axis=axis)
+    if not _needs(*tensors):
+        return _result(out, None)
+    ax = axis % out.ndim
+    bounds = np.cumsum([d.shape[ax] for d in datas])[:-1].tolist()
+
+    def fn(g):
+        return tuple(xp.split(g, bounds, axis=ax))
+
+    parents = tuple(t if t.requires_grad else None for t in tensors)
+    return _result(out, Node(fn, parents, "Cat", fresh=False))
+
+
+cat = concatenate
+
+
+def stack(tensors, axis: int = 0, *, dim=None) -> Tensor:
+    """Join tensors along a new axis (alias ``dim=``)."""
+    if dim is not None:
+        axis = dim
+    tensors = [t if isinstance(t, Tensor) else Tensor(t) for t in tensors]
+    if not tensors:
+        raise ValueError("stack needs at least one tensor")
+    datas = [t.data for t in tensors]
+    _same_device(datas, "stack")
+    xp = _xp(datas[0])
+    out = xp.stack(datas, axis=axis)
+    if not _needs(*tensors):
+        return _result(out, None)
+    ax = axis % out.ndim
+    n = len(datas)
+
+    def fn(g):
+        return tuple(xp.take(g, i, axis=ax) for i in range(n))
+
+    parents = tuple(t if t.requires_grad else None for t in tensors)
+    return _result(out, Node(fn, parents, "Stack"))
+
+
+def split(x: Tensor, split_size_or_sections, axis: int = 0, *, dim=None) -> list:
+    """Split into pieces of ``split_size`` (int, last may be smaller) or of the listed sizes
+    (torch semantics; alias ``dim=``)."""
+    if dim is not None:
+        axis = dim
+    n = x.shape[axis]
+    if isinstance(split_size_or_sections, (int, np.integer)):
+        s = int(split_size_or_sections)
+        if s <= 0:
+            raise ValueError(f"split: split_size must be positive, got {s}")
+        sizes = [s] * (n // s) + ([n % s] if n % s else [])
+    else:
+        sizes = [int(v) for v in split_size_or_sections]
+        if np.sum(sizes) != n:
+            raise ValueError(f"split: sections {sizes} do not add up to the axis length {n}")
+    ax = axis % x.ndim
+    pieces, start = [], 0
+    for sz in sizes:
+        sl = [slice(None)] * x.ndim
+        sl[ax] = slice(start, start + sz)
+        pieces.append(getitem(x, tuple(sl)))
+        start += sz
+    return pieces
+
+
+def chunk(x: Tensor, chunks: int, axis: int = 0, *, dim=None) -> list:
+    """Split into ``chunks`` pieces of size ``ceil(n / chunks)`` (torch semantics; alias ``dim=``)."""
+    if dim is not None:
+        axis = dim
+    if chunks <= 0:
+        raise ValueError(f"chunk: chunks must be positive, got {chunks}")
+    n = x.shape[axis]
+    size = _bmax(-(-n // chunks), 1)
+    return split(x, size, axis)
+
+
+# ============================================================================ method binding
+def _bind_methods(T) -> None:
+    T.__getitem__ = getitem
+    T.__setitem__ = setitem
+    T.reshape = reshape
+    T.view = reshape
+    T.transpose = transpose
+    T.permute = permute
+    T.swapaxes = swapaxes
+    T.squeeze = squeeze
+    T.unsqueeze = unsqueeze
+    T.flatten = flatten
+    T.broadcast_to = broadcast_to
+    T.expand = lambda self, *shape: broadcast_to(self, _shape_arg(shape))
+    T.astype = astype
+    T.split = split
+    T.chunk = chunk
+    T.float = lambda self: astype(self, np.float32)
+    T.double = lambda self: astype(self, np.float64)
+    T.half = lambda self: astype(self, np.float16)
+    T.long = lambda self: astype(self, np.int64)
+    T.int = lambda self: astype(self, np.int32)

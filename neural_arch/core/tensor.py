@@ -1,0 +1,418 @@
+"""``Tensor``: an n-d array (NumPy or CuPy) plus the autograd bookkeeping.
+
+The differentiable ops live in :mod:`~neural_arch.core.ops_basic`, :mod:`~neural_arch.core.ops_shape`
+and :mod:`~neural_arch.core.ops_nn`;
+this module binds them as methods and operators. The engine lives in
+:mod:`neural_arch.core.autograd`.
+
+Example::
+
+    >>> import numpy as np
+    >>> from neural_arch.core.tensor import Tensor
+    >>> w = Tensor(np.ones((3, 2)), requires_grad=True)     # float64 ndarray keeps float64
+    >>> x = Tensor([[1.0, 2.0, 3.0]])                       # python lists become float32
+    >>> y = (x @ w).relu().sum()
+    >>> y.backward()
+    >>> w.grad.shape, x.dtype
+    ((3, 2), dtype('float32'))
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from .. import backend as _backend
+from . import autograd as _ag
+from .autograd import (  # noqa: F401  (re-exported: the spec names them in this module)
+    RemovableHandle,
+    enable_grad,
+    is_backward_running,
+    is_grad_enabled,
+    no_grad,
+    queue_callback,
+    set_grad_enabled,
+)
+from .rng import get_generator, manual_seed  # noqa: F401  (re-exported)
+
+__all__ = [
+    "Tensor",
+    "no_grad",
+    "enable_grad",
+    "set_grad_enabled",
+    "is_grad_enabled",
+    "queue_callback",
+    "is_backward_running",
+    "manual_seed",
+    "get_generator",
+    "tensor",
+]
+
+_FLOAT_KINDS = "fc"  # kinds that may carry a gradient (complex kept for completeness)
+
+
+def _cupy_ndarray_type():
+    import sys
+
+    cp = sys.modules.get("cupy")
+    return cp.ndarray if cp is not None else None
+
+
+def _to_array(data, dtype):
+    """Convert constructor input to an array without copying arrays that are already arrays."""
+    if type(data) is np.ndarray:
+        return data if dtype is None else data.astype(dtype, copy=False)
+    if isinstance(data, Tensor):
+        arr = data.data
+        return arr if dtype is None else arr.astype(dtype, copy=False)
+    if isinstance(data, np.generic):
+        # A NumPy scalar carries a dtype on purpose: keep it (0-d array).
+        return np.asarray(data, dtype=dtype)
+    cpt = _cupy_ndarray_type()
+    if cpt is not None and isinstance(data, cpt):
+        return data if dtype is None else data.astype(dtype, copy=False)
+    if isinstance(data, np.ndarray):  # ndarray subclasses (e.g. np.memmap)
+        return np.asarray(data) if dtype is None else np.asarray(data, dtype=dtype)
+    if dtype is not None:
+        return np.asarray(data, dtype=dtype)
+    arr = np.asarray(data)
+    # Python numbers and (nested) lists default to float32, the framework default; bools stay bool.
+    if arr.dtype.kind in "fiu":
+        arr = arr.astype(np.float32)
+    elif arr.dtype == object:
+        raise TypeError(
+            f"Tensor(data): cannot make a tensor from {type(data).__name__} holding "
+            f"mixed or non-numeric items; pass an ndarray, a number or a (nested) list of numbers"
+        )
+    return arr
+
+
+class Tensor:
+    """An array with optional gradient tracking (see the module docstring for an example).
+
+    Args:
+        data: ndarray (dtype kept, no copy), CuPy array, Tensor, python number or nested list
+            (python numbers/lists become float32).
+        requires_grad: record operations on this tensor so ``backward`` can compute ``.grad``.
+            Only floating-point tensors may require gradients.
+        dtype: optional dtype to convert to.
+        device: optional ``"cpu"`` / ``"cuda[:N]"`` to place the data on.
+    """
+
+    __slots__ = ("data", "_grad", "requires_grad", "grad_fn", "_hooks", "_post_hooks", "__dict__",
+                 "__weakref__")
+
+    # Make numpy defer to our reflected operators (ndarray + Tensor -> Tensor.__radd__).
+    __array_priority__ = 1000
+
+    def __init__(self, data, requires_grad: bool = False, dtype=None, device=None):
+        arr = _to_array(data, dtype)
+        if device is not None:
+            arr = _backend.to_device(arr, device)
+        self.data = arr
+        self._grad = None
+        self.grad_fn = None
+        self._hooks = None
+        self._post_hooks = None
+        if requires_grad and arr.dtype.kind not in _FLOAT_KINDS:
+            raise TypeError(
+                f"only floating-point tensors can require gradients, got dtype {arr.dtype}; "
+                f"convert first, e.g. Tensor(data, dtype='float32', requires_grad=True)"
+            )
+        self.requires_grad = bool(requires_grad)
+
+    # ------------------------------------------------------------------ construction helpers
+    @classmethod
+    def _wrap(cls, arr) -> "Tensor":
+        """Wrap an array as a constant (no-grad) Tensor without any checks or copies."""
+        t = object.__new__(Tensor)
+        t.data = arr
+        t._grad = None
+        t.requires_grad = False
+        t.grad_fn = None
+        t._hooks = None
+        t._post_hooks = None
+        return t
+
+    # ------------------------------------------------------------------ gradient attribute
+    @property
+    def grad(self):
+        """The accumulated gradient (a Tensor) or None. Settable, like torch."""
+        return self._grad
+
+    @grad.setter
+    def grad(self, value):
+        if value is None or isinstance(value, Tensor):
+            if value is not None and value.shape != self.data.shape:
+                raise RuntimeError(
+                    f"assigned grad has shape {value.shape}, but the tensor has shape {self.data.shape}"
+                )
+            self._grad = value
+        else:
+            arr = _to_array(value, None) if not hasattr(value, "shape") else value
+            if arr.shape != self.data.shape:
+                raise RuntimeError(
+                    f"assigned grad has shape {arr.shape}, but the tensor has shape {self.data.shape}"
+                )
+            self._grad = Tensor._wrap(arr)
+
+    @property
+    def is_leaf(self) -> bool:
+        """True for tensors created by the user (not by a recorded op)."""
+        return self.grad_fn is None
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        """Set ``requires_grad`` in place (leaves only); returns self."""
+        if self.grad_fn is not None and not requires_grad:
+            raise RuntimeError("requires_grad_(False) is only allowed on leaf tensors; use .detach()")
+        if requires_grad and self.data.dtype.kind not in _FLOAT_KINDS:
+            raise TypeError(
+                f"only floating-point tensors can require gradients, got dtype {self.data.dtype}"
+            )
+        self.requires_grad = bool(requires_grad)
+        return self
+
+    def retain_grad(self) -> None:
+        """Also keep ``.grad`` for this non-leaf tensor after backward."""
+        if self.grad_fn is None:
+            return
+        self.grad_fn.retain = weakref.ref(self)
+
+    # ------------------------------------------------------------------ simple properties
+    @property
+    def shape(self) -> tuple:
+        return self.data.shape
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    @property
+    def size(self) -> int:
+        """Number of elements (like ``ndarray.size``)."""
+        return self.data.size
+
+    def numel(self) -> int:
+        return int(self.data.size)
+
+    def dim(self) -> int:
+        return self.data.ndim
+
+    @property
+    def device(self) -> str:
+        return _backend.device_of(self.data)
+
+    @property
+    def xp(self):
+        """The array module (numpy or cupy) holding this tensor's data."""
+        return _backend.get_array_module(self.data)
+
+    @property
+    def T(self) -> "Tensor":
+        return self.transpose()
+
+    def __len__(self) -> int:
+        if self.data.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self.data.shape[0]
+
+    def __repr__(self) -> str:
+        body = np.array2string(_backend.to_device(self.data, "cpu"), separator=", ", precision=4)
+        extra = []
+        if self.data.dtype != np.float32:
+            extra.append(f"dtype={self.data.dtype}")
+        dev = self.device
+        if dev != "cpu":
+            extra.append(f"device='{dev}'")
+        if self.grad_fn is not None:
+            extra.append(f"grad_fn={self.grad_fn!r}")
+        elif self.requires_grad:
+            extra.append("requires_grad=True")
+        tail = (", " + ", ".join(extra)) if extra else ""
+        return f"Tensor({body}{tail})"
+
+    __hash__ = object.__hash__  # tensors are hashed by identity (comparisons return tensors)
+
+    def __bool__(self) -> bool:
+        if self.data.size != 1:
+            raise RuntimeError(
+                f"the truth value of a tensor with {self.data.size} elements is ambiguous; "
+                f"use .any() or .all()"
+            )
+        return bool(self.data)
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        if self.data.dtype.kind not in "iub" or self.data.size != 1:
+            raise TypeError("only integer tensors with one element can be used as an index")
+        return int(self.item())
+
+    # ------------------------------------------------------------------ conversion
+    def item(self):
+        """The single element as a Python number."""
+        if self.data.size != 1:
+            raise ValueError(f"item() needs a tensor with exactly one element, got shape {self.shape}")
+        return self.data.item() if hasattr(self.data, "item") else self.data.reshape(-1)[0]
+
+    def tolist(self):
+        return _backend.to_device(self.data, "cpu").tolist()
+
+    def numpy(self) -> np.ndarray:
+        """The data as a NumPy array (a view for cpu tensors, a copy for GPU ones)."""
+        return _backend.to_device(self.data, "cpu")
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self.numpy()
+        return arr if dtype is None else arr.astype(dtype, copy=False)
+
+    def detach(self) -> "Tensor":
+        """A new leaf sharing the same data, with no history and no gradient."""
+        return Tensor._wrap(self.data)
+
+    def to(self, device=None, dtype=None) -> "Tensor":
+        """Move to ``device`` and/or cast to ``dtype`` (differentiable; no copy when nothing changes)."""
+        if isinstance(device, (np.dtype, type)) and dtype is None:
+            device, dtype = None, device
+        out = self
+        if device is not None:
+            out = _ops_shape.to_device(out, device)
+        if dtype is not None:
+            out = out.astype(dtype)
+        return out
+
+    def cpu(self) -> "Tensor":
+        return self.to("cpu")
+
+    def cuda(self, index: int = 0) -> "Tensor":
+        return self.to(f"cuda:{index}")
+
+    # ------------------------------------------------------------------ pickling / copying
+    def __reduce_ex__(self, protocol):
+        # The graph (closures) and hooks are process-local: a pickled or deep-copied tensor keeps
+        # its data, grad, subclass and plain attributes, and becomes a leaf (like .detach()).
+        state = dict(self.__dict__) if hasattr(self, "__dict__") else {}
+        leaf_rg = self.requires_grad and self.grad_fn is None
+        return (_rebuild_tensor, (type(self), self.data, leaf_rg, self._grad, state))
+
+    # ------------------------------------------------------------------ in-place (no graph)
+    def zero_(self) -> "Tensor":
+        """Fill with zeros in place (not recorded by autograd); returns self."""
+        self.data[...] = 0
+        return self
+
+    def fill_(self, value) -> "Tensor":
+        self.data[...] = value.data if isinstance(value, Tensor) else value
+        return self
+
+    def copy_(self, src) -> "Tensor":
+        """Copy ``src`` (Tensor or array, broadcastable, any device) into this tensor's data."""
+        arr = src.data if isinstance(src, Tensor) else src
+        if _backend.device_of(arr) != self.device:
+            arr = _backend.to_device(arr, self.device)
+        self.data[...] = arr
+        return self
+
+    # ------------------------------------------------------------------ autograd entry points
+    def backward(self, grad=None, retain_graph: bool = False) -> None:
+        """Compute gradients of this tensor w.r.t. graph leaves and accumulate them in ``.grad``.
+
+        ``grad`` defaults to 1 for single-element tensors; other shapes need an explicit ``grad``.
+        The graph is freed afterwards unless ``retain_graph=True``.
+        """
+        if not self.requires_grad:
+            raise RuntimeError(
+                "backward() called on a tensor that does not require grad: none of its inputs had "
+                "requires_grad=True (or it was computed under no_grad())"
+            )
+        xp = _backend.get_array_module(self.data)
+        if grad is None:
+            if self.data.size != 1:
+                raise RuntimeError(
+                    f"backward() without a grad argument needs a single-element output, got shape "
+                    f"{self.shape}; pass grad=<tensor of that shape> (e.g. ones)"
+                )
+            g = xp.ones(self.data.shape, dtype=self.data.dtype)
+        else:
+            g = grad.data if isinstance(grad, Tensor) else xp.asarray(grad, dtype=self.data.dtype)
+            if g.shape != self.data.shape:
+                if g.size == self.data.size == 1:
+                    g = g.reshape(self.data.shape)
+                else:
+                    raise RuntimeError(
+                        f"backward(grad): grad has shape {g.shape}, expected {self.data.shape}"
+                    )
+        _ag.run_backward(self, g, retain_graph, Tensor._wrap)
+
+    def register_hook(self, fn) -> RemovableHandle:
+        """Call ``fn(grad)`` when the gradient w.r.t. this tensor is complete in a backward.
+
+        For leaves it runs before the gradient is accumulated into ``.grad``. If ``fn`` returns a
+        Tensor, that replaces the gradient. Returns a handle with ``.remove()``.
+        """
+        if not self.requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that does not require grad")
+        if self.grad_fn is not None:
+            node = self.grad_fn
+            if node.hooks is None:
+                node.hooks = {}
+            return _ag.add_hook(node.hooks, fn)
+        if self._hooks is None:
+            self._hooks = {}
+        return _ag.add_hook(self._hooks, fn)
+
+    def register_post_accumulate_grad_hook(self, fn) -> RemovableHandle:
+        """Leaves only: call ``fn(tensor)`` once its ``.grad`` is final for the current backward.
+
+        Fires as soon as the last contribution of this backward arrived (DDP overlaps its
+        all-reduce with the rest of backward this way), exactly once per backward.
+        """
+        if self.grad_fn is not None:
+            raise RuntimeError(
+                "register_post_accumulate_grad_hook is only for leaf tensors (parameters); "
+                "use register_hook on intermediate tensors"
+            )
+        if not self.requires_grad:
+            raise RuntimeError(
+                "cannot register a post-accumulate-grad hook on a tensor that does not require grad"
+            )
+        if self._post_hooks is None:
+            self._post_hooks = {}
+        return _ag.add_hook(self._post_hooks, fn)
+
+
+def _rebuild_tensor(cls, data, requires_grad, grad, state):
+    t = object.__new__(cls)
+    t.data = data
+    t._grad = grad
+    t.requires_grad = requires_grad
+    t.grad_fn = None
+    t._hooks = None
+    t._post_hooks = None
+    if state:
+        t.__dict__.update(state)
+    return t
+
+
+def tensor(data, requires_grad: bool = False, dtype=None, device=None) -> Tensor:
+    """Functional constructor, ``tensor(data)`` == ``Tensor(data)``."""
+    return Tensor(data, requires_grad=requires_grad, dtype=dtype, device=device)
+
+
+# Ops are bound as methods at the end (they import Tensor from this module).
+from . import ops_basic as _ops_basic  # noqa: E402
+from . import ops_nn as _ops_nn  # noqa: E402
+from . import ops_shape as _ops_shape  # noqa: E402
+
+_ops_basic._bind_methods(Tensor)
+_ops_shape._bind_methods(Tensor)
+_ops_nn._bind_methods(Tensor)

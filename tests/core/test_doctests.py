@@ -1,0 +1,27 @@
+"""Run the docstring examples of the core modules (they are documentation that must not rot)."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "neural_arch",
+    "neural_arch.backend",
+    "neural_arch.functional",
+    "neural_arch.core",
+    "neural_arch.core.autograd",
+    "neural_arch.core.tensor",
+    "neural_arch.core.ops_basic",
+    "neural_arch.core.ops_shape",
+    "neural_arch.core.ops_nn",
+    "neural_arch.core.rng",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    result = doctest.testmod(importlib.import_module(name), verbose=False)
+    assert result.failed == 0, f"{result.failed} docstring example(s) failed in {name}"
