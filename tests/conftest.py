@@ -47,7 +47,8 @@ def pytest_collection_modifyitems(config, items):
     reasons = {}
     for item in items:
         for marker, probe in (("mpi", _mpi_skip_reason), ("gpu", _gpu_skip_reason)):
-            if marker in item.keywords:
+            # get_closest_marker, not item.keywords: directory names (tests/gpu) are keywords too
+            if item.get_closest_marker(marker) is not None:
                 if marker not in reasons:
                     reasons[marker] = probe()
                 if reasons[marker]:

@@ -1,0 +1,84 @@
+"""Helpers of the GPU tests: why there is no GPU, and a multi-process launcher that never hangs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nccl_worker.py")
+
+
+def gpu_skip_reason():
+    """None when CuPy imports and sees a GPU; otherwise why not (never raises)."""
+    try:
+        import cupy
+    except Exception as exc:  # noqa: BLE001
+        return f"CuPy not importable ({type(exc).__name__}): pip install 'neural_arch[gpu]'"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "CuPy sees no CUDA GPU"
+    except Exception as exc:  # noqa: BLE001
+        return f"no usable CUDA GPU ({type(exc).__name__}: {str(exc)[:120]})"
+    return None
+
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(scenario: str, world: int, ranks=None, device=None, timeout: float = 240.0, env=None):
+    """Run ``nccl_worker.py scenario`` as ``ranks`` (default: all) of a world; return their JSON results.
+
+    Every process is killed at ``timeout``; a rank without a result gets ``{"ok": False, "error":
+    <the tail of its output>}``, so a hang or a crash is a test failure with a reason, never a hang.
+    """
+    ranks = list(range(world)) if ranks is None else list(ranks)
+    port = free_port()
+    tmp = tempfile.mkdtemp(prefix="na-nccl-")
+    procs = {}
+    for r in ranks:
+        e = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(port), NA_RESULT=os.path.join(tmp, f"{r}.json"), **(env or {}))
+        if device is not None:
+            e["NA_DEVICE"] = device
+        log = open(os.path.join(tmp, f"{r}.log"), "w")  # noqa: SIM115 - open while the process runs
+        procs[r] = (subprocess.Popen([sys.executable, WORKER, scenario], env=e, stdout=log, stderr=subprocess.STDOUT),
+                    log)
+    deadline = time.monotonic() + timeout
+    for r, (p, log) in procs.items():
+        try:
+            p.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            for q, _ in procs.values():
+                if q.poll() is None:
+                    q.kill()
+            p.wait(10)
+        log.close()
+    results = []
+    for r in ranks:
+        path = os.path.join(tmp, f"{r}.json")
+        if os.path.exists(path):
+            with open(path) as fh:
+                results.append(json.load(fh))
+        else:
+            with open(os.path.join(tmp, f"{r}.log")) as fh:
+                tail = fh.read()[-2000:]
+            results.append({"ok": False, "error": f"rank {r} wrote no result (killed or crashed): {tail}"})
+    return results
+
+
+def duplicate_gpu_refusal(results):
+    """NCCL's message when several ranks share one GPU (it refuses: 'Duplicate GPU detected')."""
+    for res in results:
+        err = str(res.get("error", ""))
+        if not res.get("ok") and ("Duplicate GPU" in err or "invalid usage" in err.lower()):
+            return err[:300]
+    return None
