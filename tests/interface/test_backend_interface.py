@@ -259,3 +259,16 @@ def test_shutdown_then_use_is_a_clear_error():
     with pytest.raises(DistributedError, match="destroyed"):
         b.allreduce(np.ones(2))
     time.sleep(0)
+
+
+def test_derived_gather_and_scatter_handle_0d_arrays():
+    def fn(b):
+        gat = np.zeros(2) if b.rank == 0 else None
+        b.gather(gat, np.array(float(b.rank + 1)), root=0)
+        sc = np.array(0.0)
+        b.scatter(sc, np.array([10.0, 20.0]) if b.rank == 1 else None, root=1)
+        return gat, float(sc)
+
+    (s0, (g0, sc0)), (s1, (g1, sc1)) = run_threads(2, fn)
+    assert s0 == s1 == "ok"
+    assert np.array_equal(g0, [1.0, 2.0]) and (sc0, sc1) == (10.0, 20.0)

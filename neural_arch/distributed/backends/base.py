@@ -187,10 +187,11 @@ class Backend(abc.ABC):
     def _gather(self, output, input, root: int, info: OpInfo) -> None:
         if self._rank == root:
             for src in range(self._size):
+                # output[src, ...] stays an array view even when input is 0-d
                 if src == root:
-                    output[src][...] = input
+                    output[src, ...] = input
                 else:
-                    self._recv(output[src], src, _COLLECTIVE_TAG, info)
+                    self._recv(output[src, ...], src, _COLLECTIVE_TAG, info)
         else:
             self._send(input, root, _COLLECTIVE_TAG, info)
 
@@ -198,10 +199,9 @@ class Backend(abc.ABC):
         if self._rank == root:
             for dst in range(self._size):
                 if dst == root:
-                    output[...] = input[dst]
+                    output[...] = input[dst, ...]
                 else:
-                    self._send(np.ascontiguousarray(input[dst]) if isinstance(input, np.ndarray)
-                               else input[dst].copy(), dst, _COLLECTIVE_TAG, info)
+                    self._send(input[dst, ...].copy(), dst, _COLLECTIVE_TAG, info)
         else:
             self._recv(output, root, _COLLECTIVE_TAG, info)
 

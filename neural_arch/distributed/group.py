@@ -1,0 +1,617 @@
+"""Process-group state: ``init_process_group``, ``new_group`` and the rank/world queries.
+
+One process holds at most one *default* ("world") group at a time, plus the sub-groups made
+from it with :func:`new_group`. A :class:`ProcessGroup` wraps one backend communicator and
+remembers its members as **global** ranks, which is what every ``src``/``dst``/``root``
+argument of :mod:`neural_arch.distributed.collectives` means (torch semantics).
+
+How ``init_process_group()`` picks a backend when none is given (:func:`select_backend`):
+
+======================================================  ========================================
+environment                                             backend
+======================================================  ========================================
+``NEURAL_ARCH_BACKEND`` set                             that one
+``init_method`` is ``tcp://`` or ``file://``            ``gloo``
+started by ``mpiexec`` and mpi4py importable            ``mpi`` (MPI's own world decides ranks)
+``MASTER_ADDR`` set, or a launcher says world > 1       ``gloo``
+nothing                                                 a world of one (every collective a no-op)
+======================================================  ========================================
+
+A world of one never opens a socket, whatever backend was asked for, so
+``init_process_group(backend="gloo", world_size=1, rank=0)`` works in a notebook.
+
+Example::
+
+    import neural_arch.distributed as dist
+    dist.init_process_group()            # gloo / mpi / single process, from the environment
+    evens = dist.new_group([r for r in range(dist.get_world_size()) if r % 2 == 0])
+    print(dist.get_rank(), dist.get_world_size(), dist.get_backend())
+    dist.destroy_process_group()
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import logging
+import operator
+import os
+import socket
+import threading
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from .backends import get_backend_class
+from .backends.base import Backend, debug_mode_from_env
+from .backends.errors import DistributedError, NotInitializedError
+
+__all__ = [
+    "GroupMember",
+    "GroupMembershipError",
+    "ProcessGroup",
+    "destroy_process_group",
+    "get_backend",
+    "get_default_group",
+    "get_distributed_info",
+    "get_global_rank",
+    "get_group_rank",
+    "get_rank",
+    "get_world_size",
+    "init_process_group",
+    "is_available",
+    "is_initialized",
+    "new_group",
+    "select_backend",
+]
+
+log = logging.getLogger("neural_arch.distributed")
+
+DEFAULT_TIMEOUT = 300.0
+DEFAULT_RENDEZVOUS_TIMEOUT = 60.0
+
+
+class GroupMembershipError(DistributedError, ValueError):
+    """A rank-local operation was called with a group this rank does not belong to."""
+
+
+class _NonGroupMember:
+    """What :func:`new_group` returns on ranks outside the new group (torch's sentinel)."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "GroupMember.NON_GROUP_MEMBER"
+
+    def __reduce__(self):  # stays a singleton through pickle
+        return (_NonGroupMember, ())
+
+
+class GroupMember:
+    """``WORLD`` is the default group once initialised (None before); ``NON_GROUP_MEMBER`` is
+    what ``new_group`` returns on ranks that are not in the new group."""
+
+    WORLD: ProcessGroup | None = None
+    NON_GROUP_MEMBER = _NonGroupMember()
+
+
+class ProcessGroup:
+    """A set of ranks that run collectives together, over one backend communicator.
+
+    ``rank()``/``size()`` are this process's rank within the group and the group's size
+    (torch's names); ``ranks`` lists the members as global ranks.
+
+    Example::
+
+        pg = get_default_group()
+        pg.rank(), pg.size(), pg.ranks, pg.backend_name
+        pg.group_rank(3)     # global rank 3 -> its rank inside this group
+    """
+
+    def __init__(self, backend: Backend, ranks: Sequence[int], backend_name: str, name: str,
+                 generation: int):
+        self.backend = backend
+        self.ranks: list[int] = [int(r) for r in ranks]
+        self.backend_name = backend_name
+        self.name = name
+        self.generation = generation
+        self.destroyed = False
+        self._index = {g: i for i, g in enumerate(self.ranks)}
+
+    def rank(self) -> int:
+        return self.backend.rank
+
+    def size(self) -> int:
+        return self.backend.size
+
+    @property
+    def timeout(self) -> float:
+        return self.backend.timeout
+
+    def group_rank(self, global_rank: int, arg: str = "rank") -> int:
+        """Translate a global rank into this group's numbering; a clear error if it is not a member."""
+        try:
+            g = operator.index(global_rank)
+        except TypeError:
+            raise TypeError(f"{arg}={global_rank!r} must be an int (a global rank)") from None
+        if g not in self._index:
+            world = _STATE.world.size() if _STATE.world is not None else None
+            if world is not None and not 0 <= g < world:
+                raise ValueError(f"{arg}={g} is out of range for a world of size {world} "
+                                 f"(valid: 0..{world - 1})")
+            raise ValueError(f"{arg}={g} is not a member of group {self.name} {self.ranks}; "
+                             f"{arg} is a global rank (as in torch): pick one of {self.ranks}")
+        return self._index[g]
+
+    def global_rank(self, group_rank: int) -> int:
+        if not 0 <= int(group_rank) < len(self.ranks):
+            raise ValueError(f"group rank {group_rank} is out of range for group {self.name} of size "
+                             f"{len(self.ranks)}")
+        return self.ranks[int(group_rank)]
+
+    def __repr__(self) -> str:
+        state = ", destroyed" if self.destroyed else ""
+        return (f"ProcessGroup({self.name}, backend={self.backend_name!r}, ranks={self.ranks}, "
+                f"rank={self.rank()}{state})")
+
+
+class _State:
+    """Everything ``init_process_group`` set up, in one place (reset by destroy)."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.world: ProcessGroup | None = None
+        self.groups: list[ProcessGroup] = []
+        self.generation = 0
+        self.info: dict[str, Any] = {}
+        # Stores outlive destroy_process_group(): re-initialising on the same MASTER_PORT then
+        # reuses the connection instead of racing a closing server for the port.
+        self.stores: dict[tuple, Any] = {}
+
+
+_STATE = _State()
+
+
+# ---------------------------------------------------------------------------------- selection
+def _mpi_importable() -> bool:
+    # find_spec looks for the package without importing it: importing mpi4py.MPI would
+    # initialise MPI, which must not happen in a process that is not going to use it.
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def select_backend(environ: Mapping[str, str], mpi_importable: bool | None = None,
+                   init_method: str | None = None) -> str:
+    """The backend ``init_process_group()`` uses when none is given (see the module table).
+
+    Pure selection logic: reads only ``environ``. Example::
+
+        >>> select_backend({"MASTER_ADDR": "10.0.0.1"})
+        'gloo'
+        >>> select_backend({})
+        'local'
+    """
+    from .run_env import detect_launch_env, launched_by_mpiexec
+
+    explicit = (environ.get("NEURAL_ARCH_BACKEND") or "").strip().lower()
+    if explicit:
+        return explicit
+    if init_method and not init_method.startswith("env://"):
+        return "gloo"
+    if launched_by_mpiexec(environ):
+        if mpi_importable is None:
+            mpi_importable = _mpi_importable()
+        if mpi_importable:
+            return "mpi"
+    if (environ.get("MASTER_ADDR") or "").strip():
+        return "gloo"
+    launch = detect_launch_env(environ)
+    if launch is not None and launch["world_size"] > 1:
+        return "gloo"
+    return "local"
+
+
+def _seconds(value, name: str) -> float:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}={value!r} must be seconds (a number) or a datetime.timedelta") from None
+    if value <= 0:
+        raise ValueError(f"{name}={value} must be positive")
+    return value
+
+
+def _env_float(name: str, default: float) -> float:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return _seconds(text, name)
+    except (TypeError, ValueError):
+        raise ValueError(f"environment variable {name}={text!r} must be a positive number of seconds") from None
+
+
+# ---------------------------------------------------------------------------------- init
+def is_available() -> bool:
+    """Always True: the gloo backend needs nothing beyond NumPy."""
+    return True
+
+
+def is_initialized() -> bool:
+    """Whether ``init_process_group()`` ran (and ``destroy_process_group()`` did not since)."""
+    return _STATE.world is not None
+
+
+def init_process_group(backend: str | None = None, init_method: str | None = "env://",
+                       world_size: int | None = None, rank: int | None = None,
+                       timeout=None, store=None, rendezvous_timeout=None, **backend_options) -> ProcessGroup:
+    """Join (or create) the default process group; returns it.
+
+    Args:
+        backend: ``"gloo"``, ``"mpi"``, ``"nccl"``, ``"local"`` or None to pick from the environment.
+        init_method: ``"env://"`` (MASTER_ADDR/MASTER_PORT), ``"tcp://host:port"`` or ``"file:///path"``
+            (a fresh file on a shared file system). Ignored when ``store`` is given.
+        world_size, rank: default to what the launcher left (RANK/WORLD_SIZE, mpiexec, SLURM).
+        timeout: seconds (or ``timedelta``) one collective may take; default 300 s
+            (``NEURAL_ARCH_TIMEOUT``).
+        store: an already connected store to rendezvous through.
+        rendezvous_timeout: seconds every rank has to show up; default 60 s
+            (``NEURAL_ARCH_RENDEZVOUS_TIMEOUT``). The error names the ranks that never arrived.
+
+    Example::
+
+        init_process_group()                                 # from the environment
+        init_process_group("gloo", "tcp://10.0.0.1:29500", world_size=4, rank=r)
+    """
+    with _STATE.lock:
+        if _STATE.world is not None:
+            raise DistributedError(
+                f"init_process_group() was already called (backend {_STATE.world.backend_name!r}, "
+                f"rank {_STATE.world.rank()} of {_STATE.world.size()}); call destroy_process_group() "
+                "first to re-initialise")
+        timeout = _seconds(timeout, "timeout") if timeout is not None else \
+            _env_float("NEURAL_ARCH_TIMEOUT", DEFAULT_TIMEOUT)
+        rendezvous_timeout = (_seconds(rendezvous_timeout, "rendezvous_timeout") if rendezvous_timeout is not None
+                              else _env_float("NEURAL_ARCH_RENDEZVOUS_TIMEOUT", DEFAULT_RENDEZVOUS_TIMEOUT))
+        environ = os.environ
+        init_method = init_method or "env://"
+        name = (backend or select_backend(environ, init_method=None if store is not None else init_method))
+        name = str(name).strip().lower()
+        # Counted before anything can fail: a retry after a failed rendezvous then uses fresh
+        # store keys instead of the half-written ones of the failed attempt.
+        generation = _STATE.generation = _STATE.generation + 1
+        token = environ.get("NEURAL_ARCH_AUTH_TOKEN") or None
+        launch = _launch_env(environ)
+
+        if name == "mpi":
+            impl = get_backend_class("mpi").create(None, rank, world_size, timeout,
+                                                   rendezvous_timeout=rendezvous_timeout, **backend_options)
+            rank, world_size = impl.rank, impl.size
+            source = "mpi"
+        else:
+            rank, world_size, source = _resolve_rank_world(rank, world_size, launch, init_method, name)
+            if world_size == 1 and store is None:
+                # A world of one needs no rendezvous and no sockets, whatever was asked for.
+                impl = get_backend_class("local").create(None, 0, 1, timeout)
+            else:
+                if store is None:
+                    store = _make_store(init_method, rank, world_size, rendezvous_timeout, token, launch)
+                impl = _create_backend(name, store, rank, world_size, timeout, rendezvous_timeout, token,
+                                       generation, backend_options)
+
+        world = ProcessGroup(impl, list(range(world_size)), name, "WORLD", generation)
+        _STATE.world = world
+        _STATE.groups = [world]
+        _STATE.generation = generation
+        GroupMember.WORLD = world
+        _STATE.info = {"init_method": init_method if source != "mpi" else "mpi", "rank_source": source,
+                       "timeout": timeout, "rendezvous_timeout": rendezvous_timeout, "launch": launch}
+        if impl.debug:
+            log.warning("neural_arch.distributed: NEURAL_ARCH_DISTRIBUTED_DEBUG=DETAIL on rank %d of %d "
+                        "(%s): every collective is first checked across ranks (op, shape, dtype, root); "
+                        "this costs one extra small all_gather per collective", rank, world_size, name)
+        return world
+
+
+def _launch_env(environ) -> dict | None:
+    from .run_env import detect_launch_env
+
+    return detect_launch_env(environ)
+
+
+def _resolve_rank_world(rank, world_size, launch, init_method: str, name: str):
+    """Explicit arguments win; otherwise what the launcher (RANK/WORLD_SIZE, mpiexec, SLURM) says."""
+    source = "arguments"
+    if launch is not None:
+        if world_size is None:
+            world_size, source = launch["world_size"], launch["source"]
+        if rank is None:
+            rank, source = launch["rank"], launch["source"]
+    if world_size is None and rank is None:
+        world_size, rank, source = 1, 0, "default"
+    if world_size is None or rank is None:
+        missing = "world_size" if world_size is None else "rank"
+        raise ValueError(f"init_process_group(backend={name!r}, init_method={init_method!r}): {missing} is "
+                         f"unknown; pass {missing}=... or set RANK and WORLD_SIZE (our launcher does)")
+    world_size, rank = int(world_size), int(rank)
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+    return rank, world_size, source
+
+
+def _make_store(init_method: str, rank: int, world_size: int, timeout: float, token, launch):
+    """Connect to (rank 0: host) the rendezvous store named by ``init_method``; cached per address."""
+    from .store import FileStore, TCPStore
+
+    if init_method.startswith("file://"):
+        path = init_method[len("file://"):]
+        key = ("file", os.path.abspath(path))
+        if key not in _STATE.stores:
+            _STATE.stores[key] = FileStore(path, world_size=world_size, timeout=timeout)
+        return _STATE.stores[key]
+    if init_method.startswith("tcp://"):
+        host, _, port = init_method[len("tcp://"):].rstrip("/").rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"init_method={init_method!r} must look like 'tcp://HOST:PORT'")
+        port = int(port)
+    elif init_method.startswith("env://"):
+        host = os.environ.get("MASTER_ADDR") or (launch or {}).get("master_addr") or "127.0.0.1"
+        port_text = os.environ.get("MASTER_PORT") or str((launch or {}).get("master_port") or 29500)
+        if not port_text.strip().isdigit():
+            raise ValueError(f"MASTER_PORT={port_text!r} must be a port number")
+        port = int(port_text)
+    else:
+        raise ValueError(f"init_method={init_method!r} is not understood; use 'env://', "
+                         "'tcp://HOST:PORT' or 'file:///path/to/fresh/file'")
+    host = host.strip("[]")
+    key = ("tcp", host, port)
+    store = _STATE.stores.get(key)
+    if store is None:
+        # Rank 0 listens on MASTER_ADDR itself; when that names this host by a non-local name,
+        # listen on every interface so the other hosts can reach it.
+        bind = host if rank != 0 or _is_loopback(host) else "0.0.0.0"
+        store = TCPStore(bind if rank == 0 else host, port, world_size=world_size, is_master=(rank == 0),
+                         timeout=timeout, auth_token=token)
+        _STATE.stores[key] = store
+    return store
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return host in ("localhost", "::1") or socket.gethostbyname(host).startswith("127.")
+    except OSError:
+        return False
+
+
+def _create_backend(name, store, rank, world_size, timeout, rendezvous_timeout, token, generation, options):
+    from .store import PrefixStore, store_barrier
+
+    cls = get_backend_class(name)
+    if not cls.is_available():
+        raise ImportError(f"backend {name!r} is not available here; installed: {_installed_backends()}")
+    # A fresh key namespace per init: destroy + re-init on the same store must not see old keys.
+    scoped = PrefixStore(f"neural_arch/pg{generation}/", store)
+    store_barrier(scoped, rank, world_size, "init", rendezvous_timeout)
+    if name == "gloo" and token is not None:
+        options = dict(options, auth_token=token)
+    return cls.create(scoped, rank, world_size, timeout, **options)
+
+
+def destroy_process_group(group=None) -> None:
+    """Tear down ``group`` (default: the world and every sub-group). Safe when not initialised.
+
+    The rendezvous store stays connected, so ``init_process_group()`` on the same address works
+    right after. Example::
+
+        destroy_process_group()
+        init_process_group()        # a fresh group
+    """
+    with _STATE.lock:
+        if group is None or group is GroupMember.WORLD or group is _STATE.world:
+            targets = list(_STATE.groups)
+            _STATE.world = None
+            _STATE.groups = []
+            GroupMember.WORLD = None
+        elif group is GroupMember.NON_GROUP_MEMBER:
+            return
+        else:
+            targets = [group] if group in _STATE.groups else []
+            _STATE.groups = [g for g in _STATE.groups if g is not group]
+        for pg in reversed(targets):  # sub-groups first: they may share the world's sockets
+            pg.destroyed = True
+            try:
+                pg.backend.shutdown()
+            except Exception as exc:  # noqa: BLE001 - a teardown error must not hide the real one
+                log.warning("shutting down %r failed: %s", pg, exc)
+
+
+def _close_stores() -> None:
+    for store in list(_STATE.stores.values()):
+        try:
+            store.close()
+        except Exception as exc:  # noqa: BLE001 - exiting anyway
+            log.debug("closing %r at exit failed: %s", store, exc)
+    _STATE.stores.clear()
+
+
+atexit.register(_close_stores)
+
+
+# ---------------------------------------------------------------------------------- groups
+def get_default_group() -> ProcessGroup:
+    """The world group; :class:`NotInitializedError` before ``init_process_group()``."""
+    world = _STATE.world
+    if world is None:
+        raise NotInitializedError("the default process group is not initialised; call "
+                                  "neural_arch.distributed.init_process_group() first")
+    return world
+
+
+def _resolve_group(group=None, op: str = "this operation") -> ProcessGroup:
+    """``group`` (None / GroupMember.WORLD / a ProcessGroup) -> the ProcessGroup to use.
+
+    Raises NotInitializedError before init, GroupMembershipError for NON_GROUP_MEMBER, and a
+    clear error for a group that was destroyed or belongs to an earlier init.
+    """
+    world = _STATE.world
+    if world is None:
+        raise NotInitializedError(f"{op} needs a process group; call "
+                                  "neural_arch.distributed.init_process_group() first")
+    if group is None or group is GroupMember.WORLD:
+        return world
+    if group is GroupMember.NON_GROUP_MEMBER:
+        raise GroupMembershipError(
+            f"{op}: this rank (global rank {world.rank()}) is not a member of the group; new_group() "
+            "returned GroupMember.NON_GROUP_MEMBER here. Only the group's ranks may call it: guard the "
+            "call with `if group is not GroupMember.NON_GROUP_MEMBER:`")
+    if not isinstance(group, ProcessGroup):
+        raise TypeError(f"{op}: group={group!r} must be a ProcessGroup from new_group() (or None for the world)")
+    if group.destroyed or group.generation != world.generation:
+        raise DistributedError(f"{op}: {group!r} was destroyed (or made before the last "
+                               "init_process_group()); create it again with new_group()")
+    return group
+
+
+def new_group(ranks: Sequence[int] | None = None, timeout=None, backend: str | None = None):
+    """Make a sub-group of the world. **Every rank of the world must call it**, with the same ranks.
+
+    Returns the new :class:`ProcessGroup` on its members and ``GroupMember.NON_GROUP_MEMBER``
+    elsewhere. ``ranks`` are global ranks (default: all). Example::
+
+        pair = new_group([0, 1])
+        if pair is not GroupMember.NON_GROUP_MEMBER:
+            all_reduce(t, group=pair)
+    """
+    world = _resolve_group(None, "new_group")
+    size = world.size()
+    ranks = list(range(size)) if ranks is None else [int(r) for r in ranks]
+    for r in ranks:
+        if not 0 <= r < size:
+            raise ValueError(f"new_group: rank {r} is out of range for a world of size {size} "
+                             f"(valid: 0..{size - 1})")
+    if backend is not None and str(backend).lower() != world.backend_name:
+        raise ValueError(f"new_group(backend={backend!r}): sub-groups use the world's backend "
+                         f"({world.backend_name!r}); omit backend=")
+    impl = world.backend.new_group(ranks)  # validates duplicates/empty; collective over the world
+    with _STATE.lock:
+        name = f"group{len(_STATE.groups)}"
+        if impl is None:
+            return GroupMember.NON_GROUP_MEMBER
+        if timeout is not None:
+            impl.timeout = _seconds(timeout, "timeout")
+        pg = ProcessGroup(impl, sorted(ranks), world.backend_name, name, world.generation)
+        _STATE.groups.append(pg)
+        return pg
+
+
+# ---------------------------------------------------------------------------------- queries
+def get_rank(group=None) -> int:
+    """This process's rank in ``group`` (default: the world); -1 on a non-member (torch)."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return -1
+    return _resolve_group(group, "get_rank").rank()
+
+
+def get_world_size(group=None) -> int:
+    """The number of ranks in ``group`` (default: the world); -1 on a non-member (torch)."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return -1
+    return _resolve_group(group, "get_world_size").size()
+
+
+def get_backend(group=None) -> str:
+    """The backend name of ``group`` (``"gloo"``, ``"mpi"``, ``"local"``, ...)."""
+    return _resolve_group(group, "get_backend").backend_name
+
+
+def get_group_rank(group, global_rank: int) -> int:
+    """Global rank -> rank inside ``group``."""
+    return _resolve_group(group, "get_group_rank").group_rank(global_rank, "global_rank")
+
+
+def get_global_rank(group, group_rank: int) -> int:
+    """Rank inside ``group`` -> global rank."""
+    return _resolve_group(group, "get_global_rank").global_rank(group_rank)
+
+
+def get_distributed_info() -> dict[str, Any]:
+    """A dict describing the distributed setup; works before init too (world 1, rank 0).
+
+    Keys: available, initialized, world_size, rank, local_rank, local_world_size, node_rank,
+    backend, backend_impl, installed_backends, init_method, rank_source, timeout,
+    rendezvous_timeout, transport, devices, debug, num_groups, hostname, pid, mpi.
+    Example::
+
+        info = get_distributed_info()
+        print(info["backend"], info["rank"], info["world_size"])
+    """
+    world = _STATE.world
+    launch = _STATE.info.get("launch") if world is not None else None
+    if world is None:
+        try:
+            launch = _launch_env(os.environ)
+        except ValueError:
+            launch = None
+    info: dict[str, Any] = {
+        "available": is_available(),
+        "initialized": world is not None,
+        "world_size": world.size() if world is not None else 1,
+        "rank": world.rank() if world is not None else 0,
+        "local_rank": (launch or {}).get("local_rank", 0) if world is not None else 0,
+        "local_world_size": (launch or {}).get("local_world_size", 1) if world is not None else 1,
+        "node_rank": (launch or {}).get("node_rank", 0) if world is not None else 0,
+        "backend": world.backend_name if world is not None else None,
+        "backend_impl": type(world.backend).__name__ if world is not None else None,
+        "installed_backends": _installed_backends(),
+        "init_method": _STATE.info.get("init_method") if world is not None else None,
+        "rank_source": _STATE.info.get("rank_source") if world is not None else None,
+        "launcher_detected": (launch or {}).get("source"),
+        "timeout": world.timeout if world is not None else None,
+        "rendezvous_timeout": _STATE.info.get("rendezvous_timeout") if world is not None else None,
+        "transport": _transport(world),
+        "devices": list(world.backend.devices) if world is not None else ["cpu"],
+        "debug": world.backend.debug if world is not None else debug_mode_from_env(),
+        "num_groups": len(_STATE.groups),
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "mpi": _mpi_info(world),
+    }
+    return info
+
+
+def _transport(world) -> str | None:
+    """"shm", "tcp", "shm+tcp" (gloo, per peer), "mpi", or None for a world of one."""
+    if world is None:
+        return None
+    kinds = getattr(world.backend, "transport_kinds", None)
+    if callable(kinds):
+        try:
+            found = sorted(set(kinds().values()))
+        except Exception:  # noqa: BLE001 - info must never fail
+            found = []
+        return "+".join(found) or None
+    return getattr(world.backend, "transport", None)
+
+
+def _installed_backends() -> list[str]:
+    """Backends whose requirements are installed, found without importing them: importing
+    cupy (for nccl) is slow, and on a machine without a GPU driver it can even crash the process."""
+    names = ["gloo", "local"]
+    if _mpi_importable():
+        names.append("mpi")
+    if importlib.util.find_spec("cupy") is not None:
+        names.append("nccl")
+    return sorted(names)
+
+
+def _mpi_info(world) -> dict[str, Any] | None:
+    if world is None or world.backend_name != "mpi":
+        return None
+    describe = getattr(world.backend, "describe", None)
+    return describe() if callable(describe) else None

@@ -1,0 +1,49 @@
+"""Rank-pool fixtures for the distributed tests.
+
+``pool`` is module-scoped and parametrised over (backend variant, world size): the ranks
+start once per configuration per test module and every hypothesis example of that module
+runs through them (a process start costs about a second on these machines).
+
+Backend variants: ``gloo-tcp`` and ``gloo-shm`` (the gloo backend with its transport forced),
+``mpi`` (ranks under a real ``mpiexec``, marked ``mpi``: skipped where mpi4py/mpiexec is missing).
+Select fewer with ``-k`` (e.g. ``-k "mpi"``) or the env var NEURAL_ARCH_TEST_BACKENDS=gloo-tcp,mpi.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from neural_arch.distributed.testing import RankPool
+
+VARIANTS = {
+    "gloo-tcp": ("gloo", {"NEURAL_ARCH_GLOO_TRANSPORT": "tcp"}),
+    "gloo-shm": ("gloo", {"NEURAL_ARCH_GLOO_TRANSPORT": "shm"}),
+    "mpi": ("mpi", {}),
+}
+SIZES = {"gloo-tcp": (1, 2, 3, 4, 5), "gloo-shm": (2, 3, 4, 5), "mpi": (2, 3)}
+
+
+def _configs():
+    chosen = os.environ.get("NEURAL_ARCH_TEST_BACKENDS", "").strip()
+    names = [n.strip() for n in chosen.split(",") if n.strip()] or list(VARIANTS)
+    params = []
+    for name in names:
+        for n in SIZES[name]:
+            marks = [pytest.mark.mpi] if name == "mpi" else []
+            params.append(pytest.param((name, n), id=f"{name}-{n}", marks=marks))
+    return params
+
+
+CONFIGS = _configs()
+
+
+@pytest.fixture(scope="module", params=CONFIGS)
+def pool(request):
+    """A started RankPool for one (variant, world size); ``pool.variant`` names the variant."""
+    name, n = request.param
+    backend, env = VARIANTS[name]
+    with RankPool(n, backend=backend, env=env, timeout=60.0) as p:
+        p.variant = name
+        yield p

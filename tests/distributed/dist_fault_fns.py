@@ -1,0 +1,137 @@
+"""Rank-side functions for the multi-rank API and fault tests (picklable: module level)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+
+import neural_arch.distributed as dist
+from neural_arch.core.tensor import Tensor
+
+
+def _catch(fn):
+    """Run ``fn``; return ("ok", value) or (exception class name, message, seconds taken)."""
+    start = time.monotonic()
+    try:
+        return ("ok", fn())
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        return (type(exc).__name__, str(exc), time.monotonic() - start)
+
+
+# ---------------------------------------------------------------------------------- API, many ranks
+def seed_snippets_fn():
+    """Seed 001's communication-primitives snippet, verbatim semantics, on every rank."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    tensor = Tensor(np.array([1.0, 2.0, 3.0]) * (r + 1))
+    reduced = dist.all_reduce(tensor, dist.ReduceOp.SUM)
+    gathered = dist.all_gather(Tensor(np.array([float(r)])))
+    b = dist.broadcast(Tensor(np.array([float(r)])), src=0)
+    data = np.arange(n * 2 * 3, dtype=np.float32).reshape(n * 2, 3) * (r + 1)
+    scattered = dist.reduce_scatter(Tensor(data), dist.ReduceOp.AVERAGE)
+    info = dist.get_distributed_info()
+    return (reduced.data.tolist(), [g.data.tolist() for g in gathered], b.data.tolist(),
+            scattered.shape, scattered.data.tolist(), (info["rank"], info["world_size"], info["transport"]))
+
+
+def bad_inputs_fn():
+    """Every bad input raises at the call, on every rank, without touching the network."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    t = Tensor(np.ones((n + 1, 2), np.float32))
+    cases = {
+        "non_divisible_reduce_scatter": lambda: dist.reduce_scatter(t),
+        "src_out_of_range": lambda: dist.broadcast(t, src=n),
+        "dst_out_of_range": lambda: dist.reduce(t, dst=n + 3),
+        "all_gather_bad_shapes": lambda: dist.all_gather([Tensor(np.ones(2, np.float32))] * n, t),
+        "gather_bad_dtype": lambda: dist.gather(t, [Tensor(np.ones((n + 1, 2)))] * n, dst=r),
+        "non_contiguous": lambda: dist.all_reduce(np.ones((2, 4))[:, ::2]),
+        "wrong_dtype": lambda: dist.all_reduce(np.ones(2, np.complex64)),
+        "all_to_all_not_divisible": lambda: dist.all_to_all(t),
+    }
+    out = {name: _catch(fn)[0] for name, fn in cases.items()}
+    # the group is still healthy afterwards
+    ok = dist.all_reduce(Tensor(np.ones(1))).data.tolist()
+    return out, ok
+
+
+def non_member_fn():
+    """new_group([0, 1]) on all ranks; ranks outside calling it get a clear error at the call."""
+    r = dist.get_rank()
+    g = dist.new_group([0, 1])
+    if g is dist.GroupMember.NON_GROUP_MEMBER:
+        return _catch(lambda: dist.all_reduce(Tensor(np.ones(1)), group=g))[:2]
+    src_outside = _catch(lambda: dist.broadcast(Tensor(np.ones(1)), src=2, group=g))[:2]
+    total = dist.all_reduce(Tensor(np.ones(1) * (r + 1)), group=g).data.tolist()
+    dist.destroy_process_group(g)
+    return src_outside, total
+
+
+def reinit_fn():
+    """destroy + init again on the same MASTER_PORT, twice, then communicate."""
+    for _ in range(2):
+        dist.destroy_process_group()
+        dist.init_process_group()
+    return dist.all_reduce(Tensor(np.ones(2))).data.tolist()
+
+
+# ---------------------------------------------------------------------------------- faults
+def kill_peer_fn(victim: int):
+    """One all_reduce works; then ``victim`` SIGKILLs itself and the others all_reduce again."""
+    r = dist.get_rank()
+    dist.all_reduce(Tensor(np.ones(4)))
+    if r == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(30)
+    time.sleep(0.3)  # let the victim die before we start
+    return _catch(lambda: dist.all_reduce(Tensor(np.ones(1000))))
+
+
+def mismatch_fn():
+    """Debug mode: rank r all_reduces shape (r + 1,) -> CollectiveMismatchError on every rank."""
+    r = dist.get_rank()
+    first = _catch(lambda: dist.all_reduce(Tensor(np.ones(r + 1, np.float32))))
+    return first[:2]
+
+
+def rendezvous_fn(absent: int, rendezvous_timeout: float):
+    """Rank ``absent`` never calls init_process_group; the others must be told it is missing."""
+    rank = int(os.environ["RANK"])
+    if rank == absent:
+        return ("absent",)
+    return _catch(lambda: dist.init_process_group(rendezvous_timeout=rendezvous_timeout))
+
+
+def timeout_fn(late: int, timeout: float):
+    """Rank ``late`` skips a collective; the others time out with a message naming it."""
+    dist.init_process_group(timeout=timeout)
+    r = dist.get_rank()
+    dist.all_reduce(Tensor(np.ones(1)))  # everyone is up and connected
+    if r == late:
+        return ("skipped",)
+    return _catch(lambda: dist.all_reduce(Tensor(np.ones((3, 4), np.float32))))
+
+
+def mpi_world_mismatch_fn():
+    return _catch(lambda: dist.init_process_group(backend="mpi", world_size=7))[:2]
+
+
+def init_method_fn(method: str):
+    """init_process_group with an explicit tcp:// or file:// init method (no MASTER_ADDR needed)."""
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(var, None)
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", init_method=method, world_size=2, rank=rank, rendezvous_timeout=20)
+    total = dist.all_reduce(Tensor(np.ones(2) * (rank + 1))).data.tolist()
+    info = dist.get_distributed_info()
+    return total, info["init_method"], dist.get_backend()
+
+
+def p2p_timeout_fn(timeout: float):
+    """Rank 0 waits for a message rank 1 never sends: a timeout error naming rank 1, not a hang."""
+    dist.init_process_group(timeout=timeout)
+    dist.barrier()
+    if dist.get_rank() == 1:
+        return ("silent",)
+    return _catch(lambda: dist.recv(Tensor(np.zeros(5, np.int32)), src=1, tag=3))
