@@ -1,0 +1,110 @@
+"""``ProcessGroup``: one backend communicator plus its members as global ranks.
+
+``group.py`` creates these; :mod:`neural_arch.distributed.collectives` and DDP use them to
+translate the global ranks users pass (``src``, ``dst``, ``root``) into the group ranks a
+backend speaks.
+
+Example::
+
+    pg = ProcessGroup(backend, ranks=[0, 2], name="evens")
+    pg.group_rank(2)        # 1
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+
+from .backends.base import Backend
+from .backends.errors import DistributedError
+
+
+class GroupMembershipError(DistributedError, ValueError):
+    """A rank-local operation was called with a group this rank does not belong to."""
+
+
+class _NonGroupMember:
+    """What :func:`new_group` returns on ranks outside the new group (torch's sentinel)."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "GroupMember.NON_GROUP_MEMBER"
+
+    def __reduce__(self):  # stays a singleton through pickle
+        return (_NonGroupMember, ())
+
+
+class GroupMember:
+    """``WORLD`` is the default group once initialised (None before); ``NON_GROUP_MEMBER`` is
+    what ``new_group`` returns on ranks that are not in the new group."""
+
+    WORLD: ProcessGroup | None = None
+    NON_GROUP_MEMBER = _NonGroupMember()
+
+
+class ProcessGroup:
+    """A set of ranks that run collectives together, over one backend communicator.
+
+    ``rank()``/``size()`` are this process's rank within the group and the group's size
+    (torch's names); ``ranks`` lists the members as global ranks.
+
+    Example::
+
+        pg = get_default_group()
+        pg.rank(), pg.size(), pg.ranks, pg.backend_name
+        pg.group_rank(3)     # global rank 3 -> its rank inside this group
+    """
+
+    def __init__(self, backend: Backend, ranks: Sequence[int], backend_name: str, name: str,
+                 generation: int):
+        self.backend = backend
+        self.ranks: list[int] = [int(r) for r in ranks]
+        self.backend_name = backend_name
+        self.name = name
+        self.generation = generation
+        self.destroyed = False
+        self._index = {g: i for i, g in enumerate(self.ranks)}
+
+    def rank(self) -> int:
+        return self.backend.rank
+
+    def size(self) -> int:
+        return self.backend.size
+
+    @property
+    def timeout(self) -> float:
+        return self.backend.timeout
+
+    def group_rank(self, global_rank: int, arg: str = "rank") -> int:
+        """Translate a global rank into this group's numbering; a clear error if it is not a member."""
+        try:
+            g = operator.index(global_rank)
+        except TypeError:
+            raise TypeError(f"{arg}={global_rank!r} must be an int (a global rank)") from None
+        if g not in self._index:
+            from .group import _STATE  # late: group.py imports this module
+
+            world = _STATE.world.size() if _STATE.world is not None else None
+            if world is not None and not 0 <= g < world:
+                raise ValueError(f"{arg}={g} is out of range for a world of size {world} "
+                                 f"(valid: 0..{world - 1})")
+            raise ValueError(f"{arg}={g} is not a member of group {self.name} {self.ranks}; "
+                             f"{arg} is a global rank (as in torch): pick one of {self.ranks}")
+        return self._index[g]
+
+    def global_rank(self, group_rank: int) -> int:
+        if not 0 <= int(group_rank) < len(self.ranks):
+            raise ValueError(f"group rank {group_rank} is out of range for group {self.name} of size "
+                             f"{len(self.ranks)}")
+        return self.ranks[int(group_rank)]
+
+    def __repr__(self) -> str:
+        state = ", destroyed" if self.destroyed else ""
+        return (f"ProcessGroup({self.name}, backend={self.backend_name!r}, ranks={self.ranks}, "
+                f"rank={self.rank()}{state})")
