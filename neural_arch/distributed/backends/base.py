@@ -78,6 +78,17 @@ def finish_average(array, size: int) -> None:
     array /= size
 
 
+_DTYPE_NAMES: dict = {}
+
+
+def _dtype_name(dtype) -> str:
+    """``str(dtype)``, cached: numpy's __str__ costs microseconds on every collective."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype)
+    return name
+
+
 def _xp(array):
     if isinstance(array, np.ndarray):
         return np
@@ -231,12 +242,11 @@ class Backend(abc.ABC):
         else:
             self._seq += 1
             seq = self._seq
-        return OpInfo(
-            name=name, seq=seq, group_ranks=self.group_ranks, rank=self.group_ranks[self._rank],
-            shape=None if array is None else tuple(array.shape),
-            dtype=None if array is None else str(array.dtype), root=root,
-            reduce_op=None if op is None else op.value,
-        )
+        if array is None:
+            return OpInfo(name, seq, self.group_ranks, self.group_ranks[self._rank], None, None, root,
+                          None if op is None else op.value)
+        return OpInfo(name, seq, self.group_ranks, self.group_ranks[self._rank], array.shape,
+                      _dtype_name(array.dtype), root, None if op is None else op.value)
 
     def _run(self, info: OpInfo, fn: Callable[[], Any], async_op: bool, ordered: bool = True) -> Work:
         """Run ``fn`` now (idle queue, synchronous call) or after every earlier async op."""

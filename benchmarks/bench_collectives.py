@@ -1,0 +1,325 @@
+"""Collective benchmark: neural_arch gloo vs MPI vs PyTorch gloo, side by side in one run.
+
+For every contender the script starts real rank processes (``python`` ranks over a TCPStore
+for gloo and torch, ``mpiexec -n N`` for MPI), sweeps message sizes for all_reduce,
+all_gather and broadcast on float32 buffers, and prints the median latency and bus bandwidth:
+
+* all_reduce: busbw = 2(n-1)/n * bytes / t        (bytes = the buffer on each rank)
+* all_gather: busbw = (n-1)/n * bytes / t         (bytes = the gathered output; input = bytes/n)
+* broadcast:  busbw = bytes / t
+
+Contenders: ``gloo`` (neural_arch, transport auto: shared memory on one host), ``gloo-tcp``
+(TCP forced), ``mpi`` (neural_arch's mpi backend), ``mpi4py`` (raw ``Allreduce(IN_PLACE)`` etc.
+on NumPy buffers), ``torch`` (torch.distributed gloo on CPU, when torch is installed);
+``gloo-ring`` / ``gloo-rd`` force one all_reduce algorithm, ``gloo-chain`` / ``gloo-tree`` one
+broadcast algorithm (threshold measurements).
+Every rank runs with one BLAS thread. Each rank times repetitions of a fixed number of calls
+(after a barrier) and takes the median; the table shows the slowest rank's median.
+
+Usage::
+
+    python benchmarks/bench_collectives.py --quick                 # short sweep, ~1-2 minutes
+    python benchmarks/bench_collectives.py                         # 1 KiB - 64 MiB
+    python benchmarks/bench_collectives.py --contenders gloo-ring,gloo-rd --ops all_reduce \\
+        --sizes 1K,16K,64K,256K,1M --ranks 3                      # algorithm crossover
+
+Writes ``benchmarks/results/bench_collectives.json`` and ``bench_collectives.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from benchmarks._common import format_table, thread_env, write_json
+
+OPS = ("all_reduce", "all_gather", "broadcast")
+CONTENDERS = ("gloo", "gloo-tcp", "mpi", "mpi4py", "torch")
+FULL_SIZES = [1 << k for k in range(10, 27, 2)]          # 1 KiB .. 64 MiB, x4
+QUICK_SIZES = [1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22]
+
+
+def _parse_size(text: str) -> int:
+    text = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(float(text.rstrip("KMG")) * mult)
+
+
+def _label(nbytes: int) -> str:
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+def _plan(nbytes: int, quick: bool):
+    """(calls per repetition, repetitions) for a size: ~ the same wall time per size, deterministic
+    so every rank makes the same number of calls."""
+    inner = max(1, min(200, (1 << 22) // max(nbytes, 1)))
+    reps = 7 if quick else 15
+    if nbytes >= 1 << 24:
+        reps = 3 if quick else 5
+    return inner, reps
+
+
+# -- the rank side -------------------------------------------------------------------------------
+def _make_ops(kind: str, rank: int, world: int):
+    """Return {op: make(nbytes) -> zero-arg callable running one collective}, and a cleanup."""
+    import numpy as np
+
+    if kind.startswith("gloo"):
+        from neural_arch.distributed.backends.gloo import GlooBackend
+        from neural_arch.distributed.store import TCPStore
+
+        store = TCPStore("127.0.0.1", int(os.environ["BENCH_PORT"]), world_size=world, is_master=rank == 0,
+                         timeout=60)
+        b = GlooBackend.create(store, rank, world, timeout=120, transport="tcp" if kind == "gloo-tcp" else None)
+        ar = lambda x: b.allreduce(x)
+        ag = lambda out, x: b.allgather(out, x)
+        bc = lambda x: b.broadcast(x, 0)
+        barrier, close = b.barrier, b.shutdown
+    elif kind == "mpi":
+        from neural_arch.distributed.backends.mpi import MPIBackend
+
+        b = MPIBackend.create(None, timeout=120)
+        ar = lambda x: b.allreduce(x)
+        ag = lambda out, x: b.allgather(out, x)
+        bc = lambda x: b.broadcast(x, 0)
+        barrier, close = b.barrier, b.shutdown
+    elif kind == "mpi4py":
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        ar = lambda x: comm.Allreduce(MPI.IN_PLACE, x)
+        ag = lambda out, x: comm.Allgather(x, out)
+        bc = lambda x: comm.Bcast(x, root=0)
+        barrier, close = comm.Barrier, (lambda: None)
+    elif kind == "torch":
+        import torch
+        import torch.distributed as tdist
+
+        torch.set_num_threads(1)
+        tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
+                                 rank=rank, world_size=world)
+        ar = lambda x: tdist.all_reduce(torch.from_numpy(x))
+
+        def ag(out, x):
+            tdist.all_gather(list(torch.from_numpy(out)), torch.from_numpy(x))
+        bc = lambda x: tdist.broadcast(torch.from_numpy(x), 0)
+        barrier, close = tdist.barrier, tdist.destroy_process_group
+    else:
+        raise SystemExit(f"unknown contender {kind!r}; choose from "
+                         f"{CONTENDERS + ('gloo-ring', 'gloo-rd', 'gloo-chain', 'gloo-tree')}")
+
+    def make(op, nbytes):
+        n = max(1, nbytes // 4)
+        if op == "all_reduce":
+            x = np.zeros(n, np.float32)          # zeros: repeated sums never overflow
+            return lambda: ar(x)
+        if op == "broadcast":
+            x = np.zeros(n, np.float32)
+            return lambda: bc(x)
+        per = max(1, n // world)
+        out, x = np.zeros((world, per), np.float32), np.zeros(per, np.float32)
+        return lambda: ag(out, x)
+    return make, barrier, close
+
+
+def worker(args) -> None:
+    if args.worker in ("mpi", "mpi4py"):
+        from mpi4py import MPI
+
+        rank, world = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    else:
+        rank, world = args.rank, args.ranks
+    make, barrier, close = _make_ops(args.worker, rank, world)
+    results = {}
+    for op in args.ops.split(","):
+        results[op] = {}
+        for nbytes in [int(s) for s in args.size_list.split(",")]:
+            fn = make(op, nbytes)
+            inner, reps = _plan(nbytes, args.quick)
+            for _ in range(min(inner, 20) + 2):        # warm-up: plans, scratch buffers, page faults
+                fn()
+            times = []
+            for _ in range(reps):
+                barrier()
+                t0 = time.perf_counter()
+                for _ in range(inner):
+                    fn()
+                times.append((time.perf_counter() - t0) / inner)
+            results[op][str(nbytes)] = statistics.median(times)
+    barrier()
+    close()
+    print(json.dumps({"contender": args.worker, "ranks": world, "rank": rank, "results": results}), flush=True)
+
+
+# -- the orchestrator --------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _available(kind: str) -> str:
+    """'' when the contender can run here, else why not."""
+    try:
+        if kind in ("mpi", "mpi4py"):
+            import mpi4py  # noqa: F401
+            if not (shutil.which("mpiexec") or os.path.exists(os.path.join(os.path.dirname(sys.executable),
+                                                                             "mpiexec"))):
+                return "mpiexec not found"
+            if kind == "mpi" and not os.path.exists(os.path.join(ROOT, "neural_arch/distributed/backends/mpi.py")):
+                return "neural_arch mpi backend missing"
+        if kind == "torch":
+            import torch  # noqa: F401
+    except ImportError as exc:
+        return f"not installed ({exc.name})"
+    return ""
+
+
+def run_contender(kind: str, args, sizes) -> dict:
+    me = os.path.abspath(__file__)
+    common = ["--worker", kind, "--ranks", str(args.ranks), "--ops", args.ops,
+              "--size-list", ",".join(map(str, sizes))] + (["--quick"] if args.quick else [])
+    env = thread_env(1)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    if kind in ("gloo-ring", "gloo-rd", "gloo-chain", "gloo-tree"):
+        env["NEURAL_ARCH_GLOO_ALGO"] = kind.split("-")[1]
+    if kind in ("mpi", "mpi4py"):
+        mpiexec = shutil.which("mpiexec") or os.path.join(os.path.dirname(sys.executable), "mpiexec")
+        procs = [subprocess.Popen([mpiexec, "-n", str(args.ranks), sys.executable, me] + common, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  start_new_session=True)]
+    else:
+        env["BENCH_PORT"] = str(_free_port())
+        procs = [subprocess.Popen([sys.executable, me, "--rank", str(r)] + common, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  start_new_session=True) for r in range(args.ranks)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=args.timeout))
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{kind}: no result within {args.timeout} s") from None
+    finally:
+        for p in procs:  # reap every rank, whatever happened
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    for p, (out, err) in zip(procs, outs):
+        if p.returncode != 0:
+            raise RuntimeError(f"{kind}: a rank exited with code {p.returncode}:\n{err[-2000:]}")
+    reports = [json.loads(line) for out, _ in outs for line in out.splitlines() if line.startswith("{")]
+    if len(reports) != args.ranks:
+        raise RuntimeError(f"{kind}: {len(reports)} of {args.ranks} ranks reported; stderr:\n{outs[0][1][-2000:]}")
+    # A collective is done when its slowest rank is: report the max over ranks (a broadcast
+    # root, say, may return as soon as its data sits in a socket buffer).
+    merged = {op: {size: max(r["results"][op][size] for r in reports) for size in reports[0]["results"][op]}
+              for op in reports[0]["results"]}
+    return {"contender": kind, "ranks": args.ranks, "results": merged}
+
+
+def busbw(op: str, nbytes: int, seconds: float, n: int) -> float:
+    factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "broadcast": 1.0}[op]
+    return factor * nbytes / seconds / 1e9
+
+
+def _plot(payload, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ops = payload["ops"]
+    fig, axes = plt.subplots(1, len(ops), figsize=(5 * len(ops), 4), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        for kind, res in payload["results"].items():
+            pts = sorted((int(b), busbw(op, int(b), t, payload["ranks"])) for b, t in res.get(op, {}).items())
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=kind)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.set_title(f"{op}, {payload['ranks']} ranks, float32")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a short sweep (5 sizes, fewer repetitions)")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--contenders", default=",".join(CONTENDERS))
+    ap.add_argument("--sizes", default=None, help="comma list like 1K,64K,1M (default: the sweep)")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per contender")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "bench_collectives.json"))
+    ap.add_argument("--no-plot", action="store_true")
+    # worker mode (internal)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--size-list", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker(args)
+
+    sizes = [_parse_size(s) for s in args.sizes.split(",")] if args.sizes else (
+        QUICK_SIZES if args.quick else FULL_SIZES)
+    ops = args.ops.split(",")
+    payload = {"ranks": args.ranks, "ops": ops, "sizes": sizes, "results": {}, "skipped": {},
+               "command": "python " + " ".join([os.path.relpath(__file__, ROOT)] + (argv or sys.argv[1:]))}
+    for kind in args.contenders.split(","):
+        why = _available(kind)
+        if why:
+            print(f"skip {kind}: {why}", flush=True)
+            payload["skipped"][kind] = why
+            continue
+        t0 = time.monotonic()
+        try:
+            payload["results"][kind] = run_contender(kind, args, sizes)["results"]
+        except RuntimeError as exc:
+            print(f"FAILED {kind}: {exc}", flush=True)
+            payload["skipped"][kind] = str(exc)[:500]
+            continue
+        print(f"{kind}: done in {time.monotonic() - t0:.0f} s", flush=True)
+
+    kinds = list(payload["results"])
+    for op in ops:
+        rows = []
+        for nbytes in sizes:
+            row = [_label(nbytes)]
+            for kind in kinds:
+                t = payload["results"][kind].get(op, {}).get(str(nbytes))
+                row.append("-" if t is None else f"{t * 1e6:.1f} us / {busbw(op, nbytes, t, args.ranks):.2f}")
+            rows.append(row)
+        print(f"\n{op}, {args.ranks} ranks, float32: median latency / bus bandwidth (GB/s)")
+        print(format_table(rows, ["size"] + kinds))
+    path = write_json(args.out, payload)
+    print(f"\nwrote {path}")
+    if not args.no_plot:
+        try:
+            png = os.path.splitext(args.out)[0] + ".png"
+            _plot(payload, png)
+            print(f"wrote {png}")
+        except ImportError:
+            print("matplotlib missing: no plot")
+
+
+if __name__ == "__main__":
+    main()
