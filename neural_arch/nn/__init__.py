@@ -1,0 +1,34 @@
+"""Layers, containers, losses and initialisers (``from neural_arch import nn``).
+
+Example::
+
+    >>> from neural_arch import nn
+    >>> model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
+    >>> model
+    Sequential(
+      (0): Linear(in_features=4, out_features=16, bias=True)
+      (1): ReLU()
+      (2): Linear(in_features=16, out_features=3, bias=True)
+    )
+"""
+
+from neural_arch import functional
+from neural_arch.nn import init
+from neural_arch.nn.activation import GELU, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh
+from neural_arch.nn.attention import MultiheadAttention
+from neural_arch.nn.container import ModuleDict, ModuleList, Sequential
+from neural_arch.nn.linear import Embedding, Identity, Linear
+from neural_arch.nn.loss import CrossEntropyLoss, MSELoss
+from neural_arch.nn.module import IncompatibleKeys, Module
+from neural_arch.nn.normalization import Dropout, LayerNorm
+from neural_arch.nn.parameter import Parameter
+from neural_arch.nn.transformer import GPT, TransformerBlock
+
+__all__ = [
+    "functional", "init", "Module", "Parameter", "IncompatibleKeys",
+    "Linear", "Embedding", "Identity", "LayerNorm", "Dropout",
+    "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax",
+    "Sequential", "ModuleList", "ModuleDict",
+    "MultiheadAttention", "TransformerBlock", "GPT",
+    "CrossEntropyLoss", "MSELoss",
+]

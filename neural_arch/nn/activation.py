@@ -1,0 +1,66 @@
+"""Element-wise activation modules: ``ReLU``, ``GELU``, ``Tanh``, ``Sigmoid``, ``Softmax``.
+
+They hold no parameters; they exist so activations can sit inside ``Sequential``.
+
+Example::
+
+    >>> import numpy as np
+    >>> from neural_arch import nn
+    >>> nn.ReLU()(np.array([-1.0, 2.0])).data.tolist()
+    [0.0, 2.0]
+"""
+
+from __future__ import annotations
+
+from neural_arch import functional as F
+from neural_arch.core.tensor import Tensor
+from neural_arch.nn.module import Module
+
+__all__ = ["ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax"]
+
+
+def _as_tensor(x) -> Tensor:
+    return x if isinstance(x, Tensor) else Tensor(x)
+
+
+class ReLU(Module):
+    """max(x, 0)."""
+
+    def forward(self, x):
+        return F.relu(_as_tensor(x))
+
+
+class GELU(Module):
+    """Gaussian error linear unit (whatever approximation ``F.gelu`` implements)."""
+
+    def forward(self, x):
+        return F.gelu(_as_tensor(x))
+
+
+class Tanh(Module):
+    def forward(self, x):
+        return F.tanh(_as_tensor(x))
+
+
+class Sigmoid(Module):
+    def forward(self, x):
+        return F.sigmoid(_as_tensor(x))
+
+
+class Softmax(Module):
+    """Softmax over ``axis`` (``dim`` accepted as torch's spelling)."""
+
+    def __init__(self, axis: int = -1, dim: int | None = None):
+        super().__init__()
+        self.axis = axis if dim is None else dim
+
+    def forward(self, x):
+        return F.softmax(_as_tensor(x), axis=self.axis)
+
+    def extra_repr(self) -> str:
+        return f"axis={self.axis}"
+
+
+class LogSoftmax(Softmax):
+    def forward(self, x):
+        return F.log_softmax(_as_tensor(x), axis=self.axis)

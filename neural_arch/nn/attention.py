@@ -1,0 +1,103 @@
+"""Causal multi-head self-attention.
+
+``q_proj``, ``k_proj``, ``v_proj`` and ``out_proj`` are separate ``Linear`` layers (rather than
+one fused QKV matrix) so tensor parallelism can shard them by heads: split q/k/v by output rows
+(column parallel) and ``out_proj`` by input columns (row parallel). ``forward`` infers the local
+number of heads from the projection width, so a sharded copy needs no other change.
+
+Example::
+
+    >>> import numpy as np
+    >>> from neural_arch import nn
+    >>> attn = nn.MultiheadAttention(embed_dim=8, num_heads=2)
+    >>> attn(np.zeros((3, 5, 8), dtype=np.float32)).shape
+    (3, 5, 8)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from neural_arch import backend as _backend
+from neural_arch import functional as F
+from neural_arch.core.tensor import Tensor
+from neural_arch.nn.linear import Linear
+from neural_arch.nn.module import Module
+from neural_arch.nn.normalization import Dropout
+
+__all__ = ["MultiheadAttention", "causal_mask"]
+
+# A large finite negative rather than -inf: adding it keeps every row finite, so a fully masked row
+# (impossible when causal, possible with user masks) gives a uniform softmax instead of NaNs.
+_MASK_VALUE = -1e9
+
+
+def causal_mask(t: int, dtype=np.float32, device="cpu"):
+    """Additive ``(t, t)`` mask: 0 on and below the diagonal, a large negative value above it."""
+    mask = np.triu(np.full((t, t), _MASK_VALUE, dtype=dtype), k=1)
+    return _backend.to_device(mask, device)
+
+
+class MultiheadAttention(Module):
+    """Self-attention over ``x`` of shape ``(batch, time, embed_dim)``; returns the same shape.
+
+    Args:
+        embed_dim: model width C; must be divisible by ``num_heads``.
+        num_heads: number of heads H (head size D = C / H).
+        dropout: dropout on the attention weights and on the output projection.
+        causal: if True (the default) position t attends only to positions <= t.
+        bias: whether the four projections have biases.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, causal: bool = True,
+                 bias: bool = True, dtype=np.float32):
+        super().__init__()
+        if embed_dim % num_heads != 0:
+            raise ValueError(
+                f"MultiheadAttention: embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})"
+            )
+        self.embed_dim = int(embed_dim)
+        self.num_heads = int(num_heads)
+        self.head_dim = self.embed_dim // self.num_heads
+        self.causal = bool(causal)
+        self.q_proj = Linear(embed_dim, embed_dim, bias=bias, dtype=dtype)
+        self.k_proj = Linear(embed_dim, embed_dim, bias=bias, dtype=dtype)
+        self.v_proj = Linear(embed_dim, embed_dim, bias=bias, dtype=dtype)
+        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, dtype=dtype)
+        self.attn_dropout = Dropout(dropout)
+        self.resid_dropout = Dropout(dropout)
+        self._masks: dict = {}  # (T, dtype, device) -> additive mask; cheap to rebuild, so not a buffer
+
+    def _mask(self, t: int, dtype, device) -> Tensor:
+        key = (t, np.dtype(dtype).str, str(device))
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = self._masks[key] = Tensor(causal_mask(t, dtype, device), device=device)
+        return mask
+
+    def forward(self, x):
+        x = x if isinstance(x, Tensor) else Tensor(x)
+        if x.ndim != 3:
+            raise ValueError(
+                f"MultiheadAttention expects x of shape (batch, time, embed_dim), got {tuple(x.shape)}"
+            )
+        b, t, _ = x.shape
+        d = self.head_dim
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        h = q.shape[-1] // d  # local heads: fewer than num_heads when the projections are sharded
+        # (B, T, H*D) -> (B, H, T, D)
+        q = q.reshape(b, t, h, d).permute(0, 2, 1, 3)
+        k = k.reshape(b, t, h, d).permute(0, 2, 3, 1)  # (B, H, D, T): ready for q @ k
+        v = v.reshape(b, t, h, d).permute(0, 2, 1, 3)
+        scores = F.matmul(q, k) * (1.0 / math.sqrt(d))  # (B, H, T, T)
+        if self.causal:
+            scores = scores + self._mask(t, scores.dtype, x.device)
+        weights = self.attn_dropout(F.softmax(scores, axis=-1))
+        y = F.matmul(weights, v)  # (B, H, T, D)
+        y = y.permute(0, 2, 1, 3).reshape(b, t, h * d)
+        return self.resid_dropout(self.out_proj(y))
+
+    def extra_repr(self) -> str:
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, causal={self.causal}"

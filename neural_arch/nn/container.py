@@ -1,0 +1,176 @@
+"""Containers: ``Sequential``, ``ModuleList``, ``ModuleDict``.
+
+Children are registered under their index (``"0"``, ``"1"``, ...) or key, so parameter names are
+stable (``blocks.3.attn.q_proj.weight``) and tensor/pipeline parallelism can address them.
+
+Example::
+
+    >>> from neural_arch import nn
+    >>> mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> [n for n, _ in mlp.named_parameters()]
+    ['0.weight', '0.bias', '2.weight', '2.bias']
+    >>> layers = nn.ModuleList([nn.Linear(2, 2) for _ in range(3)])
+    >>> len(layers), type(layers[-1]).__name__
+    (3, 'Linear')
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Iterable, Iterator, Mapping
+
+from neural_arch.nn.module import Module
+
+__all__ = ["Sequential", "ModuleList", "ModuleDict"]
+
+
+def _check_module(value, where: str) -> Module:
+    if not isinstance(value, Module):
+        raise TypeError(f"{where}: expected a Module, got {type(value).__name__}")
+    return value
+
+
+class _IndexedContainer(Module):
+    """Shared indexing for Sequential and ModuleList: children keyed "0", "1", ... in order."""
+
+    def _index(self, idx: int) -> int:
+        n = len(self._modules)
+        if not -n <= idx < n:
+            raise IndexError(f"index {idx} is out of range for {type(self).__name__} of length {n}")
+        return idx % n
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            picked = list(self._modules.items())[idx]
+            if isinstance(self, Sequential):
+                return Sequential(OrderedDict(picked)) if not self._numbered() else \
+                    Sequential(*[m for _, m in picked])
+            return type(self)([m for _, m in picked])
+        return list(self._modules.values())[self._index(int(idx))]
+
+    def __setitem__(self, idx: int, module: Module) -> None:
+        key = list(self._modules)[self._index(int(idx))]
+        self._modules[key] = _check_module(module, f"{type(self).__name__}[{idx}] =")
+
+    def _numbered(self) -> bool:
+        return all(key.isdigit() for key in self._modules)
+
+    def _rebuild(self, items: list) -> None:
+        """Re-register ``(key, module)`` pairs; numbered containers are renumbered 0..n-1."""
+        numbered = self._numbered()
+        self._modules.clear()
+        for i, (key, m) in enumerate(items):
+            self._modules[str(i) if numbered else key] = m
+
+    def __delitem__(self, idx) -> None:
+        items = list(self._modules.items())
+        del items[idx]
+        self._rebuild(items)
+
+    def append(self, module: Module):
+        self.add_module(str(len(self._modules)), _check_module(module, f"{type(self).__name__}.append"))
+        return self
+
+    def extend(self, modules: Iterable[Module]):
+        for m in modules:
+            self.append(m)
+        return self
+
+    def insert(self, index: int, module: Module) -> None:
+        if not self._numbered():
+            raise TypeError(f"insert() needs a numbered {type(self).__name__}; use add_module(name, module)")
+        items = list(self._modules.items())
+        items.insert(index, ("", _check_module(module, f"{type(self).__name__}.insert")))
+        self._rebuild(items)
+
+
+class Sequential(_IndexedContainer):
+    """Calls its children in order, feeding each one's output to the next.
+
+    ``Sequential(m1, m2, ...)`` names children "0", "1", ...; ``Sequential(OrderedDict(fc=..., act=...))``
+    uses the given names.
+    """
+
+    def __init__(self, *modules):
+        super().__init__()
+        if len(modules) == 1 and isinstance(modules[0], Mapping):
+            for name, m in modules[0].items():
+                self.add_module(name, _check_module(m, f"Sequential['{name}']"))
+        else:
+            for i, m in enumerate(modules):
+                self.add_module(str(i), _check_module(m, f"Sequential argument {i}"))
+
+    def __getitem__(self, idx):
+        if isinstance(idx, str):
+            return self._modules[idx]
+        return super().__getitem__(idx)
+
+    def forward(self, x):
+        for module in self._modules.values():
+            x = module(x)
+        return x
+
+
+class ModuleList(_IndexedContainer):
+    """A list of modules whose parameters are registered (a plain list would hide them)."""
+
+    def __init__(self, modules: Iterable[Module] | None = None):
+        super().__init__()
+        if modules is not None:
+            self.extend(modules)
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError("ModuleList has no forward(); iterate over it in your model's forward")
+
+
+class ModuleDict(Module):
+    """An ordered dict of modules (keys must be valid attribute-like names without '.')."""
+
+    def __init__(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]] | None = None):
+        super().__init__()
+        if modules is not None:
+            self.update(modules)
+
+    def __getitem__(self, key: str) -> Module:
+        return self._modules[key]
+
+    def __setitem__(self, key: str, module: Module) -> None:
+        self.add_module(key, _check_module(module, f"ModuleDict['{key}'] ="))
+
+    def __delitem__(self, key: str) -> None:
+        del self._modules[key]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._modules)
+
+    def __contains__(self, key) -> bool:
+        return key in self._modules
+
+    def keys(self):
+        return self._modules.keys()
+
+    def values(self):
+        return self._modules.values()
+
+    def items(self):
+        return self._modules.items()
+
+    def pop(self, key: str) -> Module:
+        return self._modules.pop(key)
+
+    def update(self, modules) -> None:
+        items = modules.items() if isinstance(modules, Mapping) else modules
+        for key, m in items:
+            self[key] = m
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError("ModuleDict has no forward(); index it in your model's forward")

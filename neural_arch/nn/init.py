@@ -1,0 +1,154 @@
+"""Weight initialisers, in place, driven by the seeded global generator.
+
+Every function fills ``tensor.data`` in place and returns the tensor. Values are drawn on the host
+from :func:`neural_arch.core.tensor.get_generator` (or the ``generator`` you pass), so a model
+built after ``manual_seed(s)`` is identical on every rank and on CPU or GPU, which is what DDP's
+"same initial weights everywhere" check relies on.
+
+Example::
+
+    >>> import numpy as np
+    >>> from neural_arch import nn
+    >>> from neural_arch.core.tensor import manual_seed
+    >>> manual_seed(0)
+    >>> w = nn.Parameter(np.empty((4, 3), dtype=np.float32))
+    >>> _ = nn.init.kaiming_uniform_(w, a=5 ** 0.5)
+    >>> bool(abs(w.data).max() <= 1 / 3 ** 0.5)
+    True
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from neural_arch import backend as _backend
+from neural_arch.core.tensor import Tensor, get_generator
+
+__all__ = [
+    "calculate_gain", "uniform_", "normal_", "constant_", "zeros_", "ones_",
+    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "trunc_normal_",
+]
+
+
+def _check(tensor) -> Tensor:
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"init: expected a Tensor or Parameter, got {type(tensor).__name__}")
+    return tensor
+
+
+def _fill(tensor: Tensor, values: np.ndarray) -> Tensor:
+    """Write host ``values`` into ``tensor`` in place (cast to its dtype, moved to its device)."""
+    current = tensor.data
+    values = np.asarray(values, dtype=np.dtype(current.dtype))
+    current[...] = _backend.to_device(values, tensor.device)
+    return tensor
+
+
+def _rng(generator):
+    return get_generator() if generator is None else generator
+
+
+def _fans(tensor: Tensor) -> tuple[int, int]:
+    shape = tuple(tensor.shape)
+    if len(shape) < 2:
+        raise ValueError(
+            f"fan in/out need a tensor with at least 2 dimensions, got shape {shape}; "
+            "use uniform_/normal_ for biases and vectors"
+        )
+    receptive = int(np.prod(shape[2:])) if len(shape) > 2 else 1
+    # torch layout: weight is (out_features, in_features, *kernel)
+    return shape[1] * receptive, shape[0] * receptive
+
+
+def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
+    """Recommended gain for ``nonlinearity`` (same table as torch)."""
+    if nonlinearity in ("linear", "identity", "sigmoid") or nonlinearity.startswith("conv"):
+        return 1.0
+    if nonlinearity == "tanh":
+        return 5.0 / 3
+    if nonlinearity == "relu":
+        return math.sqrt(2.0)
+    if nonlinearity == "leaky_relu":
+        slope = 0.01 if param is None else float(param)
+        return math.sqrt(2.0 / (1 + slope**2))
+    if nonlinearity == "selu":
+        return 3.0 / 4
+    raise ValueError(
+        f"calculate_gain: unknown nonlinearity {nonlinearity!r}; use one of linear, sigmoid, "
+        "tanh, relu, leaky_relu, selu"
+    )
+
+
+def uniform_(tensor, a: float = 0.0, b: float = 1.0, generator=None):
+    """Fill with U(a, b)."""
+    _check(tensor)
+    return _fill(tensor, _rng(generator).uniform(a, b, size=tensor.shape))
+
+
+def normal_(tensor, mean: float = 0.0, std: float = 1.0, generator=None):
+    """Fill with N(mean, std**2)."""
+    _check(tensor)
+    return _fill(tensor, _rng(generator).normal(mean, std, size=tensor.shape))
+
+
+def trunc_normal_(tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
+                  generator=None):
+    """Fill with N(mean, std**2) redrawn until inside [a, b] (absolute bounds, like torch)."""
+    _check(tensor)
+    rng = _rng(generator)
+    values = rng.normal(mean, std, size=tensor.shape)
+    bad = (values < a) | (values > b)
+    while bad.any():  # rejection sampling: a few rounds at most for the usual +-2 std bounds
+        values[bad] = rng.normal(mean, std, size=int(bad.sum()))
+        bad = (values < a) | (values > b)
+    return _fill(tensor, values)
+
+
+def constant_(tensor, value: float):
+    _check(tensor)
+    tensor.data[...] = value
+    return tensor
+
+
+def zeros_(tensor):
+    return constant_(tensor, 0.0)
+
+
+def ones_(tensor):
+    return constant_(tensor, 1.0)
+
+
+def xavier_uniform_(tensor, gain: float = 1.0, generator=None):
+    """Glorot uniform: U(-b, b) with b = gain * sqrt(6 / (fan_in + fan_out))."""
+    fan_in, fan_out = _fans(_check(tensor))
+    bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
+    return uniform_(tensor, -bound, bound, generator)
+
+
+def xavier_normal_(tensor, gain: float = 1.0, generator=None):
+    """Glorot normal: N(0, std**2) with std = gain * sqrt(2 / (fan_in + fan_out))."""
+    fan_in, fan_out = _fans(_check(tensor))
+    return normal_(tensor, 0.0, gain * math.sqrt(2.0 / (fan_in + fan_out)), generator)
+
+
+def _kaiming_std(tensor, a, mode, nonlinearity) -> float:
+    fan_in, fan_out = _fans(_check(tensor))
+    if mode not in ("fan_in", "fan_out"):
+        raise ValueError(f"kaiming init: mode must be 'fan_in' or 'fan_out', got {mode!r}")
+    fan = fan_in if mode == "fan_in" else fan_out
+    return calculate_gain(nonlinearity, a) / math.sqrt(fan)
+
+
+def kaiming_uniform_(tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu",
+                     generator=None):
+    """He uniform: U(-b, b), b = sqrt(3) * gain / sqrt(fan). ``a=sqrt(5)`` is torch's Linear default."""
+    bound = math.sqrt(3.0) * _kaiming_std(tensor, a, mode, nonlinearity)
+    return uniform_(tensor, -bound, bound, generator)
+
+
+def kaiming_normal_(tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu",
+                    generator=None):
+    """He normal: N(0, (gain / sqrt(fan))**2)."""
+    return normal_(tensor, 0.0, _kaiming_std(tensor, a, mode, nonlinearity), generator)

@@ -1,0 +1,66 @@
+"""Loss modules: ``CrossEntropyLoss`` and ``MSELoss``.
+
+Example::
+
+    >>> import numpy as np
+    >>> from neural_arch import nn
+    >>> logits = np.zeros((2, 3), dtype=np.float32)
+    >>> round(float(nn.CrossEntropyLoss()(logits, np.array([0, 2])).item()), 4)  # log(3)
+    1.0986
+"""
+
+from __future__ import annotations
+
+from neural_arch import functional as F
+from neural_arch.core.tensor import Tensor
+from neural_arch.nn.module import Module
+
+__all__ = ["CrossEntropyLoss", "MSELoss"]
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def _check_reduction(reduction: str, who: str) -> str:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{who}: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    return reduction
+
+
+class CrossEntropyLoss(Module):
+    """Softmax cross-entropy between logits ``(N, C)`` (or ``(B, T, C)``) and integer targets.
+
+    Extra leading dimensions are flattened, so a language model's ``(B, T, vocab)`` logits and
+    ``(B, T)`` targets work directly. Targets equal to ``ignore_index`` contribute nothing.
+    """
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean"):
+        super().__init__()
+        self.ignore_index = int(ignore_index)
+        self.reduction = _check_reduction(reduction, "CrossEntropyLoss")
+
+    def forward(self, logits, target):
+        logits = logits if isinstance(logits, Tensor) else Tensor(logits)
+        target = target.data if isinstance(target, Tensor) else target
+        if logits.ndim > 2:
+            logits = logits.reshape(-1, logits.shape[-1])
+            target = target.reshape(-1)
+        return F.cross_entropy(logits, target, ignore_index=self.ignore_index, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+
+
+class MSELoss(Module):
+    """Mean (or summed) squared error."""
+
+    def __init__(self, reduction: str = "mean"):
+        super().__init__()
+        self.reduction = _check_reduction(reduction, "MSELoss")
+
+    def forward(self, input, target):
+        input = input if isinstance(input, Tensor) else Tensor(input)
+        target = target if isinstance(target, Tensor) else Tensor(target)
+        return F.mse_loss(input, target, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction!r}"

@@ -1,0 +1,73 @@
+"""``LayerNorm`` and ``Dropout``: the two regularising layers a transformer needs.
+
+Example::
+
+    >>> import numpy as np
+    >>> from neural_arch import nn
+    >>> ln = nn.LayerNorm(4)
+    >>> y = ln(np.arange(8, dtype=np.float32).reshape(2, 4))
+    >>> bool(abs(y.data.mean(-1)).max() < 1e-5)
+    True
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from neural_arch import functional as F
+from neural_arch.core.tensor import Tensor
+from neural_arch.nn.module import Module
+from neural_arch.nn.parameter import Parameter
+
+__all__ = ["LayerNorm", "Dropout"]
+
+
+class LayerNorm(Module):
+    """Normalise over the trailing ``normalized_shape`` dims, then scale and shift (learnable)."""
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True, dtype=np.float32, device=None):
+        super().__init__()
+        if isinstance(normalized_shape, int):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(int(d) for d in normalized_shape)
+        self.eps = float(eps)
+        self.elementwise_affine = bool(elementwise_affine)
+        if self.elementwise_affine:
+            self.weight = Parameter(np.ones(self.normalized_shape, dtype=dtype), device=device)
+            if bias:
+                self.bias = Parameter(np.zeros(self.normalized_shape, dtype=dtype), device=device)
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, x):
+        x = x if isinstance(x, Tensor) else Tensor(x)
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class Dropout(Module):
+    """Zero each element with probability ``p`` while training, scaling the rest by 1/(1-p).
+
+    Identity in ``eval()`` mode. The mask comes from the seeded global generator.
+    """
+
+    def __init__(self, p: float = 0.5):
+        super().__init__()
+        if not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"Dropout: p must be in [0, 1], got {p}")
+        self.p = float(p)
+
+    def forward(self, x):
+        x = x if isinstance(x, Tensor) else Tensor(x)
+        if not self.training or self.p == 0.0:
+            return x  # skip the op entirely: no mask, no graph node
+        return F.dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"

@@ -1,0 +1,130 @@
+"""A pre-LayerNorm transformer block and a small GPT-style language model.
+
+``GPT`` keeps its pieces addressable for model parallelism: ``tok_emb``, ``pos_emb``, ``drop``,
+``blocks`` (a ``ModuleList`` of ``TransformerBlock``), ``ln_f`` and ``head``; each block has
+``ln1``, ``attn`` (``q_proj``/``k_proj``/``v_proj``/``out_proj``), ``ln2`` and ``mlp``
+(``fc1``, ``act``, ``fc2``, ``drop``). A pipeline stage can run ``embed`` → some blocks →
+``logits_from_hidden`` without touching ``forward``.
+
+Example::
+
+    >>> import numpy as np
+    >>> from neural_arch import nn
+    >>> model = nn.GPT(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=16)
+    >>> model(np.zeros((4, 8), dtype=np.int64)).shape
+    (4, 8, 16)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import numpy as np
+
+from neural_arch import backend as _backend
+from neural_arch.core.tensor import Tensor
+from neural_arch.nn import init
+from neural_arch.nn.activation import GELU
+from neural_arch.nn.attention import MultiheadAttention
+from neural_arch.nn.container import ModuleList, Sequential
+from neural_arch.nn.linear import Embedding, Linear
+from neural_arch.nn.module import Module
+from neural_arch.nn.normalization import Dropout, LayerNorm
+
+__all__ = ["TransformerBlock", "GPT"]
+
+
+class TransformerBlock(Module):
+    """``x + attn(ln1(x))`` then ``x + mlp(ln2(x))`` (pre-LN, as in GPT-2).
+
+    The MLP is ``fc1`` (C -> mlp_ratio*C), GELU, ``fc2`` (back to C), dropout.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, mlp_ratio: int = 4, dropout: float = 0.0,
+                 causal: bool = True):
+        super().__init__()
+        hidden = int(mlp_ratio * embed_dim)
+        self.ln1 = LayerNorm(embed_dim)
+        self.attn = MultiheadAttention(embed_dim, num_heads, dropout=dropout, causal=causal)
+        self.ln2 = LayerNorm(embed_dim)
+        self.mlp = Sequential(OrderedDict(
+            fc1=Linear(embed_dim, hidden),
+            act=GELU(),
+            fc2=Linear(hidden, embed_dim),
+            drop=Dropout(dropout),
+        ))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(Module):
+    """A decoder-only language model: ``forward(idx)`` maps token ids ``(B, T)`` to logits ``(B, T, vocab)``.
+
+    Args:
+        vocab_size: number of token ids.
+        block_size: the longest sequence the position embedding supports.
+        n_layer, n_head, n_embd: depth, heads per block, width.
+        dropout: dropout after the embeddings, on attention weights and after each residual branch.
+
+    Initialisation follows GPT-2: weights N(0, 0.02), biases 0, and the two residual output
+    projections per block N(0, 0.02 / sqrt(2 * n_layer)) so the residual stream does not grow with depth.
+    """
+
+    def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int,
+                 dropout: float = 0.0):
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("block_size", block_size),
+                            ("n_layer", n_layer), ("n_head", n_head), ("n_embd", n_embd)):
+            if int(value) <= 0:
+                raise ValueError(f"GPT: {name} must be a positive integer, got {value}")
+        self.vocab_size, self.block_size = int(vocab_size), int(block_size)
+        self.n_layer, self.n_head, self.n_embd = int(n_layer), int(n_head), int(n_embd)
+        self.tok_emb = Embedding(vocab_size, n_embd)
+        self.pos_emb = Embedding(block_size, n_embd)
+        self.drop = Dropout(dropout)
+        self.blocks = ModuleList([TransformerBlock(n_embd, n_head, dropout=dropout) for _ in range(n_layer)])
+        self.ln_f = LayerNorm(n_embd)
+        self.head = Linear(n_embd, vocab_size, bias=False)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for module in self.modules():
+            if isinstance(module, (Linear, Embedding)):
+                init.normal_(module.weight, 0.0, 0.02)
+            if isinstance(module, Linear) and module.bias is not None:
+                init.zeros_(module.bias)
+        resid_std = 0.02 / math.sqrt(2 * self.n_layer)
+        for block in self.blocks:
+            init.normal_(block.attn.out_proj.weight, 0.0, resid_std)
+            init.normal_(block.mlp.fc2.weight, 0.0, resid_std)
+
+    def embed(self, idx):
+        """Token + position embeddings (then dropout): ``(B, T)`` ids -> ``(B, T, n_embd)``."""
+        raw = idx.data if isinstance(idx, Tensor) else np.asarray(idx) if not hasattr(idx, "shape") else idx
+        if raw.ndim != 2:
+            raise ValueError(f"GPT expects token ids of shape (batch, time), got {tuple(raw.shape)}")
+        t = raw.shape[1]
+        if t > self.block_size:
+            raise ValueError(
+                f"GPT: sequence length {t} exceeds block_size {self.block_size}; "
+                "crop the input or build the model with a larger block_size"
+            )
+        positions = _backend.get_array_module(raw).arange(t)
+        return self.drop(self.tok_emb(raw) + self.pos_emb(positions))
+
+    def logits_from_hidden(self, x):
+        """Final LayerNorm and vocabulary projection: ``(B, T, n_embd)`` -> ``(B, T, vocab)``."""
+        return self.head(self.ln_f(x))
+
+    def forward(self, idx):
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.logits_from_hidden(x)
+
+    def extra_repr(self) -> str:
+        return (f"vocab_size={self.vocab_size}, block_size={self.block_size}, n_layer={self.n_layer}, "
+                f"n_head={self.n_head}, n_embd={self.n_embd}")

@@ -1,0 +1,236 @@
+"""``Optimizer``: the base class, with torch's ``param_groups`` / ``state`` semantics.
+
+Subclasses implement :meth:`step`, updating ``p.data`` **in place** from ``p.grad.data`` (DDP
+writes averaged gradients into ``p.grad.data``; ZeRO hands the optimizer views of flat shards;
+both rely on the update never rebinding the arrays).
+
+Example::
+
+    >>> import numpy as np
+    >>> from neural_arch import nn, optim
+    >>> model = nn.Linear(3, 1)
+    >>> opt = optim.SGD([{"params": [model.weight]}, {"params": [model.bias], "lr": 0.0}], lr=0.1)
+    >>> [g["lr"] for g in opt.param_groups]
+    [0.1, 0.0]
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+
+from neural_arch import backend as _backend
+from neural_arch.core.tensor import Tensor
+
+__all__ = ["Optimizer", "required", "ParamState"]
+
+
+class _Required:
+    """Marker for a hyper-parameter with no default (``lr`` for SGD)."""
+
+    def __repr__(self) -> str:
+        return "<required parameter>"
+
+
+required = _Required()
+
+
+def _host_copy(value):
+    """Deep copy of an optimizer-state value with arrays as NumPy (checkpoints live on the host)."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if hasattr(value, "get") and hasattr(value, "shape"):  # CuPy array
+        return value.get()
+    if isinstance(value, Tensor):
+        return _host_copy(value.data)
+    return copy.deepcopy(value)
+
+
+class ParamState:
+    """``optimizer.state``: a dict keyed by parameter *identity*.
+
+    Tensors compare element-wise, so they make poor dict keys; this maps ``id(p)`` while keeping
+    ``p`` alive, and reads like torch's ``optimizer.state[p]``.
+    """
+
+    def __init__(self):
+        self._entries: dict[int, tuple[Tensor, dict]] = {}
+
+    def __getitem__(self, p) -> dict:
+        return self._entries[id(p)][1]
+
+    def __setitem__(self, p, value: dict) -> None:
+        self._entries[id(p)] = (p, value)
+
+    def __contains__(self, p) -> bool:
+        return id(p) in self._entries
+
+    def __delitem__(self, p) -> None:
+        del self._entries[id(p)]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self):
+        return (p for p, _ in self._entries.values())
+
+    def get(self, p, default=None):
+        entry = self._entries.get(id(p))
+        return default if entry is None else entry[1]
+
+    def setdefault(self, p, default: dict) -> dict:
+        if id(p) not in self._entries:
+            self._entries[id(p)] = (p, default)
+        return self._entries[id(p)][1]
+
+    def keys(self):
+        return list(self)
+
+    def values(self):
+        return [v for _, v in self._entries.values()]
+
+    def items(self):
+        return list(self._entries.values())
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+class Optimizer:
+    """Holds ``param_groups`` (a list of dicts with ``"params"`` plus hyper-parameters) and ``state``.
+
+    Args:
+        params: an iterable of Parameters, or of dicts ``{"params": [...], **overrides}``.
+        defaults: default hyper-parameters, copied into every group that does not set them.
+    """
+
+    def __init__(self, params, defaults: dict[str, Any]):
+        self.defaults = dict(defaults)
+        self.state = ParamState()
+        self.param_groups: list[dict[str, Any]] = []
+        if isinstance(params, Tensor):
+            raise TypeError(
+                "params must be an iterable of Parameters or of dicts, got a single Tensor; "
+                "pass model.parameters() or [tensor]"
+            )
+        groups = list(params)
+        if not groups:
+            raise ValueError("optimizer got an empty parameter list; pass model.parameters()")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for group in groups:
+            self.add_param_group(group)
+
+    def add_param_group(self, group: dict[str, Any]) -> None:
+        """Add a group; unset hyper-parameters take the defaults. A parameter may be in one group only."""
+        if not isinstance(group, dict):
+            raise TypeError(f"param group must be a dict, got {type(group).__name__}")
+        group = dict(group)
+        params = group["params"]
+        params = [params] if isinstance(params, Tensor) else list(params)
+        for p in params:
+            if not isinstance(p, Tensor):
+                raise TypeError(f"optimizer can only optimize Tensors, got {type(p).__name__}")
+            if not p.requires_grad:
+                raise ValueError(
+                    "optimizing a tensor with requires_grad=False; use Parameter or requires_grad=True"
+                )
+        group["params"] = params
+        for key, value in self.defaults.items():
+            if value is required and key not in group:
+                raise ValueError(f"parameter group didn't specify a value of required argument '{key}'")
+            group.setdefault(key, value)
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) in seen for p in params):
+            raise ValueError("some parameters appear in more than one parameter group")
+        self.param_groups.append(group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear gradients of every parameter (drop them, or zero them in place)."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.data[...] = 0
+
+    def step(self, closure=None):
+        raise NotImplementedError(f"{type(self).__name__} must implement step()")
+
+    def _params_with_grad(self, group):
+        """Yield ``(p, grad_array)`` for parameters of ``group`` that have a gradient."""
+        for p in group["params"]:
+            if p.grad is not None:
+                yield p, p.grad.data
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Torch-style: ``{"state": {index: {...}}, "param_groups": [{..., "params": [indices]}]}``.
+
+        Parameters are referred to by their position across all groups, so the dict can be loaded
+        into an optimizer built over a fresh copy of the same model. Arrays are NumPy copies.
+        """
+        index: dict[int, int] = {}
+        groups = []
+        for group in self.param_groups:
+            packed = {k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
+            ids = []
+            for p in group["params"]:
+                index.setdefault(id(p), len(index))
+                ids.append(index[id(p)])
+            packed["params"] = ids
+            groups.append(packed)
+        state = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p in self.state:
+                    state[index[id(p)]] = {k: _host_copy(v) for k, v in self.state[p].items()}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore hyper-parameters and per-parameter state saved by :meth:`state_dict`."""
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(
+                f"load_state_dict: the checkpoint has {len(saved_groups)} parameter groups, this "
+                f"optimizer has {len(self.param_groups)}; build the optimizer the same way as when saving"
+            )
+        by_index: dict[int, Tensor] = {}
+        for saved, group in zip(saved_groups, self.param_groups):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(
+                    f"load_state_dict: a parameter group has {len(saved['params'])} parameters in the "
+                    f"checkpoint and {len(group['params'])} here"
+                )
+            for i, p in zip(saved["params"], group["params"]):
+                by_index[i] = p
+        self.state = ParamState()
+        for key, values in state_dict["state"].items():
+            p = by_index[int(key)]
+            restored = {}
+            for name, value in values.items():
+                if isinstance(value, np.ndarray) and value.ndim > 0:
+                    # Match the parameter's device; dtype stays as saved (state may be kept in fp32).
+                    value = _backend.to_device(value.copy(), p.device)
+                else:
+                    value = copy.deepcopy(value)
+                restored[name] = value
+            self.state[p] = restored
+        for saved, group in zip(saved_groups, self.param_groups):
+            for k, v in saved.items():
+                if k != "params":
+                    group[k] = copy.deepcopy(v)
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__} ("]
+        for i, group in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            for k in sorted(group):
+                if k != "params":
+                    lines.append(f"    {k}: {group[k]}")
+        lines.append(")")
+        return "\n".join(lines)
