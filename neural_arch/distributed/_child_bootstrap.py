@@ -1,0 +1,102 @@
+"""What every launcher child runs first: ``python -m neural_arch.distributed._child_bootstrap``.
+
+Usage (the launcher builds this command line; users never type it)::
+
+    python /path/to/neural_arch/distributed/_child_bootstrap.py train.py --epochs 3
+    python /path/to/neural_arch/distributed/_child_bootstrap.py -m mypkg.train --epochs 3
+
+It is run by *path*, not with ``-m``, on purpose: that way starting a rank does not import the
+``neural_arch`` package (and NumPy) before the user's script decides what it needs, which keeps
+restarts fast and keeps a rank startable even while the package itself fails to import.
+
+It (1) installs the parent-death watch so the rank exits if the launcher is SIGKILLed, (2) reports
+"started" by creating ``$NEURAL_ARCH_READY_DIR/ready_{rank}_{restart}`` — this is what the
+launcher's ``--start_timeout`` waits for — and (3) runs the user's script exactly as ``python
+script.py args`` would (``__name__ == "__main__"``, ``sys.argv``, ``sys.path[0]`` = script folder),
+or the module as ``python -m`` would.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import runpy
+import sys
+
+
+def _load_run_env():
+    """Load the sibling ``run_env.py`` (stdlib only) without importing the package."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_env.py")
+    spec = importlib.util.spec_from_file_location("_neural_arch_bootstrap_run_env", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _report_started() -> None:
+    folder = os.environ.get("NEURAL_ARCH_READY_DIR")
+    if not folder:
+        return
+    name = f"ready_{os.environ.get('RANK', '0')}_{os.environ.get('NEURAL_ARCH_RESTART_COUNT', '0')}"
+    try:
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(str(os.getpid()))
+    except OSError:
+        pass  # the launcher is gone or its temp dir was removed; the death watch handles the rest
+
+
+def _set_path0(folder: str) -> None:
+    """Make ``folder`` the first import location, replacing this file's folder if Python put it there.
+
+    (Under ``PYTHONSAFEPATH``/``-P`` Python adds no script folder; then we insert rather than
+    overwrite a real entry.)
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or ".") == here:
+        sys.path[0] = folder
+    else:
+        sys.path.insert(0, folder)
+
+
+def main(argv: list[str]) -> None:
+    _load_run_env().install_parent_death_watch()
+    if not argv:
+        raise SystemExit("usage: python -m neural_arch.distributed._child_bootstrap "
+                         "script.py [args] | -m module [args]")
+    _report_started()
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            raise SystemExit("-m needs a module name")
+        sys.argv = [argv[1], *argv[2:]]
+        _set_path0(os.getcwd())  # as `python -m` does
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        script = argv[0]
+        if not os.path.exists(script):
+            raise SystemExit(f"neural_arch launcher: script {script!r} not found "
+                             f"(working directory {os.getcwd()!r})")
+        sys.argv = [script, *argv[1:]]
+        _set_path0(os.path.dirname(os.path.abspath(script)))
+        runpy.run_path(script, run_name="__main__")
+
+
+def _user_frames(tb):
+    """Drop the bootstrap's and runpy's frames so a traceback starts in the user's script."""
+    here = os.path.abspath(__file__)
+    while tb is not None and (os.path.abspath(tb.tb_frame.f_code.co_filename) == here
+                              or "runpy" in tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - print like Python would, minus our frames
+        import traceback
+
+        traceback.print_exception(type(exc), exc, _user_frames(exc.__traceback__) or exc.__traceback__)
+        sys.stderr.flush()
+        sys.exit(1)

@@ -1,0 +1,217 @@
+"""Child-process plumbing shared by the launcher and :func:`neural_arch.distributed.launch`.
+
+* :class:`OutputPump` reads each child's stdout/stderr in threads and writes *whole lines* with a
+  ``[rank{r}]: `` prefix under one lock, so lines from different ranks never interleave mid-line.
+  A partial last line is flushed (with a newline) at EOF, so nothing is lost when a child dies.
+* :func:`start_child` starts a child in its own session (process group) so that teardown can signal
+  the child *and* anything it spawned (data-loader workers) with one ``killpg``.
+* :func:`terminate_all` is the one teardown path: SIGTERM (or the given signal), a grace period,
+  then SIGKILL, then reap. It never waits without a timeout.
+
+Example::
+
+    >>> import io, sys
+    >>> out = io.StringIO()
+    >>> pump = OutputPump(stdout=out)
+    >>> child = start_child([sys.executable, "-c", "print('hi')"], dict(os.environ), rank=3, pump=pump)
+    >>> child.proc.wait(timeout=30)
+    0
+    >>> finish_children([child]); out.getvalue().splitlines()
+    ['[rank3]: hi']
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO
+
+__all__ = ["Child", "OutputPump", "describe_exit", "signal_name", "start_child", "terminate_all"]
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def describe_exit(returncode: int | None) -> str:
+    """Human wording of a Popen return code: ``exit code 3`` / ``killed by SIGKILL``."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        return f"killed by {signal_name(-returncode)}"
+    return f"exit code {returncode}"
+
+
+def exit_status(returncode: int) -> int:
+    """Shell-style status for the launcher's own exit: a signal N becomes 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class OutputPump:
+    """Line-atomic, rank-prefixed copying of child output to this process's streams.
+
+    ``stdout``/``stderr`` default to ``sys.stdout``/``sys.stderr`` *at write time*, so pytest's
+    capture and Jupyter's stream redirection both see the lines.
+    """
+
+    def __init__(self, stdout: IO[str] | None = None, stderr: IO[str] | None = None,
+                 prefix: bool = True, on_eof: Callable[[], None] | None = None) -> None:
+        self._stdout, self._stderr = stdout, stderr
+        self._prefix = prefix
+        self._lock = threading.Lock()
+        self._on_eof = on_eof
+
+    def _write(self, which: str, prefix: str, text: str, log: IO[str] | None) -> None:
+        stream = (self._stdout or sys.stdout) if which == "out" else (self._stderr or sys.stderr)
+        with self._lock:
+            try:
+                stream.write((prefix if self._prefix else "") + text)
+                stream.flush()
+            except (ValueError, OSError):
+                pass  # our own stream was closed (interpreter shutting down): keep draining the pipe
+            if log is not None:
+                try:
+                    log.write(text)
+                    log.flush()
+                except (ValueError, OSError):
+                    pass
+
+    def _pump(self, pipe, which: str, prefix: str, log: IO[str] | None) -> None:
+        try:
+            # readline() on a binary pipe returns whole lines, or the partial tail at EOF.
+            for raw in iter(pipe.readline, b""):
+                text = raw.decode("utf-8", errors="replace")
+                if not text.endswith("\n"):
+                    text += "\n"
+                self._write(which, prefix, text, log)
+        except (OSError, ValueError):
+            pass
+        finally:
+            try:
+                pipe.close()
+            except OSError:
+                pass
+            if self._on_eof is not None:
+                self._on_eof()
+
+    def attach(self, proc: subprocess.Popen, prefix: str, log: IO[str] | None) -> list[threading.Thread]:
+        threads = []
+        for pipe, which in ((proc.stdout, "out"), (proc.stderr, "err")):
+            if pipe is None:
+                continue
+            t = threading.Thread(target=self._pump, args=(pipe, which, prefix, log),
+                                 name=f"neural-arch-pump-{which}-{proc.pid}", daemon=True)
+            t.start()
+            threads.append(t)
+        return threads
+
+
+@dataclass
+class Child:
+    """One started rank: its process, identity and the threads copying its output."""
+
+    rank: int
+    proc: subprocess.Popen
+    local_rank: int = 0
+    node_rank: int = 0
+    log_path: str | None = None
+    log_file: IO[str] | None = None
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll()
+
+
+def start_child(cmd: list[str], env: dict, rank: int, pump: OutputPump, local_rank: int = 0,
+                node_rank: int = 0, log_path: str | None = None, header: str | None = None,
+                cwd: str | None = None) -> Child:
+    """Start one rank with pipes for its output (and the log file opened in append mode)."""
+    log_file = None
+    if log_path is not None:
+        # Stays open while the rank runs (the pump threads write to it); closed in finish_children.
+        log_file = open(log_path, "a", encoding="utf-8")  # noqa: SIM115
+        if header:
+            log_file.write(header)
+            log_file.flush()
+    try:
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+    except BaseException:
+        if log_file is not None:
+            log_file.close()
+        raise
+    child = Child(rank=rank, proc=proc, local_rank=local_rank, node_rank=node_rank,
+                  log_path=log_path, log_file=log_file)
+    child.threads = pump.attach(proc, f"[rank{rank}]: ", log_file)
+    return child
+
+
+def _signal_group(child: Child, sig: int) -> None:
+    """Signal the child's whole process group; fall back to the child alone."""
+    try:
+        os.killpg(child.proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        if child.proc.poll() is None:
+            try:
+                child.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+
+def send_signal_all(children: list[Child], sig: int) -> None:
+    for child in children:
+        if child.proc.poll() is None:
+            _signal_group(child, sig)
+
+
+def terminate_all(children: list[Child], grace: float = 5.0, sig: int = signal.SIGTERM,
+                  already_signalled: bool = False) -> None:
+    """Stop every child: ``sig``, wait up to ``grace`` s, SIGKILL the rest, reap, close logs.
+
+    Also SIGKILLs each child's process group at the end so that grandchildren a rank started
+    (and that outlived it) do not linger.
+    """
+    if not already_signalled:
+        send_signal_all(children, sig)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(c.proc.poll() is None for c in children):
+        time.sleep(0.02)
+    for child in children:
+        if child.proc.poll() is None:
+            _signal_group(child, signal.SIGKILL)
+    for child in children:
+        try:
+            child.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process in uninterruptible sleep
+            print(f"neural_arch.launcher: rank {child.rank} (pid {child.proc.pid}) did not die "
+                  f"after SIGKILL within 10 s", file=sys.stderr)
+        try:
+            os.killpg(child.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    finish_children(children)
+
+
+def finish_children(children: list[Child], timeout: float = 5.0) -> None:
+    """Wait (bounded) for the output threads to drain, then close the log files."""
+    deadline = time.monotonic() + timeout
+    for child in children:
+        for t in child.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if child.log_file is not None:
+            try:
+                child.log_file.close()
+            except OSError:
+                pass
+            child.log_file = None

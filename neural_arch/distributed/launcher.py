@@ -1,0 +1,396 @@
+"""Start, watch, tear down and restart the processes of a distributed job (one launcher per node).
+
+Command line (options before the script, or directly after it — see :mod:`launch_config`)::
+
+    python -m neural_arch.distributed.launcher --nproc_per_node=4 train.py --epochs 3
+    python -m neural_arch.distributed.launcher train.py --nproc_per_node=4 --backend=gloo
+    neural-arch-launch --standalone --nproc_per_node 2 --max_restarts 3 -m mypkg.train
+
+Python::
+
+    from neural_arch.distributed import LaunchConfig, DistributedLauncher, launch_distributed_training
+    exit_code = DistributedLauncher(LaunchConfig(nproc_per_node=2)).launch("train.py", "--epochs", "3")
+    exit_code = launch_distributed_training("train.py", "--epochs", "3", nproc_per_node=2)
+
+(The seeds write ``launch_distributed_training("train.py", nproc_per_node=4, ..., "--model", "x")``,
+which Python rejects: positional arguments cannot follow keywords. Put script arguments first.)
+
+What each rank gets in its environment: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``LOCAL_WORLD_SIZE``, ``NODE_RANK``, ``GROUP_RANK`` (= node rank), ``MASTER_ADDR``, ``MASTER_PORT``,
+``NEURAL_ARCH_BACKEND``, ``NEURAL_ARCH_RESTART_COUNT`` (and ``TORCHELASTIC_RESTART_COUNT``),
+``NEURAL_ARCH_AUTH_TOKEN``, ``NEURAL_ARCH_PARENT_PID``, ``PYTHONUNBUFFERED=1`` (so output is not lost
+when a rank is killed). ``init_process_group()`` reads them. MPI launcher variables (``PMI_*``,
+``PMIX_*``, ``OMPI_COMM_WORLD_*``) of a launcher that was itself started by mpiexec/srun are *not*
+passed on. ``--backend mpi`` with more than one rank is refused: MPI ranks must come from mpiexec.
+Exit statuses: 0; the failing rank's code; 128+N for signal N; 124 for ``--start_timeout``; 1 when a
+node cannot join node 0; 2 for bad usage.
+
+Auth token: node 0 generates a random ``NEURAL_ARCH_AUTH_TOKEN`` per job unless the variable is
+already set. Other nodes use theirs if set (it must match) or receive node 0's over the launchers'
+handshake (clear text: it guards against accidental cross-job connections only). Recommended for
+multi-node jobs: ``export NEURAL_ARCH_AUTH_TOKEN=$(python -c 'import secrets;print(secrets.token_hex(16))')``
+once and give the same value to every node's launcher.
+
+Behaviour:
+
+* Output: each line is prefixed ``[rank{r}]: `` (stdout to stdout, stderr to stderr), whole lines
+  only. With ``--log_dir`` each rank's raw output is *appended* to ``log_dir/rank_{r}.log``; every
+  attempt starts with a ``==== neural_arch launcher: attempt k ====`` header line.
+* Failure: the first rank to exit non-zero makes the launcher stop the others (SIGTERM to each rank's
+  process group, SIGKILL after ``term_timeout`` s). While restarts remain the whole node group is
+  started again with ``NEURAL_ARCH_RESTART_COUNT`` increased (a fresh port in ``--standalone`` mode);
+  otherwise the launcher exits with that rank's code (128+N for signal N) after a summary.
+* Signals: SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to every rank, then the same teardown
+  runs and the launcher exits with 128+N. A launcher killed with SIGKILL leaves no orphans: each rank
+  watches its parent (``PR_SET_PDEATHSIG`` + polling) and exits.
+* ``--start_timeout``: "started" means the rank's bootstrap ran (before user code) and, for
+  multi-node jobs, that every node's launcher has joined node 0's launcher. When the time runs out
+  the launcher fails, naming the ranks and nodes that are missing. It does *not* cover a rank that
+  started but hangs inside ``init_process_group`` (the process group has its own timeout for that).
+
+Limitations (said plainly): restarts are per node and not coordinated across nodes, so
+``nnodes > 1`` with ``max_restarts > 0`` raises ``NotImplementedError``. There is no elastic
+membership (the world size is fixed) and no SSH start of remote nodes: run one launcher per node
+(by hand, or with ``srun``; see ``examples/slurm/``).
+
+Restart-from-checkpoint pattern for a training script (see ``examples/restart_from_checkpoint.py``)::
+
+    from neural_arch.distributed.elastic import find_latest_checkpoint, restart_count, save_npz_atomic
+    ckpt = find_latest_checkpoint("ckpts")            # None on the very first start
+    state = load(ckpt) if ckpt else fresh_state()
+    for step in range(state.step, total_steps):
+        train_one_step(state)
+        if rank == 0:
+            save_npz_atomic(f"ckpts/step_{step + 1:06d}.npz", ...)   # temp file + os.replace
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+from ._proc import (
+    Child,
+    OutputPump,
+    describe_exit,
+    exit_status,
+    send_signal_all,
+    signal_name,
+    start_child,
+    terminate_all,
+)
+from .launch_config import LaunchConfig, parse_command_line
+
+__all__ = ["DistributedLauncher", "LaunchConfig", "launch_distributed_training", "main"]
+
+_FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "OMPI_COMM_WORLD_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
+_SIGNAL_CHECK_S = 0.1  # longest delay before a received SIGINT/SIGTERM is acted on
+EXIT_START_TIMEOUT = 124  # like coreutils' timeout: "did not start in time"
+
+
+def _say(message: str) -> None:
+    print(f"neural_arch.launcher: {message}", file=sys.stderr, flush=True)
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the usual, slightly racy, bind-to-0 trick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _package_root() -> str:
+    """Folder that contains the ``neural_arch`` package, so children import the same code."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _format_ranks(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks)
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class DistributedLauncher:
+    """Runs ``config.nproc_per_node`` ranks of a script on this node; see the module docstring.
+
+    >>> launcher = DistributedLauncher(LaunchConfig(nproc_per_node=2, standalone=True))
+    >>> launcher.launch("train.py", "--epochs", "1")   # doctest: +SKIP
+    0
+    """
+
+    def __init__(self, config: LaunchConfig | None = None, **overrides) -> None:
+        config = config or LaunchConfig()
+        self.config = config.replace(**overrides) if overrides else config
+        self._wake = threading.Event()
+        self._signum: int | None = None
+        self.restart_count = 0
+        self.last_failure: dict | None = None
+
+    # ------------------------------------------------------------------ signals
+    def _on_signal(self, signum, frame) -> None:
+        # Only set a flag: a Python signal handler runs in the main thread between bytecodes, and
+        # touching the Event here could deadlock on its lock if the main thread holds it right
+        # now (inside wait()/clear()). The monitor loop looks at the flag at least every 0.1 s.
+        if self._signum is None:
+            self._signum = signum
+
+    def _install_signal_handlers(self) -> dict:
+        if threading.current_thread() is not threading.main_thread():
+            return {}  # only the main thread may set handlers; the caller then owns signals
+        previous = {}
+        for sig in _FORWARDED_SIGNALS:
+            try:
+                previous[sig] = signal.signal(sig, self._on_signal)
+            except (ValueError, OSError):
+                pass
+        return previous
+
+    # ------------------------------------------------------------------ environment
+    def _child_env(self, local_rank: int, port: int, token: str, ready_dir: str) -> dict:
+        cfg = self.config
+        rank = cfg.node_rank * cfg.nproc_per_node + local_rank
+        # A launcher started by mpiexec/srun (one per node) must not pass its own MPI identity on:
+        # the ranks would take it for theirs (detect_launch_env, MPI_Init through PMI_FD).
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_MPI_ENV_PREFIXES)}
+        env.update({
+            "RANK": str(rank), "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(cfg.world_size), "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node),
+            "NODE_RANK": str(cfg.node_rank), "GROUP_RANK": str(cfg.node_rank),
+            "MASTER_ADDR": cfg.master_addr, "MASTER_PORT": str(port),
+            "NEURAL_ARCH_BACKEND": cfg.backend,
+            "NEURAL_ARCH_RESTART_COUNT": str(self.restart_count),
+            "TORCHELASTIC_RESTART_COUNT": str(self.restart_count),
+            "NEURAL_ARCH_MAX_RESTARTS": str(cfg.max_restarts),
+            "NEURAL_ARCH_AUTH_TOKEN": token,
+            "NEURAL_ARCH_PARENT_PID": str(os.getpid()),
+            "NEURAL_ARCH_READY_DIR": ready_dir,
+        })
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        root = _package_root()
+        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if root not in paths:
+            env["PYTHONPATH"] = os.pathsep.join([root, *paths])
+        return env
+
+    def _command(self, target: str, args: tuple) -> list[str]:
+        bootstrap = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child_bootstrap.py")
+        head = [sys.executable, "-u", bootstrap]
+        return head + (["-m", target] if self.config.module else [target]) + [str(a) for a in args]
+
+    # ------------------------------------------------------------------ one attempt
+    def _start_group(self, target: str, args: tuple, port: int, token: str, ready_dir: str,
+                     pump: OutputPump) -> list[Child]:
+        cfg = self.config
+        children: list[Child] = []
+        header = f"==== neural_arch launcher: attempt {self.restart_count} ({time.ctime()}) ====\n"
+        try:
+            for local_rank in range(cfg.nproc_per_node):
+                rank = cfg.node_rank * cfg.nproc_per_node + local_rank
+                log_path = os.path.join(cfg.log_dir, f"rank_{rank}.log") if cfg.log_dir else None
+                children.append(start_child(
+                    self._command(target, args), self._child_env(local_rank, port, token, ready_dir),
+                    rank=rank, pump=pump, local_rank=local_rank, node_rank=cfg.node_rank,
+                    log_path=log_path, header=header))
+        except BaseException:
+            terminate_all(children, grace=cfg.term_timeout)
+            raise
+        return children
+
+    def _missing_message(self, children: list[Child], ready_dir: str, agent) -> str | None:
+        """None when everyone has started; otherwise the text naming who is missing."""
+        cfg = self.config
+        missing_local = [c.rank for c in children if c.proc.poll() is None and not os.path.exists(
+            os.path.join(ready_dir, f"ready_{c.rank}_{self.restart_count}"))]
+        missing_nodes = [] if agent is None else sorted(set(range(cfg.nnodes)) - agent.joined())
+        if not missing_local and not missing_nodes:
+            return None
+        parts = []
+        if missing_local:
+            noun = "rank" if len(missing_local) == 1 else "ranks"
+            parts.append(f"{noun} {_format_ranks(missing_local)} on node {cfg.node_rank} did not start "
+                         f"(its Python process never reached the launcher's bootstrap)")
+        for node in missing_nodes:
+            ranks = range(node * cfg.nproc_per_node, (node + 1) * cfg.nproc_per_node)
+            parts.append(f"node {node} (ranks {_format_ranks(list(ranks))}) never joined: "
+                         f"start its launcher with --node_rank {node} --master_addr {cfg.master_addr}")
+        return "; ".join(parts)
+
+    def _run_attempt(self, target: str, args: tuple, port: int, token: str, agent,
+                     pump: OutputPump) -> int:
+        """Run one group to completion. Returns 0, or raises on failure/timeout/signal."""
+        cfg = self.config
+        ready_dir = tempfile.mkdtemp(prefix="neural_arch_ready_")
+        children: list[Child] = []
+        try:
+            children = self._start_group(target, args, port, token, ready_dir, pump)
+            deadline = time.monotonic() + cfg.start_timeout
+            started = False
+            while True:
+                # A rank's pipes reach EOF a moment *before* the kernel reports it as exited; poll
+                # fast in that window instead of sleeping a whole monitor_interval.
+                closing = any(c.proc.poll() is None and c.threads and
+                              not any(t.is_alive() for t in c.threads) for c in children)
+                self._wake.wait(0.01 if closing else min(cfg.monitor_interval, _SIGNAL_CHECK_S))
+                self._wake.clear()
+                if self._signum is not None:
+                    send_signal_all(children, self._signum)
+                    raise _Interrupted(self._signum)
+                failed = [c for c in children if c.proc.poll() not in (None, 0)]
+                if failed:
+                    # Several ranks may have died in one interval; report the lowest rank.
+                    raise _ChildFailed(min(failed, key=lambda c: c.rank))
+                if all(c.proc.poll() == 0 for c in children):
+                    return 0
+                if not started:
+                    missing = self._missing_message(children, ready_dir, agent)
+                    started = missing is None
+                    if not started and time.monotonic() > deadline:
+                        raise _StartTimeout(missing)
+        finally:
+            grace = cfg.term_timeout
+            terminate_all(children, grace=grace, already_signalled=self._signum is not None)
+            shutil.rmtree(ready_dir, ignore_errors=True)
+
+    # ------------------------------------------------------------------ public entry
+    def launch(self, script: str, *script_args) -> int:
+        """Run ``script`` (a path, or a module name when ``config.module``) on this node's ranks.
+
+        Returns the exit status: 0, the failing rank's exit code, 128+N for a signal N, or 124 when
+        ranks did not start within ``start_timeout``.
+        """
+        cfg = self.config
+        if cfg.nnodes > 1 and cfg.max_restarts > 0:
+            raise NotImplementedError(
+                "restarts are not coordinated across nodes (each node would restart alone and the "
+                "world would split); use max_restarts=0 with nnodes > 1, or one node with restarts")
+        if cfg.backend.lower() == "mpi" and cfg.world_size > 1:
+            raise ValueError(
+                "--backend mpi: MPI ranks must be started by mpiexec, which this launcher is not; "
+                "its processes would each be an MPI world of one. Run `mpiexec -n "
+                f"{cfg.world_size} python {script} ...` instead, or use --backend gloo here")
+        if cfg.log_dir:
+            os.makedirs(cfg.log_dir, exist_ok=True)
+        token = os.environ.get("NEURAL_ARCH_AUTH_TOKEN") or None
+        previous = self._install_signal_handlers()
+        self._signum, self.restart_count, self.last_failure = None, 0, None
+        agent = None
+        # Output-pipe EOF usually means a rank exited: wake the monitor at once, not after an interval.
+        pump = OutputPump(prefix=cfg.prefix_output, on_eof=self._wake.set)
+        try:
+            if cfg.nnodes > 1:
+                try:
+                    token, agent = self._join_nodes(token)
+                except (TimeoutError, InterruptedError, RuntimeError) as exc:
+                    if self._signum is not None:
+                        return 128 + self._signum
+                    _say(str(exc))
+                    return 1
+            token = token or secrets.token_hex(16)
+            while True:
+                port = find_free_port() if cfg.standalone else cfg.master_port
+                try:
+                    return self._run_attempt(script, script_args, port, token, agent, pump)
+                except _ChildFailed as failure:
+                    self.last_failure = failure.describe(self.restart_count)
+                    child = failure.child
+                    where = f"; log: {child.log_path}" if child.log_path else ""
+                    if self.restart_count < cfg.max_restarts:
+                        _say(f"rank {child.rank} {describe_exit(child.proc.returncode)}{where}; "
+                             f"restarting the group (restart {self.restart_count + 1} of "
+                             f"{cfg.max_restarts})")
+                        self.restart_count += 1
+                        continue
+                    _say(self._summary(child))
+                    return exit_status(child.proc.returncode)
+        except _StartTimeout as exc:
+            _say(f"start timeout after {cfg.start_timeout:g} s: {exc.missing}")
+            return EXIT_START_TIMEOUT
+        except _Interrupted as exc:
+            _say(f"received {signal_name(exc.signum)}; forwarded it to all ranks and stopped them")
+            return 128 + exc.signum
+        finally:
+            if agent is not None:
+                agent.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _join_nodes(self, token: str | None):
+        """Multi-node set-up: node 0 listens for the other launchers, the others join it."""
+        cfg = self.config
+        agent_port = cfg.agent_port or cfg.master_port + 1
+        if cfg.node_rank == 0:
+            from ._agent import NodeAgentServer
+
+            token = token or secrets.token_hex(16)
+            return token, NodeAgentServer(agent_port, cfg.nnodes, cfg.nproc_per_node, token)
+        from ._agent import join_node0
+
+        return join_node0(cfg.master_addr, agent_port, cfg.node_rank, cfg.nproc_per_node, token,
+                          cfg.start_timeout, lambda: self._signum is not None), None
+
+    def _summary(self, child: Child) -> str:
+        cfg = self.config
+        lines = [(f"job failed: rank {child.rank} (node {child.node_rank}, local rank {child.local_rank},"
+                  f" pid {child.proc.pid}) {describe_exit(child.proc.returncode)}")]
+        if cfg.max_restarts:
+            lines.append(f"  restarts used: {self.restart_count} of {cfg.max_restarts}")
+        lines.append(f"  log: {child.log_path}" if child.log_path else
+                     "  log: its output is above, prefixed with "
+                     f"[rank{child.rank}]:  (use --log_dir to keep one file per rank)")
+        return "\n".join(lines)
+
+
+class _ChildFailed(Exception):
+    def __init__(self, child: Child) -> None:
+        super().__init__(child.rank)
+        self.child = child
+
+    def describe(self, restart: int) -> dict:
+        code = self.child.proc.returncode
+        return {"rank": self.child.rank, "returncode": code, "exit": describe_exit(code),
+                "restart": restart, "log": self.child.log_path}
+
+
+class _StartTimeout(Exception):
+    def __init__(self, missing: str | None) -> None:
+        super().__init__(missing)
+        self.missing = missing
+
+
+def launch_distributed_training(script: str, *script_args, **config) -> int:
+    """Launch ``script`` with ``script_args`` on this node; keyword arguments are LaunchConfig fields.
+
+    >>> launch_distributed_training("train.py", "--epochs", "1", nproc_per_node=2)  # doctest: +SKIP
+    0
+    """
+    unknown = set(config) - set(LaunchConfig.__dataclass_fields__)
+    if unknown:
+        raise TypeError(f"unknown launch option(s) {sorted(unknown)}; valid: "
+                        f"{sorted(LaunchConfig.__dataclass_fields__)}")
+    return DistributedLauncher(LaunchConfig(**config)).launch(script, *script_args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m neural_arch.distributed.launcher`` and ``neural-arch-launch``."""
+    config, target, script_args = parse_command_line(list(sys.argv[1:] if argv is None else argv))
+    try:
+        return DistributedLauncher(config).launch(target, *script_args)
+    except (NotImplementedError, ValueError) as exc:
+        _say(str(exc))
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,363 @@
+"""Where am I running? Parse the environment a launcher left for this process.
+
+A training script can be started by our own launcher (``python -m neural_arch.distributed.launcher``),
+by ``torchrun``-style tools that set ``RANK``/``WORLD_SIZE``, by ``mpiexec`` (Open MPI, MPICH/Hydra,
+PMIx) or by SLURM's ``srun``. :func:`detect_launch_env` turns each of these into one dictionary so
+that ``init_process_group()`` does not have to know who started it.
+
+Priority (the first that matches wins):
+
+1. ``torchrun-style``: ``RANK`` and ``WORLD_SIZE`` are both set (our launcher sets them).
+2. ``mpiexec``: Open MPI ``OMPI_COMM_WORLD_*``, MPICH/Hydra ``PMI_RANK``/``PMI_SIZE`` +
+   ``MPI_LOCALRANKID``/``MPI_LOCALNRANKS``, PMIx ``PMIX_RANK`` (size taken from the other families).
+   An explicit launcher beats mpiexec because ``srun --mpi=pmi2`` and friends set PMI variables too.
+3. ``slurm``: ``SLURM_PROCID`` + ``SLURM_NTASKS`` (inside an ``srun`` step).
+
+Defaults that are *chosen*, not read (documented so nobody is surprised):
+
+* ``master_addr``: ``MASTER_ADDR`` when set. Otherwise: mpiexec on one host -> ``"127.0.0.1"``, mpiexec
+  across hosts -> ``None`` (the MPI backend does not need it); SLURM -> first host of the node list.
+* ``master_port``: ``MASTER_PORT`` when set, else 29500; under SLURM ``15000 + SLURM_JOB_ID % 20000`` so
+  two jobs sharing a node do not collide.
+* ``node_rank`` under mpiexec: ``rank // local_world_size`` (exact when every host runs the same number
+  of ranks, which is what ``mpiexec -ppn`` does).
+
+Example::
+
+    >>> detect_launch_env({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1",
+    ...                    "MPI_LOCALNRANKS": "2"})["rank"]
+    1
+    >>> expand_hostlist("node[01-03,07],gpu5")
+    ['node01', 'node02', 'node03', 'node07', 'gpu5']
+
+This module also holds :func:`install_parent_death_watch`, which the launcher's child bootstrap calls
+so that a child never outlives a launcher killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import threading
+from collections.abc import Mapping
+
+__all__ = [
+    "detect_launch_env",
+    "expand_hostlist",
+    "install_parent_death_watch",
+    "launched_by_mpiexec",
+    "parse_tasks_per_node",
+]
+
+DEFAULT_MASTER_PORT = 29500
+
+_MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+
+
+# --------------------------------------------------------------------------- small helpers
+def _int(environ: Mapping[str, str], *names: str, default: int | None = None) -> int | None:
+    """First of ``names`` present in ``environ``, as int; ``default`` when none is set."""
+    for name in names:
+        value = environ.get(name)
+        if value is not None and value.strip() != "":
+            try:
+                return int(value.strip())
+            except ValueError:
+                raise ValueError(
+                    f"environment variable {name}={value!r} is not an integer; "
+                    f"unset it or fix the job script that sets it"
+                ) from None
+    return default
+
+
+def _check(info: dict) -> dict:
+    """Reject impossible combinations with a message naming the variables to fix."""
+    rank, size = info["rank"], info["world_size"]
+    if size < 1:
+        raise ValueError(f"world size {size} from {info['source']} variables must be >= 1")
+    if not 0 <= rank < size:
+        raise ValueError(
+            f"rank {rank} is outside world size {size} ({info['source']} variables); "
+            f"check RANK/WORLD_SIZE or the job script"
+        )
+    if not 0 <= info["local_rank"] < max(info["local_world_size"], 1):
+        raise ValueError(
+            f"local rank {info['local_rank']} is outside local world size "
+            f"{info['local_world_size']} ({info['source']} variables)"
+        )
+    return info
+
+
+# --------------------------------------------------------------------------- SLURM hostlists
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas that are not inside ``[...]``: ``"a[1,2],b"`` -> ``["a[1,2]", "b"]``."""
+    parts, depth, current = [], 0, []
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced ']' in SLURM host list {text!r}")
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    if depth != 0:
+        raise ValueError(f"unbalanced '[' in SLURM host list {text!r}")
+    parts.append("".join(current))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _expand_brackets(body: str, text: str) -> list[str]:
+    """``"01-03,07"`` -> ``["01", "02", "03", "07"]``, keeping zero padding as SLURM does."""
+    out = []
+    for item in body.split(","):
+        match = _RANGE.match(item.strip())
+        if not match:
+            raise ValueError(f"cannot parse range {item!r} in SLURM host list {text!r}")
+        lo, hi = match.group(1), match.group(2)
+        if hi is None:
+            out.append(lo)
+            continue
+        width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+        if int(hi) < int(lo):
+            raise ValueError(f"descending range {item!r} in SLURM host list {text!r}")
+        out.extend(str(n).zfill(width) for n in range(int(lo), int(hi) + 1))
+    return out
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Expand SLURM's compressed host list syntax into host names, in order.
+
+    Handles ranges with zero padding, several ranges per bracket and several bracket groups per
+    name (a cartesian product, as ``scontrol show hostnames`` does).
+
+    >>> expand_hostlist("node[01-02,07],gpu5")
+    ['node01', 'node02', 'node07', 'gpu5']
+    >>> expand_hostlist("rack[1-2]-n[1-2]")
+    ['rack1-n1', 'rack1-n2', 'rack2-n1', 'rack2-n2']
+    """
+    hosts: list[str] = []
+    for part in _split_top_level(text or ""):
+        names = [""]
+        pos = 0
+        for match in re.finditer(r"\[([^\]]*)\]", part):
+            prefix = part[pos:match.start()]
+            choices = _expand_brackets(match.group(1), text)
+            names = [n + prefix + c for n in names for c in choices]
+            pos = match.end()
+        names = [n + part[pos:] for n in names]
+        hosts.extend(names)
+    return hosts
+
+
+def parse_tasks_per_node(text: str) -> list[int]:
+    """Expand ``SLURM_TASKS_PER_NODE`` (``"2(x3),1"`` -> ``[2, 2, 2, 1]``).
+
+    >>> parse_tasks_per_node("4(x2),3")
+    [4, 4, 3]
+    """
+    counts: list[int] = []
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        match = re.match(r"^(\d+)(?:\(x(\d+)\))?$", item)
+        if not match:
+            raise ValueError(f"cannot parse SLURM_TASKS_PER_NODE item {item!r} in {text!r}")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts
+
+
+# --------------------------------------------------------------------------- the three sources
+def _from_explicit(env: Mapping[str, str]) -> dict:
+    rank = _int(env, "RANK")
+    size = _int(env, "WORLD_SIZE")
+    local_size = _int(env, "LOCAL_WORLD_SIZE", default=None)
+    local_rank = _int(env, "LOCAL_RANK", default=None)
+    if local_size is None:
+        # Without LOCAL_WORLD_SIZE we cannot know the node layout: assume one node.
+        local_size = size
+    if local_rank is None:
+        local_rank = rank % max(local_size, 1)
+    node_rank = _int(env, "NODE_RANK", "GROUP_RANK", default=None)
+    if node_rank is None:
+        node_rank = rank // local_size if local_size else 0
+    return {
+        "rank": rank, "world_size": size, "local_rank": local_rank,
+        "local_world_size": local_size, "node_rank": node_rank,
+        "master_addr": env.get("MASTER_ADDR") or "127.0.0.1",
+        "master_port": _int(env, "MASTER_PORT", default=DEFAULT_MASTER_PORT),
+        "source": "torchrun-style",
+    }
+
+
+def _from_mpiexec(env: Mapping[str, str]) -> dict:
+    rank = _int(env, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+    size = _int(env, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "OMPI_UNIVERSE_SIZE")
+    if size is None:
+        raise ValueError(
+            "launched by an MPI launcher (PMIX_RANK is set) but no world size variable was found "
+            "(OMPI_COMM_WORLD_SIZE / PMI_SIZE); set WORLD_SIZE and RANK explicitly"
+        )
+    local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMIX_LOCAL_RANK")
+    local_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMIX_LOCAL_SIZE")
+    if local_rank is None or local_size is None:
+        local_rank, local_size = rank, size
+    single_host = local_size == size
+    addr = env.get("MASTER_ADDR") or ("127.0.0.1" if single_host else None)
+    return {
+        "rank": rank, "world_size": size, "local_rank": local_rank,
+        "local_world_size": local_size, "node_rank": rank // max(local_size, 1),
+        "master_addr": addr,
+        "master_port": _int(env, "MASTER_PORT", default=DEFAULT_MASTER_PORT),
+        "source": "mpiexec",
+    }
+
+
+def _from_slurm(env: Mapping[str, str]) -> dict:
+    rank = _int(env, "SLURM_PROCID")
+    size = _int(env, "SLURM_NTASKS", "SLURM_NPROCS")
+    node_rank = _int(env, "SLURM_NODEID", default=0)
+    local_rank = _int(env, "SLURM_LOCALID", default=0)
+    local_size = _int(env, "SLURM_NTASKS_PER_NODE", default=None)
+    if local_size is None:
+        counts = parse_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE")
+                                      or env.get("SLURM_TASKS_PER_NODE", ""))
+        local_size = counts[node_rank] if node_rank < len(counts) else (counts[0] if counts else 1)
+    nodelist = (env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+                or env.get("SLURM_NODELIST") or "")
+    hosts = expand_hostlist(nodelist)
+    addr = env.get("MASTER_ADDR") or (hosts[0] if hosts else "127.0.0.1")
+    job_id = _int(env, "SLURM_JOB_ID", "SLURM_JOBID", default=0)
+    return {
+        "rank": rank, "world_size": size, "local_rank": local_rank,
+        "local_world_size": local_size, "node_rank": node_rank,
+        "master_addr": addr,
+        "master_port": _int(env, "MASTER_PORT", default=15000 + job_id % 20000),
+        "source": "slurm",
+    }
+
+
+def launched_by_mpiexec(environ: Mapping[str, str] | None = None) -> bool:
+    """True when an MPI launcher (Open MPI, MPICH/Hydra, PMIx) started this process.
+
+    >>> launched_by_mpiexec({"PMI_RANK": "0", "PMI_SIZE": "1"})
+    True
+    >>> launched_by_mpiexec({})
+    False
+    """
+    env = os.environ if environ is None else environ
+    return any(env.get(name, "").strip() != "" for name in _MPI_RANK_VARS)
+
+
+def detect_launch_env(environ: Mapping[str, str] | None = None) -> dict | None:
+    """Return ``{rank, world_size, local_rank, local_world_size, node_rank, master_addr,
+    master_port, source}`` for this process, or ``None`` when no launcher is detected.
+
+    ``source`` is ``"torchrun-style"``, ``"mpiexec"`` or ``"slurm"``. Raises ``ValueError`` (saying
+    which variable to fix) when the variables are present but inconsistent.
+
+    >>> detect_launch_env({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1"})["master_addr"]
+    '10.0.0.1'
+    >>> detect_launch_env({}) is None
+    True
+    """
+    env = os.environ if environ is None else environ
+    has_rank, has_size = "RANK" in env, "WORLD_SIZE" in env
+    if has_rank and has_size:
+        return _check(_from_explicit(env))
+    if launched_by_mpiexec(env):
+        return _check(_from_mpiexec(env))
+    if env.get("SLURM_PROCID") is not None and (env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS")):
+        return _check(_from_slurm(env))
+    if has_rank != has_size:
+        missing = "WORLD_SIZE" if has_rank else "RANK"
+        raise ValueError(
+            f"{'RANK' if has_rank else 'WORLD_SIZE'} is set but {missing} is not; "
+            f"set both (or neither, to run as a single process)"
+        )
+    return None
+
+
+# --------------------------------------------------------------------------- parent-death watch
+_PR_SET_PDEATHSIG = 1
+_watch_started = False
+
+
+def _set_pdeathsig(sig: int) -> bool:
+    """Ask the Linux kernel to send ``sig`` when our parent dies. False when not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _poll_parent(parent_pid: int, sig: int, interval: float, grace: float) -> None:
+    import time
+
+    while os.getppid() == parent_pid:
+        time.sleep(interval)
+    # The parent is gone (we were re-parented to init or a subreaper). Ask politely, then insist:
+    # a user script that ignores SIGTERM must still not be left running as an orphan.
+    try:
+        os.kill(os.getpid(), sig)
+    except OSError:
+        pass
+    time.sleep(grace)
+    os._exit(128 + int(sig))
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def install_parent_death_watch(parent_pid: int | None = None, sig: int = signal.SIGTERM,
+                               poll_interval: float = 0.5, grace: float = 10.0) -> bool:
+    """Make this process exit when its launcher dies, even if the launcher got SIGKILL.
+
+    ``parent_pid`` defaults to ``NEURAL_ARCH_PARENT_PID`` (set by our launcher). Two mechanisms:
+    ``prctl(PR_SET_PDEATHSIG)`` on Linux (instant, kernel-side), plus a daemon thread that polls
+    ``os.getppid()`` every ``poll_interval`` seconds (portable; also covers the window before prctl).
+    Returns True when a watch is active. Calling it twice is harmless.
+
+    >>> install_parent_death_watch(parent_pid=None) in (True, False)
+    True
+    """
+    global _watch_started
+    if parent_pid is None:
+        value = os.environ.get("NEURAL_ARCH_PARENT_PID", "").strip()
+        parent_pid = int(value) if value.isdigit() else None
+    if parent_pid is None or parent_pid <= 1:
+        return False
+    if os.getppid() != parent_pid:
+        if _pid_exists(parent_pid):
+            # We are not the launcher's direct child (a process a rank started inherited the
+            # variable): the launcher is not our parent, so there is nothing to watch.
+            return False
+        # The launcher already died before we got here: do not start user code at all.
+        os._exit(128 + int(sig))
+    _set_pdeathsig(sig)
+    if not _watch_started:
+        _watch_started = True
+        threading.Thread(target=_poll_parent, args=(parent_pid, sig, poll_interval, grace),
+                         name="neural-arch-parent-watch", daemon=True).start()
+    return True

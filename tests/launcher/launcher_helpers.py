@@ -1,0 +1,117 @@
+"""Helpers for launcher tests: run the launcher CLI with a hard timeout and always reap it.
+
+(Not named conftest.py so that ``import launcher_helpers`` cannot pick up another folder's conftest.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def child_env(extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                        "NEURAL_ARCH_AUTH_TOKEN", "PMI_RANK", "PMI_SIZE")}
+    extra = dict(extra or {})
+    paths = [ROOT, extra.pop("PYTHONPATH", ""), *env.get("PYTHONPATH", "").split(os.pathsep)]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_launcher(args: list[str], cwd, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "neural_arch.distributed.launcher", *map(str, args)],
+                            cwd=str(cwd), env=child_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def reap(proc: subprocess.Popen) -> None:
+    """Kill the launcher's whole session if it is still there (children die with it)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.communicate(timeout=10)
+    except (subprocess.TimeoutExpired, ValueError):
+        pass
+
+
+def run_launcher(args: list[str], cwd, timeout: float = 30, env: dict | None = None):
+    """Run the launcher to completion; returns CompletedProcess-like (returncode, stdout, stderr)."""
+    proc = start_launcher(args, cwd, env)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    finally:
+        reap(proc)
+
+
+def pid_alive(pid: int) -> bool:
+    """True for a running process; zombies (exited, not yet reaped by init) count as gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def kill_pids(pids) -> None:
+    for pid in pids:
+        if pid_alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _all_reduce_rank_sum():
+    import numpy as np
+
+    from neural_arch.core.tensor import Tensor
+    from neural_arch.distributed import ReduceOp, all_reduce
+
+    out = all_reduce(Tensor(np.array([float(os.environ["RANK"])])), ReduceOp.SUM)
+    return float(np.asarray(getattr(out, "data", out))[0])
+
+
+_GLOO = {}
+
+
+def gloo_works() -> bool:
+    """Whether the process group's gloo backend works here (checked once, with real processes).
+
+    The launcher does not depend on it; tests that also check a real all_reduce skip without it.
+    """
+    if "ok" not in _GLOO:
+        try:
+            from neural_arch.distributed.spawn import launch
+
+            _GLOO["ok"] = launch(_all_reduce_rank_sum, 2, timeout=60) == [1.0, 1.0]
+        except Exception:  # noqa: BLE001 - any failure means "not usable yet"
+            _GLOO["ok"] = False
+    return _GLOO["ok"]

@@ -1,0 +1,100 @@
+"""Command-line rule of the launcher (no processes started)."""
+
+import pytest
+
+from neural_arch.distributed.launch_config import LaunchConfig, parse_command_line
+
+
+def parse(*argv, warnings=None):
+    return parse_command_line(list(argv), warn=(warnings.append if warnings is not None else None))
+
+
+def test_seed_001_command_options_after_script():
+    cfg, target, rest = parse("train.py", "--nproc_per_node=4", "--nnodes=1", "--master_addr=localhost",
+                              "--master_port=29500", "--backend=gloo")
+    assert (cfg.nproc_per_node, cfg.nnodes, cfg.master_addr, cfg.master_port, cfg.backend) == (
+        4, 1, "localhost", 29500, "gloo")
+    assert target == "train.py" and rest == []
+
+
+def test_options_before_script_and_both_spellings_and_forms():
+    cfg, target, rest = parse("--nproc-per-node", "3", "--max_restarts=2", "--monitor-interval", "0.5",
+                              "--standalone", "train.py", "--lr", "0.1")
+    assert (cfg.nproc_per_node, cfg.max_restarts, cfg.monitor_interval, cfg.standalone) == (3, 2, 0.5, True)
+    assert target == "train.py" and rest == ["--lr", "0.1"]
+
+
+def test_first_unknown_argument_starts_the_script_args_and_late_options_warn():
+    warnings = []
+    cfg, _target, rest = parse("train.py", "--nproc_per_node=2", "--epochs", "3", "--backend", "mpi",
+                              warnings=warnings)
+    assert cfg.nproc_per_node == 2 and cfg.backend == "gloo"
+    assert rest == ["--epochs", "3", "--backend", "mpi"]
+    assert len(warnings) == 1 and "--backend" in warnings[0]
+
+
+def test_double_dash_ends_launcher_options_silently():
+    warnings = []
+    cfg, target, rest = parse("train.py", "--nproc_per_node", "2", "--", "--nproc_per_node", "5",
+                              warnings=warnings)
+    assert cfg.nproc_per_node == 2 and rest == ["--nproc_per_node", "5"] and warnings == []
+    cfg, target, rest = parse("--standalone", "--", "train.py", "--standalone")
+    assert cfg.standalone and target == "train.py" and rest == ["--standalone"]
+
+
+def test_module_mode():
+    cfg, target, rest = parse("--nproc_per_node=2", "-m", "pkg.train", "--nnodes=1", "-m", "x")
+    assert cfg.module and target == "pkg.train" and cfg.nnodes == 1 and rest == ["-m", "x"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    ((), "no script given"),
+    (("--bogus", "train.py"), "unknown launcher option '--bogus'"),
+    (("--nproc_per_node",), "needs a value"),
+    (("--nproc_per_node=two", "t.py"), "not a valid int"),
+    (("--standalone=1", "t.py"), "takes no value"),
+    (("--nnodes=2", "--node_rank=2", "t.py"), "node_rank=2"),
+    (("--standalone", "--nnodes=2", "t.py"), "single node"),
+    (("-m",), "module name"),
+])
+def test_usage_errors_exit_2_with_a_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse(*argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_help_exits_0(capsys):
+    with pytest.raises(SystemExit) as info:
+        parse("--help")
+    assert info.value.code == 0 and "--nproc_per_node" in capsys.readouterr().out
+
+
+def test_config_validation_and_world_size():
+    assert LaunchConfig(nproc_per_node=3, nnodes=2, node_rank=1).world_size == 6
+    with pytest.raises(ValueError, match="nproc_per_node"):
+        LaunchConfig(nproc_per_node=0)
+    with pytest.raises(ValueError, match="monitor_interval"):
+        LaunchConfig(monitor_interval=0)
+
+
+def test_launch_distributed_training_rejects_unknown_options():
+    from neural_arch.distributed.launcher import launch_distributed_training
+
+    with pytest.raises(TypeError, match="nproc_per_nod"):
+        launch_distributed_training("train.py", nproc_per_nod=2)
+
+
+def test_multinode_restarts_are_refused_plainly():
+    from neural_arch.distributed.launcher import DistributedLauncher
+
+    launcher = DistributedLauncher(LaunchConfig(nnodes=4, max_restarts=3))
+    with pytest.raises(NotImplementedError, match="not coordinated across nodes"):
+        launcher.launch("train.py", "--epochs", "100")
+
+
+def test_mpi_backend_is_refused_with_the_mpiexec_command():
+    from neural_arch.distributed.launcher import DistributedLauncher
+
+    with pytest.raises(ValueError, match="mpiexec -n 4 python train.py"):
+        DistributedLauncher(LaunchConfig(nproc_per_node=4, backend="mpi")).launch("train.py")

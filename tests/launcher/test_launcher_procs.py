@@ -1,0 +1,304 @@
+"""The launcher with real processes: env, prefixing, teardown, restarts, signals, orphans, timeouts.
+
+Every test has a hard pytest timeout, runs the launcher in its own session, and kills anything left
+in ``finally`` (see conftest.reap / kill_pids).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+from launcher_helpers import (
+    free_port,
+    kill_pids,
+    pid_alive,
+    reap,
+    run_launcher,
+    start_launcher,
+    wait_for,
+)
+
+ENV_SCRIPT = """
+import json, os, sys
+keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+        "MASTER_ADDR", "MASTER_PORT", "NEURAL_ARCH_BACKEND", "NEURAL_ARCH_RESTART_COUNT",
+        "TORCHELASTIC_RESTART_COUNT", "NEURAL_ARCH_AUTH_TOKEN", "NEURAL_ARCH_PARENT_PID"]
+info = {k: os.environ.get(k) for k in keys}
+info["argv"] = sys.argv[1:]
+info["name"] = __name__
+info["mpi_vars"] = sorted(k for k in os.environ if k.startswith(("PMI_", "OMPI_COMM_WORLD_")))
+print("ENV " + json.dumps(info))
+if os.environ.get("TRY_ALL_REDUCE") == "1":  # a real collective across both "nodes"
+    import numpy as np
+    from neural_arch.core.tensor import Tensor
+    from neural_arch.distributed import ReduceOp, all_reduce, destroy_process_group, init_process_group
+    init_process_group()
+    out = all_reduce(Tensor(np.array([float(os.environ["RANK"]) + 1])), ReduceOp.SUM)
+    print("SUM", float(np.asarray(getattr(out, "data", out))[0]), flush=True)
+    destroy_process_group()
+print("no newline at the end", end="")
+"""
+
+SLEEP_OR_FAIL = """
+import os, sys, time
+rank = int(os.environ["RANK"])
+open(os.path.join(sys.argv[1], f"pid_{rank}"), "w").write(str(os.getpid()))
+if rank == 1:
+    time.sleep(0.5)
+    print("rank 1 failing now", flush=True)
+    sys.exit(3)
+time.sleep(60)
+"""
+
+
+def envs_from(stdout: str) -> list[dict]:
+    found = []
+    for line in stdout.splitlines():
+        prefix, _, rest = line.partition(": ")
+        if rest.startswith("ENV "):
+            info = json.loads(rest[4:])
+            assert prefix == f"[rank{info['RANK']}]"
+            found.append(info)
+    return sorted(found, key=lambda i: int(i["RANK"]))
+
+
+@pytest.mark.timeout(30)
+def test_seed_style_command_env_prefix_and_logs(tmp_path, write_script):
+    script = write_script("train.py", ENV_SCRIPT)
+    logs = tmp_path / "logs"
+    port = free_port()
+    res = run_launcher([script, "--nproc_per_node=2", "--nnodes=1", "--master_addr=127.0.0.1",
+                        f"--master_port={port}", "--backend=gloo", f"--log_dir={logs}",
+                        "--model", "transformer"], tmp_path,
+                       env={"PMI_RANK": "0", "PMI_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0"})
+    assert res.returncode == 0, res.stderr
+    infos = envs_from(res.stdout)
+    assert [i["RANK"] for i in infos] == ["0", "1"]
+    for rank, info in enumerate(infos):
+        assert info["LOCAL_RANK"] == str(rank) and info["WORLD_SIZE"] == "2"
+        assert info["LOCAL_WORLD_SIZE"] == "2" and info["NODE_RANK"] == info["GROUP_RANK"] == "0"
+        assert info["MASTER_PORT"] == str(port) and info["NEURAL_ARCH_BACKEND"] == "gloo"
+        assert info["NEURAL_ARCH_RESTART_COUNT"] == info["TORCHELASTIC_RESTART_COUNT"] == "0"
+        assert info["argv"] == ["--model", "transformer"] and info["name"] == "__main__"
+        assert info["NEURAL_ARCH_PARENT_PID"].isdigit()
+        assert info["mpi_vars"] == []  # the launcher's own MPI identity is not passed on
+    assert infos[0]["NEURAL_ARCH_AUTH_TOKEN"] == infos[1]["NEURAL_ARCH_AUTH_TOKEN"]
+    assert len(infos[0]["NEURAL_ARCH_AUTH_TOKEN"]) >= 32
+    # the partial last line is not lost, and it is a line of its own
+    assert res.stdout.count("[rank0]: no newline at the end\n") == 1
+    assert res.stdout.count("[rank1]: no newline at the end\n") == 1
+    for rank in (0, 1):
+        text = (logs / f"rank_{rank}.log").read_text()
+        assert "attempt 0" in text and f'"RANK": "{rank}"' in text and "[rank" not in text
+
+
+@pytest.mark.timeout(30)
+def test_module_mode_runs_as_main_with_argv(tmp_path, write_script):
+    write_script("mymod.py", ENV_SCRIPT)
+    res = run_launcher(["--standalone", "-m", "mymod", "--epochs", "2"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    (info,) = envs_from(res.stdout)
+    assert info["name"] == "__main__" and info["argv"] == ["--epochs", "2"]
+
+
+@pytest.mark.timeout(30)
+def test_failure_propagates_exit_code_and_tears_down_sleepers(tmp_path, write_script):
+    script = write_script("fail.py", SLEEP_OR_FAIL)
+    pids = []
+    try:
+        start = time.monotonic()
+        res = run_launcher(["--standalone", "--nproc_per_node=3", "--term_timeout=2", script, tmp_path],
+                           tmp_path)
+        elapsed = time.monotonic() - start
+        pids = [int((tmp_path / f"pid_{r}").read_text()) for r in range(3)]
+        assert res.returncode == 3
+        assert elapsed < 10, f"teardown took {elapsed:.1f} s"
+        assert "[rank1]: rank 1 failing now" in res.stdout
+        assert "rank 1 (node 0, local rank 1" in res.stderr and "exit code 3" in res.stderr
+        assert not any(pid_alive(p) for p in pids)
+    finally:
+        kill_pids(pids)
+
+
+@pytest.mark.timeout(30)
+def test_signal_death_is_reported_as_128_plus_n(tmp_path, write_script):
+    script = write_script("die.py", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    res = run_launcher(["--standalone", script], tmp_path)
+    assert res.returncode == 128 + signal.SIGKILL
+    assert "killed by SIGKILL" in res.stderr
+
+
+@pytest.mark.timeout(45)
+def test_restarts_increase_restart_count_until_success(tmp_path, write_script):
+    script = write_script("flaky.py", """
+import os, sys
+count = int(os.environ["NEURAL_ARCH_RESTART_COUNT"])
+print("attempt", count, flush=True)
+# only rank 0 fails, so each attempt's line from rank 0 is printed before the teardown
+sys.exit(0 if count >= 2 or os.environ["RANK"] != "0" else 5)
+""")
+    res = run_launcher(["--standalone", "--nproc_per_node=2", "--max_restarts=3",
+                        f"--log_dir={tmp_path / 'logs'}", script], tmp_path)
+    assert res.returncode == 0, res.stderr
+    for attempt in range(3):
+        assert f"[rank0]: attempt {attempt}" in res.stdout
+    assert "restart 2 of 3" in res.stderr
+    assert (tmp_path / "logs" / "rank_1.log").read_text().count("==== neural_arch launcher: attempt") == 3
+
+
+@pytest.mark.timeout(45)
+def test_max_restarts_exhausted(tmp_path, write_script):
+    script = write_script("bad.py", "import sys\nprint('trying', flush=True)\nsys.exit(7)\n")
+    res = run_launcher(["--standalone", "--max_restarts=1", script], tmp_path)
+    assert res.returncode == 7
+    assert res.stdout.count("[rank0]: trying") == 2
+    assert "restarts used: 1 of 1" in res.stderr
+
+
+SIGNAL_AWARE = """
+import os, signal, sys, time
+rank = int(os.environ["RANK"])
+out = sys.argv[1]
+def on_term(signum, frame):
+    open(os.path.join(out, f"term_{rank}"), "w").write(str(signum))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(out, f"pid_{rank}"), "w").write(str(os.getpid()))
+time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(30)
+def test_sigterm_to_launcher_reaches_every_rank(tmp_path, write_script):
+    script = write_script("sig.py", SIGNAL_AWARE)
+    proc = start_launcher(["--standalone", "--nproc_per_node=2", script, tmp_path], tmp_path)
+    pids = []
+    try:
+        assert wait_for(lambda: all((tmp_path / f"pid_{r}").exists() for r in range(2)), 20)
+        pids = [int((tmp_path / f"pid_{r}").read_text()) for r in range(2)]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+        assert proc.returncode == 128 + signal.SIGTERM
+        assert "received SIGTERM" in err
+        for r in range(2):
+            assert (tmp_path / f"term_{r}").read_text() == str(int(signal.SIGTERM))
+    finally:
+        reap(proc)
+        kill_pids(pids)
+
+
+@pytest.mark.timeout(30)
+def test_sigkill_of_launcher_leaves_no_orphans(tmp_path, write_script):
+    script = write_script("sleeper.py", SLEEP_OR_FAIL.replace("if rank == 1:", "if False:"))
+    proc = start_launcher(["--standalone", "--nproc_per_node=2", script, tmp_path], tmp_path)
+    pids = []
+    try:
+        assert wait_for(lambda: all((tmp_path / f"pid_{r}").exists() for r in range(2)), 20)
+        pids = [int((tmp_path / f"pid_{r}").read_text()) for r in range(2)]
+        assert all(pid_alive(p) for p in pids)
+        proc.kill()  # SIGKILL: the launcher gets no chance to clean up
+        proc.wait(timeout=5)
+        assert wait_for(lambda: not any(pid_alive(p) for p in pids), 5), "orphaned ranks survived"
+    finally:
+        reap(proc)
+        kill_pids(pids)
+
+
+@pytest.mark.timeout(30)
+def test_start_timeout_names_missing_node_and_ranks(tmp_path, write_script):
+    script = write_script("wait.py", "import time\ntime.sleep(30)\n")
+    port = free_port()
+    start = time.monotonic()
+    res = run_launcher(["--nnodes=2", "--node_rank=0", "--nproc_per_node=2", f"--master_port={port}",
+                        f"--agent_port={free_port()}", "--start_timeout=1", "--monitor_interval=0.2",
+                        "--term_timeout=1", script], tmp_path)
+    assert res.returncode == 124
+    assert "node 1 (ranks 2, 3) never joined" in res.stderr
+    assert time.monotonic() - start < 15
+
+
+@pytest.mark.timeout(30)
+def test_joining_node_without_node0_times_out_with_advice(tmp_path, write_script):
+    script = write_script("wait.py", "print('must not run')\n")
+    res = run_launcher(["--nnodes=2", "--node_rank=1", f"--master_port={free_port()}",
+                        f"--agent_port={free_port()}", "--start_timeout=1", script], tmp_path)
+    assert res.returncode == 1
+    assert "could not reach node 0's launcher" in res.stderr and "must not run" not in res.stdout
+
+
+@pytest.mark.timeout(60)
+def test_two_launchers_on_one_host_form_one_world(tmp_path, write_script):
+    from launcher_helpers import gloo_works
+
+    collective = gloo_works()  # also check a real all_reduce across the two "nodes" when possible
+    script = write_script("train.py", ENV_SCRIPT)
+    port, agent = free_port(), free_port()
+    common = ["--nnodes=2", "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}",
+              f"--agent_port={agent}", "--start_timeout=30"]
+    extra = {"TRY_ALL_REDUCE": "1" if collective else "0"}
+    token = {"NEURAL_ARCH_AUTH_TOKEN": "feedface" * 4, **extra}
+    node0 = start_launcher([*common, "--node_rank=0", script], tmp_path, env=token)
+    node1 = start_launcher([*common, "--node_rank=1", script], tmp_path, env=extra)  # token from node 0
+    try:
+        out0, err0 = node0.communicate(timeout=45)
+        out1, err1 = node1.communicate(timeout=45)
+        assert node0.returncode == 0 and node1.returncode == 0, err0 + err1
+        infos = envs_from(out0 + out1)
+        assert [i["RANK"] for i in infos] == ["0", "1", "2", "3"]
+        assert {i["WORLD_SIZE"] for i in infos} == {"4"}
+        assert [i["NODE_RANK"] for i in infos] == ["0", "0", "1", "1"]
+        assert [i["LOCAL_RANK"] for i in infos] == ["0", "1", "0", "1"]
+        assert {i["NEURAL_ARCH_AUTH_TOKEN"] for i in infos} == {"feedface" * 4}
+        if collective:
+            summed = sorted(line.split(": ")[0] for line in (out0 + out1).splitlines()
+                            if line.endswith(": SUM 10.0"))
+            assert summed == ["[rank0]", "[rank1]", "[rank2]", "[rank3]"]
+    finally:
+        reap(node0)
+        reap(node1)
+
+
+@pytest.mark.timeout(30)
+def test_python_api_launch_distributed_training(tmp_path, write_script, capfd, monkeypatch):
+    from neural_arch.distributed.launcher import launch_distributed_training
+
+    monkeypatch.delenv("NEURAL_ARCH_AUTH_TOKEN", raising=False)
+    script = write_script("train.py", ENV_SCRIPT)
+    code = launch_distributed_training(str(script), "--model", "transformer", nproc_per_node=2,
+                                       nnodes=1, backend="nccl", standalone=True)
+    assert code == 0
+    infos = envs_from(capfd.readouterr().out)
+    assert len(infos) == 2 and infos[1]["NEURAL_ARCH_BACKEND"] == "nccl"
+    assert infos[0]["argv"] == ["--model", "transformer"]
+
+
+@pytest.mark.timeout(30)
+def test_distributed_launcher_seed_api_reports_failure(tmp_path, write_script, capfd):
+    from neural_arch.distributed import DistributedLauncher, LaunchConfig
+
+    script = write_script("fail.py", "import sys\nsys.exit(4)\n")
+    config = LaunchConfig(nproc_per_node=2, nnodes=1, max_restarts=0, monitor_interval=1.0,
+                          start_timeout=600, standalone=True)
+    launcher = DistributedLauncher(config)
+    assert launcher.launch(str(script), "--epochs", "100") == 4
+    assert launcher.last_failure["returncode"] == 4
+    assert "job failed" in capfd.readouterr().err
+
+
+
+@pytest.mark.timeout(30)
+def test_start_timeout_names_a_local_rank_stuck_before_starting(tmp_path, write_script):
+    # sitecustomize runs at interpreter start-up, before the bootstrap: rank 1 hangs there.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, time\nif os.environ.get('RANK') == '1':\n    time.sleep(30)\n")
+    script = write_script("ok.py", "import time\ntime.sleep(30)\n")
+    res = run_launcher(["--standalone", "--nproc_per_node=2", "--start_timeout=1.5",
+                        "--monitor_interval=0.2", "--term_timeout=1", script], tmp_path,
+                       env={"PYTHONPATH": str(site)})
+    assert res.returncode == 124, res.stderr
+    assert "rank 1 on node 0 did not start" in res.stderr

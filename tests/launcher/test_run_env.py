@@ -1,0 +1,170 @@
+"""Environment parsing for torchrun-style, mpiexec (Open MPI / MPICH / PMIx) and SLURM starts."""
+
+import pytest
+
+from neural_arch.distributed.run_env import (
+    detect_launch_env,
+    expand_hostlist,
+    launched_by_mpiexec,
+    parse_tasks_per_node,
+)
+
+
+# ----------------------------------------------------------------------------- hostlists
+@pytest.mark.parametrize("text, hosts", [
+    ("node01", ["node01"]),
+    ("node[01-04,07],gpu5", ["node01", "node02", "node03", "node04", "node07", "gpu5"]),
+    ("n[8-11]", ["n8", "n9", "n10", "n11"]),
+    ("n[098-101]", ["n098", "n099", "n100", "n101"]),
+    ("a,b,c", ["a", "b", "c"]),
+    ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+    ("gpu[3],cpu[1-2].cluster", ["gpu3", "cpu1.cluster", "cpu2.cluster"]),
+    ("", []),
+])
+def test_expand_hostlist(text, hosts):
+    assert expand_hostlist(text) == hosts
+
+
+@pytest.mark.parametrize("bad", ["node[01-", "node]1[", "node[a-b]", "node[5-2]"])
+def test_expand_hostlist_rejects_garbage_with_the_text(bad):
+    with pytest.raises(ValueError, match="SLURM host list"):
+        expand_hostlist(bad)
+
+
+@pytest.mark.parametrize("text, counts", [
+    ("4", [4]), ("2(x3),1", [2, 2, 2, 1]), ("4(x2),3", [4, 4, 3]), ("", []),
+])
+def test_parse_tasks_per_node(text, counts):
+    assert parse_tasks_per_node(text) == counts
+
+
+def test_parse_tasks_per_node_rejects_garbage():
+    with pytest.raises(ValueError, match="SLURM_TASKS_PER_NODE"):
+        parse_tasks_per_node("2(y3)")
+
+
+# ----------------------------------------------------------------------------- sources
+def test_nothing_detected():
+    assert detect_launch_env({}) is None
+    assert detect_launch_env({"PATH": "/bin"}) is None
+    assert not launched_by_mpiexec({})
+
+
+def test_torchrun_style_full():
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+           "NODE_RANK": "1", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "1234"}
+    assert detect_launch_env(env) == {
+        "rank": 5, "world_size": 8, "local_rank": 1, "local_world_size": 4, "node_rank": 1,
+        "master_addr": "10.1.2.3", "master_port": 1234, "source": "torchrun-style"}
+
+
+def test_torchrun_style_minimal_defaults():
+    info = detect_launch_env({"RANK": "1", "WORLD_SIZE": "3"})
+    assert info["local_rank"] == 1 and info["local_world_size"] == 3 and info["node_rank"] == 0
+    assert info["master_addr"] == "127.0.0.1" and info["master_port"] == 29500
+
+
+def test_group_rank_is_node_rank_and_local_rank_derived():
+    info = detect_launch_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+                              "GROUP_RANK": "1"})
+    assert info["local_rank"] == 1 and info["node_rank"] == 1
+
+
+def test_explicit_beats_mpiexec_and_slurm():
+    env = {"RANK": "0", "WORLD_SIZE": "1", "PMI_RANK": "3", "PMI_SIZE": "4", "SLURM_PROCID": "2",
+           "SLURM_NTASKS": "4"}
+    assert detect_launch_env(env)["source"] == "torchrun-style"
+
+
+def test_half_explicit_is_an_error_naming_the_missing_variable():
+    with pytest.raises(ValueError, match="WORLD_SIZE"):
+        detect_launch_env({"RANK": "0"})
+    with pytest.raises(ValueError, match="RANK"):
+        detect_launch_env({"WORLD_SIZE": "2"})
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"RANK": "4", "WORLD_SIZE": "4"}, "outside world size"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "must be >= 1"),
+    ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not an integer"),
+])
+def test_inconsistent_values_raise(env, message):
+    with pytest.raises(ValueError, match=message):
+        detect_launch_env(env)
+
+
+def test_mpich_hydra():
+    env = {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
+    assert launched_by_mpiexec(env)
+    assert detect_launch_env(env) == {
+        "rank": 1, "world_size": 2, "local_rank": 1, "local_world_size": 2, "node_rank": 0,
+        "master_addr": "127.0.0.1", "master_port": 29500, "source": "mpiexec"}
+
+
+def test_open_mpi_multi_host_has_no_master_unless_given():
+    env = {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8",
+           "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
+    info = detect_launch_env(env)
+    assert (info["rank"], info["local_rank"], info["node_rank"]) == (5, 1, 1)
+    assert info["master_addr"] is None
+    assert detect_launch_env({**env, "MASTER_ADDR": "h0"})["master_addr"] == "h0"
+
+
+def test_pmix_rank_with_open_mpi_size():
+    env = {"PMIX_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3"}
+    info = detect_launch_env(env)
+    assert info["rank"] == 2 and info["world_size"] == 3 and info["source"] == "mpiexec"
+
+
+def test_pmix_rank_without_size_says_what_to_set():
+    with pytest.raises(ValueError, match="WORLD_SIZE"):
+        detect_launch_env({"PMIX_RANK": "0"})
+
+
+def test_mpiexec_beats_slurm():
+    env = {"PMI_RANK": "0", "PMI_SIZE": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"}
+    assert detect_launch_env(env)["source"] == "mpiexec"
+
+
+def test_slurm_srun_step():
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "2",
+           "SLURM_TASKS_PER_NODE": "2(x4)", "SLURM_JOB_NODELIST": "gpu[07-10]", "SLURM_JOB_ID": "1234"}
+    assert detect_launch_env(env) == {
+        "rank": 5, "world_size": 8, "local_rank": 1, "local_world_size": 2, "node_rank": 2,
+        "master_addr": "gpu07", "master_port": 15000 + 1234, "source": "slurm"}
+
+
+def test_slurm_uneven_tasks_and_old_nodelist_name():
+    env = {"SLURM_PROCID": "6", "SLURM_NTASKS": "7", "SLURM_LOCALID": "0", "SLURM_NODEID": "2",
+           "SLURM_TASKS_PER_NODE": "3(x2),1", "SLURM_NODELIST": "a,b,c"}
+    info = detect_launch_env(env)
+    assert info["local_world_size"] == 1 and info["master_addr"] == "a"
+
+
+def test_slurm_ntasks_per_node_and_master_overrides():
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2",
+           "SLURM_JOB_NODELIST": "n[1-2]", "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "4000"}
+    info = detect_launch_env(env)
+    assert (info["local_world_size"], info["master_addr"], info["master_port"]) == (2, "10.0.0.9", 4000)
+
+
+def test_real_mpiexec_environment_is_detected(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("mpiexec") is None:
+        pytest.skip("mpiexec not installed")
+    code = ("import json,os,sys;sys.path.insert(0, os.environ['ROOT']);"
+            "from neural_arch.distributed.run_env import detect_launch_env as d;print(json.dumps(d()))")
+    import json
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["ROOT"] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-c", code], env=env, timeout=60,
+                         capture_output=True, text=True, check=True).stdout
+    infos = sorted((json.loads(line) for line in out.splitlines() if line.startswith("{")),
+                   key=lambda i: i["rank"])
+    assert [(i["rank"], i["world_size"], i["local_rank"], i["source"]) for i in infos] == [
+        (0, 2, 0, "mpiexec"), (1, 2, 1, "mpiexec")]
