@@ -1,0 +1,337 @@
+"""Functions the DDP tests run on every rank of a RankPool (module level: pickled by reference).
+
+The central one, :func:`equivalence_run`, trains the same model two ways on every rank:
+
+* **DDP**: each rank takes its per-rank batch ``B`` from a ``DistributedSampler`` (rank-specific
+  initial weights, so DDP's broadcast from rank 0 is exercised too);
+* **reference**: a plain single-process copy (rank 0's initial weights) trained on the global
+  batch of ``N * B`` samples, i.e. the union of all ranks' batches of that step;
+
+and returns the largest parameter difference (plus a fingerprint to compare across ranks).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _imports():
+    import neural_arch.distributed as dist
+    import neural_arch.functional as F
+    from neural_arch import nn, optim
+    from neural_arch.core.tensor import Tensor
+
+    return nn, optim, F, Tensor, dist
+
+
+def build_mlp(seed: int, dtype, sizes=(6, 16, 4)):
+    nn = _imports()[0]
+    rng = np.random.default_rng(seed)
+    model = nn.Sequential(nn.Linear(sizes[0], sizes[1], dtype=dtype), nn.ReLU(),
+                          nn.Linear(sizes[1], sizes[2], dtype=dtype))
+    for p in model.parameters():  # deterministic, rank-specific init without the global RNG
+        p.data[...] = rng.normal(0, 0.5, size=p.data.shape).astype(dtype)
+    return model
+
+
+def _sometimes_unused_cls():
+    nn = _imports()[0]
+
+    class SometimesUnused(nn.Module):
+        """``extra`` is used on even steps only; ``dead`` never."""
+
+        def __init__(self, dtype):
+            super().__init__()
+            self.fc1 = nn.Linear(6, 16, dtype=dtype)
+            self.extra = nn.Linear(16, 16, dtype=dtype)
+            self.dead = nn.Linear(16, 4, dtype=dtype)
+            self.fc2 = nn.Linear(16, 4, dtype=dtype)
+            self.relu = nn.ReLU()
+
+        def forward(self, x, step=0):
+            h = self.relu(self.fc1(x))
+            if step % 2 == 0:
+                h = self.relu(self.extra(h))
+            return self.fc2(h)
+
+    return SometimesUnused
+
+
+def build_model(kind: str, seed: int, dtype):
+    if kind == "mlp":
+        return build_mlp(seed, dtype)
+    model = _sometimes_unused_cls()(dtype)
+    rng = np.random.default_rng(seed)
+    for p in model.parameters():
+        p.data[...] = rng.normal(0, 0.5, size=p.data.shape).astype(dtype)
+    return model
+
+
+def make_data(n: int, dtype, seed: int = 7):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 6)).astype(dtype)
+    y = (X[:, :4].argmax(axis=1) + (X[:, 4] > 0)).astype(np.int64) % 4
+    return X, y
+
+
+def make_opt(name: str, params):
+    optim = _imports()[1]
+    if name == "sgd":
+        return optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)
+    if name == "adam":
+        return optim.Adam(params, lr=0.01)
+    raise ValueError(name)
+
+
+def equivalence_run(cfg: dict):
+    """Train DDP vs single-process reference (see module docstring); return (max diff, fingerprint)."""
+    _nn, _optim, F, Tensor, dist = _imports()
+    group = None
+    if cfg.get("subgroup"):
+        group = dist.new_group(cfg["subgroup"])
+        if group is dist.GroupMember.NON_GROUP_MEMBER:
+            return None
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    dtype = np.dtype(cfg.get("dtype", "float64"))
+    kind = cfg.get("model", "mlp")
+    B, accum, epochs = cfg.get("B", 4), cfg.get("accum", 1), cfg.get("epochs", 2)
+    model = build_model(kind, 100 + rank, dtype)
+    ref = build_model(kind, 100, dtype)
+    ddp = dist.DistributedDataParallel(
+        model, bucket_cap_mb=cfg.get("cap", 25.0), first_bucket_mb=cfg.get("first", 1.0),
+        find_unused_parameters=cfg.get("find_unused", False),
+        gradient_as_bucket_view=cfg.get("view", False), process_group=group)
+    opt, ref_opt = make_opt(cfg.get("opt", "sgd"), ddp.parameters()), make_opt(cfg.get("opt", "sgd"), ref.parameters())
+    X, y = make_data(cfg.get("n", 40), dtype)
+    shuffle = cfg.get("shuffle", True)
+    samplers = [dist.DistributedSampler(len(X), world, r, shuffle=shuffle, seed=3) for r in range(world)]
+    step = 0
+    for epoch in range(epochs):
+        for s in samplers:
+            s.set_epoch(epoch)
+        every = [s.indices() for s in samplers]
+        for t in range(len(every[rank]) // B):
+            idx = every[rank][t * B:(t + 1) * B]
+            micro = np.array_split(idx, accum)
+            for j, mb in enumerate(micro):
+                def backward(mb=mb, idx=idx, step=step):
+                    loss = F.cross_entropy(ddp(Tensor(X[mb]), step) if kind != "mlp" else ddp(Tensor(X[mb])), y[mb])
+                    (loss * (len(mb) / len(idx))).backward()
+                if j < len(micro) - 1:
+                    ctx = dist.no_sync() if cfg.get("global_no_sync") else ddp.no_sync()
+                    with ctx:
+                        backward()
+                else:
+                    backward()
+            if cfg.get("manual_sync"):
+                ddp.sync_gradients()  # harmless after the automatic sync: no double averaging
+            opt.step()
+            opt.zero_grad()
+            gidx = np.concatenate([e[t * B:(t + 1) * B] for e in every])
+            out = ref(Tensor(X[gidx]), step) if kind != "mlp" else ref(Tensor(X[gidx]))
+            F.cross_entropy(out, y[gidx]).backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+            step += 1
+    diff = max(float(np.max(np.abs(p.data - q.data))) for p, q in zip(model.parameters(), ref.parameters()))
+    fingerprint = float(sum(float(np.sum(p.data.astype(np.float64) * (i + 1))) for i, p in enumerate(model.parameters())))
+    return diff, fingerprint, step
+
+
+def unused_error_run(find_unused: bool):
+    """A model with a never-used layer and find_unused_parameters=False must fail on every rank."""
+    _nn, _optim, F, Tensor, dist = _imports()
+    model = build_model("unused", 1, np.float64)
+    ddp = dist.DistributedDataParallel(model, find_unused_parameters=find_unused)
+    X, y = make_data(8, np.float64)
+    try:
+        F.cross_entropy(ddp(Tensor(X), 1), y).backward()
+    except RuntimeError as exc:
+        return type(exc).__name__, str(exc)
+    grads = {n: (None if p.grad is None else float(np.abs(p.grad.data).sum())) for n, p in model.named_parameters()}
+    return "ok", grads
+
+
+def locally_unused_run():
+    """``extra`` used on rank 0 only: its gradient is rank 0's divided by the world size, on every rank."""
+    _nn, _optim, F, Tensor, dist = _imports()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = build_model("unused", 1, np.float64)
+    ddp = dist.DistributedDataParallel(model, find_unused_parameters=True)
+    X, y = make_data(8, np.float64)
+    F.cross_entropy(ddp(Tensor(X), 0 if rank == 0 else 1), y).backward()
+    ref = build_model("unused", 1, np.float64)
+    F.cross_entropy(ref(Tensor(X), 0), y).backward()
+    return float(np.max(np.abs(model.extra.weight.grad.data - ref.extra.weight.grad.data / world)))
+
+
+def count_allreduces_run(cap_mb: float, first_mb: float):
+    """Number of gradient all-reduce calls of one backward for a given bucket cap, and the plan."""
+    _nn, _optim, F, Tensor, dist = _imports()
+    model = build_mlp(0, np.float64, sizes=(32, 64, 10))
+    ddp = dist.DistributedDataParallel(model, bucket_cap_mb=cap_mb, first_bucket_mb=first_mb)
+    backend = ddp._backend
+    calls = []
+    original = backend.allreduce
+
+    def counting(array, *args, **kwargs):
+        calls.append(int(array.size))
+        return original(array, *args, **kwargs)
+
+    backend.allreduce = counting
+    try:
+        X, y = make_data(8, np.float64)
+        X = np.tile(X, (1, 6))[:, :32]
+        F.cross_entropy(ddp(Tensor(X)), y).backward()
+    finally:
+        del backend.allreduce  # back to the class method
+    return len(calls), ddp.bucket_plan
+
+
+def overlap_run():
+    """Show that bucket all-reduces start before backward finishes (timeline of one backward)."""
+    _nn, _optim, F, Tensor, dist = _imports()
+    model = build_mlp(0, np.float32, sizes=(256, 512, 10))
+    ddp = dist.DistributedDataParallel(model, bucket_cap_mb=0.05, first_bucket_mb=0.05)
+    X = np.random.default_rng(0).normal(size=(64, 256)).astype(np.float32)
+    y = np.arange(64) % 10
+    F.cross_entropy(ddp(Tensor(X)), y).backward()
+    return ddp.reducer.timeline, ddp.comm_stats()
+
+
+def manual_sync_run():
+    """Seed 001 style: backward under no_sync, then sync_gradients(); then auto sync + sync_gradients()."""
+    _nn, _optim, F, Tensor, dist = _imports()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    X, y = make_data(8 * world, np.float64)
+    model = build_mlp(5 + rank, np.float64)
+    ddp = dist.DistributedDataParallel(model)
+    ref = build_mlp(5, np.float64)
+    F.cross_entropy(ref(Tensor(X)), y).backward()
+    mine = slice(rank * 8, (rank + 1) * 8)
+    diffs = []
+    with ddp.no_sync():
+        F.cross_entropy(ddp(Tensor(X[mine])), y[mine]).backward()
+    ddp.sync_gradients()
+    diffs.append(max(float(np.max(np.abs(p.grad.data - q.grad.data))) for p, q in zip(model.parameters(), ref.parameters())))
+    ddp.zero_grad()
+    F.cross_entropy(ddp(Tensor(X[mine])), y[mine]).backward()
+    ddp.sync_gradients()
+    ddp.sync_gradients()
+    diffs.append(max(float(np.max(np.abs(p.grad.data - q.grad.data))) for p, q in zip(model.parameters(), ref.parameters())))
+    return diffs
+
+
+def join_run(extra_batches_per_rank: int, find_unused: bool = False):
+    """Uneven inputs: rank r runs 2 + r * extra batches inside join(); returns a parameter fingerprint."""
+    _nn, _optim, F, Tensor, dist = _imports()
+    rank = dist.get_rank()
+    model = build_mlp(rank, np.float64)
+    ddp = dist.DistributedDataParallel(model, bucket_cap_mb=0.0005, first_bucket_mb=0.0005,
+                                       find_unused_parameters=find_unused)
+    opt = make_opt("sgd", ddp.parameters())
+    X, y = make_data(64, np.float64)
+    n = 2 + rank * extra_batches_per_rank
+    with ddp.join():
+        for t in range(n):
+            sl = slice(4 * t, 4 * t + 4)
+            F.cross_entropy(ddp(Tensor(X[sl])), y[sl]).backward()
+            opt.step()
+            opt.zero_grad()
+    fingerprint = float(sum(float(np.sum(p.data * (i + 1))) for i, p in enumerate(model.parameters())))
+    # after join, ordinary synchronised training goes on (optimizer state is per rank, as in torch)
+    F.cross_entropy(ddp(Tensor(X[:4])), y[:4]).backward()
+    opt.step()
+    return fingerprint
+
+
+def mismatch_run():
+    """Ranks build different models: construction must fail on every rank, naming the parameter."""
+    _nn, _optim, _f, _tensor, dist = _imports()
+    rank = dist.get_rank()
+    model = build_mlp(0, np.float64, sizes=(6, 16 + rank, 4))
+    try:
+        dist.DistributedDataParallel(model)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def broadcast_run():
+    """Parameters and buffers equal rank 0's right after construction."""
+    _nn, _optim, _f, Tensor, dist = _imports()
+    rank = dist.get_rank()
+    model = build_mlp(rank, np.float32)
+    model.register_buffer("running", Tensor(np.full(3, float(rank), dtype=np.float64)))
+    dist.DistributedDataParallel(model)
+    return [p.data.tolist() for p in model.parameters()], model.running.data.tolist()
+
+
+def evaluate_run(n: int):
+    """distributed_evaluate over n samples vs. the single-process truth (n not divisible by the world)."""
+    _nn, _optim, _f, Tensor, dist = _imports()
+    from neural_arch.data import TensorDataset
+
+    model = build_mlp(0, np.float64)
+    X, y = make_data(n, np.float64)
+    stats = dist.distributed_evaluate(model, (X, y), ["accuracy", "loss"], batch_size=7)
+    ddp_stats = dist.distributed_evaluate(dist.DistributedDataParallel(model), TensorDataset(X, y), "accuracy")
+    logits = model(Tensor(X)).data
+    z = logits - logits.max(axis=1, keepdims=True)
+    loss = float(np.mean(np.log(np.exp(z).sum(axis=1)) - z[np.arange(n), y]))
+    return stats, ddp_stats, float(np.mean(logits.argmax(axis=1) == y)), loss
+
+
+def recover_run():
+    """A backward that raises midway (after some buckets launched) must not poison the next one."""
+    _nn, _optim, F, Tensor, dist = _imports()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    X, y = make_data(4 * world, np.float64)
+    model = build_mlp(0, np.float64)
+    ddp = dist.DistributedDataParallel(model, bucket_cap_mb=0.0001, first_bucket_mb=0.0001)
+    mine = slice(4 * rank, 4 * rank + 4)
+    hidden = model[0](Tensor(X[mine]))
+    hidden.register_hook(lambda g: (_ for _ in ()).throw(KeyError("boom")))
+    out = ddp.module[2](model[1](hidden))
+    try:
+        F.cross_entropy(out, y[mine]).backward()
+    except KeyError:
+        pass
+    ddp.zero_grad()
+    F.cross_entropy(ddp(Tensor(X[mine])), y[mine]).backward()
+    ref = build_mlp(0, np.float64)
+    F.cross_entropy(ref(Tensor(X)), y).backward()
+    return max(float(np.max(np.abs(p.grad.data - q.grad.data))) for p, q in zip(model.parameters(), ref.parameters()))
+
+
+def join_throw_run():
+    """join(throw_on_early_termination=True): every rank raises once one rank runs out of inputs."""
+    _nn, _optim, F, Tensor, dist = _imports()
+    rank = dist.get_rank()
+    model = build_mlp(0, np.float64)
+    ddp = dist.DistributedDataParallel(model)
+    X, y = make_data(64, np.float64)
+    done = 0
+    try:
+        with ddp.join(throw_on_early_termination=True):
+            for t in range(2 + 2 * rank):
+                F.cross_entropy(ddp(Tensor(X[4 * t:4 * t + 4])), y[4 * t:4 * t + 4]).backward()
+                done += 1
+    except RuntimeError as exc:
+        return done, str(exc)
+    return done, "no error"
+
+
+def view_run():
+    """gradient_as_bucket_view=True: after backward every .grad.data *is* its bucket slot (no copy back)."""
+    _nn, _optim, F, Tensor, dist = _imports()
+    model = build_mlp(0, np.float32)
+    ddp = dist.DistributedDataParallel(model, gradient_as_bucket_view=True)
+    X, y = make_data(8, np.float32)
+    checks = []
+    for _ in range(2):  # the second backward accumulates straight into the views (zero_grad(False))
+        F.cross_entropy(ddp(Tensor(X)), y).backward()
+        views = {id(v) for b in ddp.reducer.buckets for v in b.views}
+        checks.append(all(id(p.grad.data) in views for p in model.parameters()))
+        ddp.zero_grad(set_to_none=False)
+    return checks

@@ -1,0 +1,181 @@
+"""DistributedDataParallel: equivalence with single-process training, bucketing, overlap, no_sync,
+unused parameters, join, construction checks. Ranks are real processes (RankPool, reused per module).
+"""
+
+import ddp_rank_fns as fns
+import numpy as np
+import pytest
+
+from neural_arch.distributed.ddp_buckets import plan_buckets
+from neural_arch.distributed.testing import RankPool
+
+pytestmark = pytest.mark.timeout(240)
+
+TOL = {"float64": 1e-10, "float32": 1e-5}
+
+
+@pytest.fixture(scope="module", params=[
+    pytest.param(("gloo", 2), id="gloo-2"),
+    pytest.param(("gloo", 3), id="gloo-3"),
+    pytest.param(("mpi", 2), id="mpi-2", marks=pytest.mark.mpi),
+    pytest.param(("mpi", 3), id="mpi-3", marks=pytest.mark.mpi),
+])
+def pool(request):
+    backend, world = request.param
+    with RankPool(world, backend=backend, timeout=90.0) as p:
+        yield p
+
+
+EQUIVALENCE = {
+    "sgd-f64-tiny-buckets": {"opt": "sgd", "dtype": "float64", "cap": 0.0004, "first": 0.0001},
+    "adam-f64-one-bucket": {"opt": "adam", "dtype": "float64", "cap": 25.0},
+    "sgd-f32-view": {"opt": "sgd", "dtype": "float32", "cap": 0.001, "first": 0.0002, "view": True},
+    "adam-f32-unshuffled": {"opt": "adam", "dtype": "float32", "shuffle": False},
+    "sgd-no_sync-accumulation": {"opt": "sgd", "dtype": "float64", "accum": 2, "B": 4, "cap": 0.0004},
+    "adam-global-no_sync": {"opt": "adam", "dtype": "float64", "accum": 2, "global_no_sync": True},
+    "sgd-unused-params": {"opt": "sgd", "dtype": "float64", "model": "unused", "find_unused": True, "cap": 0.0004},
+    "adam-unused-params-view": {"opt": "adam", "dtype": "float64", "model": "unused", "find_unused": True, "view": True},
+    "sgd-manual-sync-is-harmless": {"opt": "sgd", "dtype": "float64", "manual_sync": True},
+}
+
+
+@pytest.mark.parametrize("name", list(EQUIVALENCE))
+def test_ddp_matches_single_process_training(pool, name):
+    cfg = EQUIVALENCE[name]
+    results = pool.run(fns.equivalence_run, cfg)
+    tol = TOL[cfg["dtype"]]
+    for rank, (diff, _, steps) in enumerate(results):
+        assert steps >= 4
+        assert diff <= tol, f"rank {rank}: DDP differs from single-process training by {diff:g} (> {tol:g})"
+    prints = [fp for _, fp, _ in results]
+    assert max(prints) - min(prints) <= 100 * tol * max(1.0, abs(prints[0]))
+
+
+def test_unused_parameter_error_on_every_rank(pool):
+    results = pool.run(fns.unused_error_run, False)
+    for kind, msg in results:
+        assert kind == "UnusedParametersError"
+        assert "find_unused_parameters=True" in msg
+    assert "dead.weight" in results[0][1] and "extra.weight" in results[0][1]
+    # the pool's ranks are still in step: a normal run afterwards works
+    kind, grads = pool.run(fns.unused_error_run, True)[0]
+    assert kind == "ok" and grads["dead.weight"] is None and grads["fc1.weight"] > 0
+
+
+def test_locally_unused_parameter_is_reduced_as_zero(pool):
+    for diff in pool.run(fns.locally_unused_run):
+        assert diff <= 1e-12
+
+
+def test_manual_sync_gradients(pool):
+    for diffs in pool.run(fns.manual_sync_run):
+        assert max(diffs) <= 1e-12, diffs
+
+
+def test_gradient_as_bucket_view_leaves_grads_in_the_buckets(pool):
+    assert pool.run(fns.view_run) == [[True, True]] * pool.world_size
+
+
+def test_bucket_count_grows_as_cap_shrinks(pool):
+    counts = []
+    for cap in (25.0, 0.02, 0.005, 0.0001):
+        (n, plan), *rest = pool.run(fns.count_allreduces_run, cap, cap)
+        assert all(r[0] == n for r in rest)
+        assert n == len(plan)
+        counts.append(n)
+    assert counts[0] == 1 and counts[-1] == 4  # one bucket per parameter at the smallest cap
+    assert counts == sorted(counts) and counts[1] < counts[-1]
+
+
+def test_allreduce_starts_before_backward_ends(pool):
+    timeline, stats = pool.run(fns.overlap_run)[0]
+    events = [e[0] for e in timeline]
+    end = events.index("backward_end")
+    launches_before = [e for e in timeline[:end] if e[0] == "launch"]
+    assert len(launches_before) >= 2, timeline  # buckets were in flight while backward still ran
+    assert stats["launched_before_end"] >= 2
+
+
+@pytest.mark.parametrize("extra", [0, 2])
+def test_join_uneven_inputs(pool, extra):
+    prints = pool.run(fns.join_run, extra, timeout=60)
+    assert max(prints) - min(prints) <= 1e-9 * max(1.0, abs(prints[0]))
+
+
+def test_join_throw_on_early_termination(pool):
+    results = pool.run(fns.join_throw_run, timeout=60)
+    for done, msg in results:
+        assert done == 2 and "ran out of inputs" in msg
+
+
+def test_join_with_find_unused(pool):
+    prints = pool.run(fns.join_run, 1, True, timeout=60)
+    assert max(prints) - min(prints) <= 1e-9 * max(1.0, abs(prints[0]))
+
+
+def test_model_mismatch_fails_on_every_rank(pool):
+    for msg in pool.run(fns.mismatch_run):
+        assert "differs between ranks" in msg and "0.weight" in msg
+
+
+def test_construction_broadcasts_params_and_buffers(pool):
+    results = pool.run(fns.broadcast_run)
+    for params, buf in results:
+        assert params == results[0][0]
+        assert buf == [0.0, 0.0, 0.0]
+
+
+def test_subgroup(pool):
+    if pool.world_size < 3:
+        pytest.skip("needs a rank outside the sub-group")
+    results = pool.run(fns.equivalence_run, {"opt": "sgd", "dtype": "float64", "subgroup": [0, 2], "cap": 0.0004})
+    assert results[1] is None
+    for r in (0, 2):
+        assert results[r][0] <= 1e-10
+
+
+@pytest.mark.parametrize("n", [1, 37, 60])
+def test_distributed_evaluate_counts_every_real_sample_once(pool, n):
+    for stats, ddp_stats, acc, loss in pool.run(fns.evaluate_run, n):
+        assert stats["num_samples"] == ddp_stats["num_samples"] == n
+        assert abs(stats["accuracy"] - acc) < 1e-12 and abs(ddp_stats["accuracy"] - acc) < 1e-12
+        assert abs(stats["loss"] - loss) < 1e-9
+
+
+def test_backward_that_raises_midway_does_not_poison_the_next(pool):
+    for diff in pool.run(fns.recover_run):
+        assert diff <= 1e-12
+
+
+# -- no processes ---------------------------------------------------------------------------------
+
+def test_plan_buckets_is_reverse_order_with_small_first_bucket():
+    sizes = [(1000, "float32"), (10, "float32"), (1000, "float32"), (10, "float32")]
+    assert plan_buckets(sizes, cap=10 ** 6, first_cap=10 ** 6) == [[3, 2, 1, 0]]
+    assert plan_buckets(sizes, cap=10 ** 6, first_cap=100) == [[3], [2, 1, 0]]
+    assert plan_buckets(sizes, cap=1, first_cap=1) == [[3], [2], [1], [0]]
+    # dtypes never share a bucket
+    mixed = [(10, "float64"), (10, "float32"), (10, "float64")]
+    assert sorted(map(sorted, plan_buckets(mixed, cap=10 ** 6))) == [[0, 2], [1]]
+
+
+def test_distributed_evaluate_world_of_one():
+    stats, _, acc, loss = fns.evaluate_run(23)
+    assert stats["num_samples"] == 23 and abs(stats["accuracy"] - acc) < 1e-12 and abs(stats["loss"] - loss) < 1e-9
+
+
+def test_world_of_one_state_dict_and_attributes():
+    from neural_arch.distributed import DistributedDataParallel
+
+    model = fns.build_mlp(0, np.float64)
+    ddp = DistributedDataParallel(model, bucket_size_mb=5)
+    assert list(ddp.state_dict()) == list(model.state_dict()) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    torch_style = {"module." + k: v for k, v in model.state_dict().items()}
+    ddp.load_state_dict(torch_style)
+    assert ddp.bucket_cap_mb == 5 and ddp.module is model
+    assert len(list(ddp.parameters())) == 4
+    ddp.eval()
+    assert not model.training
+    ddp.sync_gradients()  # nothing to do in a world of one
+    with pytest.raises(ValueError, match="only one of"):
+        DistributedDataParallel(model, bucket_cap_mb=1, bucket_size_mb=2)
