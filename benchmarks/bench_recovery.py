@@ -1,7 +1,8 @@
-"""How long does a job take to recover when a rank is SIGKILLed mid-training?
+"""How long does a DDP job take to recover when a rank is SIGKILLed mid-training?
 
-Runs ``examples/restart_from_checkpoint.py`` (NumPy linear regression, gradients averaged with
-``all_reduce`` when the gloo process group works, otherwise ``--no-collectives``) under::
+Runs ``examples/restart_from_checkpoint.py`` (an ``nn`` MLP under ``DistributedDataParallel`` over
+gloo, ``SGD`` with momentum, ``DistributedSampler``; model + optimizer checkpointed atomically
+every step) under::
 
     python -m neural_arch.distributed.launcher --standalone --nproc_per_node N --max_restarts 1 ...
 
@@ -9,7 +10,7 @@ waits until training is under way, SIGKILLs rank 1, and measures from the kill t
 
 * ``detect``:   the launcher announcing the restart (its stderr line),
 * ``started``:  the first restarted rank printing "attempt 1" (process up, process group
-  initialised when collectives are used, checkpoint loaded),
+  initialised, checkpoint loaded),
 * ``first_step``: the first training step completed after the restart (any rank; children append
   ``rank step attempt unix_time`` to a step log), and ``all_ranks_step``: every rank past one step.
 
@@ -81,37 +82,13 @@ def _read_steps(path: str) -> list[tuple[int, int, int, float]]:
     return [(int(r), int(s), int(a), float(t)) for r, s, a, t in rows if len(rows[0]) == 4]
 
 
-def _rank_sum() -> float:
-    import numpy as np
-
-    from neural_arch.core.tensor import Tensor
-    from neural_arch.distributed import ReduceOp, all_reduce
-
-    out = all_reduce(Tensor(np.array([float(os.environ["RANK"])])), ReduceOp.SUM)
-    return float(np.asarray(getattr(out, "data", out))[0])
-
-
-def _gloo_works() -> bool:
-    """Probe the gloo process group once with two real processes; say why when it fails."""
-    sys.path.insert(0, ROOT)
-    try:
-        from neural_arch.distributed.spawn import launch
-
-        return launch(_rank_sum, 2, timeout=60) == [1.0, 1.0]
-    except Exception as exc:  # noqa: BLE001 - report and fall back to --no-collectives
-        print(f"gloo probe failed, benchmarking without collectives: {exc}", file=sys.stderr)
-        return False
-
-
-def trial(nproc: int, use_collectives: bool, kill_after_step: int, timeout: float) -> dict:
+def trial(nproc: int, kill_after_step: int, timeout: float) -> dict:
     work = tempfile.mkdtemp(prefix="bench_recovery_")
     step_log = os.path.join(work, "steps.txt")
     cmd = [sys.executable, "-m", "neural_arch.distributed.launcher", "--standalone",
            f"--nproc_per_node={nproc}", "--max_restarts=1", "--monitor_interval=1.0", EXAMPLE,
            "--ckpt-dir", os.path.join(work, "ckpt"), "--steps", str(kill_after_step + 30),
            "--no-crash", "--step-sleep", "0.05", "--step-log", step_log]
-    if not use_collectives:
-        cmd.append("--no-collectives")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     events: list[tuple[float, str, str]] = []
@@ -171,13 +148,11 @@ def main(argv=None) -> int:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--kill-after-step", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=90)
-    parser.add_argument("--no-collectives", action="store_true")
     parser.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "results", "bench_recovery.json"))
     args = parser.parse_args(argv)
 
-    use_collectives = not args.no_collectives and _gloo_works()
     load_before = os.getloadavg()
-    trials = [trial(args.nproc, use_collectives, args.kill_after_step, args.timeout)
+    trials = [trial(args.nproc, args.kill_after_step, args.timeout)
               for _ in range(args.trials)]
     keys = ["detect_s", "started_s", "first_step_s", "all_ranks_step_s"]
     summary = {}
@@ -186,7 +161,7 @@ def main(argv=None) -> int:
         summary[k] = {"median": statistics.median(values) if values else None,
                       "max": max(values) if values else None}
     print(f"recovery after SIGKILL of rank 1 ({args.nproc} ranks, "
-          f"{'all_reduce over gloo' if use_collectives else 'no collectives'}, {args.trials} trials; "
+          f"DDP MLP over gloo, {args.trials} trials; "
           f"seconds after the kill)")
     rows = [[str(i), *(t[k] if t[k] is not None else "-" for k in keys), t["exit_code"]]
             for i, t in enumerate(trials)]
@@ -197,7 +172,8 @@ def main(argv=None) -> int:
     print(f"goal: first step after restart < 5 s -> {'met' if goal is not None and goal < 5 else 'NOT met'}")
     if args.json:
         path = write_json(args.json, {
-            "benchmark": "bench_recovery", "nproc": args.nproc, "used_all_reduce": use_collectives,
+            "benchmark": "bench_recovery", "nproc": args.nproc, "job": "DDP MLP + SGD(momentum), gloo",
+            "command": " ".join([sys.executable, *sys.argv]),
             "load_average_1_5_15_before": [round(x, 2) for x in load_before],
             "trials": trials, "summary": summary, "goal_first_step_s": 5.0,
         })

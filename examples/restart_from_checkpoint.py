@@ -1,27 +1,25 @@
-"""Survive a crash: checkpoint every step, let the launcher restart the group, resume, finish.
+"""Survive a crash: a DDP job checkpoints every step, the launcher restarts it, it resumes, it finishes.
 
 Run it (the first attempt crashes on purpose at step 7; the restart resumes from the newest
 checkpoint - step 7, or step 6 if the launcher stopped rank 0 before it had saved step 7)::
 
     python -m neural_arch.distributed.launcher --standalone --nproc_per_node 2 --max_restarts 1 \\
-        examples/restart_from_checkpoint.py --ckpt-dir /tmp/ckpts --out /tmp/final.json
+        examples/restart_from_checkpoint.py --ckpt-dir /tmp/ckpts --out /tmp/final.npz
 
-    # the same training without the crash, for comparison: identical final parameters
+    # the same training without the crash, for comparison: bit-identical final parameters
     python -m neural_arch.distributed.launcher --standalone --nproc_per_node 2 \\
-        examples/restart_from_checkpoint.py --ckpt-dir /tmp/ckpts2 --out /tmp/final2.json --no-crash
+        examples/restart_from_checkpoint.py --ckpt-dir /tmp/ckpts2 --out /tmp/final2.npz --no-crash
 
-The model is plain NumPy linear regression with a hand-written gradient (no ``nn``/DDP needed).
-Each rank computes the gradient on its shard of the data and ``all_reduce`` averages them, when the
-process group's backend is available; otherwise (or with ``--no-collectives``) every rank computes
-the full-batch gradient itself, which gives the same numbers without communication.
+The job: an ``nn`` MLP on a small synthetic classification set, ``DistributedDataParallel`` (gradients
+averaged over the gloo group), ``optim.SGD`` with momentum, and a ``DistributedSampler`` giving each
+rank its share of every epoch. The pattern:
 
-The pattern, in four lines:
-
-1. at start, ``find_latest_checkpoint(dir)`` -> load it, or start fresh;
-2. train from the saved step;
+1. at start, ``find_latest_checkpoint(dir)`` -> load model *and optimizer* state (the momentum
+   buffers are part of the training state: without them the resumed run diverges), or start fresh;
+2. train from the saved step; the data order depends only on (epoch, step), so it replays exactly;
 3. after each step rank 0 saves ``step_{k}.npz`` *atomically* (temp file + ``os.replace``), so a
    crash mid-write never leaves a half checkpoint;
-4. ``NEURAL_ARCH_RESTART_COUNT`` (``restart_count()``) tells an attempt that it is a restart.
+4. ``restart_count()`` (``NEURAL_ARCH_RESTART_COUNT``) tells an attempt that it is a restart.
 """
 
 from __future__ import annotations
@@ -32,123 +30,122 @@ import os
 import sys
 import time
 
+# One BLAS thread per rank: ranks share the cores; more threads per rank only fight each other.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
 import numpy as np
 
+import neural_arch.distributed as dist
+import neural_arch.functional as F
+from neural_arch import nn, optim
+from neural_arch.core.tensor import Tensor, manual_seed
+from neural_arch.data import make_classification_data
 from neural_arch.distributed.elastic import find_latest_checkpoint, restart_count, save_npz_atomic
 
-N_SAMPLES, N_FEATURES = 64, 4
+N_SAMPLES, N_FEATURES, N_CLASSES = 256, 16, 4
 
 
-def make_data(seed: int = 0):
-    """The same data on every rank (a fixed seed), so sharding needs no communication."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((N_SAMPLES, N_FEATURES))
-    true_w = np.arange(1, N_FEATURES + 1, dtype=np.float64)
-    y = x @ true_w + 0.5 + 0.01 * rng.standard_normal(N_SAMPLES)
-    return x, y
+def build(lr: float):
+    manual_seed(0)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
+    model = nn.Sequential(nn.Linear(N_FEATURES, 32), nn.ReLU(), nn.Linear(32, N_CLASSES))
+    return model, optim.SGD(model.parameters(), lr=lr, momentum=0.9)
 
 
-def gradient(w, b, x, y):
-    """Mean-squared-error gradient for ``y ~ x @ w + b``."""
-    err = x @ w + b - y
-    return 2.0 * x.T @ err / len(y), 2.0 * err.mean()
+def save_checkpoint(path: str, model, opt, step: int) -> None:
+    """Model + optimizer state + step in one .npz, written atomically."""
+    arrays = {f"model/{k}": np.asarray(v) for k, v in model.state_dict().items()}
+    state = opt.state_dict()
+    for idx, values in state["state"].items():
+        for key, value in values.items():
+            arrays[f"optim/{idx}/{key}"] = np.asarray(value)
+    arrays["optim_groups"] = np.array(json.dumps(state["param_groups"], default=float))
+    arrays["step"] = np.array(step)
+    save_npz_atomic(path, **arrays)
 
 
-def load_latest(ckpt_dir: str):
-    """Newest checkpoint -> (w, b, step), retrying if rank 0 replaces it while we read."""
+def load_checkpoint(path: str, model, opt) -> int:
+    with np.load(path) as data:
+        model.load_state_dict({k[6:]: data[k].copy() for k in data.files if k.startswith("model/")})
+        state: dict = {}
+        for k in data.files:
+            if k.startswith("optim/"):
+                _, idx, key = k.split("/", 2)
+                state.setdefault(int(idx), {})[key] = data[k].copy()
+        opt.load_state_dict({"state": state, "param_groups": json.loads(str(data["optim_groups"]))})
+        return int(data["step"])
+
+
+def resume(ckpt_dir: str, model, opt) -> int:
+    """Load the newest checkpoint (retrying if it is replaced while we read); the step to start at."""
     for _ in range(5):
         path = find_latest_checkpoint(ckpt_dir, "step_*.npz")
         if path is None:
-            return np.zeros(N_FEATURES), 0.0, 0
+            return 0
         try:
-            with np.load(path) as data:
-                return data["w"].copy(), float(data["b"]), int(data["step"])
+            return load_checkpoint(path, model, opt)
         except FileNotFoundError:
             time.sleep(0.05)
     raise RuntimeError(f"could not read a checkpoint from {ckpt_dir}")
-
-
-def setup_group(use_collectives: bool):
-    """(rank, world_size, all_reduce-or-None): use the process group if its backend is available."""
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    if not use_collectives or world == 1:
-        return rank, world, None
-    try:
-        from neural_arch.distributed import init_process_group, is_backend_available
-
-        if not is_backend_available(os.environ.get("NEURAL_ARCH_BACKEND", "gloo")):
-            raise ImportError("backend not available")
-    except ImportError:
-        print("process group not available: every rank computes the full-batch gradient", flush=True)
-        return rank, world, None
-    from neural_arch.core.tensor import Tensor
-    from neural_arch.distributed import ReduceOp, all_reduce, get_rank, get_world_size
-
-    init_process_group()
-
-    def average(array: np.ndarray) -> np.ndarray:
-        out = all_reduce(Tensor(array.copy()), ReduceOp.SUM)
-        return np.asarray(getattr(out, "data", out)) / get_world_size()
-
-    return get_rank(), get_world_size(), average
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
     parser.add_argument("--crash-at", type=int, default=7, help="step at which attempt 0 crashes")
-    parser.add_argument("--crash-rank", type=int, default=None,
-                        help="rank that crashes (default: the last rank with all_reduce, else rank 0 "
-                             "- without collectives the ranks are not in lockstep, and rank 0 "
-                             "is the one whose progress the checkpoints record)")
+    parser.add_argument("--crash-rank", type=int, default=None, help="default: the last rank")
     parser.add_argument("--no-crash", action="store_true", help="run straight through")
-    parser.add_argument("--no-collectives", action="store_true", help="never use all_reduce")
     parser.add_argument("--ckpt-dir", required=True)
-    parser.add_argument("--out", help="rank 0 writes the final parameters here (JSON)")
+    parser.add_argument("--out", help="rank 0 writes the final parameters here (.npz)")
     parser.add_argument("--step-log", help="append 'rank step restart time' lines here (benchmarks)")
     parser.add_argument("--step-sleep", type=float, default=0.0, help="pretend a step takes longer")
     args = parser.parse_args(argv)
 
-    rank, world, average = setup_group(not args.no_collectives)
-    x, y = make_data()
-    w, b, start = load_latest(args.ckpt_dir)
+    dist.init_process_group()  # launcher -> gloo; a world of one under plain python
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x, y = make_classification_data(N_SAMPLES, N_FEATURES, N_CLASSES, seed=0)
+    model, opt = build(args.lr)
+    # Every rank loads (its optimizer state is its own), before DDP's first collective: so no
+    # rank can save a newer checkpoint while another is still choosing one.
+    start = resume(args.ckpt_dir, model, opt)
+    ddp = dist.DistributedDataParallel(model)
+    sampler = dist.DistributedSampler(dataset_size=N_SAMPLES, shuffle=True, seed=0)
+    per_epoch = len(sampler) // args.batch_size
     attempt = restart_count()
     print(f"rank {rank}/{world} attempt {attempt}: "
           + (f"resuming from step {start}" if start else "starting fresh"), flush=True)
 
-    crash_rank = args.crash_rank if args.crash_rank is not None else (world - 1 if average else 0)
+    crash_rank = world - 1 if args.crash_rank is None else args.crash_rank
+    order, order_epoch = None, None
     for step in range(start, args.steps):
         if not args.no_crash and attempt == 0 and step == args.crash_at and rank == crash_rank:
             print(f"rank {rank}: crashing on purpose at step {step}", flush=True)
             os._exit(13)  # a hard crash: no cleanup, no exception handler
-        if average is not None:
-            shard = slice(rank * N_SAMPLES // world, (rank + 1) * N_SAMPLES // world)
-            gw, gb = gradient(w, b, x[shard], y[shard])
-            flat = average(np.concatenate([gw, [gb]]))
-            gw, gb = flat[:-1], float(flat[-1])
-        else:
-            gw, gb = gradient(w, b, x, y)
-        w, b = w - args.lr * gw, b - args.lr * gb
+        epoch, batch = divmod(step, per_epoch)
+        if epoch != order_epoch:  # the order depends only on the epoch: a resumed run replays it
+            sampler.set_epoch(epoch)
+            order, order_epoch = list(sampler), epoch
+        idx = order[batch * args.batch_size:(batch + 1) * args.batch_size]
+        loss = F.cross_entropy(ddp(Tensor(x[idx])), y[idx])
+        loss.backward()  # DDP averages the gradients over the ranks here
+        opt.step()
+        opt.zero_grad()
         if args.step_sleep:
             time.sleep(args.step_sleep)
         if rank == 0:
-            save_npz_atomic(os.path.join(args.ckpt_dir, f"step_{step + 1:06d}.npz"),
-                            w=w, b=np.array(b), step=np.array(step + 1))
+            save_checkpoint(os.path.join(args.ckpt_dir, f"step_{step + 1:06d}.npz"), model, opt, step + 1)
         if args.step_log:
             with open(args.step_log, "a") as f:
                 f.write(f"{rank} {step + 1} {attempt} {time.time():.6f}\n")
 
     if rank == 0:
-        print(f"final w={np.round(w, 6).tolist()} b={b:.6f}", flush=True)
+        print(f"final loss {float(loss.item()):.6f} after {args.steps} steps", flush=True)
         if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"w": w.tolist(), "b": b, "steps": args.steps, "world_size": world,
-                           "used_all_reduce": average is not None}, f)
-    if average is not None:
-        from neural_arch.distributed import destroy_process_group
-
-        destroy_process_group()
+            save_npz_atomic(args.out, **{k: np.asarray(v) for k, v in model.state_dict().items()})
+    dist.destroy_process_group()
     return 0
 
 

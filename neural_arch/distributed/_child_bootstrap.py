@@ -9,9 +9,10 @@ It is run by *path*, not with ``-m``, on purpose: that way starting a rank does 
 ``neural_arch`` package (and NumPy) before the user's script decides what it needs, which keeps
 restarts fast and keeps a rank startable even while the package itself fails to import.
 
-It (1) installs the parent-death watch so the rank exits if the launcher is SIGKILLed, (2) reports
-"started" by creating ``$NEURAL_ARCH_READY_DIR/ready_{rank}_{restart}`` — this is what the
-launcher's ``--start_timeout`` waits for — and (3) runs the user's script exactly as ``python
+It (1) installs the parent-death watch so the rank (and its process group) exits if the launcher
+is SIGKILLed, (2) reports "started" by creating ``$NEURAL_ARCH_READY_DIR/started_{rank}`` (the
+launcher's ``--start_timeout`` waits for ``rank_{rank}``, written after rendezvous; ``started_``
+only sharpens its message), and (3) runs the user's script exactly as ``python
 script.py args`` would (``__name__ == "__main__"``, ``sys.argv``, ``sys.path[0]`` = script folder),
 or the module as ``python -m`` would.
 """
@@ -34,12 +35,13 @@ def _load_run_env():
 
 
 def _report_started() -> None:
+    # "started_{rank}" (not the "rank_{rank}" rendezvous marker): lets the launcher's start-timeout
+    # message tell a rank that never got here from one that hangs before its rendezvous.
     folder = os.environ.get("NEURAL_ARCH_READY_DIR")
     if not folder:
         return
-    name = f"ready_{os.environ.get('RANK', '0')}_{os.environ.get('NEURAL_ARCH_RESTART_COUNT', '0')}"
     try:
-        with open(os.path.join(folder, name), "w") as f:
+        with open(os.path.join(folder, f"started_{os.environ.get('RANK', '0')}"), "w") as f:
             f.write(str(os.getpid()))
     except OSError:
         pass  # the launcher is gone or its temp dir was removed; the death watch handles the rest
@@ -59,7 +61,9 @@ def _set_path0(folder: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    _load_run_env().install_parent_death_watch()
+    # Each rank leads its own session (the launcher starts it so): on the launcher's death the
+    # watch ends the rank's whole process group, grandchildren included.
+    _load_run_env().install_parent_death_watch(poll_interval=0.2, grace=3.0, kill_group=True)
     if not argv:
         raise SystemExit("usage: python -m neural_arch.distributed._child_bootstrap "
                          "script.py [args] | -m module [args]")

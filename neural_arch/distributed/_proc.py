@@ -170,9 +170,10 @@ def _signal_group(child: Child, sig: int) -> None:
 
 
 def send_signal_all(children: list[Child], sig: int) -> None:
+    """Signal each child's process group, also of children that exited: what they started
+    (a shell's ``sleep``, loader workers) may still be there and must get a polite SIGTERM too."""
     for child in children:
-        if child.proc.poll() is None:
-            _signal_group(child, sig)
+        _signal_group(child, sig)
 
 
 def terminate_all(children: list[Child], grace: float = 5.0, sig: int = signal.SIGTERM,

@@ -122,7 +122,8 @@ options (each multi-word option also accepts dashes: --nproc-per-node):
   --max_restarts N       restart the whole group up to N times after a failure (default 0)
   --monitor_interval S   longest pause between health checks, seconds (default 1.0); a rank
                          whose output closes is checked at once, signals within 0.1 s
-  --start_timeout S      fail if some rank has not started within S seconds (default 600)
+  --start_timeout S      fail if some rank has not reached rendezvous (init_process_group, or
+                         run_env.report_ready() in a script without one) within S s (default 600)
   --log_dir DIR          also write each rank's output to DIR/rank_{r}.log
   --term_timeout S       grace between SIGTERM and SIGKILL on teardown (default 5)
   --agent_port PORT      node-0 launcher port for the other nodes (default master_port+1)
@@ -131,6 +132,10 @@ options (each multi-word option also accepts dashes: --nproc-per-node):
 
 Launcher options may also follow the script name directly; the first argument that is not a
 launcher option starts the script's own arguments.
+
+multi-node jobs (--nnodes > 1) need the same NEURAL_ARCH_AUTH_TOKEN exported on every node:
+  export NEURAL_ARCH_AUTH_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(16))')
+(the launchers check it with an HMAC challenge; it is never sent over the network)
 """
 
 

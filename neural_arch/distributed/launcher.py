@@ -18,18 +18,24 @@ which Python rejects: positional arguments cannot follow keywords. Put script ar
 What each rank gets in its environment: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``LOCAL_WORLD_SIZE``, ``NODE_RANK``, ``GROUP_RANK`` (= node rank), ``MASTER_ADDR``, ``MASTER_PORT``,
 ``NEURAL_ARCH_BACKEND``, ``NEURAL_ARCH_RESTART_COUNT`` (and ``TORCHELASTIC_RESTART_COUNT``),
-``NEURAL_ARCH_AUTH_TOKEN``, ``NEURAL_ARCH_PARENT_PID``, ``PYTHONUNBUFFERED=1`` (so output is not lost
+``NEURAL_ARCH_AUTH_TOKEN``, ``NEURAL_ARCH_PARENT_PID``, ``NEURAL_ARCH_READY_DIR`` (see
+``--start_timeout``), ``NEURAL_ARCH_MAX_RESTARTS``, ``PYTHONUNBUFFERED=1`` (so output is not lost
 when a rank is killed). ``init_process_group()`` reads them. MPI launcher variables (``PMI_*``,
 ``PMIX_*``, ``OMPI_COMM_WORLD_*``) of a launcher that was itself started by mpiexec/srun are *not*
 passed on. ``--backend mpi`` with more than one rank is refused: MPI ranks must come from mpiexec.
 Exit statuses: 0; the failing rank's code; 128+N for signal N; 124 for ``--start_timeout``; 1 when a
 node cannot join node 0; 2 for bad usage.
 
-Auth token: node 0 generates a random ``NEURAL_ARCH_AUTH_TOKEN`` per job unless the variable is
-already set. Other nodes use theirs if set (it must match) or receive node 0's over the launchers'
-handshake (clear text: it guards against accidental cross-job connections only). Recommended for
-multi-node jobs: ``export NEURAL_ARCH_AUTH_TOKEN=$(python -c 'import secrets;print(secrets.token_hex(16))')``
-once and give the same value to every node's launcher.
+Auth token (``NEURAL_ARCH_AUTH_TOKEN``): the ranks' store and transport accept only peers that know
+it. Single node: the launcher generates a random one per job unless the variable is set.
+**Multi-node: export the same value on every node before starting its launcher** - the launcher
+refuses ``--nnodes > 1`` without it (exit status 2), rather than generating one that the other nodes
+would then have to be told about::
+
+    export NEURAL_ARCH_AUTH_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(16))')
+
+The launchers prove to each other that they know it with an HMAC challenge-response; the token is
+never sent over the network. Node 0's launcher listens on ``--master_addr`` only.
 
 Behaviour:
 
@@ -42,11 +48,16 @@ Behaviour:
   otherwise the launcher exits with that rank's code (128+N for signal N) after a summary.
 * Signals: SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to every rank, then the same teardown
   runs and the launcher exits with 128+N. A launcher killed with SIGKILL leaves no orphans: each rank
-  watches its parent (``PR_SET_PDEATHSIG`` + polling) and exits.
-* ``--start_timeout``: "started" means the rank's bootstrap ran (before user code) and, for
-  multi-node jobs, that every node's launcher has joined node 0's launcher. When the time runs out
-  the launcher fails, naming the ranks and nodes that are missing. It does *not* cover a rank that
-  started but hangs inside ``init_process_group`` (the process group has its own timeout for that).
+  leads its own process group and watches its parent (polling every 0.2 s); when the launcher is
+  gone it ends the whole group - the rank and whatever it started - with SIGTERM, then SIGKILL 3 s
+  later. Teardown by a living launcher also signals each rank's group, not just its pid.
+* ``--start_timeout``: every local rank must reach rendezvous in time - ``init_process_group()``
+  creates ``$NEURAL_ARCH_READY_DIR/rank_{r}`` when it succeeded (a fresh folder per attempt,
+  removed afterwards) - and, for multi-node jobs, every node's launcher must have joined node 0's.
+  When the time runs out the launcher fails, naming the ranks (and whether they even started)
+  and the nodes that are missing. A rank that exits counts as done. **A script that never calls
+  init_process_group** must call ``neural_arch.distributed.run_env.report_ready()`` instead, or
+  get a ``--start_timeout`` longer than its run.
 
 Limitations (said plainly): restarts are per node and not coordinated across nodes, so
 ``nnodes > 1`` with ``max_restarts > 0`` raises ``NotImplementedError``. There is no elastic
@@ -70,7 +81,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -87,11 +97,11 @@ from ._proc import (
     terminate_all,
 )
 from .launch_config import LaunchConfig, parse_command_line
+from .run_env import free_port, package_root, rank_env
 
 __all__ = ["DistributedLauncher", "LaunchConfig", "launch_distributed_training", "main"]
 
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "OMPI_COMM_WORLD_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
 _SIGNAL_CHECK_S = 0.1  # longest delay before a received SIGINT/SIGTERM is acted on
 EXIT_START_TIMEOUT = 124  # like coreutils' timeout: "did not start in time"
 
@@ -100,16 +110,8 @@ def _say(message: str) -> None:
     print(f"neural_arch.launcher: {message}", file=sys.stderr, flush=True)
 
 
-def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the usual, slightly racy, bind-to-0 trick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _package_root() -> str:
-    """Folder that contains the ``neural_arch`` package, so children import the same code."""
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+find_free_port = free_port  # the launcher's historical name
+_package_root = package_root
 
 
 def _format_ranks(ranks: list[int]) -> str:
@@ -160,28 +162,13 @@ class DistributedLauncher:
     # ------------------------------------------------------------------ environment
     def _child_env(self, local_rank: int, port: int, token: str, ready_dir: str) -> dict:
         cfg = self.config
-        rank = cfg.node_rank * cfg.nproc_per_node + local_rank
-        # A launcher started by mpiexec/srun (one per node) must not pass its own MPI identity on:
-        # the ranks would take it for theirs (detect_launch_env, MPI_Init through PMI_FD).
-        env = {k: v for k, v in os.environ.items() if not k.startswith(_MPI_ENV_PREFIXES)}
-        env.update({
-            "RANK": str(rank), "LOCAL_RANK": str(local_rank),
-            "WORLD_SIZE": str(cfg.world_size), "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node),
-            "NODE_RANK": str(cfg.node_rank), "GROUP_RANK": str(cfg.node_rank),
-            "MASTER_ADDR": cfg.master_addr, "MASTER_PORT": str(port),
-            "NEURAL_ARCH_BACKEND": cfg.backend,
-            "NEURAL_ARCH_RESTART_COUNT": str(self.restart_count),
-            "TORCHELASTIC_RESTART_COUNT": str(self.restart_count),
-            "NEURAL_ARCH_MAX_RESTARTS": str(cfg.max_restarts),
-            "NEURAL_ARCH_AUTH_TOKEN": token,
-            "NEURAL_ARCH_PARENT_PID": str(os.getpid()),
-            "NEURAL_ARCH_READY_DIR": ready_dir,
-        })
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        root = _package_root()
-        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if root not in paths:
-            env["PYTHONPATH"] = os.pathsep.join([root, *paths])
+        env = rank_env(rank=cfg.node_rank * cfg.nproc_per_node + local_rank, local_rank=local_rank,
+                       world_size=cfg.world_size, local_world_size=cfg.nproc_per_node,
+                       node_rank=cfg.node_rank, master_addr=cfg.master_addr, master_port=port,
+                       backend=cfg.backend, token=token, restart_count=self.restart_count,
+                       parent_pid=os.getpid())
+        env["NEURAL_ARCH_MAX_RESTARTS"] = str(cfg.max_restarts)
+        env["NEURAL_ARCH_READY_DIR"] = ready_dir
         return env
 
     def _command(self, target: str, args: tuple) -> list[str]:
@@ -209,18 +196,32 @@ class DistributedLauncher:
         return children
 
     def _missing_message(self, children: list[Child], ready_dir: str, agent) -> str | None:
-        """None when everyone has started; otherwise the text naming who is missing."""
+        """None when every rank reached rendezvous; otherwise the text naming who is missing.
+
+        A rank is ready once ``ready_dir/rank_{r}`` exists (``init_process_group`` writes it,
+        see :func:`run_env.report_ready`) or it has exited; ``started_{r}`` (written by the
+        bootstrap) tells "never started" from "hangs before its rendezvous".
+        """
         cfg = self.config
-        missing_local = [c.rank for c in children if c.proc.poll() is None and not os.path.exists(
-            os.path.join(ready_dir, f"ready_{c.rank}_{self.restart_count}"))]
+
+        def has(name: str) -> bool:
+            return os.path.exists(os.path.join(ready_dir, name))
+
+        missing = [c.rank for c in children if c.proc.poll() is None and not has(f"rank_{c.rank}")]
         missing_nodes = [] if agent is None else sorted(set(range(cfg.nnodes)) - agent.joined())
-        if not missing_local and not missing_nodes:
+        if not missing and not missing_nodes:
             return None
         parts = []
-        if missing_local:
-            noun = "rank" if len(missing_local) == 1 else "ranks"
-            parts.append(f"{noun} {_format_ranks(missing_local)} on node {cfg.node_rank} did not start "
-                         f"(its Python process never reached the launcher's bootstrap)")
+        if missing:
+            never = [r for r in missing if not has(f"started_{r}")]
+            noun = "rank" if len(missing) == 1 else "ranks"
+            text = (f"{noun} {_format_ranks(missing)} on node {cfg.node_rank} did not reach "
+                    f"rendezvous (init_process_group)")
+            if never:
+                text += (f"; of these, {_format_ranks(never)} did not even start (the Python "
+                         f"process never reached the launcher's bootstrap)")
+            parts.append(text + ". A script that never calls init_process_group must call "
+                         "neural_arch.distributed.run_env.report_ready(), or raise --start_timeout")
         for node in missing_nodes:
             ranks = range(node * cfg.nproc_per_node, (node + 1) * cfg.nproc_per_node)
             parts.append(f"node {node} (ranks {_format_ranks(list(ranks))}) never joined: "
@@ -283,6 +284,12 @@ class DistributedLauncher:
         if cfg.log_dir:
             os.makedirs(cfg.log_dir, exist_ok=True)
         token = os.environ.get("NEURAL_ARCH_AUTH_TOKEN") or None
+        if cfg.nnodes > 1 and not token:
+            raise ValueError(
+                "a multi-node job needs the same NEURAL_ARCH_AUTH_TOKEN on every node (the launchers "
+                "authenticate each other with it, and the ranks' store and transport use it). Run "
+                "`export NEURAL_ARCH_AUTH_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(16))')` "
+                "once, and export that same value on every node before starting its launcher")
         previous = self._install_signal_handlers()
         self._signum, self.restart_count, self.last_failure = None, 0, None
         agent = None
@@ -326,19 +333,21 @@ class DistributedLauncher:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def _join_nodes(self, token: str | None):
+    def _join_nodes(self, token: str):
         """Multi-node set-up: node 0 listens for the other launchers, the others join it."""
         cfg = self.config
         agent_port = cfg.agent_port or cfg.master_port + 1
         if cfg.node_rank == 0:
             from ._agent import NodeAgentServer
 
-            token = token or secrets.token_hex(16)
-            return token, NodeAgentServer(agent_port, cfg.nnodes, cfg.nproc_per_node, token)
+            # Listen on master_addr only: the other nodes reach us there, nobody needs more.
+            return token, NodeAgentServer(agent_port, cfg.nnodes, cfg.nproc_per_node, token,
+                                          host=cfg.master_addr)
         from ._agent import join_node0
 
-        return join_node0(cfg.master_addr, agent_port, cfg.node_rank, cfg.nproc_per_node, token,
-                          cfg.start_timeout, lambda: self._signum is not None), None
+        join_node0(cfg.master_addr, agent_port, cfg.node_rank, cfg.nproc_per_node, token,
+                   cfg.start_timeout, lambda: self._signum is not None)
+        return token, None
 
     def _summary(self, child: Child) -> str:
         cfg = self.config

@@ -44,11 +44,15 @@ import threading
 from collections.abc import Mapping
 
 __all__ = [
+    "derive_job_token",
     "detect_launch_env",
     "expand_hostlist",
+    "free_port",
     "install_parent_death_watch",
     "launched_by_mpiexec",
     "parse_tasks_per_node",
+    "rank_env",
+    "report_ready",
 ]
 
 DEFAULT_MASTER_PORT = 29500
@@ -287,6 +291,139 @@ def detect_launch_env(environ: Mapping[str, str] | None = None) -> dict | None:
     return None
 
 
+# --------------------------------------------------------------------------- starting ranks
+# A launcher started by mpiexec/srun must not pass its own MPI identity on: the ranks would take it
+# for theirs (detect_launch_env; MPI_Init through PMI_FD).
+_MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "OMPI_COMM_WORLD_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
+# Per-launch variables that must not leak from an outer job into the ranks of an inner one.
+_PER_LAUNCH = ("NEURAL_ARCH_READY_DIR", "NEURAL_ARCH_PARENT_PID", "RANK", "LOCAL_RANK")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the usual, slightly racy, bind-to-0 trick).
+
+    >>> 0 < free_port() < 65536
+    True
+    """
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def package_root() -> str:
+    """Folder that contains the ``neural_arch`` package, so children import the same code."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def rank_env(base: Mapping[str, str] | None = None, *, rank: int | None, world_size: int,
+             master_port: int, token: str, backend: str = "gloo", master_addr: str = "127.0.0.1",
+             local_rank: int | None = None, local_world_size: int | None = None,
+             node_rank: int = 0, restart_count: int = 0, parent_pid: int | None = None,
+             python_path: tuple = ()) -> dict:
+    """The environment of one rank: what the launcher, ``launch()`` and ``RankPool`` all give.
+
+    Starts from ``base`` (default ``os.environ``) without MPI identity variables or an outer job's
+    per-launch ones, and sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+    ``NODE_RANK``/``GROUP_RANK``, ``MASTER_ADDR``/``MASTER_PORT``, ``NEURAL_ARCH_BACKEND``,
+    ``NEURAL_ARCH_AUTH_TOKEN``, ``NEURAL_ARCH_RESTART_COUNT``/``TORCHELASTIC_RESTART_COUNT``,
+    ``NEURAL_ARCH_PARENT_PID`` (when given, for the parent-death watch), ``PYTHONUNBUFFERED=1``
+    and ``PYTHONPATH`` = this package's folder, ``python_path``, then the inherited entries.
+    ``rank=None`` leaves ``RANK``/``LOCAL_RANK`` unset (ranks started by mpiexec learn them from it).
+
+    >>> env = rank_env({}, rank=1, world_size=2, master_port=29500, token="t")
+    >>> env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"]
+    ('1', '1', '2', '127.0.0.1')
+    """
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if not k.startswith(_MPI_ENV_PREFIXES) and k not in _PER_LAUNCH}
+    local_world_size = world_size if local_world_size is None else local_world_size
+    env.update({
+        "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(local_world_size),
+        "NODE_RANK": str(node_rank), "GROUP_RANK": str(node_rank),
+        "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+        "NEURAL_ARCH_BACKEND": backend, "NEURAL_ARCH_AUTH_TOKEN": token,
+        "NEURAL_ARCH_RESTART_COUNT": str(restart_count),
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+    })
+    if rank is not None:
+        env["RANK"] = str(rank)
+        env["LOCAL_RANK"] = str(rank % max(local_world_size, 1) if local_rank is None else local_rank)
+    if parent_pid is not None:
+        env["NEURAL_ARCH_PARENT_PID"] = str(parent_pid)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    paths = [package_root(), *python_path, *env.get("PYTHONPATH", "").split(os.pathsep)]
+    seen: set = set()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p and not (p in seen or seen.add(p)))
+    return env
+
+
+# --------------------------------------------------------------------------- rendezvous marker
+def report_ready(environ: Mapping[str, str] | None = None) -> bool:
+    """Tell the launcher that this rank reached rendezvous (its ``--start_timeout`` waits for it).
+
+    The contract: when ``NEURAL_ARCH_READY_DIR`` is set (our launcher sets a fresh folder per
+    attempt), a rank creates the empty file ``$NEURAL_ARCH_READY_DIR/rank_{RANK}`` once its
+    rendezvous succeeded. ``init_process_group()`` does that; a script that never calls it (no
+    collectives at all) calls this instead, or the launcher's ``--start_timeout`` ends the job.
+    Returns True when a marker was written; without the variable it does nothing.
+
+    >>> report_ready({})
+    False
+    """
+    env = os.environ if environ is None else environ
+    folder = env.get("NEURAL_ARCH_READY_DIR", "")
+    if not folder:
+        return False
+    try:
+        with open(os.path.join(folder, f"rank_{int(env.get('RANK', '0'))}"), "w"):
+            pass
+    except (OSError, ValueError):
+        return False  # the launcher is gone or its folder was removed: nobody is waiting
+    return True
+
+
+# --------------------------------------------------------------------------- job token
+_JOB_ID_SOURCES = (
+    ("slurm", ("SLURM_JOB_ID", "SLURM_JOBID"), ("SLURM_STEP_ID", "SLURM_STEPID")),
+    ("pmi", ("PMI_KVSNAME",), ()),              # MPICH/Hydra: one KVS per mpiexec
+    ("pmix", ("PMIX_NAMESPACE",), ()),          # PMIx (Open MPI 5, srun --mpi=pmix)
+    ("ompi", ("OMPI_MCA_orte_ess_jobid", "OMPI_MCA_ess_base_jobid"), ()),
+)
+
+
+def derive_job_token(environ: Mapping[str, str] | None = None) -> str | None:
+    """A token shared by all processes of one ``mpiexec``/``srun`` job, or None.
+
+    Gloo jobs started by mpiexec or srun have no launcher to hand out ``NEURAL_ARCH_AUTH_TOKEN``;
+    this derives one (sha256) from the per-job id those launchers put in every rank's environment:
+    ``SLURM_JOB_ID`` + ``SLURM_STEP_ID``, ``PMI_KVSNAME``, ``PMIX_NAMESPACE``, or Open MPI's
+    ``OMPI_MCA_orte_ess_jobid`` / ``OMPI_MCA_ess_base_jobid`` (first found wins).
+
+    It only keeps *concurrent jobs apart* (two jobs on the same ports reject each other). It is
+    **not a secret**: any local user can read these ids (``ps e``, ``squeue``) and compute it.
+    Export ``NEURAL_ARCH_AUTH_TOKEN`` yourself when peers must be authenticated.
+
+    >>> derive_job_token({}) is None
+    True
+    >>> a = derive_job_token({"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"})
+    >>> a == derive_job_token({"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "1"}), len(a)
+    (False, 32)
+    """
+    import hashlib
+
+    env = os.environ if environ is None else environ
+    for family, id_names, extra_names in _JOB_ID_SOURCES:
+        job = next((env[n].strip() for n in id_names if env.get(n, "").strip()), None)
+        if job is None:
+            continue
+        extra = next((env[n].strip() for n in extra_names if env.get(n, "").strip()), "")
+        text = f"neural_arch-job-token|{family}|{job}|{extra}"
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return None
+
+
 # --------------------------------------------------------------------------- parent-death watch
 _PR_SET_PDEATHSIG = 1
 _watch_started = False
@@ -305,18 +442,71 @@ def _set_pdeathsig(sig: int) -> bool:
         return False
 
 
-def _poll_parent(parent_pid: int, sig: int, interval: float, grace: float) -> None:
+_GROUP_REAPER = """
+import os, signal, sys, time
+pgid, grace = int(sys.argv[1]), float(sys.argv[2])
+def alive():
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except OSError:
+        return False
+try:
+    os.killpg(pgid, signal.SIGTERM)
+except OSError:
+    sys.exit(0)
+end = time.monotonic() + grace
+while alive() and time.monotonic() < end:
+    time.sleep(0.05)
+try:
+    os.killpg(pgid, signal.SIGKILL)
+except OSError:
+    pass
+"""
+
+
+def _kill_own_group(grace: float) -> None:
+    """SIGTERM our whole process group, SIGKILL it after ``grace`` s, from a separate process.
+
+    Why a separate process: our own SIGTERM may kill us at once (default action), and then nobody
+    would be left to send the SIGKILL to grandchildren that ignore SIGTERM. The reaper runs in its
+    own session, so the signals it sends to our group do not reach it; it exits within ``grace`` s.
+    """
+    import subprocess
+
+    pgid = os.getpgrp()
+    try:
+        subprocess.Popen([sys.executable, "-I", "-S", "-c", _GROUP_REAPER, str(pgid), str(grace)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    except OSError:  # cannot start a process (fd/pid limits): do it from here, best effort
+        import time
+
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+            time.sleep(grace)
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _poll_parent(parent_pid: int, sig: int, interval: float, grace: float,
+                 kill_group: bool) -> None:
     import time
 
     while os.getppid() == parent_pid:
         time.sleep(interval)
-    # The parent is gone (we were re-parented to init or a subreaper). Ask politely, then insist:
-    # a user script that ignores SIGTERM must still not be left running as an orphan.
-    try:
-        os.kill(os.getpid(), sig)
-    except OSError:
-        pass
-    time.sleep(grace)
+    # The parent is gone (we were re-parented to init or a subreaper).
+    if kill_group:
+        # Take everything this rank started (data-loader workers, `sleep` in a shell) with us.
+        _kill_own_group(grace)
+    else:
+        # Ask politely, then insist: a script that ignores SIGTERM must not be left as an orphan.
+        try:
+            os.kill(os.getpid(), sig)
+        except OSError:
+            pass
+    time.sleep(grace + 1.0)
     os._exit(128 + int(sig))
 
 
@@ -331,13 +521,22 @@ def _pid_exists(pid: int) -> bool:
 
 
 def install_parent_death_watch(parent_pid: int | None = None, sig: int = signal.SIGTERM,
-                               poll_interval: float = 0.5, grace: float = 10.0) -> bool:
+                               poll_interval: float = 0.5, grace: float = 10.0,
+                               kill_group: bool = False) -> bool:
     """Make this process exit when its launcher dies, even if the launcher got SIGKILL.
 
-    ``parent_pid`` defaults to ``NEURAL_ARCH_PARENT_PID`` (set by our launcher). Two mechanisms:
-    ``prctl(PR_SET_PDEATHSIG)`` on Linux (instant, kernel-side), plus a daemon thread that polls
-    ``os.getppid()`` every ``poll_interval`` seconds (portable; also covers the window before prctl).
-    Returns True when a watch is active. Calling it twice is harmless.
+    ``parent_pid`` defaults to ``NEURAL_ARCH_PARENT_PID`` (set by our launcher). A daemon thread
+    polls ``os.getppid()`` every ``poll_interval`` seconds (portable). Returns True when a watch
+    is active. Calling it twice is harmless.
+
+    ``kill_group=False``: also ``prctl(PR_SET_PDEATHSIG, sig)`` on Linux (instant, kernel-side);
+    the process gets ``sig`` and, ``grace`` s later, exits hard.
+
+    ``kill_group=True`` (the launcher's ranks, each the leader of its own session): the whole
+    process group gets SIGTERM and, ``grace`` s later, SIGKILL, so processes the rank started do
+    not survive as orphans. No PDEATHSIG here: the kernel would kill the rank alone before the
+    watch could reach its group. If this process does not lead its group, it falls back to
+    ``kill_group=False`` (killing the group would hit the process that started us).
 
     >>> install_parent_death_watch(parent_pid=None) in (True, False)
     True
@@ -354,10 +553,15 @@ def install_parent_death_watch(parent_pid: int | None = None, sig: int = signal.
             # variable): the launcher is not our parent, so there is nothing to watch.
             return False
         # The launcher already died before we got here: do not start user code at all.
+        if kill_group and os.getpgrp() == os.getpid():
+            _kill_own_group(grace)
         os._exit(128 + int(sig))
-    _set_pdeathsig(sig)
+    kill_group = kill_group and os.getpgrp() == os.getpid()
+    if not kill_group:
+        _set_pdeathsig(sig)
     if not _watch_started:
         _watch_started = True
-        threading.Thread(target=_poll_parent, args=(parent_pid, sig, poll_interval, grace),
+        threading.Thread(target=_poll_parent,
+                         args=(parent_pid, sig, poll_interval, grace, kill_group),
                          name="neural-arch-parent-watch", daemon=True).start()
     return True

@@ -9,12 +9,15 @@ Example (works from a script, a test or a notebook)::
     >>> launch(double_rank, nprocs=3)          # doctest: +SKIP
     [0, 2, 4]
 
-Each rank is a new ``python`` process (never ``fork``: forking a process that holds threads and
-sockets is unsafe), gets ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``, calls
-``init_process_group(backend)``, runs ``fn(*args)``, and sends back its return value. The result is
-the list of return values in rank order. If any rank raises, the others are stopped and
-:class:`SpawnError` is raised *here* carrying that rank's traceback text. ``timeout`` bounds the
-whole run; children are always reaped, even when this call is interrupted.
+A thin layer over :class:`neural_arch.distributed.testing.RankPool`, the harness every distributed
+test uses: each rank is a new ``python`` process (never ``fork``: forking a process that holds
+threads and sockets is unsafe), gets ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``
+(:func:`run_env.rank_env`), calls ``init_process_group(backend)``, runs ``fn(*args)``, and sends
+back its return value. ``backend="mpi"`` starts the ranks under a real ``mpiexec``. The result is
+the list of return values in rank order; the ranks' output is copied here, prefixed ``[rank{r}]: ``.
+If any rank raises, the others are stopped and :class:`SpawnError` is raised *here* carrying that
+rank's traceback text. ``timeout`` bounds the whole run; children are always reaped, even when this
+call is interrupted, and end with their process group if this process is killed.
 
 How ``fn`` travels: with ``cloudpickle`` installed it is sent by value (so functions typed into a
 notebook cell work). Without it ``fn`` is pickled by reference, so it must be importable: defined in
@@ -25,19 +28,17 @@ A function defined in a notebook without cloudpickle is rejected up front with t
 
 from __future__ import annotations
 
-import os
-import pickle
-import shutil
-import signal
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._proc import OutputPump, describe_exit, start_child, terminate_all
+from ._proc import describe_exit
+from ._rank_worker import pack_call
 
 __all__ = ["SpawnError", "launch"]
+
+# After one rank fails, how long the others get to report their own errors before being stopped.
+_FAILURE_GRACE_S = 1.0
 
 
 class SpawnError(RuntimeError):
@@ -54,30 +55,23 @@ class SpawnError(RuntimeError):
         super().__init__(text)
 
 
-def _dumps(fn: Callable, args: tuple) -> tuple[bytes, str | None]:
-    """Pickle ``(fn, args)``; also return the __main__ script path children must import, if any."""
-    try:
-        import cloudpickle  # optional: lets notebook-defined functions travel by value
-    except ImportError:
-        cloudpickle = None
-    if cloudpickle is not None:
-        return cloudpickle.dumps((fn, args)), None
-    main_path = None
-    if getattr(fn, "__module__", None) == "__main__":
-        main_path = getattr(sys.modules["__main__"], "__file__", None)
-        if main_path is None:
-            raise ValueError(
-                f"{getattr(fn, '__qualname__', fn)!r} is defined in an interactive session "
-                f"(notebook/REPL), so the child processes cannot import it. Either `pip install "
-                f"cloudpickle` (then launch() sends it by value) or move it into a .py module and "
-                f"import it from there.")
-        main_path = os.path.abspath(main_path)
-    try:
-        return pickle.dumps((fn, args)), main_path
-    except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        raise ValueError(f"cannot send {fn!r} and its args to the child processes: {exc}. "
-                         f"Use a module-level function and picklable args (or install cloudpickle)"
-                         ) from exc
+def _raise_for(results: list, name: str, nprocs: int, timeout: float) -> None:
+    """Turn failed RankResults into the one error launch() raises (a rank that raised wins)."""
+    failed = [r for r in results if not r.ok]
+    if not failed:
+        return
+    raised = [r for r in failed if r.exc_type not in ("Died", "Timeout", "BrokenPipe")]
+    if raised:
+        first = min(raised, key=lambda r: r.rank)
+        raise SpawnError(first.rank, None, first.traceback or f"{first.exc_type}: {first.error}")
+    died = [r for r in failed if r.exc_type != "Timeout"]
+    if died:
+        first = min(died, key=lambda r: r.rank)
+        raise SpawnError(first.rank, first.exitcode, None)
+    running = sorted(r.rank for r in failed)
+    raise TimeoutError(f"launch({name!r}, nprocs={nprocs}) did not finish within {timeout:g} s; "
+                       f"ranks still running: {running} (a collective waiting for a rank that "
+                       f"never calls it?)")
 
 
 def launch(fn: Callable, nprocs: int, args: Sequence[Any] = (), backend: str = "gloo",
@@ -88,74 +82,27 @@ def launch(fn: Callable, nprocs: int, args: Sequence[Any] = (), backend: str = "
     ``init_process_group=False`` skips the process-group set-up (``fn`` then sees only the env
     variables). ``env`` adds variables to the children's environment.
     """
-    from .launcher import _package_root, find_free_port
+    from .testing import RankFailure, RankPool
 
     if int(nprocs) < 1:
         raise ValueError(f"nprocs={nprocs}: launch at least one process")
     nprocs = int(nprocs)
-    payload, main_path = _dumps(fn, tuple(args))
-    workdir = tempfile.mkdtemp(prefix="neural_arch_spawn_")
-    with open(os.path.join(workdir, "payload.pkl"), "wb") as f:
-        pickle.dump({"fn": payload, "main_path": main_path, "sys_path": list(sys.path),
-                     "backend": backend, "init": bool(init_process_group)}, f)
-    port = master_port or find_free_port(master_addr)
-    token = os.environ.get("NEURAL_ARCH_AUTH_TOKEN") or os.urandom(16).hex()
-    base = dict(os.environ)
-    base.update(env or {})
-    root = _package_root()
-    paths = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
-    base["PYTHONPATH"] = os.pathsep.join([root] + [p for p in paths if p != root])
-    base.setdefault("PYTHONUNBUFFERED", "1")
-    pump = OutputPump()
-    children = []
+    name = getattr(fn, "__name__", repr(fn))
+    blob, main_path = pack_call(fn, tuple(args), {})  # rejects an unsendable fn before any start
+    deadline = time.monotonic() + timeout
+    pool = RankPool(nprocs, backend=backend, timeout=timeout, env=env, init=init_process_group,
+                    start_timeout=timeout, master_addr=master_addr, master_port=master_port,
+                    echo=True)
     try:
-        for rank in range(nprocs):
-            child_env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nprocs),
-                             LOCAL_WORLD_SIZE=str(nprocs), NODE_RANK="0", GROUP_RANK="0",
-                             MASTER_ADDR=master_addr, MASTER_PORT=str(port),
-                             NEURAL_ARCH_BACKEND=backend, NEURAL_ARCH_RESTART_COUNT="0",
-                             NEURAL_ARCH_AUTH_TOKEN=token, NEURAL_ARCH_PARENT_PID=str(os.getpid()))
-            cmd = [sys.executable, "-u", "-m", "neural_arch.distributed._spawn_worker", workdir]
-            children.append(start_child(cmd, child_env, rank=rank, pump=pump, local_rank=rank))
-        deadline = time.monotonic() + timeout
-        while True:
-            codes = [c.proc.poll() for c in children]
-            failed = [c for c, code in zip(children, codes) if code not in (None, 0)]
-            if failed:
-                first = _first_failure(failed, workdir)
-                raise SpawnError(first.rank, first.proc.returncode, _read_error(workdir, first.rank))
-            if all(code == 0 for code in codes):
-                return [_read_result(workdir, rank) for rank in range(nprocs)]
-            if time.monotonic() > deadline:
-                running = [c.rank for c, code in zip(children, codes) if code is None]
-                raise TimeoutError(f"launch({getattr(fn, '__name__', fn)!r}, nprocs={nprocs}) did not "
-                                   f"finish within {timeout:g} s; ranks still running: {running} "
-                                   f"(a collective waiting for a rank that never calls it?)")
-            time.sleep(0.02)
+        try:
+            pool.start()
+        except RankFailure as exc:
+            if exc.results:
+                _raise_for(exc.results, name, nprocs, timeout)
+            raise
+        left = max(0.1, deadline - time.monotonic())
+        results = pool._run_packed(blob, main_path, left, failure_grace=_FAILURE_GRACE_S)
+        _raise_for(results, name, nprocs, timeout)
+        return [r.value for r in results]
     finally:
-        terminate_all(children, grace=2.0, sig=signal.SIGTERM)
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _first_failure(failed: list, workdir: str):
-    """Prefer a rank that raised (has a traceback) over ranks that died as a consequence."""
-    with_tb = [c for c in failed if os.path.exists(os.path.join(workdir, f"error_{c.rank}.txt"))]
-    return min(with_tb or failed, key=lambda c: c.rank)
-
-
-def _read_error(workdir: str, rank: int) -> str | None:
-    try:
-        with open(os.path.join(workdir, f"error_{rank}.txt"), encoding="utf-8") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def _read_result(workdir: str, rank: int):
-    path = os.path.join(workdir, f"result_{rank}.pkl")
-    try:
-        with open(path, "rb") as f:
-            return pickle.load(f)
-    except OSError:
-        raise SpawnError(rank, 0, f"rank {rank} exited 0 without writing its result (did fn call "
-                                  f"sys.exit() or os._exit()?)") from None
+        pool.close()

@@ -42,17 +42,22 @@ import sys
 import tempfile
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
+from ._rank_worker import pack_call
 from .backends.errors import DistributedError
+from .run_env import free_port, rank_env
+
+__all__ = ["RankFailure", "RankPool", "RankResult", "free_port", "mpiexec_path", "run_ranks"]
 
 
 class RankFailure(DistributedError):
     """One or more ranks raised (or died, or timed out) while running a pool function."""
 
-    def __init__(self, message: str, results: Optional[List["RankResult"]] = None):
+    def __init__(self, message: str, results: list[RankResult] | None = None):
         super().__init__(message)
         self.results = results or []
 
@@ -64,20 +69,13 @@ class RankResult:
     rank: int
     ok: bool
     value: Any = None
-    error: Optional[str] = None
-    exc_type: Optional[str] = None
-    traceback: Optional[str] = None
-    exitcode: Optional[int] = None
+    error: str | None = None
+    exc_type: str | None = None
+    traceback: str | None = None
+    exitcode: int | None = None
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (good enough for tests on loopback)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def mpiexec_path() -> Optional[str]:
+def mpiexec_path() -> str | None:
     """The ``mpiexec`` to use, or None when MPI is not installed."""
     try:
         import mpi4py  # noqa: F401
@@ -86,7 +84,7 @@ def mpiexec_path() -> Optional[str]:
     return shutil.which("mpiexec") or shutil.which("mpirun")
 
 
-_LIVE_POOLS: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
+_LIVE_POOLS: weakref.WeakSet[RankPool] = weakref.WeakSet()
 
 
 @atexit.register
@@ -106,27 +104,33 @@ class RankPool:
         env: extra environment variables for the ranks.
         init: call ``init_process_group()`` in each rank before running anything.
         start_timeout: seconds the ranks have to start and rendezvous.
+        master_addr, master_port: the rendezvous address (default: loopback, a free port).
+        echo: copy the ranks' output here, each line prefixed ``[rank{r}]: `` (what ``launch()``
+            does, for notebooks); otherwise it goes to log files shown when a rank fails.
     """
 
     def __init__(self, world_size: int, backend: str = "gloo", timeout: float = 60.0,
-                 env: Optional[Dict[str, str]] = None, init: bool = True, start_timeout: float = 60.0):
+                 env: dict[str, str] | None = None, init: bool = True, start_timeout: float = 60.0,
+                 master_addr: str = "127.0.0.1", master_port: int | None = None, echo: bool = False):
         if world_size < 1:
             raise ValueError(f"world_size={world_size} must be >= 1")
+        self.master_addr, self.master_port, self.echo = master_addr, master_port, echo
+        self._children: list = []  # _proc.Child objects when echo=True
         self.world_size = world_size
         self.backend = backend
         self.timeout = timeout
         self.env = dict(env or {})
         self.init = init
         self.start_timeout = start_timeout
-        self._procs: List[subprocess.Popen] = []
-        self._conns: Dict[int, Connection] = {}
-        self._pids: Dict[int, int] = {}
-        self._logdir: Optional[str] = None
+        self._procs: list[subprocess.Popen] = []
+        self._conns: dict[int, Connection] = {}
+        self._pids: dict[int, int] = {}
+        self._logdir: str | None = None
         self._started = False
         _LIVE_POOLS.add(self)
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def __enter__(self) -> "RankPool":
+    def __enter__(self) -> RankPool:
         self.start()
         return self
 
@@ -151,49 +155,59 @@ class RankPool:
             server.close()
         self._started = True
 
-    def _child_env(self, pool_port: int, key: bytes) -> Dict[str, str]:
-        env = dict(os.environ)
+    def _child_env(self, pool_port: int, key: bytes) -> dict[str, str]:
         # The ranks import exactly what this process can import (test modules included).
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        paths = tuple(p for p in sys.path if p and os.path.isdir(p))
+        env = rank_env(rank=None, world_size=self.world_size, master_addr=self.master_addr,
+                       master_port=self.master_port or free_port(self.master_addr),
+                       backend=self.backend, token=secrets.token_hex(16), python_path=paths)
         env.update({
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-            "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": str(self.world_size),
-            "NEURAL_ARCH_BACKEND": self.backend,
-            "NEURAL_ARCH_AUTH_TOKEN": secrets.token_hex(16),
             "NEURAL_ARCH_TIMEOUT": str(self.timeout),
             "NEURAL_ARCH_POOL_ADDR": f"127.0.0.1:{pool_port}", "NEURAL_ARCH_POOL_KEY": key.hex(),
             "NEURAL_ARCH_POOL_INIT": "1" if self.init else "0",
-            # one BLAS thread per rank: ranks share two cores
-            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
         })
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.setdefault(var, "1")  # one BLAS thread per rank unless asked: ranks share the cores
         env.update(self.env)
         return env
 
-    def _spawn(self, env: Dict[str, str]) -> None:
+    def _spawn(self, env: dict[str, str]) -> None:
         worker = [sys.executable, "-m", "neural_arch.distributed._rank_worker"]
         if self.backend == "mpi":
             mpiexec = mpiexec_path()
             if mpiexec is None:
                 raise RuntimeError("backend='mpi' needs mpi4py and mpiexec: pip install 'neural_arch[mpi]'")
             env = dict(env, NEURAL_ARCH_POOL_LAUNCHER="mpiexec")
-            for var in ("RANK", "LOCAL_RANK"):
-                env.pop(var, None)
             log = open(os.path.join(self._logdir, "mpiexec.log"), "wb")
             self._procs.append(subprocess.Popen([mpiexec, "-n", str(self.world_size)] + worker, env=env,
                                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                 start_new_session=True))
             log.close()
             return
+        pump = None
+        if self.echo:
+            from ._proc import OutputPump
+
+            pump = OutputPump()
         for rank in range(self.world_size):
+            # Each rank leads its own session; NEURAL_ARCH_PARENT_PID arms its parent-death watch.
+            child_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank),
+                             NEURAL_ARCH_PARENT_PID=str(os.getpid()))
+            if pump is not None:
+                from ._proc import start_child
+
+                child = start_child(worker, child_env, rank=rank, pump=pump, local_rank=rank)
+                self._children.append(child)
+                self._procs.append(child.proc)
+                continue
             log = open(os.path.join(self._logdir, f"rank{rank}.log"), "wb")
-            rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
-            self._procs.append(subprocess.Popen(worker, env=rank_env, stdout=log, stderr=subprocess.STDOUT,
+            self._procs.append(subprocess.Popen(worker, env=child_env, stdout=log, stderr=subprocess.STDOUT,
                                                 stdin=subprocess.DEVNULL, start_new_session=True))
             log.close()
 
     def _accept(self, server: socket.socket, key: bytes) -> None:
         deadline = time.monotonic() + self.start_timeout
-        pending: List[Connection] = []
+        pending: list[Connection] = []
         while len(self._conns) < self.world_size:
             if time.monotonic() > deadline:
                 missing = sorted(set(range(self.world_size)) - set(self._conns))
@@ -205,7 +219,7 @@ class RankPool:
                                   f"during start-up{self._log_tail()}")
             try:
                 sock, _ = server.accept()
-            except socket.timeout:
+            except TimeoutError:
                 sock = None
             if sock is not None:
                 sock.setblocking(True)
@@ -217,7 +231,9 @@ class RankPool:
                 pending.remove(conn)
                 kind, rank, pid, detail = conn.recv()
                 if kind == "init-error":
-                    raise RankFailure(f"RankPool: rank {rank} failed in init_process_group:\n{detail}")
+                    raise RankFailure(f"RankPool: rank {rank} failed in init_process_group:\n{detail}",
+                                      [RankResult(rank, False, error="init_process_group failed",
+                                                  exc_type="InitError", traceback=detail)])
                 self._conns[rank] = conn
                 self._pids[rank] = pid
 
@@ -237,6 +253,11 @@ class RankPool:
         self._kill()
         for conn in self._conns.values():
             conn.close()
+        if self._children:
+            from ._proc import finish_children
+
+            finish_children(self._children)
+            self._children.clear()
         self._conns.clear()
         self._procs.clear()
         self._started = False
@@ -274,7 +295,7 @@ class RankPool:
         return ("\n" + "\n".join(parts)) if parts else ""
 
     # -- running ---------------------------------------------------------------------------------
-    def run(self, fn: Callable, *args, timeout: Optional[float] = None, **kwargs) -> List[Any]:
+    def run(self, fn: Callable, *args, timeout: float | None = None, **kwargs) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` on every rank; return the results in rank order.
 
         Raises :class:`RankFailure` naming every failing rank with its traceback. When some
@@ -289,14 +310,20 @@ class RankPool:
                               f"{detail}", results)
         return [r.value for r in results]
 
-    def run_detailed(self, fn: Callable, *args, timeout: Optional[float] = None, **kwargs) -> List[RankResult]:
+    def run_detailed(self, fn: Callable, *args, timeout: float | None = None, **kwargs) -> list[RankResult]:
         """Like :meth:`run`, but return a :class:`RankResult` per rank instead of raising."""
+        blob, main_path = pack_call(fn, args, kwargs)
+        return self._run_packed(blob, main_path, timeout)
+
+    def _run_packed(self, blob: bytes, main_path: str | None, timeout: float | None,
+                    failure_grace: float = 10.0) -> list[RankResult]:
+        """Run a :func:`pack_call` payload; after a failure the others get ``failure_grace`` s."""
         self.start()
         timeout = self.timeout if timeout is None else timeout
-        results: Dict[int, RankResult] = {}
+        results: dict[int, RankResult] = {}
         for rank, conn in self._conns.items():
             try:
-                conn.send(("run", fn, args, kwargs))
+                conn.send(("run", blob, main_path))
             except (OSError, ValueError) as exc:
                 results[rank] = RankResult(rank, False, error=f"cannot reach rank: {exc}", exc_type="BrokenPipe")
         deadline = time.monotonic() + timeout
@@ -326,7 +353,7 @@ class RankPool:
                     results[rank] = RankResult(rank, False, exc_type=reply[1], error=reply[2], traceback=reply[3])
             if any(not r.ok for r in results.values()):
                 # Survivors of a failure get a short grace to finish, not the whole timeout.
-                deadline = min(deadline, time.monotonic() + 10.0)
+                deadline = min(deadline, time.monotonic() + failure_grace)
         if broken:
             log = self._log_tail()
             self.close()
@@ -335,7 +362,7 @@ class RankPool:
                     r.traceback = log
         return [results[r] for r in range(self.world_size)]
 
-    def _exitcode(self, rank: int) -> Optional[int]:
+    def _exitcode(self, rank: int) -> int | None:
         if self.backend == "mpi":
             return None
         proc = self._procs[rank]
@@ -346,8 +373,8 @@ class RankPool:
 
 
 def run_ranks(fn: Callable, world_size: int, backend: str = "gloo", args: tuple = (), timeout: float = 60.0,
-              env: Optional[Dict[str, str]] = None, init: bool = True, kwargs: Optional[dict] = None
-              ) -> List[RankResult]:
+              env: dict[str, str] | None = None, init: bool = True, kwargs: dict | None = None
+              ) -> list[RankResult]:
     """Run ``fn(*args)`` once on ``world_size`` fresh ranks; report each rank's outcome.
 
     Unlike :meth:`RankPool.run` this never raises for a failing rank: fault tests inspect

@@ -91,3 +91,38 @@ def test_a_hung_rank_times_out_and_every_process_is_reaped():
 def test_mpi_pool_runs_under_a_real_mpiexec():
     with RankPool(3, backend="mpi", init=False) as pool:
         assert pool.run(mpi_identity) == [(0, 3), (1, 3), (2, 3)]
+
+
+def test_ranks_end_when_the_pool_process_is_sigkilled(tmp_path):
+    # The pool's ranks arm run_env's parent-death watch: no orphans even without close().
+    import subprocess
+    import sys
+
+    code = ("import os, sys, time\n"
+            "from neural_arch.distributed.testing import RankPool\n"
+            "pool = RankPool(2, init=False)\n"
+            "print(' '.join(str(p) for p in pool.run(os.getpid)), flush=True)\n"
+            "time.sleep(60)\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    pids = []
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.05)
+        assert not any(_alive(p) for p in pids), "pool ranks outlived their SIGKILLed parent"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -87,31 +87,3 @@ def kill_pids(pids) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-
-def _all_reduce_rank_sum():
-    import numpy as np
-
-    from neural_arch.core.tensor import Tensor
-    from neural_arch.distributed import ReduceOp, all_reduce
-
-    out = all_reduce(Tensor(np.array([float(os.environ["RANK"])])), ReduceOp.SUM)
-    return float(np.asarray(getattr(out, "data", out))[0])
-
-
-_GLOO = {}
-
-
-def gloo_works() -> bool:
-    """Whether the process group's gloo backend works here (checked once, with real processes).
-
-    The launcher does not depend on it; tests that also check a real all_reduce skip without it.
-    """
-    if "ok" not in _GLOO:
-        try:
-            from neural_arch.distributed.spawn import launch
-
-            _GLOO["ok"] = launch(_all_reduce_rank_sum, 2, timeout=60) == [1.0, 1.0]
-        except Exception:  # noqa: BLE001 - any failure means "not usable yet"
-            _GLOO["ok"] = False
-    return _GLOO["ok"]

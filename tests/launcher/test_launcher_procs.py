@@ -54,6 +54,14 @@ time.sleep(60)
 """
 
 
+def _written(path) -> bool:
+    """The file exists *and* has its content (a rank creates it, then writes: two steps)."""
+    try:
+        return path.read_text().strip() != ""
+    except FileNotFoundError:
+        return False
+
+
 def envs_from(stdout: str) -> list[dict]:
     found = []
     for line in stdout.splitlines():
@@ -177,7 +185,7 @@ def test_sigterm_to_launcher_reaches_every_rank(tmp_path, write_script):
     proc = start_launcher(["--standalone", "--nproc_per_node=2", script, tmp_path], tmp_path)
     pids = []
     try:
-        assert wait_for(lambda: all((tmp_path / f"pid_{r}").exists() for r in range(2)), 20)
+        assert wait_for(lambda: all(_written(tmp_path / f"pid_{r}") for r in range(2)), 20)
         pids = [int((tmp_path / f"pid_{r}").read_text()) for r in range(2)]
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=15)
@@ -191,20 +199,90 @@ def test_sigterm_to_launcher_reaches_every_rank(tmp_path, write_script):
 
 
 @pytest.mark.timeout(30)
-def test_sigkill_of_launcher_leaves_no_orphans(tmp_path, write_script):
-    script = write_script("sleeper.py", SLEEP_OR_FAIL.replace("if rank == 1:", "if False:"))
+def test_sigint_to_launcher_reaches_every_rank_as_keyboard_interrupt(tmp_path, write_script):
+    # Ctrl-C in a terminal: each rank gets SIGINT (Python's KeyboardInterrupt), not a SIGTERM.
+    script = write_script("sigint.py", """
+import os, sys, time
+rank = int(os.environ["RANK"])
+out = sys.argv[1]
+open(os.path.join(out, f"pid_{rank}"), "w").write(str(os.getpid()))
+try:
+    time.sleep(60)
+except KeyboardInterrupt:
+    open(os.path.join(out, f"int_{rank}"), "w").write("KeyboardInterrupt")
+""")
     proc = start_launcher(["--standalone", "--nproc_per_node=2", script, tmp_path], tmp_path)
     pids = []
     try:
-        assert wait_for(lambda: all((tmp_path / f"pid_{r}").exists() for r in range(2)), 20)
+        assert wait_for(lambda: all(_written(tmp_path / f"pid_{r}") for r in range(2)), 20)
         pids = [int((tmp_path / f"pid_{r}").read_text()) for r in range(2)]
-        assert all(pid_alive(p) for p in pids)
-        proc.kill()  # SIGKILL: the launcher gets no chance to clean up
-        proc.wait(timeout=5)
-        assert wait_for(lambda: not any(pid_alive(p) for p in pids), 5), "orphaned ranks survived"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=15)
+        assert proc.returncode == 128 + signal.SIGINT, err
+        assert "received SIGINT" in err
+        for r in range(2):
+            assert (tmp_path / f"int_{r}").read_text() == "KeyboardInterrupt"
+        assert not any(pid_alive(p) for p in pids)
     finally:
         reap(proc)
         kill_pids(pids)
+
+
+# Each rank starts a grandchild first (a `sleep`, like a shell command or a loader worker would be).
+WITH_GRANDCHILD = """
+import os, subprocess, sys
+rank = int(os.environ["RANK"])
+child = subprocess.Popen(["sleep", "123"])
+open(os.path.join(sys.argv[1], f"gpid_{rank}"), "w").write(str(child.pid))
+""" + SLEEP_OR_FAIL
+
+
+@pytest.mark.timeout(30)
+def test_sigkill_of_launcher_leaves_no_orphans(tmp_path, write_script):
+    script = write_script("sleeper.py", WITH_GRANDCHILD.replace("if rank == 1:", "if False:"))
+    proc = start_launcher(["--standalone", "--nproc_per_node=2", script, tmp_path], tmp_path)
+    pids = []
+    try:
+        assert wait_for(lambda: all(_written(tmp_path / f"pid_{r}") for r in range(2)), 20)
+        pids = [int((tmp_path / f"{kind}_{r}").read_text()) for r in range(2) for kind in ("pid", "gpid")]
+        assert all(pid_alive(p) for p in pids)
+        proc.kill()  # SIGKILL: the launcher gets no chance to clean up
+        proc.wait(timeout=5)
+        assert wait_for(lambda: not any(pid_alive(p) for p in pids), 5), \
+            f"orphans survived: {[p for p in pids if pid_alive(p)]} of ranks+grandchildren {pids}"
+    finally:
+        reap(proc)
+        kill_pids(pids)
+
+
+@pytest.mark.timeout(30)
+def test_teardown_after_a_failure_also_stops_grandchildren(tmp_path, write_script):
+    # rank 1 exits 3 leaving its `sleep` behind; rank 0 is torn down with its own `sleep`.
+    script = write_script("fail.py", WITH_GRANDCHILD)
+    pids = []
+    try:
+        res = run_launcher(["--standalone", "--nproc_per_node=2", "--term_timeout=2", script, tmp_path],
+                           tmp_path)
+        assert res.returncode == 3, res.stderr
+        # rank 1 wrote both files before failing; rank 0 may have been stopped before writing its own
+        assert _written(tmp_path / "pid_1") and _written(tmp_path / "gpid_1")
+        pids = [int(p.read_text()) for p in tmp_path.glob("*pid_*") if _written(p)]
+        assert wait_for(lambda: not any(pid_alive(p) for p in pids), 2), \
+            f"left behind: {[p for p in pids if pid_alive(p)]}"
+    finally:
+        kill_pids(pids)
+
+
+TOKEN = {"NEURAL_ARCH_AUTH_TOKEN": "0123456789abcdef" * 2}
+
+
+@pytest.mark.timeout(30)
+def test_multi_node_without_a_token_is_refused_with_instructions(tmp_path, write_script):
+    script = write_script("wait.py", "print('must not run')\n")
+    res = run_launcher(["--nnodes=2", "--node_rank=0", f"--master_port={free_port()}", script], tmp_path)
+    assert res.returncode == 2
+    assert "export NEURAL_ARCH_AUTH_TOKEN=" in res.stderr and "every node" in res.stderr
+    assert "must not run" not in res.stdout
 
 
 @pytest.mark.timeout(30)
@@ -214,7 +292,7 @@ def test_start_timeout_names_missing_node_and_ranks(tmp_path, write_script):
     start = time.monotonic()
     res = run_launcher(["--nnodes=2", "--node_rank=0", "--nproc_per_node=2", f"--master_port={port}",
                         f"--agent_port={free_port()}", "--start_timeout=1", "--monitor_interval=0.2",
-                        "--term_timeout=1", script], tmp_path)
+                        "--term_timeout=1", script], tmp_path, env=TOKEN)
     assert res.returncode == 124
     assert "node 1 (ranks 2, 3) never joined" in res.stderr
     assert time.monotonic() - start < 15
@@ -224,24 +302,21 @@ def test_start_timeout_names_missing_node_and_ranks(tmp_path, write_script):
 def test_joining_node_without_node0_times_out_with_advice(tmp_path, write_script):
     script = write_script("wait.py", "print('must not run')\n")
     res = run_launcher(["--nnodes=2", "--node_rank=1", f"--master_port={free_port()}",
-                        f"--agent_port={free_port()}", "--start_timeout=1", script], tmp_path)
+                        f"--agent_port={free_port()}", "--start_timeout=1", script], tmp_path, env=TOKEN)
     assert res.returncode == 1
     assert "could not reach node 0's launcher" in res.stderr and "must not run" not in res.stdout
 
 
 @pytest.mark.timeout(60)
 def test_two_launchers_on_one_host_form_one_world(tmp_path, write_script):
-    from launcher_helpers import gloo_works
-
-    collective = gloo_works()  # also check a real all_reduce across the two "nodes" when possible
     script = write_script("train.py", ENV_SCRIPT)
     port, agent = free_port(), free_port()
     common = ["--nnodes=2", "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}",
               f"--agent_port={agent}", "--start_timeout=30"]
-    extra = {"TRY_ALL_REDUCE": "1" if collective else "0"}
+    extra = {"TRY_ALL_REDUCE": "1"}  # and a real all_reduce across the two "nodes"
     token = {"NEURAL_ARCH_AUTH_TOKEN": "feedface" * 4, **extra}
     node0 = start_launcher([*common, "--node_rank=0", script], tmp_path, env=token)
-    node1 = start_launcher([*common, "--node_rank=1", script], tmp_path, env=extra)  # token from node 0
+    node1 = start_launcher([*common, "--node_rank=1", script], tmp_path, env=token)
     try:
         out0, err0 = node0.communicate(timeout=45)
         out1, err1 = node1.communicate(timeout=45)
@@ -252,10 +327,9 @@ def test_two_launchers_on_one_host_form_one_world(tmp_path, write_script):
         assert [i["NODE_RANK"] for i in infos] == ["0", "0", "1", "1"]
         assert [i["LOCAL_RANK"] for i in infos] == ["0", "1", "0", "1"]
         assert {i["NEURAL_ARCH_AUTH_TOKEN"] for i in infos} == {"feedface" * 4}
-        if collective:
-            summed = sorted(line.split(": ")[0] for line in (out0 + out1).splitlines()
-                            if line.endswith(": SUM 10.0"))
-            assert summed == ["[rank0]", "[rank1]", "[rank2]", "[rank3]"]
+        summed = sorted(line.split(": ")[0] for line in (out0 + out1).splitlines()
+                        if line.endswith(": SUM 10.0"))
+        assert summed == ["[rank0]", "[rank1]", "[rank2]", "[rank3]"]
     finally:
         reap(node0)
         reap(node1)
@@ -301,4 +375,56 @@ def test_start_timeout_names_a_local_rank_stuck_before_starting(tmp_path, write_
                         "--monitor_interval=0.2", "--term_timeout=1", script], tmp_path,
                        env={"PYTHONPATH": str(site)})
     assert res.returncode == 124, res.stderr
-    assert "rank 1 on node 0 did not start" in res.stderr
+    # rank 0 runs but never reaches rendezvous; rank 1 never even reached the bootstrap
+    assert "ranks 0, 1 on node 0 did not reach rendezvous" in res.stderr
+    assert "of these, 1 did not even start" in res.stderr
+
+
+HANG_BEFORE_RENDEZVOUS = """
+import os, time
+if os.environ["RANK"] == os.environ.get("HANGING_RANK"):
+    time.sleep(600)          # stuck before its rendezvous (loading data, a deadlock, ...)
+if os.environ.get("NO_GROUP") == "1":
+    from neural_arch.distributed.run_env import report_ready
+    report_ready()           # a script without a process group says "past rendezvous" itself
+else:
+    from neural_arch.distributed import init_process_group
+    init_process_group()     # writes $NEURAL_ARCH_READY_DIR/rank_N after a successful rendezvous
+print("ready", flush=True)
+time.sleep(float(os.environ.get("AFTER", "600")))
+"""
+
+
+@pytest.mark.timeout(30)
+def test_start_timeout_watches_rendezvous_not_process_start(tmp_path, write_script):
+    # Rank 1 hangs before init_process_group; ranks 0 and 2 wait for it inside the rendezvous.
+    script = write_script("hang.py", HANG_BEFORE_RENDEZVOUS)
+    start = time.monotonic()
+    res = run_launcher(["--standalone", "--nproc_per_node=3", "--start_timeout=3", "--term_timeout=1",
+                        script], tmp_path, timeout=25, env={"HANGING_RANK": "1"})
+    elapsed = time.monotonic() - start
+    assert res.returncode == 124, res.stderr
+    assert "start timeout after 3 s: ranks 0, 1, 2 on node 0 did not reach rendezvous" in res.stderr
+    assert "did not even start" not in res.stderr  # they started; they hang before/in rendezvous
+    assert ": ready" not in res.stdout
+    assert elapsed < 15, f"took {elapsed:.1f} s"
+
+
+@pytest.mark.timeout(30)
+def test_start_timeout_names_only_the_rank_that_did_not_report_ready(tmp_path, write_script):
+    script = write_script("hang.py", HANG_BEFORE_RENDEZVOUS)
+    res = run_launcher(["--standalone", "--nproc_per_node=2", "--start_timeout=2", "--term_timeout=1",
+                        script], tmp_path, timeout=25, env={"HANGING_RANK": "1", "NO_GROUP": "1"})
+    assert res.returncode == 124, res.stderr
+    assert "start timeout after 2 s: rank 1 on node 0 did not reach rendezvous" in res.stderr
+    assert "report_ready()" in res.stderr  # says what a script without a process group must do
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("no_group", ["0", "1"])
+def test_ranks_past_rendezvous_may_run_longer_than_start_timeout(tmp_path, write_script, no_group):
+    script = write_script("ok.py", HANG_BEFORE_RENDEZVOUS)
+    res = run_launcher(["--standalone", "--nproc_per_node=2", "--start_timeout=1.5", script], tmp_path,
+                       env={"AFTER": "3", "NO_GROUP": no_group})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count(": ready") == 2

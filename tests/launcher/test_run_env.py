@@ -1,5 +1,7 @@
 """Environment parsing for torchrun-style, mpiexec (Open MPI / MPICH / PMIx) and SLURM starts."""
 
+import os
+
 import pytest
 
 from neural_arch.distributed.run_env import (
@@ -168,3 +170,55 @@ def test_real_mpiexec_environment_is_detected(tmp_path):
                    key=lambda i: i["rank"])
     assert [(i["rank"], i["world_size"], i["local_rank"], i["source"]) for i in infos] == [
         (0, 2, 0, "mpiexec"), (1, 2, 1, "mpiexec")]
+
+
+# ----------------------------------------------------------------------------- derive_job_token
+from neural_arch.distributed.run_env import derive_job_token
+
+
+@pytest.mark.parametrize("env", [
+    {"SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "0"},
+    {"SLURM_JOBID": "1234"},
+    {"PMI_KVSNAME": "kvs_5512_0"},
+    {"PMIX_NAMESPACE": "prterun-host-1234@1"},
+    {"OMPI_MCA_orte_ess_jobid": "3735879681"},
+    {"OMPI_MCA_ess_base_jobid": "3735879681"},
+])
+def test_job_token_is_derived_from_each_launcher_family(env):
+    token = derive_job_token(env)
+    assert token is not None and len(token) == 32 and int(token, 16) >= 0
+    assert derive_job_token(dict(env)) == token  # every rank of the job computes the same one
+    assert all(v not in token for v in env.values() if len(v) > 4)  # hashed, not the id itself
+
+
+def test_job_token_separates_jobs_and_steps():
+    a = derive_job_token({"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0"})
+    assert a != derive_job_token({"SLURM_JOB_ID": "2", "SLURM_STEP_ID": "0"})
+    assert a != derive_job_token({"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "1"})
+    assert derive_job_token({"PMI_KVSNAME": "kvs_1"}) != derive_job_token({"PMIX_NAMESPACE": "kvs_1"})
+
+
+def test_no_job_id_gives_none():
+    assert derive_job_token({}) is None
+    assert derive_job_token({"SLURM_JOB_ID": "  ", "RANK": "0"}) is None
+
+
+# ----------------------------------------------------------------------------- rank_env (one child env)
+from neural_arch.distributed.run_env import package_root, rank_env
+
+
+def test_rank_env_sets_identity_and_drops_outer_job_variables():
+    outer = {"PMI_RANK": "3", "OMPI_COMM_WORLD_RANK": "3", "NEURAL_ARCH_READY_DIR": "/outer",
+             "NEURAL_ARCH_PARENT_PID": "1", "RANK": "9", "PYTHONPATH": "/x", "KEEP": "me"}
+    env = rank_env(outer, rank=2, world_size=4, local_world_size=2, node_rank=1, master_port=1234,
+                   token="tok", backend="gloo", restart_count=3, parent_pid=77)
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["NODE_RANK"]) == ("2", "0", "4", "1")
+    assert env["NEURAL_ARCH_RESTART_COUNT"] == env["TORCHELASTIC_RESTART_COUNT"] == "3"
+    assert env["NEURAL_ARCH_PARENT_PID"] == "77" and env["KEEP"] == "me"
+    assert not any(k in env for k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "NEURAL_ARCH_READY_DIR"))
+    assert env["PYTHONPATH"].split(os.pathsep)[:2] == [package_root(), "/x"]
+
+
+def test_rank_env_without_rank_leaves_identity_to_mpiexec():
+    env = rank_env({"RANK": "1", "LOCAL_RANK": "1"}, rank=None, world_size=2, master_port=1, token="t")
+    assert "RANK" not in env and "LOCAL_RANK" not in env and env["WORLD_SIZE"] == "2"

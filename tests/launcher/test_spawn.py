@@ -39,19 +39,11 @@ def sum_of_ranks():
     return get_world_size(), float(np.asarray(getattr(out, "data", out))[0])
 
 
-def _gloo_available() -> bool:
-    try:
-        from neural_arch.distributed.backends import is_backend_available
-
-        return is_backend_available("gloo")
-    except Exception:  # noqa: BLE001 - the backend package may be mid-development
-        return False
-
-
 @pytest.mark.timeout(30)
 def test_results_in_rank_order_without_group():
-    assert launch(rank_and_env, 2, args=(10,), backend="mpi", init_process_group=False) == [
-        (0, "2", "mpi"), (10, "2", "mpi")]
+    # without a process group the backend is only a label for fn (mpi has its own test below)
+    assert launch(rank_and_env, 2, args=(10,), backend="nccl", init_process_group=False) == [
+        (0, "2", "nccl"), (10, "2", "nccl")]
 
 
 @pytest.mark.timeout(30)
@@ -95,6 +87,23 @@ def test_notebook_function_travels_by_value_with_cloudpickle():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.skipif(not _gloo_available(), reason="gloo backend not available yet")
 def test_process_group_is_initialised_for_fn():
     assert launch(sum_of_ranks, 3) == [(3, 3.0)] * 3
+
+
+def say_hello():
+    print(f"hello from {os.environ['RANK']}", flush=True)
+
+
+@pytest.mark.timeout(30)
+def test_rank_output_is_echoed_with_a_rank_prefix(capfd):
+    assert launch(say_hello, 2, init_process_group=False) == [None, None]
+    out = capfd.readouterr().out
+    assert "[rank0]: hello from 0" in out and "[rank1]: hello from 1" in out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.mpi
+def test_mpi_backend_runs_under_a_real_mpiexec():
+    assert launch(rank_and_env, 2, args=(1,), backend="mpi", init_process_group=False) == [
+        (0, "2", "mpi"), (1, "2", "mpi")]
