@@ -162,7 +162,17 @@ def worker(args) -> None:
             results[op][str(nbytes)] = statistics.median(times)
     barrier()
     close()
-    print(json.dumps({"contender": args.worker, "ranks": world, "rank": rank, "results": results}), flush=True)
+    report = {"contender": args.worker, "ranks": world, "rank": rank, "results": results}
+    if args.worker in ("mpi", "mpi4py"):
+        # mpiexec merges every rank's stdout into one stream where lines from two ranks can
+        # interleave mid-line: rank 0 gathers the reports and prints them all, one per line.
+        from mpi4py import MPI
+
+        reports = MPI.COMM_WORLD.gather(report, root=0)
+        for r in reports or ():
+            print(json.dumps(r), flush=True)
+    else:
+        print(json.dumps(report), flush=True)
 
 
 # -- the orchestrator --------------------------------------------------------------------------------

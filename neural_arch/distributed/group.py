@@ -32,7 +32,6 @@ Example::
 from __future__ import annotations
 
 import atexit
-import importlib.util
 import logging
 import os
 import socket
@@ -42,7 +41,6 @@ from datetime import timedelta
 from typing import Any
 
 from .backends import get_backend_class
-from .backends.base import debug_mode_from_env
 from .backends.errors import DistributedError, NotInitializedError
 
 __all__ = [
@@ -70,6 +68,7 @@ DEFAULT_TIMEOUT = 300.0
 DEFAULT_RENDEZVOUS_TIMEOUT = 60.0
 
 
+from .group_info import _installed_backends, _mpi_importable, get_distributed_info
 from .process_group import GroupMember, GroupMembershipError, ProcessGroup, _NonGroupMember  # noqa: F401
 
 
@@ -91,12 +90,6 @@ _STATE = _State()
 
 
 # ---------------------------------------------------------------------------------- selection
-def _mpi_importable() -> bool:
-    # find_spec looks for the package without importing it: importing mpi4py.MPI would
-    # initialise MPI, which must not happen in a process that is not going to use it.
-    return importlib.util.find_spec("mpi4py") is not None
-
-
 def select_backend(environ: Mapping[str, str], mpi_importable: bool | None = None,
                    init_method: str | None = None) -> str:
     """The backend ``init_process_group()`` uses when none is given (see the module table).
@@ -199,8 +192,9 @@ def init_process_group(backend: str | None = None, init_method: str | None = "en
         # Counted before anything can fail: a retry after a failed rendezvous then uses fresh
         # store keys instead of the half-written ones of the failed attempt.
         generation = _STATE.generation = _STATE.generation + 1
-        token = environ.get("NEURAL_ARCH_AUTH_TOKEN") or None
+        token = environ.get("NEURAL_ARCH_AUTH_TOKEN") or _derived_job_token(environ)
         launch = _launch_env(environ)
+        layout = None
 
         if name == "mpi":
             impl = get_backend_class("mpi").create(None, rank, world_size, timeout,
@@ -215,8 +209,8 @@ def init_process_group(backend: str | None = None, init_method: str | None = "en
             else:
                 if store is None:
                     store = _make_store(init_method, rank, world_size, rendezvous_timeout, token, launch)
-                impl = _create_backend(name, store, rank, world_size, timeout, rendezvous_timeout, token,
-                                       generation, backend_options)
+                impl, layout = _create_backend(name, store, rank, world_size, timeout, rendezvous_timeout,
+                                               token, generation, backend_options)
 
         world = ProcessGroup(impl, list(range(world_size)), name, "WORLD", generation)
         _STATE.world = world
@@ -224,12 +218,48 @@ def init_process_group(backend: str | None = None, init_method: str | None = "en
         _STATE.generation = generation
         GroupMember.WORLD = world
         _STATE.info = {"init_method": init_method if source != "mpi" else "mpi", "rank_source": source,
-                       "timeout": timeout, "rendezvous_timeout": rendezvous_timeout, "launch": launch}
+                       "timeout": timeout, "rendezvous_timeout": rendezvous_timeout, "launch": launch,
+                       "layout": layout}
+        _mark_ready(environ, rank)
         if impl.debug:
             log.warning("neural_arch.distributed: NEURAL_ARCH_DISTRIBUTED_DEBUG=DETAIL on rank %d of %d "
                         "(%s): every collective is first checked across ranks (op, shape, dtype, root); "
                         "this costs one extra small all_gather per collective", rank, world_size, name)
         return world
+
+
+READY_DIR_ENV = "NEURAL_ARCH_READY_DIR"
+
+
+def _mark_ready(environ, rank: int) -> None:
+    """Tell the launcher this rank got through rendezvous: an empty ``$NEURAL_ARCH_READY_DIR/rank_N``.
+
+    The launcher's start timeout counts only ranks that never wrote their file, so a slow first
+    step is not mistaken for a stuck start. A failure to write it is logged, never raised: the
+    job itself is fine. Example: ``NEURAL_ARCH_READY_DIR=/tmp/job1`` -> ``/tmp/job1/rank_3``.
+    """
+    folder = (environ.get(READY_DIR_ENV) or "").strip()
+    if not folder:
+        return
+    path = os.path.join(folder, f"rank_{rank}")
+    try:
+        with open(path, "wb"):
+            pass
+    except OSError as exc:
+        log.warning("rank %d could not write its ready marker %s (%s); the launcher may count this rank "
+                    "as not started: check that %s=%s exists and is writable", rank, path, exc,
+                    READY_DIR_ENV, folder)
+
+
+def _derived_job_token(environ) -> str | None:
+    """A job token derived from mpiexec's/srun's job id (run_env), when the launcher gave none.
+
+    Looked up with getattr so this module works with run_env versions that lack it.
+    """
+    from . import run_env
+
+    derive = getattr(run_env, "derive_job_token", None)
+    return derive(environ) if callable(derive) else None
 
 
 def _launch_env(environ) -> dict | None:
@@ -310,10 +340,34 @@ def _create_backend(name, store, rank, world_size, timeout, rendezvous_timeout, 
         raise ImportError(f"backend {name!r} is not available here; installed: {_installed_backends()}")
     # A fresh key namespace per init: destroy + re-init on the same store must not see old keys.
     scoped = PrefixStore(f"neural_arch/pg{generation}/", store)
+    # Each rank publishes its host before the barrier, so after it the whole map is readable:
+    # it gives local_rank / local_world_size when the launcher's variables do not.
+    scoped.set(f"host/{rank}", _host_identity())
     store_barrier(scoped, rank, world_size, "init", rendezvous_timeout)
+    layout = _host_layout([scoped.get(f"host/{r}").decode() for r in range(world_size)], rank)
     if name == "gloo" and token is not None:
         options = dict(options, auth_token=token)
-    return cls.create(scoped, rank, world_size, timeout, **options)
+    return cls.create(scoped, rank, world_size, timeout, **options), layout
+
+
+def _host_identity() -> str:
+    from .backends.transport import host_identity  # the transport's notion of "same host"
+
+    return host_identity()
+
+
+def _host_layout(hosts: list[str], rank: int) -> dict[str, int]:
+    """``hosts[r]`` = rank r's host -> this rank's local_rank, local_world_size, node_rank, num_nodes.
+
+    Nodes are numbered in order of their lowest rank. Example::
+
+        >>> _host_layout(["a", "b", "a"], 2)
+        {'local_rank': 1, 'local_world_size': 2, 'node_rank': 0, 'num_nodes': 2}
+    """
+    mine = hosts[rank]
+    order = list(dict.fromkeys(hosts))
+    return {"local_rank": sum(1 for h in hosts[:rank] if h == mine), "local_world_size": hosts.count(mine),
+            "node_rank": order.index(mine), "num_nodes": len(order)}
 
 
 def destroy_process_group(group=None) -> None:
@@ -451,80 +505,3 @@ def get_group_rank(group, global_rank: int) -> int:
 def get_global_rank(group, group_rank: int) -> int:
     """Rank inside ``group`` -> global rank."""
     return _resolve_group(group, "get_global_rank").global_rank(group_rank)
-
-
-def get_distributed_info() -> dict[str, Any]:
-    """A dict describing the distributed setup; works before init too (world 1, rank 0).
-
-    Keys: available, initialized, world_size, rank, local_rank, local_world_size, node_rank,
-    backend, backend_impl, installed_backends, init_method, rank_source, timeout,
-    rendezvous_timeout, transport, devices, debug, num_groups, hostname, pid, mpi.
-    Example::
-
-        info = get_distributed_info()
-        print(info["backend"], info["rank"], info["world_size"])
-    """
-    world = _STATE.world
-    launch = _STATE.info.get("launch") if world is not None else None
-    if world is None:
-        try:
-            launch = _launch_env(os.environ)
-        except ValueError:
-            launch = None
-    info: dict[str, Any] = {
-        "available": is_available(),
-        "initialized": world is not None,
-        "world_size": world.size() if world is not None else 1,
-        "rank": world.rank() if world is not None else 0,
-        "local_rank": (launch or {}).get("local_rank", 0) if world is not None else 0,
-        "local_world_size": (launch or {}).get("local_world_size", 1) if world is not None else 1,
-        "node_rank": (launch or {}).get("node_rank", 0) if world is not None else 0,
-        "backend": world.backend_name if world is not None else None,
-        "backend_impl": type(world.backend).__name__ if world is not None else None,
-        "installed_backends": _installed_backends(),
-        "init_method": _STATE.info.get("init_method") if world is not None else None,
-        "rank_source": _STATE.info.get("rank_source") if world is not None else None,
-        "launcher_detected": (launch or {}).get("source"),
-        "timeout": world.timeout if world is not None else None,
-        "rendezvous_timeout": _STATE.info.get("rendezvous_timeout") if world is not None else None,
-        "transport": _transport(world),
-        "devices": list(world.backend.devices) if world is not None else ["cpu"],
-        "debug": world.backend.debug if world is not None else debug_mode_from_env(),
-        "num_groups": len(_STATE.groups),
-        "hostname": socket.gethostname(),
-        "pid": os.getpid(),
-        "mpi": _mpi_info(world),
-    }
-    return info
-
-
-def _transport(world) -> str | None:
-    """"shm", "tcp", "shm+tcp" (gloo, per peer), "mpi", or None for a world of one."""
-    if world is None:
-        return None
-    kinds = getattr(world.backend, "transport_kinds", None)
-    if callable(kinds):
-        try:
-            found = sorted(set(kinds().values()))
-        except Exception:  # noqa: BLE001 - info must never fail
-            found = []
-        return "+".join(found) or None
-    return getattr(world.backend, "transport", None)
-
-
-def _installed_backends() -> list[str]:
-    """Backends whose requirements are installed, found without importing them: importing
-    cupy (for nccl) is slow, and on a machine without a GPU driver it can even crash the process."""
-    names = ["gloo", "local"]
-    if _mpi_importable():
-        names.append("mpi")
-    if importlib.util.find_spec("cupy") is not None:
-        names.append("nccl")
-    return sorted(names)
-
-
-def _mpi_info(world) -> dict[str, Any] | None:
-    if world is None or world.backend_name != "mpi":
-        return None
-    describe = getattr(world.backend, "describe", None)
-    return describe() if callable(describe) else None

@@ -5,6 +5,7 @@ start once per configuration per test module and every hypothesis example of tha
 runs through them (a process start costs about a second on these machines).
 
 Backend variants: ``gloo-tcp`` and ``gloo-shm`` (the gloo backend with its transport forced),
+``gloo-pipe-tcp`` / ``gloo-pipe-shm`` (ring / chain algorithms forced, 64-byte pipeline segments),
 ``mpi`` (ranks under a real ``mpiexec``, marked ``mpi``: skipped where mpi4py/mpiexec is missing).
 Select fewer with ``-k`` (e.g. ``-k "mpi"``) or the env var NEURAL_ARCH_TEST_BACKENDS=gloo-tcp,mpi.
 """
@@ -17,12 +18,19 @@ import pytest
 
 from neural_arch.distributed.testing import RankPool
 
+# The bandwidth algorithms (ring all_reduce / reduce, pipelined chain broadcast) only switch on
+# from hundreds of KiB, far above the shapes hypothesis draws: the "pipe" variants force them and
+# stream in 64-byte segments, so the oracle also checks the ring and pipelined code paths.
+_PIPELINED = {"NEURAL_ARCH_GLOO_ALGO": "ring,chain", "NEURAL_ARCH_GLOO_SEGMENT_BYTES": "64"}
 VARIANTS = {
     "gloo-tcp": ("gloo", {"NEURAL_ARCH_GLOO_TRANSPORT": "tcp"}),
     "gloo-shm": ("gloo", {"NEURAL_ARCH_GLOO_TRANSPORT": "shm"}),
+    "gloo-pipe-tcp": ("gloo", dict(_PIPELINED, NEURAL_ARCH_GLOO_TRANSPORT="tcp")),
+    "gloo-pipe-shm": ("gloo", dict(_PIPELINED, NEURAL_ARCH_GLOO_TRANSPORT="shm")),
     "mpi": ("mpi", {}),
 }
-SIZES = {"gloo-tcp": (1, 2, 3, 4, 5), "gloo-shm": (2, 3, 4, 5), "mpi": (2, 3)}
+SIZES = {"gloo-tcp": (1, 2, 3, 4, 5), "gloo-shm": (2, 3, 4, 5), "gloo-pipe-tcp": (3,), "gloo-pipe-shm": (4,),
+         "mpi": (2, 3)}
 
 
 def _configs():

@@ -135,3 +135,32 @@ def p2p_timeout_fn(timeout: float):
     if dist.get_rank() == 1:
         return ("silent",)
     return _catch(lambda: dist.recv(Tensor(np.zeros(5, np.int32)), src=1, tag=3))
+
+
+# ---------------------------------------------------------------------------------- init contract
+_LAYOUT_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
+                "MASTER_PORT")
+
+
+def layout_fn(method: str, host_id_per_rank: bool):
+    """tcp:// init with explicit rank/world and *no* launcher variables: what get_distributed_info
+    says about the node layout (measured at rendezvous). ``host_id_per_rank``: pretend every rank
+    is on its own host (NEURAL_ARCH_HOST_ID)."""
+    rank = int(os.environ["RANK"])
+    for var in _LAYOUT_VARS:
+        os.environ.pop(var, None)
+    if host_id_per_rank:
+        os.environ["NEURAL_ARCH_HOST_ID"] = f"host{rank}"
+    dist.init_process_group("gloo", init_method=method, world_size=2, rank=rank, rendezvous_timeout=20)
+    info = dist.get_distributed_info()
+    dist.destroy_process_group()
+    return {k: info[k] for k in ("rank", "local_rank", "local_world_size", "node_rank", "transport", "devices")}
+
+
+def ready_marker_fn(folder: str):
+    """init_process_group with NEURAL_ARCH_READY_DIR set: this rank's marker exists right after."""
+    os.environ["NEURAL_ARCH_READY_DIR"] = folder
+    dist.init_process_group()
+    mine = os.path.exists(os.path.join(folder, f"rank_{dist.get_rank()}"))
+    dist.barrier()
+    return mine, sorted(os.listdir(folder))

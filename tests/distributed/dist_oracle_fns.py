@@ -200,3 +200,30 @@ def async_many_fn(seed, shape, dtype, k):
     last = dist.broadcast(Tensor(np.full(2, float(r))), src=n - 1)
     results = [w.result().data for w in works]
     return results, last.data
+
+
+def algorithms_fn():
+    """After one all_reduce, reduce and broadcast of 100 float64: the segment size the executor
+    streams with, and for each collective whether its compiled plan ran pipelined (ring/chain)."""
+    from neural_arch.distributed.backends import gloo_algorithms
+
+    backend = dist.get_default_group().backend
+    backend._compiled_plans.clear()
+    x = np.ones(100)
+    dist.all_reduce(x)
+    dist.reduce(x, dst=0)
+    dist.broadcast(x, src=0)
+    used = {key[0]: plan[2] for key, plan in backend._compiled_plans.items()}
+    return gloo_algorithms.PIPELINE_SEGMENT_BYTES, used
+
+
+def all_reduce_repeated_fn(seed, shape, dtype, op, times=3):
+    """``times`` all_reduces of one shape and dtype, each on fresh data (seed + i): the first call
+    plans, later ones take the backend's cached fast path (gloo: the whole-buffer exchange path)."""
+    r, n = _rank_world()
+    out = []
+    for i in range(times):
+        a = np.array(global_array(seed + i, n, shape, dtype)[r])
+        dist.all_reduce(a, op)
+        out.append(a)
+    return out

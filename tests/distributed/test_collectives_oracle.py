@@ -64,6 +64,17 @@ def test_all_reduce_raw_array(pool, seed, shape, dtype, op):
 
 
 @SETTINGS
+@given(seed=SEEDS, shape=SHAPES, dtype=DTYPES, op=OPS)
+def test_all_reduce_repeated_shape(pool, seed, shape, dtype, op):
+    """Repeats hit the cached paths (gloo's whole-buffer exchange path from the second call)."""
+    op = fix_op(op, dtype)
+    for r, results in enumerate(pool.run(F.all_reduce_repeated_fn, seed, shape, dtype, op)):
+        for i, got in enumerate(results):
+            expected = F.reduce_np(F.global_array(seed + i, pool.world_size, shape, dtype), op)
+            assert_same(got, expected, dtype, f"rank {r} call {i}")
+
+
+@SETTINGS
 @given(seed=SEEDS, shape=SHAPES, dtype=DTYPES, root=st.integers(0, 4))
 def test_broadcast(pool, seed, shape, dtype, root):
     src = root % pool.world_size
@@ -185,3 +196,13 @@ def test_async_in_flight(pool, seed, shape, k):
             expected = F.reduce_np(F.global_array(seed + i, n, shape, "float32"), "sum")
             assert_same(got, expected, "float32", f"rank {r} op {i}")
         np.testing.assert_array_equal(last, np.full(2, float(n - 1)))
+
+
+def test_pipe_variants_really_run_the_ring_and_chain(pool):
+    """Guards the "pipe" variants themselves: if the env names drift, they would silently test
+    recursive doubling again."""
+    if "pipe" not in pool.variant:
+        pytest.skip("only the gloo-pipe-* variants force the bandwidth algorithms")
+    for seg, used in pool.run(F.algorithms_fn):
+        assert seg == 64
+        assert used == {"all_reduce": True, "reduce": True, "broadcast": True}, used

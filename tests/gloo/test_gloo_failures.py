@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 from gloo_inproc import run_threads
 
+import neural_arch.distributed.backends.transport  # noqa: F401  (a broken transport must fail, not skip)
 from neural_arch.distributed.backends.errors import CollectiveMismatchError
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def _pool(size, mode, timeout_s):
-    pytest.importorskip("neural_arch.distributed.backends.transport")
     from neural_arch.distributed.testing import RankPool
 
     return RankPool(size, backend="gloo", init=False, timeout=40,

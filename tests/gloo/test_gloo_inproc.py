@@ -104,3 +104,22 @@ def test_pipelined_ring_and_chain_with_tiny_segments(size, monkeypatch):
                 C.check_reduce_scatter(b, 3, shape, dtype, "sum")
         return "ok"
     run_threads(size, body)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_small_allreduce_repeats_take_the_exchange_path_correctly(size):
+    """From the second call on, a small all_reduce whose plan is whole-buffer exchanges only (p = 2,
+    4; ranks 2.. of 3 and 5) runs the cached latency path: results must not change, and the cache must be
+    used exactly where the plan allows it (a lost fast path is a silent 2-3x latency regression)."""
+    def body(b):
+        for i in range(3):
+            for dtype in ("float32", "float64", "int32", "float16", "bool"):
+                for op in (("max", "min") if dtype == "bool" else C.ops_for(dtype)):
+                    for shape in [(), (3,), (2, 5)]:
+                        C.check_allreduce(b, 10 * i, shape, dtype, op)
+        return sorted(k[:2] for k in b._exchange_plans if k[1].name == "float32")
+    expected_fast = [(1,), (3,), (10,)]
+    for r, keys in enumerate(run_threads(size, body)):
+        q = 1 << (size.bit_length() - 1)           # recursive doubling: ranks >= 2 (size - q) only exchange
+        uses_exchanges = size > 1 and r >= 2 * (size - q)
+        assert [k[:1] for k in keys] == (expected_fast if uses_exchanges else []), (size, r, keys)

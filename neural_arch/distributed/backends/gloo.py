@@ -85,6 +85,7 @@ class GlooBackend(PlanExecutor, Backend):
         self._children = 0
         self._buffers: Dict[tuple, np.ndarray] = {}
         self._compiled_plans: Dict[tuple, tuple] = {}
+        self._exchange_plans: Dict[tuple, tuple] = {}
         self._p2p_locks: Dict[Tuple[str, int, int], threading.Lock] = {}
         self._p2p_locks_guard = threading.Lock()
         self._force_algo = force_algo_from_env()
@@ -248,6 +249,7 @@ class GlooBackend(PlanExecutor, Backend):
 
     def _shutdown(self) -> None:
         self._buffers.clear()
+        self._exchange_plans.clear()
         if self._owns_transport and self._t is not None:
             self._t.close()
 

@@ -63,13 +63,26 @@ def _mpi():
     return MPI
 
 
+# Seconds between flushing our output and MPI_Abort. Why: on Abort, MPICH's hydra kills the job as
+# soon as its proxy handles the abort request, and the proxy does not first drain the rank's
+# stdout/stderr pipes: 2 runs in 20 lost everything the aborting rank printed (its traceback,
+# this module's message, even lines flushed seconds earlier). Output already in the pipe is
+# forwarded within milliseconds once the proxy gets to it, so a short pause makes it arrive.
+ABORT_OUTPUT_GRACE_S = 0.5
+
+
 def _abort_if_broken() -> None:
     """atexit: a pending MPI operation would make MPI_Finalize hang; end the whole job instead."""
     if not _BROKEN:
         return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or replaced stream must not stop the abort
+            stream.flush()
     sys.stderr.write(f"neural_arch MPI backend: {_BROKEN[0]} never completed; aborting the MPI job "
                      "(MPI cannot cancel a started collective, and MPI_Finalize would hang)\n")
-    sys.stderr.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    time.sleep(ABORT_OUTPUT_GRACE_S)
     _mpi().COMM_WORLD.Abort(1)
 
 

@@ -1,0 +1,49 @@
+"""The collective benchmark runs end to end for its contenders (tiny sweep, no plot).
+
+Guards the harness, not the numbers: e.g. both mpiexec ranks printing their JSON report into
+one shared stdout used to interleave and crash the orchestrator (JSONDecodeError).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.join(ROOT, "benchmarks", "bench_collectives.py")
+
+
+def _run(contenders: str, tmp_path) -> dict:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, BENCH, "--quick", "--contenders", contenders, "--ops", "all_reduce,broadcast",
+                           "--sizes", "1K", "--no-plot", "--timeout", "90", "--out", str(out)],
+                          capture_output=True, text=True, timeout=150, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text())
+
+
+@pytest.mark.timeout(180)
+def test_gloo_contenders_report(tmp_path):
+    payload = _run("gloo,gloo-tcp", tmp_path)
+    assert payload["skipped"] == {}, payload["skipped"]
+    for kind in ("gloo", "gloo-tcp"):
+        assert set(payload["results"][kind]) == {"all_reduce", "broadcast"}
+        assert payload["results"][kind]["all_reduce"]["1024"] > 0
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(180)
+def test_mpi_contenders_report_once_per_rank(tmp_path):
+    from neural_arch.distributed.testing import mpiexec_path
+
+    if mpiexec_path() is None:
+        pytest.skip("mpiexec not found")
+    pytest.importorskip("mpi4py")
+    payload = _run("mpi,mpi4py", tmp_path)
+    assert payload["skipped"] == {}, payload["skipped"]
+    for kind in ("mpi", "mpi4py"):
+        assert payload["results"][kind]["all_reduce"]["1024"] > 0
