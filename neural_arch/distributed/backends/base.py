@@ -326,7 +326,7 @@ class Backend(abc.ABC):
         if device not in self.devices:
             raise TypeError(f"{arg} lives on {device} but the {self.name!r} backend moves "
                             f"{'/'.join(self.devices)} arrays; use a backend for {device} or move the data")
-        if np.dtype(x.dtype) not in SUPPORTED_DTYPES:
+        if x.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"{arg} has dtype {x.dtype}, which cannot be communicated; "
                             f"use one of {sorted(str(d) for d in SUPPORTED_DTYPES)}")
         if not x.flags.c_contiguous:
@@ -346,11 +346,13 @@ class Backend(abc.ABC):
             raise ValueError(f"{what}: shape {tuple(b.shape)} should be {tuple(expected_shape)}")
 
     def _check_op(self, op, array) -> ReduceOp:
-        op = ReduceOp.coerce(op)
-        if op is ReduceOp.AVG and np.dtype(array.dtype).kind not in FLOAT_DTYPE_KINDS:
+        if not isinstance(op, ReduceOp):
+            op = ReduceOp.coerce(op)
+        kind = array.dtype.kind
+        if op is ReduceOp.AVG and kind not in FLOAT_DTYPE_KINDS:
             raise TypeError(f"ReduceOp.AVG needs a floating dtype, got {array.dtype}; "
                             "use ReduceOp.SUM and divide by the group size")
-        if np.dtype(array.dtype) == np.bool_ and op not in (ReduceOp.MAX, ReduceOp.MIN):
+        if kind == "b" and op not in (ReduceOp.MAX, ReduceOp.MIN):
             raise TypeError(f"bool arrays support ReduceOp.MAX / MIN only, got {op}")
         return op
 
