@@ -19,7 +19,9 @@ import numpy as np, neural_arch.distributed as dist
 dist.init_process_group()
 a = np.ones(2) * (dist.get_rank() + 1)
 dist.all_reduce(a)
-print(f"RESULT {dist.get_backend()} {dist.get_rank()} {dist.get_world_size()} {a[0]:.1f}", flush=True)
+# One file per rank: ranks that share a stdout (mpiexec forwards pipes in chunks) can split a line.
+with open(f"result_{dist.get_rank()}.txt", "w") as f:
+    f.write(f"RESULT {dist.get_backend()} {dist.get_rank()} {dist.get_world_size()} {a[0]:.1f}")
 dist.destroy_process_group()
 """
 
@@ -31,8 +33,8 @@ def _run(cmd, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in _JOB_VARS}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     out = subprocess.run(cmd, env=env, cwd=tmp_path, timeout=80, capture_output=True, text=True, check=False)
-    # ranks share stdout (possibly with "[rankN]: " prefixes): match records, not lines
-    return sorted(re.findall(r"RESULT (\w+) (\d) (\d) ([\d.]+)", out.stdout)), out
+    records = "\n".join(p.read_text() for p in sorted(tmp_path.glob("result_*.txt")))
+    return sorted(re.findall(r"RESULT (\w+) (\d) (\d) ([\d.]+)", records)), out
 
 
 @pytest.fixture

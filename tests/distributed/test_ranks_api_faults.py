@@ -136,17 +136,19 @@ def test_gloo_reads_rank_and_world_from_mpiexec(tmp_path):
         "import numpy as np, neural_arch.distributed as dist\n"
         "dist.init_process_group()\n"
         "a = np.ones(2) * (dist.get_rank() + 1); dist.all_reduce(a)\n"
-        "print('RESULT', dist.get_backend(), dist.get_rank(), dist.get_world_size(), a.tolist(), flush=True)\n"
+        # one file per rank: mpiexec forwards the ranks' pipes in chunks, so a shared stdout can split lines
+        "open(f'result_{dist.get_rank()}.txt', 'w').write("
+        "f'RESULT {dist.get_backend()} {dist.get_rank()} {dist.get_world_size()} {a.tolist()}')\n"
         "dist.destroy_process_group()\n")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
     env.update(NEURAL_ARCH_BACKEND="gloo", MASTER_PORT=str(free_port()),
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     out = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, str(script)], env=env, timeout=50, check=False,
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, cwd=tmp_path)
     import re
 
-    # the two ranks share one stdout: lines may interleave, so match the records, not lines
-    ranks = sorted(re.findall(r"RESULT gloo (\d) 2 \[3\.0, 3\.0\]", out.stdout))
+    records = "\n".join(p.read_text() for p in sorted(tmp_path.glob("result_*.txt")))
+    ranks = sorted(re.findall(r"RESULT gloo (\d) 2 \[3\.0, 3\.0\]", records))
     assert ranks == ["0", "1"], out.stdout + out.stderr
 
 
