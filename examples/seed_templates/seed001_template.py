@@ -22,7 +22,6 @@ from neural_arch.distributed import (
 )
 
 # ---- filled in: model, data, loss, optimizer -------------------------------------------------
-import numpy as np  # noqa: E402
 from neural_arch import nn, optim  # noqa: E402
 from neural_arch.core.tensor import Tensor, manual_seed  # noqa: E402
 from neural_arch.data import load_digits  # noqa: E402

@@ -23,7 +23,6 @@ from neural_arch.distributed import (
 )
 
 # ---- filled in: model, data, loss, optimizer, device choice ----------------------------------
-import numpy as np  # noqa: E402
 from neural_arch import nn, optim  # noqa: E402
 from neural_arch.backend import is_cupy_available  # noqa: E402
 from neural_arch.core.tensor import Tensor, manual_seed  # noqa: E402
