@@ -8,9 +8,10 @@ The plan is a list of lists of parameter indices: printable and unit-testable wi
     >>> plan_buckets([(100, "float32"), (1000, "float32"), (10, "float32")], cap=4096, first_cap=100)
     [[2], [1], [0]]
 
-**Reducer** (:class:`Reducer`): each parameter's post-accumulate-grad hook copies its gradient
-into its bucket's flat array; when every gradient of a bucket is in, the bucket's all-reduce
-(AVG) is started asynchronously on the backend's progress thread while backward goes on.
+**Reducer** (:class:`Reducer`): each parameter's post-accumulate-grad hook copies its gradient,
+divided by the group size, into its bucket's flat array; when every gradient of a bucket is in,
+the bucket's all-reduce (SUM, hence the average) is started asynchronously on the backend's
+progress thread while backward goes on (buckets still pending when backward ends run inline).
 Buckets are launched strictly in plan order, so every rank issues the same collectives in
 the same order even if hooks fire in a different order. An end-of-backward callback
 (``queue_callback``) launches what is left, waits, and writes the averaged gradients back
@@ -111,6 +112,7 @@ class Reducer:
         self.names = list(names)
         self.backend = backend
         self.find_unused = bool(find_unused_parameters)
+        self.scale = 1.0 / backend.size  # gradients are pre-divided: see _copy_in
         self.as_view = bool(gradient_as_bucket_view)
         sizes = [(int(p.data.size), str(p.data.dtype)) for p in self.params]
         self.plan = plan_buckets(sizes, int(bucket_cap_mb * MB), int(first_bucket_mb * MB))
@@ -182,16 +184,22 @@ class Reducer:
             bucket.work = None
 
     def _copy_in(self, bucket: _Bucket, k: int, p: Tensor) -> None:
-        view = bucket.view(k, p.data.shape)
+        # Gradients enter the bucket already divided by the group size (torch's default comm
+        # hook does the same), so the bucket is all-reduced with SUM: the division rides on the
+        # copy we make anyway instead of costing a pass of its own after the all-reduce, where
+        # it is exposed (0.8 ms per step for 7.4 MB measured on the development machine).
+        view = bucket.views[k]
         g = p.grad
         if g is None:
             view[...] = 0
         elif g.data is not view:
-            view[...] = g.data
+            self.xp.multiply(g.data, self.scale, out=view)
             if self.as_view:
                 # From now on .grad *is* the bucket slot: backward accumulates straight into it
                 # and the averaged result needs no copy back.
                 g.data = view
+        else:
+            view *= self.scale  # accumulated in place in the bucket (gradient_as_bucket_view)
 
     def _mark_ready(self, b: int) -> None:
         self.ready[b] = True
@@ -199,12 +207,20 @@ class Reducer:
             self._launch(self.buckets[self.next_launch])
             self.next_launch += 1
 
-    def _launch(self, bucket: _Bucket, unused_count: int = 0) -> None:
+    def _launch(self, bucket: _Bucket, unused_count: int = 0, inline: bool = False) -> None:
+        """Start ``bucket``'s all-reduce: on the progress thread, or with ``inline=True`` on this
+        thread (the caller is about to wait for it anyway: that saves two thread hand-offs, and
+        lets the transport busy-poll on the main thread). Backends keep collectives in order
+        either way: an inline call queues behind earlier asynchronous ones."""
         if bucket.extra:
             bucket.buffer[-1] = unused_count
         bucket.t_launch = time.perf_counter()
         self.timeline.append(("launch", bucket.index, bucket.t_launch))
-        bucket.work = self.backend.allreduce(bucket.buffer, ReduceOp.AVG, async_op=True)
+        if inline:
+            bucket.work = self.backend.allreduce(bucket.buffer, ReduceOp.SUM, async_op=False)
+            bucket.t_done = time.perf_counter()
+            return
+        bucket.work = self.backend.allreduce(bucket.buffer, ReduceOp.SUM, async_op=True)
         bucket.work.add_done_callback(lambda w, bucket=bucket: setattr(bucket, "t_done", time.perf_counter()))
 
     # -- end of backward --------------------------------------------------------------------------
@@ -221,7 +237,8 @@ class Reducer:
             self._copy_in(self.buckets[b], k, self.params[i])
         unused_here = 0 if self.find_unused else len(missing)
         for b in range(self.next_launch, len(self.buckets)):
-            self._launch(self.buckets[b], unused_here)
+            # backward is over: nothing left to overlap with, so run what is left on this thread
+            self._launch(self.buckets[b], unused_here, inline=True)
         self.next_launch = len(self.buckets)
         used_global = self._allreduce_used_map() if self.find_unused else None
         self._wait_all()

@@ -131,6 +131,28 @@ def test_ring_and_pairwise_sendrecv(master, mode, n):
     assert [r[1][0] for r in out] == [[kind if p != r else "-" for p in range(n)] for r in range(n)]
 
 
+def test_messages_larger_than_a_small_shm_ring_stream_through_it(master):
+    # the default rings (1-8 MiB) hold most test messages whole: force a 64 KiB ring so that
+    # sendrecv, isend pipelines and wrap-around all stream through a ring smaller than the message
+    out = run_ranks(_RING, 3, timeout=110, env=_env(master, "shm", NEURAL_ARCH_SHM_RING_BYTES=65536))
+    assert [r[1][0] for r in out] == [["-", "shm", "shm"], ["shm", "-", "shm"], ["shm", "shm", "-"]]
+
+
+def test_default_ring_size_shrinks_with_peers_and_free_space(monkeypatch):
+    from neural_arch.distributed.backends import shm_transport as S
+
+    class Vfs:
+        f_frsize = 4096
+        f_bavail = (24 << 30) // 4096
+
+    monkeypatch.setattr(S.os, "statvfs", lambda path: Vfs)
+    assert S.default_ring_bytes(1) == 8 << 20
+    assert S.default_ring_bytes(7) == 4 << 20          # this rank's rings stay under 32 MiB
+    Vfs.f_bavail = (64 << 20) // 4096                   # a container's 64 MiB /dev/shm
+    assert S.default_ring_bytes(1) == 8 << 20
+    assert S.default_ring_bytes(3) == 1 << 20
+
+
 def test_auto_mode_mixes_shm_within_and_tcp_across_hosts(master):
     """Ranks 0,1 on "host A" and 2,3 on "host B" (NEURAL_ARCH_HOST_ID): shm inside, tcp across."""
     from transport_procs import reap, start_ranks

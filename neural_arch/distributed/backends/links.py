@@ -45,6 +45,12 @@ class PeerGone(Exception):
 def as_bytes_view(buf, writable: bool = False) -> memoryview:
     """A flat byte view of a C-contiguous array/memoryview, without copying."""
     if type(buf) is np.ndarray:
+        try:
+            view = memoryview(buf).cast("B")   # the cheapest zero-copy byte view; C-contiguous only
+        except (TypeError, ValueError):        # not C-contiguous, or a dtype the buffer protocol cannot name
+            view = None
+        if view is not None and view.nbytes and not (writable and view.readonly):
+            return view
         flags = buf.flags
         if not flags.c_contiguous:
             raise ValueError(f"buffer of shape {buf.shape} is not C-contiguous; pass np.ascontiguousarray(x)")
@@ -76,6 +82,7 @@ class Link:
     """
 
     kind = "?"
+    whole_frames = False  # True when the stream implements the whole-frame fast paths below
 
     def __init__(self, peer: int):
         self.peer = peer
@@ -109,6 +116,40 @@ class Link:
 
     def disarm(self, sending: bool) -> None:
         pass
+
+    def can_progress(self, sending: bool) -> bool | None:
+        """Cheap check for busy-polling: could a write (``sending``) or a read move bytes now?
+        None when the stream cannot tell without a system call (sockets)."""
+        return None
+
+    # whole-frame fast paths (optional): all or nothing, so no partial state is ever left behind
+    def try_send_frame(self, channel: int, view: memoryview) -> bool:
+        """Write one whole frame now if the stream takes all of it at once and nothing is queued
+        before it; return False (nothing written) otherwise, and the caller queues a SendOp."""
+        return False
+
+    def _read_frame(self, channel: int, view: memoryview) -> bool:
+        """With ``reader_lock`` held and no frame in progress: read one whole frame straight into
+        ``view`` if the next frame is complete, for ``channel`` and of ``view``'s size; else False."""
+        return False
+
+    def try_recv_frame(self, channel: int, view: memoryview) -> bool:
+        """Receive the next message on ``channel`` now if it is already complete in the stream
+        (and none is stashed before it); False (nothing consumed) otherwise."""
+        if not self.whole_frames or self.stash.get(channel) or self._frame is not None or self._hdr_got:
+            return False
+        if not self.reader_lock.acquire(False):
+            return False
+        try:
+            # re-check under the lock: another reader may have stashed a frame meanwhile
+            if self.stash.get(channel) or self._frame is not None or self._hdr_got:
+                return False
+            return self._read_frame(channel, view)
+        except PeerGone as exc:
+            self.fail(str(exc) or "connection closed")
+            return False
+        finally:
+            self.reader_lock.release()
 
     def check_alive(self) -> None:
         """Raise PeerGone if the peer process is known dead (called every ~0.2 s while waiting)."""
@@ -178,6 +219,9 @@ class Link:
                 frame = self._frame
                 if frame is None:
                     if self._take_stashed(op):  # another thread may have stashed it meanwhile
+                        return True
+                    if not self._hdr_got and self._read_frame(op.channel, op.view):
+                        op.done = True       # the whole frame was there: one copy, no state
                         return True
                     n = self.read_some(self._hdr_view[self._hdr_got:] if self._hdr_got else self._hdr_view)
                     if n == 0:
