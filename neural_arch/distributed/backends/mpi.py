@@ -43,6 +43,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib.util
+import os
 import sys
 import threading
 import time
@@ -68,6 +69,9 @@ def _mpi():
 # stdout/stderr pipes: 2 runs in 20 lost everything the aborting rank printed (its traceback,
 # this module's message, even lines flushed seconds earlier). Output already in the pipe is
 # forwarded within milliseconds once the proxy gets to it, so a short pause makes it arrive.
+# How long a wait polls MPI_Test before it starts sleeping (seconds). Polling keeps small
+# collectives near raw mpi4py's latency; sleeping afterwards keeps oversubscribed ranks fair.
+_SPIN_S = float(os.environ.get("NEURAL_ARCH_MPI_SPIN_S", "0.001"))
 ABORT_OUTPUT_GRACE_S = 0.5
 
 
@@ -170,9 +174,10 @@ class MPIBackend(Backend):
         """Poll ``requests`` until all completed, or raise CollectiveTimeoutError at the deadline."""
         MPI = self._MPI
         start, delay = time.monotonic(), 0.0
+        spin_until = start + _SPIN_S
         key = object()
         if self._presence is not None:
-            self._presence.enter(key, _where(info))
+            self._presence.enter(key, info)  # described only when a peer asks: saves ~5 us per op
         try:
             while True:
                 try:
@@ -187,10 +192,15 @@ class MPIBackend(Backend):
                 now = time.monotonic()
                 if now >= info.deadline:
                     raise self._timeout(info, now - start, peer)
-                if delay:
-                    time.sleep(delay)
-                # spin briefly for latency, then back off so idle waiting leaves the CPU to others
-                delay = min(delay * 2 or 2e-6, 5e-4)
+                if now < spin_until:
+                    # Poll for latency: any time.sleep(), even sleep(0), costs ~50-60 us on Linux
+                    # (timer slack), more than a whole small MPI collective. sched_yield lets other
+                    # processes on an oversubscribed core run without that cost.
+                    os.sched_yield()
+                    continue
+                # then back off, so idle waiting leaves the CPU to ranks that have work
+                delay = min(delay * 2 or 5e-5, 1e-3)
+                time.sleep(delay)
         finally:
             if self._presence is not None:
                 self._presence.leave(key)
@@ -414,9 +424,9 @@ class _Presence:
         self._thread = threading.Thread(target=self._serve, daemon=True, name="neural_arch-mpi-presence")
         self._thread.start()
 
-    def enter(self, key, text: str) -> None:
+    def enter(self, key, info: OpInfo) -> None:
         with self._lock:
-            self._active[key] = text
+            self._active[key] = info
 
     def leave(self, key) -> None:
         with self._lock:
@@ -424,7 +434,8 @@ class _Presence:
 
     def _snapshot(self) -> bytes:
         with self._lock:
-            text = "; ".join(self._active.values()) or "idle (in no neural_arch operation)"
+            text = "; ".join(_where(info) for info in self._active.values())
+        text = text or "idle (in no neural_arch operation)"
         return text.encode()[:_STATUS_LEN]
 
     def _serve(self) -> None:
