@@ -221,7 +221,8 @@ class Reducer:
             bucket.t_done = time.perf_counter()
             return
         bucket.work = self.backend.allreduce(bucket.buffer, ReduceOp.SUM, async_op=True)
-        bucket.work.add_done_callback(lambda w, bucket=bucket: setattr(bucket, "t_done", time.perf_counter()))
+        # t_done comes from the Work itself (completed_at) once it is waited for: a done-callback
+        # could run after the waiter already read the bucket's timing.
 
     # -- end of backward --------------------------------------------------------------------------
     def _end_backward(self) -> None:
@@ -261,6 +262,7 @@ class Reducer:
         for bucket in self.buckets:
             if bucket.work is not None:
                 bucket.work.wait()
+                bucket.t_done = bucket.work.completed_at or time.perf_counter()
 
     def _check_unused(self, missing) -> None:
         unused_anywhere = float(self.buckets[-1].buffer[-1]) > 0

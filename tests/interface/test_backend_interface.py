@@ -25,15 +25,19 @@ class QueueBackend(Backend):
 
     name = "queue"
 
-    def __init__(self, rank, size, mailboxes, debug=False, timeout=5.0):
+    def __init__(self, rank, size, mailboxes, debug=False, timeout=5.0, jitter=0.0):
         super().__init__(rank, size, timeout=timeout, debug=debug)
         self.mailboxes = mailboxes
         self.sent = 0
+        self.jitter = jitter  # random delay before each send: exposes ordering races
+        self.rng = np.random.default_rng(rank)
 
     def _box(self, src, dst, tag):
         return self.mailboxes.setdefault((src, dst, tag), queue.Queue())
 
     def _send(self, array, dst, tag, info):
+        if self.jitter:
+            time.sleep(self.jitter * self.rng.random())
         self.sent += 1
         self._box(self.rank, dst, tag).put(np.array(array, copy=True))
 
@@ -75,10 +79,10 @@ class QueueBackend(Backend):
         raise NotImplementedError("QueueBackend has no sub-groups")
 
 
-def run_threads(size, fn, debug=False, timeout=5.0):
+def run_threads(size, fn, debug=False, timeout=5.0, jitter=0.0):
     """Run fn(backend) on `size` thread-ranks; return results, re-raising the first error per rank."""
     boxes = {}
-    backends = [QueueBackend(r, size, boxes, debug=debug, timeout=timeout) for r in range(size)]
+    backends = [QueueBackend(r, size, boxes, debug=debug, timeout=timeout, jitter=jitter) for r in range(size)]
     out = [None] * size
 
     def body(r):
@@ -272,3 +276,67 @@ def test_derived_gather_and_scatter_handle_0d_arrays():
     (s0, (g0, sc0)), (s1, (g1, sc1)) = run_threads(2, fn)
     assert s0 == s1 == "ok"
     assert np.array_equal(g0, [1.0, 2.0]) and (sc0, sc1) == (10.0, 20.0)
+
+
+def test_async_point_to_point_keeps_issue_order_per_peer_and_tag():
+    def fn(b):
+        if b.rank == 0:
+            works = [b.send(np.full(64, float(i)), 1, tag=3, async_op=True) for i in range(12)]
+            for w in works:
+                w.wait(timeout=10)
+            return None
+        bufs = [np.zeros(64) for _ in range(12)]
+        works = [b.recv(buf, 0, tag=3, async_op=True) for buf in bufs]
+        for w in works:
+            w.wait(timeout=10)
+        return [float(buf[0]) for buf in bufs]
+
+    for _ in range(3):  # random send delays would reorder messages sent from racing threads
+        out = run_threads(2, fn, jitter=0.002)
+        assert out[1] == ("ok", [float(i) for i in range(12)])
+
+
+def test_a_raising_done_callback_does_not_stop_later_operations():
+    def fn(b):
+        if b.rank == 1:
+            time.sleep(0.2)  # rank 0 attaches its callback while the op is still pending
+        w1 = b.allreduce(np.ones(2), async_op=True)
+        if b.rank == 0:
+            w1.add_done_callback(lambda w: 1 / 0)
+        w2 = b.allreduce(np.ones(2), async_op=True)
+        w1.wait(timeout=5)
+        w2.wait(timeout=5)
+        return w2.result().tolist()
+
+    assert [r for r in run_threads(2, fn)] == [("ok", [2.0, 2.0])] * 2
+
+
+def test_queued_operations_fail_fast_after_a_fatal_error():
+    def fn(b):
+        if b.rank == 1:
+            return None  # never joins: rank 0's first op times out
+        start = time.monotonic()
+        works = [b.allreduce(np.ones(2), async_op=True) for _ in range(4)]
+        errors = []
+        for w in works:
+            with pytest.raises(DistributedError) as info:
+                w.wait(timeout=10)
+            errors.append(info.value)
+        return time.monotonic() - start, errors
+
+    (_, (elapsed, errors)), _ = run_threads(2, fn, timeout=0.5)
+    assert isinstance(errors[0], CollectiveTimeoutError)
+    assert all("was not run" in str(e) or "cannot run" in str(e) for e in errors[1:])
+    assert elapsed < 2.0  # one timeout, not one per queued op
+
+
+def test_float16_average_does_not_overflow():
+    def fn(b):
+        a = np.full(4, 40000, dtype=np.float16)  # the sum (80000) overflows float16, the mean does not
+        b.allreduce(a, ReduceOp.AVG)
+        out = np.zeros(2, dtype=np.float16)
+        b.reduce_scatter(out, np.full(4, 40000, dtype=np.float16), ReduceOp.AVG)
+        return a.tolist(), out.tolist()
+
+    for status, (avg, rs) in run_threads(2, fn):
+        assert status == "ok" and avg == [40000.0] * 4 and rs == [40000.0] * 2

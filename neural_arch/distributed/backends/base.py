@@ -35,7 +35,6 @@ from __future__ import annotations
 import abc
 import os
 import pickle
-import queue
 import threading
 import time
 from typing import Any, Callable, List, Optional, Sequence
@@ -44,6 +43,7 @@ import numpy as np
 
 from .errors import CollectiveMismatchError, DistributedError
 from .fingerprint import FINGERPRINT_LEN, OP_CODES, describe_fingerprint, fingerprint
+from .lanes import SerialLane
 from .work import OpInfo, ReduceOp, Work
 
 # Dtypes every backend must move. bool travels as uint8 (same itemsize).
@@ -124,9 +124,10 @@ class Backend(abc.ABC):
         self.debug = debug_mode_from_env() if debug is None else bool(debug)
         self._seq = 0
         self._p2p_seq = 0
-        self._pending = 0
-        self._queue: Optional[queue.Queue] = None
-        self._worker: Optional[threading.Thread] = None
+        # collectives run in order on one lane; async point-to-point ops on one lane per
+        # (direction, peer, tag), so that messages between two ranks keep their order
+        self._lane = SerialLane(f"neural_arch-{self.name}-progress", self._execute)
+        self._p2p_lanes: dict = {}
         self._lock = threading.Lock()
         self._closed = False
         self._fatal: Optional[BaseException] = None
@@ -248,29 +249,37 @@ class Backend(abc.ABC):
         return OpInfo(name, seq, self.group_ranks, self.group_ranks[self._rank], array.shape,
                       _dtype_name(array.dtype), root, None if op is None else op.value)
 
-    def _run(self, info: OpInfo, fn: Callable[[], Any], async_op: bool, ordered: bool = True) -> Work:
-        """Run ``fn`` now (idle queue, synchronous call) or after every earlier async op."""
-        if self._closed:
-            raise DistributedError(f"{info.describe()}: the process group was destroyed; "
-                                   "call init_process_group() again before communicating")
-        if self._fatal is not None:
-            raise DistributedError(f"{info.describe()} cannot run: an earlier operation on this group "
-                                   f"failed ({self._fatal}); destroy the process group and restart")
+    def _run(self, info: OpInfo, fn: Callable[[], Any], async_op: bool,
+             lane: Optional[SerialLane] = None) -> Work:
+        """Run ``fn`` now (idle lane, synchronous call) or after every earlier op of its lane."""
+        self._check_usable(info)
+        lane = self._lane if lane is None else lane
         work = Work(info)
-        if ordered and (async_op or self._pending):
-            with self._lock:
-                self._pending += 1
-                self._ensure_worker()
-                self._queue.put((work, fn))
+        if async_op or lane.pending:
+            lane.submit(work, fn)
         else:
             self._execute(work, fn)
         if not async_op:
             work.wait()
         return work
 
+    def _check_usable(self, info: OpInfo) -> None:
+        if self._closed:
+            raise DistributedError(f"{info.describe()}: the process group was destroyed; "
+                                   "call init_process_group() again before communicating")
+        if self._fatal is not None:
+            raise DistributedError(f"{info.describe()} cannot run: an earlier operation on this group "
+                                   f"failed ({self._fatal}); destroy the process group and restart")
+
     def _execute(self, work: Work, fn: Callable[[], Any]) -> None:
         info = work.info
         info.deadline = time.monotonic() + self.timeout
+        if self._fatal is not None:
+            # queued behind an op that failed: peers are mid-protocol, so running it could
+            # match a late message from the failed op and return wrong data
+            work._set_exception(DistributedError(
+                f"{info.describe()} was not run: an earlier operation on this group failed ({self._fatal})"))
+            return
         try:
             if self.debug and info.name in OP_CODES:
                 self._debug_check(info)
@@ -282,25 +291,6 @@ class Backend(abc.ABC):
             work._set_exception(exc)
         else:
             work._set_result(result)
-
-    def _ensure_worker(self) -> None:
-        if self._worker is None or not self._worker.is_alive():
-            self._queue = queue.Queue()
-            self._worker = threading.Thread(target=self._progress_loop, daemon=True,
-                                            name=f"neural_arch-{self.name}-progress")
-            self._worker.start()
-
-    def _progress_loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            work, fn = item
-            try:
-                self._execute(work, fn)
-            finally:
-                with self._lock:
-                    self._pending -= 1
 
     def _debug_check(self, info: OpInfo) -> None:
         """Compare (op, shape, dtype, root, reduce op) across ranks; raise on every rank if they differ."""
@@ -366,7 +356,12 @@ class Backend(abc.ABC):
             return self._run(info, lambda: array, async_op)
 
         def run():
-            self._allreduce(array, op, info)
+            if op is ReduceOp.AVG and array.dtype == np.float16:
+                # Pre-multiplied sum: a float16 sum can overflow where the mean would not.
+                array[...] *= array.dtype.type(1.0 / self._size)
+                self._allreduce(array, ReduceOp.SUM, info)
+            else:
+                self._allreduce(array, op, info)
             return array
         return self._run(info, run, async_op)
 
@@ -466,6 +461,9 @@ class Backend(abc.ABC):
         def run():
             if self._size == 1:
                 output[...] = input
+            elif op is ReduceOp.AVG and input.dtype == np.float16:
+                # Pre-multiplied sum (see allreduce), on a copy: the input is the caller's.
+                self._reduce_scatter(output, input * input.dtype.type(1.0 / self._size), ReduceOp.SUM, info)
             else:
                 self._reduce_scatter(output, input, op, info)
             return output
@@ -504,7 +502,7 @@ class Backend(abc.ABC):
         if dst == self._rank:
             raise ValueError(f"send: dst={dst} is this rank; a rank cannot send to itself")
         info = self._new_info("send", array, root=dst, p2p=True)
-        return self._run_p2p(info, lambda: self._send(array, dst, tag, info), async_op)
+        return self._run_p2p(info, lambda: self._send(array, dst, tag, info), async_op, ("send", dst, tag))
 
     def recv(self, array, src: int, tag: int = 0, async_op: bool = False) -> Work:
         """Receive into ``array`` from group rank ``src``; shape and dtype must match the send."""
@@ -517,17 +515,18 @@ class Backend(abc.ABC):
         def run():
             self._recv(array, src, tag, info)
             return array
-        return self._run_p2p(info, run, async_op)
+        return self._run_p2p(info, run, async_op, ("recv", src, tag))
 
-    def _run_p2p(self, info: OpInfo, fn, async_op: bool) -> Work:
-        # Point-to-point ops do not join the ordered collective queue: an isend followed by
-        # a recv on both sides would otherwise deadlock once payloads outgrow socket buffers.
-        if not async_op:
-            return self._run(info, fn, False, ordered=False)
-        work = Work(info)
-        threading.Thread(target=self._execute, args=(work, fn), daemon=True,
-                         name=f"neural_arch-{info.name}-{info.seq}").start()
-        return work
+    def _run_p2p(self, info: OpInfo, fn, async_op: bool, lane_key: tuple) -> Work:
+        # Point-to-point ops do not join the collective lane: an isend followed by a recv on
+        # both sides would deadlock there once payloads outgrow socket buffers. Each (direction,
+        # peer, tag) gets its own lane, which keeps two isends to one peer in issue order.
+        with self._lock:
+            lane = self._p2p_lanes.get(lane_key)
+            if lane is None:
+                lane = self._p2p_lanes[lane_key] = SerialLane(
+                    f"neural_arch-{self.name}-{lane_key[0]}-{lane_key[1]}-{lane_key[2]}", self._execute)
+        return self._run(info, fn, async_op, lane)
 
     # -- object collectives (trusted peers only: they unpickle what peers send) --------------------
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
@@ -574,9 +573,9 @@ class Backend(abc.ABC):
         if self._closed:
             return
         self._closed = True
-        if self._worker is not None and self._worker.is_alive():
-            self._queue.put(None)
-            self._worker.join(timeout=5.0)
+        reason = "the process group was destroyed"
+        for lane in [self._lane, *self._p2p_lanes.values()]:
+            lane.close(reason)
         self._shutdown()
 
     def __repr__(self) -> str:

@@ -43,6 +43,7 @@ Example (two processes, after a store rendezvous)::
 from __future__ import annotations
 
 import abc
+import dataclasses
 import os
 import select
 import socket
@@ -106,7 +107,8 @@ class TransportHandle:
     def wait(self, timeout: float | None = None) -> None:
         info = self._info
         if timeout is not None:
-            info = OpInfo(**{**info.__dict__, "deadline": min(info.deadline, time.monotonic() + timeout)})
+            # OpInfo is a slotted dataclass: replace() copies it with the tighter deadline
+            info = dataclasses.replace(info, deadline=min(info.deadline, time.monotonic() + timeout))
         self._t._drive([self._op], info)
 
 

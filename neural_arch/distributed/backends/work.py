@@ -14,12 +14,15 @@ Example::
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from .errors import CollectiveTimeoutError
+
+_log = logging.getLogger("neural_arch.distributed")
 
 
 class ReduceOp(enum.Enum):
@@ -96,7 +99,7 @@ class Work:
     filled, or a Python object for the object collectives).
     """
 
-    __slots__ = ("info", "_done", "_event", "_result", "_exc", "_callbacks")
+    __slots__ = ("info", "_done", "_event", "_result", "_exc", "_callbacks", "completed_at")
 
     # One lock for all handles: it only guards the lazy creation of an Event and the callback
     # list, both rare. A synchronous collective that completes inline never creates an Event,
@@ -110,12 +113,15 @@ class Work:
         self._result: Any = None
         self._exc: Optional[BaseException] = None
         self._callbacks: Optional[list] = None
+        #: ``time.perf_counter()`` when the operation finished (None while pending)
+        self.completed_at: Optional[float] = None
 
     @classmethod
     def completed(cls, result: Any = None, info: Optional[OpInfo] = None) -> "Work":
         """A handle that is already done (world of one, or a synchronous fast path)."""
         work = cls(info)
         work._result = result
+        work.completed_at = time.perf_counter()
         work._done = True
         return work
 
@@ -123,6 +129,7 @@ class Work:
     def failed(cls, exc: BaseException, info: Optional[OpInfo] = None) -> "Work":
         work = cls(info)
         work._exc = exc
+        work.completed_at = time.perf_counter()
         work._done = True
         return work
 
@@ -156,7 +163,10 @@ class Work:
         return self._result
 
     def add_done_callback(self, fn: Callable[["Work"], None]) -> None:
-        """Run ``fn(work)`` when done (at once, in this thread, if already done)."""
+        """Run ``fn(work)`` when done (at once, in this thread, if already done).
+
+        ``fn`` runs on the thread that completes the work; an exception it raises is logged,
+        never propagated (it would otherwise kill a backend's progress thread)."""
         with Work._guard:
             if not self._done:
                 if self._callbacks is None:
@@ -167,13 +177,17 @@ class Work:
 
     # -- completion, called by backends -------------------------------------------------
     def _finish(self) -> None:
+        self.completed_at = time.perf_counter()
         with Work._guard:
             self._done = True
             event, callbacks, self._callbacks = self._event, self._callbacks, None
         if event is not None:
             event.set()
         for fn in callbacks or ():
-            fn(self)
+            try:
+                fn(self)
+            except Exception:  # noqa: BLE001 - a user callback must not kill a progress thread
+                _log.exception("a done-callback of %r raised; the operation itself completed", self)
 
     def _set_result(self, result: Any = None) -> None:
         self._result = result
