@@ -50,6 +50,20 @@ BATCH = 128
 # workers (one per rank)
 # ------------------------------------------------------------------------------------------------
 
+def _time_steps(step, warmup: int, steps: int, before_timing=None) -> dict:
+    """Run ``step`` ``warmup`` times, then ``before_timing()`` (ranks line up), then time ``steps`` calls."""
+    for _ in range(warmup):
+        step()
+    if before_timing is not None:
+        before_timing()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return _stats(times)
+
+
 def _stats(times):
     import statistics
 
@@ -89,17 +103,12 @@ def worker_neural_arch(args) -> dict:
         opt.step()
         opt.zero_grad()
 
-    for _ in range(args.warmup):
-        step()
-    if distributed:
-        dist.barrier()
-        ddp.reset_comm_stats()
-    times = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    out = _stats(times)
+    def before_timing():
+        if distributed:
+            dist.barrier()
+            ddp.reset_comm_stats()
+
+    out = _time_steps(step, args.warmup, args.steps, before_timing)
     if distributed:
         out.update({k: v for k, v in ddp.comm_stats().items()})
         out["buckets"] = len(ddp.bucket_plan)
@@ -136,16 +145,7 @@ def worker_torch(args) -> dict:
         opt.step()
         opt.zero_grad()
 
-    for _ in range(args.warmup):
-        step()
-    if distributed:
-        tdist.barrier()
-    times = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    out = _stats(times)
+    out = _time_steps(step, args.warmup, args.steps, tdist.barrier if distributed else None)
     if distributed:
         tdist.destroy_process_group()
     return out if rank == 0 else {}
