@@ -42,7 +42,8 @@ import neural_arch.functional as F
 from neural_arch import nn, optim
 from neural_arch.core.tensor import Tensor, manual_seed
 from neural_arch.data import make_classification_data
-from neural_arch.distributed.elastic import find_latest_checkpoint, restart_count, save_npz_atomic
+from neural_arch.distributed.elastic import (find_latest_checkpoint, remove_interrupted_writes, restart_count,
+                                             save_npz_atomic)
 
 N_SAMPLES, N_FEATURES, N_CLASSES = 256, 16, 4
 
@@ -110,6 +111,8 @@ def main(argv=None) -> int:
     model, opt = build(args.lr)
     # Every rank loads (its optimizer state is its own), before DDP's first collective: so no
     # rank can save a newer checkpoint while another is still choosing one.
+    if rank == 0:  # the only writer: clear what a write killed by the crash left behind
+        remove_interrupted_writes(args.ckpt_dir)
     start = resume(args.ckpt_dir, model, opt)
     ddp = dist.DistributedDataParallel(model)
     sampler = dist.DistributedSampler(dataset_size=N_SAMPLES, shuffle=True, seed=0)

@@ -29,7 +29,7 @@ import re
 import tempfile
 from collections.abc import Mapping
 
-__all__ = ["atomic_write_bytes", "find_latest_checkpoint", "restart_count", "save_npz_atomic"]
+__all__ = ["atomic_write_bytes", "find_latest_checkpoint", "remove_interrupted_writes", "restart_count", "save_npz_atomic"]
 
 _TMP_MARK = ".tmp-"
 
@@ -88,6 +88,35 @@ def find_latest_checkpoint(directory: str, pattern: str = "*") -> str | None:
         if best_key is None or key > best_key:
             best, best_key = entry.path, key
     return best
+
+
+def remove_interrupted_writes(directory: str) -> int:
+    """Delete temp files that interrupted atomic writes left in ``directory``; return how many.
+
+    A writer killed between creating its temp file and ``os.replace`` leaves ``name.tmp-XXXX``
+    behind (the checkpoint it was replacing is untouched). Call this once at start-up from the
+    job's single writer, before it writes again: the previous attempt's processes are gone then,
+    so nothing deletes a file that is still being written.
+
+    >>> import tempfile, pathlib
+    >>> d = tempfile.mkdtemp()
+    >>> _ = (pathlib.Path(d) / "step_3.npz.tmp-abc").write_bytes(b"half")
+    >>> remove_interrupted_writes(d), os.listdir(d)
+    (1, [])
+    """
+    removed = 0
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return 0
+    for entry in entries:
+        if _TMP_MARK in entry.name:
+            try:
+                os.unlink(entry.path)
+                removed += 1
+            except FileNotFoundError:
+                pass
+    return removed
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:

@@ -97,3 +97,13 @@ def test_watch_is_a_no_op_for_a_process_that_is_not_the_launchers_child():
 
     # our own pid is alive but not our parent: e.g. a subprocess of a rank inherited the variable
     assert install_parent_death_watch(parent_pid=os.getpid()) is False
+
+
+def test_remove_interrupted_writes_deletes_only_temp_files(tmp_path):
+    from neural_arch.distributed.elastic import remove_interrupted_writes
+
+    (tmp_path / "step_000006.npz").write_bytes(b"good")
+    (tmp_path / "step_000007.npz.tmp-x1y2").write_bytes(b"half")  # a writer killed mid-write
+    assert remove_interrupted_writes(str(tmp_path)) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000006.npz"]
+    assert remove_interrupted_writes(str(tmp_path / "missing")) == 0
