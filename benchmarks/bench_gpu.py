@@ -35,16 +35,9 @@ MODELS = {"mlp": [784, 1024, 1024, 10], "wide": [784, 4096, 4096, 10]}
 
 def gpu_skip_reason():
     """None when CuPy imports and sees a GPU; otherwise why not (never raises)."""
-    try:
-        import cupy
-    except Exception as exc:  # noqa: BLE001
-        return f"CuPy not importable ({type(exc).__name__}); pip install 'neural_arch[gpu]'"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "CuPy sees no CUDA GPU"
-    except Exception as exc:  # noqa: BLE001
-        return f"no usable CUDA GPU ({type(exc).__name__}: {str(exc)[:160]})"
-    return None
+    from neural_arch.backend import gpu_unavailable_reason
+
+    return gpu_unavailable_reason()
 
 
 def _time_steps(step, sync, steps: int, warmup: int, repeats: int) -> list:

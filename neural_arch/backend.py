@@ -93,15 +93,29 @@ def _try_cupy():
     return _cupy_module
 
 
-def is_cupy_available() -> bool:
-    """True when CuPy imports and sees at least one CUDA device."""
+def gpu_unavailable_reason() -> str | None:
+    """Why CUDA arrays cannot be used here (a sentence naming the fix), or None when they can.
+
+    Never raises; tests and benchmarks use it to skip with a reason.
+
+    >>> reason = gpu_unavailable_reason()      # e.g. "CuPy is not installed: pip install ..."
+    >>> reason is None or isinstance(reason, str)
+    True
+    """
     cp = _try_cupy()
     if cp is None:
-        return False
+        return f"CuPy is not installed (or fails to import): {_GPU_HINT}"
     try:
-        return cp.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            return "CuPy sees no CUDA GPU"
+    except Exception as exc:  # CuPy installed but no driver / no GPU
+        return f"no usable CUDA GPU ({type(exc).__name__}: {str(exc)[:160]})"
+    return None
+
+
+def is_cupy_available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device."""
+    return gpu_unavailable_reason() is None
 
 
 _gpu_count = None

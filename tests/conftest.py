@@ -31,16 +31,9 @@ def _mpi_skip_reason():
 
 
 def _gpu_skip_reason():
-    try:
-        import cupy
-    except ImportError:
-        return "CuPy not installed: pip install 'neural_arch[gpu]'"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA GPU visible"
-    except Exception as exc:  # noqa: BLE001 - any CUDA error means no usable GPU
-        return f"no usable CUDA GPU ({type(exc).__name__})"
-    return None
+    from neural_arch.backend import gpu_unavailable_reason
+
+    return gpu_unavailable_reason()
 
 
 def pytest_collection_modifyitems(config, items):

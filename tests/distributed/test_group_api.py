@@ -23,24 +23,8 @@ from neural_arch.distributed import (
 )
 from neural_arch.distributed.group import GroupMembershipError, select_backend
 
-pytestmark = pytest.mark.timeout(60)
-
-_JOB_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-             "NEURAL_ARCH_BACKEND", "NEURAL_ARCH_AUTH_TOKEN", "NEURAL_ARCH_TIMEOUT", "PMI_RANK", "PMI_SIZE",
-             "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
-             "NEURAL_ARCH_DISTRIBUTED_DEBUG", "NEURAL_ARCH_RENDEZVOUS_TIMEOUT")
-
-
-@pytest.fixture(autouse=True)
-def clean(monkeypatch):
-    """No job variables, and no process group left behind by a test."""
-    for var in _JOB_VARS:
-        monkeypatch.delenv(var, raising=False)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
+# clean_job_env (conftest.py): no job variables, no process group left behind
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("clean_job_env")]
 
 
 # ---------------------------------------------------------------------------------- seed 001 snippets

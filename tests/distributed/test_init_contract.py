@@ -14,23 +14,8 @@ import neural_arch.distributed as dist
 from neural_arch.distributed import group as G
 from neural_arch.distributed.testing import free_port, run_ranks
 
-pytestmark = pytest.mark.timeout(60)
-
-_JOB_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-             "NEURAL_ARCH_BACKEND", "NEURAL_ARCH_AUTH_TOKEN", "NEURAL_ARCH_READY_DIR", "PMI_RANK", "PMI_SIZE",
-             "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
-             "SLURM_JOB_ID", "SLURM_STEP_ID", "PMI_KVSNAME", "PMIX_NAMESPACE")
-
-
-@pytest.fixture(autouse=True)
-def clean(monkeypatch):
-    for var in _JOB_VARS:
-        monkeypatch.delenv(var, raising=False)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
+# clean_job_env (conftest.py): no job variables, no process group left behind
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("clean_job_env")]
 
 
 # ---------------------------------------------------------------------------------- ready marker

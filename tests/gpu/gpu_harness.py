@@ -15,16 +15,9 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nccl_worker.p
 
 def gpu_skip_reason():
     """None when CuPy imports and sees a GPU; otherwise why not (never raises)."""
-    try:
-        import cupy
-    except Exception as exc:  # noqa: BLE001
-        return f"CuPy not importable ({type(exc).__name__}): pip install 'neural_arch[gpu]'"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "CuPy sees no CUDA GPU"
-    except Exception as exc:  # noqa: BLE001
-        return f"no usable CUDA GPU ({type(exc).__name__}: {str(exc)[:120]})"
-    return None
+    from neural_arch.backend import gpu_unavailable_reason
+
+    return gpu_unavailable_reason()
 
 
 
