@@ -79,8 +79,8 @@ def _make_ops(kind: str, rank: int, world: int):
     import numpy as np
 
     if kind.startswith("gloo"):
-        from neural_arch.distributed.backends.gloo import GlooBackend
-        from neural_arch.distributed.store import TCPStore
+        from neural_arch.distributed.comm.gloo import GlooBackend
+        from neural_arch.distributed.rendezvous.store import TCPStore
 
         store = TCPStore("127.0.0.1", int(os.environ["BENCH_PORT"]), world_size=world, is_master=rank == 0,
                          timeout=60)
@@ -90,7 +90,7 @@ def _make_ops(kind: str, rank: int, world: int):
         bc = lambda x: b.broadcast(x, 0)
         barrier, close = b.barrier, b.shutdown
     elif kind == "mpi":
-        from neural_arch.distributed.backends.mpi import MPIBackend
+        from neural_arch.distributed.comm.mpi import MPIBackend
 
         b = MPIBackend.create(None, timeout=120)
         ar = lambda x: b.allreduce(x)
@@ -190,7 +190,7 @@ def _available(kind: str) -> str:
             if not (shutil.which("mpiexec") or os.path.exists(os.path.join(os.path.dirname(sys.executable),
                                                                              "mpiexec"))):
                 return "mpiexec not found"
-            if kind == "mpi" and not os.path.exists(os.path.join(ROOT, "neural_arch/distributed/backends/mpi.py")):
+            if kind == "mpi" and not os.path.exists(os.path.join(ROOT, "neural_arch/distributed/comm/mpi.py")):
                 return "neural_arch mpi backend missing"
         if kind == "torch":
             import torch  # noqa: F401

@@ -42,7 +42,7 @@ import neural_arch.functional as F
 from neural_arch import nn, optim
 from neural_arch.core.tensor import Tensor, manual_seed
 from neural_arch.data import make_classification_data
-from neural_arch.distributed.elastic import (find_latest_checkpoint, remove_interrupted_writes, restart_count,
+from neural_arch.distributed.run.elastic import (find_latest_checkpoint, remove_interrupted_writes, restart_count,
                                              save_npz_atomic)
 
 N_SAMPLES, N_FEATURES, N_CLASSES = 256, 16, 4

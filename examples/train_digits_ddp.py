@@ -54,7 +54,7 @@ def parse_args(argv=None):
 
 def save_checkpoint(path: str, model, optimizer, meta: dict) -> None:
     """Model state dict + optimizer state in one .npz, written atomically (rank 0 only)."""
-    from neural_arch.distributed.elastic import save_npz_atomic
+    from neural_arch.distributed.run.elastic import save_npz_atomic
 
     arrays = {f"model/{k}": v for k, v in model.state_dict().items()}
     opt_state = optimizer.state_dict()

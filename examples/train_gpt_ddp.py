@@ -104,7 +104,7 @@ def main(argv=None) -> int:
         print(f"final: validation loss {first:.3f} -> {last:.3f}; {step} steps in {elapsed:.1f} s, "
               f"{step * args.batch_size * world / elapsed:.0f} sequences/s", flush=True)
         if args.checkpoint:
-            from neural_arch.distributed.elastic import save_npz_atomic
+            from neural_arch.distributed.run.elastic import save_npz_atomic
 
             os.makedirs(os.path.dirname(os.path.abspath(args.checkpoint)), exist_ok=True)
             save_npz_atomic(args.checkpoint, **{f"model/{k}": v for k, v in ddp.state_dict().items()})

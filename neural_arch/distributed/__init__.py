@@ -14,13 +14,13 @@ Every name the seeds import lives here, loaded lazily from the module that imple
 =================================  ===========================================
 module                             names
 =================================  ===========================================
-``group``                          process groups, init/destroy, rank queries
+``groups``                         process groups, init/destroy, rank queries
 ``collectives``                    Tensor collectives, p2p, object collectives
-``backends``                       ``ReduceOp``, ``Work``, the error classes
-``ddp``                            ``DistributedDataParallel``, ``no_sync``
-``sampler``                        ``DistributedSampler``, ``distributed_evaluate``
-``launcher`` / ``spawn``           the process launcher, ``launch(fn, nprocs)``
-``store``                          ``TCPStore``, ``FileStore``, ``PrefixStore``
+``comm`` / ``errors``              ``ReduceOp``, ``Work``, the error classes
+``parallel.data_parallel``         ``DistributedDataParallel``, ``no_sync``
+``data.sampler``                   ``DistributedSampler``, ``distributed_evaluate``
+``run.launcher`` / ``run.spawn``   the process launcher, ``launch(fn, nprocs)``
+``rendezvous.store``               ``TCPStore``, ``FileStore``, ``PrefixStore``
 =================================  ===========================================
 """
 
@@ -37,21 +37,21 @@ def _export(module: str, *names: str) -> None:
         _LAZY[name] = module
 
 
-_export("group", "init_process_group", "destroy_process_group", "is_initialized", "is_available",
+_export("groups", "init_process_group", "destroy_process_group", "is_initialized", "is_available",
         "get_rank", "get_world_size", "get_backend", "get_distributed_info", "new_group", "ProcessGroup",
         "get_default_group", "GroupMember")
 _export("collectives", "barrier", "all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter",
         "reduce_scatter", "all_to_all", "send", "recv", "isend", "irecv", "broadcast_object_list",
         "all_gather_object", "gather_object", "scatter_object_list")
-_export("backends", "ReduceOp", "Work", "DistributedError", "NotInitializedError", "CollectiveTimeoutError",
+_export("comm", "ReduceOp", "Work", "DistributedError", "NotInitializedError", "CollectiveTimeoutError",
         "PeerFailureError", "CollectiveMismatchError", "RendezvousError", "AuthenticationError",
         "available_backends", "is_backend_available")
-_export("ddp", "DistributedDataParallel", "no_sync")
-_export("sampler", "DistributedSampler", "distributed_evaluate")
-_export("launcher", "LaunchConfig", "DistributedLauncher", "launch_distributed_training")
-_export("spawn", "launch")
-_export("elastic", "find_latest_checkpoint")
-_export("store", "TCPStore", "FileStore", "PrefixStore")
+_export("parallel.data_parallel.ddp", "DistributedDataParallel", "no_sync")
+_export("data.sampler", "DistributedSampler", "distributed_evaluate")
+_export("run.launcher", "LaunchConfig", "DistributedLauncher", "launch_distributed_training")
+_export("run.spawn", "launch")
+_export("run.elastic", "find_latest_checkpoint")
+_export("rendezvous.store", "TCPStore", "FileStore", "PrefixStore")
 
 __all__ = sorted(_LAZY)
 

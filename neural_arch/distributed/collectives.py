@@ -33,10 +33,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..core.tensor import Tensor
-from .backends.base import _xp
-from .backends.work import ReduceOp, Work
-from .group import ProcessGroup, _resolve_group
+from neural_arch.core.tensor import Tensor
+from neural_arch.distributed.comm.backend import _xp
+from neural_arch.distributed.comm.work import ReduceOp, Work
+from neural_arch.distributed.groups import ProcessGroup, _resolve_group
 
 __all__ = [
     "all_gather",

@@ -15,8 +15,8 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 
-from .backends.base import Backend
-from .backends.errors import DistributedError
+from neural_arch.distributed.comm.backend import Backend
+from neural_arch.distributed.errors import DistributedError
 
 
 class GroupMembershipError(DistributedError, ValueError):
@@ -88,7 +88,7 @@ class ProcessGroup:
         except TypeError:
             raise TypeError(f"{arg}={global_rank!r} must be an int (a global rank)") from None
         if g not in self._index:
-            from .group import _STATE  # late: group.py imports this module
+            from neural_arch.distributed.groups import _STATE  # late: group.py imports this module
 
             world = _STATE.world.size() if _STATE.world is not None else None
             if world is not None and not 0 <= g < world:

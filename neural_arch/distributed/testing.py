@@ -47,9 +47,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 from typing import Any
 
-from ._rank_worker import pack_call
-from .backends.errors import DistributedError
-from .run_env import free_port, rank_env
+from neural_arch.distributed.run.rank_worker import pack_call
+from neural_arch.distributed.errors import DistributedError
+from neural_arch.distributed.run.env import free_port, rank_env
 
 __all__ = ["RankFailure", "RankPool", "RankResult", "free_port", "mpiexec_path", "run_ranks"]
 
@@ -172,7 +172,7 @@ class RankPool:
         return env
 
     def _spawn(self, env: dict[str, str]) -> None:
-        worker = [sys.executable, "-m", "neural_arch.distributed._rank_worker"]
+        worker = [sys.executable, "-m", "neural_arch.distributed.run.rank_worker"]
         if self.backend == "mpi":
             mpiexec = mpiexec_path()
             if mpiexec is None:
@@ -186,7 +186,7 @@ class RankPool:
             return
         pump = None
         if self.echo:
-            from ._proc import OutputPump
+            from neural_arch.distributed.run.procs import OutputPump
 
             pump = OutputPump()
         for rank in range(self.world_size):
@@ -194,7 +194,7 @@ class RankPool:
             child_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank),
                              NEURAL_ARCH_PARENT_PID=str(os.getpid()))
             if pump is not None:
-                from ._proc import start_child
+                from neural_arch.distributed.run.procs import start_child
 
                 child = start_child(worker, child_env, rank=rank, pump=pump, local_rank=rank)
                 self._children.append(child)
@@ -254,7 +254,7 @@ class RankPool:
         for conn in self._conns.values():
             conn.close()
         if self._children:
-            from ._proc import finish_children
+            from neural_arch.distributed.run.procs import finish_children
 
             finish_children(self._children)
             self._children.clear()

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neural_arch.distributed.sampler import DistributedSampler
+from neural_arch.distributed.data.sampler import DistributedSampler
 
 sizes = st.integers(min_value=0, max_value=300)
 replicas = st.integers(min_value=1, max_value=9)

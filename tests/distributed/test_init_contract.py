@@ -11,7 +11,7 @@ import dist_fault_fns as F
 import pytest
 
 import neural_arch.distributed as dist
-from neural_arch.distributed import group as G
+from neural_arch.distributed import groups as G
 from neural_arch.distributed.testing import free_port, run_ranks
 
 # clean_job_env (conftest.py): no job variables, no process group left behind
@@ -68,7 +68,7 @@ def _capture_store_token(monkeypatch):
 
 
 def test_job_token_derived_from_the_job_id_when_none_is_given(monkeypatch):
-    from neural_arch.distributed import run_env
+    from neural_arch.distributed.run import env as run_env
 
     derive = getattr(run_env, "derive_job_token", None)
     if derive is None:

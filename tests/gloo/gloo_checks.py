@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from neural_arch.distributed.backends.work import OpInfo
+from neural_arch.distributed.comm.work import OpInfo
 
 FLOATS = ("float16", "float32", "float64")
 INTS = ("int32", "int64")

@@ -18,8 +18,8 @@ _STORE = None
 def backend():
     global _BACKEND, _STORE
     if _BACKEND is None:
-        from neural_arch.distributed.backends.gloo import GlooBackend
-        from neural_arch.distributed.store import TCPStore
+        from neural_arch.distributed.comm.gloo import GlooBackend
+        from neural_arch.distributed.rendezvous.store import TCPStore
 
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         timeout = float(os.environ.get("GLOO_TEST_TIMEOUT", "20"))

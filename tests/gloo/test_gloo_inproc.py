@@ -85,7 +85,7 @@ def test_barrier_and_world_of_one():
 
 @pytest.mark.parametrize("size", SIZES)
 def test_pipelined_ring_and_chain_with_tiny_segments(size, monkeypatch):
-    import neural_arch.distributed.backends.gloo_algorithms as GA
+    import neural_arch.distributed.comm.algorithms.executor as GA
 
     monkeypatch.setattr(GA, "PIPELINE_SEGMENT_BYTES", 24)           # a few elements per segment
     monkeypatch.setattr(GA, "CHAIN_BROADCAST_MIN_BYTES", 1)

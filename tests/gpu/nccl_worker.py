@@ -32,8 +32,8 @@ def _env():
 
 
 def _backend(timeout=60.0):
-    from neural_arch.distributed.backends.nccl import NCCLBackend
-    from neural_arch.distributed.store import TCPStore
+    from neural_arch.distributed.comm.nccl.backend import NCCLBackend
+    from neural_arch.distributed.rendezvous.store import TCPStore
     rank, world, device = _env()
     store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world,
                      is_master=(rank == 0), timeout=60)
@@ -51,7 +51,7 @@ def _global(rng, dtype, shape):
 def scenario_collectives():
     import cupy as cp
 
-    from neural_arch.distributed.backends import ReduceOp
+    from neural_arch.distributed.comm import ReduceOp
     b, _store = _backend()            # keep the store alive: rank 0 hosts it
     n, me = b.size, b.rank
     fails = []
@@ -156,7 +156,7 @@ def scenario_collectives():
 def scenario_timeout():
     import cupy as cp
 
-    from neural_arch.distributed.backends.errors import CollectiveTimeoutError
+    from neural_arch.distributed.errors import CollectiveTimeoutError
     b, _store = _backend(timeout=3.0)
     if b.rank == 1:
         time.sleep(8)           # never joins; exits after rank 0 gave up
@@ -171,7 +171,7 @@ def scenario_timeout():
 
 def scenario_init_timeout():
     """Only rank 0 of 2 is started: creating the communicator must fail at the timeout, not hang."""
-    from neural_arch.distributed.backends.errors import RendezvousError
+    from neural_arch.distributed.errors import RendezvousError
     start = time.monotonic()
     try:
         _backend(timeout=3.0)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from gpu_harness import duplicate_gpu_refusal, spawn
 
-from neural_arch.distributed.backends import ReduceOp
+from neural_arch.distributed.comm import ReduceOp
 
 pytestmark = pytest.mark.gpu
 
@@ -40,8 +40,8 @@ def _check_or_skip(results, device):
 # -- one rank: every NCCL call of the backend, for real, in this process ---------------------------
 @pytest.fixture
 def solo(nccl_ready):
-    from neural_arch.distributed.backends.nccl import NCCLBackend
-    from neural_arch.distributed.store import TCPStore
+    from neural_arch.distributed.comm.nccl.backend import NCCLBackend
+    from neural_arch.distributed.rendezvous.store import TCPStore
     store = TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=30)
     backend = NCCLBackend.create(store, 0, 1, timeout=30)
     yield backend

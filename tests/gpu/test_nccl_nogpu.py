@@ -19,9 +19,9 @@ import fake_nccl as fk  # tests/gpu is on sys.path (pytest rootdir-relative impo
 import numpy as np
 import pytest
 
-from neural_arch.distributed.backends import ReduceOp, get_backend_class
-from neural_arch.distributed.backends import nccl as nb
-from neural_arch.distributed.backends.errors import (
+from neural_arch.distributed.comm import ReduceOp, get_backend_class
+from neural_arch.distributed.comm.nccl import backend as nb
+from neural_arch.distributed.errors import (
     CollectiveTimeoutError,
     DistributedError,
     PeerFailureError,
@@ -31,7 +31,7 @@ from neural_arch.distributed.backends.errors import (
 
 # -- pure logic -----------------------------------------------------------------------------------
 def test_dtype_table_matches_nccl_enum_and_base_dtypes():
-    from neural_arch.distributed.backends.base import SUPPORTED_DTYPES
+    from neural_arch.distributed.comm.backend import SUPPORTED_DTYPES
     mod = fk.make_nccl_module()
     assert {str(d) for d in SUPPORTED_DTYPES} == set(nb.DTYPE_TO_NCCL)
     for name in nb.DTYPE_TO_NCCL:
@@ -153,7 +153,7 @@ def test_create_without_gpu_says_what_is_missing():
 
 
 def test_missing_cupy_names_the_gpu_extra(monkeypatch):
-    from neural_arch.distributed.backends import _nccl_support
+    from neural_arch.distributed.comm.nccl import support as _nccl_support
     monkeypatch.setattr(_nccl_support, "_import_nccl", lambda: (None, None))
     assert "neural_arch[gpu]" in nb.missing_requirement()
 

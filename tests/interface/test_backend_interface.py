@@ -14,10 +14,10 @@ import time
 import numpy as np
 import pytest
 
-from neural_arch.distributed.backends import ReduceOp, Work, get_backend_class
-from neural_arch.distributed.backends.base import Backend, reduce_into, finish_average
-from neural_arch.distributed.backends.errors import CollectiveMismatchError, CollectiveTimeoutError, DistributedError
-from neural_arch.distributed.backends.local import LocalBackend
+from neural_arch.distributed.comm import ReduceOp, Work, get_backend_class
+from neural_arch.distributed.comm.backend import Backend, reduce_into, finish_average
+from neural_arch.distributed.errors import CollectiveMismatchError, CollectiveTimeoutError, DistributedError
+from neural_arch.distributed.comm.local import LocalBackend
 
 
 class QueueBackend(Backend):

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from neural_arch.distributed._agent import NodeAgentServer, join_node0
+from neural_arch.distributed.run.agent import NodeAgentServer, join_node0
 
 TOKEN = "s3cret-token-" + "ab" * 8
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from launcher_helpers import ROOT, kill_pids, pid_alive, wait_for
 
-from neural_arch.distributed.elastic import (
+from neural_arch.distributed.run.elastic import (
     atomic_write_bytes,
     find_latest_checkpoint,
     restart_count,
@@ -55,7 +55,7 @@ def test_restart_count_reads_both_names():
 GRANDCHILD = """
 import os, sys, time
 sys.path.insert(0, {root!r})
-import neural_arch.distributed.run_env as run_env
+import neural_arch.distributed.run.env as run_env
 run_env._set_pdeathsig = lambda sig: False      # force the portable polling fallback
 assert run_env.install_parent_death_watch(parent_pid=os.getppid(), poll_interval=0.05)
 print(os.getpid(), flush=True)
@@ -93,14 +93,14 @@ def test_polling_fallback_stops_an_orphan(tmp_path):
 
 
 def test_watch_is_a_no_op_for_a_process_that_is_not_the_launchers_child():
-    from neural_arch.distributed.run_env import install_parent_death_watch
+    from neural_arch.distributed.run.env import install_parent_death_watch
 
     # our own pid is alive but not our parent: e.g. a subprocess of a rank inherited the variable
     assert install_parent_death_watch(parent_pid=os.getpid()) is False
 
 
 def test_remove_interrupted_writes_deletes_only_temp_files(tmp_path):
-    from neural_arch.distributed.elastic import remove_interrupted_writes
+    from neural_arch.distributed.run.elastic import remove_interrupted_writes
 
     (tmp_path / "step_000006.npz").write_bytes(b"good")
     (tmp_path / "step_000007.npz.tmp-x1y2").write_bytes(b"half")  # a writer killed mid-write

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from neural_arch.distributed.run_env import (
+from neural_arch.distributed.run.env import (
     detect_launch_env,
     expand_hostlist,
     launched_by_mpiexec,
@@ -158,7 +158,7 @@ def test_real_mpiexec_environment_is_detected(tmp_path):
     if shutil.which("mpiexec") is None:
         pytest.skip("mpiexec not installed")
     code = ("import json,os,sys;sys.path.insert(0, os.environ['ROOT']);"
-            "from neural_arch.distributed.run_env import detect_launch_env as d;print(json.dumps(d()))")
+            "from neural_arch.distributed.run.env import detect_launch_env as d;print(json.dumps(d()))")
     import json
     import os
 
@@ -173,7 +173,7 @@ def test_real_mpiexec_environment_is_detected(tmp_path):
 
 
 # ----------------------------------------------------------------------------- derive_job_token
-from neural_arch.distributed.run_env import derive_job_token
+from neural_arch.distributed.run.env import derive_job_token
 
 
 @pytest.mark.parametrize("env", [
@@ -204,7 +204,7 @@ def test_no_job_id_gives_none():
 
 
 # ----------------------------------------------------------------------------- rank_env (one child env)
-from neural_arch.distributed.run_env import package_root, rank_env
+from neural_arch.distributed.run.env import package_root, rank_env
 
 
 def test_rank_env_sets_identity_and_drops_outer_job_variables():

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from neural_arch.distributed.spawn import SpawnError, launch
+from neural_arch.distributed.run.spawn import SpawnError, launch
 
 
 def rank_and_env(scale):

@@ -20,7 +20,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from transport_procs import run_ranks
 
-from neural_arch.distributed.store import TCPStore
+from neural_arch.distributed.rendezvous.store import TCPStore
 
 _BENCH = """
     from transport_rank import connect, info

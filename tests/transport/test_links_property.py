@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neural_arch.distributed.backends.errors import CollectiveTimeoutError, PeerFailureError
-from neural_arch.distributed.backends.links import Link, PeerGone
-from neural_arch.distributed.backends.transport import LinkTransport
-from neural_arch.distributed.backends.work import OpInfo
+from neural_arch.distributed.errors import CollectiveTimeoutError, PeerFailureError
+from neural_arch.distributed.comm.transport.framing import Link, PeerGone
+from neural_arch.distributed.comm.transport.engine import LinkTransport
+from neural_arch.distributed.comm.work import OpInfo
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -145,7 +145,7 @@ class _LoopShm:
         import secrets
         import tempfile
 
-        from neural_arch.distributed.backends import shm_transport as S
+        from neural_arch.distributed.comm.transport import shm as S
 
         class Link(S.ShmLink):
             def read_some(self, view):

@@ -11,14 +11,14 @@ import time
 import pytest
 from transport_procs import run_ranks
 
-from neural_arch.distributed.backends.errors import AuthenticationError, PeerFailureError, RendezvousError
-from neural_arch.distributed.store import FileStore, PrefixStore, StoreTimeoutError, TCPStore, store_barrier
+from neural_arch.distributed.errors import AuthenticationError, PeerFailureError, RendezvousError
+from neural_arch.distributed.rendezvous.store import FileStore, PrefixStore, StoreTimeoutError, TCPStore, store_barrier
 
 pytestmark = pytest.mark.timeout(90)
 
 # Every worker: announce itself, count, race a compare_set, wait for all, read everyone's key.
 _WORKER = """
-    from neural_arch.distributed.store import TCPStore, FileStore
+    from neural_arch.distributed.rendezvous.store import TCPStore, FileStore
     if os.environ["KIND"] == "tcp":
         store = TCPStore("127.0.0.1", int(os.environ["PORT"]), timeout=20, auth_token=os.environ.get("TOKEN"))
     else:
@@ -229,7 +229,7 @@ def test_barrier_succeeds_across_processes():
     master = TCPStore("127.0.0.1", 0, is_master=True, timeout=20)
     try:
         code = """
-            from neural_arch.distributed.store import TCPStore, store_barrier
+            from neural_arch.distributed.rendezvous.store import TCPStore, store_barrier
             s = TCPStore("127.0.0.1", int(os.environ["PORT"]), timeout=20)
             for i in range(3):
                 store_barrier(s, rank + 1, world + 1, f"b{i}", timeout=20)
@@ -277,7 +277,7 @@ def test_wait_for_workers_and_wait_names_missing_keys(tmp_path):
     fs.close()
 
 
-@pytest.mark.parametrize("name", ["neural_arch.distributed.store", "neural_arch.distributed._file_store"])
+@pytest.mark.parametrize("name", ["neural_arch.distributed.rendezvous.store", "neural_arch.distributed.rendezvous.file_store"])
 def test_docstring_examples(name):
     import doctest
     import importlib

@@ -10,7 +10,7 @@ import time
 import pytest
 from transport_procs import reap, run_ranks, start_ranks
 
-from neural_arch.distributed.store import TCPStore
+from neural_arch.distributed.rendezvous.store import TCPStore
 
 pytestmark = pytest.mark.timeout(120)
 MODES = ["tcp", "shm", "auto"]
@@ -139,7 +139,7 @@ def test_messages_larger_than_a_small_shm_ring_stream_through_it(master):
 
 
 def test_default_ring_size_shrinks_with_peers_and_free_space(monkeypatch):
-    from neural_arch.distributed.backends import shm_transport as S
+    from neural_arch.distributed.comm.transport import shm as S
 
     class Vfs:
         f_frsize = 4096
@@ -169,7 +169,7 @@ def test_auto_mode_mixes_shm_within_and_tcp_across_hosts(master):
 def test_shm_mode_refuses_peers_on_other_hosts(master):
     code = """
         from transport_rank import connect
-        from neural_arch.distributed.backends.errors import RendezvousError
+        from neural_arch.distributed.errors import RendezvousError
         try:
             connect(timeout=20)
             report("connected")
@@ -186,7 +186,7 @@ def test_shm_mode_refuses_peers_on_other_hosts(master):
 # Rank 1 never reads; rank 0 blocks sending 64 MiB (or waits to receive); the test SIGKILLs rank 1.
 _VICTIM = """
     from transport_rank import connect, info
-    from neural_arch.distributed.backends.errors import PeerFailureError
+    from neural_arch.distributed.errors import PeerFailureError
     t, store = connect()
     if rank == 1:
         store.set("victim_ready", b"1")
@@ -233,7 +233,7 @@ def test_peer_killed_is_reported_fast(master, mode, what):
 
 _SILENT = """
     from transport_rank import connect, info
-    from neural_arch.distributed.backends.errors import CollectiveTimeoutError
+    from neural_arch.distributed.errors import CollectiveTimeoutError
     t, store = connect()
     if rank == 0:
         t0 = time.monotonic()
@@ -259,8 +259,8 @@ def test_deadline_names_the_silent_peer(master, mode):
 
 _AUTH = """
     from transport_rank import connect, info
-    import neural_arch.distributed.backends.tcp_transport as tt
-    from neural_arch.distributed.store import TCPStore
+    import neural_arch.distributed.comm.transport.tcp as tt
+    from neural_arch.distributed.rendezvous.store import TCPStore
     if rank == 1:  # connect to rank 0 only after the test's rogue clients had their go
         side = TCPStore("127.0.0.1", int(os.environ["PORT"]), timeout=30, auth_token="job")
         real_connect = tt._connect
@@ -347,7 +347,7 @@ def test_threads_share_a_peer_on_separate_channels(master, mode):
 # waits on rank 1, must hear about rank 2 at once instead of timing out blaming rank 1.
 _ABORT = """
     from transport_rank import connect, info
-    from neural_arch.distributed.backends.errors import PeerFailureError
+    from neural_arch.distributed.errors import PeerFailureError
     t, store = connect()
     store.set(f"ready/{rank}", b"1")
     if rank == 2:
@@ -384,7 +384,7 @@ def test_failure_is_propagated_to_ranks_not_linked_to_the_dead_one(master, mode)
 
 _ABSENT = """
     from transport_rank import connect
-    from neural_arch.distributed.backends.errors import RendezvousError
+    from neural_arch.distributed.errors import RendezvousError
     t0 = time.monotonic()
     try:
         connect(timeout=2.0)

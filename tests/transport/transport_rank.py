@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import time
 
-from neural_arch.distributed.backends.transport import connect_transport
-from neural_arch.distributed.backends.work import OpInfo
-from neural_arch.distributed.store import TCPStore
+from neural_arch.distributed.comm.transport.engine import connect_transport
+from neural_arch.distributed.comm.work import OpInfo
+from neural_arch.distributed.rendezvous.store import TCPStore
 
 
 def connect(timeout: float = 30.0, token=None):

@@ -1,0 +1,589 @@
+"""The abstract communication backend: a handful of primitives, everything else derived.
+
+A backend moves **arrays** (NumPy, or CuPy on GPU backends) between the ranks of one
+group. It never sees a ``Tensor``. Subclasses implement six synchronous primitives::
+
+    _allreduce(array, op, info)         in place
+    _broadcast(array, root, info)       in place
+    _allgather(output, input, info)     output.shape == (size, *input.shape)
+    _send(array, dst, tag, info)        header/payload framing is the backend's business
+    _recv(array, src, tag, info)        fills ``array``; shape/dtype must match the sender's
+    _new_group(ranks) -> Backend        sub-communicator over ``ranks`` (ranks of this group)
+
+and may override the derived ones (``_reduce``, ``_gather``, ``_scatter``,
+``_reduce_scatter``, ``_alltoall``, ``_sendrecv``, ``_barrier``) with faster algorithms.
+
+The public methods (``allreduce``, ``broadcast``, ...) are written once, here:
+
+* they validate their arguments **in the caller**, before any I/O (bad input is a clear
+  ``ValueError``/``TypeError`` naming the argument);
+* they number every collective per group (``info.seq``), which errors and debug checks use;
+* they run collectives **in order** on one progress thread per group when ``async_op=True``
+  (so backward can overlap with communication), and inline when the queue is idle and the
+  call is synchronous (no thread hop on the latency-critical path);
+* with ``NEURAL_ARCH_DISTRIBUTED_DEBUG=DETAIL`` they first compare (op, shape, dtype, root)
+  across ranks and raise :class:`CollectiveMismatchError` on **every** rank when they differ.
+
+Example (any concrete backend)::
+
+    work = backend.allreduce(grads, ReduceOp.SUM, async_op=True)
+    work.wait()
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import pickle
+import threading
+import time
+from typing import Any, Callable, List, Optional, Sequence
+
+import numpy as np
+
+from neural_arch.distributed.errors import CollectiveMismatchError, DistributedError
+from neural_arch.distributed.comm.debug import FINGERPRINT_LEN, OP_CODES, describe_fingerprint, fingerprint
+from neural_arch.distributed.comm.lanes import SerialLane
+from neural_arch.distributed.comm.work import OpInfo, ReduceOp, Work
+
+# Dtypes every backend must move. bool travels as uint8 (same itemsize).
+SUPPORTED_DTYPES = frozenset(
+    np.dtype(t) for t in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool")
+)
+FLOAT_DTYPE_KINDS = ("f",)
+DEBUG_ENV = "NEURAL_ARCH_DISTRIBUTED_DEBUG"
+
+
+
+def debug_mode_from_env() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip().upper() == "DETAIL"
+
+
+def reduce_into(dst, src, op: ReduceOp) -> None:
+    """``dst = dst (op) src`` elementwise, in place. AVG accumulates as SUM (divide at the end)."""
+    if op in (ReduceOp.SUM, ReduceOp.AVG):
+        dst += src
+    elif op is ReduceOp.MAX:
+        np.maximum(dst, src, out=dst) if isinstance(dst, np.ndarray) else _xp(dst).maximum(dst, src, out=dst)
+    elif op is ReduceOp.MIN:
+        np.minimum(dst, src, out=dst) if isinstance(dst, np.ndarray) else _xp(dst).minimum(dst, src, out=dst)
+    elif op is ReduceOp.PRODUCT:
+        dst *= src
+    else:  # pragma: no cover - ReduceOp.coerce rejects everything else
+        raise ValueError(f"unsupported reduce op {op}")
+
+
+def finish_average(array, size: int) -> None:
+    """Turn an AVG that was accumulated as a SUM into the mean (float dtypes only)."""
+    array /= size
+
+
+_DTYPE_NAMES: dict = {}
+
+
+def _dtype_name(dtype) -> str:
+    """``str(dtype)``, cached: numpy's __str__ costs microseconds on every collective."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype)
+    return name
+
+
+def _xp(array):
+    if isinstance(array, np.ndarray):
+        return np
+    import cupy  # only reached for CuPy arrays, so cupy is already imported
+
+    return cupy
+
+
+def _is_array(x) -> bool:
+    if isinstance(x, np.ndarray):
+        return True
+    # CuPy arrays, without importing cupy
+    return type(x).__module__.startswith("cupy") and hasattr(x, "__cuda_array_interface__")
+
+
+class Backend(abc.ABC):
+    """One group's communicator. See the module docstring for the contract."""
+
+    #: registry name ("gloo", "mpi", "nccl", "local")
+    name: str = "base"
+    #: device kinds whose arrays this backend can move
+    devices: tuple = ("cpu",)
+
+    def __init__(self, rank: int, size: int, timeout: float = 300.0,
+                 group_ranks: Optional[Sequence[int]] = None, debug: Optional[bool] = None):
+        if size < 1 or not 0 <= rank < size:
+            raise ValueError(f"rank={rank} must be in [0, size={size})")
+        self._rank = rank
+        self._size = size
+        self.timeout = float(timeout)
+        #: this group's members as *global* ranks, for error messages
+        self.group_ranks: List[int] = list(group_ranks) if group_ranks is not None else list(range(size))
+        self.debug = debug_mode_from_env() if debug is None else bool(debug)
+        self._seq = 0
+        self._p2p_seq = 0
+        # collectives run in order on one lane; async point-to-point ops on one lane per
+        # (direction, peer, tag), so that messages between two ranks keep their order
+        self._lane = SerialLane(f"neural_arch-{self.name}-progress", self._execute)
+        self._p2p_lanes: dict = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._fatal: Optional[BaseException] = None
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def global_rank(self, group_rank: int) -> int:
+        return self.group_ranks[group_rank]
+
+    @classmethod
+    def is_available(cls) -> bool:
+        """Whether this backend's requirements are installed (cheap; never starts anything)."""
+        return True
+
+    # -- primitives (synchronous; run on the caller's thread or the progress thread) -------
+    @abc.abstractmethod
+    def _allreduce(self, array, op: ReduceOp, info: OpInfo) -> None:
+        """In place. AVG must come out averaged (``reduce_into`` then ``finish_average``)."""
+
+    @abc.abstractmethod
+    def _broadcast(self, array, root: int, info: OpInfo) -> None: ...
+
+    @abc.abstractmethod
+    def _allgather(self, output, input, info: OpInfo) -> None: ...
+
+    @abc.abstractmethod
+    def _send(self, array, dst: int, tag: int, info: OpInfo) -> None: ...
+
+    @abc.abstractmethod
+    def _recv(self, array, src: int, tag: int, info: OpInfo) -> None: ...
+
+    @abc.abstractmethod
+    def _new_group(self, ranks: List[int]) -> "Backend": ...
+
+    def _shutdown(self) -> None:
+        """Release sockets, shared memory, communicators. Called once by :meth:`shutdown`."""
+
+    # -- derived operations (override for speed) --------------------------------------------
+    def _sendrecv(self, send_array, dst: int, recv_array, src: int, tag: int, info: OpInfo) -> None:
+        """Send to ``dst`` while receiving from ``src`` (no deadlock when all ranks do it in a ring)."""
+        errors: list = []
+
+        def _do_send():
+            try:
+                self._send(send_array, dst, tag, info)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below in the caller
+                errors.append(exc)
+
+        sender = threading.Thread(target=_do_send, daemon=True)
+        sender.start()
+        self._recv(recv_array, src, tag, info)
+        sender.join(max(info.remaining(), 0.1))
+        if errors:
+            raise errors[0]
+
+    def _reduce(self, array, root: int, op: ReduceOp, info: OpInfo) -> None:
+        tmp = array.copy()
+        self._allreduce(tmp, op, info)
+        if self._rank == root:
+            array[...] = tmp
+
+    def _gather(self, output, input, root: int, info: OpInfo) -> None:
+        if self._rank == root:
+            for src in range(self._size):
+                # output[src, ...] stays an array view even when input is 0-d
+                if src == root:
+                    output[src, ...] = input
+                else:
+                    self._recv(output[src, ...], src, _COLLECTIVE_TAG, info)
+        else:
+            self._send(input, root, _COLLECTIVE_TAG, info)
+
+    def _scatter(self, output, input, root: int, info: OpInfo) -> None:
+        if self._rank == root:
+            for dst in range(self._size):
+                if dst == root:
+                    output[...] = input[dst, ...]
+                else:
+                    self._send(input[dst, ...].copy(), dst, _COLLECTIVE_TAG, info)
+        else:
+            self._recv(output, root, _COLLECTIVE_TAG, info)
+
+    def _reduce_scatter(self, output, input, op: ReduceOp, info: OpInfo) -> None:
+        tmp = input.copy()
+        self._allreduce(tmp, op, info)
+        n = output.shape[0]
+        output[...] = tmp[self._rank * n:(self._rank + 1) * n]
+
+    def _alltoall(self, output, input, info: OpInfo) -> None:
+        size, rank = self._size, self._rank
+        n = input.shape[0] // size
+        output[rank * n:(rank + 1) * n] = input[rank * n:(rank + 1) * n]
+        for step in range(1, size):
+            dst, src = (rank + step) % size, (rank - step) % size
+            send = input[dst * n:(dst + 1) * n]
+            self._sendrecv(send, dst, output[src * n:(src + 1) * n], src, _COLLECTIVE_TAG, info)
+
+    def _barrier(self, info: OpInfo) -> None:
+        self._allreduce(np.zeros(1, dtype=np.int32), ReduceOp.SUM, info)
+
+    # -- execution ----------------------------------------------------------------------------
+    def _new_info(self, name: str, array=None, root=None, op=None, p2p=False) -> OpInfo:
+        if p2p:
+            self._p2p_seq += 1
+            seq = self._p2p_seq
+        else:
+            self._seq += 1
+            seq = self._seq
+        if array is None:
+            return OpInfo(name, seq, self.group_ranks, self.group_ranks[self._rank], None, None, root,
+                          None if op is None else op.value)
+        return OpInfo(name, seq, self.group_ranks, self.group_ranks[self._rank], array.shape,
+                      _dtype_name(array.dtype), root, None if op is None else op.value)
+
+    def _run(self, info: OpInfo, fn: Callable[[], Any], async_op: bool,
+             lane: Optional[SerialLane] = None) -> Work:
+        """Run ``fn`` now (idle lane, synchronous call) or after every earlier op of its lane."""
+        self._check_usable(info)
+        lane = self._lane if lane is None else lane
+        work = Work(info)
+        if async_op or lane.pending:
+            lane.submit(work, fn)
+        else:
+            self._execute(work, fn)
+        if not async_op:
+            work.wait()
+        return work
+
+    def _check_usable(self, info: OpInfo) -> None:
+        if self._closed:
+            raise DistributedError(f"{info.describe()}: the process group was destroyed; "
+                                   "call init_process_group() again before communicating")
+        if self._fatal is not None:
+            raise DistributedError(f"{info.describe()} cannot run: an earlier operation on this group "
+                                   f"failed ({self._fatal}); destroy the process group and restart")
+
+    def _execute(self, work: Work, fn: Callable[[], Any]) -> None:
+        info = work.info
+        info.deadline = time.monotonic() + self.timeout
+        if self._fatal is not None:
+            # queued behind an op that failed: peers are mid-protocol, so running it could
+            # match a late message from the failed op and return wrong data
+            work._set_exception(DistributedError(
+                f"{info.describe()} was not run: an earlier operation on this group failed ({self._fatal})"))
+            return
+        try:
+            if self.debug and info.name in OP_CODES:
+                self._debug_check(info)
+            result = fn()
+        except BaseException as exc:  # noqa: BLE001 - stored, raised by Work.wait()
+            if not isinstance(exc, (ValueError, TypeError)):
+                # A failed collective leaves peers mid-protocol: later ones cannot be trusted.
+                self._fatal = exc
+            work._set_exception(exc)
+        else:
+            work._set_result(result)
+
+    def _debug_check(self, info: OpInfo) -> None:
+        """Compare (op, shape, dtype, root, reduce op) across ranks; raise on every rank if they differ."""
+        mine = fingerprint(info)
+        table = np.zeros((self._size, FINGERPRINT_LEN), dtype=np.int64)
+        check = OpInfo(f"debug check of {info.name}", info.seq, info.group_ranks, info.rank,
+                       deadline=info.deadline)
+        self._allgather(table, mine, check)
+        if not (table == mine).all():
+            rows = {self.group_ranks[r]: describe_fingerprint(table[r]) for r in range(self._size)}
+            lines = "; ".join(f"rank {r}: {d}" for r, d in rows.items())
+            raise CollectiveMismatchError(
+                f"collective #{info.seq} differs across ranks of group {self.group_ranks}: {lines}. "
+                "Every rank must call the same collectives, with the same shapes, dtypes and roots, "
+                "in the same order.")
+
+    # -- validation helpers ---------------------------------------------------------------------
+    def _check_array(self, x, arg: str) -> None:
+        if not _is_array(x):
+            raise TypeError(f"{arg} must be a NumPy or CuPy array, got {type(x).__name__}; "
+                            "pass tensor.data for a Tensor")
+        device = "cpu" if isinstance(x, np.ndarray) else "cuda"
+        if device not in self.devices:
+            raise TypeError(f"{arg} lives on {device} but the {self.name!r} backend moves "
+                            f"{'/'.join(self.devices)} arrays; use a backend for {device} or move the data")
+        if x.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{arg} has dtype {x.dtype}, which cannot be communicated; "
+                            f"use one of {sorted(str(d) for d in SUPPORTED_DTYPES)}")
+        if not x.flags.c_contiguous:
+            raise ValueError(f"{arg} is not C-contiguous; pass np.ascontiguousarray({arg}) "
+                             "(collectives write into the buffer in place)")
+
+    def _check_rank(self, r: int, arg: str) -> None:
+        if not isinstance(r, (int, np.integer)) or not 0 <= int(r) < self._size:
+            raise ValueError(f"{arg}={r!r} is out of range for a group of size {self._size} "
+                             f"(valid: 0..{self._size - 1})")
+
+    @staticmethod
+    def _check_same(a, b, what: str, expected_shape=None) -> None:
+        if np.dtype(a.dtype) != np.dtype(b.dtype):
+            raise TypeError(f"{what}: dtype {b.dtype} does not match {a.dtype}")
+        if expected_shape is not None and tuple(b.shape) != tuple(expected_shape):
+            raise ValueError(f"{what}: shape {tuple(b.shape)} should be {tuple(expected_shape)}")
+
+    def _check_op(self, op, array) -> ReduceOp:
+        if not isinstance(op, ReduceOp):
+            op = ReduceOp.coerce(op)
+        kind = array.dtype.kind
+        if op is ReduceOp.AVG and kind not in FLOAT_DTYPE_KINDS:
+            raise TypeError(f"ReduceOp.AVG needs a floating dtype, got {array.dtype}; "
+                            "use ReduceOp.SUM and divide by the group size")
+        if kind == "b" and op not in (ReduceOp.MAX, ReduceOp.MIN):
+            raise TypeError(f"bool arrays support ReduceOp.MAX / MIN only, got {op}")
+        return op
+
+    # -- public collectives ---------------------------------------------------------------------
+    def allreduce(self, array, op: ReduceOp = ReduceOp.SUM, async_op: bool = False) -> Work:
+        """Reduce ``array`` across the group, in place on every rank."""
+        self._check_array(array, "array")
+        op = self._check_op(op, array)
+        info = self._new_info("all_reduce", array, op=op)
+        if self._size == 1:
+            return self._run(info, lambda: array, async_op)
+
+        def run():
+            if op is ReduceOp.AVG and array.dtype == np.float16:
+                # Pre-multiplied sum: a float16 sum can overflow where the mean would not.
+                array[...] *= array.dtype.type(1.0 / self._size)
+                self._allreduce(array, ReduceOp.SUM, info)
+            else:
+                self._allreduce(array, op, info)
+            return array
+        return self._run(info, run, async_op)
+
+    def broadcast(self, array, root: int = 0, async_op: bool = False) -> Work:
+        """Copy ``root``'s array into every rank's ``array``."""
+        self._check_array(array, "array")
+        self._check_rank(root, "root")
+        info = self._new_info("broadcast", array, root=root)
+
+        def run():
+            if self._size > 1:
+                self._broadcast(array, root, info)
+            return array
+        return self._run(info, run, async_op)
+
+    def reduce(self, array, root: int = 0, op: ReduceOp = ReduceOp.SUM, async_op: bool = False) -> Work:
+        """Reduce into ``root``'s array; the other ranks' arrays are left unchanged."""
+        self._check_array(array, "array")
+        self._check_rank(root, "root")
+        op = self._check_op(op, array)
+        info = self._new_info("reduce", array, root=root, op=op)
+
+        def run():
+            if self._size > 1:
+                self._reduce(array, root, op, info)
+            return array
+        return self._run(info, run, async_op)
+
+    def allgather(self, output, input, async_op: bool = False) -> Work:
+        """``output[r] = input of rank r``; ``output.shape == (size, *input.shape)``."""
+        self._check_array(input, "input")
+        self._check_array(output, "output")
+        self._check_same(input, output, "all_gather output", (self._size,) + tuple(input.shape))
+        info = self._new_info("all_gather", input)
+
+        def run():
+            if self._size == 1:
+                output[0] = input
+            else:
+                self._allgather(output, input, info)
+            return output
+        return self._run(info, run, async_op)
+
+    def gather(self, output, input, root: int = 0, async_op: bool = False) -> Work:
+        """Like allgather, but only ``root`` receives (``output`` may be None elsewhere)."""
+        self._check_array(input, "input")
+        self._check_rank(root, "root")
+        if self._rank == root:
+            if output is None:
+                raise ValueError(f"gather: rank {root} is the root and needs an output array "
+                                 f"of shape {(self._size,) + tuple(input.shape)}")
+            self._check_array(output, "output")
+            self._check_same(input, output, "gather output", (self._size,) + tuple(input.shape))
+        info = self._new_info("gather", input, root=root)
+
+        def run():
+            if self._size == 1:
+                output[0] = input
+            else:
+                self._gather(output, input, root, info)
+            return output
+        return self._run(info, run, async_op)
+
+    def scatter(self, output, input, root: int = 0, async_op: bool = False) -> Work:
+        """``output = root's input[rank]``; ``input.shape == (size, *output.shape)`` on root."""
+        self._check_array(output, "output")
+        self._check_rank(root, "root")
+        if self._rank == root:
+            if input is None:
+                raise ValueError(f"scatter: rank {root} is the root and needs an input array "
+                                 f"of shape {(self._size,) + tuple(output.shape)}")
+            self._check_array(input, "input")
+            self._check_same(output, input, "scatter input", (self._size,) + tuple(output.shape))
+        info = self._new_info("scatter", output, root=root)
+
+        def run():
+            if self._size == 1:
+                output[...] = input[0]
+            else:
+                self._scatter(output, input, root, info)
+            return output
+        return self._run(info, run, async_op)
+
+    def reduce_scatter(self, output, input, op: ReduceOp = ReduceOp.SUM, async_op: bool = False) -> Work:
+        """Reduce ``input`` and give rank r the r-th chunk of dim 0 (``input.shape[0] == size * output.shape[0]``)."""
+        self._check_array(input, "input")
+        self._check_array(output, "output")
+        op = self._check_op(op, input)
+        if input.ndim == 0 or input.shape[0] % self._size:
+            dim0 = input.shape[0] if input.ndim else "a 0-d array"
+            raise ValueError(f"reduce_scatter: input dim 0 ({dim0}) is not divisible by the group "
+                             f"size {self._size}; pad the input to a multiple of {self._size}")
+        expected = (input.shape[0] // self._size,) + tuple(input.shape[1:])
+        self._check_same(input, output, "reduce_scatter output", expected)
+        info = self._new_info("reduce_scatter", input, op=op)
+
+        def run():
+            if self._size == 1:
+                output[...] = input
+            elif op is ReduceOp.AVG and input.dtype == np.float16:
+                # Pre-multiplied sum (see allreduce), on a copy: the input is the caller's.
+                self._reduce_scatter(output, input * input.dtype.type(1.0 / self._size), ReduceOp.SUM, info)
+            else:
+                self._reduce_scatter(output, input, op, info)
+            return output
+        return self._run(info, run, async_op)
+
+    def alltoall(self, output, input, async_op: bool = False) -> Work:
+        """Rank r sends chunk d of ``input``'s dim 0 to rank d, and receives chunk s from rank s."""
+        self._check_array(input, "input")
+        self._check_array(output, "output")
+        if input.ndim == 0 or input.shape[0] % self._size:
+            raise ValueError(f"all_to_all: input dim 0 must be divisible by the group size {self._size}")
+        self._check_same(input, output, "all_to_all output", input.shape)
+        info = self._new_info("all_to_all", input)
+
+        def run():
+            if self._size == 1:
+                output[...] = input
+            else:
+                self._alltoall(output, input, info)
+            return output
+        return self._run(info, run, async_op)
+
+    def barrier(self, async_op: bool = False) -> Work:
+        info = self._new_info("barrier")
+
+        def run():
+            if self._size > 1:
+                self._barrier(info)
+        return self._run(info, run, async_op)
+
+    # -- point to point -----------------------------------------------------------------------------
+    def send(self, array, dst: int, tag: int = 0, async_op: bool = False) -> Work:
+        """Send ``array`` to group rank ``dst`` (matched by ``tag`` with the peer's recv)."""
+        self._check_array(array, "array")
+        self._check_rank(dst, "dst")
+        if dst == self._rank:
+            raise ValueError(f"send: dst={dst} is this rank; a rank cannot send to itself")
+        info = self._new_info("send", array, root=dst, p2p=True)
+        return self._run_p2p(info, lambda: self._send(array, dst, tag, info), async_op, ("send", dst, tag))
+
+    def recv(self, array, src: int, tag: int = 0, async_op: bool = False) -> Work:
+        """Receive into ``array`` from group rank ``src``; shape and dtype must match the send."""
+        self._check_array(array, "array")
+        self._check_rank(src, "src")
+        if src == self._rank:
+            raise ValueError(f"recv: src={src} is this rank; a rank cannot receive from itself")
+        info = self._new_info("recv", array, root=src, p2p=True)
+
+        def run():
+            self._recv(array, src, tag, info)
+            return array
+        return self._run_p2p(info, run, async_op, ("recv", src, tag))
+
+    def _run_p2p(self, info: OpInfo, fn, async_op: bool, lane_key: tuple) -> Work:
+        # Point-to-point ops do not join the collective lane: an isend followed by a recv on
+        # both sides would deadlock there once payloads outgrow socket buffers. Each (direction,
+        # peer, tag) gets its own lane, which keeps two isends to one peer in issue order.
+        with self._lock:
+            lane = self._p2p_lanes.get(lane_key)
+            if lane is None:
+                lane = self._p2p_lanes[lane_key] = SerialLane(
+                    f"neural_arch-{self.name}-{lane_key[0]}-{lane_key[1]}-{lane_key[2]}", self._execute)
+        return self._run(info, fn, async_op, lane)
+
+    # -- object collectives (trusted peers only: they unpickle what peers send) --------------------
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        """Pickle ``obj`` on ``root`` and return it on every rank. Trusted peers only."""
+        self._check_rank(root, "root")
+        if self._size == 1:
+            return obj
+        payload = _pickle(obj) if self._rank == root else np.zeros(0, np.uint8)
+        length = np.array([payload.size], dtype=np.int64)
+        self.broadcast(length, root)
+        if self._rank != root:
+            payload = np.empty(int(length[0]), dtype=np.uint8)
+        self.broadcast(payload, root)
+        return obj if self._rank == root else pickle.loads(payload.tobytes())
+
+    def allgather_object(self, obj: Any) -> list:
+        """Every rank's ``obj``, in rank order. Trusted peers only."""
+        if self._size == 1:
+            return [obj]
+        payload = _pickle(obj)
+        lengths = np.zeros((self._size, 1), dtype=np.int64)
+        self.allgather(lengths, np.array([payload.size], dtype=np.int64))
+        longest = int(lengths.max())
+        padded = np.zeros(longest, dtype=np.uint8)
+        padded[:payload.size] = payload
+        table = np.zeros((self._size, longest), dtype=np.uint8)
+        self.allgather(table, padded)
+        return [pickle.loads(table[r, :int(lengths[r, 0])].tobytes()) for r in range(self._size)]
+
+    # -- groups and teardown ---------------------------------------------------------------------------
+    def new_group(self, ranks: Sequence[int]) -> Optional["Backend"]:
+        """Sub-communicator over ``ranks`` (ranks of this group). Every rank of this group must
+        call it with the same list; ranks outside it get ``None``."""
+        ranks = [int(r) for r in ranks]
+        if not ranks:
+            raise ValueError("new_group: ranks must not be empty")
+        for r in ranks:
+            self._check_rank(r, "ranks[...]")
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"new_group: ranks {ranks} contain duplicates")
+        return self._new_group(sorted(ranks))
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        reason = "the process group was destroyed"
+        for lane in [self._lane, *self._p2p_lanes.values()]:
+            lane.close(reason)
+        self._shutdown()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self._rank}, size={self._size}, ranks={self.group_ranks})"
+
+
+_COLLECTIVE_TAG = -1  # tag used by derived collectives built on send/recv
+
+
+def _pickle(obj) -> np.ndarray:
+    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8).copy()

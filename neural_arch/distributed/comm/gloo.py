@@ -1,0 +1,263 @@
+"""The gloo backend: collectives in pure Python + NumPy over shared memory or TCP.
+
+``GlooBackend`` runs the schedules of :mod:`neural_arch.distributed.comm.algorithms.plans` (ring, recursive
+doubling, trees, chains; see :mod:`.gloo_algorithms` for which one when, and the measurements
+behind the thresholds) over one :class:`~neural_arch.distributed.comm.transport.engine.Transport`
+per process: shared memory between ranks of one host, TCP between hosts
+(``NEURAL_ARCH_GLOO_TRANSPORT=auto|shm|tcp``). CuPy arrays are staged through host memory.
+
+Sub-groups reuse the world's transport on their own channels, so creating one opens no
+sockets. Point-to-point messages carry a small header (shape, dtype, tag) before the payload;
+a receive whose buffer does not match fails with an error naming both sides.
+
+Example::
+
+    store = TCPStore("127.0.0.1", port, world_size=2, is_master=(rank == 0))
+    backend = GlooBackend.create(store, rank, 2, timeout=30.0)
+    x = np.full(4, float(rank + 1), np.float32)
+    backend.allreduce(x)              # x == [3, 3, 3, 3] on both ranks
+    sub = backend.new_group([0])      # rank 0: a group of one; rank 1: None
+    backend.shutdown()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from neural_arch.distributed.comm.backend import SUPPORTED_DTYPES, Backend
+from neural_arch.distributed.errors import DistributedError
+from neural_arch.distributed.comm.algorithms.executor import PlanExecutor, force_algo_from_env
+from neural_arch.distributed.comm.work import OpInfo
+
+TRANSPORT_ENV = "NEURAL_ARCH_GLOO_TRANSPORT"
+
+# Channel layout: every group owns a block of channels; inside it, channel 0 carries the
+# group's collectives and the others carry point-to-point messages, one per tag.
+# Groups are numbered by their creation path ((), (1,), (1, 2), ...), which every member
+# agrees on without talking (all ranks of a parent create its sub-groups in the same order);
+# the path is hashed into the block number.
+_GROUP_BITS = 24
+_TAG_BITS = 20
+_TAG_OFFSET = 1 << (_TAG_BITS - 1)          # tags in [-2**19, 2**19) map one-to-one
+
+# p2p header: int64[16] = magic, tag, dtype code, ndim, nbytes, dims[0..10]
+_MAGIC = 0x6E61676C6F6F              # "naglo o"
+_HDR_LEN = 16
+_MAX_HDR_DIMS = _HDR_LEN - 5
+_DTYPES = sorted(str(d) for d in SUPPORTED_DTYPES)
+_DTYPE_CODE = {name: i + 1 for i, name in enumerate(_DTYPES)}
+_DTYPE_NAME = {i + 1: name for i, name in enumerate(_DTYPES)}
+
+
+def _group_block(path: Tuple[int, ...]) -> int:
+    if not path:
+        return 0
+    digest = hashlib.blake2b(repr(path).encode(), digest_size=8).digest()
+    return 1 + int.from_bytes(digest, "little") % ((1 << _GROUP_BITS) - 1)
+
+
+class GlooBackend(PlanExecutor, Backend):
+    """Collectives over the neural_arch transport (see the module docstring).
+
+    Build it with :meth:`create`; sub-groups come from :meth:`new_group`.
+    """
+
+    name = "gloo"
+    devices = ("cpu", "cuda")
+
+    def __init__(self, transport, rank: int, size: int, timeout: float = 300.0,
+                 group_ranks: Optional[Sequence[int]] = None, debug: Optional[bool] = None,
+                 peers: Optional[Sequence[int]] = None, path: Tuple[int, ...] = (),
+                 owns_transport: bool = True):
+        super().__init__(rank, size, timeout, group_ranks=group_ranks, debug=debug)
+        self._t = transport
+        #: group rank -> transport (world) rank
+        self._peers: List[int] = list(peers) if peers is not None else list(range(size))
+        self._path = path
+        self._block = _group_block(path)
+        self._coll_channel = self._block << _TAG_BITS
+        self._owns_transport = owns_transport
+        self._children = 0
+        self._buffers: Dict[tuple, np.ndarray] = {}
+        self._compiled_plans: Dict[tuple, tuple] = {}
+        self._exchange_plans: Dict[tuple, tuple] = {}
+        self._p2p_locks: Dict[Tuple[str, int, int], threading.Lock] = {}
+        self._p2p_locks_guard = threading.Lock()
+        self._force_algo = force_algo_from_env()
+
+    @classmethod
+    def create(cls, store, rank: int, world_size: int, timeout: float = 300.0, transport: Optional[str] = None,
+               auth_token=None, group_ranks: Optional[Sequence[int]] = None, debug: Optional[bool] = None,
+               **opts) -> "GlooBackend":
+        """Connect to the other ``world_size - 1`` ranks through ``store`` and return the world group.
+
+        ``transport``: ``"auto"`` (shared memory on one host, TCP otherwise), ``"shm"`` or
+        ``"tcp"``; default from ``NEURAL_ARCH_GLOO_TRANSPORT``, else ``"auto"``.
+        Other keyword options are accepted and ignored (other backends' options).
+        """
+        mode = (transport or os.environ.get(TRANSPORT_ENV) or "auto").strip().lower()
+        if mode not in ("auto", "shm", "tcp"):
+            raise ValueError(f"gloo transport {mode!r} is unknown; use 'auto', 'shm' or 'tcp' "
+                             f"(argument transport= or ${TRANSPORT_ENV})")
+        t = None
+        if world_size > 1:
+            from neural_arch.distributed.comm.transport.engine import connect_transport  # the transport imports sockets/shm machinery
+
+            t = connect_transport(store, rank, world_size, timeout, mode=mode, auth_token=auth_token)
+        return cls(t, rank, world_size, timeout, group_ranks=group_ranks, debug=debug)
+
+    # -- scratch ----------------------------------------------------------------------------------
+    def _scratch(self, dtype, n: int, slot: str) -> np.ndarray:
+        """A reusable buffer of at least ``n`` elements of ``dtype`` (grown, never shrunk)."""
+        key = (dtype, slot)
+        buf = self._buffers.get(key)
+        if buf is None or buf.size < n:
+            buf = np.empty(max(n, 1), dtype=dtype)
+            self._buffers[key] = buf
+        return buf[:n]
+
+    # -- point to point ------------------------------------------------------------------------------
+    def _tag_channel(self, tag: int) -> int:
+        if not -_TAG_OFFSET <= tag < _TAG_OFFSET - 1:
+            raise ValueError(f"tag={tag} is out of range for the gloo backend; use a tag in "
+                             f"[0, {_TAG_OFFSET - 2}] (negative tags are reserved)")
+        return self._coll_channel + 1 + tag + _TAG_OFFSET
+
+    def _p2p_lock(self, kind: str, peer: int, channel: int) -> threading.Lock:
+        # Header and payload must travel back to back even if two threads send on one tag.
+        key = (kind, peer, channel)
+        with self._p2p_locks_guard:
+            lock = self._p2p_locks.get(key)
+            if lock is None:
+                lock = self._p2p_locks[key] = threading.Lock()
+        return lock
+
+    @staticmethod
+    def _header(array, tag: int) -> np.ndarray:
+        hdr = np.full(_HDR_LEN, -1, dtype=np.int64)
+        hdr[0], hdr[1] = _MAGIC, tag
+        hdr[2] = _DTYPE_CODE.get(str(array.dtype), 0)
+        hdr[3] = array.ndim
+        hdr[4] = array.nbytes
+        shape = array.shape[:_MAX_HDR_DIMS]
+        hdr[5:5 + len(shape)] = shape
+        return hdr
+
+    @staticmethod
+    def _describe_header(hdr: np.ndarray) -> str:
+        ndim = int(hdr[3])
+        shape = tuple(int(d) for d in hdr[5:5 + min(ndim, _MAX_HDR_DIMS)])
+        return f"shape {shape} {_DTYPE_NAME.get(int(hdr[2]), '?')} ({int(hdr[4])} bytes)"
+
+    def _send(self, array, dst: int, tag: int, info: OpInfo) -> None:
+        channel = self._tag_channel(tag)
+        host = array if isinstance(array, np.ndarray) else array.get()
+        peer = self._peers[dst]
+        with self._p2p_lock("send", peer, channel):
+            self._t.send(peer, self._header(host, tag), channel, info)
+            if host.nbytes:
+                self._t.send(peer, _bytes(host), channel, info)
+
+    def _recv(self, array, src: int, tag: int, info: OpInfo) -> None:
+        channel = self._tag_channel(tag)
+        peer = self._peers[src]
+        host = array if isinstance(array, np.ndarray) else np.empty(array.shape, array.dtype)
+        with self._p2p_lock("recv", peer, channel):
+            hdr = np.empty(_HDR_LEN, dtype=np.int64)
+            self._t.recv_into(peer, hdr, channel, info)
+            self._check_header(hdr, host, src, tag, peer, channel, info)
+            if host.nbytes:
+                self._t.recv_into(peer, _bytes(host), channel, info)
+        if host is not array:
+            array.set(host)
+
+    def _mismatch(self, hdr, host, src, tag, info) -> Optional[str]:
+        """None when the incoming header matches ``host``; else the error message naming both sides."""
+        if int(hdr[0]) != _MAGIC:
+            raise DistributedError(f"{info.describe()}: rank {self.global_rank(src)} sent a message that is "
+                                   "not a gloo point-to-point header; the two ranks disagree about the "
+                                   "order of send/recv calls")
+        expected = self._header(host, tag)
+        if np.array_equal(hdr[1:], expected[1:]):
+            return None
+        return (f"{info.describe()}: rank {self.global_rank(src)} sent {self._describe_header(hdr)} with tag "
+                f"{int(hdr[1])}, but this rank ({self.group_ranks[self._rank]}) receives into "
+                f"{self._describe_header(expected)} with tag {tag}; make the recv buffer match the send "
+                "(same shape and dtype)")
+
+    @staticmethod
+    def _drain_buffer(hdr) -> Optional[np.ndarray]:
+        # Receiving the sender's payload anyway keeps the stream in step: later messages still match.
+        nbytes = int(hdr[4])
+        return np.empty(nbytes, np.uint8) if 0 < nbytes <= (1 << 34) else None
+
+    def _check_header(self, hdr, host, src, tag, peer, channel, info) -> None:
+        problem = self._mismatch(hdr, host, src, tag, info)
+        if problem is not None:
+            drain = self._drain_buffer(hdr)
+            if drain is not None:
+                self._t.recv_into(peer, drain, channel, info)
+            raise ValueError(problem)
+
+    def _sendrecv(self, send_array, dst: int, recv_array, src: int, tag: int, info: OpInfo) -> None:
+        """Header exchange, then payload exchange, both concurrent (no deadlock in rings).
+
+        On a shape/dtype mismatch both payloads still travel (the wrong one is drained), then
+        ValueError: the peers stay in step and can go on communicating.
+        """
+        if dst == self._rank or src == self._rank:
+            raise ValueError("sendrecv: a rank cannot exchange with itself")
+        channel = self._tag_channel(tag)
+        host_out = send_array if isinstance(send_array, np.ndarray) else send_array.get()
+        host_in = recv_array if isinstance(recv_array, np.ndarray) else np.empty(recv_array.shape,
+                                                                               recv_array.dtype)
+        pd, ps = self._peers[dst], self._peers[src]
+        hdr = np.empty(_HDR_LEN, dtype=np.int64)
+        with self._p2p_lock("send", pd, channel), self._p2p_lock("recv", ps, channel):
+            self._t.sendrecv(pd, self._header(host_out, tag), ps, hdr, channel, info)
+            problem = self._mismatch(hdr, host_in, src, tag, info)
+            incoming = _bytes(host_in) if problem is None else self._drain_buffer(hdr)
+            if incoming is not None and not incoming.nbytes:
+                incoming = None
+            if host_out.nbytes and incoming is not None:
+                self._t.sendrecv(pd, _bytes(host_out), ps, incoming, channel, info)
+            elif host_out.nbytes:
+                self._t.send(pd, _bytes(host_out), channel, info)
+            elif incoming is not None:
+                self._t.recv_into(ps, incoming, channel, info)
+        if problem is not None:
+            raise ValueError(problem)
+        if host_in is not recv_array:
+            recv_array.set(host_in)
+
+    # -- groups and teardown --------------------------------------------------------------------------
+    def _new_group(self, ranks: List[int]) -> Optional["GlooBackend"]:
+        # Every rank of this group calls new_group in the same order, so the counter (and with
+        # it the child's channel block) agrees everywhere without a message.
+        self._children += 1
+        path = self._path + (self._children,)
+        if self._rank not in ranks:
+            return None
+        return GlooBackend(self._t, ranks.index(self._rank), len(ranks), self.timeout,
+                           group_ranks=[self.group_ranks[r] for r in ranks], debug=self.debug,
+                           peers=[self._peers[r] for r in ranks], path=path, owns_transport=False)
+
+    def _shutdown(self) -> None:
+        self._buffers.clear()
+        self._exchange_plans.clear()
+        if self._owns_transport and self._t is not None:
+            self._t.close()
+
+    def transport_kinds(self) -> Dict[int, str]:
+        """``{group rank: "shm" | "tcp"}`` for every peer (useful to check what ``auto`` picked)."""
+        return {r: self._t.peer_kind(p) for r, p in enumerate(self._peers) if r != self._rank}
+
+
+def _bytes(array: np.ndarray) -> np.ndarray:
+    """A flat uint8 view (every dtype, bool and float16 included, travels as raw bytes)."""
+    return array.reshape(-1).view(np.uint8)

@@ -1,0 +1,205 @@
+"""``Work`` handles, ``ReduceOp`` and ``OpInfo``: the vocabulary every backend shares.
+
+A collective always returns a :class:`Work`. ``async_op=False`` simply means the caller
+waits on it at once. An exception raised while the operation ran (on a progress thread,
+say) is stored in the handle and raised again by :meth:`Work.wait` in the caller's thread.
+
+Example::
+
+    work = backend.allreduce(arr, ReduceOp.SUM, async_op=True)
+    ...                      # compute while the reduction runs
+    work.wait()              # raises here if the reduction failed
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from neural_arch.distributed.errors import CollectiveTimeoutError
+
+_log = logging.getLogger("neural_arch.distributed")
+
+
+class ReduceOp(enum.Enum):
+    """Reduction operators. ``AVERAGE`` is an alias of ``AVG`` (the seeds spell it that way)."""
+
+    SUM = "sum"
+    AVG = "avg"
+    AVERAGE = "avg"
+    MAX = "max"
+    MIN = "min"
+    PRODUCT = "product"
+
+    @classmethod
+    def coerce(cls, op: "ReduceOp | str") -> "ReduceOp":
+        """Accept a ``ReduceOp`` or its name (``"sum"``, ``"AVG"``, ``"average"``...)."""
+        if isinstance(op, cls):
+            return op
+        if isinstance(op, str):
+            key = op.strip().upper()
+            if key in cls.__members__:
+                return cls.__members__[key]
+        names = ", ".join(sorted(cls.__members__))
+        raise ValueError(f"op={op!r} is not a reduction operator; use one of ReduceOp.{{{names}}}")
+
+
+@dataclass(slots=True)
+class OpInfo:
+    """What one numbered operation is, for error messages, debug checks and timelines."""
+
+    name: str
+    seq: int
+    group_ranks: Sequence[int] = ()
+    rank: int = 0
+    shape: Optional[tuple] = None
+    dtype: Optional[str] = None
+    root: Optional[int] = None
+    reduce_op: Optional[str] = None
+    deadline: float = float("inf")
+    extra: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """``all_reduce #57 (shape (1024,), float32)``"""
+        parts = []
+        if self.shape is not None:
+            parts.append(f"shape {tuple(self.shape)}")
+        if self.dtype is not None:
+            parts.append(str(self.dtype))
+        if self.root is not None:
+            parts.append(f"root {self.root}")
+        detail = f" ({', '.join(parts)})" if parts else ""
+        return f"{self.name} #{self.seq}{detail}"
+
+    def remaining(self) -> float:
+        """Seconds left before the deadline (never negative)."""
+        return max(0.0, self.deadline - time.monotonic())
+
+    def timeout_error(self, missing: Sequence[int], waited: float) -> CollectiveTimeoutError:
+        """The error for a deadline that passed while ``missing`` ranks had not arrived."""
+        group = list(self.group_ranks)
+        waiting = [r for r in group if r not in set(missing)]
+        return CollectiveTimeoutError(
+            f"{self.describe()} on group {group} timed out after {waited:.1f} s on rank {self.rank}: "
+            f"ranks {sorted(missing)} did not arrive; ranks {waiting} were waiting. "
+            "Check that every rank calls the same collectives in the same order, or raise the "
+            "timeout with init_process_group(timeout=...)."
+        )
+
+
+class Work:
+    """Handle of one (possibly asynchronous) operation.
+
+    ``wait(timeout=None)`` blocks until the operation finished and returns True, or raises
+    the exception it failed with. ``result()`` is the operation's output (the array it
+    filled, or a Python object for the object collectives).
+    """
+
+    __slots__ = ("info", "_done", "_event", "_result", "_exc", "_callbacks", "completed_at")
+
+    # One lock for all handles: it only guards the lazy creation of an Event and the callback
+    # list, both rare. A synchronous collective that completes inline never creates an Event,
+    # which keeps the per-call overhead of small collectives down to a few microseconds.
+    _guard = threading.Lock()
+
+    def __init__(self, info: Optional[OpInfo] = None):
+        self.info = info
+        self._done = False
+        self._event: Optional[threading.Event] = None
+        self._result: Any = None
+        self._exc: Optional[BaseException] = None
+        self._callbacks: Optional[list] = None
+        #: ``time.perf_counter()`` when the operation finished (None while pending)
+        self.completed_at: Optional[float] = None
+
+    @classmethod
+    def completed(cls, result: Any = None, info: Optional[OpInfo] = None) -> "Work":
+        """A handle that is already done (world of one, or a synchronous fast path)."""
+        work = cls(info)
+        work._result = result
+        work.completed_at = time.perf_counter()
+        work._done = True
+        return work
+
+    @classmethod
+    def failed(cls, exc: BaseException, info: Optional[OpInfo] = None) -> "Work":
+        work = cls(info)
+        work._exc = exc
+        work.completed_at = time.perf_counter()
+        work._done = True
+        return work
+
+    def is_completed(self) -> bool:
+        return self._done
+
+    def is_success(self) -> bool:
+        return self._done and self._exc is None
+
+    def exception(self) -> Optional[BaseException]:
+        return self._exc
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until done; raise the stored exception if the operation failed."""
+        if not self._done:
+            with Work._guard:
+                event = None
+                if not self._done:
+                    if self._event is None:
+                        self._event = threading.Event()
+                    event = self._event
+            if event is not None and not event.wait(timeout):
+                what = self.info.describe() if self.info else "operation"
+                raise CollectiveTimeoutError(f"Work.wait(timeout={timeout}) expired before {what} completed")
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def result(self) -> Any:
+        self.wait()
+        return self._result
+
+    def add_done_callback(self, fn: Callable[["Work"], None]) -> None:
+        """Run ``fn(work)`` when done (at once, in this thread, if already done).
+
+        ``fn`` runs on the thread that completes the work; an exception it raises is logged,
+        never propagated (it would otherwise kill a backend's progress thread)."""
+        with Work._guard:
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    # -- completion, called by backends -------------------------------------------------
+    def _finish(self) -> None:
+        self.completed_at = time.perf_counter()
+        with Work._guard:
+            self._done = True
+            event, callbacks, self._callbacks = self._event, self._callbacks, None
+        if event is not None:
+            event.set()
+        for fn in callbacks or ():
+            try:
+                fn(self)
+            except Exception:  # noqa: BLE001 - a user callback must not kill a progress thread
+                _log.exception("a done-callback of %r raised; the operation itself completed", self)
+
+    def _set_result(self, result: Any = None) -> None:
+        self._result = result
+        self._finish()
+
+    def _set_exception(self, exc: BaseException) -> None:
+        self._exc = exc
+        self._finish()
+
+    def __repr__(self) -> str:
+        state = "done" if self.is_completed() else "pending"
+        if self._exc is not None:
+            state = f"failed: {type(self._exc).__name__}"
+        what = self.info.describe() if self.info else "op"
+        return f"Work({what}, {state})"

@@ -1,0 +1,1 @@
+"""Distributed data: :class:`~.sampler.DistributedSampler` and ``distributed_evaluate``."""

@@ -1,0 +1,589 @@
+"""Rendezvous key-value stores: how the ranks of a job find each other.
+
+Three stores share one small interface (torch's ``Store`` names and semantics)::
+
+    set(key, value)            value: bytes or str (str is UTF-8 encoded)
+    get(key) -> bytes          blocks until the key exists (up to the store's timeout)
+    add(key, amount) -> int    atomic counter (the value is the decimal text, torch-compatible)
+    compare_set(key, expected, desired) -> bytes
+    wait(keys, timeout=None)   blocks until every key exists
+    check(keys) -> bool        whether every key exists, without blocking
+    delete_key(key) -> bool    num_keys() -> int          close()
+
+* :class:`TCPStore` -- rank 0 (``is_master=True``) runs a small threaded server; everyone else
+  connects to it (retrying while it is not up yet). The wire protocol is length-prefixed binary
+  frames; the store **never unpickles** anything it receives.
+* :class:`FileStore` -- a binary append-only log on a shared file system, serialised with
+  ``fcntl.flock`` (see :mod:`neural_arch.distributed.rendezvous.file_store`).
+* :class:`PrefixStore` -- namespacing wrapper (sub-groups, restarts).
+
+:func:`store_barrier` is the rendezvous every backend starts with: it says *which ranks* never
+arrived when it times out.
+
+Authentication: pass ``auth_token`` (bytes or str) explicitly -- the process-group code reads
+``NEURAL_ARCH_AUTH_TOKEN`` and hands it over; the store itself never reads the environment, so a
+store built in a test is never affected by the variable. With a token, every connection must
+answer an HMAC-SHA256 challenge before its first request; a connection that does not (or sends a
+malformed or oversized frame) is closed and logged, and the server keeps serving everyone else.
+
+Example::
+
+    >>> master = TCPStore("127.0.0.1", 0, world_size=2, is_master=True, timeout=5)
+    >>> worker = TCPStore("127.0.0.1", master.port, world_size=2, timeout=5)
+    >>> worker.set("addr/1", "10.0.0.2:4000"); master.get("addr/1")
+    b'10.0.0.2:4000'
+    >>> master.add("count", 2), worker.add("count", 1)
+    (2, 3)
+    >>> worker.close(); master.close()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Union
+
+from neural_arch.distributed.errors import AuthenticationError, DistributedError, PeerFailureError, RendezvousError
+
+__all__ = ["FileStore", "PrefixStore", "Store", "StoreTimeoutError", "TCPStore", "store_barrier"]  # noqa: F822
+
+log = logging.getLogger("neural_arch.distributed.rendezvous.store")
+
+BytesLike = Union[bytes, bytearray, memoryview, str]  # noqa: UP007 (a runtime alias: 3.9-safe)
+
+# -- wire protocol ------------------------------------------------------------------------------
+# server -> client on accept:   MAGIC | u8 auth_required | 32-byte nonce
+# client -> server (if auth):   32-byte HMAC-SHA256(token, nonce)  -> server answers b"\x01" or closes
+# request:                      u8 op | u32 nargs | nargs * (u32 len | bytes)
+# response:                     u8 status | u32 nargs | nargs * (u32 len | bytes)
+MAGIC = b"NASTORE1"
+_NONCE = 32
+_HDR = struct.Struct("!BI")
+_LEN = struct.Struct("!I")
+_U64 = struct.Struct("!Q")
+MAX_ARGS = 1 << 16           # wait()/check() on many keys, never more
+MAX_FRAME = 256 << 20        # one request's payload, all arguments together
+_AUTH_TIMEOUT = 10.0         # a connection that does not answer the challenge in time is dropped
+
+OP_SET, OP_GET, OP_ADD, OP_CAS, OP_WAIT, OP_CHECK, OP_DELETE, OP_NUMKEYS = range(1, 9)
+ST_OK, ST_TIMEOUT, ST_ERROR, ST_CLOSED = 0, 1, 2, 3
+_WORKERS_KEY = "\x00workers"  # internal: counts connected clients (wait_for_workers)
+
+
+class StoreTimeoutError(RendezvousError, TimeoutError):
+    """A key did not appear within the store's timeout (the message names it)."""
+
+
+def _b(value: BytesLike) -> bytes:
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"store values must be bytes or str, got {type(value).__name__}; "
+                    "encode it first (pickle only between trusted peers, in the *_object helpers)")
+
+
+def _keys(keys: str | Iterable[str]) -> list[str]:
+    return [keys] if isinstance(keys, str) else [str(k) for k in keys]
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError("connection closed by the other side")
+        got += k
+    return bytes(buf)
+
+
+def _write_frame(sock: socket.socket, code: int, args: Sequence[bytes]) -> None:
+    parts = [_HDR.pack(code, len(args))]
+    for a in args:
+        parts.append(_LEN.pack(len(a)))
+        parts.append(a)
+    sock.sendall(b"".join(parts))
+
+
+def _read_frame(sock: socket.socket) -> tuple[int, list[bytes]]:
+    """Read one frame; ``ValueError`` on a malformed or oversized one (the caller drops the peer)."""
+    code, nargs = _HDR.unpack(_recv_exact(sock, _HDR.size))
+    if nargs > MAX_ARGS:
+        raise ValueError(f"frame announces {nargs} arguments (max {MAX_ARGS})")
+    args, total = [], 0
+    for _ in range(nargs):
+        (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+        total += n
+        if total > MAX_FRAME:
+            raise ValueError(f"frame payload exceeds {MAX_FRAME} bytes")
+        args.append(_recv_exact(sock, n))
+    return code, args
+
+
+def _hmac(token: bytes, nonce: bytes) -> bytes:
+    return hmac.new(token, nonce, hashlib.sha256).digest()
+
+
+def _to_int(value: bytes, key: str) -> int:
+    try:
+        return int(value.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise ValueError(f"store key {key!r} holds {value[:32]!r}, not an integer; add() needs a counter key")
+
+
+# -- the interface ------------------------------------------------------------------------------
+class Store:
+    """Base class: subclasses implement the methods; helpers shared by all live here."""
+
+    timeout: float = 300.0
+
+    def set(self, key: str, value: BytesLike) -> None:
+        raise NotImplementedError
+
+    def get(self, key: str) -> bytes:
+        raise NotImplementedError
+
+    def add(self, key: str, amount: int) -> int:
+        raise NotImplementedError
+
+    def compare_set(self, key: str, expected: BytesLike, desired: BytesLike) -> bytes:
+        raise NotImplementedError
+
+    def wait(self, keys: str | Sequence[str], timeout: float | None = None) -> None:
+        raise NotImplementedError
+
+    def check(self, keys: str | Sequence[str]) -> bool:
+        raise NotImplementedError
+
+    def delete_key(self, key: str) -> bool:
+        raise NotImplementedError
+
+    def num_keys(self) -> int:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def set_timeout(self, timeout: float) -> None:
+        self.timeout = float(timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _State:
+    """The master's dictionary and the logic of every operation (shared by socket and local clients)."""
+
+    def __init__(self):
+        self.data: dict[str, bytes] = {}
+        self.cond = threading.Condition()
+        self.closed = False
+
+    def _wait_for(self, keys: list[str], timeout: float) -> list[str]:
+        """Wait until every key exists; return the missing ones (empty on success)."""
+        end = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                missing = [k for k in keys if k not in self.data]
+                left = end - time.monotonic()
+                if not missing or left <= 0 or self.closed:
+                    return missing
+                self.cond.wait(min(left, 1.0))
+
+    def handle(self, op: int, args: list[bytes]) -> tuple[int, list[bytes]]:
+        if op == OP_SET:
+            key, value = args[0].decode(), args[1]
+            with self.cond:
+                self.data[key] = value
+                self.cond.notify_all()
+            return ST_OK, []
+        if op in (OP_GET, OP_WAIT):
+            keys = [a.decode() for a in args[:-1]]
+            (timeout_ms,) = _U64.unpack(args[-1])
+            missing = self._wait_for(keys, timeout_ms / 1000.0)
+            if missing and self.closed:
+                return ST_CLOSED, []
+            if missing:
+                return ST_TIMEOUT, [k.encode() for k in missing]
+            with self.cond:
+                return ST_OK, [self.data[keys[0]]] if op == OP_GET else []
+        if op == OP_ADD:
+            key = args[0].decode()
+            amount = int(args[1].decode("ascii"))
+            with self.cond:
+                value = _to_int(self.data[key], key) + amount if key in self.data else amount
+                self.data[key] = str(value).encode("ascii")
+                self.cond.notify_all()
+            return ST_OK, [self.data[key]]
+        if op == OP_CAS:
+            key, expected, desired = args[0].decode(), args[1], args[2]
+            with self.cond:
+                current = self.data.get(key)
+                if (current is None and expected == b"") or current == expected:
+                    self.data[key] = desired
+                    self.cond.notify_all()
+                    return ST_OK, [desired]
+                return ST_OK, [expected if current is None else current]
+        if op == OP_CHECK:
+            with self.cond:
+                return ST_OK, [b"\x01" if all(a.decode() in self.data for a in args) else b"\x00"]
+        if op == OP_DELETE:
+            with self.cond:
+                found = self.data.pop(args[0].decode(), None) is not None
+            return ST_OK, [b"\x01" if found else b"\x00"]
+        if op == OP_NUMKEYS:
+            with self.cond:
+                n = sum(1 for k in self.data if not k.startswith("\x00"))
+            return ST_OK, [str(n).encode()]
+        raise ValueError(f"unknown store op {op}")
+
+
+class _Server:
+    """Threaded TCP server: one accept thread, one thread per connection (few clients, long-lived)."""
+
+    def __init__(self, host: str, port: int, token: bytes | None, state: _State):
+        self.state, self.token = state, token
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.sock.bind((host, port))
+        except OSError as exc:
+            self.sock.close()
+            raise DistributedError(
+                f"the rendezvous store cannot listen on {host}:{port} ({exc}); pick a free MASTER_PORT "
+                "or check that MASTER_ADDR is an address of this host") from exc
+        self.sock.listen(128)
+        self.port = self.sock.getsockname()[1]
+        self.conns: set = set()
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._accept_loop, name="na-store-accept", daemon=True)
+        self.thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self.state.closed:
+            try:
+                conn, addr = self.sock.accept()
+            except OSError:
+                return  # listening socket closed
+            threading.Thread(target=self._serve, args=(conn, addr), name="na-store-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket, addr) -> None:
+        with self.lock:
+            self.conns.add(conn)
+        try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            nonce = os.urandom(_NONCE)
+            conn.sendall(MAGIC + bytes([self.token is not None]) + nonce)
+            if self.token is not None:
+                conn.settimeout(_AUTH_TIMEOUT)
+                answer = _recv_exact(conn, 32)
+                if not hmac.compare_digest(answer, _hmac(self.token, nonce)):
+                    log.warning("store: rejected a connection from %s: wrong or missing auth token", addr)
+                    return
+                conn.sendall(b"\x01")
+            conn.settimeout(None)
+            while not self.state.closed:
+                op, args = _read_frame(conn)
+                try:
+                    status, out = self.state.handle(op, args)
+                except (ValueError, IndexError, UnicodeDecodeError, struct.error) as exc:
+                    status, out = ST_ERROR, [str(exc).encode()]
+                _write_frame(conn, status, out)
+        except (TimeoutError, ConnectionError, OSError):
+            pass  # the client went away (normal at shutdown) or never authenticated
+        except (ValueError, struct.error) as exc:
+            log.warning("store: closed the connection from %s after a malformed frame: %s", addr, exc)
+        finally:
+            with self.lock:
+                self.conns.discard(conn)
+            conn.close()
+
+    def close(self) -> None:
+        with self.state.cond:
+            self.state.closed = True
+            self.state.cond.notify_all()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        with self.lock:
+            conns = list(self.conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class TCPStore(Store):
+    """Client of (and, with ``is_master=True``, host of) a TCP key-value store.
+
+    ``host``/``port``: where the master listens. The master binds **only** to ``host`` as given
+    (``"0.0.0.0"`` to accept remote workers); ``port=0`` picks a free port, read it from ``.port``.
+    ``timeout`` bounds connecting and every blocking ``get``/``wait``. ``wait_for_workers=True``
+    makes the master's constructor wait until ``world_size - 1`` workers connected.
+
+    Thread-safe: one request at a time per client object (a blocking ``get``/``wait`` holds the
+    connection until it returns), so a thread that must not queue behind another's long ``wait``
+    should open its own ``TCPStore`` client. Losing the master (rank 0 exited) raises
+    ``PeerFailureError`` at once, never a hang.
+
+    Example::
+
+        store = TCPStore("127.0.0.1", 29500, world_size=4, is_master=(rank == 0), timeout=30)
+        store.set(f"addr/{rank}", my_addr)
+        peers = [store.get(f"addr/{r}") for r in range(4)]
+    """
+
+    def __init__(self, host: str, port: int, world_size: int | None = None, is_master: bool = False,
+                 timeout: float = 300.0, auth_token: BytesLike | None = None, wait_for_workers: bool = False):
+        self.host, self.world_size, self.is_master = host, world_size, is_master
+        self.timeout = float(timeout)
+        self._token = None if auth_token is None or auth_token == "" else _b(auth_token)
+        self._lock = threading.Lock()  # one request at a time on the shared socket
+        self._sock: socket.socket | None = None
+        self._server: _Server | None = None
+        self._state: _State | None = None
+        if is_master:
+            self._state = _State()
+            self._server = _Server(host, port, self._token, self._state)
+            self.port = self._server.port
+            if wait_for_workers and world_size and world_size > 1:
+                self._wait_for_workers(world_size - 1)
+        else:
+            self.port = int(port)
+            self._connect()
+            self._request(OP_ADD, [_WORKERS_KEY.encode(), b"1"])
+
+    def _wait_for_workers(self, expected: int) -> None:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            got = int(self._state.data.get(_WORKERS_KEY, b"0"))
+            if got >= expected:
+                return
+            if time.monotonic() > deadline:
+                self.close()
+                raise RendezvousError(f"TCPStore master on {self.host}:{self.port}: only {got} of {expected} "
+                                      f"workers connected within {self.timeout:.1f} s; check that every rank "
+                                      "started and uses the same MASTER_ADDR/MASTER_PORT")
+            time.sleep(0.01)
+
+    # -- connection -----------------------------------------------------------------------------
+    def _connect(self) -> None:
+        deadline, delay, last = time.monotonic() + self.timeout, 0.01, None
+        while True:
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=max(0.1, deadline - time.monotonic()))
+            except OSError as exc:  # not up yet: retry with backoff
+                last = exc
+                if time.monotonic() + delay > deadline:
+                    raise RendezvousError(
+                        f"could not reach the rendezvous store at {self.host}:{self.port} within "
+                        f"{self.timeout:.1f} s ({last}); check that rank 0 started and that MASTER_ADDR/"
+                        "MASTER_PORT are the same on every rank") from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+                continue
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                hello = _recv_exact(sock, len(MAGIC) + 1 + _NONCE)
+                if hello[:len(MAGIC)] != MAGIC:
+                    raise DistributedError(f"{self.host}:{self.port} is not a neural_arch store "
+                                           "(another service on MASTER_PORT?)")
+                if hello[len(MAGIC)]:
+                    if self._token is None:
+                        raise AuthenticationError(
+                            f"the store at {self.host}:{self.port} requires an auth token; export the job's "
+                            "NEURAL_ARCH_AUTH_TOKEN on this rank too")
+                    sock.sendall(_hmac(self._token, hello[len(MAGIC) + 1:]))
+                    try:
+                        _recv_exact(sock, 1)
+                    except ConnectionError:
+                        raise AuthenticationError(
+                            f"the store at {self.host}:{self.port} rejected this rank's auth token; every "
+                            "rank must use the same NEURAL_ARCH_AUTH_TOKEN") from None
+                sock.settimeout(None)
+            except BaseException:
+                sock.close()
+                raise
+            self._sock = sock
+            return
+
+    def _request(self, op: int, args: list[bytes], wait_s: float = 0.0) -> tuple[int, list[bytes]]:
+        if self._state is not None:  # the master talks to its own dictionary directly
+            if self._state.closed:
+                raise DistributedError("this TCPStore was closed")
+            status, out = self._state.handle(op, args)
+        else:
+            with self._lock:
+                if self._sock is None:
+                    raise DistributedError("this TCPStore was closed")
+                # the server answers blocking ops itself at their deadline; the margin covers the network
+                self._sock.settimeout(wait_s + max(self.timeout, 5.0))
+                try:
+                    _write_frame(self._sock, op, args)
+                    status, out = _read_frame(self._sock)
+                except (OSError, ValueError, struct.error) as exc:
+                    self._sock.close()
+                    self._sock = None
+                    raise PeerFailureError(
+                        f"lost the rendezvous store at {self.host}:{self.port} ({exc}); rank 0 (which hosts "
+                        "it) probably exited or crashed -- look at its log first") from exc
+        if status == ST_ERROR:
+            raise ValueError(out[0].decode(errors="replace") if out else "store error")
+        if status == ST_CLOSED:
+            raise PeerFailureError(f"the rendezvous store at {self.host}:{self.port} shut down while this rank "
+                                   "waited on it: rank 0 (which hosts it) exited -- look at its log first")
+        return status, out
+
+    # -- the interface --------------------------------------------------------------------------
+    def set(self, key: str, value: BytesLike) -> None:
+        self._request(OP_SET, [key.encode(), _b(value)])
+
+    def get(self, key: str) -> bytes:
+        status, out = self._request(OP_GET, [key.encode(), _U64.pack(int(self.timeout * 1000))], self.timeout)
+        if status == ST_TIMEOUT:
+            raise StoreTimeoutError(f"store key {key!r} did not appear within {self.timeout:.1f} s; "
+                                    "the rank that should set it did not start, crashed, or is stuck")
+        return out[0]
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._request(OP_ADD, [key.encode(), str(int(amount)).encode()])[1][0])
+
+    def compare_set(self, key: str, expected: BytesLike, desired: BytesLike) -> bytes:
+        return self._request(OP_CAS, [key.encode(), _b(expected), _b(desired)])[1][0]
+
+    def wait(self, keys: str | Sequence[str], timeout: float | None = None) -> None:
+        keys = _keys(keys)
+        t = self.timeout if timeout is None else float(timeout)
+        status, out = self._request(OP_WAIT, [k.encode() for k in keys] + [_U64.pack(int(t * 1000))], t)
+        if status == ST_TIMEOUT:
+            missing = [m.decode() for m in out]
+            raise StoreTimeoutError(f"store keys {missing} did not appear within {t:.1f} s")
+
+    def check(self, keys: str | Sequence[str]) -> bool:
+        return self._request(OP_CHECK, [k.encode() for k in _keys(keys)])[1][0] == b"\x01"
+
+    def delete_key(self, key: str) -> bool:
+        return self._request(OP_DELETE, [key.encode()])[1][0] == b"\x01"
+
+    def num_keys(self) -> int:
+        return int(self._request(OP_NUMKEYS, [])[1][0])
+
+    def close(self) -> None:
+        """Disconnect; the master also stops its server (workers then see a lost-store error)."""
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def __repr__(self) -> str:
+        return f"TCPStore({self.host}:{self.port}, master={self.is_master})"
+
+
+class PrefixStore(Store):
+    """Every key of ``store`` seen through ``prefix + "/"``: sub-groups and restarts never collide.
+
+    Example::
+
+        sub = PrefixStore("group1", store)
+        sub.set("x", b"1")            # is key "group1/x" of ``store``
+    """
+
+    def __init__(self, prefix: str, store: Store):
+        self.prefix, self.store = str(prefix), store
+        self.timeout = getattr(store, "timeout", 300.0)
+
+    def _k(self, key: str) -> str:
+        return f"{self.prefix}/{key}"
+
+    def set(self, key, value):
+        self.store.set(self._k(key), value)
+
+    def get(self, key):
+        return self.store.get(self._k(key))
+
+    def add(self, key, amount):
+        return self.store.add(self._k(key), amount)
+
+    def compare_set(self, key, expected, desired):
+        return self.store.compare_set(self._k(key), expected, desired)
+
+    def wait(self, keys, timeout=None):
+        self.store.wait([self._k(k) for k in _keys(keys)], timeout)
+
+    def check(self, keys):
+        return self.store.check([self._k(k) for k in _keys(keys)])
+
+    def delete_key(self, key):
+        return self.store.delete_key(self._k(key))
+
+    def num_keys(self):
+        """Keys of the **whole** underlying store (as in torch)."""
+        return self.store.num_keys()
+
+    def set_timeout(self, timeout):
+        self.timeout = float(timeout)
+        self.store.set_timeout(timeout)
+
+    def close(self):
+        """A view owns nothing: closing it leaves the underlying store open."""
+
+    def __repr__(self) -> str:
+        return f"PrefixStore({self.prefix!r}, {self.store!r})"
+
+
+def store_barrier(store: Store, rank: int, world_size: int, name: str, timeout: float) -> None:
+    """Every rank sets ``name/arrived/{rank}`` and waits for all; raise naming the absent ranks.
+
+    Use a fresh ``name`` per barrier (e.g. with a counter): keys are never cleared.
+
+    Example::
+
+        store_barrier(store, rank, 4, "init", timeout=30.0)
+        # RendezvousError: rendezvous 'init' timed out after 30.0 s: ranks [2] never arrived
+        # (0, 1, 3 did); check that every rank started and uses the same MASTER_ADDR/MASTER_PORT
+    """
+    keys = [f"{name}/arrived/{r}" for r in range(world_size)]
+    store.set(keys[rank], b"1")
+    deadline = time.monotonic() + float(timeout)
+    # wait in slices so a short rendezvous timeout is honoured even on a store with a long one
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            store.wait(keys, timeout=max(0.0, min(left, 1.0)))
+            return
+        except StoreTimeoutError:
+            if deadline - time.monotonic() <= 0:
+                break
+    arrived = [r for r in range(world_size) if store.check([keys[r]])]
+    missing = [r for r in range(world_size) if r not in arrived]
+    raise RendezvousError(
+        f"rendezvous {name!r} timed out after {float(timeout):.1f} s: ranks {missing} never arrived "
+        f"({', '.join(map(str, arrived))} did); check that every rank started and uses the same "
+        "MASTER_ADDR/MASTER_PORT")
+
+
+def __getattr__(name: str):
+    # FileStore lives in its own module, which imports this one: resolve it lazily (no import cycle)
+    if name == "FileStore":
+        from neural_arch.distributed.rendezvous.file_store import FileStore
+
+        return FileStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

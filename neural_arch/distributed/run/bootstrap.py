@@ -1,0 +1,106 @@
+"""What every launcher child runs first: ``python -m neural_arch.distributed.run.bootstrap``.
+
+Usage (the launcher builds this command line; users never type it)::
+
+    python /path/to/neural_arch/distributed/run/bootstrap.py train.py --epochs 3
+    python /path/to/neural_arch/distributed/run/bootstrap.py -m mypkg.train --epochs 3
+
+It is run by *path*, not with ``-m``, on purpose: that way starting a rank does not import the
+``neural_arch`` package (and NumPy) before the user's script decides what it needs, which keeps
+restarts fast and keeps a rank startable even while the package itself fails to import.
+
+It (1) installs the parent-death watch so the rank (and its process group) exits if the launcher
+is SIGKILLed, (2) reports "started" by creating ``$NEURAL_ARCH_READY_DIR/started_{rank}`` (the
+launcher's ``--start_timeout`` waits for ``rank_{rank}``, written after rendezvous; ``started_``
+only sharpens its message), and (3) runs the user's script exactly as ``python
+script.py args`` would (``__name__ == "__main__"``, ``sys.argv``, ``sys.path[0]`` = script folder),
+or the module as ``python -m`` would.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import runpy
+import sys
+
+
+def _load_run_env():
+    """Load the sibling ``env.py`` (stdlib only) without importing the package."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "env.py")
+    spec = importlib.util.spec_from_file_location("_neural_arch_bootstrap_run_env", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _report_started() -> None:
+    # "started_{rank}" (not the "rank_{rank}" rendezvous marker): lets the launcher's start-timeout
+    # message tell a rank that never got here from one that hangs before its rendezvous.
+    folder = os.environ.get("NEURAL_ARCH_READY_DIR")
+    if not folder:
+        return
+    try:
+        with open(os.path.join(folder, f"started_{os.environ.get('RANK', '0')}"), "w") as f:
+            f.write(str(os.getpid()))
+    except OSError:
+        pass  # the launcher is gone or its temp dir was removed; the death watch handles the rest
+
+
+def _set_path0(folder: str) -> None:
+    """Make ``folder`` the first import location, replacing this file's folder if Python put it there.
+
+    (Under ``PYTHONSAFEPATH``/``-P`` Python adds no script folder; then we insert rather than
+    overwrite a real entry.)
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or ".") == here:
+        sys.path[0] = folder
+    else:
+        sys.path.insert(0, folder)
+
+
+def main(argv: list[str]) -> None:
+    # Each rank leads its own session (the launcher starts it so): on the launcher's death the
+    # watch ends the rank's whole process group, grandchildren included.
+    _load_run_env().install_parent_death_watch(poll_interval=0.2, grace=3.0, kill_group=True)
+    if not argv:
+        raise SystemExit("usage: python -m neural_arch.distributed.run.bootstrap "
+                         "script.py [args] | -m module [args]")
+    _report_started()
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            raise SystemExit("-m needs a module name")
+        sys.argv = [argv[1], *argv[2:]]
+        _set_path0(os.getcwd())  # as `python -m` does
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        script = argv[0]
+        if not os.path.exists(script):
+            raise SystemExit(f"neural_arch launcher: script {script!r} not found "
+                             f"(working directory {os.getcwd()!r})")
+        sys.argv = [script, *argv[1:]]
+        _set_path0(os.path.dirname(os.path.abspath(script)))
+        runpy.run_path(script, run_name="__main__")
+
+
+def _user_frames(tb):
+    """Drop the bootstrap's and runpy's frames so a traceback starts in the user's script."""
+    here = os.path.abspath(__file__)
+    while tb is not None and (os.path.abspath(tb.tb_frame.f_code.co_filename) == here
+                              or "runpy" in tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - print like Python would, minus our frames
+        import traceback
+
+        traceback.print_exception(type(exc), exc, _user_frames(exc.__traceback__) or exc.__traceback__)
+        sys.stderr.flush()
+        sys.exit(1)

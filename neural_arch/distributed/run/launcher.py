@@ -1,0 +1,405 @@
+"""Start, watch, tear down and restart the processes of a distributed job (one launcher per node).
+
+Command line (options before the script, or directly after it — see :mod:`launch_config`)::
+
+    python -m neural_arch.distributed.launcher --nproc_per_node=4 train.py --epochs 3
+    python -m neural_arch.distributed.launcher train.py --nproc_per_node=4 --backend=gloo
+    neural-arch-launch --standalone --nproc_per_node 2 --max_restarts 3 -m mypkg.train
+
+Python::
+
+    from neural_arch.distributed import LaunchConfig, DistributedLauncher, launch_distributed_training
+    exit_code = DistributedLauncher(LaunchConfig(nproc_per_node=2)).launch("train.py", "--epochs", "3")
+    exit_code = launch_distributed_training("train.py", "--epochs", "3", nproc_per_node=2)
+
+(The seeds write ``launch_distributed_training("train.py", nproc_per_node=4, ..., "--model", "x")``,
+which Python rejects: positional arguments cannot follow keywords. Put script arguments first.)
+
+What each rank gets in its environment: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``LOCAL_WORLD_SIZE``, ``NODE_RANK``, ``GROUP_RANK`` (= node rank), ``MASTER_ADDR``, ``MASTER_PORT``,
+``NEURAL_ARCH_BACKEND``, ``NEURAL_ARCH_RESTART_COUNT`` (and ``TORCHELASTIC_RESTART_COUNT``),
+``NEURAL_ARCH_AUTH_TOKEN``, ``NEURAL_ARCH_PARENT_PID``, ``NEURAL_ARCH_READY_DIR`` (see
+``--start_timeout``), ``NEURAL_ARCH_MAX_RESTARTS``, ``PYTHONUNBUFFERED=1`` (so output is not lost
+when a rank is killed). ``init_process_group()`` reads them. MPI launcher variables (``PMI_*``,
+``PMIX_*``, ``OMPI_COMM_WORLD_*``) of a launcher that was itself started by mpiexec/srun are *not*
+passed on. ``--backend mpi`` with more than one rank is refused: MPI ranks must come from mpiexec.
+Exit statuses: 0; the failing rank's code; 128+N for signal N; 124 for ``--start_timeout``; 1 when a
+node cannot join node 0; 2 for bad usage.
+
+Auth token (``NEURAL_ARCH_AUTH_TOKEN``): the ranks' store and transport accept only peers that know
+it. Single node: the launcher generates a random one per job unless the variable is set.
+**Multi-node: export the same value on every node before starting its launcher** - the launcher
+refuses ``--nnodes > 1`` without it (exit status 2), rather than generating one that the other nodes
+would then have to be told about::
+
+    export NEURAL_ARCH_AUTH_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(16))')
+
+The launchers prove to each other that they know it with an HMAC challenge-response; the token is
+never sent over the network. Node 0's launcher listens on ``--master_addr`` only.
+
+Behaviour:
+
+* Output: each line is prefixed ``[rank{r}]: `` (stdout to stdout, stderr to stderr), whole lines
+  only. With ``--log_dir`` each rank's raw output is *appended* to ``log_dir/rank_{r}.log``; every
+  attempt starts with a ``==== neural_arch launcher: attempt k ====`` header line.
+* Failure: the first rank to exit non-zero makes the launcher stop the others (SIGTERM to each rank's
+  process group, SIGKILL after ``term_timeout`` s). While restarts remain the whole node group is
+  started again with ``NEURAL_ARCH_RESTART_COUNT`` increased (a fresh port in ``--standalone`` mode);
+  otherwise the launcher exits with that rank's code (128+N for signal N) after a summary.
+* Signals: SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to every rank, then the same teardown
+  runs and the launcher exits with 128+N. A launcher killed with SIGKILL leaves no orphans: each rank
+  leads its own process group and watches its parent (polling every 0.2 s); when the launcher is
+  gone it ends the whole group - the rank and whatever it started - with SIGTERM, then SIGKILL 3 s
+  later. Teardown by a living launcher also signals each rank's group, not just its pid.
+* ``--start_timeout``: every local rank must reach rendezvous in time - ``init_process_group()``
+  creates ``$NEURAL_ARCH_READY_DIR/rank_{r}`` when it succeeded (a fresh folder per attempt,
+  removed afterwards) - and, for multi-node jobs, every node's launcher must have joined node 0's.
+  When the time runs out the launcher fails, naming the ranks (and whether they even started)
+  and the nodes that are missing. A rank that exits counts as done. **A script that never calls
+  init_process_group** must call ``neural_arch.distributed.run.env.report_ready()`` instead, or
+  get a ``--start_timeout`` longer than its run.
+
+Limitations (said plainly): restarts are per node and not coordinated across nodes, so
+``nnodes > 1`` with ``max_restarts > 0`` raises ``NotImplementedError``. There is no elastic
+membership (the world size is fixed) and no SSH start of remote nodes: run one launcher per node
+(by hand, or with ``srun``; see ``examples/slurm/``).
+
+Restart-from-checkpoint pattern for a training script (see ``examples/restart_from_checkpoint.py``)::
+
+    from neural_arch.distributed.run.elastic import find_latest_checkpoint, restart_count, save_npz_atomic
+    ckpt = find_latest_checkpoint("ckpts")            # None on the very first start
+    state = load(ckpt) if ckpt else fresh_state()
+    for step in range(state.step, total_steps):
+        train_one_step(state)
+        if rank == 0:
+            save_npz_atomic(f"ckpts/step_{step + 1:06d}.npz", ...)   # temp file + os.replace
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+from neural_arch.distributed.run.procs import (
+    Child,
+    OutputPump,
+    describe_exit,
+    exit_status,
+    send_signal_all,
+    signal_name,
+    start_child,
+    terminate_all,
+)
+from neural_arch.distributed.run.config import LaunchConfig, parse_command_line
+from neural_arch.distributed.run.env import free_port, package_root, rank_env
+
+__all__ = ["DistributedLauncher", "LaunchConfig", "launch_distributed_training", "main"]
+
+_FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_SIGNAL_CHECK_S = 0.1  # longest delay before a received SIGINT/SIGTERM is acted on
+EXIT_START_TIMEOUT = 124  # like coreutils' timeout: "did not start in time"
+
+
+def _say(message: str) -> None:
+    print(f"neural_arch.launcher: {message}", file=sys.stderr, flush=True)
+
+
+find_free_port = free_port  # the launcher's historical name
+_package_root = package_root
+
+
+def _format_ranks(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks)
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class DistributedLauncher:
+    """Runs ``config.nproc_per_node`` ranks of a script on this node; see the module docstring.
+
+    >>> launcher = DistributedLauncher(LaunchConfig(nproc_per_node=2, standalone=True))
+    >>> launcher.launch("train.py", "--epochs", "1")   # doctest: +SKIP
+    0
+    """
+
+    def __init__(self, config: LaunchConfig | None = None, **overrides) -> None:
+        config = config or LaunchConfig()
+        self.config = config.replace(**overrides) if overrides else config
+        self._wake = threading.Event()
+        self._signum: int | None = None
+        self.restart_count = 0
+        self.last_failure: dict | None = None
+
+    # ------------------------------------------------------------------ signals
+    def _on_signal(self, signum, frame) -> None:
+        # Only set a flag: a Python signal handler runs in the main thread between bytecodes, and
+        # touching the Event here could deadlock on its lock if the main thread holds it right
+        # now (inside wait()/clear()). The monitor loop looks at the flag at least every 0.1 s.
+        if self._signum is None:
+            self._signum = signum
+
+    def _install_signal_handlers(self) -> dict:
+        if threading.current_thread() is not threading.main_thread():
+            return {}  # only the main thread may set handlers; the caller then owns signals
+        previous = {}
+        for sig in _FORWARDED_SIGNALS:
+            try:
+                previous[sig] = signal.signal(sig, self._on_signal)
+            except (ValueError, OSError):
+                pass
+        return previous
+
+    # ------------------------------------------------------------------ environment
+    def _child_env(self, local_rank: int, port: int, token: str, ready_dir: str) -> dict:
+        cfg = self.config
+        env = rank_env(rank=cfg.node_rank * cfg.nproc_per_node + local_rank, local_rank=local_rank,
+                       world_size=cfg.world_size, local_world_size=cfg.nproc_per_node,
+                       node_rank=cfg.node_rank, master_addr=cfg.master_addr, master_port=port,
+                       backend=cfg.backend, token=token, restart_count=self.restart_count,
+                       parent_pid=os.getpid())
+        env["NEURAL_ARCH_MAX_RESTARTS"] = str(cfg.max_restarts)
+        env["NEURAL_ARCH_READY_DIR"] = ready_dir
+        return env
+
+    def _command(self, target: str, args: tuple) -> list[str]:
+        bootstrap = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
+        head = [sys.executable, "-u", bootstrap]
+        return head + (["-m", target] if self.config.module else [target]) + [str(a) for a in args]
+
+    # ------------------------------------------------------------------ one attempt
+    def _start_group(self, target: str, args: tuple, port: int, token: str, ready_dir: str,
+                     pump: OutputPump) -> list[Child]:
+        cfg = self.config
+        children: list[Child] = []
+        header = f"==== neural_arch launcher: attempt {self.restart_count} ({time.ctime()}) ====\n"
+        try:
+            for local_rank in range(cfg.nproc_per_node):
+                rank = cfg.node_rank * cfg.nproc_per_node + local_rank
+                log_path = os.path.join(cfg.log_dir, f"rank_{rank}.log") if cfg.log_dir else None
+                children.append(start_child(
+                    self._command(target, args), self._child_env(local_rank, port, token, ready_dir),
+                    rank=rank, pump=pump, local_rank=local_rank, node_rank=cfg.node_rank,
+                    log_path=log_path, header=header))
+        except BaseException:
+            terminate_all(children, grace=cfg.term_timeout)
+            raise
+        return children
+
+    def _missing_message(self, children: list[Child], ready_dir: str, agent) -> str | None:
+        """None when every rank reached rendezvous; otherwise the text naming who is missing.
+
+        A rank is ready once ``ready_dir/rank_{r}`` exists (``init_process_group`` writes it,
+        see :func:`run_env.report_ready`) or it has exited; ``started_{r}`` (written by the
+        bootstrap) tells "never started" from "hangs before its rendezvous".
+        """
+        cfg = self.config
+
+        def has(name: str) -> bool:
+            return os.path.exists(os.path.join(ready_dir, name))
+
+        missing = [c.rank for c in children if c.proc.poll() is None and not has(f"rank_{c.rank}")]
+        missing_nodes = [] if agent is None else sorted(set(range(cfg.nnodes)) - agent.joined())
+        if not missing and not missing_nodes:
+            return None
+        parts = []
+        if missing:
+            never = [r for r in missing if not has(f"started_{r}")]
+            noun = "rank" if len(missing) == 1 else "ranks"
+            text = (f"{noun} {_format_ranks(missing)} on node {cfg.node_rank} did not reach "
+                    f"rendezvous (init_process_group)")
+            if never:
+                text += (f"; of these, {_format_ranks(never)} did not even start (the Python "
+                         f"process never reached the launcher's bootstrap)")
+            parts.append(text + ". A script that never calls init_process_group must call "
+                         "neural_arch.distributed.run.env.report_ready(), or raise --start_timeout")
+        for node in missing_nodes:
+            ranks = range(node * cfg.nproc_per_node, (node + 1) * cfg.nproc_per_node)
+            parts.append(f"node {node} (ranks {_format_ranks(list(ranks))}) never joined: "
+                         f"start its launcher with --node_rank {node} --master_addr {cfg.master_addr}")
+        return "; ".join(parts)
+
+    def _run_attempt(self, target: str, args: tuple, port: int, token: str, agent,
+                     pump: OutputPump) -> int:
+        """Run one group to completion. Returns 0, or raises on failure/timeout/signal."""
+        cfg = self.config
+        ready_dir = tempfile.mkdtemp(prefix="neural_arch_ready_")
+        children: list[Child] = []
+        try:
+            children = self._start_group(target, args, port, token, ready_dir, pump)
+            deadline = time.monotonic() + cfg.start_timeout
+            started = False
+            while True:
+                # A rank's pipes reach EOF a moment *before* the kernel reports it as exited; poll
+                # fast in that window instead of sleeping a whole monitor_interval.
+                closing = any(c.proc.poll() is None and c.threads and
+                              not any(t.is_alive() for t in c.threads) for c in children)
+                self._wake.wait(0.01 if closing else min(cfg.monitor_interval, _SIGNAL_CHECK_S))
+                self._wake.clear()
+                if self._signum is not None:
+                    send_signal_all(children, self._signum)
+                    raise _Interrupted(self._signum)
+                failed = [c for c in children if c.proc.poll() not in (None, 0)]
+                if failed:
+                    # Several ranks may have died in one interval; report the lowest rank.
+                    raise _ChildFailed(min(failed, key=lambda c: c.rank))
+                if all(c.proc.poll() == 0 for c in children):
+                    return 0
+                if not started:
+                    missing = self._missing_message(children, ready_dir, agent)
+                    started = missing is None
+                    if not started and time.monotonic() > deadline:
+                        raise _StartTimeout(missing)
+        finally:
+            grace = cfg.term_timeout
+            terminate_all(children, grace=grace, already_signalled=self._signum is not None)
+            shutil.rmtree(ready_dir, ignore_errors=True)
+
+    # ------------------------------------------------------------------ public entry
+    def launch(self, script: str, *script_args) -> int:
+        """Run ``script`` (a path, or a module name when ``config.module``) on this node's ranks.
+
+        Returns the exit status: 0, the failing rank's exit code, 128+N for a signal N, or 124 when
+        ranks did not start within ``start_timeout``.
+        """
+        cfg = self.config
+        if cfg.nnodes > 1 and cfg.max_restarts > 0:
+            raise NotImplementedError(
+                "restarts are not coordinated across nodes (each node would restart alone and the "
+                "world would split); use max_restarts=0 with nnodes > 1, or one node with restarts")
+        if cfg.backend.lower() == "mpi" and cfg.world_size > 1:
+            raise ValueError(
+                "--backend mpi: MPI ranks must be started by mpiexec, which this launcher is not; "
+                "its processes would each be an MPI world of one. Run `mpiexec -n "
+                f"{cfg.world_size} python {script} ...` instead, or use --backend gloo here")
+        if cfg.log_dir:
+            os.makedirs(cfg.log_dir, exist_ok=True)
+        token = os.environ.get("NEURAL_ARCH_AUTH_TOKEN") or None
+        if cfg.nnodes > 1 and not token:
+            raise ValueError(
+                "a multi-node job needs the same NEURAL_ARCH_AUTH_TOKEN on every node (the launchers "
+                "authenticate each other with it, and the ranks' store and transport use it). Run "
+                "`export NEURAL_ARCH_AUTH_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(16))')` "
+                "once, and export that same value on every node before starting its launcher")
+        previous = self._install_signal_handlers()
+        self._signum, self.restart_count, self.last_failure = None, 0, None
+        agent = None
+        # Output-pipe EOF usually means a rank exited: wake the monitor at once, not after an interval.
+        pump = OutputPump(prefix=cfg.prefix_output, on_eof=self._wake.set)
+        try:
+            if cfg.nnodes > 1:
+                try:
+                    token, agent = self._join_nodes(token)
+                except (TimeoutError, InterruptedError, RuntimeError) as exc:
+                    if self._signum is not None:
+                        return 128 + self._signum
+                    _say(str(exc))
+                    return 1
+            token = token or secrets.token_hex(16)
+            while True:
+                port = find_free_port() if cfg.standalone else cfg.master_port
+                try:
+                    return self._run_attempt(script, script_args, port, token, agent, pump)
+                except _ChildFailed as failure:
+                    self.last_failure = failure.describe(self.restart_count)
+                    child = failure.child
+                    where = f"; log: {child.log_path}" if child.log_path else ""
+                    if self.restart_count < cfg.max_restarts:
+                        _say(f"rank {child.rank} {describe_exit(child.proc.returncode)}{where}; "
+                             f"restarting the group (restart {self.restart_count + 1} of "
+                             f"{cfg.max_restarts})")
+                        self.restart_count += 1
+                        continue
+                    _say(self._summary(child))
+                    return exit_status(child.proc.returncode)
+        except _StartTimeout as exc:
+            _say(f"start timeout after {cfg.start_timeout:g} s: {exc.missing}")
+            return EXIT_START_TIMEOUT
+        except _Interrupted as exc:
+            _say(f"received {signal_name(exc.signum)}; forwarded it to all ranks and stopped them")
+            return 128 + exc.signum
+        finally:
+            if agent is not None:
+                agent.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _join_nodes(self, token: str):
+        """Multi-node set-up: node 0 listens for the other launchers, the others join it."""
+        cfg = self.config
+        agent_port = cfg.agent_port or cfg.master_port + 1
+        if cfg.node_rank == 0:
+            from neural_arch.distributed.run.agent import NodeAgentServer
+
+            # Listen on master_addr only: the other nodes reach us there, nobody needs more.
+            return token, NodeAgentServer(agent_port, cfg.nnodes, cfg.nproc_per_node, token,
+                                          host=cfg.master_addr)
+        from neural_arch.distributed.run.agent import join_node0
+
+        join_node0(cfg.master_addr, agent_port, cfg.node_rank, cfg.nproc_per_node, token,
+                   cfg.start_timeout, lambda: self._signum is not None)
+        return token, None
+
+    def _summary(self, child: Child) -> str:
+        cfg = self.config
+        lines = [(f"job failed: rank {child.rank} (node {child.node_rank}, local rank {child.local_rank},"
+                  f" pid {child.proc.pid}) {describe_exit(child.proc.returncode)}")]
+        if cfg.max_restarts:
+            lines.append(f"  restarts used: {self.restart_count} of {cfg.max_restarts}")
+        lines.append(f"  log: {child.log_path}" if child.log_path else
+                     "  log: its output is above, prefixed with "
+                     f"[rank{child.rank}]:  (use --log_dir to keep one file per rank)")
+        return "\n".join(lines)
+
+
+class _ChildFailed(Exception):
+    def __init__(self, child: Child) -> None:
+        super().__init__(child.rank)
+        self.child = child
+
+    def describe(self, restart: int) -> dict:
+        code = self.child.proc.returncode
+        return {"rank": self.child.rank, "returncode": code, "exit": describe_exit(code),
+                "restart": restart, "log": self.child.log_path}
+
+
+class _StartTimeout(Exception):
+    def __init__(self, missing: str | None) -> None:
+        super().__init__(missing)
+        self.missing = missing
+
+
+def launch_distributed_training(script: str, *script_args, **config) -> int:
+    """Launch ``script`` with ``script_args`` on this node; keyword arguments are LaunchConfig fields.
+
+    >>> launch_distributed_training("train.py", "--epochs", "1", nproc_per_node=2)  # doctest: +SKIP
+    0
+    """
+    unknown = set(config) - set(LaunchConfig.__dataclass_fields__)
+    if unknown:
+        raise TypeError(f"unknown launch option(s) {sorted(unknown)}; valid: "
+                        f"{sorted(LaunchConfig.__dataclass_fields__)}")
+    return DistributedLauncher(LaunchConfig(**config)).launch(script, *script_args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m neural_arch.distributed.launcher`` and ``neural-arch-launch``."""
+    config, target, script_args = parse_command_line(list(sys.argv[1:] if argv is None else argv))
+    try:
+        return DistributedLauncher(config).launch(target, *script_args)
+    except (NotImplementedError, ValueError) as exc:
+        _say(str(exc))
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
