@@ -35,7 +35,6 @@ import atexit
 import logging
 import os
 import socket
-import threading
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -68,25 +67,14 @@ DEFAULT_TIMEOUT = 300.0
 DEFAULT_RENDEZVOUS_TIMEOUT = 60.0
 
 
-from neural_arch.distributed.info import _installed_backends, _mpi_importable, get_distributed_info
+from neural_arch.distributed.comm.registry import installed_backends as _installed_backends
+from neural_arch.distributed.comm.registry import mpi_importable as _mpi_importable
+from neural_arch.distributed.info import get_distributed_info  # noqa: F401 - re-exported
+from neural_arch.distributed.state import STATE
 from neural_arch.distributed.process_group import GroupMember, GroupMembershipError, ProcessGroup, _NonGroupMember  # noqa: F401
 
 
-class _State:
-    """Everything ``init_process_group`` set up, in one place (reset by destroy)."""
-
-    def __init__(self):
-        self.lock = threading.RLock()
-        self.world: ProcessGroup | None = None
-        self.groups: list[ProcessGroup] = []
-        self.generation = 0
-        self.info: dict[str, Any] = {}
-        # Stores outlive destroy_process_group(): re-initialising on the same MASTER_PORT then
-        # reuses the connection instead of racing a closing server for the port.
-        self.stores: dict[tuple, Any] = {}
-
-
-_STATE = _State()
+_STATE = STATE  # the module-level name the rest of this file (and tests) use
 
 
 # ---------------------------------------------------------------------------------- selection

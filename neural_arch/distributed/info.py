@@ -17,12 +17,9 @@ import socket
 from typing import Any
 
 from neural_arch.distributed.comm.backend import debug_mode_from_env
-
-
-def _mpi_importable() -> bool:
-    # find_spec looks for the package without importing it: importing mpi4py.MPI would
-    # initialise MPI, which must not happen in a process that is not going to use it.
-    return importlib.util.find_spec("mpi4py") is not None
+from neural_arch.distributed.comm.registry import installed_backends, mpi_importable
+from neural_arch.distributed.run.env import detect_launch_env
+from neural_arch.distributed.state import STATE
 
 
 def get_distributed_info() -> dict[str, Any]:
@@ -36,13 +33,12 @@ def get_distributed_info() -> dict[str, Any]:
         info = get_distributed_info()
         print(info["backend"], info["rank"], info["world_size"])
     """
-    from neural_arch.distributed.groups import _STATE, _launch_env  # late: group.py imports this module
 
-    world = _STATE.world
-    launch = _STATE.info.get("launch") if world is not None else None
+    world = STATE.world
+    launch = STATE.info.get("launch") if world is not None else None
     if world is None:
         try:
-            launch = _launch_env(os.environ)
+            launch = detect_launch_env(os.environ)
         except ValueError:
             launch = None
     info: dict[str, Any] = {
@@ -53,16 +49,16 @@ def get_distributed_info() -> dict[str, Any]:
         **_local_info(world, launch),
         "backend": world.backend_name if world is not None else None,
         "backend_impl": type(world.backend).__name__ if world is not None else None,
-        "installed_backends": _installed_backends(),
-        "init_method": _STATE.info.get("init_method") if world is not None else None,
-        "rank_source": _STATE.info.get("rank_source") if world is not None else None,
+        "installed_backends": installed_backends(),
+        "init_method": STATE.info.get("init_method") if world is not None else None,
+        "rank_source": STATE.info.get("rank_source") if world is not None else None,
         "launcher_detected": (launch or {}).get("source"),
         "timeout": world.timeout if world is not None else None,
-        "rendezvous_timeout": _STATE.info.get("rendezvous_timeout") if world is not None else None,
+        "rendezvous_timeout": STATE.info.get("rendezvous_timeout") if world is not None else None,
         "transport": _transport(world),
         "devices": _usable_devices(world),
         "debug": world.backend.debug if world is not None else debug_mode_from_env(),
-        "num_groups": len(_STATE.groups) if world is not None else 0,
+        "num_groups": len(STATE.groups) if world is not None else 0,
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
         "mpi": _mpi_info(world),
@@ -80,9 +76,8 @@ def _local_info(world, launch) -> dict[str, int]:
     rendezvous measured (ranks publish their host), else the launcher's guess, else one node."""
     if world is None:
         return {"local_rank": 0, "local_world_size": 1, "node_rank": 0}
-    from neural_arch.distributed.groups import _STATE
 
-    layout = _STATE.info.get("layout")
+    layout = STATE.info.get("layout")
     stated = launch is not None and any(os.environ.get(v, "").strip() for v in _LOCAL_LAYOUT_VARS)
     if layout is not None and not stated:
         return {k: layout[k] for k in ("local_rank", "local_world_size", "node_rank")}
@@ -116,17 +111,6 @@ def _transport(world) -> str | None:
             found = []
         return "+".join(found) or None
     return getattr(world.backend, "transport", None)
-
-
-def _installed_backends() -> list[str]:
-    """Backends whose requirements are installed, found without importing them: importing
-    cupy (for nccl) is slow, and on a machine without a GPU driver it can even crash the process."""
-    names = ["gloo", "local"]
-    if _mpi_importable():
-        names.append("mpi")
-    if importlib.util.find_spec("cupy") is not None:
-        names.append("nccl")
-    return sorted(names)
 
 
 def _mpi_info(world) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from neural_arch.distributed.comm.backend import Backend
 from neural_arch.distributed.errors import DistributedError
+from neural_arch.distributed.state import STATE
 
 
 class GroupMembershipError(DistributedError, ValueError):
@@ -88,9 +89,7 @@ class ProcessGroup:
         except TypeError:
             raise TypeError(f"{arg}={global_rank!r} must be an int (a global rank)") from None
         if g not in self._index:
-            from neural_arch.distributed.groups import _STATE  # late: group.py imports this module
-
-            world = _STATE.world.size() if _STATE.world is not None else None
+            world = STATE.world.size() if STATE.world is not None else None
             if world is not None and not 0 <= g < world:
                 raise ValueError(f"{arg}={g} is out of range for a world of size {world} "
                                  f"(valid: 0..{world - 1})")

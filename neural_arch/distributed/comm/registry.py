@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Dict, List, Type
 
 from neural_arch.distributed.comm.backend import Backend
@@ -75,12 +76,29 @@ def is_backend_available(name: str) -> bool:
         return False
 
 
+def mpi_importable() -> bool:
+    """Whether mpi4py is installed, found without importing it: importing ``mpi4py.MPI``
+    initialises MPI, which must not happen in a process that is not going to use it."""
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def installed_backends() -> List[str]:
+    """Backends whose requirements are installed, found without importing them: importing
+    cupy (for nccl) is slow, and on a machine without a GPU driver it can even crash the process."""
+    names = ["gloo", "local"]
+    if mpi_importable():
+        names.append("mpi")
+    if importlib.util.find_spec("cupy") is not None:
+        names.append("nccl")
+    return sorted(names)
+
+
 def available_backends() -> List[str]:
     return sorted(name for name in _REGISTRY if is_backend_available(name))
 
 
 __all__ = [
     "Backend", "Work", "OpInfo", "ReduceOp", "register_backend", "get_backend_class", "is_backend_available",
-    "available_backends", "DistributedError", "NotInitializedError", "CollectiveTimeoutError",
+    "available_backends", "installed_backends", "mpi_importable", "DistributedError", "NotInitializedError", "CollectiveTimeoutError",
     "PeerFailureError", "CollectiveMismatchError", "RendezvousError", "AuthenticationError",
 ]
