@@ -36,3 +36,29 @@ class RendezvousError(DistributedError):
 
 class AuthenticationError(DistributedError):
     """A connection presented no job token, or the wrong one."""
+
+
+class UnusedParametersError(DistributedError):
+    """Some parameters got no gradient in a synchronised DDP backward (``find_unused_parameters=False``)."""
+
+
+class FrameMismatchError(CollectiveMismatchError, ValueError):
+    """A message's header (op, sequence number, dtype, byte count) does not match what the receiver
+    expected: the ranks called different collectives, or the same one with different dtypes/sizes.
+    Also a ``ValueError``, so code that caught the old size-mismatch ``ValueError`` still catches it."""
+
+
+class GroupPoisonedError(DistributedError):
+    """An earlier operation failed after bytes had moved: the group's streams may be out of step, so
+    every later operation fails at once (the message names the first failure). Destroy the process
+    group and create it again."""
+
+
+class ProtocolError(DistributedError):
+    """A peer sent bytes that break the wire protocol (a header announcing 2**40 bytes, an unknown
+    channel): the connection is dropped, never trusted."""
+
+
+class HandshakeError(RendezvousError):
+    """A store, transport or agent handshake failed or timed out (the message names host, port, rank
+    and the phase)."""

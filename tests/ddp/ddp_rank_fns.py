@@ -83,6 +83,48 @@ def make_opt(name: str, params):
     raise ValueError(name)
 
 
+def make_hook(name: str, group):
+    """A comm hook for the equivalence tests: torch's registered by name, or a hand-written one that
+    sums raw (not pre-scaled) gradients and divides in a ``then`` continuation."""
+    from neural_arch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from neural_arch.distributed.comm.work import ReduceOp
+    from neural_arch.distributed.parallel.data_parallel.comm_hooks import then
+
+    if name == "custom":
+        def sum_then_divide(state, bucket):
+            backend = (state or _imports()[4].get_default_group()).backend
+            assert not bucket.prescaled  # custom hooks see this rank's raw local gradients
+            work = backend.allreduce(bucket.buffer(), ReduceOp.SUM, async_op=True)
+            return then(work, lambda w: w.result() / backend.size)  # a new array: the reducer copies it in
+        return group, sum_then_divide
+    return group, getattr(default_hooks, name)
+
+
+def hook_calls_run():
+    """Record what the comm hook sees: bucket indices, is_last, parameter counts, in call order."""
+    _nn, _optim, F, Tensor, dist = _imports()
+    from neural_arch.distributed.parallel.data_parallel.comm_hooks import allreduce_hook
+
+    model = build_mlp(0, np.float64, sizes=(32, 64, 10))
+    ddp = dist.DistributedDataParallel(model, bucket_cap_mb=0.005, first_bucket_mb=0.001)
+    seen = []
+
+    def recording(state, bucket):
+        seen.append((bucket.index(), bucket.is_last(), len(bucket.parameters()), int(bucket.buffer().size)))
+        return allreduce_hook(state, bucket)
+    ddp.register_comm_hook(None, recording)
+    X, y = make_data(8, np.float64)
+    X = np.tile(X, (1, 6))[:, :32]
+    for _ in range(2):
+        F.cross_entropy(ddp(Tensor(X)), y).backward()
+    try:
+        ddp.register_comm_hook(None, recording)
+        twice = "no error"
+    except RuntimeError as exc:
+        twice = str(exc)
+    return seen, len(ddp.bucket_plan), twice
+
+
 def equivalence_run(cfg: dict):
     """Train DDP vs single-process reference (see module docstring); return (max diff, fingerprint)."""
     _nn, _optim, F, Tensor, dist = _imports()
@@ -101,6 +143,9 @@ def equivalence_run(cfg: dict):
         model, bucket_cap_mb=cfg.get("cap", 25.0), first_bucket_mb=cfg.get("first", 1.0),
         find_unused_parameters=cfg.get("find_unused", False),
         gradient_as_bucket_view=cfg.get("view", False), process_group=group)
+    if cfg.get("hook"):
+        state, hook = make_hook(cfg["hook"], group)
+        ddp.register_comm_hook(state, hook)
     opt, ref_opt = make_opt(cfg.get("opt", "sgd"), ddp.parameters()), make_opt(cfg.get("opt", "sgd"), ref.parameters())
     X, y = make_data(cfg.get("n", 40), dtype)
     shuffle = cfg.get("shuffle", True)
@@ -117,7 +162,10 @@ def equivalence_run(cfg: dict):
                 def backward(mb=mb, idx=idx, step=step):
                     loss = F.cross_entropy(ddp(Tensor(X[mb]), step) if kind != "mlp" else ddp(Tensor(X[mb])), y[mb])
                     (loss * (len(mb) / len(idx))).backward()
-                if j < len(micro) - 1:
+                if cfg.get("grad_sync_flag"):  # nanoGPT's spelling of gradient accumulation
+                    ddp.require_backward_grad_sync = j == len(micro) - 1
+                    backward()
+                elif j < len(micro) - 1:
                     ctx = dist.no_sync() if cfg.get("global_no_sync") else ddp.no_sync()
                     with ctx:
                         backward()
@@ -196,7 +244,7 @@ def overlap_run():
     X = np.random.default_rng(0).normal(size=(64, 256)).astype(np.float32)
     y = np.arange(64) % 10
     F.cross_entropy(ddp(Tensor(X)), y).backward()
-    return ddp.reducer.timeline, ddp.comm_stats()
+    return ddp.bucket_timeline(), ddp.comm_stats()
 
 
 def manual_sync_run():
@@ -331,7 +379,7 @@ def view_run():
     checks = []
     for _ in range(2):  # the second backward accumulates straight into the views (zero_grad(False))
         F.cross_entropy(ddp(Tensor(X)), y).backward()
-        views = {id(v) for b in ddp.reducer.buckets for v in b.views}
+        views = {id(g) for b in ddp.reducer.buckets for g in b.views}
         checks.append(all(id(p.grad.data) in views for p in model.parameters()))
         ddp.zero_grad(set_to_none=False)
     return checks

@@ -36,6 +36,11 @@ EQUIVALENCE = {
     "sgd-unused-params": {"opt": "sgd", "dtype": "float64", "model": "unused", "find_unused": True, "cap": 0.0004},
     "adam-unused-params-view": {"opt": "adam", "dtype": "float64", "model": "unused", "find_unused": True, "view": True},
     "sgd-manual-sync-is-harmless": {"opt": "sgd", "dtype": "float64", "manual_sync": True},
+    "sgd-require_backward_grad_sync": {"opt": "sgd", "dtype": "float64", "accum": 2, "B": 4, "grad_sync_flag": True},
+    "adam-torch-allreduce-hook": {"opt": "adam", "dtype": "float64", "cap": 0.0004, "hook": "allreduce_hook"},
+    "sgd-custom-hook": {"opt": "sgd", "dtype": "float64", "cap": 0.0004, "first": 0.0001, "hook": "custom"},
+    "sgd-custom-hook-unused-params": {"opt": "sgd", "dtype": "float64", "model": "unused", "find_unused": True,
+                                      "hook": "custom"},
 }
 
 
@@ -74,6 +79,23 @@ def test_manual_sync_gradients(pool):
 
 def test_gradient_as_bucket_view_leaves_grads_in_the_buckets(pool):
     assert pool.run(fns.view_run) == [[True, True]] * pool.world_size
+
+
+def test_fp16_compress_hook_equals_plain_averaging_within_float16_rounding(pool):
+    cfg = {"opt": "sgd", "dtype": "float32", "cap": 0.0004, "hook": "fp16_compress_hook", "epochs": 1}
+    for diff, _fp, steps in pool.run(fns.equivalence_run, cfg):
+        assert steps > 0
+        assert diff <= 2e-3, diff  # float16 keeps ~3 decimal digits of each averaged gradient
+
+
+def test_comm_hook_sees_every_bucket_in_order_once_per_backward(pool):
+    for seen, n_buckets, twice in pool.run(fns.hook_calls_run):
+        assert n_buckets > 2
+        order = [s[0] for s in seen]
+        assert order == list(range(n_buckets)) * 2
+        assert [s[1] for s in seen] == ([False] * (n_buckets - 1) + [True]) * 2
+        assert sum(s[2] for s in seen[:n_buckets]) == 4  # every parameter in exactly one bucket
+        assert "only be called once" in twice
 
 
 def test_bucket_count_grows_as_cap_shrinks(pool):

@@ -46,11 +46,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from neural_arch import backend as _xpmod
 from neural_arch.core.autograd import is_grad_enabled
+from neural_arch.distributed.errors import UnusedParametersError
+from neural_arch.distributed.parallel.data_parallel.join import Join
+from neural_arch.distributed.parallel.data_parallel.reducer import Reducer, plan_buckets
+from neural_arch.distributed.parallel.data_parallel.replicas import broadcast_arrays
 from neural_arch.nn.module import Module
-
-from neural_arch.distributed.parallel.data_parallel.reducer import Reducer, UnusedParametersError, plan_buckets
 
 __all__ = ["DistributedDataParallel", "UnusedParametersError", "no_sync", "plan_buckets"]
 
@@ -141,6 +142,9 @@ class DistributedDataParallel(Module):
         self._params = [p for _, p in named]
         self._no_sync_depth = 0
         self._forward_no_sync = False
+        #: torch's switch (nanoGPT sets it instead of using no_sync()): False skips the gradient
+        #: all-reduce of the backward passes that follow, exactly like ``with ddp.no_sync():``
+        self.require_backward_grad_sync = True
         self._join = None
         self._hooks: list = []
         self._verify_and_broadcast()
@@ -171,8 +175,8 @@ class DistributedDataParallel(Module):
         if problems:
             raise ValueError("DistributedDataParallel: the model differs between ranks: " + "; ".join(problems)
                              + ". Build the same model (same layers, sizes and dtype) on every rank.")
-        _broadcast_flat([p.data for p in self._params], backend, root=0)
-        _broadcast_flat([b.data for _, b in buffers], backend, root=0)
+        broadcast_arrays([p.data for p in self._params], backend, root=0)
+        broadcast_arrays([b.data for _, b in buffers], backend, root=0)
 
     def _install_hooks(self) -> None:
         ref = weakref.ref(self)
@@ -188,7 +192,7 @@ class DistributedDataParallel(Module):
         return not (self._forward_no_sync or self._no_sync_active())
 
     def _no_sync_active(self) -> bool:
-        return self._no_sync_depth > 0 or _GLOBAL_NO_SYNC[0] > 0
+        return self._no_sync_depth > 0 or _GLOBAL_NO_SYNC[0] > 0 or not self.require_backward_grad_sync
 
     def remove_hooks(self) -> None:
         """Detach DDP from the parameters (afterwards backward no longer synchronises)."""
@@ -217,7 +221,7 @@ class DistributedDataParallel(Module):
     def _broadcast_buffers(self) -> None:
         buffers = [b.data for _, b in self.module.named_buffers() if b is not None]
         if buffers:
-            _broadcast_flat(buffers, self._backend, root=0)
+            broadcast_arrays(buffers, self._backend, root=0)
 
     def __getattr__(self, name: str):
         try:
@@ -279,11 +283,28 @@ class DistributedDataParallel(Module):
         ``sync_gradients()`` is not shadowed. ``throw_on_early_termination=True`` raises on every
         rank as soon as one rank runs out instead.
         """
-        from neural_arch.distributed.parallel.data_parallel.join import Join
-
         return Join(self, enable=enable, throw_on_early_termination=throw_on_early_termination)
 
+    def register_comm_hook(self, state, hook) -> None:
+        """Replace how gradient buckets are reduced (torch's contract; see :mod:`.comm_hooks`).
+
+        ``hook(state, bucket) -> Work``: ``bucket`` is a :class:`~.comm_hooks.GradBucket` of this
+        rank's local gradients; the returned Work's ``result()`` must be the flat buffer of
+        averaged gradients. Call once, before the first backward. ``state`` is passed through
+        (a process group for the built-in hooks, or the hook's own state object)::
+
+            from neural_arch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        """
+        self.reducer.register_comm_hook(state, hook)
+
     # -- introspection -----------------------------------------------------------------------------
+    def bucket_timeline(self) -> list[tuple[str, int | None, float]]:
+        """Events of the latest synchronised backward: ``(event, bucket index or None, perf_counter)``
+        with events ``backward_start``, ``launch``, ``backward_end``, ``waited`` (tests and profilers
+        read overlap from it: a ``launch`` before ``backward_end`` was hidden behind backward)."""
+        return list(self.reducer.timeline)
+
     @property
     def bucket_plan(self) -> list[list[str]]:
         """Parameter names per bucket, in launch order (reverse registration order)."""
@@ -303,19 +324,3 @@ class DistributedDataParallel(Module):
     def reset_comm_stats(self) -> None:
         for k in self.reducer.stats:
             self.reducer.stats[k] = 0 if isinstance(self.reducer.stats[k], int) else 0.0
-
-
-def _broadcast_flat(arrays: list, backend, root: int) -> None:
-    """Broadcast ``arrays`` from ``root`` in place: one flat array and one call per dtype."""
-    by_dtype: dict = {}
-    for a in arrays:
-        by_dtype.setdefault(str(a.dtype), []).append(a)
-    for group in by_dtype.values():
-        xp = _xpmod.get_array_module(group[0])
-        flat = xp.concatenate([a.reshape(-1) for a in group])
-        backend.broadcast(flat, root)
-        offset = 0
-        for a in group:
-            a[...] = flat[offset:offset + a.size].reshape(a.shape)
-            offset += a.size
-

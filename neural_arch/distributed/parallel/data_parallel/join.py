@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from neural_arch.distributed.comm import ReduceOp
+from neural_arch.distributed.comm.work import ReduceOp
+from neural_arch.distributed.parallel.data_parallel.replicas import broadcast_arrays
 
 __all__ = ["Join"]
 
@@ -82,14 +83,12 @@ class Join:
                 self.ddp.reducer.shadow_backward()
 
     def _sync_final_model(self) -> None:
-        from neural_arch.distributed.parallel.data_parallel.ddp import _broadcast_flat
-
         backend = self.ddp._backend
         xp = self.ddp.reducer.xp
         rounds = xp.zeros((backend.size, 1), dtype=np.int64)
         backend.allgather(rounds, xp.asarray([self.rounds], dtype=np.int64))
         authority = int(xp.argmax(rounds[:, 0]))  # first rank among those that trained longest
-        _broadcast_flat([p.data for p in self.ddp._params], backend, root=authority)
+        broadcast_arrays([p.data for p in self.ddp._params], backend, root=authority)
         buffers = [b.data for _, b in self.ddp.module.named_buffers() if b is not None]
         if buffers:
-            _broadcast_flat(buffers, backend, root=authority)
+            broadcast_arrays(buffers, backend, root=authority)

@@ -8,22 +8,29 @@ The plan is a list of lists of parameter indices: printable and unit-testable wi
     >>> plan_buckets([(100, "float32"), (1000, "float32"), (10, "float32")], cap=4096, first_cap=100)
     [[2], [1], [0]]
 
-**Reducer** (:class:`Reducer`): each parameter's post-accumulate-grad hook copies its gradient,
-divided by the group size, into its bucket's flat array; when every gradient of a bucket is in,
-the bucket's all-reduce (SUM, hence the average) is started asynchronously on the backend's
-progress thread while backward goes on (buckets still pending when backward ends run inline).
-Buckets are launched strictly in plan order, so every rank issues the same collectives in
-the same order even if hooks fire in a different order. An end-of-backward callback
-(``queue_callback``) launches what is left, waits, and writes the averaged gradients back
-(or, with ``gradient_as_bucket_view``, leaves ``.grad`` as views into the buckets: no copy).
+**Reducer** (:class:`Reducer`): each parameter's post-accumulate-grad hook copies its gradient
+into its bucket's flat array; when every gradient of a bucket is in, the bucket goes to the
+**comm hook** (:mod:`.comm_hooks`; the default all-reduces the average) while backward goes on.
+Buckets are handed to the hook strictly in plan order, so every rank issues the same
+collectives in the same order even if gradient hooks fire in a different order. An
+end-of-backward callback (``queue_callback``) reduces what is left, waits, and writes the
+averaged gradients back (or, with ``gradient_as_bucket_view``, leaves ``.grad`` as views into
+the buckets: no copy).
 
-The last bucket carries one extra element: the number of parameters that got no gradient on
-this rank. Its all-reduced value tells **every** rank whether any rank had unused parameters,
-so the error is raised everywhere instead of some ranks hanging.
+With the buckets goes one **control** vector: per parameter, 1 if it got a gradient on this rank.
+Summed over ranks it tells every rank whether any rank had unused parameters (so the error is
+raised everywhere instead of some ranks hanging) and, with ``find_unused_parameters``, which
+parameters no rank used (their ``.grad`` is left alone, as torch does). With the default hook the
+control vector travels in a named slot after the last bucket's gradients (``_Bucket.control``,
+outside the ``GradBucket`` a hook sees: no extra collective); with a custom comm hook it is a
+small all-reduce of its own after the buckets.
+
+The per-iteration state is one :class:`Phase`; everything else is derived from it.
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Sequence
 
@@ -31,16 +38,13 @@ import numpy as np
 
 from neural_arch import backend as _xpmod
 from neural_arch.core.tensor import Tensor, queue_callback
-
-from neural_arch.distributed.comm import ReduceOp
+from neural_arch.distributed.comm.work import ReduceOp
+from neural_arch.distributed.errors import UnusedParametersError
+from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket, allreduce_hook
 
 MB = 1024 * 1024
 
-__all__ = ["Reducer", "UnusedParametersError", "plan_buckets"]
-
-
-class UnusedParametersError(RuntimeError):
-    """Some parameters got no gradient in a synchronised backward (find_unused_parameters=False)."""
+__all__ = ["Phase", "Reducer", "UnusedParametersError", "plan_buckets"]
 
 
 def plan_buckets(sizes_dtypes: Sequence[tuple[int, str]], cap: int, first_cap: int | None = None) -> list[list[int]]:
@@ -52,7 +56,7 @@ def plan_buckets(sizes_dtypes: Sequence[tuple[int, str]], cap: int, first_cap: i
     """
     cap = max(int(cap), 1)
     first_cap = cap if first_cap is None else max(min(int(first_cap), cap), 1)
-    open_buckets: dict = {}  # dtype -> (indices, bytes)
+    open_buckets: dict = {}  # dtype -> (indices, bytes, order key)
     closed: list[tuple[int, list[int]]] = []  # (order key, indices)
     order = 0
     for i in reversed(range(len(sizes_dtypes))):
@@ -63,7 +67,6 @@ def plan_buckets(sizes_dtypes: Sequence[tuple[int, str]], cap: int, first_cap: i
         if cur is not None and cur[1] + nbytes > limit and cur[0]:
             closed.append((cur[2], cur[0]))
             cur = None
-            limit = cap
         if cur is None:
             cur = ([], 0, order)
             order += 1
@@ -75,36 +78,48 @@ def plan_buckets(sizes_dtypes: Sequence[tuple[int, str]], cap: int, first_cap: i
     return [indices for _, indices in closed]
 
 
-def _to_host(array) -> np.ndarray:
-    return array if isinstance(array, np.ndarray) else array.get()  # CuPy -> NumPy
+class Phase(enum.Enum):
+    """Where the reducer is in an iteration (the only per-iteration state it keeps)."""
+
+    SYNCED = "synced"          # idle; every .grad holds the global average (sync_gradients() is a no-op)
+    LOCAL = "local"            # idle; .grad holds local accumulations (after no_sync backward passes)
+    ACCUMULATING = "accumulating"  # a backward without synchronisation is running (no_sync)
+    REDUCING = "reducing"      # a synchronised backward is running: buckets fill and go to the hook
 
 
 class _Bucket:
-    __slots__ = ("buffer", "extra", "index", "numels", "offsets", "params", "pending", "t_done", "t_launch",
-                 "views", "work")
+    """A flat gradient buffer, the parameters it holds, and its in-flight reduction."""
 
-    def __init__(self, index, params, numels, shapes, dtype, xp, extra: bool):
+    __slots__ = ("buffer", "control", "grad_bucket", "index", "params", "pending", "t_done", "t_launch", "views",
+                 "wire", "wire_bucket", "work")
+
+    def __init__(self, index: int, params: list[int], tensors: list[Tensor], xp, last: bool, n_control: int = 0):
         self.index = index
-        self.params = params
-        self.numels = numels
-        self.offsets = np.concatenate([[0], np.cumsum(numels)]).astype(np.int64).tolist()
-        self.extra = extra  # the last bucket carries the "unused parameters" count
-        self.buffer = xp.zeros(self.offsets[-1] + (1 if extra else 0), dtype=dtype)
+        self.params = params  # parameter indices, in buffer order
+        numels = [int(t.data.size) for t in tensors]
+        offsets = np.concatenate([[0], np.cumsum(numels)]).astype(np.int64).tolist()
+        #: what the default hook reduces: the gradients, then (last bucket only) the control vector
+        self.wire = xp.zeros(offsets[-1] + n_control, dtype=tensors[0].data.dtype)
+        self.buffer = self.wire[:offsets[-1]]
+        self.control = self.wire[offsets[-1]:]
+        slots = [(offsets[k], offsets[k + 1], t.data.shape) for k, t in enumerate(tensors)]
+        self.grad_bucket = GradBucket(index, self.buffer, slots, tensors, last)
+        self.wire_bucket = GradBucket(index, self.wire, slots, tensors, last) if n_control else self.grad_bucket
         # One view object per slot, made once: ``grad.data is view`` then tells whether a
         # gradient already lives in the bucket (gradient_as_bucket_view), with no copy needed.
-        self.views = [self.buffer[self.offsets[k]:self.offsets[k + 1]].reshape(shape)
-                      for k, shape in enumerate(shapes)]
+        self.views = self.grad_bucket.gradients()
         self.pending = len(params)
         self.work = None
         self.t_launch = 0.0
         self.t_done = 0.0
 
-    def view(self, k: int, shape=None):
-        return self.views[k]
+    def reset(self) -> None:
+        self.pending = len(self.params)
+        self.work = None
 
 
 class Reducer:
-    """Owns the buckets and the per-backward state of one DDP instance (see the module docstring)."""
+    """Owns the buckets and the per-iteration state of one DDP instance (see the module docstring)."""
 
     def __init__(self, params: Sequence[Tensor], names: Sequence[str], backend, bucket_cap_mb: float,
                  first_bucket_mb: float, find_unused_parameters: bool, gradient_as_bucket_view: bool):
@@ -112,164 +127,225 @@ class Reducer:
         self.names = list(names)
         self.backend = backend
         self.find_unused = bool(find_unused_parameters)
-        self.scale = 1.0 / backend.size  # gradients are pre-divided: see _copy_in
         self.as_view = bool(gradient_as_bucket_view)
         sizes = [(int(p.data.size), str(p.data.dtype)) for p in self.params]
         self.plan = plan_buckets(sizes, int(bucket_cap_mb * MB), int(first_bucket_mb * MB))
-        self.buckets: list[_Bucket] = []
-        self.where: list[tuple[int, int]] = [(0, 0)] * len(self.params)  # param -> (bucket, slot)
-        for b, idx in enumerate(self.plan):
-            xp = _xpmod.get_array_module(self.params[idx[0]].data)
-            bucket = _Bucket(b, idx, [sizes[i][0] for i in idx], [self.params[i].data.shape for i in idx],
-                             sizes[idx[0]][1], xp,
-                             extra=(b == len(self.plan) - 1))
-            self.buckets.append(bucket)
-            for k, i in enumerate(idx):
-                self.where[i] = (b, k)
-        # Small control arrays live where the buckets live (NCCL moves device arrays only).
-        self.xp = _xpmod.get_array_module(self.params[0].data)
-        self.used_since_sync = np.zeros(len(self.params), dtype=bool)
-        self.seen = np.zeros(len(self.params), dtype=bool)
-        self.in_backward = False
-        self.syncing = False
+        self.xp = _xpmod.get_array_module(self.params[0].data)  # buckets live where the parameters live
+        last = len(self.plan) - 1
+        self.buckets = [_Bucket(b, idx, [self.params[i] for i in idx], self.xp, last=(b == last),
+                                n_control=len(self.params) if b == last else 0)
+                        for b, idx in enumerate(self.plan)]
+        self.where = [(0, 0)] * len(self.params)  # param -> (bucket, slot)
+        for bucket in self.buckets:
+            for k, i in enumerate(bucket.params):
+                self.where[i] = (bucket.index, k)
+        self.hook_state, self.hook = backend, allreduce_hook  # state, hook(state, bucket) -> Work
+        self._scale = 1.0 / backend.size
+        self.phase = Phase.SYNCED
+        self.arrived = np.zeros(len(self.params), dtype=bool)       # got a gradient in this backward
+        self.used_since_sync = np.zeros(len(self.params), dtype=bool)  # ... in any backward since the last sync
         self.next_launch = 0
-        self.ready = [False] * len(self.buckets)
-        #: True when every .grad already holds the global average (sync_gradients() is then a no-op)
-        self.grads_are_global = True
         # Overlap statistics, summed over synchronised backwards (see DDP.comm_stats()).
         self.stats = {"backwards": 0, "comm_s": 0.0, "exposed_s": 0.0, "launched_before_end": 0, "buckets": 0}
-        #: [(event, bucket or None, perf_counter time)] of the latest synchronised backward
+        #: [(event, bucket index or None, perf_counter time)] of the latest synchronised backward
         self.timeline: list = []
 
-    # -- hooks ----------------------------------------------------------------------------------
+    # -- the comm hook ------------------------------------------------------------------------------
+    def register_comm_hook(self, state, hook) -> None:
+        if not callable(hook):
+            raise TypeError(f"register_comm_hook: hook must be callable as hook(state, bucket) -> Work, got {hook!r}")
+        if self.hook is not allreduce_hook:
+            raise RuntimeError("register_comm_hook can only be called once per DistributedDataParallel (as in torch)")
+        if self.phase in (Phase.REDUCING, Phase.ACCUMULATING):
+            raise RuntimeError("register_comm_hook: call it before the first backward, not during one")
+        self.hook_state, self.hook = state, hook
+
+    @property
+    def in_backward(self) -> bool:
+        return self.phase in (Phase.REDUCING, Phase.ACCUMULATING)
+
+    @property
+    def grads_are_global(self) -> bool:
+        return self.phase is Phase.SYNCED
+
+    # -- gradient hooks -----------------------------------------------------------------------------
     def on_grad_ready(self, i: int, sync: bool) -> None:
         """Post-accumulate-grad hook body for parameter ``i`` (``.grad`` is final for this backward)."""
         if not self.in_backward:
             self._begin_backward(sync)
         self.used_since_sync[i] = True
-        if not self.syncing:
-            self.grads_are_global = False  # local accumulation (no_sync): not averaged yet
+        if self.phase is Phase.ACCUMULATING:
             return
-        self.seen[i] = True
+        self.arrived[i] = True
         b, k = self.where[i]
         bucket = self.buckets[b]
         self._copy_in(bucket, k, self.params[i])
         bucket.pending -= 1
-        if bucket.pending == 0:
-            self._mark_ready(b)
+        # launch every bucket that is complete and next in plan order
+        while self.next_launch < len(self.buckets) and self.buckets[self.next_launch].pending == 0:
+            self._launch(self.buckets[self.next_launch])
+            self.next_launch += 1
 
     def _begin_backward(self, sync: bool) -> None:
-        self.in_backward = True
-        self.syncing = sync
         if sync:
-            self._reset_iteration()
+            self._start_iteration()
+            self.phase = Phase.REDUCING
             self.timeline = [("backward_start", None, time.perf_counter())]
+        else:
+            self.phase = Phase.ACCUMULATING
         queue_callback(self._end_backward)
+
+    def _start_iteration(self) -> None:
+        self.arrived[:] = False
+        self.next_launch = 0
+        for bucket in self.buckets:
+            bucket.reset()
 
     def abandon_backward(self) -> None:
         """Forget a backward that raised midway: wait for what it launched, keep the local grads."""
         try:
             self._wait_all()
         finally:
-            self.in_backward = False
-            self.syncing = False
-            self.grads_are_global = False
-
-    def _reset_iteration(self) -> None:
-        self.seen[:] = False
-        self.next_launch = 0
-        self.ready = [False] * len(self.buckets)
-        for bucket in self.buckets:
-            bucket.pending = len(bucket.params)
-            bucket.work = None
+            self.phase = Phase.LOCAL
 
     def _copy_in(self, bucket: _Bucket, k: int, p: Tensor) -> None:
-        # Gradients enter the bucket already divided by the group size (torch's default comm
-        # hook does the same), so the bucket is all-reduced with SUM: the division rides on the
-        # copy we make anyway instead of costing a pass of its own after the all-reduce, where
-        # it is exposed (0.8 ms per step for 7.4 MB measured on the development machine).
+        """Put parameter ``p``'s gradient (or zeros) into slot ``k`` of ``bucket``, pre-scaled by
+        1/world when the hook takes pre-scaled buckets (the default one: see allreduce_hook)."""
         view = bucket.views[k]
+        prescale = getattr(self.hook, "accepts_prescaled", False)
+        bucket.grad_bucket.prescaled = prescale
         g = p.grad
         if g is None:
             view[...] = 0
         elif g.data is not view:
-            self.xp.multiply(g.data, self.scale, out=view)
+            if prescale:
+                self.xp.multiply(g.data, self._scale, out=view)
+            else:
+                view[...] = g.data
             if self.as_view:
                 # From now on .grad *is* the bucket slot: backward accumulates straight into it
                 # and the averaged result needs no copy back.
                 g.data = view
-        else:
-            view *= self.scale  # accumulated in place in the bucket (gradient_as_bucket_view)
+        elif prescale:
+            view *= self._scale  # accumulated in place in the bucket (gradient_as_bucket_view)
 
-    def _mark_ready(self, b: int) -> None:
-        self.ready[b] = True
-        while self.next_launch < len(self.buckets) and self.ready[self.next_launch]:
-            self._launch(self.buckets[self.next_launch])
-            self.next_launch += 1
+    def _control_flags(self) -> np.ndarray:
+        """This rank's control vector: which parameters count as "used" (see the module docstring).
 
-    def _launch(self, bucket: _Bucket, unused_count: int = 0, inline: bool = False) -> None:
-        """Start ``bucket``'s all-reduce: on the progress thread, or with ``inline=True`` on this
-        thread (the caller is about to wait for it anyway: that saves two thread hand-offs, and
-        lets the transport busy-poll on the main thread). Backends keep collectives in order
-        either way: an inline call queues behind earlier asynchronous ones."""
-        if bucket.extra:
-            bucket.buffer[-1] = unused_count
+        Read when the last bucket launches. If that happens during backward, every bucket before
+        it launched too, so every parameter already arrived: the flags are final either way."""
+        return self.used_since_sync | self.arrived if self.find_unused else self.arrived
+
+    def _piggyback(self) -> bool:
+        return self.hook is allreduce_hook
+
+    def _launch(self, bucket: _Bucket, inline: bool = False) -> None:
+        """Hand ``bucket`` to the comm hook. ``inline=True`` (buckets left at the end of backward,
+        about to be waited for) lets a hook that supports it run on this thread: that saves two
+        thread hand-offs. Backends keep collectives in order either way."""
         bucket.t_launch = time.perf_counter()
         self.timeline.append(("launch", bucket.index, bucket.t_launch))
-        if inline:
-            bucket.work = self.backend.allreduce(bucket.buffer, ReduceOp.SUM, async_op=False)
-            bucket.t_done = time.perf_counter()
-            return
-        bucket.work = self.backend.allreduce(bucket.buffer, ReduceOp.SUM, async_op=True)
-        # t_done comes from the Work itself (completed_at) once it is waited for: a done-callback
-        # could run after the waiter already read the bucket's timing.
+        grad_bucket = bucket.grad_bucket
+        if bucket.control.size and self._piggyback():
+            bucket.control[...] = self._control_flags()  # counts are not scaled: the wire is SUM-reduced
+            grad_bucket = bucket.wire_bucket
+            grad_bucket.prescaled = True
+        if inline and getattr(self.hook, "supports_inline", False):
+            bucket.work = self.hook(self.hook_state, grad_bucket, async_op=False)
+        else:
+            bucket.work = self.hook(self.hook_state, grad_bucket)
+        if bucket.work is None or not hasattr(bucket.work, "result"):
+            raise TypeError(f"the DDP comm hook {getattr(self.hook, '__name__', self.hook)!r} returned "
+                            f"{bucket.work!r}; it must return a Work whose result() is the reduced flat buffer")
 
-    # -- end of backward --------------------------------------------------------------------------
+    # -- one synchronisation, shared by backward's end, sync_gradients() and join's shadow ------------
+    def _reduce_and_write_back(self, launched_before_end: int, t_end: float, shadow: bool = False) -> None:
+        """Launch the buckets not yet launched, run the control all-reduce, wait, check, write back."""
+        for b in range(self.next_launch, len(self.buckets)):
+            # nothing left to overlap with: run what is left on this thread
+            self._launch(self.buckets[b], inline=True)
+        self.next_launch = len(self.buckets)
+        # Per parameter: on how many ranks it got a gradient (in this backward, or since the last
+        # sync for find_unused_parameters' "leave .grad alone if no rank used it").
+        if self._piggyback():
+            self._wait_all()
+            used_count = self.buckets[-1].control
+        else:
+            used_count = self.xp.asarray(self._control_flags().astype(np.float32))
+            control = self.backend.allreduce(used_count, ReduceOp.SUM, async_op=True)
+            self._wait_all()
+            control.wait()
+        t_waited = time.perf_counter()
+        self.timeline.append(("waited", None, t_waited))
+        if not shadow:
+            self._record_stats(t_end, t_waited, launched_before_end)
+        counts = used_count if isinstance(used_count, np.ndarray) else used_count.get()
+        if not self.find_unused:
+            self._check_unused(counts, shadow)
+        if not shadow:
+            self._write_back(counts > 0 if self.find_unused else None)
+        self.used_since_sync[:] = False
+        self.phase = Phase.SYNCED if not shadow else self.phase
+
     def _end_backward(self) -> None:
-        self.in_backward = False
-        if not self.syncing:
+        if self.phase is Phase.ACCUMULATING:
+            self.phase = Phase.LOCAL  # local accumulation (no_sync): not averaged yet
             return
         t_end = time.perf_counter()
         self.timeline.append(("backward_end", None, t_end))
         launched_before_end = self.next_launch
-        missing = np.flatnonzero(~self.seen)
-        for i in missing:  # unused in this backward: their slot holds the local grad or zeros
+        for i in np.flatnonzero(~self.arrived):  # no gradient in this backward: local grad or zeros
             b, k = self.where[i]
             self._copy_in(self.buckets[b], k, self.params[i])
-        unused_here = 0 if self.find_unused else len(missing)
-        for b in range(self.next_launch, len(self.buckets)):
-            # backward is over: nothing left to overlap with, so run what is left on this thread
-            self._launch(self.buckets[b], unused_here, inline=True)
-        self.next_launch = len(self.buckets)
-        used_global = self._allreduce_used_map() if self.find_unused else None
-        self._wait_all()
-        t_waited = time.perf_counter()
-        self.timeline.append(("waited", None, t_waited))
-        self._record_stats(t_end, t_waited, launched_before_end)
-        self._check_unused(missing)
-        self._write_back(used_global)
+        self._reduce_and_write_back(launched_before_end, t_end)
 
-    def _allreduce_used_map(self):
-        return self._any_rank(self.used_since_sync)
+    def sync_now(self) -> None:
+        """Average every gradient now (seed 001's ``sync_gradients()``); no-op if already global."""
+        if self.grads_are_global:
+            return
+        self._start_iteration()
+        self.timeline = [("manual_sync", None, time.perf_counter())]
+        for i, p in enumerate(self.params):
+            b, k = self.where[i]
+            self._copy_in(self.buckets[b], k, p)
+            if p.grad is not None:
+                self.arrived[i] = self.used_since_sync[i] = True
+        find_unused, self.find_unused = self.find_unused, True  # a manual sync tolerates unused parameters
+        try:
+            self._reduce_and_write_back(0, time.perf_counter())
+        finally:
+            self.find_unused = find_unused
 
-    def _any_rank(self, flags: np.ndarray) -> np.ndarray:
-        """Element-wise OR of a boolean array over the ranks (one small SUM all-reduce)."""
-        arr = self.xp.asarray(flags.astype(np.float32))
-        self.backend.allreduce(arr, ReduceOp.SUM, async_op=True).wait()
-        return _to_host(arr) > 0
+    def shadow_backward(self) -> None:
+        """Join support: issue the collectives of one synchronised backward with zero gradients."""
+        self._start_iteration()
+        for bucket in self.buckets:
+            bucket.buffer[...] = 0
+            bucket.grad_bucket.prescaled = getattr(self.hook, "accepts_prescaled", False)
+        # A joined rank counts as having used everything (only ranks that train can miss a gradient),
+        # but with find_unused_parameters as having used nothing (it must not keep .grad alive).
+        self.arrived[:] = not self.find_unused
+        self.used_since_sync[:] = False
+        self._reduce_and_write_back(0, time.perf_counter(), shadow=True)
 
+    # -- helpers ----------------------------------------------------------------------------------
     def _wait_all(self) -> None:
         for bucket in self.buckets:
-            if bucket.work is not None:
-                bucket.work.wait()
-                bucket.t_done = bucket.work.completed_at or time.perf_counter()
+            work = bucket.work
+            if work is None:
+                continue
+            result = work.result()
+            if result is not None and result is not bucket.buffer and result is not bucket.wire:
+                bucket.buffer[...] = result  # a hook that reduced into a new array (compression)
+            bucket.t_done = getattr(work, "completed_at", None) or time.perf_counter()
+            bucket.work = None
 
-    def _check_unused(self, missing) -> None:
-        unused_anywhere = float(self.buckets[-1].buffer[-1]) > 0
-        if not unused_anywhere:
+    def _check_unused(self, counts: np.ndarray, shadow: bool) -> None:
+        if bool((counts >= self.backend.size).all()):
             return
-        self._finish_sync()  # leave a clean state: the next iteration may still run
-        names = [self.names[i] for i in missing]
+        self.used_since_sync[:] = False
+        self.phase = Phase.SYNCED if shadow else Phase.LOCAL  # leave a usable state for the next iteration
+        names = [self.names[i] for i in np.flatnonzero(~self.arrived)]
         here = (f"on this rank ({self.backend.rank}) these parameters got no gradient: {names}"
                 if names else "another rank had parameters that got no gradient")
         raise UnusedParametersError(
@@ -278,13 +354,13 @@ class Reducer:
             "DistributedDataParallel(...) if some parameters are legitimately unused in some iterations "
             "(they are then reduced as zeros), or remove them from the model.")
 
-    def _write_back(self, used_global) -> None:
+    def _write_back(self, used_anywhere) -> None:
         for bucket in self.buckets:
             for k, i in enumerate(bucket.params):
-                if used_global is not None and not used_global[i]:
+                if used_anywhere is not None and not used_anywhere[i]:
                     continue  # unused on every rank: leave .grad alone (torch semantics)
                 p = self.params[i]
-                view = bucket.view(k, p.data.shape)
+                view = bucket.views[k]
                 g = p.grad
                 if self.as_view:
                     if g is None:
@@ -295,12 +371,6 @@ class Reducer:
                     p.grad = Tensor._wrap(view.copy())
                 else:
                     g.data[...] = view
-        self._finish_sync()
-
-    def _finish_sync(self) -> None:
-        self.used_since_sync[:] = False
-        self.grads_are_global = True
-        self.syncing = False
 
     def _record_stats(self, t_end: float, t_waited: float, launched_before_end: int) -> None:
         # Communication runs one bucket after another on the progress thread: each bucket is busy
@@ -318,34 +388,3 @@ class Reducer:
         s["exposed_s"] += min(max(t_waited - t_end, 0.0), busy)
         s["launched_before_end"] += launched_before_end
         s["buckets"] += len(self.buckets)
-
-    # -- manual and shadow reductions ------------------------------------------------------------
-    def sync_now(self) -> None:
-        """Average every gradient now (seed 001's ``sync_gradients()``); no-op if already global."""
-        if self.grads_are_global:
-            return
-        self._reset_iteration()
-        self.timeline = [("manual_sync", None, time.perf_counter())]
-        for i in range(len(self.params)):
-            b, k = self.where[i]
-            self._copy_in(self.buckets[b], k, self.params[i])
-        for bucket in self.buckets:
-            self._launch(bucket, 0)
-        # Which parameters had a gradient on some rank: the others keep .grad = None.
-        used = self._any_rank(np.array([p.grad is not None for p in self.params]))
-        self._wait_all()
-        self._write_back(used)
-
-    def shadow_backward(self) -> None:
-        """Join support: issue the collectives of one synchronised backward with zeros."""
-        self._reset_iteration()
-        for bucket in self.buckets:
-            bucket.buffer[...] = 0
-            self._launch(bucket, 0)
-        if self.find_unused:
-            self._any_rank(np.zeros(len(self.params), dtype=bool))
-        self._wait_all()
-        if float(self.buckets[-1].buffer[-1]) > 0:
-            raise UnusedParametersError(
-                "DistributedDataParallel: another rank had parameters that got no gradient while this rank "
-                "had joined; pass find_unused_parameters=True to DistributedDataParallel(...)")
