@@ -97,7 +97,47 @@ def make_hook(name: str, group):
             work = backend.allreduce(bucket.buffer(), ReduceOp.SUM, async_op=True)
             return then(work, lambda w: w.result() / backend.size)  # a new array: the reducer copies it in
         return group, sum_then_divide
+    if name == "powersgd-full-rank":  # rank >= every matrix's smaller side: exact averaging
+        from neural_arch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+
+        return ps.PowerSGDState(group, matrix_approximation_rank=64, start_powerSGD_iter=0,
+                                min_compression_rate=0.0), ps.powerSGD_hook
+    if name == "topk-everything":  # ratio 1: every entry sent, residual always zero
+        from neural_arch.distributed.algorithms.ddp_comm_hooks import topk_hook as tk
+
+        return tk.TopKState(ratio=1.0, process_group=group), tk.topk_hook
     return group, getattr(default_hooks, name)
+
+
+def topk_feedback_run(ratio: float, steps: int = 5):
+    """Drive topk_hook on random buckets; check sent + residual == owed each step, the result is
+    the sum over ranks of what each sent, and over all steps nothing is lost."""
+    dist = _imports()[4]
+    from neural_arch.distributed.algorithms.ddp_comm_hooks.topk_hook import TopKState, topk_hook
+    from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    backend = dist.get_default_group().backend
+    state = TopKState(ratio=ratio)
+    rng = np.random.default_rng(10 + rank)
+    n = 37
+    total_true = np.zeros(n)
+    total_sent = np.zeros(n)
+    errors = []
+    for _ in range(steps):
+        grad = rng.normal(size=n)
+        total_true += grad / world
+        owed = grad / world + state.residuals.get(0, np.zeros(n))
+        bucket = GradBucket(0, grad.copy(), [(0, n, (n,))], params=["g"], last=True)
+        result = topk_hook(state, bucket).result()
+        sent = owed - state.residuals[0]
+        errors.append(float(np.max(np.abs(np.sort(np.abs(sent))[:-state.last_sent[0] // 2]))))  # only k nonzero
+        total_sent += sent
+        summed = sent.copy()
+        backend.allreduce(summed)
+        errors.append(float(np.max(np.abs(summed - result))))
+    errors.append(float(np.max(np.abs(total_sent + state.residuals[0] - total_true))))
+    return max(errors), state.last_sent
 
 
 def hook_calls_run():

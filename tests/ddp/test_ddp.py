@@ -39,6 +39,8 @@ EQUIVALENCE = {
     "sgd-require_backward_grad_sync": {"opt": "sgd", "dtype": "float64", "accum": 2, "B": 4, "grad_sync_flag": True},
     "adam-torch-allreduce-hook": {"opt": "adam", "dtype": "float64", "cap": 0.0004, "hook": "allreduce_hook"},
     "sgd-custom-hook": {"opt": "sgd", "dtype": "float64", "cap": 0.0004, "first": 0.0001, "hook": "custom"},
+    "adam-powersgd-full-rank": {"opt": "adam", "dtype": "float64", "cap": 0.0004, "hook": "powersgd-full-rank"},
+    "sgd-topk-ratio-1": {"opt": "sgd", "dtype": "float64", "cap": 0.0004, "hook": "topk-everything"},
     "sgd-custom-hook-unused-params": {"opt": "sgd", "dtype": "float64", "model": "unused", "find_unused": True,
                                       "hook": "custom"},
 }
@@ -86,6 +88,13 @@ def test_fp16_compress_hook_equals_plain_averaging_within_float16_rounding(pool)
     for diff, _fp, steps in pool.run(fns.equivalence_run, cfg):
         assert steps > 0
         assert diff <= 2e-3, diff  # float16 keeps ~3 decimal digits of each averaged gradient
+
+
+@pytest.mark.parametrize("ratio", [0.1, 0.5])
+def test_topk_error_feedback_loses_nothing(pool, ratio):
+    for err, (sent, n) in pool.run(fns.topk_feedback_run, ratio):
+        assert err <= 1e-12, err
+        assert sent == 2 * int(np.ceil(ratio * n))  # indices + values of k entries
 
 
 def test_comm_hook_sees_every_bucket_in_order_once_per_backward(pool):

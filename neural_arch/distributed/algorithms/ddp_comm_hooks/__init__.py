@@ -9,6 +9,8 @@ hook                        what goes on the wire
 ``default_hooks.allreduce_hook``       the gradients (DDP's default: the average)
 ``default_hooks.fp16_compress_hook``   the gradients cast to float16, averaged, cast back
 ``default_hooks.bf16_compress_hook``   the same in bfloat16 (ml_dtypes on NumPy)
+``powerSGD_hook.powerSGD_hook``        rank-r factors P, Q of each gradient matrix (error feedback)
+``topk_hook.topk_hook``                the top ``ratio`` entries per rank, indices + values (error feedback)
 ==========================  =====================================================================
 
 Example::
@@ -17,4 +19,4 @@ Example::
     ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
 """
 
-from neural_arch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: F401
+from neural_arch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook, topk_hook  # noqa: F401
