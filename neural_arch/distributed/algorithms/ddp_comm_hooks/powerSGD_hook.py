@@ -1,3 +1,4 @@
+# ruff: noqa: N999 - torch's module name (torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook)
 """PowerSGD gradient compression (Vogels et al., 2019) as a DDP comm hook, under torch's names.
 
 Each gradient matrix ``M`` (n x m; higher-rank gradients are viewed as ``(shape[0], -1)``) is
