@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Pipeline schedules measured: bubble fraction from the executor's own event times vs theory, and
+peak activation memory per stage, GPipe vs 1F1B (vs interleaved 1F1B).
+
+Model: a Sequential of ``4 p`` ``Linear(W, W)`` + ``Tanh`` pairs, float64, split evenly into
+``p`` stages (``2 p`` chunks for interleaved v=2: the same model and work per rank); a fixed micro-batch of ``--mb`` rows, so per-micro-batch compute is constant
+and the theory applies: bubble = (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v m+p-1) interleaved.
+Ranks are real processes on one machine (gloo, shared memory / loopback); the executor records
+``time.perf_counter()`` around every F and B (a system-wide monotonic clock), and the measured
+bubble is ``1 - busy / (p * span)`` with span from the first compute start to the last end over
+all ranks, median over ``--steps`` steps after one warm-up. Peak memory is tracemalloc's peak
+during one step minus the usage before it (NumPy reports its buffers to tracemalloc).
+
+Oversubscription warning: with more ranks than cores, ranks steal each other's CPU, which
+*inflates* measured bubbles (a waiting rank is not idle for the machine). The JSON records the
+core count and load average. Run::
+
+    python benchmarks/bench_pipeline.py                       # table + benchmarks/results/bench_pipeline.json
+    python benchmarks/bench_pipeline.py --quick --out /tmp/b.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+
+
+# -- worker (runs on every rank of a RankPool) ------------------------------------------------------
+def worker(p: int, m: int, schedule: str, v: int, width: int, mb: int, steps: int):
+    import tracemalloc
+
+    import numpy as np
+
+    import neural_arch.distributed as dist
+    import neural_arch.functional as F
+    from neural_arch import nn
+    from neural_arch.core.tensor import manual_seed
+    from neural_arch.distributed import pipeline as pl
+
+    rank = dist.get_rank()
+    manual_seed(0)
+    layers = []
+    for _ in range(4 * p):  # the same model for every schedule: 4 layer pairs per rank
+        layers += [nn.Linear(width, width, dtype=np.float64), nn.Tanh()]
+    pipe = pl.pipeline(nn.Sequential(*layers), num_stages=p * v, balance="layers")
+    stages = [pipe.build_stage(i) for i in pl.stage_indices(rank, p, v)]
+    cls = {"gpipe": pl.ScheduleGPipe, "1f1b": pl.Schedule1F1B, "interleaved": pl.ScheduleInterleaved1F1B}[schedule]
+    sched = cls(stages if schedule == "interleaved" else stages[0], m, loss_fn=lambda out, y: F.mse_loss(out, y))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(m * mb, width))
+    y = rng.normal(size=(m * mb, width))
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+
+    def one_step():
+        sched.step(*((x,) if first else ()), target=y if last else None)
+        for s in stages:
+            s.submodule.zero_grad()
+
+    one_step()  # warm-up: lanes, buffers, first-touch
+    bubbles, peaks = [], []
+    for _ in range(steps):
+        dist.barrier()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        one_step()
+        peaks.append(tracemalloc.get_traced_memory()[1] - base)
+        tracemalloc.stop()
+        events = dist.all_gather_object([None] * p, [(e.start, e.end) for e in sched.last_events])
+        flat = [ev for rank_events in events for ev in rank_events]
+        span = max(e for _, e in flat) - min(s for s, _ in flat)
+        busy = sum(e - s for s, e in flat)
+        bubbles.append(1.0 - busy / (p * span))
+    return {"bubble": statistics.median(bubbles), "peak_bytes": max(peaks)}
+
+
+# -- orchestrator -------------------------------------------------------------------------------------
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="pipeline bubble and memory benchmark (see module docstring)")
+    ap.add_argument("--stages", default="2,4")
+    ap.add_argument("--microbatches", default="1,2,4,8,16")
+    ap.add_argument("--width", type=int, default=384)
+    ap.add_argument("--mb", type=int, default=64, help="rows per micro-batch")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="tiny sweep (smoke test)")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "bench_pipeline.json"))
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.stages, args.microbatches, args.width, args.mb, args.steps = "2", "1,2,4", 64, 8, 1
+
+    from benchmarks._common import format_table, write_json
+    from benchmarks.bench_pipeline import worker as importable_worker  # pickled by reference in the ranks
+    from neural_arch.distributed.parallel.pipeline.schedules import theoretical_bubble
+    from neural_arch.distributed.testing import RankPool
+
+    env = {"PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
+           "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    rows, records = [], []
+    for p in [int(s) for s in args.stages.split(",")]:
+        with RankPool(p, timeout=300.0, env=env) as pool:
+            for m in [int(s) for s in args.microbatches.split(",")]:
+                for schedule, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)):
+                    if schedule == "interleaved" and m % p:
+                        continue
+                    t0 = time.perf_counter()
+                    res = pool.run(importable_worker, p, m, schedule, v, args.width, args.mb, args.steps)
+                    theory = theoretical_bubble(p, m, v)
+                    peaks = [r["peak_bytes"] for r in res]
+                    rec = {"p": p, "m": m, "schedule": schedule, "v": v, "bubble_measured": res[0]["bubble"],
+                           "bubble_theory": theory, "peak_activation_bytes_per_stage": peaks,
+                           "seconds": time.perf_counter() - t0}
+                    records.append(rec)
+                    rows.append([p, m, f"{schedule}" + (f" v={v}" if v > 1 else ""), f"{theory:.3f}",
+                                 f"{res[0]['bubble']:.3f}", " / ".join(f"{b / 2**20:.2f}" for b in peaks)])
+                    print(f"p={p} m={m:2d} {schedule:11s} bubble theory {theory:.3f} measured {res[0]['bubble']:.3f}; "
+                          f"peak MiB per stage {[round(b / 2**20, 2) for b in peaks]}", flush=True)
+    headers = ["p", "m", "schedule", "bubble (theory)", "bubble (measured)", "peak activation MiB per stage"]
+    table = format_table(rows, headers)
+    print(table)
+    cores = os.cpu_count()
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    path = write_json(args.out, {"benchmark": "bench_pipeline", "width": args.width, "rows_per_microbatch": args.mb,
+                                 "steps": args.steps, "cpu_count": cores, "loadavg": load, "results": records,
+                                 "table": table})
+    print(f"written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Distributed checkpoints: every rank writes its own shards; any layout loads any other.
+
+Names and semantics follow ``torch.distributed.checkpoint`` (DCP)::
+
+    import neural_arch.distributed.checkpoint as dcp
+
+    state = {"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3}
+    dcp.save(state, checkpoint_id="ckpt/step_100")           # collective; atomic
+    fut = dcp.async_save(state, checkpoint_id="ckpt/step_200")  # returns at once; fut.result() later
+    dcp.load(state, checkpoint_id="ckpt/step_100")            # in place, into *this* layout
+    model.load_state_dict(state["model"]); opt.load_state_dict(state["optim"])
+
+What is stored: one safetensors file per rank that owns data (each chunk a tensor of its own) and
+one JSON ``.metadata``: for every dotted key (nested dicts are flattened: ``optim.state.0.exp_avg``)
+its global shape, dtype, and the chunks (region, file, tensor name, blake2b digest); for every
+file its sha256 and size; plain values (ints, floats, strings, tuples) as JSON. ``.metadata`` is
+written last, by atomic rename, after every rank's files are fsynced: a directory without it is
+not a checkpoint, and a crash at any moment leaves the previous checkpoint loadable.
+
+The contract for parallel layouts (what a strategy puts in its state dict)
+-------------------------------------------------------------------------
+
+* **Replicated** (DDP, a single process): a plain array. Every rank holding it has the whole
+  array; it is written once (the chunk's writer is picked round-robin among the ranks holding it).
+* **Box shards** (tensor parallel): ``ShardedArray(local, global_shape, offsets)``: ``local`` is
+  ``global[offsets[0]:offsets[0]+local.shape[0], ...]``; the same key on every rank, pieces tile the
+  global array exactly (a key may be absent on ranks that hold no piece of it).
+* **Flat shards** (FSDP / ZeRO): give **each parameter** (and each optimizer-state array) as
+  ``ShardedArray(piece_1d, global_shape=param.shape, flat_offset=k)``: ``piece_1d`` is the part of
+  this rank's flat shard that falls inside that parameter, i.e. elements ``k .. k+len-1`` of
+  ``param.reshape(-1)`` (C order). Padding is never saved; a rank whose shard does not touch a
+  parameter passes an empty piece (``flat_offset=0``), or leaves the key out (but note that
+  ``load`` fills an *empty dict* with everything saved below it). Keys are the unsharded model's
+  parameter names, so a flat checkpoint loads into a DDP model, a TP layout or another world size.
+
+Load gives every leaf its region: a plain array receives the whole global array; a
+``ShardedArray`` receives its own box or flat range, assembled from whichever saved chunks overlap
+it (only those are read, via ``safe_open``; each read chunk's digest is checked).
+``verify(dir)`` checks every file's sha256. :class:`CheckpointManager` adds numbered checkpoints,
+resume, keep-last-k cleanup and best-metric tracking.
+"""
+
+from neural_arch.distributed.checkpoint.api import async_save, load, remove_orphans, save, verify
+from neural_arch.distributed.checkpoint.manager import CheckpointManager
+from neural_arch.distributed.checkpoint.sharded import ShardedArray
+from neural_arch.distributed.checkpoint.storage import CheckpointError
+
+__all__ = ["CheckpointError", "CheckpointManager", "ShardedArray", "async_save", "load", "remove_orphans", "save",
+           "verify"]

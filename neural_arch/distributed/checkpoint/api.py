@@ -1,0 +1,555 @@
+"""``save``, ``async_save``, ``load`` and ``verify``: the distributed checkpoint itself.
+
+Save, on every rank of the group (a collective):
+
+1. flatten the state dict; describe each array leaf as (key, global shape, dtype, region);
+2. ``all_gather_object`` those descriptions (small); every rank then computes the same plan:
+   each distinct chunk gets one writer (replicated chunks round-robin over the ranks holding them),
+   after checking that all ranks agree on shapes/dtypes and that the chunks tile each array;
+3. each rank writes its chunks to one safetensors file and a manifest (atomic, fsynced);
+4. rank 0 waits for every manifest, writes ``.metadata`` last (atomic rename + directory fsync):
+   only then is the checkpoint visible. Files of the checkpoint it replaces are removed after.
+
+``async_save`` does 1-2 and copies the arrays to host memory in the caller (cheap), then 3-4 in a
+background thread: no collective runs in that thread (rank 0 finds the manifests on disk), so it
+cannot interleave with the training loop's collectives. A new save first waits for the previous one.
+
+Load reads only ``.metadata`` and the chunks that overlap what this rank asks for (no collective).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+
+import numpy as np
+
+from neural_arch.distributed.checkpoint.flatten import (
+    decode_object,
+    encode_object,
+    flatten_state_dict,
+    is_array_leaf,
+    to_host,
+)
+from neural_arch.distributed.checkpoint.sharded import Region, ShardedArray, copy_overlap
+from neural_arch.distributed.checkpoint.storage import (
+    FORMAT_VERSION,
+    METADATA_NAME,
+    CheckpointError,
+    chunk_digest,
+    data_file_name,
+    file_sha256,
+    fsync_dir,
+    manifest_name,
+    read_metadata,
+    write_data_file,
+    write_json_atomic,
+)
+
+__all__ = ["async_save", "load", "remove_orphans", "save", "verify"]
+
+_pending_lock = threading.Lock()
+_pending: Future | None = None
+
+
+# ------------------------------------------------------------------------------------ helpers
+def _group_info(process_group):
+    from neural_arch.distributed import groups
+
+    if process_group is None and not groups.is_initialized():
+        return None, 0, 1
+    pg = groups._resolve_group(process_group, "checkpoint")
+    return pg, pg.backend.rank, pg.backend.size
+
+
+def _commit_timeout() -> float:
+    try:
+        return float(os.environ.get("NEURAL_ARCH_TIMEOUT") or 300.0)
+    except ValueError:
+        return 300.0
+
+
+def _wait_previous() -> None:
+    global _pending
+    with _pending_lock:
+        previous, _pending = _pending, None
+    if previous is not None:
+        previous.exception()  # wait; its error (if any) was already given to its own caller
+
+
+def _describe(state_dict, copy: bool):
+    """(array items, object items, my plan) for this rank's state dict."""
+    arrays, objects, plan_arrays = {}, {}, []
+    for key, path, leaf in flatten_state_dict(state_dict):
+        if is_array_leaf(leaf):
+            if isinstance(leaf, ShardedArray):
+                local = to_host(leaf.local)
+                region = Region.of(leaf)
+            else:
+                local = to_host(leaf)
+                region = Region.of(local)
+            if copy:
+                local = np.array(local, copy=True, order="C")  # staging: training may change it next
+            arrays[(key, region.key())] = (local, region)
+            plan_arrays.append((key, path, list(region.global_shape), local.dtype.str, region.to_json()))
+        else:
+            objects[key] = (path, encode_object(leaf))
+    return arrays, objects, {"arrays": plan_arrays, "objects": objects}
+
+
+def _make_plan(plans: list[dict]):
+    """Same on every rank: {key: entry}, {(key, region key): (writer rank, chunk name)}, objects."""
+    entries: dict[str, dict] = {}
+    holders: dict[tuple, list[int]] = {}
+    regions: dict[tuple, Region] = {}
+    for rank, plan in enumerate(plans):
+        for key, path, gshape, dtype, rjson in plan["arrays"]:
+            entry = entries.setdefault(key, {"path": path, "global_shape": gshape, "dtype": dtype, "chunks": []})
+            if entry["global_shape"] != gshape or entry["dtype"] != dtype:
+                raise CheckpointError(f"save: {key!r} is {tuple(entry['global_shape'])} {np.dtype(entry['dtype'])} "
+                                      f"on one rank but {tuple(gshape)} {np.dtype(dtype)} on rank {rank}; every "
+                                      "rank must describe the same global array")
+            region = Region.from_json(gshape, rjson)
+            rk = (key, region.key())
+            if rk not in holders:
+                holders[rk] = []
+                regions[rk] = region
+            holders[rk].append(rank)
+    owners: dict[tuple, tuple[int, str]] = {}
+    counter = 0
+    for key in sorted(entries):
+        entry = entries[key]
+        mine = sorted((rk for rk in holders if rk[0] == key), key=lambda rk: rk[1])
+        kinds = {regions[rk].is_flat for rk in mine}
+        if len(kinds) > 1:
+            raise CheckpointError(f"save: {key!r} is saved as box pieces by some ranks and flat pieces by "
+                                  "others; every rank must shard one key the same way")
+        total = sum(regions[rk].numel for rk in mine)
+        want = math.prod(entry["global_shape"])
+        if total != want or _overlapping([regions[rk] for rk in mine]):
+            raise CheckpointError(f"save: the pieces of {key!r} cover {total} elements of {want} (or overlap): "
+                                  f"shape {tuple(entry['global_shape'])}, pieces {[regions[rk].to_json() for rk in mine]}; "
+                                  "the ranks' ShardedArrays must tile the global array exactly")
+        for n, rk in enumerate(mine):
+            ranks = holders[rk]
+            writer = ranks[counter % len(ranks)]  # replicated chunks spread round-robin
+            counter += 1
+            name = f"{key}#{n}"
+            owners[rk] = (writer, name)
+            entry["chunks"].append(dict(regions[rk].to_json(), name=name, rank=writer))
+    objects: dict[str, dict] = {}
+    for plan in plans:  # plain values: the lowest rank that has one wins (they should agree)
+        for key, (path, value) in plan["objects"].items():
+            objects.setdefault(key, {"path": path, "value": value})
+    return entries, owners, objects
+
+
+def _overlapping(regions: list[Region]) -> bool:
+    if regions and regions[0].is_flat:
+        spans = sorted((r.flat_offset, r.flat_offset + r.flat_size) for r in regions if r.flat_size)
+        return any(b0 < a1 for (_, a1), (b0, _) in itertools.pairwise(spans))
+    nonempty = [r for r in regions if r.numel]
+    for i, a in enumerate(nonempty):
+        for b in nonempty[i + 1:]:
+            if all(max(x, y) < min(x + n, y + m) for x, n, y, m in zip(a.offsets, a.sizes, b.offsets, b.sizes)):
+                return True
+    return False
+
+
+# ------------------------------------------------------------------------------------ save
+def _write_mine(directory: str, rank: int, uid: str, arrays: dict, owners: dict) -> None:
+    tensors, digests = {}, {}
+    for rk, (local, _) in arrays.items():
+        writer, name = owners[rk]
+        if writer == rank:
+            tensors[name] = local
+            digests[name] = chunk_digest(local)
+    manifest = {"rank": rank, "chunks": digests, "file": None}
+    if tensors:
+        fname = data_file_name(rank, uid)
+        sha, size = write_data_file(os.path.join(directory, fname), tensors)
+        manifest["file"] = {"name": fname, "sha256": sha, "size": size}
+    write_json_atomic(os.path.join(directory, manifest_name(rank, uid)), manifest)
+    fsync_dir(directory)
+
+
+def _commit(directory: str, uid: str, world: int, entries: dict, objects: dict, extra, timeout: float) -> dict:
+    """Rank 0: gather the manifests from disk, then write ``.metadata`` (the commit point)."""
+    deadline = time.monotonic() + timeout
+    manifests = {}
+    while len(manifests) < world:
+        for r in range(world):
+            if r not in manifests:
+                try:
+                    manifests[r] = read_json(os.path.join(directory, manifest_name(r, uid)))
+                except FileNotFoundError:
+                    pass
+        if len(manifests) < world:
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(world)) - set(manifests))
+                raise CheckpointError(f"save to {directory!r}: ranks {missing} did not finish writing within "
+                                      f"{timeout:.0f} s; the checkpoint was not committed (the previous one is intact)")
+            time.sleep(0.005)
+    files = {}
+    for r, m in manifests.items():
+        if m["file"]:
+            files[m["file"]["name"]] = {"sha256": m["file"]["sha256"], "size": m["file"]["size"]}
+    for entry in entries.values():
+        for chunk in entry["chunks"]:
+            m = manifests[chunk.pop("rank")]
+            chunk["file"] = m["file"]["name"]
+            chunk["digest"] = m["chunks"][chunk["name"]]
+    meta = {"version": FORMAT_VERSION, "uid": uid, "world_size": world, "created": time.time(),
+            "extra": extra if extra is not None else {}, "files": files, "tensors": entries, "objects": objects}
+    previous = None
+    try:
+        previous = read_metadata(directory)
+    except CheckpointError:
+        pass
+    write_json_atomic(os.path.join(directory, METADATA_NAME), meta)
+    fsync_dir(directory)
+    # Only now may the replaced checkpoint's files and this save's manifests go.
+    stale = set(previous["files"]) - set(files) if previous else set()
+    for name in list(stale) + [manifest_name(r, uid) for r in range(world)]:
+        try:
+            os.unlink(os.path.join(directory, name))
+        except FileNotFoundError:
+            pass
+    return meta
+
+
+def read_json(path: str) -> dict:
+    import json
+
+    with open(path, "rb") as f:
+        return json.loads(f.read())
+
+
+def _prepare(state_dict, checkpoint_id, process_group, copy: bool, extra):
+    if not isinstance(checkpoint_id, (str, os.PathLike)):
+        raise TypeError(f"checkpoint_id must be a directory path, got {checkpoint_id!r}")
+    directory = os.fspath(checkpoint_id)
+    pg, rank, world = _group_info(process_group)
+    arrays, _, plan = _describe(state_dict, copy)
+    plan["uid"] = uuid.uuid4().hex[:12]
+    if world > 1:
+        from neural_arch.distributed.collectives import all_gather_object
+
+        plans = [None] * world
+        all_gather_object(plans, plan, group=pg)
+    else:
+        plans = [plan]
+    uid = plans[0]["uid"]
+    entries, owners, objects = _make_plan(plans)
+    os.makedirs(directory, exist_ok=True)
+    return directory, pg, rank, world, uid, arrays, entries, owners, objects
+
+
+def save(state_dict, checkpoint_id, process_group=None, *, extra: dict | None = None) -> dict | None:
+    """Save ``state_dict`` to the directory ``checkpoint_id``; every rank of the group calls it.
+
+    Each array leaf is replicated (a plain array) or a :class:`ShardedArray`; each distinct chunk
+    is written once. Returns the metadata dict on rank 0 (None elsewhere) after the checkpoint is
+    committed on every rank. ``extra``: small JSON values stored in the metadata (e.g. metrics).
+
+    Example::
+
+        save({"model": model.state_dict(), "optim": opt.state_dict(), "step": 10}, "ckpt/step_10")
+    """
+    _wait_previous()
+    directory, pg, rank, world, uid, arrays, entries, owners, objects = _prepare(
+        state_dict, checkpoint_id, process_group, copy=False, extra=extra)
+    error = None
+    meta = None
+    try:
+        _write_mine(directory, rank, uid, arrays, owners)
+        if rank == 0:
+            meta = _commit(directory, uid, world, entries, objects, extra, _commit_timeout())
+    except BaseException as exc:  # noqa: BLE001 - still join the barrier below, so peers do not hang on us
+        error = exc
+    if world > 1:
+        from neural_arch.distributed.collectives import barrier
+
+        barrier(group=pg)
+    if error is not None:
+        raise error
+    return meta
+
+
+def async_save(state_dict, checkpoint_id, process_group=None, *, extra: dict | None = None) -> Future:
+    """Like :func:`save`, but write in a background thread; returns a ``concurrent.futures.Future``.
+
+    The arrays are copied to host staging buffers before it returns, so training may update
+    them right away. ``future.result()`` on rank 0 returns the metadata once the checkpoint is
+    committed; on other ranks it returns None once that rank's files are durable. A later
+    ``save``/``async_save`` in this process waits for this one first.
+
+    Example::
+
+        fut = async_save(state, "ckpt/step_20")
+        train_more()
+        fut.result()          # raises if the save failed
+    """
+    global _pending
+    _wait_previous()
+    directory, _pg, rank, world, uid, arrays, entries, owners, objects = _prepare(
+        state_dict, checkpoint_id, process_group, copy=True, extra=extra)
+    future: Future = Future()
+    timeout = _commit_timeout()
+
+    def work():
+        try:
+            _write_mine(directory, rank, uid, arrays, owners)
+            meta = _commit(directory, uid, world, entries, objects, extra, timeout) if rank == 0 else None
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+            future.set_exception(exc)
+        else:
+            future.set_result(meta)
+
+    thread = threading.Thread(target=work, name=f"neural_arch-async-save-{uid}", daemon=True)
+    with _pending_lock:
+        _pending = future
+    thread.start()
+    return future
+
+
+def _wait_at_exit() -> None:
+    with _pending_lock:
+        pending = _pending
+    if pending is not None:
+        pending.exception()
+
+
+import atexit
+
+atexit.register(_wait_at_exit)
+
+
+# ------------------------------------------------------------------------------------ load
+class _Reader:
+    """Opens each data file once, checks its size against the metadata, verifies each chunk."""
+
+    def __init__(self, directory: str, meta: dict, verify: bool):
+        self.directory, self.meta, self.verify = directory, meta, verify
+        self.handles = {}
+
+    def chunk(self, entry: dict, chunk: dict) -> np.ndarray:
+        from safetensors import safe_open
+
+        fname = chunk["file"]
+        handle = self.handles.get(fname)
+        if handle is None:
+            path = os.path.join(self.directory, fname)
+            try:
+                size = os.path.getsize(path)
+            except FileNotFoundError:
+                raise CheckpointError(f"{self.directory!r}: data file {fname} listed in {METADATA_NAME} is missing") from None
+            if size != self.meta["files"][fname]["size"]:
+                raise CheckpointError(f"{path}: {size} bytes, the metadata says {self.meta['files'][fname]['size']}; "
+                                      "the file is truncated or was replaced")
+            try:
+                handle = self.handles[fname] = safe_open(path, framework="numpy")
+            except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+                raise CheckpointError(f"{path} cannot be read as safetensors ({exc}); the file is corrupt") from None
+        try:
+            array = handle.get_tensor(chunk["name"])
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+            raise CheckpointError(f"{fname}: chunk {chunk['name']!r} cannot be read ({exc}); the file is corrupt") from None
+        want = (chunk["flat_size"],) if "flat_size" in chunk else tuple(chunk["sizes"])
+        if array.shape != want:
+            if array.size != int(np.prod(want)):
+                raise CheckpointError(f"{fname}: chunk {chunk['name']!r} has shape {array.shape}, the metadata says "
+                                      f"{want}; the checkpoint is corrupt")
+            array = array.reshape(want)  # safe_open gives 0-d tensors back as shape (1,)
+        if self.verify and chunk_digest(array) != chunk["digest"]:
+            raise CheckpointError(f"{fname}: chunk {chunk['name']!r} fails its checksum; the checkpoint is corrupt")
+        return array
+
+
+def _set_path(root, path: list, value) -> None:
+    node = root
+    for p in path[:-1]:
+        node = node[p]
+    node[path[-1]] = value
+
+
+def _empty_containers(node, path=(), out=None):
+    out = {} if out is None else out
+    if isinstance(node, dict):
+        if not node:
+            out[tuple(path)] = node
+        for k, v in node.items():
+            _empty_containers(v, path + (k,), out)
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            _empty_containers(v, path + (i,), out)
+    return out
+
+
+def _fill(reader, entry: dict, target: np.ndarray, region: Region, key: str) -> None:
+    covered = 0
+    for chunk in entry["chunks"]:
+        src_region = Region.from_json(entry["global_shape"], chunk)
+        if not src_region.numel or not _may_overlap(src_region, region):
+            continue
+        covered += copy_overlap(src_region, reader.chunk(entry, chunk), region, target)
+    if covered != region.numel:
+        raise CheckpointError(f"load: {key!r}: the checkpoint covers {covered} of the {region.numel} elements "
+                              "asked for; it is incomplete")
+
+
+def _may_overlap(a: Region, b: Region) -> bool:
+    if a.is_flat or b.is_flat:
+        sa, la = a.runs()
+        sb, lb = b.runs()
+        return bool(len(sa) and len(sb) and sa[0] < sb[-1] + lb and sb[0] < sa[-1] + la)
+    return all(max(x, y) < min(x + n, y + m) for x, n, y, m in zip(a.offsets, a.sizes, b.offsets, b.sizes))
+
+
+def load(state_dict, checkpoint_id, process_group=None, *, verify: bool = True, strict: bool = True) -> dict:
+    """Load the checkpoint in ``checkpoint_id`` into ``state_dict`` **in place** (torch DCP semantics).
+
+    Each array leaf receives its values: a plain array the whole global array, a
+    :class:`ShardedArray` its own region (from whichever chunks the saving ranks wrote, so any
+    layout loads any other). Plain values (numbers, strings) are replaced in their container.
+    An empty dict in ``state_dict`` (e.g. a fresh optimizer's ``state``) is filled with every
+    saved key under it, as whole arrays. Only the overlapping chunks are read, and each one's
+    checksum is verified (``verify=False`` skips that). No collective: ranks load independently.
+
+    Returns ``state_dict``. Raises :class:`CheckpointError` when a key is missing
+    (``strict=False`` skips it), the shape or dtype differs, or data is corrupt.
+
+    Example::
+
+        sd = {"model": model.state_dict(), "optim": opt.state_dict()}
+        load(sd, "ckpt/step_10")
+        model.load_state_dict(sd["model"]); opt.load_state_dict(sd["optim"])
+    """
+    del process_group  # accepted for torch compatibility: loading needs no collective
+    directory = os.fspath(checkpoint_id)
+    meta = read_metadata(directory)
+    reader = _Reader(directory, meta, verify)
+    tensors, objects = meta["tensors"], meta["objects"]
+    empties = _empty_containers(state_dict)
+    for key, path, leaf in flatten_state_dict(state_dict):
+        if key in objects:
+            _set_path(state_dict, path, decode_object(objects[key]["value"]))
+            continue
+        if key not in tensors:
+            if strict:
+                raise CheckpointError(f"load: {key!r} is not in the checkpoint {directory!r}; it has "
+                                      f"{len(tensors) + len(objects)} keys (pass strict=False to skip missing keys)")
+            continue
+        entry = tensors[key]
+        if not is_array_leaf(leaf):
+            leaf = None  # a plain value where the checkpoint has an array: replace it
+        _load_leaf(reader, entry, key, path, leaf, state_dict)
+    # Fill empty containers (a fresh optimizer's state) with every saved key below them.
+    if empties:
+        for table in (tensors, objects):
+            for key, item in table.items():
+                path = item["path"]
+                for n in range(len(path) - 1, -1, -1):
+                    if tuple(path[:n]) in empties:
+                        _build_path(state_dict, path)
+                        if table is objects:
+                            _set_path(state_dict, path, decode_object(item["value"]))
+                        else:
+                            _load_leaf(reader, item, key, path, None, state_dict)
+                        break
+    return state_dict
+
+
+def _build_path(root, path: list) -> None:
+    node = root
+    for p in path[:-1]:
+        if p not in node:
+            node[p] = {}
+        node = node[p]
+
+
+def _load_leaf(reader, entry, key, path, leaf, root) -> None:
+    dtype = np.dtype(entry["dtype"])
+    gshape = tuple(entry["global_shape"])
+    if leaf is None:
+        target = np.empty(gshape, dtype=dtype)
+        _fill(reader, entry, target, Region.of(target), key)
+        _set_path(root, path, target)
+        return
+    if isinstance(leaf, ShardedArray):
+        if leaf.global_shape != gshape:
+            raise CheckpointError(f"load: {key!r} has global shape {gshape} in the checkpoint but {leaf.global_shape} here")
+        region, holder = Region.of(leaf), leaf.local
+    else:
+        holder = leaf
+        region = Region(tuple(int(s) for s in np.shape(to_host(leaf))), (0,) * len(gshape), gshape)
+        if region.global_shape != gshape:
+            raise CheckpointError(f"load: {key!r} has shape {gshape} in the checkpoint but {region.global_shape} here")
+    if not isinstance(holder, (np.ndarray, np.generic)) and hasattr(holder, "data") \
+            and not type(holder).__module__.startswith("cupy"):
+        holder = holder.data  # a Tensor: load into its array
+    host_dtype = np.dtype(holder.dtype)
+    if host_dtype != dtype:
+        raise CheckpointError(f"load: {key!r} is {dtype} in the checkpoint but {host_dtype} here; load into an "
+                              f"array of dtype {dtype} and cast afterwards")
+    writable = isinstance(holder, np.ndarray) and holder.flags.writeable and holder.flags.c_contiguous
+    target = holder if writable else np.empty(np.shape(holder), dtype=dtype)
+    _fill(reader, entry, target, region, key)
+    if writable:
+        return
+    if isinstance(holder, np.generic):
+        _set_path(root, path, target[()])
+    elif isinstance(holder, np.ndarray):
+        holder[...] = target  # read-only or strided: copy through a contiguous buffer
+    else:  # a CuPy array
+        import importlib
+
+        holder[...] = importlib.import_module("cupy").asarray(target)
+
+
+# ------------------------------------------------------------------------------------ verify
+def verify(checkpoint_id) -> dict:
+    """Check every data file's sha256 and size against the metadata; return the metadata.
+
+    Reads every byte (unlike :func:`load`, which checks only the chunks it reads).
+    """
+    directory = os.fspath(checkpoint_id)
+    meta = read_metadata(directory)
+    for fname, info in meta["files"].items():
+        path = os.path.join(directory, fname)
+        if not os.path.exists(path):
+            raise CheckpointError(f"{directory!r}: data file {fname} is missing")
+        if os.path.getsize(path) != info["size"] or file_sha256(path) != info["sha256"]:
+            raise CheckpointError(f"{path} does not match its checksum in {METADATA_NAME}; the checkpoint is corrupt")
+    return meta
+
+
+def remove_orphans(checkpoint_id) -> int:
+    """Delete files of saves that never committed (crash leftovers) from a checkpoint directory.
+
+    Call from one process while no save into that directory is running (e.g. at start-up).
+    Returns how many files were removed.
+    """
+    directory = os.fspath(checkpoint_id)
+    try:
+        keep = set(read_metadata(directory)["files"])
+    except CheckpointError:
+        keep = set()
+    removed = 0
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return 0
+    for name in names:
+        if name.startswith("__") and name not in keep or ".tmp-" in name:
+            try:
+                os.unlink(os.path.join(directory, name))
+                removed += 1
+            except FileNotFoundError:
+                pass
+    return removed

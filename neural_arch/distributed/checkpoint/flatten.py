@@ -1,0 +1,94 @@
+"""Nested state dicts <-> flat ``{"dotted.key": leaf}`` tables.
+
+``{"model": {"fc.weight": w}, "optim": {"state": {0: {"step": 3, "exp_avg": m}}}}`` flattens to
+``model.fc.weight``, ``optim.state.0.step`` and ``optim.state.0.exp_avg``. Each leaf keeps its
+*path* (the real keys, ints stay ints) so a load can write back into the caller's containers,
+and build missing ones (a fresh optimizer has an empty ``state``) with the right key types.
+
+Leaves are arrays (``np.ndarray``, NumPy scalars, CuPy arrays, ``Tensor``), ``ShardedArray``, or
+plain values (numbers, strings, None, bools, lists/tuples of those) which are stored in the
+metadata as JSON. Lists and tuples that contain dicts or arrays are walked by index.
+
+Example::
+
+    >>> import numpy as np
+    >>> [(k, p) for k, p, _ in flatten_state_dict({"a": {0: np.ones(2)}, "lr": 0.1})]
+    [('a.0', ['a', 0]), ('lr', ['lr'])]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from neural_arch.distributed.checkpoint.sharded import ShardedArray
+
+__all__ = ["decode_object", "encode_object", "flatten_state_dict", "is_array_leaf", "to_host"]
+
+
+def to_host(value) -> np.ndarray:
+    """A NumPy view/copy of an array-like leaf (CuPy arrays and Tensors are copied to host)."""
+    data = getattr(value, "data", value) if not isinstance(value, np.ndarray) else value
+    if hasattr(data, "get") and not isinstance(data, np.ndarray):  # CuPy
+        data = data.get()
+    return np.asarray(data)
+
+
+def is_array_leaf(value) -> bool:
+    if isinstance(value, (np.ndarray, np.generic, ShardedArray)):
+        return True
+    module = type(value).__module__ or ""
+    return module.startswith("cupy") or type(value).__name__ in ("Tensor", "Parameter")
+
+
+def _walkable(value) -> bool:
+    if isinstance(value, Mapping):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(isinstance(v, Mapping) or is_array_leaf(v) or isinstance(v, (list, tuple)) and _walkable(v)
+                   for v in value)
+    return False
+
+
+def flatten_state_dict(state_dict, prefix: tuple = ()) -> list[tuple[str, list, object]]:
+    """``[(dotted_key, path, leaf)]`` in a deterministic order (keys sorted within each dict)."""
+    out: list[tuple[str, list, object]] = []
+    if isinstance(state_dict, Mapping):
+        items = sorted(state_dict.items(), key=lambda kv: (str(type(kv[0]).__name__), str(kv[0])))
+    else:
+        items = list(enumerate(state_dict))
+    for key, value in items:
+        if not isinstance(key, (str, int)) or isinstance(key, bool):
+            raise TypeError(f"state dict keys must be str or int, got {key!r} at {'.'.join(map(str, prefix))}")
+        path = prefix + (key,)
+        if not is_array_leaf(value) and _walkable(value):
+            out.extend(flatten_state_dict(value, path))
+        else:
+            out.append((".".join(str(p) for p in path), list(path), value))
+    return out
+
+
+def encode_object(value):
+    """JSON form of a plain leaf; tuples are tagged so they come back as tuples."""
+    if isinstance(value, tuple):
+        return {"__tuple__": [encode_object(v) for v in value]}
+    if isinstance(value, list):
+        return [encode_object(v) for v in value]
+    if isinstance(value, Mapping):  # an empty dict, or one holding only plain values
+        return {"__dict__": [[k, encode_object(v)] for k, v in value.items()]}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"cannot store {type(value).__name__} {value!r} in a checkpoint: use arrays, numbers, "
+                    "strings, None, or lists/tuples/dicts of those")
+
+
+def decode_object(value):
+    if isinstance(value, list):
+        return [decode_object(v) for v in value]
+    if isinstance(value, dict):
+        if "__tuple__" in value:
+            return tuple(decode_object(v) for v in value["__tuple__"])
+        if "__dict__" in value:
+            return {k: decode_object(v) for k, v in value["__dict__"]}
+    return value

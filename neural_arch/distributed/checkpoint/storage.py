@@ -1,0 +1,109 @@
+"""Files of a checkpoint directory: safetensors data files, per-rank manifests, the metadata.
+
+Layout of ``checkpoint_id/`` after a save with id ``U`` by 3 ranks::
+
+    __0_U.safetensors        rank 0's chunks (each chunk one tensor, named "<key>#<n>")
+    __2_U.safetensors        rank 1 owned no chunk, so it wrote no data file
+    .metadata                JSON, written last: every key's shape, dtype, chunks, file checksums
+
+During a save each rank also writes ``__<rank>_U.manifest.json`` (its file's sha256 and each
+chunk's digest) which rank 0 collects and deletes when it commits. Every write goes through
+:func:`neural_arch.distributed.run.elastic.atomic_write_bytes` (temp file + fsync + rename), and
+the directory is fsynced after each rename, so a crash leaves either the old or the new file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+
+from neural_arch.distributed.run.elastic import atomic_write_bytes
+
+__all__ = [
+    "METADATA_NAME",
+    "CheckpointError",
+    "chunk_digest",
+    "data_file_name",
+    "file_sha256",
+    "fsync_dir",
+    "manifest_name",
+    "read_metadata",
+    "write_data_file",
+    "write_json_atomic",
+]
+
+METADATA_NAME = ".metadata"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, corrupt, or does not fit the state dict it is loaded into."""
+
+
+def data_file_name(rank: int, uid: str) -> str:
+    return f"__{rank}_{uid}.safetensors"
+
+
+def manifest_name(rank: int, uid: str) -> str:
+    return f"__{rank}_{uid}.manifest.json"
+
+
+def chunk_digest(array: np.ndarray) -> str:
+    """blake2b-128 of a chunk's bytes (C order); checked for every chunk a load reads."""
+    return hashlib.blake2b(memoryview(np.ascontiguousarray(array)).cast("B"), digest_size=16).hexdigest()
+
+
+def file_sha256(path: str, block: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            data = f.read(block)
+            if not data:
+                return h.hexdigest()
+            h.update(data)
+
+
+def fsync_dir(path: str) -> None:
+    """Make renames inside ``path`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: str, obj) -> None:
+    atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode())
+
+
+def write_data_file(path: str, tensors: dict) -> tuple[str, int]:
+    """Write ``{name: array}`` as one safetensors file atomically; return (sha256, size in bytes)."""
+    from safetensors.numpy import save
+
+    blob = save({name: np.ascontiguousarray(a) for name, a in tensors.items()})
+    digest = hashlib.sha256(blob).hexdigest()
+    atomic_write_bytes(path, blob)
+    return digest, len(blob)
+
+
+def read_metadata(checkpoint_id: str) -> dict:
+    path = os.path.join(os.fspath(checkpoint_id), METADATA_NAME)
+    try:
+        with open(path, "rb") as f:
+            meta = json.loads(f.read())
+    except FileNotFoundError:
+        raise CheckpointError(f"no complete checkpoint at {checkpoint_id!r}: {METADATA_NAME} is missing (the save "
+                              "did not finish, or this is not a checkpoint directory)") from None
+    except ValueError as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({exc}); the checkpoint is corrupt") from None
+    if meta.get("version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: format version {meta.get('version')!r}, this code reads {FORMAT_VERSION}")
+    return meta

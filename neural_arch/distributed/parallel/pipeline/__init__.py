@@ -1,0 +1,75 @@
+"""Pipeline parallelism: split a model into stages, run micro-batches through them by a schedule.
+
+=====================  ===========================================================================
+module                 what
+=====================  ===========================================================================
+``schedules``          schedules as data: ``Action`` records per rank, builders, simulation, time-lines
+``split``              ``pipeline(module, split_points | num_stages, balance)`` -> ``Pipe`` of stages
+``stage``              ``PipelineStage``: one stage's forward/backward per micro-batch (+ dp averaging)
+``p2p``                tags per edge, the once-per-step shape header, ``PipelineError``
+``executor``           runs one rank's action list (isend/irecv overlap, timeouts)
+``runtime``            ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B`` (torch names)
+=====================  ===========================================================================
+
+Example (2 ranks; see ``examples/train_gpt_3d.py``)::
+
+    from neural_arch.distributed.pipeline import pipeline, PipelineStage, Schedule1F1B
+    pipe = pipeline(model, num_stages=2)
+    stage = pipe.build_stage(rank)                     # PipelineStage(pipe[rank], rank, 2)
+    schedule = Schedule1F1B(stage, n_microbatches=4, loss_fn=loss_fn)
+    losses = schedule.step(x) if rank == 0 else schedule.step(target=y)
+"""
+
+from neural_arch.distributed.parallel.pipeline.p2p import PipelineError
+from neural_arch.distributed.parallel.pipeline.runtime import (
+    PipelineSchedule,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    stage_indices,
+)
+from neural_arch.distributed.parallel.pipeline.schedules import (
+    Action,
+    DeadlockError,
+    Event,
+    PipelinePlan,
+    Simulation,
+    bubble_fraction,
+    format_actions,
+    format_schedule,
+    format_timeline,
+    gpipe_plan,
+    interleaved_1f1b_plan,
+    one_f_one_b_plan,
+    simulate,
+    theoretical_bubble,
+)
+from neural_arch.distributed.parallel.pipeline.split import GPTStage, Pipe, pipeline
+from neural_arch.distributed.parallel.pipeline.stage import PipelineStage
+
+__all__ = [
+    "Action",
+    "DeadlockError",
+    "Event",
+    "GPTStage",
+    "Pipe",
+    "PipelineError",
+    "PipelinePlan",
+    "PipelineSchedule",
+    "PipelineStage",
+    "Schedule1F1B",
+    "ScheduleGPipe",
+    "ScheduleInterleaved1F1B",
+    "Simulation",
+    "bubble_fraction",
+    "format_actions",
+    "format_schedule",
+    "format_timeline",
+    "gpipe_plan",
+    "interleaved_1f1b_plan",
+    "one_f_one_b_plan",
+    "pipeline",
+    "simulate",
+    "stage_indices",
+    "theoretical_bubble",
+]

@@ -1,0 +1,80 @@
+"""Point-to-point for pipelines: tags per pipeline edge, the shape handshake, error wording.
+
+Edge ``e`` joins stage ``e`` and stage ``e + 1``. Activations travel on tag
+``TAG_BASE + 2e`` and gradients on ``TAG_BASE + 2e + 1``, so each (direction, edge) has its own
+FIFO lane in the backend and the receiver's order always matches the sender's: every schedule
+visits one stage's micro-batches in increasing order.
+
+Once per ``step`` the first activation on an edge is preceded by a 16-int64 header
+``[ndim, dtype code, *shape]``; the receiver allocates from it and every later micro-batch of
+the step arrives as a bare buffer. Gradients need no header: they have the shape and dtype of
+the activation the same stage sent.
+
+Example::
+
+    work = isend_meta(group, activation, dst_group_rank, edge_tag(stage, forward=True))
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from neural_arch.distributed.comm.work import Work
+from neural_arch.distributed.errors import DistributedError
+
+TAG_BASE = 1000
+META_LEN = 16
+_DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool")
+# Grace on top of the backend's own deadline: the transport raises first; this only guards a hang.
+WAIT_GRACE_S = 15.0
+
+
+class PipelineError(DistributedError):
+    """A pipeline stage failed to send or receive; the message names both stages and ranks."""
+
+
+def edge_tag(sender_stage: int, forward: bool) -> int:
+    """Tag of the activation (``forward``) or gradient crossing the edge after ``sender_stage``
+    (forward) or before it (backward)."""
+    edge = sender_stage if forward else sender_stage - 1
+    return TAG_BASE + 2 * edge + (0 if forward else 1)
+
+
+def encode_meta(array) -> np.ndarray:
+    if array.ndim > META_LEN - 2:
+        raise ValueError(f"pipeline activations may have at most {META_LEN - 2} dimensions, got {array.ndim}")
+    name = str(array.dtype)
+    if name not in _DTYPES:
+        raise TypeError(f"a pipeline stage returned dtype {name}, which cannot be sent; use one of {_DTYPES}")
+    meta = np.full(META_LEN, -1, dtype=np.int64)
+    meta[0], meta[1] = array.ndim, _DTYPES.index(name)
+    meta[2:2 + array.ndim] = array.shape
+    return meta
+
+
+def decode_meta(meta: np.ndarray):
+    ndim = int(meta[0])
+    return tuple(int(d) for d in meta[2:2 + ndim]), np.dtype(_DTYPES[int(meta[1])])
+
+
+def wait(work: Work, backend, describe) -> None:
+    """Wait on a p2p Work within the backend's timeout; failures become :class:`PipelineError`."""
+    try:
+        work.wait(timeout=backend.timeout + WAIT_GRACE_S)
+    except PipelineError:
+        raise
+    except Exception as exc:
+        raise PipelineError(f"{describe()} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def start(fn, describe) -> Work | None:
+    """Start a p2p op (``fn()`` returns a Work); a synchronous failure gets the pipeline's context too."""
+    try:
+        return fn()
+    except (ValueError, TypeError):
+        raise
+    except Exception as exc:
+        raise PipelineError(f"{describe()} failed: {type(exc).__name__}: {exc}") from exc
+
+
+__all__ = ["META_LEN", "TAG_BASE", "PipelineError", "decode_meta", "edge_tag", "encode_meta", "start", "wait"]

@@ -1,0 +1,304 @@
+"""``ZeroRedundancyOptimizer``: ZeRO stage 1 (torch's semantics) and stage 2 (sharded gradients).
+
+**Stage 1** (the default, torch's ``ZeroRedundancyOptimizer``): whole parameters are partitioned
+over the ranks (largest first, each to the rank holding the fewest elements so far: torch's
+greedy rule). Every rank keeps optimizer state (Adam's two moments...) only for its own
+partition and steps only those parameters; afterwards each rank broadcasts its updated
+parameters (one flat broadcast per owner). Gradients must already be averaged over the ranks:
+wrap the model in ``DistributedDataParallel`` as with torch.
+
+**Stage 2** (``stage=2``, DeepSpeed's ZeRO-2): the optimizer also owns the gradient reduction.
+Parameters are laid out in flat buckets (reverse order); a
+:class:`~neural_arch.distributed.parallel.sharded.reducer.ShardedGradReducer` reduce-scatters
+each bucket during backward, so rank ``r`` only ever holds the averaged gradient of its slice
+of every bucket. The rank keeps a master copy of its slices as flat shard parameters, steps
+them with the inner optimizer, and all-gathers the updated slices into the model's parameters.
+Do **not** also wrap the model in DDP with ``stage=2``. Only elementwise optimizers (SGD, Adam,
+AdamW, ...) give single-process results on flat slices; LAMB/LARS-style per-tensor norms do not.
+
+Both stages produce parameters equal to single-process training on the global batch.
+
+Example::
+
+    from neural_arch.distributed.optim import ZeroRedundancyOptimizer
+    ddp = DistributedDataParallel(model)                                   # stage 1: DDP averages
+    opt = ZeroRedundancyOptimizer(ddp.parameters(), optim.Adam, lr=1e-3)
+    ...
+    opt = ZeroRedundancyOptimizer(model.parameters(), optim.Adam, stage=2, lr=1e-3)   # no DDP
+    loss.backward(); opt.step(); opt.zero_grad()
+    opt.consolidate_state_dict(to=0)
+    if rank == 0: save(opt.state_dict())
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from neural_arch import backend as _backend
+from neural_arch.core.tensor import Tensor, no_grad
+from neural_arch.distributed.comm.work import ReduceOp  # noqa: F401  (re-exported for users)
+from neural_arch.distributed.groups import _resolve_group
+from neural_arch.distributed.parallel.sharded.flat import FlatLayout
+from neural_arch.distributed.parallel.sharded.reducer import ShardedGradReducer, plan_buckets
+from neural_arch.nn.parameter import Parameter
+from neural_arch.optim.optimizer import Optimizer
+
+__all__ = ["ZeroRedundancyOptimizer"]
+
+
+def _copy_state(value):
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return _backend.to_device(value, "cpu").copy()
+    return value
+
+
+class ZeroRedundancyOptimizer(Optimizer):
+    """ZeRO: optimizer state (stage 1) and gradients (stage 2) sharded over ``process_group``.
+
+    Args:
+        params: parameters or param-group dicts, as for any optimizer (the *full* model).
+        optimizer_class: the inner optimizer, e.g. ``optim.Adam``.
+        process_group: the group to shard over (default: the world).
+        parameters_as_bucket_view: accepted for torch compatibility (no effect here).
+        overlap_with_ddp: not supported (raises ``NotImplementedError``).
+        stage: 1 (torch's ZeRO-1) or 2 (gradients reduce-scattered in flat buckets).
+        bucket_cap_mb: stage 2 bucket size.
+        **defaults: the inner optimizer's hyper-parameters (``lr=...``).
+    """
+
+    def __init__(self, params, optimizer_class, process_group=None, parameters_as_bucket_view: bool = False,
+                 overlap_with_ddp: bool = False, *, stage: int = 1, bucket_cap_mb: float = 25.0, **defaults):
+        if overlap_with_ddp:
+            raise NotImplementedError("ZeroRedundancyOptimizer(overlap_with_ddp=True) is not implemented; "
+                                      "use stage=2, which overlaps the gradient reduce-scatter with backward")
+        if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, Optimizer)):
+            raise TypeError(f"ZeroRedundancyOptimizer: optimizer_class must be an Optimizer subclass "
+                            f"(e.g. optim.Adam), got {optimizer_class!r}")
+        if stage not in (1, 2):
+            raise ValueError(f"ZeroRedundancyOptimizer: stage must be 1 or 2, got {stage!r} "
+                             "(stage 3 is FullyShardedDataParallel)")
+        super().__init__(params, dict(defaults))
+        self.optimizer_class = optimizer_class
+        self.stage = stage
+        self.process_group = _resolve_group(process_group, "ZeroRedundancyOptimizer")
+        self.world_size = self.process_group.size()
+        self.rank = self.process_group.rank()
+        self._all_params = [p for g in self.param_groups for p in g["params"]]
+        self._index = {id(p): i for i, p in enumerate(self._all_params)}
+        self._consolidated = None
+        if stage == 1:
+            self._build_stage1()
+        else:
+            self._build_stage2(bucket_cap_mb)
+
+    # ------------------------------------------------------------------ stage 1
+    def _build_stage1(self) -> None:
+        # torch's greedy partition: per group, largest parameter first to the lightest rank.
+        self.partition: list[list] = [[] for _ in range(self.world_size)]  # rank -> params (model order)
+        owner: dict = {}
+        load = [0] * self.world_size
+        for group in self.param_groups:
+            for p in sorted(group["params"], key=lambda t: -int(np.prod(t.shape))):
+                r = int(np.argmin(load))
+                owner[id(p)] = r
+                load[r] += int(np.prod(p.shape))
+        for p in self._all_params:
+            self.partition[owner[id(p)]].append(p)
+        self._owner = owner
+        local_groups = []
+        for group in self.param_groups:
+            mine = [p for p in group["params"] if owner[id(p)] == self.rank]
+            local_groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": mine})
+        self._local_groups = local_groups
+        nonempty = [g for g in local_groups if g["params"]]
+        self.optim = self.optimizer_class(nonempty, **self.defaults) if nonempty else None
+
+    def _broadcast_partitions(self) -> None:
+        backend = self.process_group.backend
+        for r, params in enumerate(self.partition):
+            if not params:
+                continue
+            lay = FlatLayout([tuple(p.shape) for p in params], 1)
+            xp = _backend.get_array_module(params[0].data)
+            dtypes = {p.dtype for p in params}
+            dtype = params[0].dtype if len(dtypes) == 1 else np.float64
+            flat = lay.flatten([p.data for p in params] if r == self.rank else [None] * len(params), xp, dtype)
+            backend.broadcast(flat, root=r)
+            if r != self.rank:
+                for p, v in zip(params, lay.views(flat)):
+                    p.data[...] = v
+
+    # ------------------------------------------------------------------ stage 2
+    def _build_stage2(self, bucket_cap_mb: float) -> None:
+        if bucket_cap_mb <= 0:
+            raise ValueError(f"ZeroRedundancyOptimizer: bucket_cap_mb must be > 0, got {bucket_cap_mb}")
+        self._buckets, self._bucket_group = [], []
+        for gi, group in enumerate(self.param_groups):
+            for b in plan_buckets(list(reversed(group["params"])), bucket_cap_mb * 2**20):
+                self._buckets.append(b)
+                self._bucket_group.append(gi)
+        self._shards = []
+        for b in self._buckets:
+            lay = FlatLayout([tuple(p.shape) for p in b], self.world_size)
+            xp = _backend.get_array_module(b[0].data)
+            lo, hi = lay.shard_range(self.rank)
+            shard = Parameter(lay.flatten([p.data for p in b], xp)[lo:hi].copy())
+            self._shards.append(shard)
+        self._layouts = [FlatLayout([tuple(p.shape) for p in b], self.world_size) for b in self._buckets]
+        local_groups = []
+        for gi, group in enumerate(self.param_groups):
+            shards = [s for s, g in zip(self._shards, self._bucket_group) if g == gi]
+            local_groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": shards})
+        self._local_groups = local_groups
+        self.optim = self.optimizer_class([g for g in local_groups if g["params"]], **self.defaults)
+        self.reducer = ShardedGradReducer(self._buckets, self.process_group, self._accumulate_shard)
+
+    def _accumulate_shard(self, i: int, g) -> None:
+        shard = self._shards[i]
+        g = g.astype(shard.dtype, copy=False)
+        if shard.grad is None:
+            shard.grad = Tensor._wrap(g.copy())
+        else:
+            shard.grad.data += g
+
+    def _gather_shards(self) -> None:
+        backend = self.process_group.backend
+        for b, lay, shard in zip(self._buckets, self._layouts, self._shards):
+            xp = _backend.get_array_module(shard.data)
+            full = xp.empty((self.world_size, lay.shard_size), dtype=shard.dtype)
+            backend.allgather(full, shard.data)
+            for p, v in zip(b, lay.views(full.reshape(-1))):
+                p.data[...] = v
+
+    # ------------------------------------------------------------------ Optimizer API
+    def _sync_hyperparameters(self) -> None:
+        # LR schedulers edit self.param_groups; the inner optimizer must see the same values.
+        for full, local in zip(self.param_groups, self._local_groups):
+            for k, v in full.items():
+                if k != "params":
+                    local[k] = v
+
+    @no_grad()
+    def step(self, closure=None):
+        """Step the local shard, then bring every rank's parameters up to date."""
+        loss = closure() if closure is not None else None
+        self._sync_hyperparameters()
+        if self.optim is not None:
+            self.optim.step()
+        if self.stage == 1:
+            self._broadcast_partitions()
+        else:
+            self._gather_shards()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        if self.stage == 2:
+            for s in self._shards:
+                if s.grad is not None:
+                    if set_to_none:
+                        s.grad = None
+                    else:
+                        s.grad.data[...] = 0
+
+    # ------------------------------------------------------------------ checkpoints
+    def _local_state(self) -> dict:
+        """This rank's state as {global param index: {...}} (stage 1) or {bucket: {...}} (stage 2)."""
+        if self.optim is None:
+            return {}
+        if self.stage == 1:
+            return {self._index[id(p)]: {k: _copy_state(v) for k, v in self.optim.state[p].items()}
+                    for g in self._local_groups for p in g["params"] if p in self.optim.state}
+        return {i: {k: _copy_state(v) for k, v in self.optim.state[s].items()}
+                for i, s in enumerate(self._shards) if s in self.optim.state}
+
+    def consolidate_state_dict(self, to: int = 0) -> None:
+        """Gather every rank's optimizer state on global rank ``to`` (a collective: all ranks call it).
+
+        Afterwards ``state_dict()`` on rank ``to`` returns the full state in the plain optimizer's
+        format (parameter indices of the full model), loadable by ``load_state_dict`` on any
+        world size and by the plain inner optimizer.
+        """
+        from neural_arch.distributed.collectives import gather_object
+
+        root = self.process_group.group_rank(to, "to")
+        pieces = [None] * self.world_size if self.rank == root else None
+        gather_object(self._local_state(), pieces, dst=to, group=self.process_group)
+        if self.rank != root:
+            self._consolidated = None
+            return
+        state: dict = {}
+        if self.stage == 1:
+            for piece in pieces:
+                state.update(piece)
+        else:
+            for i, (b, lay) in enumerate(zip(self._buckets, self._layouts)):
+                per_rank = [piece.get(i, {}) for piece in pieces]
+                if not per_rank[0]:
+                    continue
+                for k, v0 in per_rank[0].items():
+                    if hasattr(v0, "shape") and tuple(v0.shape) == (lay.shard_size,):
+                        flat = np.concatenate([pr[k] for pr in per_rank])
+                        for p, view in zip(b, lay.views(flat)):
+                            state.setdefault(self._index[id(p)], {})[k] = view.copy()
+                    else:
+                        for p in b:
+                            state.setdefault(self._index[id(p)], {})[k] = v0
+        groups = []
+        for g in self.param_groups:
+            entry = {k: v for k, v in g.items() if k != "params"}
+            entry["params"] = [self._index[id(p)] for p in g["params"]]
+            groups.append(entry)
+        self._consolidated = {"state": state, "param_groups": groups}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The consolidated state (on the rank given to :meth:`consolidate_state_dict` only)."""
+        if self._consolidated is None:
+            raise RuntimeError(f"ZeroRedundancyOptimizer.state_dict() on rank {self.rank}: the optimizer "
+                               "state has not been consolidated on this rank; call "
+                               "consolidate_state_dict(to=this_rank) on every rank first")
+        return self._consolidated
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a full (consolidated or plain-optimizer) state dict; every rank keeps its share."""
+        saved = state_dict["param_groups"]
+        if len(saved) != len(self.param_groups):
+            raise ValueError(f"load_state_dict: the checkpoint has {len(saved)} parameter groups, this "
+                             f"optimizer has {len(self.param_groups)}")
+        for full, sg in zip(self.param_groups, saved):
+            for k, v in sg.items():
+                if k != "params":
+                    full[k] = v
+        self._sync_hyperparameters()
+        state = {int(k): v for k, v in state_dict["state"].items()}
+        if self.optim is None:
+            return
+        if self.stage == 1:
+            for g in self._local_groups:
+                for p in g["params"]:
+                    s = state.get(self._index[id(p)])
+                    if s is not None:
+                        xp = _backend.get_array_module(p.data)
+                        self.optim.state[p] = {k: (xp.asarray(v).copy() if hasattr(v, "shape") else v)
+                                               for k, v in s.items()}
+            return
+        for b, lay, shard in zip(self._buckets, self._layouts, self._shards):
+            per_param = [state.get(self._index[id(p)]) for p in b]
+            if per_param[0] is None:
+                continue
+            xp = _backend.get_array_module(shard.data)
+            lo_hi = lay.shard_range(self.rank)
+            entry = {}
+            for k, v0 in per_param[0].items():
+                if hasattr(v0, "shape") and tuple(v0.shape) == tuple(b[0].shape):
+                    flat = lay.flatten([xp.asarray(s[k]) for s in per_param], xp, dtype=shard.dtype)
+                    entry[k] = flat[lo_hi[0]:lo_hi[1]].copy()
+                else:
+                    entry[k] = v0
+            self.optim.state[shard] = entry
+
+    def __repr__(self) -> str:
+        inner = self.optimizer_class.__name__
+        return f"ZeroRedundancyOptimizer(stage={self.stage}, optimizer_class={inner}, world_size={self.world_size})"

@@ -1,0 +1,191 @@
+"""Activation checkpointing: trade compute for memory (torch's ``torch.utils.checkpoint``).
+
+``checkpoint(fn, *args)`` runs ``fn`` **without** recording a graph (so none of its
+intermediate activations are kept), and returns outputs that still require grad. When backward
+reaches them, ``fn`` is run again on the saved inputs with the graph on, and the gradient is
+back-propagated through that recomputation (a nested backward: parameters used inside ``fn``
+get their ``.grad`` there). The global random state (``neural_arch.core.rng``) is saved
+before the first run and restored for the recomputation, so dropout draws the same masks:
+gradients equal the non-checkpointed ones.
+
+``use_reentrant`` is accepted (True/False/None) for torch compatibility; both give the same
+recompute-in-backward here. Only the NumPy generator's state is preserved (CuPy's global
+RandomState has no state getter): on the GPU, dropout inside a checkpoint recomputes different
+masks (use ``preserve_rng_state`` there only with p=0).
+
+Example::
+
+    >>> import numpy as np
+    >>> from neural_arch import nn
+    >>> from neural_arch.core.tensor import Tensor
+    >>> from neural_arch.utils.checkpoint import checkpoint
+    >>> block = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+    >>> x = Tensor(np.ones((2, 4), dtype=np.float32), requires_grad=True)
+    >>> checkpoint(block, x, use_reentrant=False).sum().backward()
+    >>> x.grad.shape, block[0].weight.grad is not None
+    ((2, 4), True)
+"""
+
+from __future__ import annotations
+
+from neural_arch.core import rng as _rng
+from neural_arch.core.autograd import Node, enable_grad, is_backward_running, is_grad_enabled, no_grad
+from neural_arch.core.tensor import Tensor
+
+__all__ = [
+    "CheckpointWrapper",
+    "apply_activation_checkpointing",
+    "checkpoint",
+    "checkpoint_sequential",
+    "checkpoint_wrapper",
+]
+
+
+def _get_rng_state():
+    return _rng.get_generator().bit_generator.state
+
+
+def _set_rng_state(state) -> None:
+    _rng.get_generator().bit_generator.state = state
+
+
+def checkpoint(function, *args, use_reentrant=None, preserve_rng_state: bool = True, context_fn=None,
+               determinism_check: str = "default", debug: bool = False, **kwargs):
+    """Run ``function(*args, **kwargs)`` keeping no activations; recompute them in backward."""
+    if not callable(function):
+        raise TypeError(f"checkpoint(function, ...): function must be callable, got {type(function).__name__}")
+    if use_reentrant not in (None, True, False):
+        raise TypeError(f"checkpoint: use_reentrant must be True, False or None, got {use_reentrant!r}")
+    if context_fn is not None:
+        raise NotImplementedError("checkpoint(context_fn=...) is not implemented")
+    if not is_grad_enabled():
+        return function(*args, **kwargs)
+    state = _get_rng_state() if preserve_rng_state else None
+    with no_grad():
+        out = function(*args, **kwargs)
+    single = isinstance(out, Tensor)
+    outs = (out,) if single else out
+    if not isinstance(outs, (tuple, list)):
+        raise TypeError(f"checkpoint: function must return a Tensor or a tuple/list of Tensors, got {type(out).__name__}")
+    positions = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
+    parents = tuple(args[i] if args[i].requires_grad else None for i in positions)
+
+    def make_backward(k: int):
+        def backward(g):
+            now = _get_rng_state() if state is not None else None
+            if state is not None:
+                _set_rng_state(state)
+            inputs = list(args)
+            for i in positions:
+                leaf = Tensor._wrap(args[i].data)
+                leaf.requires_grad = args[i].requires_grad
+                inputs[i] = leaf
+            try:
+                with enable_grad():
+                    redo = function(*inputs, **kwargs)
+            finally:
+                if now is not None:
+                    _set_rng_state(now)
+            target = redo if single else redo[k]
+            if isinstance(target, Tensor) and target.requires_grad:
+                target.backward(Tensor._wrap(g))
+            return tuple(inputs[i].grad.data if inputs[i].grad is not None else None for i in positions)
+        return backward
+
+    results = []
+    for k, o in enumerate(outs):
+        if isinstance(o, Tensor) and o.is_floating_point():
+            t = Tensor._wrap(o.data)
+            t.grad_fn = Node(make_backward(k), parents, "Checkpoint")
+            t.requires_grad = True
+            results.append(t)
+        else:
+            results.append(o)
+    return results[0] if single else type(outs)(results)
+
+
+def checkpoint_sequential(functions, segments: int, input, use_reentrant=None, **kwargs):
+    """Split ``functions`` (a Sequential or a list of modules) into ``segments`` chunks; checkpoint
+    every chunk but the last (whose activations backward needs right away), as torch does."""
+    fns = list(functions.children()) if hasattr(functions, "children") else list(functions)
+    if not fns:
+        raise ValueError("checkpoint_sequential: functions is empty")
+    if not 1 <= int(segments) <= len(fns):
+        raise ValueError(f"checkpoint_sequential: segments must be in [1, {len(fns)}], got {segments}")
+    size = -(-len(fns) // int(segments))
+
+    def run(chunk):
+        def f(x):
+            for fn in chunk:
+                x = fn(x)
+            return x
+        return f
+
+    chunks = [fns[i:i + size] for i in range(0, len(fns), size)]
+    x = input
+    for chunk in chunks[:-1]:
+        x = checkpoint(run(chunk), x, use_reentrant=use_reentrant, **kwargs)
+    return run(chunks[-1])(x)
+
+
+class CheckpointWrapper:
+    """Marks a module whose ``forward`` was replaced by a checkpointed one (see :func:`checkpoint_wrapper`)."""
+
+    def __init__(self, module, orig_forward):
+        self.module, self.orig_forward = module, orig_forward
+
+    def unwrap(self) -> None:
+        self.module.__dict__.pop("forward", None)
+        self.module.__dict__.pop("_checkpoint_wrapper", None)
+
+
+def checkpoint_wrapper(module, only_if=None, **checkpoint_kwargs):
+    """Make ``module(...)`` run under :func:`checkpoint` (in place; returns the module).
+
+    Hooks (e.g. FSDP's gather) still run around the call, and again in the recomputation.
+    ``only_if``: a zero-argument callable consulted at each call (e.g. "inside a checkpoint scope").
+    """
+    if "_checkpoint_wrapper" in module.__dict__:
+        return module
+    orig = type(module).forward.__get__(module)
+
+    def run(*args, **kwargs):
+        # In the first run Module.__call__ has already run the hooks around forward; in the
+        # recomputation (inside backward) nobody has: run them, so e.g. FSDP re-gathers the
+        # unit's parameters and frees them again.
+        if not is_backward_running():
+            return orig(*args, **kwargs)
+        for hook in list(module._forward_pre_hooks.values()):
+            result = hook(module, args)
+            if result is not None:
+                args = result if isinstance(result, tuple) else (result,)
+        out = orig(*args, **kwargs)
+        for hook in list(module._forward_hooks.values()):
+            result = hook(module, args, out)
+            if result is not None:
+                out = result
+        return out
+
+    def forward(*args, **kwargs):
+        if only_if is not None and not only_if():
+            return orig(*args, **kwargs)
+        return checkpoint(run, *args, use_reentrant=checkpoint_kwargs.get("use_reentrant"), **kwargs)
+
+    object.__setattr__(module, "forward", forward)
+    object.__setattr__(module, "_checkpoint_wrapper", CheckpointWrapper(module, orig))
+    return module
+
+
+def apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=lambda m: True,
+                                   auto_wrap_policy=None):
+    """Checkpoint every submodule of ``model`` for which ``check_fn(submodule)`` is True (torch's name).
+
+    Example: ``apply_activation_checkpointing(gpt, check_fn=lambda m: isinstance(m, nn.TransformerBlock))``.
+    Returns the list of wrapped modules.
+    """
+    wrapped = []
+    for _, m in model.named_modules():
+        if m is not model and check_fn(m):
+            checkpoint_wrapper_fn(m)
+            wrapped.append(m)
+    return wrapped

@@ -1,0 +1,73 @@
+"""Pipeline parallelism equals single-process training on the global batch (float64, <= 1e-10):
+a deep MLP Sequential and a GPT, 2 and 4 stages, GPipe / 1F1B / interleaved 1F1B, gloo and MPI,
+and pp=2 x dp=2 on 4 ranks. Gradients are compared after the first step and parameters after
+every step. Ranks are real processes (one RankPool per world size, fed every case)."""
+
+import pp_rank_fns as fns
+import pytest
+
+from neural_arch.distributed.testing import RankPool
+
+pytestmark = pytest.mark.timeout(300)
+TOL = 1e-10
+
+
+@pytest.fixture(scope="module", params=[
+    pytest.param(("gloo", 2), id="gloo-2"),
+    pytest.param(("gloo", 4), id="gloo-4"),
+    pytest.param(("mpi", 2), id="mpi-2", marks=pytest.mark.mpi),
+])
+def pool(request):
+    backend, world = request.param
+    with RankPool(world, backend=backend, timeout=120.0) as p:
+        yield p
+
+
+def _check(results, cfg):
+    for rank, r in enumerate(results):
+        assert r["moved"] > 1e-3, "training must move the parameters, or the comparison proves nothing"
+        assert r["nparams"] > 0
+        assert r["grad"] <= TOL, f"rank {rank} {cfg}: gradients differ by {r['grad']:g}"
+        assert r["param"] <= TOL, f"rank {rank} {cfg}: parameters differ by {r['param']:g}"
+        assert r["loss"] <= TOL, f"rank {rank} {cfg}: micro-batch losses differ by {r['loss']:g}"
+
+
+@pytest.mark.parametrize("kind", ["mlp", "gpt"])
+@pytest.mark.parametrize("schedule, v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)])
+def test_pipeline_matches_single_process(pool, kind, schedule, v):
+    world = pool.world_size
+    if pool.backend == "mpi" and kind == "gpt" and schedule != "1f1b":
+        pytest.skip("MPI: one GPT schedule is enough (the MLP covers the others)")
+    cfg = {"kind": kind, "pp": world, "v": v, "m": 2 * world, "schedule": schedule,
+           "opt": "adam" if kind == "gpt" else "sgd", "steps": 3}
+    results = pool.run(fns.train_run, cfg)
+    _check(results, cfg)
+    assert sorted(s for r in results for s in r["stages"]) == list(range(world * v))
+
+
+@pytest.mark.parametrize("kind, schedule", [("mlp", "1f1b"), ("gpt", "gpipe"), ("mlp", "interleaved")])
+def test_pipeline_times_data_parallel(pool, kind, schedule):
+    if pool.world_size != 4:
+        pytest.skip("pp=2 x dp=2 needs 4 ranks")
+    cfg = {"kind": kind, "pp": 2, "v": 2 if schedule == "interleaved" else 1, "m": 2, "schedule": schedule,
+           "steps": 3}
+    _check(pool.run(fns.train_run, cfg), cfg)
+
+
+def test_uneven_balance_and_odd_microbatches(pool):
+    if pool.backend != "gloo":
+        pytest.skip("gloo covers it")
+    cfg = {"kind": "mlp", "pp": pool.world_size, "m": 3, "schedule": "1f1b", "balance": "layers", "layers": 5}
+    _check(pool.run(fns.train_run, cfg), cfg)
+
+
+def test_shape_header_is_sent_every_step(pool):
+    results = pool.run(fns.plan_shapes_run)
+    assert results[-1] == [2, 2] and all(r == [None, None] for r in results[:-1])
+
+
+def test_batch_not_divisible_is_a_clear_error(pool):
+    if pool.backend != "gloo" or pool.world_size != 2:
+        pytest.skip("one case is enough")
+    results = pool.run(fns.bad_batch_run)
+    assert "multiple of 3" in results[0]
