@@ -1,26 +1,83 @@
 """neural_arch: a from-scratch deep-learning framework on NumPy/CuPy, built for distributed training.
 
-Importing ``neural_arch`` loads the core (Tensor, autograd, ops) only; ``nn``, ``optim``, ``data``
-and ``functional`` load on first attribute access, and ``neural_arch.distributed`` (and CuPy)
-only when you import them yourself.
+Importing ``neural_arch`` loads the core (Tensor, autograd, ops, creation functions, dtypes and
+``save``/``load``) only; ``nn``, ``optim``, ``data`` and ``functional`` load on first attribute
+access, and ``neural_arch.distributed`` (and CuPy) only when you import them yourself.
+
+The names follow PyTorch, so a torch script ports by changing its imports
+(``import neural_arch as torch``-style): ``randn``, ``zeros``, ``tensor``, ``cat``, ``float32``,
+``no_grad``, ``save``/``load``, ``nn.Conv2d``, ``nn.BatchNorm2d``, ``nn.utils.clip_grad_norm_``...
 
 Example::
 
     >>> import neural_arch as na
     >>> na.manual_seed(0)
-    >>> x = na.Tensor([1.0, 2.0], requires_grad=True)
+    >>> x = na.tensor([1.0, 2.0], requires_grad=True)
     >>> (x * x).sum().backward()
     >>> x.grad.tolist()
     [2.0, 4.0]
+    >>> na.cat([na.zeros(2), na.ones(1)]).tolist(), na.tensor([1, 2]).dtype == na.int64
+    ([0.0, 0.0, 1.0], True)
 """
 
 from __future__ import annotations
 
 import importlib
 
-from .core.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+import numpy as _np
+
+from .core.autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
+from .core.dtypes import (  # noqa: F401  (torch's dtype names; `float`, `bool`... shadow builtins here only)
+    bool,
+    cdouble,
+    cfloat,
+    complex64,
+    complex128,
+    double,
+    float,
+    float16,
+    float32,
+    float64,
+    half,
+    int,
+    int8,
+    int16,
+    int32,
+    int64,
+    long,
+    short,
+    uint8,
+)
+from .core.factory import (
+    arange,
+    device,
+    empty,
+    empty_like,
+    eye,
+    from_numpy,
+    full,
+    full_like,
+    is_tensor,
+    linspace,
+    ones,
+    ones_like,
+    rand,
+    rand_like,
+    randint,
+    randint_like,
+    randn,
+    randn_like,
+    randperm,
+    zeros,
+    zeros_like,
+)
+from .core.ops_basic import return_types
+from .core.ops_shape import cat, concatenate, stack
 from .core.rng import get_generator, manual_seed
 from .core.tensor import Tensor, tensor
+from .serialization import load, save
+
+dtype = _np.dtype  # `isinstance(x, neural_arch.dtype)`, like torch.dtype
 
 __version__ = "0.1.0"
 
@@ -32,14 +89,21 @@ __all__ = [
     "enable_grad",
     "set_grad_enabled",
     "is_grad_enabled",
+    "inference_mode",
     "manual_seed",
     "get_generator",
+    "zeros", "ones", "empty", "full", "arange", "linspace", "eye", "randn", "rand", "randint",
+    "randperm", "zeros_like", "ones_like", "empty_like", "full_like", "randn_like", "rand_like",
+    "randint_like", "from_numpy", "is_tensor", "device", "cat", "concatenate", "stack",
+    "save", "load", "return_types", "dtype",
     "nn",
     "optim",
     "functional",
     "data",
     "backend",
 ]
+# The dtype objects (float32, long, bool, ...) are importable by name but left out of __all__ so
+# that `from neural_arch import *` does not shadow Python's float/int/bool.
 
 # Lazily imported subpackages. `distributed` is deliberately absent: it must be imported
 # explicitly (`import neural_arch.distributed as dist`), never as a side effect.
@@ -51,8 +115,14 @@ def __getattr__(name: str):
         module = importlib.import_module(f".{name}", __name__)
         globals()[name] = module
         return module
+    if name == "bfloat16":  # needs ml_dtypes: imported on first use
+        from .core import dtypes as _dtypes
+
+        value = _dtypes.bfloat16
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'neural_arch' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | _LAZY)
+    return sorted(set(globals()) | _LAZY | {"bfloat16"})

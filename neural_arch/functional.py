@@ -12,21 +12,40 @@ Example::
     >>> y = F.softmax(F.relu(x), axis=-1)
     >>> y.shape
     (1, 2)
+    >>> img = Tensor(np.ones((1, 3, 8, 8), dtype=np.float32))
+    >>> F.max_pool2d(F.conv2d(img, Tensor(np.ones((4, 3, 3, 3), dtype=np.float32)), padding=1), 2).shape
+    (1, 4, 4, 4)
 """
 
 from .core.ops_basic import (  # noqa: F401
     add,
+    amax,
+    amin,
+    argmax,
+    argmin,
     div,
     matmul,
     max,
+    maximum,
     mean,
     min,
+    minimum,
     mul,
     pow,
+    std,
     sub,
     sum,
     var,
 )
+from .core.ops_conv import (
+    adaptive_avg_pool2d,
+    avg_pool2d,
+    conv2d,
+    dropout2d,
+    max_pool2d,
+    pad,
+)
+from .core.ops_norm import batch_norm
 from .core.ops_shape import (  # noqa: F401
     broadcast_to,
     cat,
@@ -72,4 +91,6 @@ __all__ = [
     "clamp", "cat", "concatenate", "stack", "split", "chunk", "exp", "log", "sqrt", "abs",
     "matmul", "sum", "mean", "max", "min", "var", "add", "sub", "mul", "div", "pow", "reshape",
     "transpose", "permute", "squeeze", "unsqueeze", "flatten", "broadcast_to",
+    "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "pad", "dropout2d", "batch_norm",
+    "amax", "amin", "argmax", "argmin", "maximum", "minimum", "std",
 ]

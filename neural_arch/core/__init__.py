@@ -22,14 +22,22 @@ from .autograd import (
 )
 from .ops_basic import (
     add,
+    amax,
+    amin,
+    argmax,
+    argmin,
     div,
     matmul,
     max,
+    maximum,
     mean,
     min,
+    minimum,
     mul,
     neg,
     pow,
+    return_types,
+    std,
     sub,
     sum,
     unbroadcast,
@@ -39,6 +47,7 @@ from .ops_shape import (
     broadcast_to,
     cat,
     chunk,
+    clone,
     concatenate,
     flatten,
     getitem,
@@ -49,6 +58,7 @@ from .ops_shape import (
     stack,
     transpose,
     unsqueeze,
+    view,
 )
 from .ops_nn import (
     abs,
@@ -74,6 +84,14 @@ from .ops_nn import (
     tanh,
     where,
 )
+from .ops_conv import adaptive_avg_pool2d, avg_pool2d, conv2d, dropout2d, max_pool2d, pad
+from .ops_norm import (
+    batch_norm,
+    batch_norm_elemt,
+    batch_norm_gather_stats,
+    batch_norm_stats,
+    update_running_stats,
+)
 from .rng import get_generator, manual_seed
 
 __all__ = [
@@ -85,4 +103,7 @@ __all__ = [
     "exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "leaky_relu", "silu", "gelu",
     "softmax", "log_softmax", "where", "clip", "clamp", "dropout", "embedding", "layer_norm",
     "cross_entropy", "nll_loss", "mse_loss", "linear",
+    "amax", "amin", "argmax", "argmin", "maximum", "minimum", "std", "return_types", "clone", "view",
+    "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "pad", "dropout2d", "batch_norm",
+    "batch_norm_stats", "batch_norm_gather_stats", "batch_norm_elemt", "update_running_stats",
 ]

@@ -36,6 +36,7 @@ import numpy as np
 __all__ = [
     "no_grad",
     "enable_grad",
+    "inference_mode",
     "set_grad_enabled",
     "is_grad_enabled",
     "queue_callback",
@@ -72,29 +73,69 @@ class _GradMode:
         _grad_enabled = self._prev
         return False
 
+    def _fresh(self):
+        # A new instance per call: one decorated function may run re-entrantly (recursion,
+        # threads), and each entry must remember its own previous mode.
+        return self.__class__()
+
     def __call__(self, func):
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
-            with self.__class__():
+            with self._fresh():
                 return func(*args, **kwargs)
 
         return wrapper
 
 
-class no_grad(_GradMode):
+class _NoArgGradMode(_GradMode):
+    """Also usable as a bare decorator, ``@no_grad`` as well as ``@no_grad()`` (torch >= 2.0)."""
+
+    def __new__(cls, orig_func=None):
+        if orig_func is None:
+            return super().__new__(cls)
+        return cls()(orig_func)
+
+
+class no_grad(_NoArgGradMode):
     """Context manager / decorator: ops inside record no graph (inference, optimizer steps).
 
     >>> with no_grad():
     ...     pass
+    >>> @no_grad()
+    ... def predict(x):
+    ...     return x * 2
     """
 
     _mode = False
 
 
-class enable_grad(_GradMode):
+class enable_grad(_NoArgGradMode):
     """Context manager / decorator that turns graph recording back on inside ``no_grad``."""
 
     _mode = True
+
+
+class inference_mode(_GradMode):
+    """torch's ``inference_mode``: here the same as :class:`no_grad` (there are no version
+    counters or views to skip); ``inference_mode(False)`` leaves the grad mode as it is."""
+
+    def __new__(cls, mode=True):
+        if callable(mode) and not isinstance(mode, bool):
+            return cls()(mode)  # bare @inference_mode
+        return super().__new__(cls)
+
+    def __init__(self, mode=True):
+        self._enabled = bool(mode)
+
+    def __enter__(self):
+        global _grad_enabled
+        self._prev = _grad_enabled
+        if self._enabled:
+            _grad_enabled = False
+        return self
+
+    def _fresh(self):
+        return inference_mode(self._enabled)
 
 
 class set_grad_enabled(_GradMode):

@@ -1,5 +1,5 @@
-"""Differentiable shape ops: reshape/view, transpose/permute, casting and device moves,
-indexing (basic, integer-array, boolean) and joining/splitting (cat, stack, split, chunk).
+"""Differentiable shape ops: reshape/view, transpose/permute, expand, clone, casting and device
+moves, indexing (basic, integer-array, boolean) and joining/splitting (cat, stack, split, chunk).
 
 Example::
 
@@ -17,9 +17,10 @@ import numpy as np
 
 from .. import backend as _backend
 from . import autograd as _ag
+from . import dtypes as _dtypes
 from .autograd import Node
 from .ops_basic import _SCALARS, _bmax, _needs, _result, _same_device, _xp, scatter_add, unbroadcast
-from .tensor import Tensor
+from .tensor import Tensor, _check_dim
 
 
 # ============================================================================ shape ops
@@ -38,6 +39,69 @@ def reshape(x: Tensor, *shape) -> Tensor:
         return _result(out, None)
     ish = xd.shape
     return _result(out, Node(lambda g: (g.reshape(ish),), (x,), "Reshape", fresh=False))
+
+
+def _view_array(xd, shape):
+    """``xd`` reshaped without copying, or torch's error when only a copy could do it."""
+    try:
+        return xd.reshape(shape, copy=False)
+    except TypeError:  # NumPy < 2.1 / CuPy: no copy= keyword; their reshape of a view may copy
+        out = xd.reshape(shape)
+        if out.size and not _backend.get_array_module(xd).shares_memory(out, xd):
+            raise _view_error(xd, shape) from None
+        return out
+    except ValueError as exc:
+        if "copy" in str(exc):
+            raise _view_error(xd, shape) from None
+        raise RuntimeError(f"shape {list(shape)} is invalid for input of size {xd.size}") from None
+
+
+def _view_error(xd, shape):
+    return RuntimeError(
+        f"view size {list(shape)} is not compatible with the input tensor's size and stride "
+        f"(shape {list(xd.shape)}, not contiguous): use .reshape(...) instead (it copies when needed), "
+        f"or .contiguous().view(...)"
+    )
+
+
+def view(x: Tensor, *shape) -> Tensor:
+    """torch's ``view``: the same data with a new shape, never a copy (raises where one is needed).
+
+    ``view(dtype)`` reinterprets the bytes as another dtype of the same size (no gradient).
+
+    >>> import numpy as np
+    >>> Tensor(np.arange(6.0)).view(2, -1).shape
+    (2, 3)
+    """
+    if len(shape) == 1 and not isinstance(shape[0], (tuple, list, int, np.integer)):
+        return _result(x.data.view(_dtypes.as_dtype(shape[0])), None)
+    shape = _shape_arg(shape)
+    xd = x.data
+    out = _view_array(xd, shape)
+    if not _needs(x):
+        return _result(out, None)
+    ish = xd.shape
+    return _result(out, Node(lambda g: (g.reshape(ish),), (x,), "View", fresh=False))
+
+
+def clone(x: Tensor) -> Tensor:
+    """A copy of the data with the gradient flowing back to ``x`` (torch's ``clone``)."""
+    xd = x.data
+    out = xd.copy()
+    if not _needs(x):
+        return _result(out, None)
+    return _result(out, Node(lambda g: (g,), (x,), "Clone", fresh=False))
+
+
+def contiguous(x: Tensor) -> Tensor:
+    """``x`` itself when its data is C-contiguous, else a contiguous differentiable copy."""
+    if x.data.flags.c_contiguous:
+        return x
+    xd = x.data
+    out = _xp(xd).ascontiguousarray(xd)
+    if not _needs(x):
+        return _result(out, None)
+    return _result(out, Node(lambda g: (g,), (x,), "Contiguous", fresh=False))
 
 
 def transpose(x: Tensor, *axes) -> Tensor:
@@ -82,12 +146,28 @@ def swapaxes(x: Tensor, a: int, b: int) -> Tensor:
     return permute(x, *perm)
 
 
-def squeeze(x: Tensor, axis=None) -> Tensor:
-    return reshape(x, *_xp(x.data).squeeze(x.data, axis=axis).shape)
+def squeeze(x: Tensor, dim=None, *, axis=None) -> Tensor:
+    """Drop dimensions of size 1: all of them, or those among ``dim`` (an int or a tuple).
+
+    As in torch, naming a dimension whose size is not 1 leaves it alone (NumPy would raise).
+    """
+    dim = axis if dim is None else dim
+    shape = x.shape
+    if dim is None:
+        new = tuple(s for s in shape if s != 1)
+    else:
+        dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+        drop = {_check_dim(d, len(shape)) for d in dims}
+        new = tuple(s for i, s in enumerate(shape) if not (i in drop and s == 1))
+    return reshape(x, *new) if new != shape else x
 
 
-def unsqueeze(x: Tensor, axis: int) -> Tensor:
-    return reshape(x, *_xp(x.data).expand_dims(x.data, axis).shape)
+def unsqueeze(x: Tensor, dim=None, *, axis=None) -> Tensor:
+    """Insert a dimension of size 1 at ``dim`` (``-1`` appends one, as in torch)."""
+    dim = axis if dim is None else dim
+    if dim is None:
+        raise TypeError("unsqueeze() missing required argument 'dim'")
+    return reshape(x, *_xp(x.data).expand_dims(x.data, dim).shape)
 
 
 def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
@@ -99,6 +179,25 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     for d in shape[s : e + 1]:
         n *= d
     return reshape(x, *(shape[:s] + (n,) + shape[e + 1 :]))
+
+
+def expand(x: Tensor, *sizes) -> Tensor:
+    """torch's ``expand``: broadcast to ``sizes`` (a view); ``-1`` keeps that dimension's size."""
+    sizes = tuple(_shape_arg(sizes))
+    lead = len(sizes) - x.ndim
+    if lead < 0:
+        raise RuntimeError(
+            f"expand: the number of sizes provided ({len(sizes)}) must be greater or equal to the "
+            f"number of dimensions in the tensor ({x.ndim})"
+        )
+    shape = []
+    for i, s in enumerate(sizes):
+        if s == -1:
+            if i < lead:
+                raise RuntimeError(f"expand: -1 is not allowed for a new leading dimension (sizes {sizes})")
+            s = x.shape[i - lead]
+        shape.append(int(s))
+    return broadcast_to(x, tuple(shape))
 
 
 def broadcast_to(x: Tensor, shape) -> Tensor:
@@ -113,10 +212,13 @@ def broadcast_to(x: Tensor, shape) -> Tensor:
 def astype(x: Tensor, dtype) -> Tensor:
     """Cast (differentiable between float dtypes; casting to int/bool gives a no-grad tensor)."""
     xd = x.data
+    dtype = _dtypes.as_dtype(dtype)
+    if dtype.name == "bfloat16" and type(xd) is not np.ndarray:
+        raise TypeError("bfloat16 is CPU-only here (CuPy has no bfloat16): use float16 on the GPU")
     out = xd.astype(dtype, copy=False)
     if out is xd:
         return x
-    if not _needs(x) or out.dtype.kind not in "fc":
+    if not _needs(x) or not _dtypes.is_floating_dtype(out.dtype):
         return _result(out, None)
     src = xd.dtype
     return _result(out, Node(lambda g: (g.astype(src),), (x,), "Cast"))
@@ -298,7 +400,11 @@ def _bind_methods(T) -> None:
     T.__getitem__ = getitem
     T.__setitem__ = setitem
     T.reshape = reshape
-    T.view = reshape
+    T.view = view
+    T.view_as = lambda self, other: view(self, other.shape)
+    T.reshape_as = lambda self, other: reshape(self, other.shape)
+    T.clone = clone
+    T.contiguous = contiguous
     T.transpose = transpose
     T.permute = permute
     T.swapaxes = swapaxes
@@ -306,8 +412,10 @@ def _bind_methods(T) -> None:
     T.unsqueeze = unsqueeze
     T.flatten = flatten
     T.broadcast_to = broadcast_to
-    T.expand = lambda self, *shape: broadcast_to(self, _shape_arg(shape))
+    T.expand = expand
+    T.expand_as = lambda self, other: expand(self, other.shape)
     T.astype = astype
+    T.type_as = lambda self, other: astype(self, other.dtype)
     T.split = split
     T.chunk = chunk
     T.float = lambda self: astype(self, np.float32)
@@ -315,3 +423,8 @@ def _bind_methods(T) -> None:
     T.half = lambda self: astype(self, np.float16)
     T.long = lambda self: astype(self, np.int64)
     T.int = lambda self: astype(self, np.int32)
+    T.short = lambda self: astype(self, np.int16)
+    T.char = lambda self: astype(self, np.int8)
+    T.byte = lambda self: astype(self, np.uint8)
+    T.bool = lambda self: astype(self, np.bool_)
+    T.bfloat16 = lambda self: astype(self, "bfloat16")

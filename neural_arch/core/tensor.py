@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import backend as _backend
 from . import autograd as _ag
+from . import dtypes as _dtypes
 from .autograd import (  # noqa: F401  (re-exported: the spec names them in this module)
     RemovableHandle,
     enable_grad,
@@ -49,8 +50,6 @@ __all__ = [
     "tensor",
 ]
 
-_FLOAT_KINDS = "fc"  # kinds that may carry a gradient (complex kept for completeness)
-
 
 def _cupy_ndarray_type():
     import sys
@@ -61,6 +60,8 @@ def _cupy_ndarray_type():
 
 def _to_array(data, dtype):
     """Convert constructor input to an array without copying arrays that are already arrays."""
+    if dtype is not None and type(dtype) is not np.dtype:
+        dtype = _dtypes.as_dtype(dtype)  # "bfloat16", torch-style names, python types
     if type(data) is np.ndarray:
         return data if dtype is None else data.astype(dtype, copy=False)
     if isinstance(data, Tensor):
@@ -80,7 +81,7 @@ def _to_array(data, dtype):
     # Python numbers and (nested) lists default to float32, the framework default; bools stay bool.
     if arr.dtype.kind in "fiu":
         arr = arr.astype(np.float32)
-    elif arr.dtype == object:
+    elif arr.dtype.kind not in "bc":  # object (mixed items), strings, bytes...
         raise TypeError(
             f"Tensor(data): cannot make a tensor from {type(data).__name__} holding "
             f"mixed or non-numeric items; pass an ndarray, a number or a (nested) list of numbers"
@@ -115,7 +116,7 @@ class Tensor:
         self.grad_fn = None
         self._hooks = None
         self._post_hooks = None
-        if requires_grad and arr.dtype.kind not in _FLOAT_KINDS:
+        if requires_grad and not _dtypes.is_floating_dtype(arr.dtype):
             raise TypeError(
                 f"only floating-point tensors can require gradients, got dtype {arr.dtype}; "
                 f"convert first, e.g. Tensor(data, dtype='float32', requires_grad=True)"
@@ -166,7 +167,7 @@ class Tensor:
         """Set ``requires_grad`` in place (leaves only); returns self."""
         if self.grad_fn is not None and not requires_grad:
             raise RuntimeError("requires_grad_(False) is only allowed on leaf tensors; use .detach()")
-        if requires_grad and self.data.dtype.kind not in _FLOAT_KINDS:
+        if requires_grad and not _dtypes.is_floating_dtype(self.data.dtype):
             raise TypeError(
                 f"only floating-point tensors can require gradients, got dtype {self.data.dtype}"
             )
@@ -192,16 +193,43 @@ class Tensor:
     def ndim(self) -> int:
         return self.data.ndim
 
-    @property
-    def size(self) -> int:
-        """Number of elements (like ``ndarray.size``)."""
-        return self.data.size
+    def size(self, dim=None):
+        """The shape (a tuple), or the length of dimension ``dim``: torch's ``size()``.
+
+        (Not NumPy's ``ndarray.size`` attribute: use :meth:`numel` for the element count.)
+
+        >>> t = Tensor([[1.0, 2.0, 3.0]])
+        >>> t.size(), t.size(1), t.size(-1), t.numel()
+        ((1, 3), 3, 3, 3)
+        """
+        shape = self.data.shape
+        if dim is None:
+            return shape
+        return shape[_check_dim(dim, len(shape))]
 
     def numel(self) -> int:
+        """Number of elements."""
         return int(self.data.size)
 
+    nelement = numel
+
     def dim(self) -> int:
+        """Number of dimensions (torch's name for ``ndim``)."""
         return self.data.ndim
+
+    ndimension = dim
+
+    def element_size(self) -> int:
+        """Bytes per element."""
+        return int(self.data.dtype.itemsize)
+
+    def is_floating_point(self) -> bool:
+        """True for float16/bfloat16/float32/float64 tensors."""
+        return _dtypes.is_floating_dtype(self.data.dtype) and self.data.dtype.kind != "c"
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device != "cpu"
 
     @property
     def device(self) -> str:
@@ -262,10 +290,16 @@ class Tensor:
         """The single element as a Python number."""
         if self.data.size != 1:
             raise ValueError(f"item() needs a tensor with exactly one element, got shape {self.shape}")
+        if self.data.dtype.name == "bfloat16":  # ml_dtypes scalars are not Python floats
+            return float(self.data.reshape(-1)[0])
         return self.data.item() if hasattr(self.data, "item") else self.data.reshape(-1)[0]
 
     def tolist(self):
-        return _backend.to_device(self.data, "cpu").tolist()
+        """The data as (nested) Python lists of Python numbers."""
+        arr = _backend.to_device(self.data, "cpu")
+        if arr.dtype.name == "bfloat16":
+            arr = arr.astype(np.float32)
+        return arr.tolist()
 
     def numpy(self) -> np.ndarray:
         """The data as a NumPy array (a view for cpu tensors, a copy for GPU ones)."""
@@ -279,15 +313,26 @@ class Tensor:
         """A new leaf sharing the same data, with no history and no gradient."""
         return Tensor._wrap(self.data)
 
-    def to(self, device=None, dtype=None) -> "Tensor":
-        """Move to ``device`` and/or cast to ``dtype`` (differentiable; no copy when nothing changes)."""
-        if isinstance(device, (np.dtype, type)) and dtype is None:
-            device, dtype = None, device
+    def to(self, *args, **kwargs) -> "Tensor":
+        """Move and/or cast, differentiably; returns ``self`` when nothing changes (like torch).
+
+        Accepts torch's forms: ``to(device)``, ``to(dtype)``, ``to(device, dtype)``,
+        ``to(other_tensor)``, and the keywords ``device=``, ``dtype=``, ``copy=``,
+        ``non_blocking=`` (accepted, ignored: copies here are synchronous).
+
+        >>> import neural_arch as na
+        >>> t = na.ones(2)
+        >>> t.to(na.float64).dtype, t.to("cpu") is t, t.to("cpu", na.int64).dtype
+        (dtype('float64'), True, dtype('int64'))
+        """
+        device, dtype, copy = _parse_to_args(args, kwargs)
         out = self
         if device is not None:
             out = _ops_shape.to_device(out, device)
         if dtype is not None:
             out = out.astype(dtype)
+        if copy and out is self:
+            out = _ops_shape.clone(self)
         return out
 
     def cpu(self) -> "Tensor":
@@ -303,24 +348,6 @@ class Tensor:
         state = dict(self.__dict__) if hasattr(self, "__dict__") else {}
         leaf_rg = self.requires_grad and self.grad_fn is None
         return (_rebuild_tensor, (type(self), self.data, leaf_rg, self._grad, state))
-
-    # ------------------------------------------------------------------ in-place (no graph)
-    def zero_(self) -> "Tensor":
-        """Fill with zeros in place (not recorded by autograd); returns self."""
-        self.data[...] = 0
-        return self
-
-    def fill_(self, value) -> "Tensor":
-        self.data[...] = value.data if isinstance(value, Tensor) else value
-        return self
-
-    def copy_(self, src) -> "Tensor":
-        """Copy ``src`` (Tensor or array, broadcastable, any device) into this tensor's data."""
-        arr = src.data if isinstance(src, Tensor) else src
-        if _backend.device_of(arr) != self.device:
-            arr = _backend.to_device(arr, self.device)
-        self.data[...] = arr
-        return self
 
     # ------------------------------------------------------------------ autograd entry points
     def backward(self, grad=None, retain_graph: bool = False) -> None:
@@ -403,16 +430,83 @@ def _rebuild_tensor(cls, data, requires_grad, grad, state):
     return t
 
 
-def tensor(data, requires_grad: bool = False, dtype=None, device=None) -> Tensor:
-    """Functional constructor, ``tensor(data)`` == ``Tensor(data)``."""
-    return Tensor(data, requires_grad=requires_grad, dtype=dtype, device=device)
+def _check_dim(dim, ndim: int) -> int:
+    """``dim`` normalised to ``[0, ndim)`` with torch's error for out-of-range dims."""
+    lo, hi = (-ndim, ndim - 1) if ndim else (-1, 0)
+    if not lo <= dim <= hi:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{lo}, {hi}], but got {dim})")
+    return dim % ndim if ndim else 0
+
+
+def _parse_to_args(args, kwargs):
+    """(device, dtype, copy) from the argument forms ``Tensor.to`` accepts."""
+    device = kwargs.pop("device", None)
+    dtype = kwargs.pop("dtype", None)
+    copy = bool(kwargs.pop("copy", False))
+    kwargs.pop("non_blocking", None)
+    kwargs.pop("memory_format", None)
+    if kwargs:
+        raise TypeError(f"to() got unexpected keyword argument(s) {sorted(kwargs)}")
+    for arg in args:
+        if isinstance(arg, bool):
+            continue  # to(device, dtype, non_blocking) positional form
+        if isinstance(arg, Tensor):
+            device, dtype = arg.device, arg.dtype
+        elif isinstance(arg, (str, _backend.Device)) or (hasattr(arg, "type") and hasattr(arg, "index")):
+            try:
+                device = _backend.parse_device(arg)
+            except ValueError:
+                # not a device: a dtype name ("float64") is accepted too
+                try:
+                    dtype = _dtypes.as_dtype(arg)
+                except TypeError:
+                    raise ValueError(
+                        f"to({arg!r}): not a device ('cpu', 'cuda', 'cuda:N') nor a dtype"
+                    ) from None
+        elif arg is not None:
+            dtype = _dtypes.as_dtype(arg)
+    return device, dtype, copy
+
+
+def tensor(data, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
+    """A new tensor holding a copy of ``data``, with torch's dtype inference (``torch.tensor``).
+
+    Python floats give float32, Python ints int64, Python bools bool; NumPy arrays and scalars
+    keep their dtype. (The ``Tensor(data)`` constructor, like ``torch.Tensor``, gives float32 for
+    any Python numbers and does not copy arrays.)
+
+    >>> tensor([1, 2]).dtype, tensor([1.0, 2]).dtype, tensor(True).dtype
+    (dtype('int64'), dtype('float32'), dtype('bool'))
+    """
+    if isinstance(data, Tensor):
+        arr = data.data.copy()  # torch warns and suggests clone().detach(); a copy is the same
+    elif isinstance(data, (np.ndarray, np.generic)) or hasattr(data, "__cuda_array_interface__"):
+        arr = _backend.get_array_module(data).array(data, copy=True)
+    else:
+        arr = np.array(data)
+        kind = arr.dtype.kind
+        if kind not in "biufc":  # object (mixed items), strings, bytes...
+            raise TypeError(
+                f"tensor(data): cannot make a tensor from {type(data).__name__} holding mixed or "
+                f"non-numeric items; pass a number, a (nested) list of numbers or an ndarray"
+            )
+        if dtype is None:  # (with a dtype, cast once: float64 data must not pass through float32)
+            default = {"f": _dtypes.default_float_dtype, "i": np.int64, "u": np.int64, "c": np.complex64}
+            arr = arr.astype(default.get(kind, arr.dtype), copy=False)
+    if dtype is not None:
+        arr = arr.astype(_dtypes.as_dtype(dtype), copy=False)
+    return Tensor(arr, requires_grad=requires_grad, device=device)
 
 
 # Ops are bound as methods at the end (they import Tensor from this module).
-from . import ops_basic as _ops_basic  # noqa: E402
-from . import ops_nn as _ops_nn  # noqa: E402
-from . import ops_shape as _ops_shape  # noqa: E402
+from . import factory as _factory
+from . import ops_basic as _ops_basic
+from . import ops_inplace as _ops_inplace
+from . import ops_nn as _ops_nn
+from . import ops_shape as _ops_shape
 
 _ops_basic._bind_methods(Tensor)
 _ops_shape._bind_methods(Tensor)
 _ops_nn._bind_methods(Tensor)
+_ops_inplace._bind_methods(Tensor)
+_factory._bind_methods(Tensor)

@@ -13,15 +13,19 @@ Example::
 """
 
 from neural_arch import functional
-from neural_arch.nn import init
+from neural_arch.nn import init, utils
 from neural_arch.nn.activation import GELU, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh
 from neural_arch.nn.attention import MultiheadAttention
+from neural_arch.nn.batchnorm import BatchNorm1d, BatchNorm2d
 from neural_arch.nn.container import ModuleDict, ModuleList, Sequential
+from neural_arch.nn.conv import Conv2d
+from neural_arch.nn.flatten import Flatten, Unflatten
 from neural_arch.nn.linear import Embedding, Identity, Linear
 from neural_arch.nn.loss import CrossEntropyLoss, MSELoss
 from neural_arch.nn.module import IncompatibleKeys, Module
-from neural_arch.nn.normalization import Dropout, LayerNorm
+from neural_arch.nn.normalization import Dropout, Dropout2d, LayerNorm
 from neural_arch.nn.parameter import Parameter
+from neural_arch.nn.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from neural_arch.nn.transformer import GPT, TransformerBlock
 
 __all__ = [
@@ -30,5 +34,7 @@ __all__ = [
     "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax",
     "Sequential", "ModuleList", "ModuleDict",
     "MultiheadAttention", "TransformerBlock", "GPT",
-    "CrossEntropyLoss", "MSELoss",
+    "CrossEntropyLoss", "MSELoss", "utils",
+    "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "BatchNorm1d", "BatchNorm2d",
+    "Dropout2d", "Flatten", "Unflatten",
 ]

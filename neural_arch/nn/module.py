@@ -31,6 +31,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from neural_arch import backend as _backend
+from neural_arch.core import dtypes as _dtypes
 from neural_arch.core.autograd import RemovableHandle, add_hook
 from neural_arch.core.tensor import Tensor
 from neural_arch.nn.parameter import Parameter
@@ -287,19 +288,24 @@ class Module:
         """Move parameters, gradients and buffers to ``device`` and/or cast floats to ``dtype``.
 
         Works in place on the existing Parameter objects, so an optimizer built before ``to()``
-        still points at the right tensors. Example: ``model.to("cuda:0")``, ``model.to(dtype=np.float64)``.
+        still points at the right tensors. Example: ``model.to("cuda:0")``,
+        ``model.to(neural_arch.float64)``, ``model.to("cuda", neural_arch.float16)``. Integer
+        buffers (``num_batches_tracked``) keep their dtype, as in torch.
         """
-        if device is not None and not isinstance(device, str) and dtype is None:
-            # allow model.to(np.float64) as a shortcut
+        if device is not None and not isinstance(device, (str, _backend.Device)) and dtype is None \
+                and not (hasattr(device, "type") and hasattr(device, "index")):
+            # model.to(neural_arch.float64) / model.to(np.float64): a dtype given positionally
             try:
-                if np.dtype(device).kind in "fc":
+                if _dtypes.is_floating_dtype(_dtypes.as_dtype(device)):
                     device, dtype = None, device
             except TypeError:
                 pass
+        if dtype is not None:
+            dtype = _dtypes.as_dtype(dtype)
 
         def convert(t: Tensor) -> None:
             array = t.data
-            if dtype is not None and np.dtype(array.dtype).kind == "f":
+            if dtype is not None and _dtypes.is_floating_dtype(array.dtype) and array.dtype.kind != "c":
                 array = array.astype(dtype)
             if device is not None:
                 array = _backend.to_device(array, device)
@@ -319,6 +325,19 @@ class Module:
 
     def double(self) -> "Module":
         return self.to(dtype=np.float64)
+
+    def half(self) -> Module:
+        return self.to(dtype=np.float16)
+
+    def bfloat16(self) -> Module:
+        return self.to(dtype="bfloat16")
+
+    def cpu(self) -> Module:
+        return self.to("cpu")
+
+    def cuda(self, device=None) -> Module:
+        """Move to ``cuda:device`` (default ``cuda:0``)."""
+        return self.to("cuda" if device is None else f"cuda:{int(device)}")
 
     # ------------------------------------------------------------------ state
     def state_dict(self, prefix: str = "") -> "OrderedDict[str, np.ndarray]":

@@ -1,4 +1,4 @@
-"""``LayerNorm`` and ``Dropout``: the two regularising layers a transformer needs.
+"""``LayerNorm``, ``Dropout`` and ``Dropout2d`` (batch norm lives in ``nn.batchnorm``).
 
 Example::
 
@@ -19,7 +19,7 @@ from neural_arch.core.tensor import Tensor
 from neural_arch.nn.module import Module
 from neural_arch.nn.parameter import Parameter
 
-__all__ = ["LayerNorm", "Dropout"]
+__all__ = ["LayerNorm", "Dropout", "Dropout2d"]
 
 
 class LayerNorm(Module):
@@ -57,17 +57,28 @@ class Dropout(Module):
     Identity in ``eval()`` mode. The mask comes from the seeded global generator.
     """
 
-    def __init__(self, p: float = 0.5):
+    _op = staticmethod(F.dropout)
+
+    def __init__(self, p: float = 0.5, inplace: bool = False):
         super().__init__()
         if not 0.0 <= float(p) <= 1.0:
-            raise ValueError(f"Dropout: p must be in [0, 1], got {p}")
+            raise ValueError(f"{type(self).__name__}: p must be in [0, 1], got {p}")
         self.p = float(p)
+        # Accepted for torch compatibility; the result is computed out of place either way.
+        self.inplace = bool(inplace)
 
     def forward(self, x):
         x = x if isinstance(x, Tensor) else Tensor(x)
         if not self.training or self.p == 0.0:
             return x  # skip the op entirely: no mask, no graph node
-        return F.dropout(x, self.p, self.training)
+        return self._op(x, self.p, self.training)
 
     def extra_repr(self) -> str:
-        return f"p={self.p}"
+        return f"p={self.p}, inplace={self.inplace}" if self.inplace else f"p={self.p}"
+
+
+class Dropout2d(Dropout):
+    """Zero whole channels of ``(N, C, H, W)`` (or ``(N, C, L)``) input with probability ``p``
+    while training, scaling the rest by 1/(1-p): one draw per ``(n, c)`` (torch's Dropout2d)."""
+
+    _op = staticmethod(F.dropout2d)

@@ -18,6 +18,12 @@ MODULES = [
     "neural_arch.core.ops_shape",
     "neural_arch.core.ops_nn",
     "neural_arch.core.rng",
+    "neural_arch.core.dtypes",
+    "neural_arch.core.factory",
+    "neural_arch.core.ops_inplace",
+    "neural_arch.core.ops_conv",
+    "neural_arch.core.ops_norm",
+    "neural_arch.serialization",
 ]
 
 

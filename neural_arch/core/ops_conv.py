@@ -1,0 +1,463 @@
+"""Differentiable ops on ``(N, C, H, W)`` feature maps: ``conv2d``, ``max_pool2d``, ``avg_pool2d``,
+``adaptive_avg_pool2d``, ``pad`` and channel dropout (``dropout2d``), with torch's signatures.
+
+Convolution is im2col + GEMM: a strided *view* of the padded input holds every receptive field
+without copying (``as_strided``), one reshape turns it into a ``(K, L)`` column matrix per image
+and group, and a batched matmul does the rest. The backward pass multiplies by the transposed
+weight and scatters the columns back (col2im) with one strided add per kernel offset, so the
+loops run over ``kh * kw`` offsets, never over pixels. The column matrix is rebuilt in backward
+instead of being saved: it is ``kh * kw`` times the input's size, too big to keep per layer.
+Everything goes through the input's array module, so the same code runs on NumPy and CuPy.
+
+Example::
+
+    >>> import numpy as np
+    >>> from neural_arch.core.tensor import Tensor
+    >>> from neural_arch.core import ops_conv
+    >>> x = Tensor(np.ones((1, 2, 5, 5)), requires_grad=True)
+    >>> w = Tensor(np.ones((4, 2, 3, 3)), requires_grad=True)
+    >>> y = ops_conv.conv2d(x, w, stride=2, padding=1)
+    >>> y.shape, y.data[0, 0, 1, 1]
+    ((1, 4, 3, 3), np.float64(18.0))
+    >>> y.sum().backward(); w.grad.shape
+    (4, 2, 3, 3)
+    >>> ops_conv.max_pool2d(x, 2).shape, ops_conv.adaptive_avg_pool2d(x, 1).shape
+    ((1, 2, 2, 2), (1, 2, 1, 1))
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import backend as _backend
+from .autograd import Node
+from .ops_basic import _needs, _result, _xp, scatter_add
+from .rng import get_generator
+from .tensor import Tensor
+
+__all__ = ["adaptive_avg_pool2d", "avg_pool2d", "conv2d", "dropout2d", "max_pool2d", "pad"]
+
+
+# ============================================================================ helpers
+def _pair(value, name: str) -> tuple:
+    if isinstance(value, (int, np.integer)):
+        return (int(value), int(value))
+    value = tuple(int(v) for v in value)
+    if len(value) == 1:
+        return value * 2
+    if len(value) != 2:
+        raise ValueError(f"{name} must be an int or a pair of ints, got {value}")
+    return value
+
+
+def _as_4d(x: Tensor, who: str):
+    """(tensor as 4-D, was_unbatched). torch accepts (C, H, W) as one unbatched image."""
+    if x.ndim == 4:
+        return x, False
+    if x.ndim == 3:
+        return x.reshape(1, *x.shape), True
+    raise ValueError(
+        f"Expected 3D (unbatched) or 4D (batched) input to {who}, but got input of size: {list(x.shape)}"
+    )
+
+
+def _pad_hw(xp, xd, top, bottom, left, right, value=0):
+    """Pad the last two dims (a new array; the input itself when there is nothing to pad)."""
+    if not (top or bottom or left or right):
+        return xd
+    n, c, h, w = xd.shape
+    out = xp.full((n, c, h + top + bottom, w + left + right), value, dtype=xd.dtype)
+    out[:, :, top:top + h, left:left + w] = xd
+    return out
+
+
+def _windows(xp, xpad, kh, kw, sh, sw, dh, dw, ho, wo, kernel_last: bool):
+    """A strided view (no copy) of every receptive field of the padded input.
+
+    ``kernel_last``: shape ``(N, C, ho, wo, kh, kw)`` (pooling: reduce the last two axes);
+    else ``(N, C, kh, kw, ho, wo)`` (convolution: ``(C, kh, kw)`` then folds into K).
+    """
+    n, c = xpad.shape[:2]
+    s0, s1, s2, s3 = xpad.strides
+    if kernel_last:
+        shape, strides = (n, c, ho, wo, kh, kw), (s0, s1, s2 * sh, s3 * sw, s2 * dh, s3 * dw)
+    else:
+        shape, strides = (n, c, kh, kw, ho, wo), (s0, s1, s2 * dh, s3 * dw, s2 * sh, s3 * sw)
+    return xp.lib.stride_tricks.as_strided(xpad, shape=shape, strides=strides)
+
+
+def _col2im(xp, dcols, padded_shape, kh, kw, sh, sw, dh, dw, ho, wo):
+    """Sum ``dcols`` ``(N, C, kh, kw, ho, wo)`` back onto the padded input (inverse of _windows)."""
+    out = xp.zeros(padded_shape, dtype=dcols.dtype)
+    for i in range(kh):
+        hs = i * dh
+        for j in range(kw):
+            ws = j * dw
+            out[:, :, hs:hs + sh * (ho - 1) + 1:sh, ws:ws + sw * (wo - 1) + 1:sw] += dcols[:, :, i, j]
+    return out
+
+
+def _conv_padding(padding, kh, kw, dh, dw, sh, sw):
+    """(top, bottom, left, right) from an int, a pair, 'valid' or 'same' (torch's rules)."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return 0, 0, 0, 0
+        if padding == "same":
+            if (sh, sw) != (1, 1):
+                raise ValueError("padding='same' is not supported for strided convolutions")
+            th, tw = dh * (kh - 1), dw * (kw - 1)
+            # torch puts the odd extra row/column at the end
+            return th // 2, th - th // 2, tw // 2, tw - tw // 2
+        raise ValueError(f"padding must be an int, a pair, 'valid' or 'same', got {padding!r}")
+    ph, pw = _pair(padding, "padding")
+    if ph < 0 or pw < 0:
+        raise ValueError(f"negative padding is not supported, got {padding}")
+    return ph, ph, pw, pw
+
+
+# ============================================================================ convolution
+def conv2d(input: Tensor, weight: Tensor, bias=None, stride=1, padding=0, dilation=1,
+           groups: int = 1) -> Tensor:
+    """2-D convolution (cross-correlation, like torch) of ``input`` ``(N, C_in, H, W)`` (or an
+    unbatched ``(C_in, H, W)``) with ``weight`` ``(C_out, C_in / groups, kH, kW)``.
+
+    ``padding`` may be an int, a pair, ``"valid"`` or ``"same"``. Output size per spatial dim:
+    ``floor((H + 2 * pad - dilation * (k - 1) - 1) / stride) + 1``.
+    """
+    x = input if isinstance(input, Tensor) else Tensor(input)
+    x, unbatched = _as_4d(x, "conv2d")
+    if unbatched:
+        out = conv2d(x, weight, bias, stride, padding, dilation, groups)
+        return out.reshape(*out.shape[1:])
+    xd, wd = x.data, weight.data
+    if type(xd) is not type(wd):
+        _backend.check_same_device(xd, wd, "conv2d")
+    if wd.ndim != 4:
+        raise ValueError(f"conv2d: weight must be 4-D (C_out, C_in/groups, kH, kW), got shape {list(wd.shape)}")
+    n, c, h, w = xd.shape
+    co, cg, kh, kw = wd.shape
+    groups = int(groups)
+    if groups < 1 or co % groups:
+        raise ValueError(
+            f"Given groups={groups}, expected weight to be divisible by {groups} at dimension 0, "
+            f"but got weight of size {list(wd.shape)} instead"
+        )
+    if cg * groups != c:
+        raise ValueError(
+            f"Given groups={groups}, weight of size {list(wd.shape)}, expected input{list(xd.shape)} "
+            f"to have {cg * groups} channels, but got {c} channels instead"
+        )
+    sh, sw = _pair(stride, "stride")
+    dh, dw = _pair(dilation, "dilation")
+    top, bottom, left, right = _conv_padding(padding, kh, kw, dh, dw, sh, sw)
+    hp, wp = h + top + bottom, w + left + right
+    ho = (hp - dh * (kh - 1) - 1) // sh + 1
+    wo = (wp - dw * (kw - 1) - 1) // sw + 1
+    if ho <= 0 or wo <= 0:
+        raise ValueError(
+            f"conv2d: calculated padded input size per channel: ({hp} x {wp}); effective kernel size: "
+            f"({dh * (kh - 1) + 1} x {dw * (kw - 1) + 1}); the kernel can't be larger than the input"
+        )
+    xp = _xp(xd)
+    k, L, cog = cg * kh * kw, ho * wo, co // groups
+
+    def columns():
+        xpad = _pad_hw(xp, xd, top, bottom, left, right)
+        # The reshape copies the strided view into a contiguous (N, G, K, L) column matrix.
+        return _windows(xp, xpad, kh, kw, sh, sw, dh, dw, ho, wo, False).reshape(n, groups, k, L)
+
+    wmat = wd.reshape(groups, cog, k)
+    out = (wmat @ columns()).reshape(n, co, ho, wo)  # (G, Co/G, K) @ (N, G, K, L)
+    bd = None
+    if bias is not None:
+        bd = bias.data if isinstance(bias, Tensor) else xp.asarray(bias)
+        out += bd.reshape(1, co, 1, 1)
+    bt = bias if isinstance(bias, Tensor) and bias.requires_grad else None
+    rx, rw = x.requires_grad, weight.requires_grad
+    if not _needs(x if rx else None, weight if rw else None, bt):
+        return _result(out, None)
+
+    def fn(g):
+        gm = g.reshape(n, groups, cog, L)
+        gx = gw = gb = None
+        if bt is not None:
+            gb = g.sum(axis=(0, 2, 3))
+        if rw:
+            gw = (gm @ columns().swapaxes(-1, -2)).sum(axis=0).reshape(wd.shape)
+        if rx:
+            dcols = (wmat.swapaxes(-1, -2) @ gm).reshape(n, c, kh, kw, ho, wo)
+            gpad = _col2im(xp, dcols, (n, c, hp, wp), kh, kw, sh, sw, dh, dw, ho, wo)
+            gx = gpad[:, :, top:top + h, left:left + w]
+        return gx, gw, gb
+
+    return _result(out, Node(fn, (x if rx else None, weight if rw else None, bt), "Conv2d"))
+
+
+# ============================================================================ pooling
+def _pool_out(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """torch's pooling output size (with its ceil_mode rule: the last window must start inside
+    the input or the left padding)."""
+    eff = size + 2 * p - d * (k - 1) - 1
+    out = (-(-eff // s) if ceil_mode else eff // s) + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _pool_args(x, kernel_size, stride, padding, dilation, ceil_mode, who):
+    kh, kw = _pair(kernel_size, "kernel_size")
+    sh, sw = _pair(kernel_size if stride is None or stride == () else stride, "stride")
+    ph, pw = _pair(padding, "padding")
+    dh, dw = _pair(dilation, "dilation")
+    if ph > kh // 2 or pw > kw // 2:
+        raise ValueError(
+            f"{who}: pad should be smaller than or equal to half of kernel size, but got "
+            f"padding={(ph, pw)}, kernel_size={(kh, kw)}"
+        )
+    h, w = x.shape[-2:]
+    ho, wo = _pool_out(h, kh, sh, ph, dh, ceil_mode), _pool_out(w, kw, sw, pw, dw, ceil_mode)
+    if ho <= 0 or wo <= 0:
+        raise ValueError(f"{who}: output size ({ho} x {wo}) is too small for input of size ({h} x {w})")
+    # ceil_mode windows may run past the padded input: pad the end a little more (never read
+    # by torch's windows either, since they are clipped there).
+    extra_h = max(0, (ho - 1) * sh + dh * (kh - 1) + 1 - (h + 2 * ph))
+    extra_w = max(0, (wo - 1) * sw + dw * (kw - 1) + 1 - (w + 2 * pw))
+    return kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, extra_h, extra_w
+
+
+def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1,
+               ceil_mode: bool = False, return_indices: bool = False):
+    """Max over each window; the gradient goes to the (first) maximal element of each window.
+
+    With ``return_indices=True`` also returns the flat ``h * W + w`` position of each maximum in
+    its input plane (int64), like torch.
+    """
+    x = input if isinstance(input, Tensor) else Tensor(input)
+    x4, unbatched = _as_4d(x, "max_pool2d")
+    xd = x4.data
+    xp = _xp(xd)
+    n, c, h, w = xd.shape
+    kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, eh, ew = _pool_args(
+        xd, kernel_size, stride, padding, dilation, ceil_mode, "max_pool2d")
+    low = -np.inf if xd.dtype.kind == "f" else np.iinfo(xd.dtype).min
+    xpad = _pad_hw(xp, xd, ph, ph + eh, pw, pw + ew, low)
+    hp, wp = xpad.shape[-2:]
+    flat = _windows(xp, xpad, kh, kw, sh, sw, dh, dw, ho, wo, True).reshape(n, c, ho, wo, kh * kw)
+    arg = flat.argmax(axis=-1)  # first maximum of each window (NaN counts as maximal), as torch
+    out = xp.take_along_axis(flat, arg[..., None], axis=-1)[..., 0]
+    rows = xp.arange(ho).reshape(ho, 1) * sh + (arg // kw) * dh  # window position, padded coords
+    cols = xp.arange(wo).reshape(1, wo) * sw + (arg % kw) * dw
+    indices = None
+    if return_indices:
+        idx = ((rows - ph) * w + (cols - pw)).astype(xp.int64)
+        indices = _result(idx[0] if unbatched else idx, None)
+    if not _needs(x4):
+        res = _result(out, None)
+    else:
+        where = (rows * wp + cols).reshape(n * c, ho * wo)
+
+        def fn(g):
+            gflat = xp.zeros((n * c, hp * wp), dtype=g.dtype)
+            # scatter-add: with stride < kernel one element can be the maximum of several windows
+            scatter_add(xp, gflat, (xp.arange(n * c).reshape(-1, 1), where), g.reshape(n * c, ho * wo))
+            return (gflat.reshape(n, c, hp, wp)[:, :, ph:ph + h, pw:pw + w],)
+
+        res = _result(out, Node(fn, (x4,), "MaxPool2d"))
+    if unbatched:
+        res = res.reshape(c, ho, wo)
+    return (res, indices) if return_indices else res
+
+
+def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override=None) -> Tensor:
+    """Mean over each window, with torch's divisor rules (``count_include_pad``,
+    ``divisor_override``, windows clipped at the padded border in ``ceil_mode``)."""
+    x = input if isinstance(input, Tensor) else Tensor(input)
+    x4, unbatched = _as_4d(x, "avg_pool2d")
+    xd = x4.data
+    xp = _xp(xd)
+    n, c, h, w = xd.shape
+    kh, kw, sh, sw, ph, pw, _, _, ho, wo, eh, ew = _pool_args(
+        xd, kernel_size, stride, padding, 1, ceil_mode, "avg_pool2d")
+    xpad = _pad_hw(xp, xd, ph, ph + eh, pw, pw + ew)
+    hp, wp = xpad.shape[-2:]
+    sums = _windows(xp, xpad, kh, kw, sh, sw, 1, 1, ho, wo, True).sum(axis=(-2, -1))
+
+    def counts(size, k, s, p, o):
+        start = np.arange(o) * s - p
+        end = np.minimum(start + k, size + p)
+        with_pad = end - start
+        inside = np.minimum(end, size) - np.maximum(start, 0)
+        return with_pad, inside
+
+    if divisor_override:
+        divisor = np.full((ho, wo), float(divisor_override))
+    else:
+        (hpad, hin), (wpad, win) = counts(h, kh, sh, ph, ho), counts(w, kw, sw, pw, wo)
+        divisor = np.outer(hpad, wpad) if count_include_pad else np.outer(hin, win)
+        divisor = np.where(divisor > 0, divisor, np.inf).astype(np.float64)  # empty window -> 0
+    scale = xp.asarray(1.0 / divisor).astype(xd.dtype if xd.dtype.kind == "f" else np.float64)
+    out = sums * scale
+    if not _needs(x4):
+        res = _result(out, None)
+    else:
+        def fn(g):
+            gs = g * scale
+            dcols = xp.broadcast_to(gs[:, :, None, None], (n, c, kh, kw, ho, wo))
+            gpad = _col2im(xp, dcols, (n, c, hp, wp), kh, kw, sh, sw, 1, 1, ho, wo)
+            return (gpad[:, :, ph:ph + h, pw:pw + w],)
+
+        res = _result(out, Node(fn, (x4,), "AvgPool2d"))
+    return res.reshape(c, ho, wo) if unbatched else res
+
+
+def _adaptive_matrix(size: int, out: int, dtype) -> np.ndarray:
+    """(out, size) averaging matrix: row i averages input bins floor(i*size/out) .. ceil((i+1)*size/out)."""
+    m = np.zeros((out, size), dtype=np.float64)
+    for i in range(out):
+        start = (i * size) // out
+        end = -(-((i + 1) * size) // out)
+        m[i, start:end] = 1.0 / (end - start)
+    return m.astype(dtype)
+
+
+def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
+    """Average-pool to a fixed ``output_size`` (an int, a pair, ``None`` keeps that dim) using
+    torch's bins. Computed as ``A_h @ x @ A_w.T`` with two small averaging matrices."""
+    x = input if isinstance(input, Tensor) else Tensor(input)
+    x4, unbatched = _as_4d(x, "adaptive_avg_pool2d")
+    xd = x4.data
+    xp = _xp(xd)
+    h, w = xd.shape[-2:]
+    if isinstance(output_size, (int, np.integer)) or output_size is None:
+        output_size = (output_size, output_size)
+    oh, ow = (h if output_size[0] is None else int(output_size[0]),
+              w if output_size[1] is None else int(output_size[1]))
+    if oh <= 0 or ow <= 0:
+        raise ValueError(f"adaptive_avg_pool2d: output_size must be positive, got {(oh, ow)}")
+    dt = xd.dtype if xd.dtype.kind == "f" else np.float64
+    ah = xp.asarray(_adaptive_matrix(h, oh, dt))
+    aw = xp.asarray(_adaptive_matrix(w, ow, dt))
+    out = ah @ xd @ aw.T
+    if not _needs(x4):
+        res = _result(out, None)
+    else:
+        res = _result(out, Node(lambda g: (ah.T @ g @ aw,), (x4,), "AdaptiveAvgPool2d"))
+    return res.reshape(xd.shape[1], oh, ow) if unbatched else res
+
+
+# ============================================================================ padding
+_PAD_MODES = {"reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+
+
+def pad(input: Tensor, pad, mode: str = "constant", value=None) -> Tensor:
+    """torch's ``F.pad``: ``pad`` lists (before, after) pairs starting from the *last* dim, e.g.
+    ``(left, right, top, bottom)``. Modes: ``constant`` (negative pads crop), ``reflect``,
+    ``replicate``, ``circular``.
+
+    >>> import numpy as np
+    >>> pad(Tensor(np.arange(3.0)), (1, 2), mode="reflect").tolist()
+    [1.0, 0.0, 1.0, 2.0, 1.0, 0.0]
+    """
+    x = input if isinstance(input, Tensor) else Tensor(input)
+    pad = tuple(int(p) for p in pad)
+    if len(pad) % 2 or len(pad) // 2 > x.ndim:
+        raise ValueError(f"pad: padding length must be even and at most 2 * ndim, got {len(pad)}")
+    xd = x.data
+    xp = _xp(xd)
+    nd = xd.ndim
+    pairs = {nd - 1 - i: (pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2)}
+    if mode == "constant":
+        return _pad_constant(x, pairs, 0 if value is None else value)
+    if mode not in _PAD_MODES:
+        raise ValueError(f"pad: mode must be 'constant', 'reflect', 'replicate' or 'circular', got {mode!r}")
+    # Other modes: an index array per padded dim; the gradient scatter-adds along the same index.
+    index = {}
+    for ax, (before, after) in pairs.items():
+        size = xd.shape[ax]
+        if before < 0 or after < 0:
+            raise ValueError(f"pad: negative padding is only supported in constant mode, got {pad}")
+        if mode == "reflect" and max(before, after) >= size:
+            raise ValueError(
+                f"pad: padding size should be less than the corresponding input dimension, but got "
+                f"padding ({before}, {after}) at dimension {ax} of input {list(xd.shape)}"
+            )
+        index[ax] = xp.asarray(np.pad(np.arange(size), (before, after), mode=_PAD_MODES[mode]))
+    out = xd
+    for ax, idx in index.items():
+        out = xp.take(out, idx, axis=ax)
+    if not _needs(x):
+        return _result(out, None)
+    shapes = []
+    shape = list(xd.shape)
+    for ax in index:
+        shapes.append(tuple(shape))
+        shape[ax] = int(index[ax].shape[0])
+
+    def fn(g):
+        for (ax, idx), shp in zip(reversed(list(index.items())), reversed(shapes)):
+            acc = xp.zeros(shp, dtype=g.dtype)
+            scatter_add(xp, acc, (slice(None),) * ax + (idx,), g)
+            g = acc
+        return (g,)
+
+    return _result(out, Node(fn, (x,), "Pad"))
+
+
+def _pad_constant(x: Tensor, pairs: dict, value) -> Tensor:
+    xd = x.data
+    xp = _xp(xd)
+    src, dst, shape = [], [], list(xd.shape)
+    for ax in range(xd.ndim):
+        before, after = pairs.get(ax, (0, 0))
+        size = xd.shape[ax]
+        if size + before + after < 0:
+            raise ValueError(f"pad: padding {before, after} would give dimension {ax} a negative size")
+        shape[ax] = size + before + after
+        # Negative amounts crop: copy input[crop_before : size - crop_after] to output[start:].
+        crop_before, crop_after = max(-before, 0), max(-after, 0)
+        kept = max(size - crop_before - crop_after, 0)
+        start = max(before, 0)
+        src.append(slice(crop_before, crop_before + kept))
+        dst.append(slice(start, start + kept))
+    out = xp.full(tuple(shape), value, dtype=xd.dtype)
+    out[tuple(dst)] = xd[tuple(src)]
+    if not _needs(x):
+        return _result(out, None)
+    src_t, dst_t = tuple(src), tuple(dst)
+
+    def fn(g):
+        gx = xp.zeros(xd.shape, dtype=g.dtype)
+        gx[src_t] = g[dst_t]
+        return (gx,)
+
+    return _result(out, Node(fn, (x,), "ConstantPad"))
+
+
+# ============================================================================ channel dropout
+def dropout2d(input: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
+    """Zero whole channels with probability ``p`` (one draw per ``(n, c)``), scaling the rest by
+    ``1/(1-p)``. Like torch, ``(N, C, H, W)`` and ``(N, C, L)`` inputs both drop per ``(n, c)``."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability p must be in [0, 1], got {p}")
+    x = input if isinstance(input, Tensor) else Tensor(input)
+    if not training or p == 0.0:
+        return x
+    xd = x.data
+    if xd.ndim < 2:
+        raise ValueError(f"dropout2d needs a (N, C, ...) input, got shape {list(xd.shape)}")
+    xp = _xp(xd)
+    shape = xd.shape[:2] + (1,) * (xd.ndim - 2)
+    if p == 1.0:
+        mask = xp.zeros(shape, dtype=xd.dtype)
+    else:
+        if xp is np:
+            keep = get_generator().random(shape, dtype=np.float32) >= p
+        else:
+            keep = xp.random.random(shape, dtype=xp.float32) >= p
+        mask = keep.astype(xd.dtype) * xd.dtype.type(1.0 / (1.0 - p))
+    out = xd * mask
+    if not _needs(x):
+        return _result(out, None)
+    return _result(out, Node(lambda g: (g * mask,), (x,), "Dropout2d"))
+

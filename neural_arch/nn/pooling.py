@@ -1,0 +1,78 @@
+"""Pooling layers: ``MaxPool2d``, ``AvgPool2d``, ``AdaptiveAvgPool2d`` (torch's arguments).
+
+Example::
+
+    >>> import neural_arch as na
+    >>> from neural_arch import nn
+    >>> x = na.randn(2, 3, 8, 8)
+    >>> nn.MaxPool2d(2)(x).shape, nn.AvgPool2d(3, stride=2, padding=1)(x).shape
+    ((2, 3, 4, 4), (2, 3, 4, 4))
+    >>> nn.AdaptiveAvgPool2d((1, 1))(x).shape
+    (2, 3, 1, 1)
+"""
+
+from __future__ import annotations
+
+from neural_arch import functional as F
+from neural_arch.core.tensor import Tensor
+from neural_arch.nn.module import Module
+
+__all__ = ["AdaptiveAvgPool2d", "AvgPool2d", "MaxPool2d"]
+
+
+def _t(x) -> Tensor:
+    return x if isinstance(x, Tensor) else Tensor(x)
+
+
+class MaxPool2d(Module):
+    """Max over ``kernel_size`` windows (``stride`` defaults to ``kernel_size``)."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices: bool = False,
+                 ceil_mode: bool = False):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = kernel_size if stride is None else stride
+        self.padding, self.dilation = padding, dilation
+        self.return_indices, self.ceil_mode = bool(return_indices), bool(ceil_mode)
+
+    def forward(self, x):
+        return F.max_pool2d(_t(x), self.kernel_size, self.stride, self.padding, self.dilation,
+                            self.ceil_mode, self.return_indices)
+
+    def extra_repr(self) -> str:
+        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+                f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
+
+
+class AvgPool2d(Module):
+    """Mean over ``kernel_size`` windows (``stride`` defaults to ``kernel_size``)."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+                 count_include_pad: bool = True, divisor_override=None):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = kernel_size if stride is None else stride
+        self.padding = padding
+        self.ceil_mode, self.count_include_pad = bool(ceil_mode), bool(count_include_pad)
+        self.divisor_override = divisor_override
+
+    def forward(self, x):
+        return F.avg_pool2d(_t(x), self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                            self.count_include_pad, self.divisor_override)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class AdaptiveAvgPool2d(Module):
+    """Average-pool to a fixed ``output_size`` whatever the input size (``None`` keeps a dim)."""
+
+    def __init__(self, output_size):
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, x):
+        return F.adaptive_avg_pool2d(_t(x), self.output_size)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
