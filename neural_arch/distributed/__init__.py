@@ -27,9 +27,8 @@ module                             names
 from __future__ import annotations
 
 import importlib
-from typing import Dict
 
-_LAZY: Dict[str, str] = {}
+_LAZY: dict[str, str] = {}
 
 
 def _export(module: str, *names: str) -> None:
@@ -39,21 +38,32 @@ def _export(module: str, *names: str) -> None:
 
 _export("groups", "init_process_group", "destroy_process_group", "is_initialized", "is_available",
         "get_rank", "get_world_size", "get_backend", "get_distributed_info", "new_group", "ProcessGroup",
-        "get_default_group", "GroupMember")
+        "get_default_group", "GroupMember", "get_global_rank", "get_group_rank")
 _export("collectives", "barrier", "all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter",
         "reduce_scatter", "all_to_all", "send", "recv", "isend", "irecv", "broadcast_object_list",
-        "all_gather_object", "gather_object", "scatter_object_list")
+        "all_gather_object", "gather_object", "scatter_object_list", "all_to_all_single",
+        "reduce_scatter_tensor", "all_gather_into_tensor", "P2POp", "batch_isend_irecv", "send_object_list",
+        "recv_object_list", "monitored_barrier", "group", "reduce_op",
+        "get_process_group_ranks")
 _export("comm", "ReduceOp", "Work", "DistributedError", "NotInitializedError", "CollectiveTimeoutError",
         "PeerFailureError", "CollectiveMismatchError", "RendezvousError", "AuthenticationError",
         "available_backends", "is_backend_available")
 _export("parallel.data_parallel.ddp", "DistributedDataParallel", "no_sync")
 _export("data.sampler", "DistributedSampler", "distributed_evaluate")
 _export("run.launcher", "LaunchConfig", "DistributedLauncher", "launch_distributed_training")
-_export("run.spawn", "launch")
+_export("run.spawn", "launch", "spawn", "ProcessRaisedException", "ProcessExitedException", "SpawnError")
+_export("run.env", "is_torchelastic_launched")
+_export("parallel.data_parallel.sync_batchnorm", "SyncBatchNorm")
 _export("run.elastic", "find_latest_checkpoint")
 _export("rendezvous.store", "TCPStore", "FileStore", "PrefixStore")
+_export("parallel.sharded", "FullyShardedDataParallel", "ZeroRedundancyOptimizer", "ShardingStrategy",
+        "CPUOffload", "MixedPrecision", "ShardedGradScaler")
+_export("data.elastic_sampler", "ElasticDistributedSampler")
+_export("groups", "new_subgroups", "new_subgroups_by_enumeration", "split_group")
+_export("device_mesh", "DeviceMesh", "init_device_mesh")
+_export("parallel.pipeline", "PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B")
 
-__all__ = sorted(_LAZY)
+__all__ = sorted(_LAZY)  # noqa: PLE0605 - built from the table above
 
 
 def __getattr__(name: str):

@@ -30,35 +30,56 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import pickle
+import time
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from neural_arch.core.tensor import Tensor
 from neural_arch.distributed.comm.backend import _xp
 from neural_arch.distributed.comm.work import ReduceOp, Work
+from neural_arch.distributed.errors import CollectiveTimeoutError
 from neural_arch.distributed.groups import ProcessGroup, _resolve_group
+from neural_arch.distributed.process_group import GroupMember
 
 __all__ = [
+    "P2POp",
     "all_gather",
+    "all_gather_into_tensor",
     "all_gather_object",
     "all_reduce",
     "all_to_all",
     "all_to_all_single",
     "barrier",
+    "batch_isend_irecv",
     "broadcast",
     "broadcast_object_list",
     "gather",
     "gather_object",
+    "get_process_group_ranks",
+    "group",
     "irecv",
     "isend",
+    "monitored_barrier",
     "recv",
+    "recv_object_list",
     "reduce",
+    "reduce_op",
     "reduce_scatter",
     "reduce_scatter_tensor",
     "scatter",
     "scatter_object_list",
     "send",
+    "send_object_list",
 ]
+
+#: torch's ``dist.group.WORLD``: ``group.WORLD`` is the default group once initialised.
+group = GroupMember
+#: torch's deprecated lower-case alias of :class:`ReduceOp` (old scripts still write it).
+reduce_op = ReduceOp
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -138,7 +159,19 @@ def _finish(work: Work, make_result: Callable[[], Any], async_op: bool):
     return out
 
 
-def _group(group, op: str) -> ProcessGroup:
+def _group(group, op: str) -> ProcessGroup | None:
+    """The group to run on, or None on a rank outside it.
+
+    torch semantics: a collective called with ``GroupMember.NON_GROUP_MEMBER`` (what
+    ``new_group`` returns on ranks that are not members) does nothing and returns None, with a
+    warning, so ``all_reduce(t, group=g)`` may be written unguarded on every rank.
+    """
+    if group is GroupMember.NON_GROUP_MEMBER:
+        _resolve_group(None, op)  # still: NotInitializedError before init_process_group()
+        warnings.warn(f"{op}: this rank is not a member of the group (new_group() returned "
+                      "GroupMember.NON_GROUP_MEMBER here); the call does nothing and returns None",
+                      stacklevel=3)
+        return None
     return _resolve_group(group, op)
 
 
@@ -146,10 +179,20 @@ def _stack(items, xp):
     return xp.stack([_buf(t, "tensor") for t in items]) if items else None
 
 
+def get_process_group_ranks(group) -> list[int]:
+    """torch's query: the global ranks of ``group`` (None: the world), in group-rank order."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("get_process_group_ranks: this rank is not in the group (NON_GROUP_MEMBER); "
+                         "ask a member, or keep the ranks list you passed to new_group()")
+    return list(_resolve_group(group, "get_process_group_ranks").ranks)
+
+
 # ---------------------------------------------------------------------------------- collectives
 def barrier(group=None, async_op: bool = False):
     """Block until every rank of ``group`` reached the barrier."""
     pg = _group(group, "barrier")
+    if pg is None:
+        return None
     work = pg.backend.barrier(async_op=async_op)
     return _finish(work, lambda: None, async_op)
 
@@ -157,6 +200,8 @@ def barrier(group=None, async_op: bool = False):
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """Reduce ``tensor`` over the group, in place on every rank; returns ``tensor``."""
     pg = _group(group, "all_reduce")
+    if pg is None:
+        return None
     work = pg.backend.allreduce(_buf(tensor), op, async_op=async_op)
     return _finish(work, lambda: tensor, async_op)
 
@@ -164,6 +209,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
 def broadcast(tensor, src: int = 0, group=None, async_op: bool = False):
     """Copy global rank ``src``'s tensor into every rank's ``tensor``; returns ``tensor``."""
     pg = _group(group, "broadcast")
+    if pg is None:
+        return None
     root = pg.group_rank(src, "src")
     work = pg.backend.broadcast(_buf(tensor), root, async_op=async_op)
     return _finish(work, lambda: tensor, async_op)
@@ -172,6 +219,8 @@ def broadcast(tensor, src: int = 0, group=None, async_op: bool = False):
 def reduce(tensor, dst: int = 0, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """Reduce into global rank ``dst``'s ``tensor`` (others unchanged); returns ``tensor``."""
     pg = _group(group, "reduce")
+    if pg is None:
+        return None
     root = pg.group_rank(dst, "dst")
     work = pg.backend.reduce(_buf(tensor), root, op, async_op=async_op)
     return _finish(work, lambda: tensor, async_op)
@@ -184,6 +233,8 @@ def all_gather(tensor_list_or_tensor, tensor=None, group=None, async_op: bool = 
     ``tensor_list`` (torch style) and returns it.
     """
     pg = _group(group, "all_gather")
+    if pg is None:
+        return None
     if isinstance(tensor_list_or_tensor, (list, tuple)):
         outputs, source = tensor_list_or_tensor, tensor
         if source is None:
@@ -215,6 +266,8 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
     on the other ranks returns None (``gather_list`` is ignored there).
     """
     pg = _group(group, "gather")
+    if pg is None:
+        return None
     root = pg.group_rank(dst, "dst")
     data = _buf(tensor)
     is_root = pg.rank() == root
@@ -240,6 +293,8 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
 def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool = False):
     """Global rank ``src`` sends ``scatter_list[r]`` to group rank r, into its ``tensor``; returns ``tensor``."""
     pg = _group(group, "scatter")
+    if pg is None:
+        return None
     root = pg.group_rank(src, "src")
     data = _buf(tensor)
     stacked = None
@@ -263,6 +318,8 @@ def reduce_scatter(output_or_input, input_list_or_op=None, op=ReduceOp.SUM, grou
     ranks into group rank r's ``output`` and returns ``output``.
     """
     pg = _group(group, "reduce_scatter")
+    if pg is None:
+        return None
     if isinstance(input_list_or_op, (list, tuple)):
         output, inputs = output_or_input, input_list_or_op
         out = _buf(output, "output")
@@ -292,6 +349,8 @@ def reduce_scatter(output_or_input, input_list_or_op=None, op=ReduceOp.SUM, grou
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """torch's flat form: ``input.shape[0] == size * output.shape[0]``; fills and returns ``output``."""
     pg = _group(group, "reduce_scatter_tensor")
+    if pg is None:
+        return None
     work = pg.backend.reduce_scatter(_buf(output, "output"), _buf(input, "input"), op, async_op=async_op)
     return _finish(work, lambda: output, async_op)
 
@@ -304,6 +363,8 @@ def all_to_all(output, input=None, group=None, async_op: bool = False):
     ``all_to_all(input)``, which returns a new tensor.
     """
     pg = _group(group, "all_to_all")
+    if pg is None:
+        return None
     if isinstance(output, (list, tuple)) or isinstance(input, (list, tuple)):
         if not isinstance(output, (list, tuple)) or not isinstance(input, (list, tuple)):
             raise TypeError("all_to_all(output_list, input_list): pass two lists, or two tensors")
@@ -332,9 +393,102 @@ def all_to_all(output, input=None, group=None, async_op: bool = False):
     return _finish(work, lambda: output, async_op)
 
 
-def all_to_all_single(output, input, group=None, async_op: bool = False):
-    """torch's name for the single-tensor form of :func:`all_to_all` (equal splits only)."""
-    return all_to_all(output, input, group=group, async_op=async_op)
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                      async_op: bool = False):
+    """torch's ``all_to_all_single``: ``input`` is split along dim 0, chunk d goes to group rank d.
+
+    With no split sizes the splits are equal (dim 0 divisible by the group size). With
+    ``input_split_sizes`` (rows sent to each rank) and ``output_split_sizes`` (rows received from
+    each rank) the splits may be uneven; each rank's sizes must match its peers' (rank s's
+    ``input_split_sizes[d]`` == rank d's ``output_split_sizes[s]``), else every rank raises
+    ``ValueError`` naming the pair. Fills and returns ``output``. Example (2 ranks)::
+
+        # rank 0 sends 1 row to itself and 2 rows to rank 1; rank 1 sends 3 rows to 0, 1 to itself
+        all_to_all_single(out, inp, output_split_sizes=[1, 3], input_split_sizes=[1, 2])   # rank 0
+    """
+    if output_split_sizes is None and input_split_sizes is None:
+        return all_to_all(output, input, group=group, async_op=async_op)
+    pg = _group(group, "all_to_all_single")
+    if pg is None:
+        return None
+    out, inp = _buf(output, "output"), _buf(input, "input")
+    size = pg.size()
+    out_splits = _splits(output_split_sizes, out, size, "output_split_sizes")
+    in_splits = _splits(input_split_sizes, inp, size, "input_split_sizes")
+    if out.dtype != inp.dtype or tuple(out.shape[1:]) != tuple(inp.shape[1:]):
+        raise ValueError(f"all_to_all_single: output {tuple(out.shape)} {out.dtype} and input "
+                         f"{tuple(inp.shape)} {inp.dtype} must share dtype and every dim but the first")
+    xp = _xp(inp)
+    # 1) every rank learns what each peer sends it and checks it against what it expects; the
+    #    verdict and the longest chunk are agreed by one all-reduce, so all ranks raise together.
+    sent_to_me = np.empty(size, dtype=np.int64)
+    pg.backend.alltoall(sent_to_me, np.asarray(in_splits, dtype=np.int64)).wait()
+    bad = [s for s in range(size) if int(sent_to_me[s]) != out_splits[s]]
+    verdict = np.array([1 if bad else 0, max(in_splits + out_splits + [0])], dtype=np.int64)
+    pg.backend.allreduce(verdict, ReduceOp.MAX).wait()
+    if verdict[0]:
+        mine = "; ".join(f"group rank {s} sends {int(sent_to_me[s])} rows but output_split_sizes[{s}]="
+                         f"{out_splits[s]}" for s in bad) or "this rank's sizes agree with its peers"
+        raise ValueError(f"all_to_all_single: split sizes disagree between ranks (on group rank "
+                         f"{pg.rank()}: {mine}); rank s's input_split_sizes[d] must equal rank d's "
+                         "output_split_sizes[s]")
+    # 2) pad every chunk to the longest one, exchange with the equal-split all-to-all, unpad.
+    rows, rest = int(verdict[1]), tuple(inp.shape[1:])
+    send = xp.zeros((size, rows) + rest, dtype=inp.dtype)
+    offsets = np.concatenate([[0], np.cumsum(in_splits)]).astype(int)
+    for d in range(size):
+        send[d, :in_splits[d]] = inp[offsets[d]:offsets[d + 1]]
+    recv = xp.empty_like(send)
+    work = pg.backend.alltoall(recv, send, async_op=async_op)
+
+    def result():
+        start = 0
+        for s in range(size):
+            out[start:start + out_splits[s]] = recv[s, :out_splits[s]]
+            start += out_splits[s]
+        return output
+    return _finish(work, result, async_op)
+
+
+def _splits(sizes, data, size: int, arg: str) -> list[int]:
+    rows = data.shape[0] if getattr(data, "ndim", 0) else None
+    if rows is None:
+        raise ValueError(f"all_to_all_single: {arg} needs a tensor with at least one dim")
+    if sizes is None:  # torch: the other side uneven, this side equal
+        if rows % size:
+            raise ValueError(f"all_to_all_single: {arg} is None, so dim 0 ({rows}) must be divisible by "
+                             f"the group size {size}; pass {arg} explicitly")
+        return [rows // size] * size
+    sizes = [int(v) for v in sizes]
+    if len(sizes) != size or any(v < 0 for v in sizes) or sum(sizes) != rows:
+        raise ValueError(f"all_to_all_single: {arg}={sizes} must be {size} non-negative ints (one per "
+                         f"rank) summing to dim 0 of the tensor ({rows})")
+    return sizes
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False):
+    """torch's flat all-gather: every rank's ``input_tensor`` into ``output_tensor``, in rank order.
+
+    ``output_tensor`` is either the concatenation along dim 0 (``(size * n, ...)``) or the stack
+    (``(size, n, ...)``), as in torch. Fills and returns ``output_tensor``. Example::
+
+        out = Tensor(np.empty(2 * world)); all_gather_into_tensor(out, Tensor(np.ones(2)))
+    """
+    pg = _group(group, "all_gather_into_tensor")
+    if pg is None:
+        return None
+    out, inp = _buf(output_tensor, "output_tensor"), _buf(input_tensor, "input_tensor")
+    size, shape = pg.size(), tuple(_at_least_1d(inp).shape)
+    stacked = (size,) + tuple(inp.shape)
+    concatenated = (size * shape[0],) + shape[1:]
+    if tuple(out.shape) not in (stacked, concatenated):
+        raise ValueError(f"all_gather_into_tensor: output_tensor has shape {tuple(out.shape)}; with input "
+                         f"{tuple(inp.shape)} and {size} ranks it must be {concatenated} or {stacked}")
+    if out.dtype != inp.dtype:
+        raise TypeError(f"all_gather_into_tensor: output_tensor dtype {out.dtype} != input dtype {inp.dtype}")
+    # (size, *shape) view of the caller's contiguous buffer: the backend fills it in place.
+    work = pg.backend.allgather(out.reshape((size,) + shape), _at_least_1d(inp), async_op=async_op)
+    return _finish(work, lambda: output_tensor, async_op)
 
 
 # ---------------------------------------------------------------------------------- point to point
@@ -351,6 +505,8 @@ def send(tensor, dst: int, group=None, tag: int = 0) -> None:
     """Send ``tensor`` to global rank ``dst`` (blocks until handed to the transport)."""
     group, tag = _p2p_args(group, tag)
     pg = _group(group, "send")
+    if pg is None:
+        return
     pg.backend.send(_buf(tensor), pg.group_rank(dst, "dst"), tag).wait()
 
 
@@ -358,6 +514,8 @@ def recv(tensor, src: int, group=None, tag: int = 0):
     """Receive from global rank ``src`` into ``tensor`` (same shape and dtype as sent); returns ``tensor``."""
     group, tag = _p2p_args(group, tag)
     pg = _group(group, "recv")
+    if pg is None:
+        return None
     pg.backend.recv(_buf(tensor), pg.group_rank(src, "src"), tag).wait()
     return tensor
 
@@ -366,6 +524,8 @@ def isend(tensor, dst: int, group=None, tag: int = 0) -> Work:
     """Non-blocking :func:`send`; returns a Work (do not modify ``tensor`` until it is done)."""
     group, tag = _p2p_args(group, tag)
     pg = _group(group, "isend")
+    if pg is None:
+        return None
     work = pg.backend.send(_buf(tensor), pg.group_rank(dst, "dst"), tag, async_op=True)
     return _finish(work, lambda: None, True)
 
@@ -374,14 +534,56 @@ def irecv(tensor, src: int, group=None, tag: int = 0) -> Work:
     """Non-blocking :func:`recv`; the Work's ``result()`` is ``tensor`` once received."""
     group, tag = _p2p_args(group, tag)
     pg = _group(group, "irecv")
+    if pg is None:
+        return None
     work = pg.backend.recv(_buf(tensor), pg.group_rank(src, "src"), tag, async_op=True)
     return _finish(work, lambda: tensor, True)
+
+
+class P2POp:
+    """One point-to-point op for :func:`batch_isend_irecv` (torch's ``dist.P2POp``).
+
+    ``op`` is :func:`isend` or :func:`irecv`; ``peer`` a global rank. Example::
+
+        ops = [P2POp(isend, send_buf, (rank + 1) % world), P2POp(irecv, recv_buf, (rank - 1) % world)]
+        for work in batch_isend_irecv(ops):
+            work.wait()
+    """
+
+    __slots__ = ("group", "op", "peer", "tag", "tensor")
+
+    def __init__(self, op: Callable, tensor, peer: int, group=None, tag: int = 0) -> None:
+        if op not in (isend, irecv):
+            name = getattr(op, "__name__", repr(op))
+            hint = " (pass the function itself, not send/recv)" if name in ("send", "recv") else ""
+            raise ValueError(f"P2POp: op={name} must be neural_arch.distributed.isend or irecv{hint}")
+        self.op, self.tensor, self.peer, self.group, self.tag = op, tensor, peer, group, tag
+
+    def __repr__(self) -> str:
+        return f"P2POp({self.op.__name__}, peer={self.peer}, tag={self.tag})"
+
+
+def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
+    """Start every op of ``p2p_op_list``; return their Works (torch semantics: wait on each).
+
+    Every op is posted before any is waited on, so a ring (each rank sends right and receives
+    from the left) cannot deadlock.
+    """
+    if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
+        raise ValueError("batch_isend_irecv: pass a non-empty list of P2POp")
+    for i, p in enumerate(p2p_op_list):
+        if not isinstance(p, P2POp):
+            raise TypeError(f"batch_isend_irecv: entry {i} is a {type(p).__name__}, not a P2POp")
+    works = [p.op(p.tensor, p.peer, p.group, p.tag) for p in p2p_op_list]
+    return [w for w in works if w is not None]  # None: this rank is outside that op's group
 
 
 # ---------------------------------------------------------------------------------- objects (pickle)
 def broadcast_object_list(object_list: list[Any], src: int = 0, group=None) -> list[Any]:
     """Replace ``object_list``'s contents with global rank ``src``'s. Trusted peers only (pickle)."""
     pg = _group(group, "broadcast_object_list")
+    if pg is None:
+        return None
     root = pg.group_rank(src, "src")
     if not isinstance(object_list, list):
         raise TypeError(f"object_list must be a list (it is filled in place), got {type(object_list).__name__}")
@@ -394,6 +596,8 @@ def broadcast_object_list(object_list: list[Any], src: int = 0, group=None) -> l
 def all_gather_object(object_list: list[Any], obj: Any, group=None) -> list[Any]:
     """Fill ``object_list`` (length = group size) with every rank's ``obj``. Trusted peers only."""
     pg = _group(group, "all_gather_object")
+    if pg is None:
+        return None
     if not isinstance(object_list, list) or len(object_list) != pg.size():
         got = len(object_list) if isinstance(object_list, list) else type(object_list).__name__
         raise ValueError(f"all_gather_object: object_list must be a list of length {pg.size()} (the group "
@@ -405,6 +609,8 @@ def all_gather_object(object_list: list[Any], obj: Any, group=None) -> list[Any]
 def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: int = 0, group=None):
     """Every rank's ``obj`` on global rank ``dst`` (filling ``object_gather_list`` there); None elsewhere."""
     pg = _group(group, "gather_object")
+    if pg is None:
+        return None
     root = pg.group_rank(dst, "dst")
     if pg.rank() == root and object_gather_list is not None and (
             not isinstance(object_gather_list, list) or len(object_gather_list) != pg.size()):
@@ -423,6 +629,8 @@ def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_in
                         src: int = 0, group=None) -> list[Any]:
     """Group rank r receives ``scatter_object_input_list[r]`` from ``src`` in ``output_list[0]``."""
     pg = _group(group, "scatter_object_list")
+    if pg is None:
+        return None
     root = pg.group_rank(src, "src")
     if not isinstance(scatter_object_output_list, list):
         raise TypeError("scatter_object_output_list must be a list (its first entry receives the object)")
@@ -435,3 +643,114 @@ def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_in
     else:
         scatter_object_output_list.append(items[pg.rank()])
     return scatter_object_output_list
+
+
+def send_object_list(object_list: list[Any], dst: int, group=None, device=None) -> None:
+    """Send the picklable objects of ``object_list`` to global rank ``dst``. Trusted peers only.
+
+    The receiver calls :func:`recv_object_list` with a list of the same length (torch).
+    ``device`` is accepted for torch compatibility and ignored (objects travel on the host).
+    """
+    pg = _group(group, "send_object_list")
+    if pg is None:
+        return
+    if not isinstance(object_list, list) or not object_list:
+        raise ValueError("send_object_list: object_list must be a non-empty list")
+    peer = pg.group_rank(dst, "dst")
+    payloads = [np.frombuffer(pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+                for o in object_list]
+    sizes = np.array([p.size for p in payloads], dtype=np.int64)
+    pg.backend.send(sizes, peer, _OBJECT_TAG).wait()
+    pg.backend.send(np.ascontiguousarray(np.concatenate(payloads)), peer, _OBJECT_TAG).wait()
+    return
+
+
+def recv_object_list(object_list: list[Any], src: int | None = None, group=None, device=None) -> int:
+    """Fill ``object_list`` (same length as the sender's) with the objects global rank ``src`` sent.
+
+    Returns ``src`` (torch returns the sender's rank). Receiving from any source
+    (``src=None``) is not supported: name the sender.
+    """
+    pg = _group(group, "recv_object_list")
+    if pg is None:
+        return -1
+    if src is None:
+        raise ValueError("recv_object_list: src=None (any source) is not supported here; pass the "
+                         "sender's global rank, e.g. recv_object_list(objs, src=0)")
+    if not isinstance(object_list, list) or not object_list:
+        raise ValueError("recv_object_list: object_list must be a non-empty list as long as the sender's "
+                         "(e.g. [None] * n); it is filled in place")
+    peer = pg.group_rank(src, "src")
+    sizes = np.empty(len(object_list), dtype=np.int64)
+    try:
+        pg.backend.recv(sizes, peer, _OBJECT_TAG).wait()
+    except ValueError as exc:  # a size-array shape mismatch: the lists differ in length
+        raise ValueError(f"recv_object_list: the sender's object_list has a different length than "
+                         f"this one ({len(object_list)}); make them equal ({exc})") from exc
+    payload = np.empty(int(sizes.sum()), dtype=np.uint8)
+    pg.backend.recv(payload, peer, _OBJECT_TAG).wait()
+    start = 0
+    for i, n in enumerate(sizes.tolist()):
+        object_list[i] = pickle.loads(payload[start:start + n].tobytes())
+        start += n
+    return src
+
+
+# A tag of its own so object messages never pair with a user's tensor send/recv on tag 0.
+_OBJECT_TAG = 32760  # within MPI's guaranteed tag range (0..32767) and gloo's
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:
+    """A barrier that names the ranks that did not arrive (torch's ``monitored_barrier``).
+
+    Group rank 0 waits ``timeout`` seconds (default: the group's timeout) for every other rank,
+    then raises ``CollectiveTimeoutError`` naming the first missing rank (every missing rank with
+    ``wait_all_ranks=True``); the other ranks wait for rank 0's release and raise if it never
+    comes. Example::
+
+        monitored_barrier(timeout=datetime.timedelta(seconds=30), wait_all_ranks=True)
+    """
+    pg = _group(group, "monitored_barrier")
+    if pg is None:
+        return
+    if pg.size() == 1:
+        return
+    if timeout is None:
+        seconds = pg.timeout
+    else:
+        seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+    me, backend = pg.rank(), pg.backend
+    if me != 0:
+        backend.send(np.ones(1, np.int8), 0, _BARRIER_TAG).wait()
+        release = backend.recv(np.empty(1, np.int8), 0, _BARRIER_TAG, async_op=True)
+        try:
+            release.wait(timeout=seconds)
+        except CollectiveTimeoutError:
+            raise CollectiveTimeoutError(
+                f"monitored_barrier: global rank {pg.ranks[0]} (group rank 0) did not release rank "
+                f"{pg.ranks[me]} within {seconds:g} s; see rank {pg.ranks[0]}'s error for the ranks that "
+                "did not arrive") from None
+        return
+    arrivals = {r: backend.recv(np.empty(1, np.int8), r, _BARRIER_TAG, async_op=True)
+                for r in range(1, pg.size())}
+    deadline = time.monotonic() + seconds
+    missing = []
+    for r, work in arrivals.items():
+        try:
+            work.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except CollectiveTimeoutError:
+            missing.append(pg.ranks[r])
+            if not wait_all_ranks:
+                break
+    if missing:
+        which = "ranks" if len(missing) > 1 else "rank"
+        raise CollectiveTimeoutError(
+            f"monitored_barrier: global {which} {', '.join(map(str, missing))} did not reach the barrier "
+            f"within {seconds:g} s" + ("" if wait_all_ranks else " (the first one found; pass "
+                                       "wait_all_ranks=True to list all)"))
+    for r in range(1, pg.size()):
+        backend.send(np.ones(1, np.int8), r, _BARRIER_TAG).wait()
+    return
+
+
+_BARRIER_TAG = 32761

@@ -26,9 +26,12 @@ from neural_arch.nn.module import IncompatibleKeys, Module
 from neural_arch.nn.normalization import Dropout, Dropout2d, LayerNorm
 from neural_arch.nn.parameter import Parameter
 from neural_arch.nn.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from neural_arch.nn.sketched import SKLinear
 from neural_arch.nn.transformer import GPT, TransformerBlock
 
 __all__ = [
+    "SKLinear",
+    "SyncBatchNorm",
     "functional", "init", "Module", "Parameter", "IncompatibleKeys",
     "Linear", "Embedding", "Identity", "LayerNorm", "Dropout",
     "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax",
@@ -38,3 +41,14 @@ __all__ = [
     "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "BatchNorm1d", "BatchNorm2d",
     "Dropout2d", "Flatten", "Unflatten",
 ]
+
+
+def __getattr__(name: str):
+    # torch spells it nn.SyncBatchNorm, but it is a distributed layer (its statistics are
+    # all-reduced over a process group): it lives in neural_arch.distributed and is resolved here
+    # on first use only, so importing nn never imports the distributed package.
+    if name == "SyncBatchNorm":
+        from neural_arch.distributed.parallel.data_parallel.sync_batchnorm import SyncBatchNorm
+
+        return SyncBatchNorm
+    raise AttributeError(f"module 'neural_arch.nn' has no attribute {name!r}")

@@ -200,8 +200,10 @@ def test_bad_input_raises_at_the_call():
 def test_non_member_and_destroyed_groups():
     dist.init_process_group()
     t = Tensor(np.ones(2))
-    with pytest.raises(GroupMembershipError, match="not a member"):
-        dist.all_reduce(t, group=GroupMember.NON_GROUP_MEMBER)
+    # torch: a collective on a rank outside the group does nothing, returns None, and warns
+    with pytest.warns(UserWarning, match="not a member"):
+        assert dist.all_reduce(t, group=GroupMember.NON_GROUP_MEMBER) is None
+    assert t.data.tolist() == [1.0, 1.0]
     assert dist.get_rank(GroupMember.NON_GROUP_MEMBER) == -1
     assert dist.get_world_size(GroupMember.NON_GROUP_MEMBER) == -1
     sub = dist.new_group([0])
@@ -218,3 +220,32 @@ def test_non_member_and_destroyed_groups():
 
 def test_error_classes_are_distinct():
     assert issubclass(CollectiveTimeoutError, TimeoutError) and issubclass(GroupMembershipError, ValueError)
+
+
+# ---------------------------------------------------------------------------------- torch names
+def test_torch_names_are_exported_and_work_in_a_world_of_one():
+    for name in ("all_to_all_single", "reduce_scatter_tensor", "get_global_rank", "get_group_rank",
+                 "get_process_group_ranks", "all_gather_into_tensor", "P2POp", "batch_isend_irecv",
+                 "send_object_list", "recv_object_list", "group", "reduce_op", "monitored_barrier",
+                 "is_torchelastic_launched", "spawn", "ProcessRaisedException", "SyncBatchNorm"):
+        assert name in dist.__all__ and getattr(dist, name) is not None, name
+    assert dist.reduce_op is ReduceOp
+    assert dist.group.WORLD is None
+    dist.init_process_group()
+    assert dist.group.WORLD is dist.get_default_group()
+    assert dist.get_process_group_ranks(None) == [0] and dist.get_global_rank(None, 0) == 0
+    out = Tensor(np.zeros(3))
+    assert dist.all_gather_into_tensor(out, Tensor(np.arange(3.0))) is out and out.data.tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match="must be"):
+        dist.all_gather_into_tensor(Tensor(np.zeros(4)), Tensor(np.arange(3.0)))
+    a2a = Tensor(np.zeros((2, 2)))
+    dist.all_to_all_single(a2a, Tensor(np.ones((2, 2))), output_split_sizes=[2], input_split_sizes=[2])
+    assert a2a.data.tolist() == [[1, 1], [1, 1]]
+    with pytest.raises(ValueError, match="input_split_sizes"):
+        dist.all_to_all_single(a2a, Tensor(np.ones((2, 2))), output_split_sizes=[2], input_split_sizes=[3])
+    with pytest.raises(ValueError, match="isend or irecv"):
+        dist.P2POp(dist.send, Tensor(np.ones(1)), 0)
+    with pytest.raises(ValueError, match="src=None"):
+        dist.recv_object_list([None])
+    dist.monitored_barrier(timeout=1)
+    assert not dist.is_torchelastic_launched({})

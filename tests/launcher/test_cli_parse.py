@@ -98,3 +98,39 @@ def test_mpi_backend_is_refused_with_the_mpiexec_command():
 
     with pytest.raises(ValueError, match="mpiexec -n 4 python train.py"):
         DistributedLauncher(LaunchConfig(nproc_per_node=4, backend="mpi")).launch("train.py")
+
+
+def test_options_taken_after_the_script_are_named_in_a_warning():
+    warnings = []
+    cfg, _target, rest = parse("train.py", "--nproc_per_node=2", "--backend", "gloo", "--lr", "1",
+                              warnings=warnings)
+    assert cfg.nproc_per_node == 2 and rest == ["--lr", "1"]
+    assert len(warnings) == 1 and "took --nproc_per_node --backend after the script" in warnings[0]
+
+
+def test_a_script_option_that_collides_is_not_eaten_after_an_unknown_one():
+    warnings = []
+    cfg, _target, rest = parse("--nproc_per_node=2", "train.py", "--epochs", "2", "--nnodes", "7",
+                              warnings=warnings)
+    assert cfg.nnodes == 1 and rest == ["--epochs", "2", "--nnodes", "7"]
+    assert "--nnodes comes after the script argument '--epochs'" in warnings[0]
+
+
+def test_torchrun_rendezvous_options_map_to_ours():
+    cfg, target, rest = parse("--nnodes=2", "--node_rank=1", "--nproc-per-node=4", "--rdzv_backend", "c10d",
+                              "--rdzv-endpoint", "node0:29400", "--rdzv_id", "job42", "train.py", "--x")
+    assert (cfg.master_addr, cfg.master_port, cfg.rdzv_id, cfg.nproc_per_node) == ("node0", 29400, "job42", 4)
+    assert target == "train.py" and rest == ["--x"]
+    cfg, _, _ = parse("--rdzv_endpoint=10.0.0.1", "t.py")
+    assert (cfg.master_addr, cfg.master_port) == ("10.0.0.1", 29400)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--rdzv_backend=etcd", "t.py"), "use --rdzv_backend=c10d"),
+    (("--rdzv_endpoint=h:x", "t.py"), "HOST:PORT"),
+    (("--rdzv_endpoint=h:1", "--master_port=2", "t.py"), "contradicts --master_port=2"),
+])
+def test_torchrun_rendezvous_errors_say_what_to_write(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse(*argv)
+    assert message in capsys.readouterr().err

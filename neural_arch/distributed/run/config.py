@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import sys
 from collections.abc import Callable
@@ -39,7 +40,8 @@ class LaunchConfig:
     Fields beyond the seed contract (all optional): ``module`` (run ``-m module`` instead of a
     script), ``term_timeout`` (seconds between SIGTERM and SIGKILL on teardown), ``agent_port`` (the
     node-0 launcher's port for other nodes' launchers; default ``master_port + 1``), ``prefix_output``
-    (prefix each line with ``[rank{r}]: ``).
+    (prefix each line with ``[rank{r}]: ``), ``rdzv_id`` (torchrun's job id, given to the ranks as
+    ``TORCHELASTIC_RUN_ID``).
 
     >>> LaunchConfig(nproc_per_node=2).world_size
     2
@@ -60,6 +62,7 @@ class LaunchConfig:
     term_timeout: float = 5.0
     agent_port: int | None = None
     prefix_output: bool = True
+    rdzv_id: str | None = None
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
@@ -102,7 +105,7 @@ for _field, _conv in [
     ("nproc_per_node", int), ("nnodes", int), ("node_rank", int), ("master_addr", str),
     ("master_port", int), ("backend", str), ("max_restarts", int), ("monitor_interval", float),
     ("start_timeout", float), ("log_dir", str), ("standalone", None), ("term_timeout", float),
-    ("agent_port", int),
+    ("agent_port", int), ("rdzv_backend", str), ("rdzv_endpoint", str), ("rdzv_id", str),
 ]:
     _OPTIONS["--" + _field] = (_field, _conv)
     _OPTIONS["--" + _field.replace("_", "-")] = (_field, _conv)
@@ -127,11 +130,14 @@ options (each multi-word option also accepts dashes: --nproc-per-node):
   --log_dir DIR          also write each rank's output to DIR/rank_{r}.log
   --term_timeout S       grace between SIGTERM and SIGKILL on teardown (default 5)
   --agent_port PORT      node-0 launcher port for the other nodes (default master_port+1)
+  --rdzv_backend NAME    torchrun's: c10d or static (both mean node 0's store at --rdzv_endpoint)
+  --rdzv_endpoint H:P    torchrun's: the rendezvous address = --master_addr H --master_port P
+  --rdzv_id ID           torchrun's job id; the ranks see it as TORCHELASTIC_RUN_ID
   -m MODULE              run a module (like python -m) instead of a script
   --                     end of launcher options; the rest goes to the script
 
-Launcher options may also follow the script name directly; the first argument that is not a
-launcher option starts the script's own arguments.
+Launcher options may also follow the script name directly (with a warning naming them); the
+first argument that is not a launcher option starts the script's own arguments, and so does --.
 
 multi-node jobs (--nnodes > 1) need the same NEURAL_ARCH_AUTH_TOKEN exported on every node:
   export NEURAL_ARCH_AUTH_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(16))')
@@ -145,31 +151,93 @@ class _UsageError(SystemExit):
         self.message = message
 
 
-def _take_option(argv: list[str], i: int, values: dict) -> int:
-    """Consume the launcher option at ``argv[i]``; return the index after it."""
-    token = argv[i]
-    name, eq, inline = token.partition("=")
-    field, conv = _OPTIONS[name]
-    if conv is None:
-        if eq:
-            raise _UsageError(f"{name} is a flag and takes no value (got {token!r})")
-        values[field] = True
-        return i + 1
-    if eq:
-        raw, nxt = inline, i + 1
-    else:
-        if i + 1 >= len(argv):
-            raise _UsageError(f"{name} needs a value, e.g. {name}=2")
-        raw, nxt = argv[i + 1], i + 2
-    try:
-        values[field] = conv(raw)
-    except ValueError:
-        raise _UsageError(f"{name}: {raw!r} is not a valid {conv.__name__}") from None
-    return nxt
+_TORCHRUN_RDZV_PORT = 29400  # torchrun's default port of --rdzv_endpoint
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with our usage errors: the message says what to write instead."""
+
+    def error(self, message: str):
+        raise _UsageError(_translate(message))
+
+
+def _translate(message: str) -> str:
+    if message.startswith("unrecognized arguments:"):
+        first = message.split(":", 1)[1].split()[0]
+        return f"unknown launcher option {first!r} before the script; run with --help to list the options"
+    if "expected one argument" in message:
+        name = message.split()[1].rstrip(":").split("/")[0]
+        return f"{name} needs a value, e.g. {name}=2"
+    if "ignored explicit argument" in message:
+        name = message.split()[1].rstrip(":").split("/")[0]
+        return f"{name} is a flag and takes no value"
+    return message
+
+
+def _typed(conv: Callable, name: str) -> Callable:
+    def convert(raw: str):
+        try:
+            return conv(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: {raw!r} is not a valid {conv.__name__}") from None
+    convert.__name__ = conv.__name__
+    return convert
+
+
+def _build_parser(with_target: bool) -> _Parser:
+    parser = _Parser(prog="python -m neural_arch.distributed.launcher", add_help=False, allow_abbrev=False)
+    seen: set = set()
+    for field, conv in _OPTIONS.values():
+        if field in seen:
+            continue
+        seen.add(field)
+        names = ["--" + field] + (["--" + field.replace("_", "-")] if "_" in field else [])
+        if conv is None:
+            parser.add_argument(*names, dest=field, action="store_true", default=argparse.SUPPRESS)
+        else:
+            parser.add_argument(*names, dest=field, type=_typed(conv, names[0]), default=argparse.SUPPRESS)
+    if with_target:
+        parser.add_argument("-h", "--help", action="store_true", dest="_help")
+        # -m takes the module and everything after it, like python -m
+        parser.add_argument("-m", "--module", dest="_module", nargs=argparse.REMAINDER)
+        parser.add_argument("_rest", nargs=argparse.REMAINDER)
+    return parser
 
 
 def _is_option(token: str) -> bool:
     return token.partition("=")[0] in _OPTIONS
+
+
+def _leading_options(tokens: list[str]) -> int:
+    """How many of ``tokens`` form a leading run of launcher options (values included)."""
+    i = 0
+    while i < len(tokens):
+        name, eq, _ = tokens[i].partition("=")
+        if name not in _OPTIONS:
+            break
+        takes_value = _OPTIONS[name][1] is not None
+        i += 1 if (eq or not takes_value) else 2
+    return min(i, len(tokens))
+
+
+def _apply_rdzv(values: dict) -> None:
+    """torchrun's rendezvous options -> ours (node 0's TCP store at the endpoint)."""
+    backend = values.pop("rdzv_backend", None)
+    endpoint = values.pop("rdzv_endpoint", None)
+    if backend is not None and backend not in ("c10d", "static"):
+        raise _UsageError(f"--rdzv_backend={backend!r} is not supported; use --rdzv_backend=c10d (or static): "
+                          "node 0 hosts the store at --rdzv_endpoint")
+    if endpoint is None:
+        return
+    host, sep, port = endpoint.rpartition(":")
+    if not sep:
+        host, port = endpoint, str(_TORCHRUN_RDZV_PORT)
+    if not host or not port.isdigit():
+        raise _UsageError(f"--rdzv_endpoint={endpoint!r} must look like HOST:PORT, e.g. node0:29400")
+    for field, value in (("master_addr", host.strip("[]")), ("master_port", int(port))):
+        if field in values and values[field] != value:
+            raise _UsageError(f"--rdzv_endpoint={endpoint} contradicts --{field}={values[field]}; give one of them")
+        values[field] = value
 
 
 def parse_command_line(argv: list[str], warn=None) -> tuple[LaunchConfig, str, list[str]]:
@@ -178,47 +246,38 @@ def parse_command_line(argv: list[str], warn=None) -> tuple[LaunchConfig, str, l
     Raises ``SystemExit(2)`` with a message on bad usage, ``SystemExit(0)`` for ``-h``.
     """
     warn = warn or (lambda msg: print(f"neural_arch.launcher: {msg}", file=sys.stderr))
-    values: dict = {}
-    target: str | None = None
-    rest: list[str] = []
-    explicit_end = False
-    i = 0
     try:
-        while i < len(argv):
-            token = argv[i]
-            if token == "--":
-                i += 1
-                if target is None:
-                    if i >= len(argv):
-                        raise _UsageError("'--' must be followed by the script to run")
-                    target, i = argv[i], i + 1
-                rest, explicit_end = argv[i:], True
-                break
-            if target is None:
-                if token in ("-h", "--help"):
-                    print(USAGE)
-                    raise SystemExit(0)
-                if token in ("-m", "--module"):
-                    if i + 1 >= len(argv):
-                        raise _UsageError("-m needs a module name, e.g. -m mypkg.train")
-                    values["module"], target, i = True, argv[i + 1], i + 2
-                    continue
-                if token.startswith("-"):
-                    if not _is_option(token):
-                        raise _UsageError(f"unknown launcher option {token!r} before the script; "
-                                          f"run with --help to list the options")
-                    i = _take_option(argv, i, values)
-                    continue
-                target, i = token, i + 1
-                continue
-            if _is_option(token):
-                i = _take_option(argv, i, values)
-                continue
-            rest = argv[i:]
-            break
-        if target is None:
-            raise _UsageError("no script given: python -m neural_arch.distributed.launcher "
-                              "[options] script.py [args]")
+        head = _build_parser(with_target=True).parse_args(argv)
+        values = {k: v for k, v in vars(head).items() if not k.startswith("_")}
+        if head._help:
+            print(USAGE)
+            raise SystemExit(0)
+        if head._module is not None:
+            if not head._module:
+                raise _UsageError("-m needs a module name, e.g. -m mypkg.train")
+            values["module"] = True
+            target, after = head._module[0], head._module[1:]
+        else:
+            rest = head._rest
+            dashed = bool(rest) and rest[0] == "--"
+            if dashed:  # "launcher [options] -- script args": no launcher option after this
+                rest = rest[1:]
+            if not rest:
+                raise _UsageError("no script given: python -m neural_arch.distributed.launcher "
+                                  "[options] script.py [args]")
+            target, after = rest[0], rest[1:]
+            if dashed:
+                after = ["--", *after]
+        # After the script: a leading run of launcher options is still ours (seed 001's form),
+        # up to the first token we do not know, or an explicit "--".
+        n = _leading_options(after)
+        taken, rest = after[:n], after[n:]
+        explicit_end = bool(rest) and rest[0] == "--"
+        if explicit_end:
+            rest = rest[1:]
+        if taken:
+            values.update(vars(_build_parser(with_target=False).parse_args(taken)))
+        _apply_rdzv(values)
         try:
             config = LaunchConfig(**values)
         except ValueError as exc:
@@ -227,8 +286,15 @@ def parse_command_line(argv: list[str], warn=None) -> tuple[LaunchConfig, str, l
         print(USAGE, file=sys.stderr)
         print(f"error: {exc.message}", file=sys.stderr)
         raise
+    notes = []
+    if taken and not explicit_end:
+        names = " ".join(t.partition("=")[0] for t in taken if t.startswith("--"))
+        notes.append(f"took {names} after the script {target!r} as launcher options (write -- before "
+                     f"arguments meant for the script)")
     late = [t for t in rest if t.startswith("--") and _is_option(t)]
     if late and not explicit_end:
-        warn(f"{late[0].partition('=')[0]} comes after the script argument {rest[0]!r} and is "
-             f"passed to the script; put launcher options before the script, or directly after it")
+        notes.append(f"{late[0].partition('=')[0]} comes after the script argument {rest[0]!r} and is "
+                     f"passed to the script; put launcher options before the script, or directly after it")
+    if notes:
+        warn("; ".join(notes))
     return config, target, rest

@@ -49,6 +49,7 @@ __all__ = [
     "expand_hostlist",
     "free_port",
     "install_parent_death_watch",
+    "is_torchelastic_launched",
     "launched_by_mpiexec",
     "parse_tasks_per_node",
     "rank_env",
@@ -357,6 +358,23 @@ def rank_env(base: Mapping[str, str] | None = None, *, rank: int | None, world_s
     seen: set = set()
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p and not (p in seen or seen.add(p)))
     return env
+
+
+def is_torchelastic_launched(environ: Mapping[str, str] | None = None) -> bool:
+    """torch's helper: True when this process was started by an elastic launcher.
+
+    Here that is torchrun (``TORCHELASTIC_RUN_ID``) or our launcher / ``launch()`` (both set
+    ``TORCHELASTIC_RESTART_COUNT`` next to ``RANK``); mpiexec and srun are not elastic launchers.
+
+    >>> is_torchelastic_launched({"RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "0"})
+    True
+    >>> is_torchelastic_launched({"PMI_RANK": "0"})
+    False
+    """
+    env = os.environ if environ is None else environ
+    if (env.get("TORCHELASTIC_RUN_ID") or "").strip():
+        return True
+    return "TORCHELASTIC_RESTART_COUNT" in env and "RANK" in env
 
 
 # --------------------------------------------------------------------------- rendezvous marker

@@ -39,6 +39,8 @@ never sent over the network. Node 0's launcher listens on ``--master_addr`` only
 
 Behaviour:
 
+* Input: the launcher's stdin goes to global rank 0 (``python -m ... train.py < data.txt``);
+  every other rank reads an empty stdin.
 * Output: each line is prefixed ``[rank{r}]: `` (stdout to stdout, stderr to stderr), whole lines
   only. With ``--log_dir`` each rank's raw output is *appended* to ``log_dir/rank_{r}.log``; every
   attempt starts with a ``==== neural_arch launcher: attempt k ====`` header line.
@@ -81,11 +83,14 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 
+from neural_arch.distributed.run.config import LaunchConfig, parse_command_line
+from neural_arch.distributed.run.env import free_port, package_root, rank_env
 from neural_arch.distributed.run.procs import (
     Child,
     OutputPump,
@@ -96,8 +101,6 @@ from neural_arch.distributed.run.procs import (
     start_child,
     terminate_all,
 )
-from neural_arch.distributed.run.config import LaunchConfig, parse_command_line
-from neural_arch.distributed.run.env import free_port, package_root, rank_env
 
 __all__ = ["DistributedLauncher", "LaunchConfig", "launch_distributed_training", "main"]
 
@@ -169,6 +172,8 @@ class DistributedLauncher:
                        parent_pid=os.getpid())
         env["NEURAL_ARCH_MAX_RESTARTS"] = str(cfg.max_restarts)
         env["NEURAL_ARCH_READY_DIR"] = ready_dir
+        if cfg.rdzv_id:
+            env["TORCHELASTIC_RUN_ID"] = str(cfg.rdzv_id)  # torchrun's --rdzv_id, as torchrun exports it
         return env
 
     def _command(self, target: str, args: tuple) -> list[str]:
@@ -189,7 +194,7 @@ class DistributedLauncher:
                 children.append(start_child(
                     self._command(target, args), self._child_env(local_rank, port, token, ready_dir),
                     rank=rank, pump=pump, local_rank=local_rank, node_rank=cfg.node_rank,
-                    log_path=log_path, header=header))
+                    log_path=log_path, header=header, stdin=None if rank == 0 else subprocess.DEVNULL))
         except BaseException:
             terminate_all(children, grace=cfg.term_timeout)
             raise

@@ -134,8 +134,12 @@ class Child:
 
 def start_child(cmd: list[str], env: dict, rank: int, pump: OutputPump, local_rank: int = 0,
                 node_rank: int = 0, log_path: str | None = None, header: str | None = None,
-                cwd: str | None = None) -> Child:
-    """Start one rank with pipes for its output (and the log file opened in append mode)."""
+                cwd: str | None = None, stdin=subprocess.DEVNULL) -> Child:
+    """Start one rank with pipes for its output (and the log file opened in append mode).
+
+    ``stdin`` is the child's standard input: none by default; ``None`` inherits this process's
+    (the launcher gives it to rank 0, as torchrun does).
+    """
     log_file = None
     if log_path is not None:
         # Stays open while the rank runs (the pump threads write to it); closed in finish_children.
@@ -144,7 +148,7 @@ def start_child(cmd: list[str], env: dict, rank: int, pump: OutputPump, local_ra
             log_file.write(header)
             log_file.flush()
     try:
-        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=stdin,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
     except BaseException:

@@ -28,11 +28,14 @@ import traceback
 _imported_main: set = set()
 
 
-def pack_call(fn, args: tuple, kwargs: dict) -> tuple[bytes, str | None]:
+def pack_call(fn, args: tuple, kwargs: dict, user_fn=None) -> tuple[bytes, str | None]:
     """Pickle ``(fn, args, kwargs)``; also return the ``__main__`` script a rank must import first.
 
+    ``user_fn`` (default ``fn``) is the function whose home decides that script: ``spawn()`` sends
+    a wrapper that calls the user's function, which is the one that may live in ``__main__``.
     Raises ``ValueError`` (saying what to do) when ``fn`` cannot reach another process.
     """
+    probe = fn if user_fn is None else user_fn
     try:
         import cloudpickle  # optional: lets notebook-defined functions travel by value
     except ImportError:
@@ -43,11 +46,11 @@ def pack_call(fn, args: tuple, kwargs: dict) -> tuple[bytes, str | None]:
         except Exception as exc:
             raise ValueError(f"cannot send {fn!r} and its args to the ranks: {exc}") from exc
     main_path = None
-    if getattr(fn, "__module__", None) == "__main__":
+    if getattr(probe, "__module__", None) == "__main__":
         main_path = getattr(sys.modules["__main__"], "__file__", None)
         if main_path is None:
             raise ValueError(
-                f"{getattr(fn, '__qualname__', fn)!r} is defined in an interactive session "
+                f"{getattr(probe, '__qualname__', probe)!r} is defined in an interactive session "
                 f"(notebook/REPL), so the child processes cannot import it. Either `pip install "
                 f"cloudpickle` (then it is sent by value) or move it into a .py module and "
                 f"import it from there.")
