@@ -1,14 +1,26 @@
 """GPU training-step benchmark: neural_arch on CuPy vs PyTorch on the same GPU.
 
-Two MLPs (784-1024-1024-10 and a wider 784-4096-4096-10), batch 1024, float32, SGD; one step is
-zero_grad + forward + cross-entropy + backward + optimizer step. Each framework is timed with a
-device synchronisation around a block of steps (after warm-up), and the median over repeats is
-reported. TF32 is off in both (their defaults), so both do the same float32 arithmetic.
+Two MLPs (784-1024-1024-10 and a wider 784-4096-4096-10), float32, over a sweep of batch sizes
+(``--batches``); one step is zero_grad + forward + cross-entropy + backward (+ optional
+``clip_grad_norm_``) + optimizer step (SGD or Adam). Each framework is timed with a device
+synchronisation around a block of steps (after warm-up), and the median over repeats is reported.
+TF32 is off in both (their defaults), so both do the same float32 arithmetic. PyTorch runs side
+by side when it is importable with CUDA; otherwise its column says why it is missing.
+
+Two times per step:
+
+* **wall** -- block time / steps, with the device synchronised at the end of the block;
+* **host** -- the time the Python thread spends inside ``step()`` (no synchronisation around it).
+
+A step that never makes the host wait for the GPU has host < wall once the GPU is the bottleneck
+(large batches): the host runs ahead and queues the next step's kernels. host ~ wall at every
+batch size means the step synchronises somewhere (or that launch overhead dominates: small batches).
 
 Usage (on a GPU machine)::
 
     pip install -e '.[gpu]' torch       # torch is only the baseline; it is optional
-    python benchmarks/bench_gpu.py --steps 50 --repeats 5 --out benchmarks/results/bench_gpu.json
+    python benchmarks/bench_gpu.py --batches 256,1024,8192 --steps 50 --repeats 5
+    python benchmarks/bench_gpu.py --batches 1024 --optimizer adam --clip-grad-norm 1.0
 
 Without a GPU it prints ``no GPU: skipped (<reason>)``, writes ``{"skipped": true, "reason": ...}``
 to ``--out`` and exits 0, so it can sit in a benchmark script that also runs on CPU machines.
@@ -40,21 +52,27 @@ def gpu_skip_reason():
     return gpu_unavailable_reason()
 
 
-def _time_steps(step, sync, steps: int, warmup: int, repeats: int) -> list:
+def _time_steps(step, sync, steps: int, warmup: int, repeats: int) -> tuple[list, list]:
+    """Per repeat: (wall seconds per step, host seconds per step) -- see the module docstring."""
     for _ in range(warmup):
         step()
     sync()
-    times = []
+    wall, host = [], []
+    clock = time.perf_counter
     for _ in range(repeats):
-        start = time.perf_counter()
+        in_step = 0.0
+        start = clock()
         for _ in range(steps):
+            t0 = clock()
             step()
+            in_step += clock() - t0
         sync()
-        times.append((time.perf_counter() - start) / steps)
-    return times
+        wall.append((clock() - start) / steps)
+        host.append(in_step / steps)
+    return wall, host
 
 
-def bench_neural_arch(sizes, batch, steps, warmup, repeats):
+def bench_neural_arch(sizes, batch, steps, warmup, repeats, optimizer="sgd", clip=0.0):
     import cupy as cp
 
     from neural_arch import nn, optim
@@ -67,7 +85,8 @@ def bench_neural_arch(sizes, batch, steps, warmup, repeats):
         if i < len(sizes) - 2:
             layers.append(nn.ReLU())
     model = nn.Sequential(*layers).to("cuda")
-    opt = optim.SGD(model.parameters(), lr=0.01)
+    params = list(model.parameters())
+    opt = optim.SGD(params, lr=0.01) if optimizer == "sgd" else optim.Adam(params, lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
     rng = np.random.default_rng(0)
     x = Tensor(rng.standard_normal((batch, sizes[0])).astype(np.float32)).to("cuda")
@@ -77,11 +96,13 @@ def bench_neural_arch(sizes, batch, steps, warmup, repeats):
         opt.zero_grad()
         loss = loss_fn(model(x), y)
         loss.backward()
+        if clip:
+            optim.clip_grad_norm_(params, clip)
         opt.step()
     return _time_steps(step, lambda: cp.cuda.Device().synchronize(), steps, warmup, repeats)
 
 
-def bench_torch(sizes, batch, steps, warmup, repeats):
+def bench_torch(sizes, batch, steps, warmup, repeats, optimizer="sgd", clip=0.0):
     import torch
     if not torch.cuda.is_available():
         raise RuntimeError("torch is installed without CUDA support (or sees no GPU)")
@@ -92,7 +113,9 @@ def bench_torch(sizes, batch, steps, warmup, repeats):
         if i < len(sizes) - 2:
             layers.append(torch.nn.ReLU())
     model = torch.nn.Sequential(*layers).cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    params = list(model.parameters())
+    # torch's defaults (what its users get; on CUDA that is the fused multi-tensor update)
+    opt = torch.optim.SGD(params, lr=0.01) if optimizer == "sgd" else torch.optim.Adam(params, lr=1e-3)
     loss_fn = torch.nn.CrossEntropyLoss()
     x = torch.randn(batch, sizes[0], device="cuda")
     y = torch.randint(0, sizes[-1], (batch,), device="cuda")
@@ -100,14 +123,28 @@ def bench_torch(sizes, batch, steps, warmup, repeats):
     def step():
         opt.zero_grad(set_to_none=True)
         loss_fn(model(x), y).backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(params, clip)
         opt.step()
     return _time_steps(step, torch.cuda.synchronize, steps, warmup, repeats)
 
 
 def _summary(times, batch):
-    med = statistics.median(times)
-    return {"ms_per_step_median": med * 1e3, "ms_per_step_all": [t * 1e3 for t in times],
-            "samples_per_s": batch / med}
+    wall, host = times
+    med = statistics.median(wall)
+    return {"ms_per_step_median": med * 1e3, "ms_per_step_all": [t * 1e3 for t in wall],
+            "host_ms_per_step_median": statistics.median(host) * 1e3,
+            "host_ms_per_step_all": [t * 1e3 for t in host], "samples_per_s": batch / med}
+
+
+def _parse_batches(text: str) -> list:
+    try:
+        batches = [int(b) for b in text.split(",") if b.strip()]
+    except ValueError:
+        raise SystemExit(f"--batches must be comma-separated integers, got {text!r}") from None
+    if not batches or min(batches) <= 0:
+        raise SystemExit(f"--batches needs positive batch sizes, got {text!r}")
+    return batches
 
 
 def _environment():
@@ -143,44 +180,64 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=50, help="steps per timed block")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5, help="timed blocks; the median is reported")
-    parser.add_argument("--batch", type=int, default=1024)
+    parser.add_argument("--batches", default="1024", help="comma-separated batch sizes, e.g. 256,1024,8192")
+    parser.add_argument("--batch", type=int, default=None, help="a single batch size (same as --batches N)")
     parser.add_argument("--models", default="mlp,wide", help=f"comma-separated subset of {sorted(MODELS)}")
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    parser.add_argument("--clip-grad-norm", type=float, default=0.0,
+                        help="add clip_grad_norm_(params, this) to every step (0: off)")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "bench_gpu.json"))
     args = parser.parse_args(argv)
+    batches = [args.batch] if args.batch is not None else _parse_batches(args.batches)
+    unknown = [m for m in args.models.split(",") if m.strip() and m.strip() not in MODELS]
+    if unknown:
+        raise SystemExit(f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     record = {"benchmark": "bench_gpu", "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-              "batch": args.batch, "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats}
+              "batches": batches, "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
+              "optimizer": args.optimizer, "clip_grad_norm": args.clip_grad_norm}
 
     reason = gpu_skip_reason()
     if reason:
         record.update(skipped=True, reason=reason)
+        what = (f"would time {args.models} x batches {','.join(map(str, batches))} ({args.optimizer}"
+                f"{', clip' if args.clip_grad_norm else ''}) on CuPy and, if importable, PyTorch")
         if _holds_real_results(args.out):   # a CPU-only run must not erase numbers measured on a GPU
-            print(f"no GPU: skipped ({reason}); kept the GPU results already in {args.out}")
+            print(f"no GPU: skipped ({reason}); {what}; kept the GPU results already in {args.out}")
             return 0
         with open(args.out, "w") as fh:
             json.dump(record, fh, indent=2)
-        print(f"no GPU: skipped ({reason}); wrote {args.out}")
+        print(f"no GPU: skipped ({reason}); {what}; wrote {args.out}")
         return 0
 
     record.update(skipped=False, environment=_environment(), results={})
+    print(f"{'model':5s} {'batch':>6s}  {'neural_arch wall / host ms':>28s}  {'torch wall / host ms':>22s}  na/torch")
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         sizes = MODELS[name]
-        row = {"sizes": sizes}
-        for fw, fn in (("neural_arch", bench_neural_arch), ("torch", bench_torch)):
-            try:
-                row[fw] = _summary(fn(sizes, args.batch, args.steps, args.warmup, args.repeats), args.batch)
-            except ImportError as exc:
-                row[fw] = {"skipped": f"not installed: {exc}"}
-            except Exception as exc:  # noqa: BLE001 - one framework failing must not lose the other's numbers
-                row[fw] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-        if "ms_per_step_median" in row.get("neural_arch", {}) and "ms_per_step_median" in row.get("torch", {}):
-            row["neural_arch_over_torch"] = row["neural_arch"]["ms_per_step_median"] / row["torch"]["ms_per_step_median"]
-        record["results"][name] = row
-        na, th = row.get("neural_arch", {}), row.get("torch", {})
-        print(f"{name:5s} {'-'.join(map(str, sizes)):>20s}  neural_arch "
-              f"{na.get('ms_per_step_median', float('nan')):8.3f} ms/step   torch "
-              f"{th.get('ms_per_step_median', float('nan')):8.3f} ms/step   "
-              f"{na.get('error') or na.get('skipped') or ''}{th.get('error') or th.get('skipped') or ''}")
+        record["results"][name] = {"sizes": sizes, "by_batch": {}}
+        for batch in batches:
+            row = {}
+            for fw, fn in (("neural_arch", bench_neural_arch), ("torch", bench_torch)):
+                try:
+                    times = fn(sizes, batch, args.steps, args.warmup, args.repeats, args.optimizer,
+                               args.clip_grad_norm)
+                    row[fw] = _summary(times, batch)
+                except ImportError as exc:
+                    row[fw] = {"skipped": f"not installed: {exc}"}
+                except Exception as exc:  # noqa: BLE001 - one framework failing must not lose the other's numbers
+                    row[fw] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            na, th = row.get("neural_arch", {}), row.get("torch", {})
+            if "ms_per_step_median" in na and "ms_per_step_median" in th:
+                row["neural_arch_over_torch"] = na["ms_per_step_median"] / th["ms_per_step_median"]
+            record["results"][name]["by_batch"][str(batch)] = row
+
+            def cell(r):
+                if "ms_per_step_median" not in r:
+                    return (r.get("error") or r.get("skipped") or "?")[:40]
+                return f"{r['ms_per_step_median']:8.3f} / {r['host_ms_per_step_median']:8.3f}"
+            ratio = row.get("neural_arch_over_torch")
+            print(f"{name:5s} {batch:6d}  {cell(na):>28s}  {cell(th):>22s}  "
+                  f"{'' if ratio is None else f'{ratio:.2f}x'}")
     with open(args.out, "w") as fh:
         json.dump(record, fh, indent=2)
     print(f"wrote {args.out}")

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import collections
 import math
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
+from neural_arch import backend as _backend
 from neural_arch.core.tensor import Tensor, get_generator
 
 __all__ = ["DataLoader", "default_collate"]
@@ -44,10 +46,8 @@ def _stack(items: list) -> Any:
         return Tensor(np.stack(items))
     if isinstance(first, (np.generic, bool, int, float)):
         return Tensor(np.array(items))
-    if hasattr(first, "shape") and hasattr(first, "dtype"):  # CuPy array
-        import cupy  # only reached when a CuPy array is in the batch
-
-        return Tensor(cupy.stack(items))
+    if _backend.is_device_array(first):  # CuPy (or a registered device type): stack on the device
+        return Tensor(_backend.get_array_module(first).stack(items))
     if isinstance(first, (tuple, list)):
         fields = [_stack(list(field)) for field in zip(*items)]
         return tuple(fields) if isinstance(first, tuple) else fields

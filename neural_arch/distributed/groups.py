@@ -177,9 +177,9 @@ def init_process_group(backend: str | None = None, init_method: str | None = "en
         rendezvous_timeout = (_seconds(rendezvous_timeout, "rendezvous_timeout") if rendezvous_timeout is not None
                               else _env_float("NEURAL_ARCH_RENDEZVOUS_TIMEOUT", DEFAULT_RENDEZVOUS_TIMEOUT))
         environ = os.environ
-    # torch: rank=-1 / world_size=-1 (its defaults) mean "from the environment"
-    rank = None if rank is not None and int(rank) == -1 else rank
-    world_size = None if world_size is not None and int(world_size) == -1 else world_size
+        # torch: rank=-1 / world_size=-1 (its defaults) mean "from the environment"
+        rank = None if rank is not None and int(rank) == -1 else rank
+        world_size = None if world_size is not None and int(world_size) == -1 else world_size
         init_method = init_method or "env://"
         name = (backend or select_backend(environ, init_method=None if store is not None else init_method))
         name = str(name).strip().lower()

@@ -22,6 +22,16 @@ from neural_arch.optim.optimizer import Optimizer
 from neural_arch.optim.sgd import SGD
 
 __all__ = [
-    "Optimizer", "SGD", "Adam", "AdamW", "lr_scheduler", "LRScheduler", "StepLR",
-    "CosineAnnealingWarmup", "CosineWithWarmup", "LambdaLR", "clip_grad_norm_", "clip_grad_value_",
+    "SGD",
+    "Adam",
+    "AdamW",
+    "CosineAnnealingWarmup",
+    "CosineWithWarmup",
+    "LRScheduler",
+    "LambdaLR",
+    "Optimizer",
+    "StepLR",
+    "clip_grad_norm_",
+    "clip_grad_value_",
+    "lr_scheduler",
 ]

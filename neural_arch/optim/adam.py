@@ -47,8 +47,8 @@ class Adam(Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, amsgrad: bool = False):
         _check(lr, betas, eps, weight_decay, type(self).__name__)
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                                      amsgrad=amsgrad))
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps,
+                                      "weight_decay": weight_decay, "amsgrad": amsgrad})
 
     def step(self, closure=None):
         """One update of every parameter that has a gradient; returns ``closure()`` if given."""

@@ -1,5 +1,10 @@
 """Gradient clipping by global norm: ``clip_grad_norm_``.
 
+On NumPy gradients the norm is computed on the host and returned as a Python float (reading it
+is free there). On device gradients (CuPy) everything stays on the device: the norm, the clip
+coefficient and the scaling, with no host synchronisation, and the norm is returned as a 0-d
+Tensor on that device (like torch); read it with ``.item()`` only when you need the number.
+
 Example::
 
     >>> import numpy as np
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from neural_arch import backend as _backend
 from neural_arch.core.tensor import Tensor
 
@@ -30,12 +37,21 @@ def _grads(parameters):
     return [p.grad.data for p in parameters if p.grad is not None]
 
 
+def _nonfinite_error(total) -> RuntimeError:
+    return RuntimeError(
+        f"clip_grad_norm_: the total gradient norm is {total}; pass error_if_nonfinite=False to "
+        "clip anyway, or look for the NaN/inf in the loss"
+    )
+
+
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
-                    error_if_nonfinite: bool = False) -> float:
+                    error_if_nonfinite: bool = False):
     """Scale all gradients in place so their joint ``norm_type``-norm is at most ``max_norm``.
 
-    Returns the total norm *before* clipping, as a Python float. ``norm_type`` may be ``inf``.
-    Scaling uses ``max_norm / (total + 1e-6)`` like torch and only happens when that is below 1.
+    Returns the total norm *before* clipping: a Python float for NumPy gradients, a 0-d Tensor on
+    the gradients' device for device (CuPy) gradients, computed without any host synchronisation
+    (``error_if_nonfinite=True`` has to read it: one sync). ``norm_type`` may be ``inf``. The
+    scale is ``min(1, max_norm / (total + 1e-6))``, like torch.
     """
     grads = _grads(parameters)
     max_norm, norm_type = float(max_norm), float(norm_type)
@@ -43,24 +59,66 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
         return 0.0
     if norm_type <= 0:
         raise ValueError(f"clip_grad_norm_: norm_type must be > 0 or inf, got {norm_type}")
-    xp = _backend.get_array_module(grads[0])
+    if all(type(g) is np.ndarray for g in grads):
+        return _clip_host(grads, max_norm, norm_type, error_if_nonfinite)
+    return _clip_device(grads, max_norm, norm_type, error_if_nonfinite)
+
+
+def _clip_host(grads, max_norm: float, norm_type: float, error_if_nonfinite: bool) -> float:
     if math.isinf(norm_type):
-        total = max(float(xp.abs(g).max()) if g.size else 0.0 for g in grads)
+        total = max(float(np.abs(g).max()) if g.size else 0.0 for g in grads)
     elif norm_type == 2.0:
         # vdot of the flat view: one BLAS pass per gradient, no temporaries.
-        total = math.sqrt(sum(float(xp.vdot(g.ravel(), g.ravel())) for g in grads))
+        total = math.sqrt(sum(float(np.vdot(g.ravel(), g.ravel())) for g in grads))
     else:
-        total = sum(float((xp.abs(g) ** norm_type).sum()) for g in grads) ** (1.0 / norm_type)
+        total = sum(float((np.abs(g) ** norm_type).sum()) for g in grads) ** (1.0 / norm_type)
     if error_if_nonfinite and not math.isfinite(total):
-        raise RuntimeError(
-            f"clip_grad_norm_: the total gradient norm is {total}; pass error_if_nonfinite=False to "
-            "clip anyway, or look for the NaN/inf in the loss"
-        )
+        raise _nonfinite_error(total)
     coef = max_norm / (total + 1e-6)
     if coef < 1.0:
         for g in grads:
             g *= coef
     return total
+
+
+def _clip_device(grads, max_norm: float, norm_type: float, error_if_nonfinite: bool) -> Tensor:
+    """Everything as device kernels: per-gradient partial norms, one stack, one reduction."""
+    xp = _backend.get_array_module(grads[0])
+    first = grads[0]
+    for g in grads[1:]:
+        if type(g) is not type(first):
+            _backend.check_same_device(first, g, "clip_grad_norm_")
+    # Accumulate in at least float32 (float16 squares overflow at 256).
+    acc = xp.result_type(first.dtype, np.float32)
+    nonempty = [g for g in grads if g.size]
+    if not nonempty:
+        total = xp.zeros((), dtype=acc)
+    elif math.isinf(norm_type):
+        total = xp.stack([xp.abs(g).max().astype(acc) for g in nonempty]).max()
+    elif norm_type == 2.0:
+        parts = []
+        for g in nonempty:
+            f = g.ravel()
+            if f.dtype != acc:
+                f = f.astype(acc)
+            parts.append(xp.vdot(f, f))
+        total = xp.sqrt(xp.stack(parts).sum())
+    else:
+        parts = [(xp.abs(g.astype(acc, copy=False)) ** norm_type).sum() for g in nonempty]
+        total = xp.stack(parts).sum() ** (1.0 / norm_type)
+    if error_if_nonfinite:
+        value = float(total)  # the caller asked for the check: one read of the device
+        if not math.isfinite(value):
+            raise _nonfinite_error(value)
+    # Always multiply (by exactly 1 below the limit): branching on the norm would need the host.
+    coef = xp.minimum(max_norm / (total + 1e-6), 1.0)
+    coefs = {}
+    for g in grads:
+        c = coefs.get(g.dtype)
+        if c is None:
+            c = coefs[g.dtype] = coef.astype(g.dtype)
+        g *= c
+    return Tensor._wrap(total)
 
 
 def clip_grad_value_(parameters, clip_value: float) -> None:

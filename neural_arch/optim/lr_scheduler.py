@@ -22,7 +22,7 @@ import math
 
 from neural_arch.optim.optimizer import Optimizer
 
-__all__ = ["LRScheduler", "StepLR", "CosineAnnealingWarmup", "CosineWithWarmup", "LambdaLR"]
+__all__ = ["CosineAnnealingWarmup", "CosineWithWarmup", "LRScheduler", "LambdaLR", "StepLR"]
 
 
 class LRScheduler:

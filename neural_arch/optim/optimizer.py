@@ -24,7 +24,7 @@ import numpy as np
 from neural_arch import backend as _backend
 from neural_arch.core.tensor import Tensor
 
-__all__ = ["Optimizer", "required", "ParamState"]
+__all__ = ["Optimizer", "ParamState", "required"]
 
 
 class _Required:
@@ -41,8 +41,8 @@ def _host_copy(value):
     """Deep copy of an optimizer-state value with arrays as NumPy (checkpoints live on the host)."""
     if isinstance(value, np.ndarray):
         return value.copy()
-    if hasattr(value, "get") and hasattr(value, "shape"):  # CuPy array
-        return value.get()
+    if _backend.is_device_array(value):  # CuPy (or a registered device type): a new host copy
+        return _backend.to_host(value)
     if isinstance(value, Tensor):
         return _host_copy(value.data)
     return copy.deepcopy(value)

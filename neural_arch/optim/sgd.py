@@ -43,8 +43,8 @@ class SGD(Optimizer):
             raise ValueError(f"SGD: invalid weight_decay={weight_decay}; it must be >= 0")
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("SGD: nesterov=True needs momentum > 0 and dampening = 0")
-        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
-                                      weight_decay=weight_decay, nesterov=nesterov))
+        super().__init__(params, {"lr": lr, "momentum": momentum, "dampening": dampening,
+                                      "weight_decay": weight_decay, "nesterov": nesterov})
 
     def step(self, closure=None):
         """Apply one update to every parameter that has a gradient; returns ``closure()`` if given."""
@@ -60,7 +60,9 @@ class SGD(Optimizer):
                     state = self.state.setdefault(p, {})
                     buf = state.get("momentum_buffer")
                     if buf is None:
-                        xp = _backend.get_array_module(g)
+                        # The parameter's module (never the gradient's ``.data`` duck-typed): a copy
+                        # on the same device.
+                        xp = _backend.get_array_module(d)
                         buf = state["momentum_buffer"] = xp.array(g, dtype=d.dtype, copy=True)
                     else:
                         buf *= momentum
