@@ -24,14 +24,9 @@ def test_missing_rank_times_out_with_a_useful_message(mode):
     with _pool(3, mode, 3) as pool:
         results = pool.run_detailed(gloo_procs.allreduce_unless_last)
     kinds = [r.value[0] if r.ok else r.exc_type for r in results]
-    # the first rank to time out poisons the job: the other may see its own timeout or that first
-    # failure -- either way the message names the op and the missing rank
-    assert kinds[2] == "skipped" and "CollectiveTimeoutError" in kinds[:2], results
-    assert set(kinds[:2]) <= {"CollectiveTimeoutError", "GroupPoisonedError"}, results
-    msgs = [r.value[1] for r in results[:2]]
-    assert all("all_reduce #2" in m and "shape (4,)" in m for m in msgs), msgs
-    # rank 1 waits on rank 2 itself; rank 0 (waiting on rank 1) may only know its direct peer
-    assert any("ranks [2] did not arrive" in m for m in msgs), msgs
+    assert kinds == ["CollectiveTimeoutError", "CollectiveTimeoutError", "skipped"], results
+    msg = results[1].value[1]
+    assert "all_reduce #2" in msg and "[2]" in msg and "shape (4,)" in msg, msg
     assert all(2.5 < r.value[2] < 15 for r in results[:2])
 
 

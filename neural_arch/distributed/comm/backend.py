@@ -16,13 +16,7 @@ and may override the derived ones (``_reduce``, ``_gather``, ``_scatter``,
 The public methods (``allreduce``, ``broadcast``, ...) are written once, here:
 
 * they validate their arguments **in the caller**, before any I/O (bad input is a clear
-  ``ValueError``/``TypeError`` naming the argument: type, device, dtype, contiguity, shape, a
-  read-only output, the tag range);
-* an error raised once the operation has started (a peer's bytes did not match, a reduction
-  failed, a timeout) **poisons** the group: the peers may be mid-message, so every later operation
-  on this rank fails at once naming that first failure (:class:`GroupPoisonedError`), and the
-  backend tells the other ranks (:meth:`_poison_peers`), whose next operation fails the same way.
-  A group never returns data from streams that fell out of step;
+  ``ValueError``/``TypeError`` naming the argument);
 * they number every collective per group (``info.seq``), which errors and debug checks use;
 * they run collectives **in order** on one progress thread per group when ``async_op=True``
   (so backward can overlap with communication), and inline when the queue is idle and the
@@ -47,9 +41,8 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
-from neural_arch.distributed.errors import CollectiveMismatchError, DistributedError, GroupPoisonedError
-from neural_arch.distributed.comm.debug import (FINGERPRINT_LEN, OP_CODES, describe_fingerprint, fingerprint,
-                                                 wire_word)
+from neural_arch.distributed.errors import CollectiveMismatchError, DistributedError
+from neural_arch.distributed.comm.debug import FINGERPRINT_LEN, OP_CODES, describe_fingerprint, fingerprint
 from neural_arch.distributed.comm.lanes import SerialLane
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp, Work
 
@@ -250,13 +243,11 @@ class Backend(abc.ABC):
         else:
             self._seq += 1
             seq = self._seq
-        red = None if op is None else op.value
         if array is None:
             return OpInfo(name, seq, self.group_ranks, self.group_ranks[self._rank], None, None, root,
-                          red, wire=wire_word(name, seq, None, red))
-        dtype = _dtype_name(array.dtype)
+                          None if op is None else op.value)
         return OpInfo(name, seq, self.group_ranks, self.group_ranks[self._rank], array.shape,
-                      dtype, root, red, wire=wire_word(name, seq, dtype, red))
+                      _dtype_name(array.dtype), root, None if op is None else op.value)
 
     def _run(self, info: OpInfo, fn: Callable[[], Any], async_op: bool,
              lane: Optional[SerialLane] = None) -> Work:
@@ -277,16 +268,8 @@ class Backend(abc.ABC):
             raise DistributedError(f"{info.describe()}: the process group was destroyed; "
                                    "call init_process_group() again before communicating")
         if self._fatal is not None:
-            raise self._poisoned_error(info, "cannot run")
-
-    def _poisoned_error(self, info: OpInfo, verb: str) -> GroupPoisonedError:
-        first = self._fatal
-        return GroupPoisonedError(
-            f"{info.describe()} {verb} on rank {self.group_ranks[self._rank]}: the group "
-            f"{self.group_ranks} is unusable: an earlier operation on this group failed after data had "
-            "started to move, so its streams may be out of step and it never returns data again; destroy the "
-            "process group (destroy_process_group()) and create it again (init_process_group(...)) on "
-            f"every rank. First failure: {type(first).__name__}: {first}")
+            raise DistributedError(f"{info.describe()} cannot run: an earlier operation on this group "
+                                   f"failed ({self._fatal}); destroy the process group and restart")
 
     def _execute(self, work: Work, fn: Callable[[], Any]) -> None:
         info = work.info
@@ -294,44 +277,27 @@ class Backend(abc.ABC):
         if self._fatal is not None:
             # queued behind an op that failed: peers are mid-protocol, so running it could
             # match a late message from the failed op and return wrong data
-            work._set_exception(self._poisoned_error(info, "was not run"))
+            work._set_exception(DistributedError(
+                f"{info.describe()} was not run: an earlier operation on this group failed ({self._fatal})"))
             return
         try:
             if self.debug and info.name in OP_CODES:
                 self._debug_check(info)
             result = fn()
         except BaseException as exc:  # noqa: BLE001 - stored, raised by Work.wait()
-            # Everything that can be checked before I/O was checked by the public method, in the
-            # caller; whatever fails in here failed with peers possibly mid-message (a size or
-            # header mismatch, a reduction into a bad buffer, a timeout). Trusting the group after
-            # that is how a later, correct collective returns a neighbour's stale bytes: poison it
-            # here and on every other rank.
-            if self._fatal is None:
+            if not isinstance(exc, (ValueError, TypeError)):
+                # A failed collective leaves peers mid-protocol: later ones cannot be trusted.
                 self._fatal = exc
-                try:
-                    self._poison_peers(info, exc)
-                except Exception:  # noqa: BLE001 - best effort: the local error matters more
-                    pass
             work._set_exception(exc)
         else:
             work._set_result(result)
-
-    def _poison_peers(self, info: OpInfo, exc: BaseException) -> None:
-        """Tell the other ranks that this group failed (override: the transport's abort message).
-        The default does nothing: their next operation then fails by timeout instead of at once."""
-
-    def _validate_tag(self, tag: int) -> None:
-        """Raise ValueError in the caller for a tag this backend cannot carry (override)."""
-        if not isinstance(tag, (int, np.integer)):
-            raise TypeError(f"tag={tag!r} must be an int")
 
     def _debug_check(self, info: OpInfo) -> None:
         """Compare (op, shape, dtype, root, reduce op) across ranks; raise on every rank if they differ."""
         mine = fingerprint(info)
         table = np.zeros((self._size, FINGERPRINT_LEN), dtype=np.int64)
-        name = f"debug check of {info.name}"
-        check = OpInfo(name, info.seq, info.group_ranks, info.rank, deadline=info.deadline,
-                       wire=wire_word(name, info.seq, None, None))
+        check = OpInfo(f"debug check of {info.name}", info.seq, info.group_ranks, info.rank,
+                       deadline=info.deadline)
         self._allgather(table, mine, check)
         if not (table == mine).all():
             rows = {self.group_ranks[r]: describe_fingerprint(table[r]) for r in range(self._size)}
@@ -342,7 +308,7 @@ class Backend(abc.ABC):
                 "in the same order.")
 
     # -- validation helpers ---------------------------------------------------------------------
-    def _check_array(self, x, arg: str, writable: bool = False) -> None:
+    def _check_array(self, x, arg: str) -> None:
         if not _is_array(x):
             raise TypeError(f"{arg} must be a NumPy or CuPy array, got {type(x).__name__}; "
                             "pass tensor.data for a Tensor")
@@ -353,15 +319,9 @@ class Backend(abc.ABC):
         if x.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"{arg} has dtype {x.dtype}, which cannot be communicated; "
                             f"use one of {sorted(str(d) for d in SUPPORTED_DTYPES)}")
-        flags = x.flags
-        if not flags.c_contiguous:
+        if not x.flags.c_contiguous:
             raise ValueError(f"{arg} is not C-contiguous; pass np.ascontiguousarray({arg}) "
                              "(collectives write into the buffer in place)")
-        if writable and not getattr(flags, "writeable", True):
-            # checked here, before any I/O: found during the reduction, the peers would already be
-            # mid-exchange and the group's streams out of step
-            raise ValueError(f"{arg} is read-only but this collective writes its result into it; pass a "
-                             f"writable array (np.array({arg}) copies one)")
 
     def _check_rank(self, r: int, arg: str) -> None:
         if not isinstance(r, (int, np.integer)) or not 0 <= int(r) < self._size:
@@ -389,7 +349,7 @@ class Backend(abc.ABC):
     # -- public collectives ---------------------------------------------------------------------
     def allreduce(self, array, op: ReduceOp = ReduceOp.SUM, async_op: bool = False) -> Work:
         """Reduce ``array`` across the group, in place on every rank."""
-        self._check_array(array, "array", writable=True)
+        self._check_array(array, "array")
         op = self._check_op(op, array)
         info = self._new_info("all_reduce", array, op=op)
         if self._size == 1:
@@ -407,8 +367,8 @@ class Backend(abc.ABC):
 
     def broadcast(self, array, root: int = 0, async_op: bool = False) -> Work:
         """Copy ``root``'s array into every rank's ``array``."""
+        self._check_array(array, "array")
         self._check_rank(root, "root")
-        self._check_array(array, "array", writable=int(root) != self._rank)
         info = self._new_info("broadcast", array, root=root)
 
         def run():
@@ -419,7 +379,7 @@ class Backend(abc.ABC):
 
     def reduce(self, array, root: int = 0, op: ReduceOp = ReduceOp.SUM, async_op: bool = False) -> Work:
         """Reduce into ``root``'s array; the other ranks' arrays are left unchanged."""
-        self._check_array(array, "array", writable=True)
+        self._check_array(array, "array")
         self._check_rank(root, "root")
         op = self._check_op(op, array)
         info = self._new_info("reduce", array, root=root, op=op)
@@ -433,7 +393,7 @@ class Backend(abc.ABC):
     def allgather(self, output, input, async_op: bool = False) -> Work:
         """``output[r] = input of rank r``; ``output.shape == (size, *input.shape)``."""
         self._check_array(input, "input")
-        self._check_array(output, "output", writable=True)
+        self._check_array(output, "output")
         self._check_same(input, output, "all_gather output", (self._size,) + tuple(input.shape))
         info = self._new_info("all_gather", input)
 
@@ -453,7 +413,7 @@ class Backend(abc.ABC):
             if output is None:
                 raise ValueError(f"gather: rank {root} is the root and needs an output array "
                                  f"of shape {(self._size,) + tuple(input.shape)}")
-            self._check_array(output, "output", writable=True)
+            self._check_array(output, "output")
             self._check_same(input, output, "gather output", (self._size,) + tuple(input.shape))
         info = self._new_info("gather", input, root=root)
 
@@ -467,7 +427,7 @@ class Backend(abc.ABC):
 
     def scatter(self, output, input, root: int = 0, async_op: bool = False) -> Work:
         """``output = root's input[rank]``; ``input.shape == (size, *output.shape)`` on root."""
-        self._check_array(output, "output", writable=True)
+        self._check_array(output, "output")
         self._check_rank(root, "root")
         if self._rank == root:
             if input is None:
@@ -488,7 +448,7 @@ class Backend(abc.ABC):
     def reduce_scatter(self, output, input, op: ReduceOp = ReduceOp.SUM, async_op: bool = False) -> Work:
         """Reduce ``input`` and give rank r the r-th chunk of dim 0 (``input.shape[0] == size * output.shape[0]``)."""
         self._check_array(input, "input")
-        self._check_array(output, "output", writable=True)
+        self._check_array(output, "output")
         op = self._check_op(op, input)
         if input.ndim == 0 or input.shape[0] % self._size:
             dim0 = input.shape[0] if input.ndim else "a 0-d array"
@@ -512,7 +472,7 @@ class Backend(abc.ABC):
     def alltoall(self, output, input, async_op: bool = False) -> Work:
         """Rank r sends chunk d of ``input``'s dim 0 to rank d, and receives chunk s from rank s."""
         self._check_array(input, "input")
-        self._check_array(output, "output", writable=True)
+        self._check_array(output, "output")
         if input.ndim == 0 or input.shape[0] % self._size:
             raise ValueError(f"all_to_all: input dim 0 must be divisible by the group size {self._size}")
         self._check_same(input, output, "all_to_all output", input.shape)
@@ -539,7 +499,6 @@ class Backend(abc.ABC):
         """Send ``array`` to group rank ``dst`` (matched by ``tag`` with the peer's recv)."""
         self._check_array(array, "array")
         self._check_rank(dst, "dst")
-        self._validate_tag(tag)
         if dst == self._rank:
             raise ValueError(f"send: dst={dst} is this rank; a rank cannot send to itself")
         info = self._new_info("send", array, root=dst, p2p=True)
@@ -547,9 +506,8 @@ class Backend(abc.ABC):
 
     def recv(self, array, src: int, tag: int = 0, async_op: bool = False) -> Work:
         """Receive into ``array`` from group rank ``src``; shape and dtype must match the send."""
-        self._check_array(array, "array", writable=True)
+        self._check_array(array, "array")
         self._check_rank(src, "src")
-        self._validate_tag(tag)
         if src == self._rank:
             raise ValueError(f"recv: src={src} is this rank; a rank cannot receive from itself")
         info = self._new_info("recv", array, root=src, p2p=True)

@@ -29,55 +29,6 @@ _REDUCE_CODES = {"sum": 1, "avg": 2, "max": 3, "min": 4, "product": 5}
 _REDUCE_NAMES = {v: k for k, v in _REDUCE_CODES.items()}
 _MAX_DIMS = FINGERPRINT_LEN - 6
 
-# -- the per-frame check word (always on, unlike the DETAIL fingerprint) ---------------------------
-# Every transport frame of an op carries ``wire_word(...)``: 8 bits op kind | 5 bits dtype |
-# 3 bits reduce op | 48 bits sequence number. Ranks that call different collectives, or the same
-# one with another dtype, at one sequence number see different words on the first frame -- an error
-# on the receiving side at no extra round trip (the byte count travels in the frame anyway).
-# Point-to-point ops use one shared kind and no sequence number: a send and its recv are numbered
-# independently on each side (their own header checks shape and dtype).
-_P2P_CODE = 250
-_DEBUG_CODE = 251
-_SEQ_MASK = (1 << 48) - 1
-_P2P_NAMES = frozenset({"send", "recv"})
-_WIRE_CACHE: dict = {}
-
-
-def wire_word(name: str, seq: int, dtype, reduce_op) -> int:
-    """The frame check word of an op (see above). ``dtype``/``reduce_op`` are names or None."""
-    key = (name, dtype, reduce_op)
-    base = _WIRE_CACHE.get(key)
-    if base is None:
-        if name in _P2P_NAMES:
-            base = _P2P_CODE << 56
-        else:
-            code = OP_CODES.get(name, _DEBUG_CODE if name.startswith("debug check") else 249)
-            base = ((code << 56) | (_DTYPE_CODES.get(dtype or "", 0) << 51)
-                    | (_REDUCE_CODES.get(reduce_op or "", 0) << 48))
-        _WIRE_CACHE[key] = base
-    if base >> 56 == _P2P_CODE:
-        return base
-    return base | (seq & _SEQ_MASK)
-
-
-def describe_wire(word: int, nbytes: int | None = None) -> str:
-    """``'all_reduce #3 float32 sum (16 bytes)'`` for a check word (error messages)."""
-    if word == 0:
-        return "an unchecked message" + (f" ({nbytes} bytes)" if nbytes is not None else "")
-    code = word >> 56
-    if code == _P2P_CODE:
-        text = "a point-to-point message"
-    else:
-        name = _OP_NAMES.get(code, "debug check" if code == _DEBUG_CODE else "an internal op")
-        text = f"{name} #{word & _SEQ_MASK}"
-        dtype = _DTYPE_NAMES.get((word >> 51) & 0x1F)
-        if dtype:
-            text += f" {dtype}"
-        red = _REDUCE_NAMES.get((word >> 48) & 0x7)
-        if red:
-            text += f" op {red}"
-    return text + (f" ({nbytes} bytes)" if nbytes is not None else "")
-
 
 def fingerprint(info: OpInfo) -> np.ndarray:
     fp = np.full(FINGERPRINT_LEN, -1, dtype=np.int64)

@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from neural_arch.distributed.comm.backend import SUPPORTED_DTYPES, Backend
-from neural_arch.distributed.errors import DistributedError, PeerFailureError
+from neural_arch.distributed.errors import DistributedError
 from neural_arch.distributed.comm.algorithms.executor import PlanExecutor, force_algo_from_env
 from neural_arch.distributed.comm.work import OpInfo
 
@@ -127,22 +127,6 @@ class GlooBackend(PlanExecutor, Backend):
             raise ValueError(f"tag={tag} is out of range for the gloo backend; use a tag in "
                              f"[0, {_TAG_OFFSET - 2}] (negative tags are reserved)")
         return self._coll_channel + 1 + tag + _TAG_OFFSET
-
-    def _validate_tag(self, tag: int) -> None:
-        super()._validate_tag(tag)
-        self._tag_channel(int(tag))   # range check, in the caller, before any I/O
-
-    def _poison_peers(self, info: OpInfo, exc: BaseException) -> None:
-        # The transport is shared by every group of this process: its abort message reaches all
-        # ranks, and every group on every rank then fails naming this first failure.
-        # A timeout too: the op's first frames may already sit in a late peer's stream, and that
-        # peer would otherwise take them for its own op and return data. A dead peer is already
-        # propagated by the transport's abort message.
-        if isinstance(exc, PeerFailureError):
-            return
-        if self._t is not None:
-            self._t.poison(f"{info.describe()} on group {self.group_ranks} failed on rank "
-                           f"{self.group_ranks[self._rank]}: {type(exc).__name__}: {exc}")
 
     def _p2p_lock(self, kind: str, peer: int, channel: int) -> threading.Lock:
         # Header and payload must travel back to back even if two threads send on one tag.

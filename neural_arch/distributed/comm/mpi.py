@@ -58,34 +58,9 @@ _BROKEN: list[str] = []      # descriptions of MPI operations that timed out in 
 _ATEXIT_INSTALLED = False
 
 
-def _mpi(timeout: float | None = None):
-    """``mpi4py.MPI``, imported (which runs MPI_Init) under a watchdog.
+def _mpi():
+    from mpi4py import MPI  # initialises MPI on first import (mpi4py's default: THREAD_MULTIPLE)
 
-    MPI_Init blocks until every rank of the ``mpiexec`` job has called it: one rank that starts late
-    (or never) would hang the others there, far past any rendezvous timeout, in C code that no Python
-    thread can interrupt. So the first import runs under ``faulthandler``'s C-level watchdog: after
-    ``timeout`` seconds (default ``NEURAL_ARCH_RENDEZVOUS_TIMEOUT``, else 60) it prints the stack --
-    whose innermost frame is named ``MPI_Init_did_not_finish_within_the_rendezvous_timeout`` -- and
-    exits the process with status 1, which makes ``mpiexec`` end the job.
-    """
-    MPI = sys.modules.get("mpi4py.MPI")
-    if MPI is not None:
-        return MPI
-    if timeout is None:
-        timeout = float(os.environ.get("NEURAL_ARCH_RENDEZVOUS_TIMEOUT") or 60.0)
-    return MPI_Init_did_not_finish_within_the_rendezvous_timeout(timeout)
-
-
-def MPI_Init_did_not_finish_within_the_rendezvous_timeout(timeout: float):  # noqa: N802 - read in a dump
-    """Named for the watchdog's stack dump: this frame on top means a rank never reached MPI_Init."""
-    import faulthandler
-
-    sys.stderr.flush()
-    faulthandler.dump_traceback_later(max(1.0, float(timeout)), exit=True)
-    try:
-        from mpi4py import MPI  # initialises MPI on first import (mpi4py's default: THREAD_MULTIPLE)
-    finally:
-        faulthandler.cancel_dump_traceback_later()
     return MPI
 
 
@@ -165,7 +140,7 @@ class MPIBackend(Backend):
         duplicates ``COMM_WORLD`` so our traffic never matches the user's own MPI messages.
         """
         global _ATEXIT_INSTALLED
-        MPI = _mpi(rendezvous_timeout if rendezvous_timeout is not None else None)
+        MPI = _mpi()
         world = MPI.COMM_WORLD
         if world_size is not None and int(world_size) != world.Get_size():
             raise ValueError(f"backend 'mpi': world_size={world_size} but MPI started {world.Get_size()} "
@@ -361,10 +336,6 @@ class MPIBackend(Backend):
         with self._mpi_lock:
             req = self.comm.Ibarrier()
         self._wait([req], info)
-
-    def _validate_tag(self, tag: int) -> None:
-        super()._validate_tag(tag)
-        self._check_tag(tag)          # in the caller, before any I/O
 
     def _check_tag(self, tag: int) -> int:
         upper = self.comm.Get_attr(self._MPI.TAG_UB) or 32767

@@ -62,10 +62,6 @@ class OpInfo:
     reduce_op: Optional[str] = None
     deadline: float = float("inf")
     extra: dict = field(default_factory=dict)
-    #: the 8-byte "what is this message" word every transport frame of this op carries (op kind,
-    #: reduce op, dtype, sequence number; see ``comm.debug.wire_word``): the receiver compares it with
-    #: its own, so ranks that disagree get an error instead of each other's bytes. 0: not checked.
-    wire: int = 0
 
     def describe(self) -> str:
         """``all_reduce #57 (shape (1024,), float32)``"""

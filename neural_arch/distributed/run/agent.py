@@ -105,22 +105,16 @@ class NodeAgentServer:
                 continue
             except OSError:
                 return
-            # one short-lived thread per connection: an idle or slow client (a port scan) cannot
-            # hold up the real nodes' handshakes for its 5 s deadline
-            threading.Thread(target=self._handshake, args=(conn,), name="neural-arch-agent-hello",
-                             daemon=True).start()
-
-    def _handshake(self, conn: socket.socket) -> None:
-        try:
-            conn.settimeout(5.0)
-            nonce = secrets.token_hex(16)
-            with conn, conn.makefile("rw", encoding="utf-8", newline="\n") as f:
-                f.write(f"CHALLENGE {nonce}\n")
-                f.flush()
-                f.write(self._answer(f.readline(400).strip(), nonce) + "\n")
-                f.flush()
-        except OSError:
-            pass  # a half-open probe: the joining node retries
+            try:
+                conn.settimeout(5.0)
+                nonce = secrets.token_hex(16)
+                with conn, conn.makefile("rw", encoding="utf-8", newline="\n") as f:
+                    f.write(f"CHALLENGE {nonce}\n")
+                    f.flush()
+                    f.write(self._answer(f.readline(400).strip(), nonce) + "\n")
+                    f.flush()
+            except OSError:
+                pass  # a half-open probe: the joining node retries
 
     def close(self) -> None:
         self._stop.set()
