@@ -25,7 +25,7 @@ Example::
     >>> from neural_arch.distributed.parallel.pipeline.schedules import one_f_one_b_plan, format_schedule
     >>> plan = one_f_one_b_plan(2, 3)
     >>> [str(a) for a in plan.compute(0)]
-    ['F0', 'F1', 'B0', 'F2', 'B1', 'B2']
+    ['F0@s0', 'F1@s0', 'B0@s0', 'F2@s0', 'B1@s0', 'B2@s0']
     >>> print(format_schedule(plan))          # doctest: +SKIP
     1F1B (ranks=2, microbatches=3)
     rank 0 | F0 F1 .. B0 F2 B1 .. B2
