@@ -31,7 +31,6 @@ from neural_arch.nn.transformer import GPT, TransformerBlock
 
 __all__ = [
     "SKLinear",
-    "SyncBatchNorm",
     "functional", "init", "Module", "Parameter", "IncompatibleKeys",
     "Linear", "Embedding", "Identity", "LayerNorm", "Dropout",
     "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax",
@@ -43,12 +42,11 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # torch spells it nn.SyncBatchNorm, but it is a distributed layer (its statistics are
-    # all-reduced over a process group): it lives in neural_arch.distributed and is resolved here
-    # on first use only, so importing nn never imports the distributed package.
-    if name == "SyncBatchNorm":
-        from neural_arch.distributed.parallel.data_parallel.sync_batchnorm import SyncBatchNorm
 
-        return SyncBatchNorm
+def __getattr__(name: str):
+    # torch spells it nn.SyncBatchNorm, but its statistics are all-reduced over a process group:
+    # it lives in neural_arch.distributed, and nn never imports the distributed package.
+    if name == "SyncBatchNorm":
+        raise AttributeError("SyncBatchNorm is a distributed layer here: use "
+                             "neural_arch.distributed.SyncBatchNorm (same arguments and convert_sync_batchnorm)")
     raise AttributeError(f"module 'neural_arch.nn' has no attribute {name!r}")

@@ -14,21 +14,20 @@ from __future__ import annotations
 import numpy as np
 
 from neural_arch.distributed.comm.work import ReduceOp, Work
-from neural_arch.distributed.groups import get_default_group
-from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket, allreduce_hook, then
+from neural_arch.distributed.parallel.data_parallel.comm_hooks import (
+    GradBucket,
+    allreduce_hook,
+    hook_backend,
+    then,
+)
 
 __all__ = ["allreduce_hook", "bf16_compress_hook", "fp16_compress_hook"]
-
-
-def _backend(process_group):
-    group = process_group if process_group is not None else get_default_group()
-    return getattr(group, "backend", group)
 
 
 def _compress_hook(process_group, bucket: GradBucket, wire_dtype) -> Work:
     """Average ``bucket`` with ``wire_dtype`` on the wire: divide first (the mean cannot overflow
     where a float16 sum could), cast, SUM all-reduce, cast back into the bucket's buffer."""
-    backend = _backend(process_group)
+    backend = hook_backend(process_group)
     buffer = bucket.buffer()
     scale = 1.0 if bucket.prescaled else 1.0 / backend.size
     compressed = (buffer * buffer.dtype.type(scale)).astype(wire_dtype)

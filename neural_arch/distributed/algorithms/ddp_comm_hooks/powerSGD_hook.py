@@ -29,8 +29,7 @@ import numpy as np
 
 from neural_arch import backend as _xpmod
 from neural_arch.distributed.comm.work import ReduceOp, Work
-from neural_arch.distributed.groups import get_default_group
-from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket
+from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket, hook_backend
 
 __all__ = ["PowerSGDState", "powerSGD_hook"]
 
@@ -75,8 +74,7 @@ def _orthonormalize(xp, p):
 
 def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> Work:
     """Compress each gradient matrix of ``bucket`` to rank ``state.matrix_approximation_rank``."""
-    group = state.process_group if state.process_group is not None else get_default_group()
-    backend = getattr(group, "backend", group)
+    backend = hook_backend(state.process_group)
     world = backend.size
     buffer = bucket.buffer()
     if not bucket.prescaled:

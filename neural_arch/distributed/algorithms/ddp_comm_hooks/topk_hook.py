@@ -23,8 +23,7 @@ import numpy as np
 
 from neural_arch import backend as _xpmod
 from neural_arch.distributed.comm.work import Work
-from neural_arch.distributed.groups import get_default_group
-from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket
+from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket, hook_backend
 
 __all__ = ["TopKState", "topk_hook"]
 
@@ -44,8 +43,7 @@ class TopKState:
 
 def topk_hook(state: TopKState, bucket: GradBucket) -> Work:
     """Average ``bucket`` sending only its top-``ratio`` entries per rank (see the module docstring)."""
-    group = state.process_group if state.process_group is not None else get_default_group()
-    backend = getattr(group, "backend", group)
+    backend = hook_backend(state.process_group)
     buffer = bucket.buffer()
     xp = _xpmod.get_array_module(buffer)
     acc = buffer * buffer.dtype.type(1.0 / backend.size) if not bucket.prescaled else buffer.copy()

@@ -34,7 +34,7 @@ from typing import Any
 from neural_arch.distributed.comm.work import ReduceOp, Work
 from neural_arch.distributed.groups import get_default_group
 
-__all__ = ["GradBucket", "allreduce_hook", "then"]
+__all__ = ["GradBucket", "allreduce_hook", "hook_backend", "then"]
 
 
 class GradBucket:
@@ -116,7 +116,9 @@ def then(work: Work, fn: Callable[[Work], Any]) -> Work:
     return chained
 
 
-def _group_backend(process_group):
+def hook_backend(process_group):
+    """The backend a hook's ``process_group`` state means: a ProcessGroup, a backend, or None
+    for the default group (torch's convention for the built-in hooks)."""
     if process_group is None:
         return get_default_group().backend
     return getattr(process_group, "backend", process_group)
@@ -133,7 +135,7 @@ def allreduce_hook(process_group, bucket: GradBucket, async_op: bool = True) -> 
     calling thread (the reducer does so for buckets left at the end of backward, which it is
     about to wait for anyway: it saves two thread hand-offs).
     """
-    backend = _group_backend(process_group)
+    backend = hook_backend(process_group)
     buffer = bucket.buffer()
     if not bucket.prescaled:
         buffer *= buffer.dtype.type(1.0 / backend.size)

@@ -139,7 +139,8 @@ class Reducer:
         for bucket in self.buckets:
             for k, i in enumerate(bucket.params):
                 self.where[i] = (bucket.index, k)
-        self.hook_state, self.hook = backend, allreduce_hook  # state, hook(state, bucket) -> Work
+        self.hook_state, self.hook = None, None
+        self._set_hook(backend, allreduce_hook)  # state, hook(state, bucket) -> Work
         self._scale = 1.0 / backend.size
         self.phase = Phase.SYNCED
         self.arrived = np.zeros(len(self.params), dtype=bool)       # got a gradient in this backward
@@ -158,7 +159,15 @@ class Reducer:
             raise RuntimeError("register_comm_hook can only be called once per DistributedDataParallel (as in torch)")
         if self.phase in (Phase.REDUCING, Phase.ACCUMULATING):
             raise RuntimeError("register_comm_hook: call it before the first backward, not during one")
+        self._set_hook(state, hook)
+
+    def _set_hook(self, state, hook) -> None:
+        """Install the hook; whether buckets reach it pre-scaled by 1/world is decided here, once."""
         self.hook_state, self.hook = state, hook
+        self._prescale = bool(getattr(hook, "accepts_prescaled", False))
+        for bucket in self.buckets:
+            bucket.grad_bucket.prescaled = self._prescale
+            bucket.wire_bucket.prescaled = self._prescale
 
     @property
     def in_backward(self) -> bool:
@@ -212,8 +221,7 @@ class Reducer:
         """Put parameter ``p``'s gradient (or zeros) into slot ``k`` of ``bucket``, pre-scaled by
         1/world when the hook takes pre-scaled buckets (the default one: see allreduce_hook)."""
         view = bucket.views[k]
-        prescale = getattr(self.hook, "accepts_prescaled", False)
-        bucket.grad_bucket.prescaled = prescale
+        prescale = self._prescale
         g = p.grad
         if g is None:
             view[...] = 0
@@ -249,7 +257,6 @@ class Reducer:
         if bucket.control.size and self._piggyback():
             bucket.control[...] = self._control_flags()  # counts are not scaled: the wire is SUM-reduced
             grad_bucket = bucket.wire_bucket
-            grad_bucket.prescaled = True
         if inline and getattr(self.hook, "supports_inline", False):
             bucket.work = self.hook(self.hook_state, grad_bucket, async_op=False)
         else:
@@ -285,7 +292,8 @@ class Reducer:
         if not shadow:
             self._write_back(counts > 0 if self.find_unused else None)
         self.used_since_sync[:] = False
-        self.phase = Phase.SYNCED if not shadow else self.phase
+        if not shadow:
+            self.phase = Phase.SYNCED
 
     def _end_backward(self) -> None:
         if self.phase is Phase.ACCUMULATING:
@@ -321,7 +329,6 @@ class Reducer:
         self._start_iteration()
         for bucket in self.buckets:
             bucket.buffer[...] = 0
-            bucket.grad_bucket.prescaled = getattr(self.hook, "accepts_prescaled", False)
         # A joined rank counts as having used everything (only ranks that train can miss a gradient),
         # but with find_unused_parameters as having used nothing (it must not keep .grad alive).
         self.arrived[:] = not self.find_unused
