@@ -2,14 +2,17 @@
 
 For every contender the script starts real rank processes (``python`` ranks over a TCPStore
 for gloo and torch, ``mpiexec -n N`` for MPI), sweeps message sizes for all_reduce,
-all_gather and broadcast on float32 buffers, and prints the median latency and bus bandwidth:
+reduce_scatter, all_gather and broadcast on float32 buffers, and prints the median latency and bus
+bandwidth:
 
-* all_reduce: busbw = 2(n-1)/n * bytes / t        (bytes = the buffer on each rank)
-* all_gather: busbw = (n-1)/n * bytes / t         (bytes = the gathered output; input = bytes/n)
-* broadcast:  busbw = bytes / t
+* all_reduce:     busbw = 2(n-1)/n * bytes / t    (bytes = the buffer on each rank)
+* reduce_scatter: busbw = (n-1)/n * bytes / t     (bytes = the input on each rank; output = bytes/n)
+* all_gather:     busbw = (n-1)/n * bytes / t     (bytes = the gathered output; input = bytes/n)
+* broadcast:      busbw = bytes / t
 
-Contenders: ``gloo`` (neural_arch, transport auto: shared memory on one host), ``gloo-tcp``
-(TCP forced), ``mpi`` (neural_arch's mpi backend), ``mpi4py`` (raw ``Allreduce(IN_PLACE)`` etc.
+Contenders: ``gloo`` (neural_arch, transport auto: on one host the direct shared-memory
+collectives of ``comm/algorithms/shm_direct.py``), ``gloo-rings`` (the ring/tree plans over the
+shared-memory rings: direct collectives off), ``gloo-tcp`` (TCP forced), ``mpi`` (neural_arch's mpi backend), ``mpi4py`` (raw ``Allreduce(IN_PLACE)`` etc.
 on NumPy buffers), ``torch`` (torch.distributed gloo on CPU, when torch is installed);
 ``gloo-ring`` / ``gloo-rd`` force one all_reduce algorithm, ``gloo-chain`` / ``gloo-tree`` one
 broadcast algorithm (threshold measurements).
@@ -23,7 +26,10 @@ Usage::
     python benchmarks/bench_collectives.py --contenders gloo-ring,gloo-rd --ops all_reduce \\
         --sizes 1K,16K,64K,256K,1M --ranks 3                      # algorithm crossover
 
-Writes ``benchmarks/results/bench_collectives.json`` and ``bench_collectives.png``.
+Writes ``benchmarks/results/bench_collectives[_<N>ranks].json``, ``.md`` (the tables in markdown,
+with the command and the machine) and ``.png`` (bus bandwidth vs size per contender); 2 ranks keep the
+historical name without a suffix. The summary line under each table is each contender's busbw
+relative to raw ``mpi4py`` in the same run.
 """
 
 from __future__ import annotations
@@ -44,8 +50,9 @@ sys.path.insert(0, ROOT)
 
 from benchmarks._common import format_table, thread_env, write_json
 
-OPS = ("all_reduce", "all_gather", "broadcast")
-CONTENDERS = ("gloo", "gloo-tcp", "mpi", "mpi4py", "torch")
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+CONTENDERS = ("gloo", "gloo-rings", "gloo-tcp", "mpi", "mpi4py", "torch")
+_FORCED = ("gloo-ring", "gloo-rd", "gloo-chain", "gloo-tree")
 FULL_SIZES = [1 << k for k in range(10, 27, 2)]          # 1 KiB .. 64 MiB, x4
 QUICK_SIZES = [1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22]
 
@@ -87,6 +94,7 @@ def _make_ops(kind: str, rank: int, world: int):
         b = GlooBackend.create(store, rank, world, timeout=120, transport="tcp" if kind == "gloo-tcp" else None)
         ar = lambda x: b.allreduce(x)
         ag = lambda out, x: b.allgather(out, x)
+        rs = lambda out, x: b.reduce_scatter(out, x)
         bc = lambda x: b.broadcast(x, 0)
         barrier, close = b.barrier, b.shutdown
     elif kind == "mpi":
@@ -95,6 +103,7 @@ def _make_ops(kind: str, rank: int, world: int):
         b = MPIBackend.create(None, timeout=120)
         ar = lambda x: b.allreduce(x)
         ag = lambda out, x: b.allgather(out, x)
+        rs = lambda out, x: b.reduce_scatter(out, x)
         bc = lambda x: b.broadcast(x, 0)
         barrier, close = b.barrier, b.shutdown
     elif kind == "mpi4py":
@@ -103,6 +112,7 @@ def _make_ops(kind: str, rank: int, world: int):
         comm = MPI.COMM_WORLD
         ar = lambda x: comm.Allreduce(MPI.IN_PLACE, x)
         ag = lambda out, x: comm.Allgather(x, out)
+        rs = lambda out, x: comm.Reduce_scatter_block(x, out)
         bc = lambda x: comm.Bcast(x, root=0)
         barrier, close = comm.Barrier, (lambda: None)
     elif kind == "torch":
@@ -116,11 +126,14 @@ def _make_ops(kind: str, rank: int, world: int):
 
         def ag(out, x):
             tdist.all_gather(list(torch.from_numpy(out)), torch.from_numpy(x))
+
+        def rs(out, x):
+            tdist.reduce_scatter_tensor(torch.from_numpy(out), torch.from_numpy(x))
         bc = lambda x: tdist.broadcast(torch.from_numpy(x), 0)
         barrier, close = tdist.barrier, tdist.destroy_process_group
     else:
         raise SystemExit(f"unknown contender {kind!r}; choose from "
-                         f"{CONTENDERS + ('gloo-ring', 'gloo-rd', 'gloo-chain', 'gloo-tree')}")
+                         f"{CONTENDERS + _FORCED}")
 
     def make(op, nbytes):
         n = max(1, nbytes // 4)
@@ -130,6 +143,10 @@ def _make_ops(kind: str, rank: int, world: int):
         if op == "broadcast":
             x = np.zeros(n, np.float32)
             return lambda: bc(x)
+        if op == "reduce_scatter":
+            per = max(1, n // world)
+            x, out = np.zeros(per * world, np.float32), np.zeros(per, np.float32)
+            return lambda: rs(out, x)
         per = max(1, n // world)
         out, x = np.zeros((world, per), np.float32), np.zeros(per, np.float32)
         return lambda: ag(out, x)
@@ -205,8 +222,10 @@ def run_contender(kind: str, args, sizes) -> dict:
               "--size-list", ",".join(map(str, sizes))] + (["--quick"] if args.quick else [])
     env = thread_env(1)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    if kind in ("gloo-ring", "gloo-rd", "gloo-chain", "gloo-tree"):
+    if kind in _FORCED:
         env["NEURAL_ARCH_GLOO_ALGO"] = kind.split("-")[1]
+    if kind == "gloo-rings":
+        env["NEURAL_ARCH_GLOO_DIRECT"] = "0"
     if kind in ("mpi", "mpi4py"):
         mpiexec = shutil.which("mpiexec") or os.path.join(os.path.dirname(sys.executable), "mpiexec")
         procs = [subprocess.Popen([mpiexec, "-n", str(args.ranks), sys.executable, me] + common, env=env,
@@ -242,7 +261,8 @@ def run_contender(kind: str, args, sizes) -> dict:
 
 
 def busbw(op: str, nbytes: int, seconds: float, n: int) -> float:
-    factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "broadcast": 1.0}[op]
+    factor = {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "all_gather": (n - 1) / n,
+              "broadcast": 1.0}[op]
     return factor * nbytes / seconds / 1e9
 
 
@@ -279,7 +299,8 @@ def main(argv=None) -> None:
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
     ap.add_argument("--sizes", default=None, help="comma list like 1K,64K,1M (default: the sweep)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per contender")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "bench_collectives.json"))
+    ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/"
+                    "bench_collectives[_<N>ranks].json; the .md and .png go next to it)")
     ap.add_argument("--no-plot", action="store_true")
     # worker mode (internal)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -309,19 +330,17 @@ def main(argv=None) -> None:
             continue
         print(f"{kind}: done in {time.monotonic() - t0:.0f} s", flush=True)
 
-    kinds = list(payload["results"])
-    for op in ops:
-        rows = []
-        for nbytes in sizes:
-            row = [_label(nbytes)]
-            for kind in kinds:
-                t = payload["results"][kind].get(op, {}).get(str(nbytes))
-                row.append("-" if t is None else f"{t * 1e6:.1f} us / {busbw(op, nbytes, t, args.ranks):.2f}")
-            rows.append(row)
-        print(f"\n{op}, {args.ranks} ranks, float32: median latency / bus bandwidth (GB/s)")
-        print(format_table(rows, ["size"] + kinds))
+    if args.out is None:
+        suffix = "" if args.ranks == 2 else f"_{args.ranks}ranks"
+        args.out = os.path.join(HERE, "results", f"bench_collectives{suffix}.json")
+    tables = render_tables(payload)
+    print(tables)
     path = write_json(args.out, payload)
     print(f"\nwrote {path}")
+    md = os.path.splitext(args.out)[0] + ".md"
+    with open(md, "w") as f:
+        f.write(render_markdown(payload, tables))
+    print(f"wrote {md}")
     if not args.no_plot:
         try:
             png = os.path.splitext(args.out)[0] + ".png"
@@ -329,6 +348,68 @@ def main(argv=None) -> None:
             print(f"wrote {png}")
         except ImportError:
             print("matplotlib missing: no plot")
+
+
+def _cells(payload, op):
+    """Rows of (size label, per contender "latency / busbw") and the per-contender busbw ratio to mpi4py."""
+    ranks, sizes, kinds = payload["ranks"], payload["sizes"], list(payload["results"])
+    rows, ratios = [], {k: [] for k in kinds}
+    for nbytes in sizes:
+        row = [_label(nbytes)]
+        ref = payload["results"].get("mpi4py", {}).get(op, {}).get(str(nbytes))
+        for kind in kinds:
+            t = payload["results"][kind].get(op, {}).get(str(nbytes))
+            if t is None:
+                row.append("-")
+                continue
+            cell = f"{t * 1e6:.1f} us / {busbw(op, nbytes, t, ranks):.2f}"
+            if ref:
+                ratios[kind].append((nbytes, ref / t))
+            row.append(cell)
+        rows.append(row)
+    return kinds, rows, ratios
+
+
+def _ratio_line(ratios) -> str:
+    parts = []
+    for kind, pts in ratios.items():
+        if kind == "mpi4py" or not pts:
+            continue
+        parts.append(f"{kind} " + " ".join(f"{_label(b)}: {r:.2f}x" for b, r in pts))
+    return "busbw / raw mpi4py (>1: faster): " + "; ".join(parts) if parts else ""
+
+
+def render_tables(payload) -> str:
+    out = []
+    for op in payload["ops"]:
+        kinds, rows, ratios = _cells(payload, op)
+        out.append(f"\n{op}, {payload['ranks']} ranks, float32: median latency / bus bandwidth (GB/s)")
+        out.append(format_table(rows, ["size"] + kinds))
+        line = _ratio_line(ratios)
+        if line:
+            out.append(line)
+    return "\n".join(out)
+
+
+def render_markdown(payload, _tables=None) -> str:
+    import platform
+
+    cores = os.cpu_count() or 1
+    ranks = payload["ranks"]
+    note = (f"{ranks} ranks on {cores} cores" + (" (oversubscribed: more ranks than cores)" if ranks > cores else "")
+            + f", {platform.machine()}, Python {platform.python_version()}; load average at the end "
+            f"{os.getloadavg()[0]:.1f}")
+    lines = [f"# bench_collectives, {ranks} ranks", "", f"Command: `{payload['command']}`", "", f"Machine: {note}.",
+             "", "Cells: slowest rank's median latency / bus bandwidth in GB/s (float32).", ""]
+    for op in payload["ops"]:
+        kinds, rows, ratios = _cells(payload, op)
+        lines += [f"## {op}", "", "| size | " + " | ".join(kinds) + " |", "|" + " --- |" * (len(kinds) + 1)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        line = _ratio_line(ratios)
+        lines += ["", line, ""] if line else [""]
+    if payload.get("skipped"):
+        lines += ["Skipped: " + "; ".join(f"{k} ({v[:80]})" for k, v in payload["skipped"].items()), ""]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

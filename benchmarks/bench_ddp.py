@@ -15,14 +15,23 @@ processes at once costs.
 
 The baselines are plain single-process training (no DDP wrapper) of the same framework.
 For neural_arch the report also gives the fraction of communication hidden behind backward
-(``DistributedDataParallel.comm_stats()``: time the bucket all-reduces kept the progress thread
-busy vs. the part of it backward's end had to wait for).
+(``DistributedDataParallel.comm_stats()``: time the bucket reductions ran vs. the part of it
+after backward's end), overall and **per bucket** (launch order; ``bucket_stats()``).
+
+**Paired efficiency** (the least noisy number on a shared machine): the DDP processes alternate
+synchronised steps with ``no_sync`` steps (same processes, same moment, no communication), and
+
+    paired efficiency = median(no_sync step) / median(synchronised step)
+
+so load from other processes hits both halves alike. It is what DDP costs on top of running two
+processes side by side (like "eff. vs independent pair", measured in separate runs).
 
 Every configuration is measured ``--rounds`` times, interleaved (so load from other processes
 hits them alike); each keeps its best median. Run (a few minutes; torch rows when torch is installed)::
 
     python benchmarks/bench_ddp.py                    # table + benchmarks/results/bench_ddp.json
     python benchmarks/bench_ddp.py --steps 20 --rounds 3 --bucket-caps 25,1
+    python benchmarks/bench_ddp.py --torch-path /tmp/torchlib   # torch installed with pip --target
 
 Numbers depend on the machine and on what else runs on it: the JSON records the load average.
 """
@@ -34,6 +43,7 @@ import importlib.util
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -71,6 +81,24 @@ def _stats(times):
             "steps": len(times)}
 
 
+def _time_paired(step, set_sync, warmup: int, steps: int, before_timing=None) -> tuple[dict, dict]:
+    """Alternate synchronised and no-sync steps (``set_sync(bool)``); time both kinds."""
+    for i in range(warmup):
+        set_sync(i % 2 == 0)
+        step()
+    if before_timing is not None:
+        before_timing()
+    synced, local = [], []
+    for i in range(2 * steps):
+        sync = i % 2 == 0
+        set_sync(sync)
+        t0 = time.perf_counter()
+        step()
+        (synced if sync else local).append(time.perf_counter() - t0)
+    set_sync(True)
+    return _stats(synced), _stats(local)
+
+
 def worker_neural_arch(args) -> dict:
     import numpy as np
 
@@ -80,6 +108,8 @@ def worker_neural_arch(args) -> dict:
     from neural_arch.core.tensor import Tensor, manual_seed
 
     distributed = args.backend != "none"
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)  # experiment: how long a GIL holder may run
     if distributed:
         dist.init_process_group(backend=args.backend)
     rank = dist.get_rank() if distributed else 0
@@ -112,6 +142,15 @@ def worker_neural_arch(args) -> dict:
     if distributed:
         out.update({k: v for k, v in ddp.comm_stats().items()})
         out["buckets"] = len(ddp.bucket_plan)
+        if hasattr(ddp, "bucket_stats"):  # (absent in older checkouts measured for comparison)
+            out["bucket_bytes"] = [r["bytes"] for r in ddp.bucket_stats()]
+
+        def set_sync(on):
+            ddp.require_backward_grad_sync = on
+        synced, local = _time_paired(step, set_sync, args.warmup, args.steps, before_timing)
+        out["paired"] = {"sync_median_s": synced["median_s"], "no_sync_median_s": local["median_s"],
+                         "efficiency": local["median_s"] / synced["median_s"],
+                         "hidden_fraction": ddp.comm_stats()["hidden_fraction"]}
         dist.destroy_process_group()
     return out if rank == 0 else {}
 
@@ -147,6 +186,19 @@ def worker_torch(args) -> dict:
 
     out = _time_steps(step, args.warmup, args.steps, tdist.barrier if distributed else None)
     if distributed:
+        import contextlib
+
+        sync = [True]
+
+        def paired_step():
+            with contextlib.nullcontext() if sync[0] else model.no_sync():
+                step()
+
+        def set_sync(on):
+            sync[0] = on
+        synced, local = _time_paired(paired_step, set_sync, args.warmup, args.steps, tdist.barrier)
+        out["paired"] = {"sync_median_s": synced["median_s"], "no_sync_median_s": local["median_s"],
+                         "efficiency": local["median_s"] / synced["median_s"]}
         tdist.destroy_process_group()
     return out if rank == 0 else {}
 
@@ -161,11 +213,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child_env(extra=None) -> dict:
+def _child_env(extra=None, torch_path=None) -> dict:
     from benchmarks._common import thread_env
 
     env = thread_env(1)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, torch_path, env.get("PYTHONPATH")) if p)
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
     env.update(extra or {})
@@ -184,19 +236,21 @@ def run_config(framework: str, backend: str, world: int, args) -> dict:
     """Start ``world`` workers (directly, or under mpiexec) and return rank 0's measurements."""
     me = os.path.abspath(__file__)
     common = ["--worker", framework, "--backend", backend, "--steps", str(args.steps),
-              "--warmup", str(args.warmup), "--bucket-cap-mb", str(args.bucket_cap_mb)]
+              "--warmup", str(args.warmup), "--bucket-cap-mb", str(args.bucket_cap_mb),
+              "--switch-interval", str(args.switch_interval or 0)]
+    tp = args.torch_path if framework == "torch" else None
     if backend == "mpi":
         from neural_arch.distributed.testing import mpiexec_path
 
-        cmds = [([mpiexec_path(), "-n", str(world), sys.executable, me, *common], _child_env())]
+        cmds = [([mpiexec_path(), "-n", str(world), sys.executable, me, *common], _child_env(torch_path=tp))]
     elif backend == "none":
         # world > 1 without a backend: independent single-process trainings running side by side.
-        cmds = [([sys.executable, me, *common], _child_env()) for _ in range(world)]
+        cmds = [([sys.executable, me, *common], _child_env(torch_path=tp)) for _ in range(world)]
     else:
         port = str(_free_port())
         cmds = [([sys.executable, me, *common],
                  _child_env({"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world),
-                             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}))
+                             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}, torch_path=tp))
                 for r in range(world)]
     procs = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
              for c, e in cmds]
@@ -229,6 +283,10 @@ def main(argv=None) -> int:
     ap.add_argument("--bucket-caps", default="25,1", help="neural_arch bucket caps (MB) to measure")
     ap.add_argument("--backends", default="gloo,mpi", help="neural_arch backends for the 2-rank runs")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch rows")
+    ap.add_argument("--torch-path", default=os.environ.get("BENCH_TORCH_PATH"),
+                    help="a directory holding torch (pip install --target DIR torch), put on the workers' path")
+    ap.add_argument("--switch-interval", type=float, default=0.0,
+                    help="sys.setswitchinterval for neural_arch workers (0: Python's default, 5 ms)")
     ap.add_argument("--rounds", type=int, default=2, help="measure every configuration this many times")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "bench_ddp.json"))
@@ -246,7 +304,9 @@ def main(argv=None) -> int:
     configs = [("neural_arch", "none", 1, None), ("neural_arch", "none", 2, None)]
     configs += [("neural_arch", b, 2, float(c)) for b in args.backends.split(",") if b
                 for c in args.bucket_caps.split(",") if c]
-    if not args.no_torch and importlib.util.find_spec("torch") is not None:
+    have_torch = importlib.util.find_spec("torch") is not None or (
+        args.torch_path and os.path.isdir(os.path.join(args.torch_path, "torch")))
+    if not args.no_torch and have_torch:
         configs += [("torch", "none", 1, None), ("torch", "none", 2, None), ("torch", "gloo", 2, 25.0)]
     print(f"MLP {'-'.join(map(str, SIZES))}, batch {BATCH}/rank, 1 BLAS thread/process, median of "
           f"{args.steps} steps, best of {args.rounds} rounds; load average {os.getloadavg()}", flush=True)
@@ -272,23 +332,33 @@ def main(argv=None) -> int:
         eff = base["median_s"] / step if ddp_row and base else None
         # vs. two independent trainings side by side: same core sharing, no communication
         eff_pair = pair["median_s"] / step if ddp_row and pair else None
+        # paired: each round is its own ratio (both halves measured together); the median over rounds
+        paired = [x["paired"] for x in runs[c] if x.get("paired")]
+        eff_paired = statistics.median(p["efficiency"] for p in paired) if paired else None
+        hidden = [p["hidden_fraction"] for p in paired if p.get("hidden_fraction") is not None]
+        per_bucket = r.get("bucket_hidden_fraction")
         rec = {"framework": framework, "backend": backend, "world_size": world, "bucket_cap_mb": cap,
                "step_ms": step * 1e3, "samples_per_s": world * BATCH / step, "efficiency": eff,
-               "efficiency_vs_independent_pair": eff_pair,
-               "hidden_fraction": r.get("hidden_fraction"), "buckets": r.get("buckets"),
-               "all_rounds_step_ms": [x["median_s"] * 1e3 for x in runs[c]], "best_round": r}
+               "efficiency_vs_independent_pair": eff_pair, "efficiency_paired": eff_paired,
+               "hidden_fraction": statistics.median(hidden) if hidden else r.get("hidden_fraction"),
+               "bucket_hidden_fraction": per_bucket, "bucket_bytes": r.get("bucket_bytes"),
+               "buckets": r.get("buckets"), "switch_interval": args.switch_interval or None,
+               "all_rounds_step_ms": [x["median_s"] * 1e3 for x in runs[c]], "all_rounds_paired": paired,
+               "best_round": r}
         records.append(rec)
         what = backend if ddp_row else ("(no DDP)" if world == 1 else "(2 independent, no comm)")
         rows.append([framework, what, world, "-" if cap is None else cap,
                      round(rec["step_ms"], 1), round(rec["samples_per_s"]), "-" if eff is None else round(eff, 2),
                      "-" if eff_pair is None else round(eff_pair, 2),
-                     "-" if rec["hidden_fraction"] is None else round(rec["hidden_fraction"], 2)])
+                     "-" if eff_paired is None else round(eff_paired, 2),
+                     "-" if rec["hidden_fraction"] is None else round(rec["hidden_fraction"], 2),
+                     "-" if not per_bucket else " ".join(f"{h:.2f}" for h in per_bucket)])
     headers = ["framework", "backend", "ranks", "bucket MB", "step ms", "samples/s", "efficiency",
-               "eff. vs independent pair", "comm hidden"]
+               "eff. vs independent pair", "eff. paired (no_sync/sync)", "comm hidden", "hidden per bucket"]
     table = format_table(rows, headers)
     print("\n" + table)
     path = write_json(args.out, {"benchmark": "bench_ddp", "model": list(SIZES), "batch_per_rank": BATCH,
-                                 "steps": args.steps, "rounds": args.rounds, "load_average_end": list(os.getloadavg()),
+                                 "steps": args.steps, "rounds": args.rounds, "command": " ".join(sys.argv), "load_average_end": list(os.getloadavg()),
                                  "results": records, "table": table})
     print(f"\nwritten to {path}")
     return 0

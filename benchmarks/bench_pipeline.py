@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Pipeline schedules measured: bubble fraction from the executor's own event times vs theory, and
-peak activation memory per stage, GPipe vs 1F1B (vs interleaved 1F1B).
+peak activation memory per stage, GPipe vs 1F1B vs interleaved 1F1B vs zero-bubble ZB-H1.
 
 Model: a Sequential of ``4 p`` ``Linear(W, W)`` + ``Tanh`` pairs, float64, split evenly into
 ``p`` stages (``2 p`` chunks for interleaved v=2: the same model and work per rank); a fixed micro-batch of ``--mb`` rows, so per-micro-batch compute is constant
-and the theory applies: bubble = (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v m+p-1) interleaved.
+and the theory applies: bubble = (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v m+p-1) interleaved,
+(p-1)/(3m+p-1) for ZB-H1 (unit F, B, W; m >= p). "simulated" runs the very plan in the schedule
+simulator with this run's measured mean F, B and W durations (for fused schedules B = B + W).
 Ranks are real processes on one machine (gloo, shared memory / loopback); the executor records
-``time.perf_counter()`` around every F and B (a system-wide monotonic clock), and the measured
+``time.perf_counter()`` around every F, B and W (after the receive it waits for: waiting is idle;
+a system-wide monotonic clock), and the measured
 bubble is ``1 - busy / (p * span)`` with span from the first compute start to the last end over
 all ranks, median over ``--steps`` steps after one warm-up. Peak memory is tracemalloc's peak
 during one step minus the usage before it (NumPy reports its buffers to tracemalloc).
@@ -51,7 +54,8 @@ def worker(p: int, m: int, schedule: str, v: int, width: int, mb: int, steps: in
         layers += [nn.Linear(width, width, dtype=np.float64), nn.Tanh()]
     pipe = pl.pipeline(nn.Sequential(*layers), num_stages=p * v, balance="layers")
     stages = [pipe.build_stage(i) for i in pl.stage_indices(rank, p, v)]
-    cls = {"gpipe": pl.ScheduleGPipe, "1f1b": pl.Schedule1F1B, "interleaved": pl.ScheduleInterleaved1F1B}[schedule]
+    cls = {"gpipe": pl.ScheduleGPipe, "1f1b": pl.Schedule1F1B, "interleaved": pl.ScheduleInterleaved1F1B,
+           "zbh1": pl.ScheduleZBH1}[schedule]
     sched = cls(stages if schedule == "interleaved" else stages[0], m, loss_fn=lambda out, y: F.mse_loss(out, y))
     rng = np.random.default_rng(0)
     x = rng.normal(size=(m * mb, width))
@@ -64,7 +68,7 @@ def worker(p: int, m: int, schedule: str, v: int, width: int, mb: int, steps: in
             s.submodule.zero_grad()
 
     one_step()  # warm-up: lanes, buffers, first-touch
-    bubbles, peaks = [], []
+    bubbles, peaks, durations = [], [], {"F": [], "B": [], "W": []}
     for _ in range(steps):
         dist.barrier()
         tracemalloc.start()
@@ -72,12 +76,26 @@ def worker(p: int, m: int, schedule: str, v: int, width: int, mb: int, steps: in
         one_step()
         peaks.append(tracemalloc.get_traced_memory()[1] - base)
         tracemalloc.stop()
-        events = dist.all_gather_object([None] * p, [(e.start, e.end) for e in sched.last_events])
+        events = dist.all_gather_object([None] * p, [(e.action.kind, e.start, e.end) for e in sched.last_events])
         flat = [ev for rank_events in events for ev in rank_events]
-        span = max(e for _, e in flat) - min(s for s, _ in flat)
-        busy = sum(e - s for s, e in flat)
+        span = max(e for _, _, e in flat) - min(s for _, s, _ in flat)
+        busy = sum(e - s for _, s, e in flat)
         bubbles.append(1.0 - busy / (p * span))
-    return {"bubble": statistics.median(bubbles), "peak_bytes": max(peaks)}
+        for kind, s, e in flat:
+            durations[kind].append(e - s)
+    mean = {k: (statistics.fmean(v) if v else 0.0) for k, v in durations.items()}
+    return {"bubble": statistics.median(bubbles), "peak_bytes": max(peaks), "mean_s": mean}
+
+
+def simulated_bubble(p: int, m: int, schedule: str, v: int, mean: dict) -> float:
+    """The plan's bubble in the schedule simulator with measured mean action durations."""
+    from neural_arch.distributed import pipeline as pl
+
+    plan = {"gpipe": lambda: pl.gpipe_plan(p, m), "1f1b": lambda: pl.one_f_one_b_plan(p, m),
+            "interleaved": lambda: pl.interleaved_1f1b_plan(p, m, v),
+            "zbh1": lambda: pl.zero_bubble_plan(p, m)}[schedule]()
+    # simulate() takes a rank's whole F (B, W) time and divides by v for each chunk
+    return pl.simulate(plan, mean["F"] * v, mean["B"] * v, w_time=mean["W"] * v).bubble_fraction
 
 
 # -- orchestrator -------------------------------------------------------------------------------------
@@ -97,6 +115,7 @@ def main(argv=None) -> int:
     from benchmarks._common import format_table, write_json
     from benchmarks.bench_pipeline import worker as importable_worker  # pickled by reference in the ranks
     from neural_arch.distributed.parallel.pipeline.schedules import theoretical_bubble
+    from neural_arch.distributed.parallel.pipeline.zero_bubble import zero_bubble_theory
     from neural_arch.distributed.testing import RankPool
 
     env = {"PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
@@ -105,22 +124,25 @@ def main(argv=None) -> int:
     for p in [int(s) for s in args.stages.split(",")]:
         with RankPool(p, timeout=300.0, env=env) as pool:
             for m in [int(s) for s in args.microbatches.split(",")]:
-                for schedule, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)):
+                for schedule, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zbh1", 1)):
                     if schedule == "interleaved" and m % p:
                         continue
                     t0 = time.perf_counter()
                     res = pool.run(importable_worker, p, m, schedule, v, args.width, args.mb, args.steps)
-                    theory = theoretical_bubble(p, m, v)
+                    theory = zero_bubble_theory(p, m) if schedule == "zbh1" else theoretical_bubble(p, m, v)
+                    sim = simulated_bubble(p, m, schedule, v, res[0]["mean_s"])
                     peaks = [r["peak_bytes"] for r in res]
                     rec = {"p": p, "m": m, "schedule": schedule, "v": v, "bubble_measured": res[0]["bubble"],
-                           "bubble_theory": theory, "peak_activation_bytes_per_stage": peaks,
-                           "seconds": time.perf_counter() - t0}
+                           "bubble_theory": theory, "bubble_simulated": sim, "mean_action_s": res[0]["mean_s"],
+                           "peak_activation_bytes_per_stage": peaks, "seconds": time.perf_counter() - t0}
                     records.append(rec)
-                    rows.append([p, m, f"{schedule}" + (f" v={v}" if v > 1 else ""), f"{theory:.3f}",
+                    rows.append([p, m, f"{schedule}" + (f" v={v}" if v > 1 else ""), f"{theory:.3f}", f"{sim:.3f}",
                                  f"{res[0]['bubble']:.3f}", " / ".join(f"{b / 2**20:.2f}" for b in peaks)])
-                    print(f"p={p} m={m:2d} {schedule:11s} bubble theory {theory:.3f} measured {res[0]['bubble']:.3f}; "
-                          f"peak MiB per stage {[round(b / 2**20, 2) for b in peaks]}", flush=True)
-    headers = ["p", "m", "schedule", "bubble (theory)", "bubble (measured)", "peak activation MiB per stage"]
+                    print(f"p={p} m={m:2d} {schedule:11s} bubble theory {theory:.3f} simulated {sim:.3f} measured "
+                          f"{res[0]['bubble']:.3f}; peak MiB per stage {[round(b / 2**20, 2) for b in peaks]}",
+                          flush=True)
+    headers = ["p", "m", "schedule", "bubble (theory)", "bubble (simulated)", "bubble (measured)",
+               "peak activation MiB per stage"]
     table = format_table(rows, headers)
     print(table)
     cores = os.cpu_count()

@@ -6,6 +6,7 @@ One script, every way of starting it::
     python -m neural_arch.distributed.launcher --nproc_per_node 2 examples/train_digits_ddp.py
     mpiexec -n 2 python examples/train_digits_ddp.py
     python examples/train_digits_ddp.py                      # a world of one
+    python -m neural_arch.distributed.launcher --nproc_per_node 2 examples/train_digits_ddp.py --device cuda
 
 What it shows: ``DistributedSampler`` gives each rank its share of every epoch,
 ``DistributedDataParallel`` averages gradients during backward (nothing to call before
@@ -14,7 +15,9 @@ samples (split across ranks, no padding duplicates), and rank 0 shows a tqdm bar
 throughput, and writes a checkpoint atomically (temp file + ``os.replace``).
 
 Options: ``--epochs``, ``--batch-size`` (per rank), ``--lr``, ``--hidden``, ``--checkpoint PATH``,
-``--bucket-cap-mb``, ``--seed``, ``--no-progress``.
+``--bucket-cap-mb``, ``--seed``, ``--no-progress``, ``--device cpu|cuda`` (each rank uses
+``cuda:LOCAL_RANK % device_count``; nccl when every rank has its own GPU, else gloo staging CuPy
+arrays through the host).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import numpy as np
 import neural_arch.distributed as dist
 import neural_arch.functional as F
 from neural_arch import nn, optim
+from neural_arch.backend import to_device
 from neural_arch.core.tensor import Tensor, manual_seed
 from neural_arch.data import DataLoader, TensorDataset, load_digits
 
@@ -49,6 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (e.g. in logs)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cuda: each rank uses cuda:LOCAL_RANK %% device_count")
     return p.parse_args(argv)
 
 
@@ -56,11 +62,13 @@ def save_checkpoint(path: str, model, optimizer, meta: dict) -> None:
     """Model state dict + optimizer state in one .npz, written atomically (rank 0 only)."""
     from neural_arch.distributed.run.elastic import save_npz_atomic
 
-    arrays = {f"model/{k}": v for k, v in model.state_dict().items()}
+    from neural_arch.backend import to_host  # GPU arrays come home once, here
+
+    arrays = {f"model/{k}": to_host(v) for k, v in model.state_dict().items()}
     opt_state = optimizer.state_dict()
     for idx, values in opt_state["state"].items():
         for key, value in values.items():
-            arrays[f"optim/state/{idx}/{key}"] = np.asarray(value)
+            arrays[f"optim/state/{idx}/{key}"] = to_host(value)
     arrays["optim/param_groups"] = np.array(json.dumps(opt_state["param_groups"], default=float))
     arrays["meta"] = np.array(json.dumps(meta))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -69,7 +77,10 @@ def save_checkpoint(path: str, model, optimizer, meta: dict) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    dist.init_process_group()  # backend from the environment: launcher -> gloo, mpiexec -> mpi, else one rank
+    from neural_arch.distributed.run.device import select_device
+
+    device, backend = select_device(args.device)  # ("cpu", None) or e.g. ("cuda:1", "nccl")
+    dist.init_process_group(backend)  # None: from the environment (launcher -> gloo, mpiexec -> mpi, else one rank)
     rank, world = dist.get_rank(), dist.get_world_size()
     manual_seed(args.seed)  # same initial weights everywhere (DDP broadcasts rank 0's anyway)
 
@@ -79,7 +90,7 @@ def main(argv=None) -> int:
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 
     model = nn.Sequential(nn.Linear(64, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.hidden), nn.ReLU(),
-                          nn.Linear(args.hidden, 10))
+                          nn.Linear(args.hidden, 10)).to(device)
     ddp = dist.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
     opt = optim.Adam(ddp.parameters(), lr=args.lr)
 
@@ -94,7 +105,7 @@ def main(argv=None) -> int:
         sampler.set_epoch(epoch)
         running = 0.0
         for x, y in loader:
-            loss = F.cross_entropy(ddp(Tensor(x)), y)
+            loss = F.cross_entropy(ddp(Tensor(x, device=device)), to_device(y, device))
             loss.backward()          # gradients are averaged across ranks here
             opt.step()
             opt.zero_grad()

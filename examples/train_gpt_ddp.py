@@ -8,9 +8,11 @@ drops as the model learns the rule. Start it any way::
     python -m neural_arch.distributed.launcher --nproc_per_node 2 examples/train_gpt_ddp.py
     mpiexec -n 2 python examples/train_gpt_ddp.py
     python examples/train_gpt_ddp.py
+    python -m neural_arch.distributed.launcher --nproc_per_node 2 examples/train_gpt_ddp.py --device cuda
 
 Options: ``--steps``, ``--batch-size`` (per rank), ``--lr``, ``--vocab``, ``--seq-len``,
-``--n-layer``, ``--n-embd``, ``--checkpoint PATH`` (optional), ``--seed``.
+``--n-layer``, ``--n-embd``, ``--checkpoint PATH`` (optional), ``--seed``, ``--device cpu|cuda``
+(each rank uses ``cuda:LOCAL_RANK % device_count``; nccl when every rank has its own GPU).
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ import numpy as np
 import neural_arch.distributed as dist
 import neural_arch.functional as F
 from neural_arch import nn, optim
+from neural_arch.backend import to_device, to_host
 from neural_arch.core.tensor import Tensor, manual_seed
 from neural_arch.data import DataLoader, TensorDataset, make_token_sequences
+from neural_arch.distributed.run.device import select_device
 
 
 def parse_args(argv=None):
@@ -45,18 +49,21 @@ def parse_args(argv=None):
     p.add_argument("--n-embd", type=int, default=32)
     p.add_argument("--checkpoint", default=None, help="write model + optimizer state here at the end")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cuda: each rank uses cuda:LOCAL_RANK %% device_count")
     return p.parse_args(argv)
 
 
-def lm_loss(model, x, y):
-    logits = model(Tensor(x))
+def lm_loss(model, x, y, device="cpu"):
+    logits = model(Tensor(x, device=device))
     b, t, v = logits.shape
-    return F.cross_entropy(logits.reshape(b * t, v), y.reshape(b * t))
+    return F.cross_entropy(logits.reshape(b * t, v), to_device(y.reshape(b * t), device))
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    dist.init_process_group()
+    device, backend = select_device(args.device)  # ("cpu", None) or e.g. ("cuda:1", "nccl")
+    dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     manual_seed(args.seed)
 
@@ -67,7 +74,7 @@ def main(argv=None) -> int:
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 
     model = nn.GPT(vocab_size=args.vocab, block_size=args.seq_len, n_layer=args.n_layer, n_head=args.n_head,
-                   n_embd=args.n_embd)
+                   n_embd=args.n_embd).to(device)
     ddp = dist.DistributedDataParallel(model)
     opt = optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.01)
 
@@ -88,7 +95,7 @@ def main(argv=None) -> int:
     while step < args.steps:
         sampler.set_epoch(epoch)
         for x, y in loader:
-            loss = lm_loss(ddp, x, y)
+            loss = lm_loss(ddp, x, y, device)
             loss.backward()
             opt.step()
             opt.zero_grad()
@@ -107,7 +114,7 @@ def main(argv=None) -> int:
             from neural_arch.distributed.run.elastic import save_npz_atomic
 
             os.makedirs(os.path.dirname(os.path.abspath(args.checkpoint)), exist_ok=True)
-            save_npz_atomic(args.checkpoint, **{f"model/{k}": v for k, v in ddp.state_dict().items()})
+            save_npz_atomic(args.checkpoint, **{f"model/{k}": to_host(v) for k, v in ddp.state_dict().items()})
             print(f"checkpoint written to {args.checkpoint}", flush=True)
     dist.destroy_process_group()
     return 0

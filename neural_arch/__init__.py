@@ -107,7 +107,7 @@ __all__ = [
 
 # Lazily imported subpackages. `distributed` is deliberately absent: it must be imported
 # explicitly (`import neural_arch.distributed as dist`), never as a side effect.
-_LAZY = {"nn", "optim", "functional", "data", "backend"}
+_LAZY = {"nn", "optim", "functional", "data", "backend", "cuda", "amp", "profiler"}
 
 
 def __getattr__(name: str):

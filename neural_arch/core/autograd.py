@@ -235,6 +235,12 @@ def queue_callback(fn) -> None:
 
 _seq = itertools.count()
 
+
+def next_seq() -> int:
+    """A number from the node counter: nodes recorded later get larger ones (FSDP brackets a
+    module call's nodes with two of these to know when all of them have run in backward)."""
+    return next(_seq)
+
 _FREED_MSG = (
     "Trying to backward through the graph a second time (its saved arrays were freed after the "
     "first backward). Pass retain_graph=True to the first .backward() call if you need to "

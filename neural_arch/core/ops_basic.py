@@ -96,7 +96,7 @@ def _operand(a: Tensor, b):
         if type(a.data) is not np.ndarray:
             _backend.check_same_device(a.data, b, "binary op")
         return b, None
-    if hasattr(b, "__cuda_array_interface__"):
+    if _backend.is_device_array(b):  # CuPy or a registered device type
         _backend.check_same_device(a.data, b, "binary op")
         return b, None
     # lists and the like: adopt the tensor's dtype so they behave like python scalars

@@ -51,13 +51,6 @@ __all__ = [
 ]
 
 
-def _cupy_ndarray_type():
-    import sys
-
-    cp = sys.modules.get("cupy")
-    return cp.ndarray if cp is not None else None
-
-
 def _to_array(data, dtype):
     """Convert constructor input to an array without copying arrays that are already arrays."""
     if dtype is not None and type(dtype) is not np.dtype:
@@ -70,8 +63,7 @@ def _to_array(data, dtype):
     if isinstance(data, np.generic):
         # A NumPy scalar carries a dtype on purpose: keep it (0-d array).
         return np.asarray(data, dtype=dtype)
-    cpt = _cupy_ndarray_type()
-    if cpt is not None and isinstance(data, cpt):
+    if _backend.is_device_array(data):  # CuPy, or a device type registered with the backend
         return data if dtype is None else data.astype(dtype, copy=False)
     if isinstance(data, np.ndarray):  # ndarray subclasses (e.g. np.memmap)
         return np.asarray(data) if dtype is None else np.asarray(data, dtype=dtype)
@@ -480,7 +472,7 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False, pin_memor
     """
     if isinstance(data, Tensor):
         arr = data.data.copy()  # torch warns and suggests clone().detach(); a copy is the same
-    elif isinstance(data, (np.ndarray, np.generic)) or hasattr(data, "__cuda_array_interface__"):
+    elif isinstance(data, (np.ndarray, np.generic)) or _backend.is_device_array(data):
         arr = _backend.get_array_module(data).array(data, copy=True)
     else:
         arr = np.array(data)

@@ -14,7 +14,7 @@ Every name the seeds import lives here, loaded lazily from the module that imple
 =================================  ===========================================
 module                             names
 =================================  ===========================================
-``groups``                         process groups, init/destroy, rank queries
+``groups`` ``subgroups``           process groups, init/destroy, rank queries; new_group and friends
 ``collectives``                    Tensor collectives, p2p, object collectives
 ``comm`` / ``errors``              ``ReduceOp``, ``Work``, the error classes
 ``parallel.data_parallel``         ``DistributedDataParallel``, ``no_sync``
@@ -37,7 +37,7 @@ def _export(module: str, *names: str) -> None:
 
 
 _export("groups", "init_process_group", "destroy_process_group", "is_initialized", "is_available",
-        "get_rank", "get_world_size", "get_backend", "get_distributed_info", "new_group", "ProcessGroup",
+        "get_rank", "get_world_size", "get_backend", "get_distributed_info", "ProcessGroup",
         "get_default_group", "GroupMember", "get_global_rank", "get_group_rank")
 _export("collectives", "barrier", "all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter",
         "reduce_scatter", "all_to_all", "send", "recv", "isend", "irecv", "broadcast_object_list",
@@ -59,9 +59,12 @@ _export("rendezvous.store", "TCPStore", "FileStore", "PrefixStore")
 _export("parallel.sharded", "FullyShardedDataParallel", "ZeroRedundancyOptimizer", "ShardingStrategy",
         "CPUOffload", "MixedPrecision", "ShardedGradScaler")
 _export("data.elastic_sampler", "ElasticDistributedSampler")
-_export("groups", "new_subgroups", "new_subgroups_by_enumeration", "split_group")
+_export("subgroups", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group")
 _export("device_mesh", "DeviceMesh", "init_device_mesh")
 _export("parallel.pipeline", "PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B")
+_export("algorithms.communication_optimizer", "CommunicationOptimizer")
+_export("algorithms.hierarchical", "hierarchical_all_reduce", "host_groups")
+_export("metrics", "DistributedMetrics")
 
 __all__ = sorted(_LAZY)  # noqa: PLE0605 - built from the table above
 

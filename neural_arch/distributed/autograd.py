@@ -45,9 +45,12 @@ __all__ = [
     "all_to_all_single",
     "broadcast",
     "copy_to_tensor_model_parallel_region",
+    "gather_from_sequence_parallel_region",
     "gather_from_tensor_model_parallel_region",
     "reduce_from_tensor_model_parallel_region",
     "reduce_scatter",
+    "reduce_scatter_to_sequence_parallel_region",
+    "scatter_to_sequence_parallel_region",
     "scatter_to_tensor_model_parallel_region",
 ]
 
@@ -290,3 +293,46 @@ def gather_from_tensor_model_parallel_region(tensor, group=None) -> Tensor:
     return _wrap("GatherFromTPRegion", x, _gather_dim(g, x.data, d),
                  lambda grad: _chunk(g, grad, d, "gather_from_tensor_model_parallel_region backward"))
 
+
+
+# ------------------------------------------------------------------ sequence parallelism (Megatron's mappings)
+# Activations are (batch, seq, hidden): the sequence dimension is 1 (Megatron's (seq, batch, hidden)
+# uses 0). Inside LayerNorm/dropout regions each rank holds seq/p positions; a column-parallel layer
+# needs the whole sequence (all-gather in, reduce-scatter back), a row-parallel one hands out only
+# this rank's positions (reduce-scatter instead of all-reduce).
+SEQUENCE_DIM = 1
+
+
+def scatter_to_sequence_parallel_region(tensor, group=None) -> Tensor:
+    """Keep this rank's positions of a replicated ``(B, T, C)`` activation; backward all-gathers.
+
+    The entry into a sequence-parallel region (e.g. after the embeddings).
+    """
+    x = _tensor(tensor, "scatter_to_sequence_parallel_region")
+    g = _resolve_group(group, "scatter_to_sequence_parallel_region")
+    return _wrap("ScatterToSPRegion", x, _chunk(g, x.data, SEQUENCE_DIM, "scatter_to_sequence_parallel_region"),
+                 lambda grad: _gather_dim(g, grad, SEQUENCE_DIM))
+
+
+def gather_from_sequence_parallel_region(tensor, group=None, tensor_parallel_output_grad: bool = True) -> Tensor:
+    """All-gather the sequence: ``(B, T/p, C)`` -> ``(B, T, C)``.
+
+    Backward: with ``tensor_parallel_output_grad`` (the consumer is a column-parallel layer, whose
+    ranks each contribute part of the gradient) the gradient is reduce-scattered; without it (the
+    consumer is replicated computation) each rank keeps its own positions.
+    """
+    x = _tensor(tensor, "gather_from_sequence_parallel_region")
+    g = _resolve_group(group, "gather_from_sequence_parallel_region")
+    op = "gather_from_sequence_parallel_region backward"
+    back = ((lambda grad: _reduce_scatter_dim(g, grad, SEQUENCE_DIM, op)) if tensor_parallel_output_grad
+            else (lambda grad: _chunk(g, grad, SEQUENCE_DIM, op)))
+    return _wrap("GatherFromSPRegion", x, _gather_dim(g, x.data, SEQUENCE_DIM), back)
+
+
+def reduce_scatter_to_sequence_parallel_region(tensor, group=None) -> Tensor:
+    """Sum the partial outputs of a row-parallel layer and keep this rank's positions; backward all-gathers."""
+    x = _tensor(tensor, "reduce_scatter_to_sequence_parallel_region")
+    g = _resolve_group(group, "reduce_scatter_to_sequence_parallel_region")
+    return _wrap("ReduceScatterToSPRegion", x,
+                 _reduce_scatter_dim(g, x.data, SEQUENCE_DIM, "reduce_scatter_to_sequence_parallel_region"),
+                 lambda grad: _gather_dim(g, grad, SEQUENCE_DIM), fresh=False)

@@ -44,6 +44,7 @@ from neural_arch.distributed.comm.work import ReduceOp, Work
 from neural_arch.distributed.errors import CollectiveTimeoutError
 from neural_arch.distributed.groups import ProcessGroup, _resolve_group
 from neural_arch.distributed.process_group import GroupMember
+from neural_arch.distributed.state import STATE as _STATE
 
 __all__ = [
     "P2POp",
@@ -89,8 +90,10 @@ def _buf(x, arg: str = "tensor"):
     Arrays are not copied: the backend checks them strictly, because a copy would silently
     leave the caller's buffer unchanged.
     """
-    if isinstance(x, Tensor):
+    if x.__class__ is Tensor or isinstance(x, Tensor):
         data = x.data
+        if data.__class__ is np.ndarray and data.flags.c_contiguous:   # the common case
+            return data
         flags = getattr(data, "flags", None)
         if flags is not None and not flags.c_contiguous:
             data = _xp(data).ascontiguousarray(data)
@@ -166,7 +169,11 @@ def _group(group, op: str) -> ProcessGroup | None:
     ``new_group`` returns on ranks that are not members) does nothing and returns None, with a
     warning, so ``all_reduce(t, group=g)`` may be written unguarded on every rank.
     """
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if group is None:
+        world = _STATE.world     # the common case, without _resolve_group's checks of a group
+        if world is not None:
+            return world
+    elif group is GroupMember.NON_GROUP_MEMBER:
         _resolve_group(None, op)  # still: NotInitializedError before init_process_group()
         warnings.warn(f"{op}: this rank is not a member of the group (new_group() returned "
                       "GroupMember.NON_GROUP_MEMBER here); the call does nothing and returns None",
@@ -203,7 +210,9 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
     if pg is None:
         return None
     work = pg.backend.allreduce(_buf(tensor), op, async_op=async_op)
-    return _finish(work, lambda: tensor, async_op)
+    if not async_op:
+        return tensor            # the backend already waited, and raised if the op failed
+    return _finish(work, lambda: tensor, True)
 
 
 def broadcast(tensor, src: int = 0, group=None, async_op: bool = False):
@@ -213,7 +222,9 @@ def broadcast(tensor, src: int = 0, group=None, async_op: bool = False):
         return None
     root = pg.group_rank(src, "src")
     work = pg.backend.broadcast(_buf(tensor), root, async_op=async_op)
-    return _finish(work, lambda: tensor, async_op)
+    if not async_op:
+        return tensor            # the backend already waited, and raised if the op failed
+    return _finish(work, lambda: tensor, True)
 
 
 def reduce(tensor, dst: int = 0, op=ReduceOp.SUM, group=None, async_op: bool = False):

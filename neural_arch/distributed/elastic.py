@@ -30,8 +30,9 @@ the function, which continues from ``state.epoch`` / ``state.step``::
 
 What is *not* here: finding the new members. ``init_process_group()`` joins whatever the
 environment describes (RANK/WORLD_SIZE/MASTER_ADDR); re-rendezvous of a changing set of hosts is
-the launcher's job (``--nnodes MIN:MAX``, not implemented yet), so today a reset re-forms a
-world of the same size (the failed rank must come back, e.g. restarted by its agent).
+the launcher's job (``--nnodes MIN:MAX``: after a lost node the launchers re-form the job and
+restart every rank at the new size; the script resumes from its last durable commit). An
+in-process reset re-forms a world of the same size only.
 """
 
 from __future__ import annotations

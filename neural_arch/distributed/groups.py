@@ -35,10 +35,10 @@ import atexit
 import logging
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
 
+from neural_arch.distributed import config
 from neural_arch.distributed.comm import get_backend_class
 from neural_arch.distributed.errors import DistributedError, NotInitializedError
 
@@ -94,7 +94,7 @@ def select_backend(environ: Mapping[str, str], mpi_importable: bool | None = Non
     """
     from neural_arch.distributed.run.env import detect_launch_env, launched_by_mpiexec
 
-    explicit = (environ.get("NEURAL_ARCH_BACKEND") or "").strip().lower()
+    explicit = (config.get("NEURAL_ARCH_BACKEND", environ) or "").strip().lower()
     if explicit:
         return explicit
     if init_method and not init_method.startswith("env://"):
@@ -125,13 +125,13 @@ def _seconds(value, name: str) -> float:
 
 
 def _env_float(name: str, default: float) -> float:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
+    """A positive number of seconds from the environment (read through the one settings table)."""
     try:
-        return _seconds(text, name)
+        value = config.get(name)
+        return default if value is None else _seconds(value, name)
     except (TypeError, ValueError):
-        raise ValueError(f"environment variable {name}={text!r} must be a positive number of seconds") from None
+        raise ValueError(f"environment variable {name}={os.environ.get(name)!r} must be a positive number "
+                         "of seconds") from None
 
 
 # ---------------------------------------------------------------------------------- init
@@ -186,7 +186,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = "en
         # Counted before anything can fail: a retry after a failed rendezvous then uses fresh
         # store keys instead of the half-written ones of the failed attempt.
         generation = _STATE.generation = _STATE.generation + 1
-        token = environ.get("NEURAL_ARCH_AUTH_TOKEN") or _derived_job_token(environ)
+        token = config.get("NEURAL_ARCH_AUTH_TOKEN", environ) or _derived_job_token(environ)
         launch = _launch_env(environ)
         layout = None
 
@@ -198,7 +198,9 @@ def init_process_group(backend: str | None = None, init_method: str | None = "en
         else:
             rank, world_size, source = _resolve_rank_world(rank, world_size, launch, init_method, name)
             if world_size == 1 and store is None:
-                # A world of one needs no rendezvous and no sockets, whatever was asked for.
+                # A world of one needs no rendezvous and no sockets -- but a backend that cannot run
+                # here is still an error (else get_backend() would say "nccl" on a machine without CuPy)
+                _require_available(name)
                 impl = get_backend_class("local").create(None, 0, 1, timeout)
             else:
                 if store is None:
@@ -215,11 +217,31 @@ def init_process_group(backend: str | None = None, init_method: str | None = "en
                        "timeout": timeout, "rendezvous_timeout": rendezvous_timeout, "launch": launch,
                        "layout": layout}
         _mark_ready(environ, rank)
+        _start_observability(world)
         if impl.debug:
             log.warning("neural_arch.distributed: NEURAL_ARCH_DISTRIBUTED_DEBUG=DETAIL on rank %d of %d "
                         "(%s): every collective is first checked across ranks (op, shape, dtype, root); "
                         "this costs one extra small all_gather per collective", rank, world_size, name)
         return world
+
+
+def _start_observability(world) -> None:
+    """Start what watches the job: the stall inspector (``NEURAL_ARCH_STALL_WARNING_S``, default
+    60 s, 0 = off) and the job-long timeline (``NEURAL_ARCH_TIMELINE=dir``: a collective clock sync)."""
+    from neural_arch.distributed.stall import start_stall_inspector
+    from neural_arch.profiler import start_timeline_from_env
+
+    start_stall_inspector(world)
+    start_timeline_from_env(world)
+
+
+def _stop_observability() -> None:
+    """Before the world's backends go: merge the timeline on rank 0 (a collective), stop the inspector."""
+    from neural_arch.distributed.stall import stop_stall_inspector
+    from neural_arch.profiler import stop_timeline
+
+    stop_timeline()
+    stop_stall_inspector()
 
 
 READY_DIR_ENV = "NEURAL_ARCH_READY_DIR"
@@ -266,6 +288,14 @@ def _resolve_rank_world(rank, world_size, launch, init_method: str, name: str):
     """Explicit arguments win; otherwise what the launcher (RANK/WORLD_SIZE, mpiexec, SLURM) says."""
     source = "arguments"
     if launch is not None:
+        # An explicit value that contradicts the launcher would make this rank rendezvous with a job
+        # that does not exist (a port clash on one rank, a long wait on the others): refuse it here.
+        for arg, given in (("rank", rank), ("world_size", world_size)):
+            if given is not None and int(given) != int(launch[arg]):
+                raise ValueError(
+                    f"init_process_group(backend={name!r}): {arg}={given} contradicts the {launch['source']} "
+                    f"environment ({arg}={launch[arg]}); omit {arg} (or pass -1) to take it "
+                    f"from the environment, or start the job with the layout you want")
         if world_size is None:
             world_size, source = launch["world_size"], launch["source"]
         if rank is None:
@@ -326,12 +356,25 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _require_available(name: str) -> None:
+    """ImportError saying what to install when backend ``name`` cannot run on this machine."""
+    cls = get_backend_class(name)
+    if cls.is_available():
+        return
+    why = ""
+    if name == "nccl":
+        from neural_arch.distributed.comm.nccl.support import missing_requirement
+
+        why = f": {missing_requirement()}"
+    raise ImportError(f"backend {name!r} is not available here{why}; installed: {_installed_backends()} "
+                      "(backend='gloo' trains on CPU)")
+
+
 def _create_backend(name, store, rank, world_size, timeout, rendezvous_timeout, token, generation, options):
     from neural_arch.distributed.rendezvous.store import PrefixStore, store_barrier
 
+    _require_available(name)
     cls = get_backend_class(name)
-    if not cls.is_available():
-        raise ImportError(f"backend {name!r} is not available here; installed: {_installed_backends()}")
     # A fresh key namespace per init: destroy + re-init on the same store must not see old keys.
     scoped = PrefixStore(f"neural_arch/pg{generation}/", store)
     # Each rank publishes its host before the barrier, so after it the whole map is readable:
@@ -373,6 +416,8 @@ def destroy_process_group(group=None) -> None:
         destroy_process_group()
         init_process_group()        # a fresh group
     """
+    if _STATE.world is not None and (group is None or group is GroupMember.WORLD or group is _STATE.world):
+        _stop_observability()
     with _STATE.lock:
         if group is None or group is GroupMember.WORLD or group is _STATE.world:
             targets = list(_STATE.groups)
@@ -439,217 +484,6 @@ def _resolve_group(group=None, op: str = "this operation") -> ProcessGroup:
     return group
 
 
-def new_group(ranks: Sequence[int] | None = None, timeout=None, backend: str | None = None):
-    """Make a sub-group of the world. **Every rank of the world must call it.**
-
-    Two calling styles are accepted, and told apart by one small all-gather of every rank's
-    list (so a wrong call fails at once, on every rank, instead of hanging later):
-
-    * **torch's**: every rank passes the *same* list (non-members too). Members get the new
-      :class:`ProcessGroup`, the others ``GroupMember.NON_GROUP_MEMBER``.
-    * **a split** (MPI_Comm_split; seed 004's pattern): each rank passes the ranks of *its own*
-      group, and the lists form a partition of the world (each list holds its caller, two lists
-      either agree or are disjoint). Every rank then gets the group it named.
-
-    Anything else (e.g. rank 1 passing ``[0, 1]`` while rank 0 passes ``[0, 2]``) raises
-    :class:`DistributedError` on every rank, naming each rank's list.
-
-    ``ranks`` are global ranks (default: all). Example::
-
-        pair = new_group([0, 1])                       # torch style, called by every rank
-        if pair is not GroupMember.NON_GROUP_MEMBER:
-            all_reduce(t, group=pair)
-        tp = new_group([r - r % 2, r - r % 2 + 1])     # split style: each rank names its own pair
-    """
-    world = _resolve_group(None, "new_group")
-    size = world.size()
-    ranks = list(range(size)) if ranks is None else [int(r) for r in ranks]
-    _check_ranks(ranks, size, "new_group")
-    if backend is not None and str(backend).lower() != world.backend_name:
-        raise ValueError(f"new_group(backend={backend!r}): sub-groups use the world's backend "
-                         f"({world.backend_name!r}); omit backend=")
-    lists = _exchange_rank_lists(world, ranks)
-    me = world.rank()
-    if all(lst == lists[0] for lst in lists):
-        return _make_groups([ranks], me, timeout)[0]
-    partition = _as_partition(lists)
-    if partition is None:
-        shown = "; ".join(f"rank {r}: {lst}" for r, lst in enumerate(lists))
-        raise DistributedError(
-            f"new_group: the ranks disagree on the group ({shown}). Either every rank passes the same "
-            "list (torch's style, non-members included), or each rank passes the ranks of its own group "
-            "and the lists form a partition of the world (a split); for several groups at once use "
-            "new_subgroups_by_enumeration([[...], [...]])")
-    groups = _make_groups(partition, me, timeout)
-    return next(g for g, members in zip(groups, partition) if me in members)
-
-
-def _check_ranks(ranks: list[int], size: int, op: str) -> None:
-    if not ranks:
-        raise ValueError(f"{op}: ranks must not be empty")
-    for r in ranks:
-        if not 0 <= r < size:
-            raise ValueError(f"{op}: rank {r} is out of range for a world of size {size} "
-                             f"(valid: 0..{size - 1})")
-    if len(set(ranks)) != len(ranks):
-        raise ValueError(f"{op}: ranks {ranks} contain duplicates")
-
-
-def _exchange_rank_lists(world: ProcessGroup, ranks: list[int]) -> list[list[int]]:
-    """Every rank's (sorted) list, via one int64 all-gather over the world (arrays, no pickle)."""
-    import numpy as np
-
-    size = world.size()
-    mine = np.full(size, -1, dtype=np.int64)
-    mine[:len(ranks)] = sorted(ranks)
-    table = np.empty((size, size), dtype=np.int64)
-    world.backend.allgather(table, mine)
-    return [[int(v) for v in row if v >= 0] for row in table]
-
-
-def _as_partition(lists: list[list[int]]) -> list[list[int]] | None:
-    """The distinct groups when ``lists[r]`` is rank r's own group in a partition; else None."""
-    for r, lst in enumerate(lists):
-        if r not in lst or any(lists[m] != lst for m in lst):
-            return None
-    return sorted({tuple(lst) for lst in lists}, key=lambda g: g[0])  # type: ignore[return-value]
-
-
-def _make_groups(groups: Sequence[Sequence[int]], me: int, timeout) -> list:
-    """Create each group in order on every rank (backends need all ranks to take part in each).
-
-    Returns one entry per group: the ProcessGroup where this rank is a member,
-    ``GroupMember.NON_GROUP_MEMBER`` elsewhere.
-    """
-    world = _resolve_group(None, "new_group")
-    out = []
-    for members in groups:
-        members = sorted(int(r) for r in members)
-        impl = world.backend.new_group(members)  # collective over the world
-        with _STATE.lock:
-            if impl is None:
-                out.append(GroupMember.NON_GROUP_MEMBER)
-                continue
-            if timeout is not None:
-                impl.timeout = _seconds(timeout, "timeout")
-            pg = ProcessGroup(impl, members, world.backend_name, f"group{len(_STATE.groups)}", world.generation)
-            _STATE.groups.append(pg)
-            out.append(pg)
-    return out
-
-
-def new_subgroups_by_enumeration(ranks_per_subgroup_list: Sequence[Sequence[int]], timeout=None,
-                                 backend: str | None = None):
-    """Make several disjoint groups at once (torch): returns ``(this rank's group, all groups)``.
-
-    Every rank calls it with the same list of lists. The first item is None on a rank that is in
-    none of them; the list holds ``GroupMember.NON_GROUP_MEMBER`` for groups this rank is not in.
-    Example (4 ranks)::
-
-        mine, groups = new_subgroups_by_enumeration([[0, 2], [1, 3]])
-    """
-    world = _resolve_group(None, "new_subgroups_by_enumeration")
-    if backend is not None and str(backend).lower() != world.backend_name:
-        raise ValueError(f"new_subgroups_by_enumeration(backend={backend!r}): sub-groups use the world's "
-                         f"backend ({world.backend_name!r}); omit backend=")
-    if not ranks_per_subgroup_list:
-        raise ValueError("new_subgroups_by_enumeration: ranks_per_subgroup_list must not be empty")
-    groups = [[int(r) for r in g] for g in ranks_per_subgroup_list]
-    seen: dict[int, int] = {}
-    for i, g in enumerate(groups):
-        _check_ranks(g, world.size(), "new_subgroups_by_enumeration")
-        for r in g:
-            if r in seen:
-                raise ValueError(f"new_subgroups_by_enumeration: rank {r} is in subgroup {seen[r]} and in "
-                                 f"subgroup {i}; the subgroups must be disjoint")
-            seen[r] = i
-    # Same consistency check as new_group: every rank must pass the same enumeration.
-    lists = _exchange_enumeration(world, groups)
-    if any(lst != lists[0] for lst in lists):
-        shown = "; ".join(f"rank {r}: {lst}" for r, lst in enumerate(lists))
-        raise DistributedError(f"new_subgroups_by_enumeration: the ranks passed different subgroups ({shown}); "
-                               "every rank must pass the same list of lists")
-    out = _make_groups(groups, world.rank(), timeout)
-    mine = next((g for g in out if g is not GroupMember.NON_GROUP_MEMBER), None)
-    return mine, out
-
-
-def _exchange_enumeration(world: ProcessGroup, groups: list[list[int]]) -> list[list[list[int]]]:
-    """Every rank's list of groups (encoded as one int64 row: ranks, -1 between groups)."""
-    import numpy as np
-
-    size = world.size()
-    width = 2 * size + 1
-    code = [r for g in groups for r in (*g, -1)]
-    if len(code) > width:  # cannot happen for disjoint groups of valid ranks; guards the encoding
-        raise ValueError("new_subgroups_by_enumeration: too many subgroups for the world size")
-    row = np.full(width, -2, dtype=np.int64)
-    row[:len(code)] = code
-    table = np.empty((size, width), dtype=np.int64)
-    world.backend.allgather(table, row)
-    decoded = []
-    for line in table:
-        gs, cur = [], []
-        for v in line:
-            if v == -2:
-                break
-            if v == -1:
-                gs.append(cur)
-                cur = []
-            else:
-                cur.append(int(v))
-        decoded.append(gs)
-    return decoded
-
-
-def new_subgroups(group_size: int | None = None, group=None, timeout=None, backend: str | None = None):
-    """Split the world into consecutive groups of ``group_size`` ranks (torch).
-
-    Returns ``(this rank's group, all groups)``; ``group_size`` defaults to the ranks per node
-    (``LOCAL_WORLD_SIZE``), and must divide the world size. Example (4 ranks)::
-
-        mine, groups = new_subgroups(2)      # [[0, 1], [2, 3]]
-    """
-    world = _resolve_group(None, "new_subgroups")
-    if group is not None and group is not GroupMember.WORLD and group is not world:
-        raise NotImplementedError("new_subgroups(group=...): only splitting the world is supported; "
-                                  "use new_subgroups_by_enumeration with global ranks instead")
-    if group_size is None:
-        group_size = int(os.environ.get("LOCAL_WORLD_SIZE") or (_STATE.info.get("layout") or {}).get(
-            "local_world_size") or world.size())
-    group_size = int(group_size)
-    size = world.size()
-    if group_size <= 0 or size % group_size:
-        raise ValueError(f"new_subgroups: group_size={group_size} must be positive and divide the world "
-                         f"size {size}")
-    return new_subgroups_by_enumeration([list(range(s, s + group_size)) for s in range(0, size, group_size)],
-                                        timeout=timeout, backend=backend)
-
-
-def split_group(parent_pg=None, split_ranks: Sequence[Sequence[int]] | None = None, timeout=None,
-                pg_options=None, group_desc: str | None = None):
-    """Split ``parent_pg`` (default: the world) into the disjoint groups ``split_ranks`` (torch).
-
-    Every rank calls it with the same ``split_ranks`` (global ranks); returns this rank's new
-    group, or None when it is in none. Example (4 ranks)::
-
-        tp = split_group(split_ranks=[[0, 1], [2, 3]])
-    """
-    world = _resolve_group(None, "split_group")
-    if parent_pg is not None and parent_pg is not GroupMember.WORLD and parent_pg is not world:
-        raise NotImplementedError("split_group(parent_pg=...): only the world can be split here; pass "
-                                  "parent_pg=None with global ranks in split_ranks")
-    if split_ranks is None:
-        raise ValueError("split_group: split_ranks is required (a list of disjoint lists of global ranks)")
-    if pg_options is not None:
-        raise ValueError("split_group: pg_options are not supported by neural_arch backends; omit it")
-    mine, _ = new_subgroups_by_enumeration(split_ranks, timeout=timeout)
-    if mine is not None and group_desc:
-        mine.name = str(group_desc)
-    return mine
-
-
-# ---------------------------------------------------------------------------------- queries
 def get_rank(group=None) -> int:
     """This process's rank in ``group`` (default: the world); -1 on a non-member (torch)."""
     if group is GroupMember.NON_GROUP_MEMBER:
@@ -677,3 +511,12 @@ def get_group_rank(group, global_rank: int) -> int:
 def get_global_rank(group, group_rank: int) -> int:
     """Rank inside ``group`` -> global rank."""
     return _resolve_group(group, "get_global_rank").global_rank(group_rank)
+
+
+# Sub-groups live in their own module; re-exported here, where they have always been importable.
+from neural_arch.distributed.subgroups import (  # noqa: E402 - after the names subgroups imports from here
+    new_group,
+    new_subgroups,
+    new_subgroups_by_enumeration,
+    split_group,
+)

@@ -17,7 +17,7 @@ import socket
 from typing import Any
 
 from neural_arch.distributed.comm.backend import debug_mode_from_env
-from neural_arch.distributed.comm.registry import installed_backends, mpi_importable
+from neural_arch.distributed.comm.registry import installed_backends
 from neural_arch.distributed.run.env import detect_launch_env
 from neural_arch.distributed.state import STATE
 

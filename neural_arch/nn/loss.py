@@ -33,21 +33,28 @@ class CrossEntropyLoss(Module):
     ``(B, T)`` targets work directly. Targets equal to ``ignore_index`` contribute nothing.
     """
 
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean"):
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0):
         super().__init__()
+        if not 0.0 <= float(label_smoothing) <= 1.0:
+            raise ValueError(f"CrossEntropyLoss: label_smoothing must be in [0, 1], got {label_smoothing}")
         self.ignore_index = int(ignore_index)
         self.reduction = _check_reduction(reduction, "CrossEntropyLoss")
+        self.label_smoothing = float(label_smoothing)
 
     def forward(self, logits, target):
         logits = logits if isinstance(logits, Tensor) else Tensor(logits)
-        target = target.data if isinstance(target, Tensor) else target
         if logits.ndim > 2:
+            soft = tuple(target.shape) == tuple(logits.shape)  # probabilities: one row per position
             logits = logits.reshape(-1, logits.shape[-1])
-            target = target.reshape(-1)
-        return F.cross_entropy(logits, target, ignore_index=self.ignore_index, reduction=self.reduction)
+            target = target.reshape(-1, logits.shape[-1]) if soft else target.reshape(-1)
+        if isinstance(target, Tensor) and not target.requires_grad:
+            target = target.data
+        return F.cross_entropy(logits, target, ignore_index=self.ignore_index, reduction=self.reduction,
+                               label_smoothing=self.label_smoothing)
 
     def extra_repr(self) -> str:
-        return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+        extra = f", label_smoothing={self.label_smoothing}" if self.label_smoothing else ""
+        return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}{extra}"
 
 
 class MSELoss(Module):

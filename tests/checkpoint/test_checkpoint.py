@@ -174,7 +174,13 @@ def test_sigkill_during_save_leaves_a_loadable_latest(tmp_path, mode):
         proc = subprocess.Popen([sys.executable, os.path.join(HERE, "crash_writer.py"), str(directory), mode],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
-            time.sleep(2.0 + rng.random() * 2.0)  # import time + a random moment among the saves
+            # Wait for a first commit (import time varies a lot on a loaded machine), then kill at
+            # a random moment among the saves that follow.
+            deadline = time.monotonic() + 60
+            while CheckpointManager(directory).latest() is None and proc.poll() is None \
+                    and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(rng.random() * 1.5)
             proc.kill()
         finally:
             proc.wait(10)

@@ -102,6 +102,14 @@ def make_hook(name: str, group):
 
         return ps.PowerSGDState(group, matrix_approximation_rank=64, start_powerSGD_iter=0,
                                 min_compression_rate=0.0), ps.powerSGD_hook
+    if name == "powersgd-rank1":  # lossy: rank 1 with error feedback, from the first step
+        from neural_arch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+
+        return ps.PowerSGDState(group, matrix_approximation_rank=1, start_powerSGD_iter=0), ps.powerSGD_hook
+    if name == "topk-30%":  # lossy: 30% of each bucket per rank, error feedback
+        from neural_arch.distributed.algorithms.ddp_comm_hooks import topk_hook as tk
+
+        return tk.TopKState(ratio=0.3, process_group=group), tk.topk_hook
     if name == "topk-everything":  # ratio 1: every entry sent, residual always zero
         from neural_arch.distributed.algorithms.ddp_comm_hooks import topk_hook as tk
 
@@ -423,3 +431,103 @@ def view_run():
         checks.append(all(id(p.grad.data) in views for p in model.parameters()))
         ddp.zero_grad(set_to_none=False)
     return checks
+
+
+def bf16_probe() -> str:
+    """"ok" when the backend all-reduces ml_dtypes.bfloat16 arrays correctly, else why not.
+
+    Probed on a fresh group of every rank: a backend that accepts the dtype but fails once the
+    operation started poisons the group it ran on, and that must not be the pool's world."""
+    import ml_dtypes
+
+    dist = _imports()[4]
+    probe = dist.new_group(list(range(dist.get_world_size())))
+    x = np.ones(3, dtype=ml_dtypes.bfloat16)
+    try:
+        probe.backend.allreduce(x)
+    except Exception as exc:  # noqa: BLE001 - reported as the skip reason
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    if x.astype(np.float32).tolist() != [float(dist.get_world_size())] * 3:
+        return f"wrong result {x.astype(np.float32).tolist()}"
+    return "ok"
+
+
+def powersgd_feedback_run(rank_r: int, steps: int = 5):
+    """Drive powerSGD_hook (rank ``rank_r``, error feedback) on random buckets of a matrix and a
+    vector. Conservation: sum over steps of what was delivered + the residuals summed over ranks
+    == the sum over steps of the true mean gradients. Returns (error, numbers sent, numbers plain)."""
+    dist = _imports()[4]
+    from neural_arch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
+    from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    backend = dist.get_default_group().backend
+    state = PowerSGDState(None, matrix_approximation_rank=rank_r, start_powerSGD_iter=0, min_compression_rate=1.0)
+    rng = np.random.default_rng(20 + rank)
+    shape, n_vec = (12, 9), 5
+    n = shape[0] * shape[1] + n_vec
+    slots = [(0, 108, shape), (108, n, (n_vec,))]
+    delivered, true_mean = np.zeros(n), np.zeros(n)
+    for _ in range(steps):
+        grad = rng.normal(size=n)
+        mean = grad.copy()
+        backend.allreduce(mean)
+        true_mean += mean / world
+        bucket = GradBucket(0, grad.copy(), slots, params=["w", "b"], last=True)
+        delivered += powerSGD_hook(state, bucket).result()
+    residual = state.error_dict[0].copy()
+    backend.allreduce(residual)
+    return float(np.max(np.abs(delivered + residual - true_mean))), state.last_sent
+
+
+def facade_compressed_run(ratio: float, steps: int = 4):
+    """CommunicationOptimizer.all_reduce_compressed: every rank gets the same result, and over
+    steps delivered + residuals (summed over ranks) == the true means (nothing lost)."""
+    dist = _imports()[4]
+    from neural_arch.distributed.algorithms.communication_optimizer import CommunicationOptimizer
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    backend = dist.get_default_group().backend
+    opt = CommunicationOptimizer(compression_ratio=ratio, bucket_size_mb=1)
+    rng = np.random.default_rng(30 + rank)
+    delivered, true_mean = np.zeros((4, 6)), np.zeros((4, 6))
+    results = []
+    for _ in range(steps):
+        grad = rng.normal(size=(4, 6))
+        mean = grad.copy()
+        backend.allreduce(mean)
+        true_mean += mean / world
+        out = opt.all_reduce_compressed(grad)
+        assert out is grad  # in place and returned, like all_reduce
+        delivered += out
+        results.append(out.copy())
+    residual = np.zeros((4, 6))
+    if opt.topk_state.residuals:
+        residual = opt.topk_state.residuals[0].reshape(4, 6).copy()
+    backend.allreduce(residual)
+    table = np.empty((world, *results[-1].shape))
+    backend.allgather(table, results[-1])
+    same = bool((table == table[0]).all())
+    return float(np.max(np.abs(delivered + residual - true_mean))), same, opt.last_sent
+
+
+def bucket_spans_run():
+    """One synchronised backward with a subscriber on the profiler seam: the bucket spans it gets,
+    DDP's per-bucket stats, and the timeline."""
+    _nn, _optim, F, Tensor, dist = _imports()
+    from neural_arch.profiler import events
+
+    model = build_mlp(0, np.float32, sizes=(256, 512, 10))
+    # buckets: [2.bias, 2.weight] (ready after the last layer's backward), [0.bias], [0.weight]
+    ddp = dist.DistributedDataParallel(model, bucket_cap_mb=0.05, first_bucket_mb=0.02)
+    X = np.random.default_rng(0).normal(size=(64, 256)).astype(np.float32)
+    y = np.arange(64) % 10
+    F.cross_entropy(ddp(Tensor(X)), y).backward()  # not recorded: nobody subscribed yet
+    seen = []
+    events.subscribe(seen.append)
+    try:
+        F.cross_entropy(ddp(Tensor(X)), y).backward()
+    finally:
+        events.unsubscribe(seen.append)
+    spans = [(s.name, s.category, s.start, s.end, dict(s.args)) for s in seen if s.category == "bucket"]
+    return spans, ddp.bucket_stats(), ddp.bucket_timeline(), ddp.comm_stats(), len(ddp.bucket_plan)

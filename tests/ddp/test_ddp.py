@@ -90,6 +90,43 @@ def test_fp16_compress_hook_equals_plain_averaging_within_float16_rounding(pool)
         assert diff <= 2e-3, diff  # float16 keeps ~3 decimal digits of each averaged gradient
 
 
+def test_bf16_compress_hook_equals_plain_averaging_within_bfloat16_rounding(pool):
+    why = pool.run(fns.bf16_probe)[0]
+    if why != "ok":
+        pytest.skip(f"this backend does not move bfloat16 arrays yet ({why})")
+    cfg = {"opt": "sgd", "dtype": "float32", "cap": 0.0004, "hook": "bf16_compress_hook", "epochs": 1}
+    for diff, _fp, steps in pool.run(fns.equivalence_run, cfg):
+        assert steps > 0
+        assert diff <= 2e-2, diff  # bfloat16 keeps 8 significant bits (~2-3 decimal digits)
+
+
+@pytest.mark.parametrize("hook", ["powersgd-rank1", "topk-30%"])
+def test_lossy_hooks_keep_every_rank_in_step(pool, hook):
+    # several buckets (PowerSGD's second phase runs at backward's end, in bucket order): the
+    # ranks stay in step and end with identical parameters
+    cfg = {"opt": "sgd", "dtype": "float64", "cap": 0.0004, "first": 0.0001, "hook": hook}
+    results = pool.run(fns.equivalence_run, cfg)
+    prints = [fp for _, fp, _ in results]
+    assert max(prints) - min(prints) <= 1e-9 * max(1.0, abs(prints[0]))
+    for diff, _, steps in results:
+        assert steps >= 4 and diff < 1.0  # lossy, but not diverged
+
+
+@pytest.mark.parametrize("rank_r", [1, 3])
+def test_powersgd_error_feedback_loses_nothing(pool, rank_r):
+    for err, (sent, plain) in pool.run(fns.powersgd_feedback_run, rank_r):
+        assert err <= 1e-12, err
+        assert sent == (12 + 9) * rank_r + 5 and plain == 12 * 9 + 5  # P, Q of the matrix + the vector
+
+
+@pytest.mark.parametrize("ratio", [0.25, 1.0])
+def test_communication_optimizer_compressed_mean_loses_nothing(pool, ratio):
+    for err, same, (sent, n) in pool.run(fns.facade_compressed_run, ratio):
+        assert err <= 1e-12, err
+        assert same  # every rank got the same mean
+        assert n == 24 and sent == (24 if ratio == 1.0 else 2 * 6)  # plain mean, or k=6 indices + values
+
+
 @pytest.mark.parametrize("ratio", [0.1, 0.5])
 def test_topk_error_feedback_loses_nothing(pool, ratio):
     for err, (sent, n) in pool.run(fns.topk_feedback_run, ratio):
@@ -125,6 +162,21 @@ def test_allreduce_starts_before_backward_ends(pool):
     launches_before = [e for e in timeline[:end] if e[0] == "launch"]
     assert len(launches_before) >= 2, timeline  # buckets were in flight while backward still ran
     assert stats["launched_before_end"] >= 2
+
+
+def test_bucket_spans_and_per_bucket_stats(pool):
+    spans, stats, timeline, totals, n = pool.run(fns.bucket_spans_run)[0]
+    assert n >= 3 and len(spans) == len(stats) == n
+    end = next(t for e, _, t in timeline if e == "backward_end")
+    for i, ((name, cat, start, stop, args), st) in enumerate(zip(spans, stats)):
+        assert name == f"bucket {i}" and cat == "bucket" and args["index"] == st["index"] == i
+        assert args["bytes"] == st["bytes"] > 0
+        assert start == args["ready"] <= args["launched"] <= args["started"] <= args["done"] == stop
+        assert 0.0 <= st["hidden_s"] <= st["comm_s"] and 0.0 <= st["hidden_fraction"] <= 1.0
+    assert spans[0][2] < end  # the first bucket was ready (and launched) while backward still ran
+    assert sum(st["bytes"] for st in stats) == 4 * (256 * 512 + 512 + 512 * 10 + 10)
+    assert [t for _, _, t in timeline] == sorted(t for _, _, t in timeline)
+    assert len(totals["bucket_hidden_fraction"]) == n and totals["backwards"] == 2
 
 
 @pytest.mark.parametrize("extra", [0, 2])

@@ -138,10 +138,12 @@ def check_p2p_ring(b, seed, shape, dtype, tag=5):
 
 
 def check_p2p_mismatch(b):
-    """Rank 0 sends 3 floats, rank 1 expects 4: a clear ValueError, and the next message still works."""
+    """Rank 0 sends 3 floats, rank 1 expects 4: a clear ValueError naming both shapes, and the group
+    is poisoned on rank 1 (bytes had moved): its next op fails at once naming the first failure."""
+    from neural_arch.distributed.errors import GroupPoisonedError
+
     if b.rank == 0:
         b.send(np.ones(3, np.float32), 1, tag=2)
-        b.send(np.arange(4, dtype=np.float32), 1, tag=2)
         return "sent"
     if b.rank == 1:
         try:
@@ -151,9 +153,12 @@ def check_p2p_mismatch(b):
             assert "shape (3,)" in msg and "shape (4,)" in msg, msg
         else:
             raise AssertionError("a mismatched recv did not raise")
-        ok = np.empty(4, np.float32)
-        b.recv(ok, 0, tag=2)
-        np.testing.assert_array_equal(ok, np.arange(4))
+        try:
+            b.recv(np.empty(4, np.float32), 0, tag=2)
+        except GroupPoisonedError as exc:
+            assert "shape (3,)" in str(exc) and "destroy" in str(exc), str(exc)
+        else:
+            raise AssertionError("a poisoned group ran another op")
         return "raised"
     return "idle"
 

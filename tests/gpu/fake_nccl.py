@@ -241,7 +241,7 @@ class FakeCommNoSplit(FakeComm):
 class FakeArray:
     """Just enough of ``cupy.ndarray`` for the backend: NumPy memory, real pointers."""
 
-    __module__ = "cupy_fake"   # base._is_array recognises CuPy arrays by their module name
+    __module__ = "cupy_fake"   # looks like CuPy's; recognised through neural_arch.backend.register_device_type
 
     def __init__(self, a, device: int = 0):
         self._a = a if isinstance(a, np.ndarray) else np.asarray(a)
@@ -319,6 +319,18 @@ class _Device:
 
     def __exit__(self, *exc):
         return False
+
+
+def register_with_backend(cp):
+    """Make neural_arch.backend treat FakeArray as a device array (what it does for CuPy's): the
+    comm layer recognises arrays only through the one owner, ``backend.is_array``. Returns the
+    undo function."""
+    from neural_arch import backend
+
+    backend.register_device_type("fakecuda", xp=cp, array_type=FakeArray, to_host=lambda a: a.get(),
+                                 from_host=lambda host, index: FakeArray(np.array(host), index),
+                                 index_of=lambda a: a.device.id)
+    return lambda: backend.unregister_device_type("fakecuda")
 
 
 def make_cupy_module(device_count: int = 1):

@@ -176,6 +176,10 @@ class DictStore:
                 raise RendezvousError(f"key {key!r} never set")
             return self.data[key]
 
+    def check(self, keys):
+        with self.cv:
+            return all(k in self.data for k in keys)
+
 
 def run_threads(fn, n, timeout=20.0):
     """fn(rank) on n threads; results in rank order, or the first exception re-raised."""
@@ -198,6 +202,8 @@ def run_threads(fn, n, timeout=20.0):
 @pytest.fixture
 def fake_env(monkeypatch):
     """Route NCCLBackend.create to the fake modules; returns a factory of n-rank worlds."""
+    undo = fk.register_with_backend(fk.make_cupy_module())
+
     def make(n, version=21805, with_split=True, timeout=10.0):
         nccl, cp = fk.make_nccl_module(version, with_split), fk.make_cupy_module()
         monkeypatch.setattr(nb, "_import_nccl", lambda: (cp, nccl))
@@ -206,7 +212,10 @@ def fake_env(monkeypatch):
         backends, errors = run_threads(lambda r: nb.NCCLBackend.create(store, r, n, timeout=timeout), n)
         assert errors == [None] * n, errors
         return backends
-    yield make
+    try:
+        yield make
+    finally:
+        undo()
 
 
 def _arr(a):
@@ -477,3 +486,33 @@ def test_comm_split_queues_behind_pending_async_ops(fake_env):
     for got, sub_sum in each(backends, run):
         assert got == [1.0 + 2 * i for i in range(4)]
         assert sub_sum == [1.0, 1.0]
+
+
+def test_two_processes_on_one_gpu_fail_on_every_rank_naming_them(fake_env, monkeypatch):
+    # the fake runs ranks as threads of one process; give each thread its own "pid" so they look like
+    # the processes a launcher starts (all of them choose cuda:0, the fake's only device)
+    monkeypatch.setattr(nb.os, "getpid", lambda: 1000 + threading.get_ident() % 997)
+    nccl, cp = fk.make_nccl_module(21805, True), fk.make_cupy_module()
+    monkeypatch.setattr(nb, "_import_nccl", lambda: (cp, nccl))
+    monkeypatch.setattr(nb, "missing_requirement", lambda: None)
+    store = DictStore()
+    _, errors = run_threads(lambda r: nb.NCCLBackend.create(store, r, 2, timeout=5.0), 2)
+    for err in errors:
+        assert isinstance(err, DistributedError), errors
+        assert "ranks [0, 1] all chose cuda:0" in str(err) and "--nproc_per_node" in str(err)
+
+
+def test_world_of_one_with_nccl_and_no_cupy_says_what_to_install(monkeypatch):
+    import neural_arch.distributed as dist
+    from neural_arch.distributed.comm.nccl import support as _nccl_support
+
+    monkeypatch.setattr(_nccl_support, "_import_nccl", lambda: (None, None))
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    try:
+        with pytest.raises(ImportError, match=r"neural_arch\[gpu\]"):
+            dist.init_process_group("nccl")   # before: a silent local world that reported "nccl"
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -85,12 +85,28 @@ def test_launch_distributed_training_rejects_unknown_options():
         launch_distributed_training("train.py", nproc_per_nod=2)
 
 
-def test_multinode_restarts_are_refused_plainly():
+def test_multinode_restarts_are_elastic_and_need_the_job_token(monkeypatch):
     from neural_arch.distributed.launcher import DistributedLauncher
 
-    launcher = DistributedLauncher(LaunchConfig(nnodes=4, max_restarts=3))
-    with pytest.raises(NotImplementedError, match="not coordinated across nodes"):
-        launcher.launch("train.py", "--epochs", "100")
+    monkeypatch.delenv("NEURAL_ARCH_AUTH_TOKEN", raising=False)
+    config = LaunchConfig(nnodes=4, max_restarts=3)
+    assert config.elastic and config.nnodes_spec == "4:4"
+    with pytest.raises(ValueError, match="NEURAL_ARCH_AUTH_TOKEN"):
+        DistributedLauncher(config).launch("train.py", "--epochs", "100")
+
+
+@pytest.mark.parametrize("spec, bounds", [("3", (3, 3)), ("1:4", (1, 4)), ("2:2", (2, 2))])
+def test_nnodes_takes_torchruns_min_max_form(spec, bounds):
+    cfg, _target, _rest = parse(f"--nnodes={spec}", "--rdzv_last_call=0.5", "train.py")
+    assert (cfg.min_nnodes, cfg.nnodes, cfg.rdzv_last_call) == (*bounds, 0.5)
+    assert cfg.replace(node_rank=bounds[1] - 1).min_nnodes == bounds[0]  # replace() keeps MIN
+
+
+@pytest.mark.parametrize("spec, message", [("3:2", "MIN <= MAX"), ("0:2", "MIN <= MAX"), ("x:2", "MIN:MAX")])
+def test_bad_node_ranges_are_refused_at_parse_time(spec, message, capsys):
+    with pytest.raises(SystemExit):
+        parse(f"--nnodes={spec}", "train.py")
+    assert message in capsys.readouterr().err
 
 
 def test_mpi_backend_is_refused_with_the_mpiexec_command():

@@ -294,7 +294,7 @@ def test_start_timeout_names_missing_node_and_ranks(tmp_path, write_script):
                         f"--agent_port={free_port()}", "--start_timeout=1", "--monitor_interval=0.2",
                         "--term_timeout=1", script], tmp_path, env=TOKEN)
     assert res.returncode == 124
-    assert "node 1 (ranks 2, 3) never joined" in res.stderr
+    assert "node 1 never joined" in res.stderr and "--node_rank N" in res.stderr
     assert time.monotonic() - start < 15
 
 
@@ -424,7 +424,8 @@ def test_start_timeout_names_only_the_rank_that_did_not_report_ready(tmp_path, w
 @pytest.mark.parametrize("no_group", ["0", "1"])
 def test_ranks_past_rendezvous_may_run_longer_than_start_timeout(tmp_path, write_script, no_group):
     script = write_script("ok.py", HANG_BEFORE_RENDEZVOUS)
-    res = run_launcher(["--standalone", "--nproc_per_node=2", "--start_timeout=1.5", script], tmp_path,
-                       env={"AFTER": "3", "NO_GROUP": no_group})
+    # 4 s to reach rendezvous (a loaded CI box needs that for two Python starts), then 6 s of "work"
+    res = run_launcher(["--standalone", "--nproc_per_node=2", "--start_timeout=4", script], tmp_path,
+                       env={"AFTER": "6", "NO_GROUP": no_group})
     assert res.returncode == 0, res.stderr
     assert res.stdout.count(": ready") == 2

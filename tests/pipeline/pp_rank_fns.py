@@ -71,7 +71,8 @@ def make_opt(name: str, params):
     return optim.Adam(params, lr=0.01)
 
 
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B"}
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
+             "zbh1": "ScheduleZBH1"}
 
 
 def setup_groups(pp: int):
@@ -202,4 +203,85 @@ def bad_batch_run():
         schedule.step(X)
     except ValueError as exc:
         return str(exc)
+    return "no error"
+
+
+def zb_vs_1f1b_run(kind: str, m: int, steps: int = 2):
+    """The same pipeline trained by 1F1B and by ZB-H1 from the same start: True when every
+    gradient and parameter of this rank's stage is bitwise equal after every step; also whether
+    the ZB-H1 step really deferred weight gradients (Linear weights had no gradient after B)."""
+    dist, _F, _nn, _optim, _Tensor, _seed = _imports()
+    from neural_arch.distributed import pipeline as pl
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    runs = {}
+    deferred = None
+    for name in ("1f1b", "zbh1"):
+        model = build_model(kind, layers=world * 2)
+        stage = pl.pipeline(model, num_stages=world).build_stage(rank)
+        schedule = getattr(pl, SCHEDULES[name])(stage, m, loss_fn=loss_fn(kind))
+        opt = make_opt("adam", stage.submodule.parameters())
+        grads, params = [], []
+        for step in range(steps):
+            X, y = make_batch(kind, 2 * m, step)
+            if name == "zbh1" and step == 0:
+                # watch the first W: when it runs, its micro-batch's B has already run without
+                # touching the Linear weights' .grad (the weight gradient really is deferred)
+                orig = stage.backward_weight_one_chunk
+                seen = {}
+
+                def spy(mb, orig=orig, seen=seen, stage=stage):
+                    if not seen:
+                        from neural_arch.nn.linear import Linear
+                        seen["before"] = [m_.weight.grad is None for m_ in stage.submodule.modules()
+                                          if isinstance(m_, Linear)]
+                    return orig(mb)
+                stage.backward_weight_one_chunk = spy
+            schedule.step(*((X,) if rank == 0 else ()), target=y if rank == world - 1 else None)
+            if name == "zbh1" and step == 0:
+                del stage.backward_weight_one_chunk
+                deferred = bool(seen.get("before")) and all(seen["before"])
+            grads.append([p.grad.data.copy() for p in stage.submodule.parameters()])
+            opt.step()
+            opt.zero_grad()
+            params.append([p.data.copy() for p in stage.submodule.parameters()])
+        runs[name] = (grads, params)
+    (g1, p1), (g2, p2) = runs["1f1b"], runs["zbh1"]
+    same = all(np.array_equal(a, b) for s1, s2 in zip(g1 + p1, g2 + p2) for a, b in zip(s1, s2))
+    return {"bitwise": same, "deferred": deferred}
+
+
+def culprit_run(mode: str, victim: int, timeout: float = 4.0, schedule: str = "1f1b"):
+    """``world`` stages; in step 2 stage ``victim`` raises in the forward of micro-batch 2
+    (``"raise"``), exits (``"die"``) or sleeps past the timeout (``"hang"``). Returns the error
+    text this rank saw (with its notes) and how long its failing step took."""
+    dist, *_ = _imports()
+    from neural_arch.distributed import pipeline as pl
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    group = dist.new_group(list(range(world)), timeout=timeout)
+    model = build_model("mlp", layers=world * 2)
+    stage = pl.pipeline(model, num_stages=world).build_stage(rank, group=group)
+    sched = getattr(pl, SCHEDULES[schedule])(stage, 4, loss_fn=loss_fn("mlp"))
+    for step in range(2):
+        X, y = make_batch("mlp", 8, step)
+        if step == 1 and rank == victim:
+            if mode == "die":
+                os._exit(3)
+            if mode == "hang":
+                time.sleep(timeout + 8)
+                return "slept"
+            calls = []
+
+            def boom(module, args, output):
+                calls.append(1)
+                if len(calls) == 3:
+                    raise RuntimeError("injected failure in the forward of micro-batch 2")
+            stage.submodule.register_forward_hook(boom)
+        t0 = time.monotonic()
+        try:
+            sched.step(*((X,) if rank == 0 else ()), target=y if rank == world - 1 else None)
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            notes = " ".join(getattr(exc, "__notes__", []))
+            return f"{type(exc).__name__}: {exc} {notes} [after {time.monotonic() - t0:.1f}s]"
     return "no error"

@@ -2,9 +2,9 @@
 gradients are averaged across ranks, everything stays on the device, and training equals
 single-process NumPy training on the global batch.
 
-The CPU backends stage device arrays through the host; until ``neural_arch/distributed`` uses
-``backend.to_host`` / ``backend.to_device_like`` / ``backend.is_array`` / ``backend.get_array_module``
-(instead of re-implementing them for CuPy only), the fake device is refused there.
+The CPU backends stage device arrays through the host with the one host-transfer pair
+(``backend.to_host`` / ``backend.to_device_like``) and recognise them with ``backend.is_array`` /
+``backend.get_array_module``: a fake device array goes the same way a CuPy array does.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from neural_arch.distributed.testing import RankPool
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.mark.xfail(strict=False, reason="needs distributed host-transfer helper")
 def test_ddp_on_device_matches_single_process_training():
     with RankPool(2, backend="gloo", timeout=30.0) as pool:
         results = pool.run(fns.ddp_on_fake_device)

@@ -130,8 +130,6 @@ def test_all_targets_ignored_gives_nan_like_torch():
         assert np.isnan(loss.item())
 
 
-@pytest.mark.xfail(strict=False, reason="needs core/tensor.py _to_array to accept registered device arrays "
-                                        "(backend.is_device_array), as it accepts CuPy arrays")
 def test_gpt_training_step_has_no_host_waits():
     from neural_arch.core.tensor import manual_seed
 

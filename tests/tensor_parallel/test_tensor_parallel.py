@@ -79,11 +79,19 @@ def test_parallel_layers_and_vocab_parallel_cross_entropy(pool):
         assert not bad, f"rank {rank}: {bad}"
 
 
-@pytest.mark.parametrize("loss_parallel", [True, False], ids=["vocab-parallel-loss", "gathered-logits"])
-def test_tp_gpt_equals_single_process(pool, loss_parallel):
-    for rank, out in enumerate(pool.run(fns.gpt_tp_run, loss_parallel)):
+@pytest.mark.parametrize("loss_parallel, sequence_parallel", [(True, False), (False, False), (True, True)],
+                         ids=["vocab-parallel-loss", "gathered-logits", "sequence-parallel"])
+def test_tp_gpt_equals_single_process(pool, loss_parallel, sequence_parallel):
+    for rank, out in enumerate(pool.run(fns.gpt_tp_run, loss_parallel, 3, 0, sequence_parallel)):
         assert out["steps"] >= 3
         for key in ("init", "logits", "loss", "grads", "params"):
+            assert out[key] <= TOL, f"rank {rank}: {key} differs by {out[key]:g}"
+
+
+def test_sequence_parallel_block_equals_single_process(pool):
+    for rank, out in enumerate(pool.run(fns.sequence_parallel_block_run)):
+        assert out["shape"] == (3, 4, 8)  # this rank's positions only
+        for key in ("out", "x_grad", "grads"):
             assert out[key] <= TOL, f"rank {rank}: {key} differs by {out[key]:g}"
 
 

@@ -301,7 +301,7 @@ def _batch(seed: int, rows: int, cfg=None):
     return idx, tgt
 
 
-def gpt_tp_run(loss_parallel: bool, steps: int = 3, seed: int = 0):
+def gpt_tp_run(loss_parallel: bool, steps: int = 3, seed: int = 0, sequence_parallel: bool = False):
     """TP GPT over the world vs single-process GPT: logits, every gradient, params after Adam steps."""
     import neural_arch.functional as F
     from neural_arch import optim
@@ -309,7 +309,8 @@ def gpt_tp_run(loss_parallel: bool, steps: int = 3, seed: int = 0):
 
     dist = _dist()
     group = dist.get_default_group()
-    ref, tp = _gpt(seed), parallelize_gpt(_gpt(seed), None, loss_parallel=loss_parallel)
+    ref = _gpt(seed)
+    tp = parallelize_gpt(_gpt(seed), None, loss_parallel=loss_parallel, sequence_parallel=sequence_parallel)
     V = TP_PLAN_SHAPE["vocab_size"]
     o_ref, o_tp = optim.Adam(ref.parameters(), lr=1e-2), optim.Adam(tp.parameters(), lr=1e-2)
     out = {"logits": 0.0, "grads": 0.0, "params": 0.0, "loss": 0.0,
@@ -530,3 +531,43 @@ def tp_sketched_run(seed: int = 0, use_seed_groups: bool = False, steps: int = 2
                                             - rl.weight_u.data[r * step:(r + 1) * step]).max()),
                       float(np.abs(layer.local_sklinear.sketch_matrix.data - rl.sketch_matrix.data).max()))
     return {"out": worst_out, "grads": worst_g, "params": worst_p}
+
+
+def sequence_parallel_block_run(seed: int = 3):
+    """A pre-LN MLP block with a plan of SequenceParallel + Shard(1) styles vs the same block on one
+    process: each rank feeds its positions and must get exactly its positions of the output, and
+    every gradient (including the LayerNorm's and the row-parallel bias, which see only part of the
+    sequence) must equal the single-process one."""
+    from neural_arch import nn
+    from neural_arch.core.tensor import Tensor, manual_seed
+    from neural_arch.distributed.tensor_parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        Shard,
+        parallelize_module,
+    )
+
+    dist = _dist()
+    group = dist.get_default_group()
+    n, r = group.size(), group.rank()
+
+    def block():
+        manual_seed(seed)
+        return nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)).double()
+
+    ref, tp = block(), block()
+    parallelize_module(tp, group, {"0": SequenceParallel(), "1": ColwiseParallel(input_layouts=Shard(1)),
+                                   "3": RowwiseParallel(output_layouts=Shard(1))})
+    x = np.random.default_rng(seed).normal(size=(3, 4 * n, 8))
+    step = x.shape[1] // n
+    mine = slice(r * step, (r + 1) * step)
+    xr, xt = Tensor(x, requires_grad=True), Tensor(np.ascontiguousarray(x[:, mine]), requires_grad=True)
+    yr, yt = ref(xr), tp(xt)
+    w = np.random.default_rng(seed + 1).normal(size=yr.shape)
+    (yr * Tensor(w)).sum().backward()
+    (yt * Tensor(np.ascontiguousarray(w[:, mine]))).sum().backward()
+    return {"out": float(np.abs(np.asarray(yt.data) - np.asarray(yr.data)[:, mine]).max()),
+            "x_grad": float(np.abs(_g(xt) - _g(xr)[:, mine]).max()),
+            "grads": _param_diff(tp, ref, group, "grad"),
+            "shape": tuple(yt.shape)}

@@ -9,6 +9,8 @@ import threading
 import time
 
 import pytest
+
+from neural_arch.distributed.comm.transport import handshake
 from transport_procs import run_ranks
 
 from neural_arch.distributed.errors import AuthenticationError, PeerFailureError, RendezvousError
@@ -100,8 +102,16 @@ def test_compare_set_semantics_and_prefix_store():
 
 def _raw(port):
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
-    hello = s.recv(8 + 1 + 32, socket.MSG_WAITALL)
-    assert hello.startswith(b"NASTORE1") and hello[8] == 1
+    hello = s.recv(handshake._HELLO.size, socket.MSG_WAITALL)
+    assert hello.startswith(handshake.MAGIC) and hello[8] == 1   # keyed: every connection must prove the key
+    return s
+
+
+def _authed(port, key=None):
+    """A raw socket past the handshake (``key`` None: the per-user job secret of a token-less store)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    handshake.greet(s, key if key is not None else (lambda kid: handshake.local_job_secret(port, want_id=kid)),
+                    b"store", time.monotonic() + 5)
     return s
 
 
@@ -117,15 +127,16 @@ def test_auth_rejects_bad_clients_and_keeps_serving():
     master = TCPStore("127.0.0.1", 0, is_master=True, timeout=5, auth_token=b"tok")
     good = TCPStore("127.0.0.1", master.port, timeout=5, auth_token=b"tok")
     try:
-        with pytest.raises(AuthenticationError, match="requires an auth token"):
+        with pytest.raises(AuthenticationError, match="requires the job key"):
             TCPStore("127.0.0.1", master.port, timeout=5)
-        with pytest.raises(AuthenticationError, match="rejected"):
+        with pytest.raises(AuthenticationError, match="another job key"):
             TCPStore("127.0.0.1", master.port, timeout=5, auth_token="wrong")
-        # a raw client skipping the handshake and sending a request frame: dropped, not served
+        # a raw client answering with a zero MAC (what a token-less rank used to send), then a request
+        # frame: refused (status 0), closed, never served
         raw = _raw(master.port)
-        raw.sendall(struct.pack("!BI", 1, 2) + struct.pack("!I", 1) + b"k" + struct.pack("!I", 1) + b"v"
-                    + b"\x00" * 32)
-        assert _reply(raw) == b""  # closed
+        raw.sendall(os.urandom(32) + struct.pack("!IH", 0, 0) + bytes(32)
+                    + struct.pack("!BI", 1, 2) + struct.pack("!I", 1) + b"k" + struct.pack("!I", 1) + b"v")
+        assert _reply(raw) == b"\x00"  # refused
         raw.close()
         # garbage of every length, including a connection that sends nothing and hangs up
         for junk in (b"", b"\xff" * 3, os.urandom(200)):
@@ -147,8 +158,7 @@ def test_malformed_and_oversize_frames_after_auth_do_not_crash_the_server():
                       struct.pack("!BI", 1, 1) + struct.pack("!I", 0xFFFFFFFF),   # oversize length
                       struct.pack("!BI", 99, 0),                                  # unknown op: an error reply
                       struct.pack("!BI", 3, 2) + struct.pack("!I", 1) + b"k" + struct.pack("!I", 2) + b"xx"):
-            s = socket.create_connection(("127.0.0.1", master.port), timeout=5)
-            s.recv(41, socket.MSG_WAITALL)
+            s = _authed(master.port)
             s.sendall(frame)
             reply = _reply(s)
             assert reply in (b"", b"\x02")  # closed, or answered with ST_ERROR

@@ -12,8 +12,9 @@ Names and semantics follow ``torch.distributed.checkpoint`` (DCP)::
 
 What is stored: one safetensors file per rank that owns data (each chunk a tensor of its own) and
 one JSON ``.metadata``: for every dotted key (nested dicts are flattened: ``optim.state.0.exp_avg``)
-its global shape, dtype, and the chunks (region, file, tensor name, blake2b digest); for every
-file its sha256 and size; plain values (ints, floats, strings, tuples) as JSON. ``.metadata`` is
+its global shape, dtype, and the chunks (region, file, tensor name, byte offset, a CRC-32 per MiB);
+for every file its size and header CRC; plain values (ints, floats, strings, tuples) as JSON.
+Each rank streams its chunks into its file in one pass (checksums computed as the bytes go out). ``.metadata`` is
 written last, by atomic rename, after every rank's files are fsynced: a directory without it is
 not a checkpoint, and a crash at any moment leaves the previous checkpoint loadable.
 
@@ -35,8 +36,8 @@ The contract for parallel layouts (what a strategy puts in its state dict)
 
 Load gives every leaf its region: a plain array receives the whole global array; a
 ``ShardedArray`` receives its own box or flat range, assembled from whichever saved chunks overlap
-it (only those are read, via ``safe_open``; each read chunk's digest is checked).
-``verify(dir)`` checks every file's sha256. :class:`CheckpointManager` adds numbered checkpoints,
+it (only the blocks it needs are read, straight into the destination array; each block's CRC is
+checked). ``verify(dir)`` checks every byte of every file. :class:`CheckpointManager` adds numbered checkpoints,
 resume, keep-last-k cleanup and best-metric tracking.
 """
 

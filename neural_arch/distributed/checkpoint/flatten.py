@@ -22,24 +22,25 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from neural_arch import backend as _backend
 from neural_arch.distributed.checkpoint.sharded import ShardedArray
 
 __all__ = ["decode_object", "encode_object", "flatten_state_dict", "is_array_leaf", "to_host"]
 
 
 def to_host(value) -> np.ndarray:
-    """A NumPy view/copy of an array-like leaf (CuPy arrays and Tensors are copied to host)."""
-    data = getattr(value, "data", value) if not isinstance(value, np.ndarray) else value
-    if hasattr(data, "get") and not isinstance(data, np.ndarray):  # CuPy
-        data = data.get()
-    return np.asarray(data)
+    """A NumPy view/copy of an array-like leaf (device arrays and Tensors are copied to host).
+
+    >>> to_host([1, 2]).tolist()
+    [1, 2]
+    """
+    return _backend.to_host(value)
 
 
 def is_array_leaf(value) -> bool:
     if isinstance(value, (np.ndarray, np.generic, ShardedArray)):
         return True
-    module = type(value).__module__ or ""
-    return module.startswith("cupy") or type(value).__name__ in ("Tensor", "Parameter")
+    return _backend.is_device_array(value) or type(value).__name__ in ("Tensor", "Parameter")
 
 
 def _walkable(value) -> bool:

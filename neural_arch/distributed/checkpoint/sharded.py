@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Region", "ShardedArray", "copy_overlap"]
+__all__ = ["Region", "ShardedArray", "copy_overlap", "overlap_runs"]
 
 
 class ShardedArray:
@@ -176,8 +176,8 @@ def copy_overlap(src_region: Region, src: np.ndarray, dst_region: Region, dst: n
     # At least one flat side: intersect the two sorted lists of contiguous runs.
     s_starts, s_len = src_region.runs()
     d_starts, d_len = dst_region.runs()
-    if s_len == 0 or d_len == 0:
-        return 0
+    if s_len == 0 or d_len == 0 or not len(s_starts) or not len(d_starts):
+        return 0  # an empty piece (its reshape would not share memory, so test before)
     src_flat, dst_flat = src.reshape(-1), dst.reshape(-1)
     if not np.shares_memory(dst_flat, dst):  # reshape copied: dst is not contiguous
         raise ValueError("copy_overlap: the destination must be C-contiguous")
@@ -195,3 +195,42 @@ def copy_overlap(src_region: Region, src: np.ndarray, dst_region: Region, dst: n
         else:
             j += 1
     return copied
+
+
+def overlap_runs(src_region: Region, dst_region: Region, limit: int = 4096) -> list[tuple[int, int, int]] | None:
+    """Where two pieces overlap, as contiguous runs ``(src local offset, dst local offset, length)``.
+
+    Offsets and lengths count elements of the pieces' C-order flattened local arrays; the runs
+    come in increasing order on both sides. Returns None when either piece has more than
+    ``limit`` runs (e.g. a column shard of a tall matrix): the caller then copies with
+    :func:`copy_overlap` instead of run by run.
+
+    >>> rows = Region((4, 3), (2, 0), (2, 3))                  # rows 2-3 of a 4x3 array
+    >>> overlap_runs(Region((4, 3), flat_offset=4, flat_size=5), rows)   # elements 6, 7, 8
+    [(2, 0, 3)]
+    """
+    s_starts, s_len = src_region.runs()
+    d_starts, d_len = dst_region.runs()
+    if len(s_starts) > limit or len(d_starts) > limit:
+        return None
+    out: list[tuple[int, int, int]] = []
+    if s_len == 0 or d_len == 0:
+        return out
+    i = j = 0
+    while i < len(s_starts) and j < len(d_starts):
+        a0 = int(s_starts[i])
+        b0 = int(d_starts[j])
+        a1, b1 = a0 + s_len, b0 + d_len
+        lo, hi = max(a0, b0), min(a1, b1)
+        if lo < hi:
+            src_at, dst_at = i * s_len + lo - a0, j * d_len + lo - b0
+            last = out[-1] if out else None
+            if last and last[0] + last[2] == src_at and last[1] + last[2] == dst_at:
+                out[-1] = (last[0], last[1], last[2] + hi - lo)  # adjacent on both sides: one run
+            else:
+                out.append((src_at, dst_at, hi - lo))
+        if a1 <= b1:
+            i += 1
+        else:
+            j += 1
+    return out

@@ -16,13 +16,27 @@ and may override the derived ones (``_reduce``, ``_gather``, ``_scatter``,
 The public methods (``allreduce``, ``broadcast``, ...) are written once, here:
 
 * they validate their arguments **in the caller**, before any I/O (bad input is a clear
-  ``ValueError``/``TypeError`` naming the argument);
+  ``ValueError``/``TypeError`` naming the argument: type, device, dtype, contiguity, shape, a
+  read-only output, the tag range);
+* an error raised once the operation has started (a peer's bytes did not match, a reduction
+  failed, a timeout) **poisons** the group: the peers may be mid-message, so every later operation
+  on this rank fails at once naming that first failure (:class:`GroupPoisonedError`), and the
+  backend tells the other ranks (:meth:`_poison_peers`), whose next operation fails the same way.
+  A group never returns data from streams that fell out of step;
 * they number every collective per group (``info.seq``), which errors and debug checks use;
 * they run collectives **in order** on one progress thread per group when ``async_op=True``
   (so backward can overlap with communication), and inline when the queue is idle and the
   call is synchronous (no thread hop on the latency-critical path);
 * with ``NEURAL_ARCH_DISTRIBUTED_DEBUG=DETAIL`` they first compare (op, shape, dtype, root)
-  across ranks and raise :class:`CollectiveMismatchError` on **every** rank when they differ.
+  across ranks and raise :class:`CollectiveMismatchError` on **every** rank when they differ;
+* every operation that runs is reported once to :mod:`neural_arch.profiler.events` as a
+  ``"collective"`` span (op, seq, group, bytes, dtype, backend, transport) when someone listens;
+  with no subscriber that costs one test of the observer lists.
+
+The synchronous path (``async_op=False``, idle lane) is the latency-critical one for small
+messages: it validates, numbers, runs the primitive on the caller's thread and returns a Work
+that is already done, with no lock, Event or thread hop (``benchmarks/bench_small_messages.py``
+measures what is left).
 
 Example (any concrete backend)::
 
@@ -33,26 +47,56 @@ Example (any concrete backend)::
 from __future__ import annotations
 
 import abc
+import logging
 import os
 import pickle
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from neural_arch.distributed.errors import CollectiveMismatchError, DistributedError
-from neural_arch.distributed.comm.debug import FINGERPRINT_LEN, OP_CODES, describe_fingerprint, fingerprint
+from neural_arch import backend as _array_backend
+
+from neural_arch.distributed.comm import spans as _spans
+from neural_arch.distributed.comm.debug import (
+    FINGERPRINT_LEN,
+    OP_CODES,
+    describe_fingerprint,
+    fingerprint,
+    wire_word,
+)
 from neural_arch.distributed.comm.lanes import SerialLane
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp, Work
+from neural_arch.distributed.errors import CollectiveMismatchError, DistributedError, GroupPoisonedError
+from neural_arch.profiler import events as _events
 
 # Dtypes every backend must move. bool travels as uint8 (same itemsize).
 SUPPORTED_DTYPES = frozenset(
     np.dtype(t) for t in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool")
 )
 FLOAT_DTYPE_KINDS = ("f",)
+#: ml_dtypes' bfloat16 is supported too, recognised by name (dtype kind "V"): importing ml_dtypes
+#: here would cost every ``import neural_arch`` ~7 ms, and a bfloat16 array means it is loaded.
+BFLOAT16 = "bfloat16"
 DEBUG_ENV = "NEURAL_ARCH_DISTRIBUTED_DEBUG"
+_log = logging.getLogger("neural_arch.distributed")
+# The members as module constants: ``ReduceOp.AVG`` is an Enum class-attribute lookup that costs
+# ~0.4 us on CPython 3.11 (and hashing a member as a dict key as much), which added up to a
+# third of a small collective's Python overhead.
+_SUM, _AVG, _MAX, _MIN, _PRODUCT = ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT
 
+
+
+def is_bfloat16(dtype) -> bool:
+    """Whether ``dtype`` is ml_dtypes' bfloat16 (without importing ml_dtypes)."""
+    return dtype.kind == "V" and dtype.name == BFLOAT16
+
+
+def is_supported_dtype(dtype) -> bool:
+    """Whether every backend can move arrays of ``dtype`` (:data:`SUPPORTED_DTYPES` or bfloat16)."""
+    return dtype in SUPPORTED_DTYPES or is_bfloat16(dtype)
 
 
 def debug_mode_from_env() -> bool:
@@ -61,13 +105,13 @@ def debug_mode_from_env() -> bool:
 
 def reduce_into(dst, src, op: ReduceOp) -> None:
     """``dst = dst (op) src`` elementwise, in place. AVG accumulates as SUM (divide at the end)."""
-    if op in (ReduceOp.SUM, ReduceOp.AVG):
+    if op in (_SUM, _AVG):
         dst += src
-    elif op is ReduceOp.MAX:
+    elif op is _MAX:
         np.maximum(dst, src, out=dst) if isinstance(dst, np.ndarray) else _xp(dst).maximum(dst, src, out=dst)
-    elif op is ReduceOp.MIN:
+    elif op is _MIN:
         np.minimum(dst, src, out=dst) if isinstance(dst, np.ndarray) else _xp(dst).minimum(dst, src, out=dst)
-    elif op is ReduceOp.PRODUCT:
+    elif op is _PRODUCT:
         dst *= src
     else:  # pragma: no cover - ReduceOp.coerce rejects everything else
         raise ValueError(f"unsupported reduce op {op}")
@@ -89,19 +133,11 @@ def _dtype_name(dtype) -> str:
     return name
 
 
-def _xp(array):
-    if isinstance(array, np.ndarray):
-        return np
-    import cupy  # only reached for CuPy arrays, so cupy is already imported
-
-    return cupy
-
-
-def _is_array(x) -> bool:
-    if isinstance(x, np.ndarray):
-        return True
-    # CuPy arrays, without importing cupy
-    return type(x).__module__.startswith("cupy") and hasattr(x, "__cuda_array_interface__")
+# The one owner of "which array library" and "is this an array": neural_arch.backend (CuPy and
+# any registered device type, e.g. the strict-device tests' fake GPU). Kept under these names for
+# the comm layer's many call sites.
+_xp = _array_backend.get_array_module
+_is_array = _array_backend.is_array
 
 
 class Backend(abc.ABC):
@@ -113,14 +149,14 @@ class Backend(abc.ABC):
     devices: tuple = ("cpu",)
 
     def __init__(self, rank: int, size: int, timeout: float = 300.0,
-                 group_ranks: Optional[Sequence[int]] = None, debug: Optional[bool] = None):
+                 group_ranks: Sequence[int] | None = None, debug: bool | None = None):
         if size < 1 or not 0 <= rank < size:
             raise ValueError(f"rank={rank} must be in [0, size={size})")
         self._rank = rank
         self._size = size
         self.timeout = float(timeout)
         #: this group's members as *global* ranks, for error messages
-        self.group_ranks: List[int] = list(group_ranks) if group_ranks is not None else list(range(size))
+        self.group_ranks: list[int] = list(group_ranks) if group_ranks is not None else list(range(size))
         self.debug = debug_mode_from_env() if debug is None else bool(debug)
         self._seq = 0
         self._p2p_seq = 0
@@ -130,7 +166,7 @@ class Backend(abc.ABC):
         self._p2p_lanes: dict = {}
         self._lock = threading.Lock()
         self._closed = False
-        self._fatal: Optional[BaseException] = None
+        self._fatal: BaseException | None = None
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -167,7 +203,7 @@ class Backend(abc.ABC):
     def _recv(self, array, src: int, tag: int, info: OpInfo) -> None: ...
 
     @abc.abstractmethod
-    def _new_group(self, ranks: List[int]) -> "Backend": ...
+    def _new_group(self, ranks: list[int]) -> Backend: ...
 
     def _shutdown(self) -> None:
         """Release sockets, shared memory, communicators. Called once by :meth:`shutdown`."""
@@ -233,7 +269,7 @@ class Backend(abc.ABC):
             self._sendrecv(send, dst, output[src * n:(src + 1) * n], src, _COLLECTIVE_TAG, info)
 
     def _barrier(self, info: OpInfo) -> None:
-        self._allreduce(np.zeros(1, dtype=np.int32), ReduceOp.SUM, info)
+        self._allreduce(np.zeros(1, dtype=np.int32), _SUM, info)
 
     # -- execution ----------------------------------------------------------------------------
     def _new_info(self, name: str, array=None, root=None, op=None, p2p=False) -> OpInfo:
@@ -243,61 +279,135 @@ class Backend(abc.ABC):
         else:
             self._seq += 1
             seq = self._seq
+        red = None if op is None else op._value_   # _value_: Enum's .value is a slow descriptor
         if array is None:
-            return OpInfo(name, seq, self.group_ranks, self.group_ranks[self._rank], None, None, root,
-                          None if op is None else op.value)
-        return OpInfo(name, seq, self.group_ranks, self.group_ranks[self._rank], array.shape,
-                      _dtype_name(array.dtype), root, None if op is None else op.value)
+            shape = dtype = None
+        else:
+            shape, dtype = array.shape, _dtype_name(array.dtype)
+        return OpInfo(name, seq, self.group_ranks, self.group_ranks[self._rank], shape, dtype, root, red,
+                      _INF, None, None)   # wire=None: computed when a transport first reads it
 
     def _run(self, info: OpInfo, fn: Callable[[], Any], async_op: bool,
-             lane: Optional[SerialLane] = None) -> Work:
+             lane: SerialLane | None = None) -> Work:
         """Run ``fn`` now (idle lane, synchronous call) or after every earlier op of its lane."""
-        self._check_usable(info)
-        lane = self._lane if lane is None else lane
-        work = Work(info)
+        if self._closed or self._fatal is not None:
+            self._check_usable(info)
+        if lane is None:
+            lane = self._lane
         if async_op or lane.pending:
+            work = Work(info)
             lane.submit(work, fn)
-        else:
-            self._execute(work, fn)
-        if not async_op:
-            work.wait()
-        return work
+            if not async_op:
+                work.wait()
+            return work
+        # The synchronous fast path, inline (one call layer less on every small collective): run on
+        # the caller's thread, raise in it, return a done Work. Same checks, spans and poisoning as
+        # _execute; the Work needs no lock or Event because no other thread has seen it.
+        info.deadline = _monotonic() + self.timeout
+        span = None
+        if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
+            span = _spans.begin(self, info, _spans.lane_label(lane.name))
+        try:
+            if self.debug and info.name in OP_CODES:
+                self._debug_check(info)
+            result = fn()
+        except BaseException as exc:
+            self._failed(info, exc, span)
+            raise
+        if span is not None:
+            _spans.end(span, info)
+        return Work.completed(result, info)
 
     def _check_usable(self, info: OpInfo) -> None:
         if self._closed:
             raise DistributedError(f"{info.describe()}: the process group was destroyed; "
                                    "call init_process_group() again before communicating")
         if self._fatal is not None:
-            raise DistributedError(f"{info.describe()} cannot run: an earlier operation on this group "
-                                   f"failed ({self._fatal}); destroy the process group and restart")
+            raise self._poisoned_error(info, "cannot run")
+
+    def _poisoned_error(self, info: OpInfo, verb: str) -> GroupPoisonedError:
+        first = self._fatal
+        return GroupPoisonedError(
+            f"{info.describe()} {verb} on rank {self.group_ranks[self._rank]}: the group "
+            f"{self.group_ranks} is unusable: an earlier operation on this group failed after data had "
+            "started to move, so its streams may be out of step and it never returns data again; destroy the "
+            "process group (destroy_process_group()) and create it again (init_process_group(...)) on "
+            f"every rank. First failure: {type(first).__name__}: {first}")
 
     def _execute(self, work: Work, fn: Callable[[], Any]) -> None:
+        """Run one queued op on its lane's thread; the outcome goes into ``work``."""
         info = work.info
         info.deadline = time.monotonic() + self.timeout
+        work.started_at = time.perf_counter()
         if self._fatal is not None:
             # queued behind an op that failed: peers are mid-protocol, so running it could
             # match a late message from the failed op and return wrong data
-            work._set_exception(DistributedError(
-                f"{info.describe()} was not run: an earlier operation on this group failed ({self._fatal})"))
+            work._set_exception(self._poisoned_error(info, "was not run"))
             return
+        span = None
+        if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
+            span = _spans.begin(self, info, _spans.lane_label(threading.current_thread().name))
         try:
             if self.debug and info.name in OP_CODES:
                 self._debug_check(info)
             result = fn()
         except BaseException as exc:  # noqa: BLE001 - stored, raised by Work.wait()
-            if not isinstance(exc, (ValueError, TypeError)):
-                # A failed collective leaves peers mid-protocol: later ones cannot be trusted.
-                self._fatal = exc
+            self._failed(info, exc, span)
             work._set_exception(exc)
         else:
+            if span is not None:
+                _spans.end(span, info)
             work._set_result(result)
+
+    def _failed(self, info: OpInfo, exc: BaseException, span) -> None:
+        # Everything that can be checked before I/O was checked by the public method, in the
+        # caller; whatever fails in here failed with peers possibly mid-message (a size or
+        # header mismatch, a reduction into a bad buffer, a timeout). Trusting the group after
+        # that is how a later, correct collective returns a neighbour's stale bytes: poison it
+        # here and on every other rank.
+        if span is not None:
+            _spans.fail(span, exc)
+        if self._fatal is None:
+            self._fatal = exc
+            try:
+                self._poison_peers(info, exc)
+            except Exception as poison_exc:  # noqa: BLE001 - best effort: the local error matters more
+                _log.debug("could not tell the peers that %s failed: %s", info.describe(), poison_exc)
+
+    def abort(self, reason: str) -> None:
+        """Make this group unusable here and on every other rank, naming ``reason`` (torch's
+        ``ProcessGroup.abort``): what a layer above calls when it stopped half-way through a
+        protocol of its own (a pipeline step), so no rank can run a later op out of step.
+
+        >>> from neural_arch.distributed.comm.local import LocalBackend
+        >>> b = LocalBackend()
+        >>> b.abort("stage 2 failed")
+        >>> b.allreduce(np.ones(1))
+        Traceback (most recent call last):
+        ...
+        neural_arch.distributed.errors.GroupPoisonedError: ...First failure: RuntimeError: stage 2 failed
+        """
+        if self._fatal is not None:
+            return
+        info = OpInfo("abort", 0, tuple(self.group_ranks), self.group_ranks[self._rank])
+        self._failed(info, RuntimeError(reason), None)
+
+    def _poison_peers(self, info: OpInfo, exc: BaseException) -> None:
+        """Tell the other ranks that this group failed (override: the transport's abort message).
+        The default does nothing: their next operation then fails by timeout instead of at once."""
+
+    def _validate_tag(self, tag: int) -> None:
+        """Raise ValueError in the caller for a tag this backend cannot carry (override)."""
+        if not isinstance(tag, (int, np.integer)):
+            raise TypeError(f"tag={tag!r} must be an int")
 
     def _debug_check(self, info: OpInfo) -> None:
         """Compare (op, shape, dtype, root, reduce op) across ranks; raise on every rank if they differ."""
         mine = fingerprint(info)
         table = np.zeros((self._size, FINGERPRINT_LEN), dtype=np.int64)
-        check = OpInfo(f"debug check of {info.name}", info.seq, info.group_ranks, info.rank,
-                       deadline=info.deadline)
+        name = f"debug check of {info.name}"
+        check = OpInfo(name, info.seq, info.group_ranks, info.rank, deadline=info.deadline,
+                       wire=wire_word(name, info.seq, None, None))
         self._allgather(table, mine, check)
         if not (table == mine).all():
             rows = {self.group_ranks[r]: describe_fingerprint(table[r]) for r in range(self._size)}
@@ -308,7 +418,11 @@ class Backend(abc.ABC):
                 "in the same order.")
 
     # -- validation helpers ---------------------------------------------------------------------
-    def _check_array(self, x, arg: str) -> None:
+    def _check_array(self, x, arg: str, writable: bool = False) -> None:
+        if x.__class__ is np.ndarray and "cpu" in self.devices and x.dtype in SUPPORTED_DTYPES:
+            flags = x.flags      # the common case: a plain NumPy array of a supported dtype
+            if flags.c_contiguous and (flags.writeable or not writable):
+                return
         if not _is_array(x):
             raise TypeError(f"{arg} must be a NumPy or CuPy array, got {type(x).__name__}; "
                             "pass tensor.data for a Tensor")
@@ -316,12 +430,18 @@ class Backend(abc.ABC):
         if device not in self.devices:
             raise TypeError(f"{arg} lives on {device} but the {self.name!r} backend moves "
                             f"{'/'.join(self.devices)} arrays; use a backend for {device} or move the data")
-        if x.dtype not in SUPPORTED_DTYPES:
+        if x.dtype not in SUPPORTED_DTYPES and not is_bfloat16(x.dtype):
             raise TypeError(f"{arg} has dtype {x.dtype}, which cannot be communicated; "
-                            f"use one of {sorted(str(d) for d in SUPPORTED_DTYPES)}")
-        if not x.flags.c_contiguous:
+                            f"use one of {sorted(str(d) for d in SUPPORTED_DTYPES) + [BFLOAT16]}")
+        flags = x.flags
+        if not flags.c_contiguous:
             raise ValueError(f"{arg} is not C-contiguous; pass np.ascontiguousarray({arg}) "
                              "(collectives write into the buffer in place)")
+        if writable and isinstance(x, np.ndarray) and not flags.writeable:  # CuPy has no read-only arrays
+            # checked here, before any I/O: found during the reduction, the peers would already be
+            # mid-exchange and the group's streams out of step
+            raise ValueError(f"{arg} is read-only but this collective writes its result into it; pass a "
+                             f"writable array (np.array({arg}) copies one)")
 
     def _check_rank(self, r: int, arg: str) -> None:
         if not isinstance(r, (int, np.integer)) or not 0 <= int(r) < self._size:
@@ -336,39 +456,42 @@ class Backend(abc.ABC):
             raise ValueError(f"{what}: shape {tuple(b.shape)} should be {tuple(expected_shape)}")
 
     def _check_op(self, op, array) -> ReduceOp:
-        if not isinstance(op, ReduceOp):
+        if op.__class__ is not ReduceOp:
             op = ReduceOp.coerce(op)
         kind = array.dtype.kind
-        if op is ReduceOp.AVG and kind not in FLOAT_DTYPE_KINDS:
+        if kind == "f" and op is not _PRODUCT:   # the common case, decided in one test
+            return op
+        if op is _AVG and kind not in FLOAT_DTYPE_KINDS and not is_bfloat16(array.dtype):
             raise TypeError(f"ReduceOp.AVG needs a floating dtype, got {array.dtype}; "
                             "use ReduceOp.SUM and divide by the group size")
-        if kind == "b" and op not in (ReduceOp.MAX, ReduceOp.MIN):
+        if kind == "b" and op not in (_MAX, _MIN):
             raise TypeError(f"bool arrays support ReduceOp.MAX / MIN only, got {op}")
         return op
 
     # -- public collectives ---------------------------------------------------------------------
     def allreduce(self, array, op: ReduceOp = ReduceOp.SUM, async_op: bool = False) -> Work:
         """Reduce ``array`` across the group, in place on every rank."""
-        self._check_array(array, "array")
+        self._check_array(array, "array", writable=True)
         op = self._check_op(op, array)
         info = self._new_info("all_reduce", array, op=op)
         if self._size == 1:
             return self._run(info, lambda: array, async_op)
-
-        def run():
-            if op is ReduceOp.AVG and array.dtype == np.float16:
+        if op is _AVG and info.dtype == "float16":
+            def run():
                 # Pre-multiplied sum: a float16 sum can overflow where the mean would not.
                 array[...] *= array.dtype.type(1.0 / self._size)
-                self._allreduce(array, ReduceOp.SUM, info)
-            else:
+                self._allreduce(array, _SUM, info)
+                return array
+        else:
+            def run():
                 self._allreduce(array, op, info)
-            return array
+                return array
         return self._run(info, run, async_op)
 
     def broadcast(self, array, root: int = 0, async_op: bool = False) -> Work:
         """Copy ``root``'s array into every rank's ``array``."""
-        self._check_array(array, "array")
         self._check_rank(root, "root")
+        self._check_array(array, "array", writable=int(root) != self._rank)
         info = self._new_info("broadcast", array, root=root)
 
         def run():
@@ -379,7 +502,7 @@ class Backend(abc.ABC):
 
     def reduce(self, array, root: int = 0, op: ReduceOp = ReduceOp.SUM, async_op: bool = False) -> Work:
         """Reduce into ``root``'s array; the other ranks' arrays are left unchanged."""
-        self._check_array(array, "array")
+        self._check_array(array, "array", writable=True)
         self._check_rank(root, "root")
         op = self._check_op(op, array)
         info = self._new_info("reduce", array, root=root, op=op)
@@ -393,7 +516,7 @@ class Backend(abc.ABC):
     def allgather(self, output, input, async_op: bool = False) -> Work:
         """``output[r] = input of rank r``; ``output.shape == (size, *input.shape)``."""
         self._check_array(input, "input")
-        self._check_array(output, "output")
+        self._check_array(output, "output", writable=True)
         self._check_same(input, output, "all_gather output", (self._size,) + tuple(input.shape))
         info = self._new_info("all_gather", input)
 
@@ -413,7 +536,7 @@ class Backend(abc.ABC):
             if output is None:
                 raise ValueError(f"gather: rank {root} is the root and needs an output array "
                                  f"of shape {(self._size,) + tuple(input.shape)}")
-            self._check_array(output, "output")
+            self._check_array(output, "output", writable=True)
             self._check_same(input, output, "gather output", (self._size,) + tuple(input.shape))
         info = self._new_info("gather", input, root=root)
 
@@ -427,7 +550,7 @@ class Backend(abc.ABC):
 
     def scatter(self, output, input, root: int = 0, async_op: bool = False) -> Work:
         """``output = root's input[rank]``; ``input.shape == (size, *output.shape)`` on root."""
-        self._check_array(output, "output")
+        self._check_array(output, "output", writable=True)
         self._check_rank(root, "root")
         if self._rank == root:
             if input is None:
@@ -448,7 +571,7 @@ class Backend(abc.ABC):
     def reduce_scatter(self, output, input, op: ReduceOp = ReduceOp.SUM, async_op: bool = False) -> Work:
         """Reduce ``input`` and give rank r the r-th chunk of dim 0 (``input.shape[0] == size * output.shape[0]``)."""
         self._check_array(input, "input")
-        self._check_array(output, "output")
+        self._check_array(output, "output", writable=True)
         op = self._check_op(op, input)
         if input.ndim == 0 or input.shape[0] % self._size:
             dim0 = input.shape[0] if input.ndim else "a 0-d array"
@@ -461,9 +584,9 @@ class Backend(abc.ABC):
         def run():
             if self._size == 1:
                 output[...] = input
-            elif op is ReduceOp.AVG and input.dtype == np.float16:
+            elif op is _AVG and input.dtype == np.float16:
                 # Pre-multiplied sum (see allreduce), on a copy: the input is the caller's.
-                self._reduce_scatter(output, input * input.dtype.type(1.0 / self._size), ReduceOp.SUM, info)
+                self._reduce_scatter(output, input * input.dtype.type(1.0 / self._size), _SUM, info)
             else:
                 self._reduce_scatter(output, input, op, info)
             return output
@@ -472,7 +595,7 @@ class Backend(abc.ABC):
     def alltoall(self, output, input, async_op: bool = False) -> Work:
         """Rank r sends chunk d of ``input``'s dim 0 to rank d, and receives chunk s from rank s."""
         self._check_array(input, "input")
-        self._check_array(output, "output")
+        self._check_array(output, "output", writable=True)
         if input.ndim == 0 or input.shape[0] % self._size:
             raise ValueError(f"all_to_all: input dim 0 must be divisible by the group size {self._size}")
         self._check_same(input, output, "all_to_all output", input.shape)
@@ -499,6 +622,7 @@ class Backend(abc.ABC):
         """Send ``array`` to group rank ``dst`` (matched by ``tag`` with the peer's recv)."""
         self._check_array(array, "array")
         self._check_rank(dst, "dst")
+        self._validate_tag(tag)
         if dst == self._rank:
             raise ValueError(f"send: dst={dst} is this rank; a rank cannot send to itself")
         info = self._new_info("send", array, root=dst, p2p=True)
@@ -506,8 +630,9 @@ class Backend(abc.ABC):
 
     def recv(self, array, src: int, tag: int = 0, async_op: bool = False) -> Work:
         """Receive into ``array`` from group rank ``src``; shape and dtype must match the send."""
-        self._check_array(array, "array")
+        self._check_array(array, "array", writable=True)
         self._check_rank(src, "src")
+        self._validate_tag(tag)
         if src == self._rank:
             raise ValueError(f"recv: src={src} is this rank; a rank cannot receive from itself")
         info = self._new_info("recv", array, root=src, p2p=True)
@@ -557,7 +682,7 @@ class Backend(abc.ABC):
         return [pickle.loads(table[r, :int(lengths[r, 0])].tobytes()) for r in range(self._size)]
 
     # -- groups and teardown ---------------------------------------------------------------------------
-    def new_group(self, ranks: Sequence[int]) -> Optional["Backend"]:
+    def new_group(self, ranks: Sequence[int]) -> Backend | None:
         """Sub-communicator over ``ranks`` (ranks of this group). Every rank of this group must
         call it with the same list; ranks outside it get ``None``."""
         ranks = [int(r) for r in ranks]
@@ -583,6 +708,8 @@ class Backend(abc.ABC):
 
 
 _COLLECTIVE_TAG = -1  # tag used by derived collectives built on send/recv
+_INF = float("inf")
+_monotonic = time.monotonic
 
 
 def _pickle(obj) -> np.ndarray:

@@ -20,7 +20,7 @@ FINGERPRINT_LEN = 16
 OP_CODES = {name: i for i, name in enumerate(
     ["all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter", "reduce_scatter",
      "all_to_all", "barrier", "broadcast_object", "all_gather_object"])}
-_DTYPES = ("bool", "float16", "float32", "float64", "int32", "int64", "int8", "uint8")
+_DTYPES = ("bool", "float16", "float32", "float64", "int32", "int64", "int8", "uint8", "bfloat16")
 
 _DTYPE_CODES = {name: i + 1 for i, name in enumerate(_DTYPES)}
 _OP_NAMES = {code: name for name, code in OP_CODES.items()}
@@ -28,6 +28,54 @@ _DTYPE_NAMES = {code: name for name, code in _DTYPE_CODES.items()}
 _REDUCE_CODES = {"sum": 1, "avg": 2, "max": 3, "min": 4, "product": 5}
 _REDUCE_NAMES = {v: k for k, v in _REDUCE_CODES.items()}
 _MAX_DIMS = FINGERPRINT_LEN - 6
+
+# -- the per-frame check word (always on, unlike the DETAIL fingerprint) ---------------------------
+# Every transport frame of an op carries ``wire_word(...)``: 8 bits op kind | 5 bits dtype |
+# 3 bits reduce op | 48 bits sequence number. Ranks that call different collectives, or the same
+# one with another dtype, at one sequence number see different words on the first frame -- an error
+# on the receiving side at no extra round trip (the byte count travels in the frame anyway).
+# Point-to-point ops use one shared kind and no sequence number: a send and its recv are numbered
+# independently on each side (their own header checks shape and dtype).
+_P2P_CODE = 250
+_DEBUG_CODE = 251
+_SEQ_MASK = (1 << 48) - 1
+_P2P_NAMES = frozenset({"send", "recv"})
+_WIRE_CACHE: dict = {}
+
+
+def wire_word(name: str, seq: int, dtype, reduce_op) -> int:
+    """The frame check word of an op (see above). ``dtype``/``reduce_op`` are names or None."""
+    try:
+        base, mask = _WIRE_CACHE[name, dtype, reduce_op]   # the hot path: one dict lookup
+    except KeyError:
+        if name in _P2P_NAMES:
+            base, mask = _P2P_CODE << 56, 0
+        else:
+            code = OP_CODES.get(name, _DEBUG_CODE if name.startswith("debug check") else 249)
+            base = ((code << 56) | (_DTYPE_CODES.get(dtype or "", 0) << 51)
+                    | (_REDUCE_CODES.get(reduce_op or "", 0) << 48))
+            mask = _SEQ_MASK
+        _WIRE_CACHE[name, dtype, reduce_op] = (base, mask)
+    return base | (seq & mask)
+
+
+def describe_wire(word: int, nbytes: int | None = None) -> str:
+    """``'all_reduce #3 float32 sum (16 bytes)'`` for a check word (error messages)."""
+    if word == 0:
+        return "an unchecked message" + (f" ({nbytes} bytes)" if nbytes is not None else "")
+    code = word >> 56
+    if code == _P2P_CODE:
+        text = "a point-to-point message"
+    else:
+        name = _OP_NAMES.get(code, "debug check" if code == _DEBUG_CODE else "an internal op")
+        text = f"{name} #{word & _SEQ_MASK}"
+        dtype = _DTYPE_NAMES.get((word >> 51) & 0x1F)
+        if dtype:
+            text += f" {dtype}"
+        red = _REDUCE_NAMES.get((word >> 48) & 0x7)
+        if red:
+            text += f" op {red}"
+    return text + (f" ({nbytes} bytes)" if nbytes is not None else "")
 
 
 def fingerprint(info: OpInfo) -> np.ndarray:

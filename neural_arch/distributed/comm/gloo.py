@@ -6,6 +6,13 @@ behind the thresholds) over one :class:`~neural_arch.distributed.comm.transport.
 per process: shared memory between ranks of one host, TCP between hosts
 (``NEURAL_ARCH_GLOO_TRANSPORT=auto|shm|tcp``). CuPy arrays are staged through host memory.
 
+When every rank of the world is on this host (shared-memory links), all_reduce, reduce,
+reduce_scatter, all_gather, broadcast and barrier of the world group skip the messages: they run
+on one shared segment (:mod:`neural_arch.distributed.comm.algorithms.shm_direct`, created during
+this rendezvous). Sub-groups, CuPy arrays, other dtypes and the remaining ops use the plans;
+``NEURAL_ARCH_GLOO_DIRECT=0`` turns the direct path off, ``NEURAL_ARCH_GLOO_ALGO=direct|ring|...``
+forces one algorithm (measurements, tests).
+
 Sub-groups reuse the world's transport on their own channels, so creating one opens no
 sockets. Point-to-point messages carry a small header (shape, dtype, tag) before the payload;
 a receive whose buffer does not match fails with an error naming both sides.
@@ -29,12 +36,18 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from neural_arch.backend import to_device_like, to_host
+
 from neural_arch.distributed.comm.backend import SUPPORTED_DTYPES, Backend
-from neural_arch.distributed.errors import DistributedError
+from neural_arch.distributed.errors import DistributedError, PeerFailureError
 from neural_arch.distributed.comm.algorithms.executor import PlanExecutor, force_algo_from_env
-from neural_arch.distributed.comm.work import OpInfo
+from neural_arch.distributed.comm.algorithms.shm_direct import choose as choose_direct
+from neural_arch.distributed.comm.algorithms.shm_direct import DIRECT_DTYPES, direct_for_every_size
+from neural_arch.distributed.comm.work import OpInfo, ReduceOp
 
 TRANSPORT_ENV = "NEURAL_ARCH_GLOO_TRANSPORT"
+#: "0" turns the direct shared-memory collectives off (the plans then run over the shm rings)
+DIRECT_ENV = "NEURAL_ARCH_GLOO_DIRECT"
 
 # Channel layout: every group owns a block of channels; inside it, channel 0 carries the
 # group's collectives and the others carry point-to-point messages, one per tag.
@@ -73,9 +86,13 @@ class GlooBackend(PlanExecutor, Backend):
     def __init__(self, transport, rank: int, size: int, timeout: float = 300.0,
                  group_ranks: Optional[Sequence[int]] = None, debug: Optional[bool] = None,
                  peers: Optional[Sequence[int]] = None, path: Tuple[int, ...] = (),
-                 owns_transport: bool = True):
+                 owns_transport: bool = True, direct=None):
         super().__init__(rank, size, timeout, group_ranks=group_ranks, debug=debug)
         self._t = transport
+        #: the direct shared-memory collectives (shm_direct.DirectCollectives) when every rank of
+        #: this group is on this host and the transport is shared memory; None otherwise
+        self._direct = direct
+        self._direct_always = direct is not None and direct_for_every_size(size)
         #: group rank -> transport (world) rank
         self._peers: List[int] = list(peers) if peers is not None else list(range(size))
         self._path = path
@@ -109,7 +126,14 @@ class GlooBackend(PlanExecutor, Backend):
             from neural_arch.distributed.comm.transport.engine import connect_transport  # the transport imports sockets/shm machinery
 
             t = connect_transport(store, rank, world_size, timeout, mode=mode, auth_token=auth_token)
-        return cls(t, rank, world_size, timeout, group_ranks=group_ranks, debug=debug)
+            try:
+                direct = _connect_direct(store, t, rank, world_size, timeout, group_ranks)
+            except BaseException:
+                t.close()
+                raise
+        else:
+            direct = None
+        return cls(t, rank, world_size, timeout, group_ranks=group_ranks, debug=debug, direct=direct)
 
     # -- scratch ----------------------------------------------------------------------------------
     def _scratch(self, dtype, n: int, slot: str) -> np.ndarray:
@@ -127,6 +151,26 @@ class GlooBackend(PlanExecutor, Backend):
             raise ValueError(f"tag={tag} is out of range for the gloo backend; use a tag in "
                              f"[0, {_TAG_OFFSET - 2}] (negative tags are reserved)")
         return self._coll_channel + 1 + tag + _TAG_OFFSET
+
+    def _validate_tag(self, tag: int) -> None:
+        super()._validate_tag(tag)
+        self._tag_channel(int(tag))   # range check, in the caller, before any I/O
+
+    def _poison_peers(self, info: OpInfo, exc: BaseException) -> None:
+        # The transport is shared by every group of this process: its abort message reaches all
+        # ranks, and every group on every rank then fails naming this first failure.
+        # A timeout too: the op's first frames may already sit in a late peer's stream, and that
+        # peer would otherwise take them for its own op and return data. A dead peer is already
+        # propagated by the transport's abort message.
+        why = (f"{info.describe()} on group {self.group_ranks} failed on rank "
+               f"{self.group_ranks[self._rank]}: {type(exc).__name__}: {exc}")
+        if self._direct is not None:
+            # ranks waiting in a shared-memory barrier read no socket: the segment's flag wakes them
+            self._direct.seg.poison(why)
+        if isinstance(exc, PeerFailureError):
+            return
+        if self._t is not None:
+            self._t.poison(why)
 
     def _p2p_lock(self, kind: str, peer: int, channel: int) -> threading.Lock:
         # Header and payload must travel back to back even if two threads send on one tag.
@@ -156,7 +200,7 @@ class GlooBackend(PlanExecutor, Backend):
 
     def _send(self, array, dst: int, tag: int, info: OpInfo) -> None:
         channel = self._tag_channel(tag)
-        host = array if isinstance(array, np.ndarray) else array.get()
+        host = to_host(array)  # device arrays are staged through the host
         peer = self._peers[dst]
         with self._p2p_lock("send", peer, channel):
             self._t.send(peer, self._header(host, tag), channel, info)
@@ -174,7 +218,7 @@ class GlooBackend(PlanExecutor, Backend):
             if host.nbytes:
                 self._t.recv_into(peer, _bytes(host), channel, info)
         if host is not array:
-            array.set(host)
+            to_device_like(host, array, out=array)
 
     def _mismatch(self, hdr, host, src, tag, info) -> Optional[str]:
         """None when the incoming header matches ``host``; else the error message naming both sides."""
@@ -213,7 +257,7 @@ class GlooBackend(PlanExecutor, Backend):
         if dst == self._rank or src == self._rank:
             raise ValueError("sendrecv: a rank cannot exchange with itself")
         channel = self._tag_channel(tag)
-        host_out = send_array if isinstance(send_array, np.ndarray) else send_array.get()
+        host_out = to_host(send_array)
         host_in = recv_array if isinstance(recv_array, np.ndarray) else np.empty(recv_array.shape,
                                                                                recv_array.dtype)
         pd, ps = self._peers[dst], self._peers[src]
@@ -233,7 +277,81 @@ class GlooBackend(PlanExecutor, Backend):
         if problem is not None:
             raise ValueError(problem)
         if host_in is not recv_array:
-            recv_array.set(host_in)
+            to_device_like(host_in, recv_array, out=recv_array)
+
+    # -- direct shared-memory collectives (falling back to the plans) ----------------------------------
+    def _use_direct(self, array, nbytes: int) -> bool:
+        if self._direct is None or type(array) is not np.ndarray or array.dtype not in DIRECT_DTYPES:
+            return False
+        force = self._force_algo
+        if force:    # an algorithm forced for measurements/tests: "direct", or a plan
+            return "direct" in force
+        return self._direct_always or choose_direct(self._size, nbytes) == "direct"
+
+    def _check_transport(self, info: OpInfo) -> None:
+        # another group of this process (sharing the transport) failed: the world fails too, as it
+        # would over the transport
+        if getattr(self._t, "_abort", None) is not None:
+            raise self._t._abort_error(info)
+
+    def _allreduce(self, array, op: ReduceOp, info: OpInfo) -> None:
+        # the latency-critical path: the checks of _use_direct/_check_transport inlined
+        if (self._direct_always and not self._force_algo and type(array) is np.ndarray
+                and array.dtype in DIRECT_DTYPES):
+            if self._t._abort is not None:
+                raise self._t._abort_error(info)
+            if array.size:
+                self._direct.all_reduce(array if array.ndim == 1 else array.reshape(-1), op, info)
+            return
+        if self._use_direct(array, array.nbytes):
+            self._check_transport(info)
+            if array.size:
+                self._direct.all_reduce(array.reshape(-1), op, info)
+            return
+        super()._allreduce(array, op, info)
+
+    def _reduce(self, array, root: int, op: ReduceOp, info: OpInfo) -> None:
+        if self._use_direct(array, array.nbytes):
+            self._check_transport(info)
+            if array.size:
+                flat = array.reshape(-1)
+                buf = flat if self._rank == root else np.copy(flat)   # non-roots keep their input
+                self._direct.all_reduce(buf, op, info, root=root)
+            return
+        super()._reduce(array, root, op, info)
+
+    def _broadcast(self, array, root: int, info: OpInfo) -> None:
+        if self._use_direct(array, array.nbytes):
+            self._check_transport(info)
+            if array.size:
+                self._direct.broadcast(array.reshape(-1), root, info)
+            return
+        super()._broadcast(array, root, info)
+
+    def _allgather(self, output, input, info: OpInfo) -> None:
+        if self._use_direct(input, input.nbytes) and type(output) is np.ndarray:
+            self._check_transport(info)
+            if input.size:
+                self._direct.all_gather(output.reshape(-1), input.reshape(-1), info)
+            else:
+                output.reshape(-1)[:] = input.reshape(-1)
+            return
+        super()._allgather(output, input, info)
+
+    def _reduce_scatter(self, output, input, op: ReduceOp, info: OpInfo) -> None:
+        if self._use_direct(input, input.nbytes) and type(output) is np.ndarray:
+            self._check_transport(info)
+            if output.size:
+                self._direct.reduce_scatter(output.reshape(-1), input.reshape(-1), op, info)
+            return
+        super()._reduce_scatter(output, input, op, info)
+
+    def _barrier(self, info: OpInfo) -> None:
+        if self._direct is not None and (not self._force_algo or "direct" in self._force_algo):
+            self._check_transport(info)
+            self._direct.barrier(info)
+            return
+        super()._barrier(info)
 
     # -- groups and teardown --------------------------------------------------------------------------
     def _new_group(self, ranks: List[int]) -> Optional["GlooBackend"]:
@@ -250,12 +368,33 @@ class GlooBackend(PlanExecutor, Backend):
     def _shutdown(self) -> None:
         self._buffers.clear()
         self._exchange_plans.clear()
+        if self._direct is not None:
+            self._direct.close()
+            self._direct = None
         if self._owns_transport and self._t is not None:
             self._t.close()
 
     def transport_kinds(self) -> Dict[int, str]:
         """``{group rank: "shm" | "tcp"}`` for every peer (useful to check what ``auto`` picked)."""
         return {r: self._t.peer_kind(p) for r, p in enumerate(self._peers) if r != self._rank}
+
+
+def _connect_direct(store, transport, rank: int, size: int, timeout: float, group_ranks):
+    """The direct shared-memory collectives of the world group, or None: only when every peer is a
+    shared-memory link (one host), the machine supports it, and ``NEURAL_ARCH_GLOO_DIRECT`` is not 0.
+    Every rank takes the same decision (the transport kinds and the environment agree across ranks)."""
+    import time
+
+    from neural_arch.distributed.comm.algorithms.shm_direct import DirectCollectives
+    from neural_arch.distributed.comm.transport.shm_segment import ShmSegment, direct_supported
+
+    if os.environ.get(DIRECT_ENV, "1").strip().lower() in ("0", "false", "no", "off") or not direct_supported():
+        return None
+    if any(transport.peer_kind(p) != "shm" for p in range(size) if p != rank):
+        return None
+    names = list(group_ranks) if group_ranks is not None else list(range(size))
+    seg = ShmSegment.connect(store, rank, size, time.monotonic() + timeout, names=names)
+    return DirectCollectives(seg)
 
 
 def _bytes(array: np.ndarray) -> np.ndarray:

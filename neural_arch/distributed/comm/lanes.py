@@ -66,6 +66,9 @@ class SerialLane:
             finally:
                 with self._lock:
                     self.pending -= 1
+            # Drop the finished op now: its closure holds its arrays (a whole FSDP unit's flat
+            # gradients) until the next op arrives otherwise.
+            del item, work, fn
 
     def close(self, reason: str, timeout: float = 5.0) -> None:
         """Fail every queued operation that has not started (with ``reason``) and stop the thread."""

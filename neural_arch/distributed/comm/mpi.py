@@ -6,13 +6,23 @@ pickling methods): ``Iallreduce`` with ``MPI.IN_PLACE``, ``Ibcast``, ``Ireduce``
 ``Isend``/``Irecv`` with tags, ``Ibarrier``. Sub-groups are ``Comm.Split`` communicators.
 
 Why the nonblocking variants: a blocking MPI call cannot be interrupted, so a rank that never
-arrives would hang its peers forever. Each call here starts the nonblocking operation and
-polls ``Request.Test`` with a short backoff until the op's deadline, so a missing rank gives a
-:class:`CollectiveTimeoutError` (naming op, sequence number, shape, dtype and group) instead.
+arrives would hang its peers forever. Each call here starts the nonblocking operation and waits
+for it in **one C call**, ``MPI_Waitany`` over the op's requests and this thread's wake-up
+request, which a watchdog thread completes at the op's deadline (:mod:`.mpi_progress`): the
+wait runs at raw MPI speed with the GIL released, yet a missing rank still gives a
+:class:`CollectiveTimeoutError` (naming op, sequence number, shape, dtype and group) *raised in
+the caller*. (Below ``MPI_THREAD_MULTIPLE`` the watchdog cannot call MPI while the waiter is in
+it, and the wait falls back to polling ``Request.Test`` with a short backoff.)
 MPI never says *which* ranks are missing, so each process runs a small daemon thread
-(:class:`_Presence`) on a private communicator that answers peers' "what are you doing?";
-the timeout error then reads "ranks [2] did not arrive; ranks [0, 1] were waiting (rank 2 is
-in barrier #7 on group [0, 1, 2])".
+(:class:`~.mpi_progress.Presence`) on a private communicator that answers peers' "what are you
+doing?"; the timeout error then reads "ranks [2] did not arrive; ranks [0, 1] were waiting
+(rank 2 is in barrier #7 on group [0, 1, 2])".
+
+Speed (``benchmarks/bench_collectives.py --contenders mpi,mpi4py``, ``bench_small_messages.py``):
+float32/float64/integer reductions pass the caller's array itself to MPI (no reshape, no copy,
+no lock under THREAD_MULTIPLE). Persistent collectives (``MPI_Allreduce_init``) are *not* used:
+their init is collective, and a per-rank cache keyed by buffer address would hit on one rank and
+miss on another, i.e. call a collective on some ranks only.
 
 **Timeout and abort policy.** MPI cannot cancel a started collective: after a timeout the
 request is still pending inside MPI, its buffer still in use, and the communicator unusable.
@@ -23,8 +33,10 @@ would wait for the pending operation forever and the peers stuck in it would nev
 We do not abort *inside* the failing call: the caller gets the exception first, to log it or
 save a checkpoint. (A rank that *dies* is handled by ``mpiexec``, which ends the whole job.)
 
-Reductions: ``ReduceOp`` maps to MPI's ops (AVG = SUM, then divide); float16 is reduced in
-float32 (MPI has no portable half type); bool travels as uint8 (MAX/MIN = any/all).
+Reductions: ``ReduceOp`` maps to MPI's ops (AVG = SUM, then divide); float16 and bfloat16 are
+reduced **in float32 on the host** (MPI has no half or bfloat16 type): each rank widens its array
+to float32, MPI reduces those, and the result is rounded back once -- more accurate than summing
+in 16 bits, at twice the bytes on the wire; bool travels as uint8 (MAX/MIN = any/all).
 Data movement that does no arithmetic sends raw bytes, so every supported dtype works.
 
 CuPy arrays are passed straight to MPI when ``MPI.Query_cuda_support()`` says the library is
@@ -50,17 +62,61 @@ import time
 
 import numpy as np
 
-from neural_arch.distributed.comm.backend import Backend, finish_average
+from neural_arch.backend import to_device_like, to_host
+
+from neural_arch.distributed.comm import spans as _spans
+from neural_arch.distributed.comm.backend import (
+    SUPPORTED_DTYPES,
+    Backend,
+    _dtype_name,
+    finish_average,
+    is_bfloat16,
+)
+from neural_arch.distributed.comm.mpi_progress import DeadlinePassed, Presence, Watchdog, where
+from neural_arch.distributed.comm.work import OpInfo, ReduceOp, Work
 from neural_arch.distributed.errors import CollectiveTimeoutError, DistributedError
-from neural_arch.distributed.comm.work import OpInfo, ReduceOp
+from neural_arch.profiler import events as _events
+
+# dtypes MPI reduces as they are (mpi4py names them from the buffer): the caller's array goes
+# straight to MPI. float16/bfloat16 are widened, bool is viewed as uint8 (see _reducible).
+_AVG = ReduceOp.AVG   # a module constant: the Enum class-attribute lookup costs ~0.4 us per use
+_NATIVE = frozenset(d for d in SUPPORTED_DTYPES if d.kind in "fiu" and d != np.float16)
+# How often the watchdog looks for waiters past their deadline (seconds; the timeout error
+# arrives at most this late). Scaled down for short timeouts, see MPIBackend.create.
+_WATCHDOG_S = float(os.environ.get("NEURAL_ARCH_MPI_WATCHDOG_S", "0.1"))
 
 _BROKEN: list[str] = []      # descriptions of MPI operations that timed out in this process
 _ATEXIT_INSTALLED = False
 
 
-def _mpi():
-    from mpi4py import MPI  # initialises MPI on first import (mpi4py's default: THREAD_MULTIPLE)
+def _mpi(timeout: float | None = None):
+    """``mpi4py.MPI``, imported (which runs MPI_Init) under a watchdog.
 
+    MPI_Init blocks until every rank of the ``mpiexec`` job has called it: one rank that starts late
+    (or never) would hang the others there, far past any rendezvous timeout, in C code that no Python
+    thread can interrupt. So the first import runs under ``faulthandler``'s C-level watchdog: after
+    ``timeout`` seconds (default ``NEURAL_ARCH_RENDEZVOUS_TIMEOUT``, else 60) it prints the stack --
+    whose innermost frame is named ``MPI_Init_did_not_finish_within_the_rendezvous_timeout`` -- and
+    exits the process with status 1, which makes ``mpiexec`` end the job.
+    """
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is not None:
+        return MPI
+    if timeout is None:
+        timeout = float(os.environ.get("NEURAL_ARCH_RENDEZVOUS_TIMEOUT") or 60.0)
+    return MPI_Init_did_not_finish_within_the_rendezvous_timeout(timeout)
+
+
+def MPI_Init_did_not_finish_within_the_rendezvous_timeout(timeout: float):
+    """Named for the watchdog's stack dump: this frame on top means a rank never reached MPI_Init."""
+    import faulthandler
+
+    sys.stderr.flush()
+    faulthandler.dump_traceback_later(max(1.0, float(timeout)), exit=True)
+    try:
+        from mpi4py import MPI  # initialises MPI on first import (mpi4py's default: THREAD_MULTIPLE)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     return MPI
 
 
@@ -107,21 +163,25 @@ class MPIBackend(Backend):
     name = "mpi"
     devices = ("cpu", "cuda")
 
-    def __init__(self, comm, timeout: float = 300.0, group_ranks=None, debug=None, presence=None):
+    def __init__(self, comm, timeout: float = 300.0, group_ranks=None, debug=None, presence=None,
+                 watchdog=None):
         super().__init__(comm.Get_rank(), comm.Get_size(), timeout, group_ranks, debug)
         MPI = _mpi()
         self.comm = comm
         #: answers peers' "what are you doing?" (shared by the world and its sub-groups)
-        self._presence: _Presence | None = presence
+        self._presence: Presence | None = presence
+        #: wakes a waiting thread at its deadline (THREAD_MULTIPLE only; shared like presence)
+        self._watchdog: Watchdog | None = watchdog
         self._owns_presence = False
         self._MPI = MPI
+        self._IN_PLACE = MPI.IN_PLACE
         # Below THREAD_MULTIPLE, two threads (caller + progress thread) must not call MPI at once.
         self._mpi_lock = (threading.RLock() if MPI.Query_thread() < MPI.THREAD_MULTIPLE
                           else contextlib.nullcontext())
         query = getattr(MPI, "Query_cuda_support", None)
         self.cuda_aware = bool(query()) if query is not None else False
-        self._ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.MAX: MPI.MAX,
-                     ReduceOp.MIN: MPI.MIN, ReduceOp.PRODUCT: MPI.PROD}
+        # keyed by the op's value: hashing an Enum member costs ~0.4 us on every collective
+        self._ops = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "product": MPI.PROD}
         self.transport = "mpi"
 
     # -- construction ---------------------------------------------------------------------------
@@ -140,12 +200,13 @@ class MPIBackend(Backend):
         duplicates ``COMM_WORLD`` so our traffic never matches the user's own MPI messages.
         """
         global _ATEXIT_INSTALLED
-        MPI = _mpi()
+        MPI = _mpi(rendezvous_timeout if rendezvous_timeout is not None else None)
         world = MPI.COMM_WORLD
         if world_size is not None and int(world_size) != world.Get_size():
+            # suggest `mpiexec -n N` only for an N that can be started (never "mpiexec -n 0")
+            hint = f", or start with mpiexec -n {int(world_size)}" if int(world_size) >= 1 else ""
             raise ValueError(f"backend 'mpi': world_size={world_size} but MPI started {world.Get_size()} "
-                             "processes; under mpiexec MPI decides the world (omit world_size, or use "
-                             f"mpiexec -n {world_size})")
+                             f"processes; under mpiexec MPI decides the world (omit world_size{hint})")
         if rank is not None and int(rank) != world.Get_rank():
             raise ValueError(f"backend 'mpi': rank={rank} but this is MPI rank {world.Get_rank()}; "
                              "under mpiexec MPI decides the rank (omit rank)")
@@ -156,12 +217,24 @@ class MPIBackend(Backend):
         probe = cls(world, timeout)
         info = OpInfo("rendezvous (mpi barrier)", 0, list(range(world.Get_size())), world.Get_rank(),
                       deadline=time.monotonic() + wait)
-        probe._wait([world.Ibarrier()], info)
+        probe._poll([world.Ibarrier()], info)
         backend = cls(world.Dup(), timeout)
         if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
-            backend._presence = _Presence(MPI, world.Dup())
+            private = world.Dup()       # presence queries (tags 1, 2) and wake-ups (tags >= 100)
+            interval = min(_WATCHDOG_S, max(0.005, float(timeout) / 40))
+            backend._watchdog = Watchdog(MPI, private, interval)
+            backend._presence = Presence(MPI, private, backend._watchdog)
             backend._owns_presence = True
+            # Before MPI_Finalize (mpi4py's own atexit hook, registered earlier, so run later):
+            # the threads' posted receives would otherwise be reported as leaked by UCX.
+            atexit.register(backend._stop_helpers)
         return backend
+
+    def _stop_helpers(self) -> None:
+        if self._presence is not None:
+            self._presence.stop()
+        if self._watchdog is not None:
+            self._watchdog.stop()
 
     def describe(self) -> dict:
         MPI = self._MPI
@@ -169,9 +242,27 @@ class MPIBackend(Backend):
                 "standard": "{}.{}".format(*MPI.Get_version()), "thread_level": MPI.Query_thread(),
                 "cuda_aware": self.cuda_aware, "processor": MPI.Get_processor_name()}
 
-    # -- the polling loop that makes MPI interruptible ----------------------------------------------
+    # -- waiting: one C call woken at the deadline, or polling -----------------------------------------
     def _wait(self, requests, info: OpInfo, peer: int | None = None, status=None) -> None:
-        """Poll ``requests`` until all completed, or raise CollectiveTimeoutError at the deadline."""
+        """Wait until every request completed, or raise CollectiveTimeoutError at the deadline."""
+        watchdog = self._watchdog
+        if watchdog is None:
+            self._poll(requests, info, peer, status)
+            return
+        try:
+            watchdog.wait(requests, info, status)
+        except DeadlinePassed:
+            raise self._timeout(info, time.monotonic() - (info.deadline - self.timeout), peer) from None
+        except self._MPI.Exception as exc:
+            raise self._mpi_failed(info, exc) from None
+
+    def _mpi_failed(self, info: OpInfo, exc) -> DistributedError:
+        return DistributedError(f"{info.describe()} on group {list(info.group_ranks)} failed inside "
+                                f"MPI on rank {info.rank}: {exc.Get_error_string()}")
+
+    def _poll(self, requests, info: OpInfo, peer: int | None = None, status=None) -> None:
+        """Poll ``requests`` until all completed, or raise CollectiveTimeoutError at the deadline
+        (without MPI_THREAD_MULTIPLE, and for the rendezvous barrier before the watchdog exists)."""
         MPI = self._MPI
         start, delay = time.monotonic(), 0.0
         spin_until = start + _SPIN_S
@@ -185,8 +276,7 @@ class MPIBackend(Backend):
                         done = (requests[0].Test(status) if len(requests) == 1
                                 else MPI.Request.Testall(requests))
                 except MPI.Exception as exc:
-                    raise DistributedError(f"{info.describe()} on group {list(info.group_ranks)} failed inside "
-                                           f"MPI on rank {info.rank}: {exc.Get_error_string()}") from None
+                    raise self._mpi_failed(info, exc) from None
                 if done:
                     return
                 now = time.monotonic()
@@ -220,7 +310,7 @@ class MPIBackend(Backend):
             return CollectiveTimeoutError(
                 f"{info.describe()} on group {group} timed out after {waited:.1f} s on rank {info.rank}: some of "
                 f"ranks {others} did not arrive (MPI does not report which; rank {info.rank} was waiting). {tail}")
-        mine = _where(info)
+        mine = where(info)
         waiting = [info.rank] + [r for r in others if mine in (answers.get(r) or "")]
         missing = [r for r in others if r not in waiting]
         doing = "; ".join(f"rank {r} is {answers[r]}" if answers.get(r) else
@@ -236,17 +326,17 @@ class MPIBackend(Backend):
         if self.cuda_aware:
             _cupy().cuda.get_current_stream().synchronize()  # MPI reads the buffer outside CUDA streams
             return a
-        return a.get()
+        return to_host(a)
 
     @staticmethod
     def _back(dst, host) -> None:
         if dst is not None and host is not dst:
-            dst.set(host)
+            to_device_like(host, dst, out=dst)
 
     @staticmethod
     def _reducible(a):
-        """The array MPI reduces: float16 widened to float32 (a copy), bool as uint8 (a view)."""
-        if a.dtype == np.float16:
+        """The array MPI reduces: float16/bfloat16 widened to float32 (a copy), bool as uint8 (a view)."""
+        if a.dtype == np.float16 or is_bfloat16(a.dtype):
             return a.astype(np.float32).reshape(-1)
         if a.dtype == np.bool_:
             return a.reshape(-1).view(np.uint8)
@@ -254,17 +344,66 @@ class MPIBackend(Backend):
 
     @staticmethod
     def _store(dst, red) -> None:
-        if dst.dtype == np.float16:
-            dst.reshape(-1)[...] = red
+        if dst.dtype == np.float16 or is_bfloat16(dst.dtype):
+            dst.reshape(-1)[...] = red   # one rounding from the float32 result
+
+    # -- the fused synchronous all_reduce -------------------------------------------------------------
+    def allreduce(self, array, op: ReduceOp = ReduceOp.SUM, async_op: bool = False) -> Work:
+        """:meth:`Backend.allreduce`, with its most common case fused into one function.
+
+        Why: right after ``MPI_Waitany`` returns (MPICH's progress loop has just run), Python code
+        runs with cold caches, and the base class's six call layers (validation, numbering, run
+        closure, ``_run``, the primitive, the wait) cost ~3x what they cost in a quiet loop -- more
+        than the 1 KiB all_reduce itself. The fused path runs only for what it can prove valid
+        with a few tests: a synchronous call on an idle, healthy group without debug mode, a writable C-contiguous NumPy array of a dtype MPI reduces natively, and a
+        ``ReduceOp`` that fits it. Everything else -- including every input that must raise --
+        goes through :meth:`Backend.allreduce`, which validates and raises exactly as before.
+        """
+        if (async_op or array.__class__ is not np.ndarray or self._watchdog is None or self.debug
+                or self._closed or self._fatal is not None or self._size == 1 or self._lane.pending
+                or op.__class__ is not ReduceOp):
+            return Backend.allreduce(self, array, op, async_op)
+        dtype = array.dtype
+        flags = array.flags
+        if (dtype not in _NATIVE or not (flags.c_contiguous and flags.writeable)
+                or (op is _AVG and dtype.kind != "f")):
+            return Backend.allreduce(self, array, op, async_op)
+        self._seq += 1                           # Backend._new_info, inlined
+        info = OpInfo("all_reduce", self._seq, self.group_ranks, self.group_ranks[self._rank], array.shape,
+                      _dtype_name(dtype), None, op._value_, time.monotonic() + self.timeout, None, None)
+        span = None
+        if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
+            span = _spans.begin(self, info, "default")     # the stall inspector, a profiler
+        try:
+            try:
+                self._watchdog.wait([self.comm.Iallreduce(self._IN_PLACE, array, self._ops[op._value_])], info)
+            except DeadlinePassed:
+                raise self._timeout(info, self.timeout, None) from None
+            except self._MPI.Exception as exc:
+                raise self._mpi_failed(info, exc) from None
+            if op is _AVG:
+                finish_average(array, self._size)
+        except BaseException as exc:
+            self._failed(info, exc, span)        # poison the group, as Backend._run does
+            raise
+        if span is not None:
+            _spans.end(span, info)
+        return Work.completed(array, info)
 
     # -- primitives --------------------------------------------------------------------------------
     def _allreduce(self, array, op: ReduceOp, info: OpInfo) -> None:
+        if array.__class__ is np.ndarray and self._watchdog is not None and array.dtype in _NATIVE:
+            # the hot path: the caller's array is the MPI buffer; no view, no lock, no copy
+            self._wait([self.comm.Iallreduce(self._IN_PLACE, array, self._ops[op._value_])], info)
+            if op is _AVG:
+                finish_average(array, self._size)
+            return
         host = self._host(array)
         red = self._reducible(host)
         with self._mpi_lock:
-            req = self.comm.Iallreduce(self._MPI.IN_PLACE, red, self._ops[op])
+            req = self.comm.Iallreduce(self._MPI.IN_PLACE, red, self._ops[op._value_])
         self._wait([req], info)
-        if op is ReduceOp.AVG:
+        if op is _AVG:
             finish_average(red, self._size)
         self._store(host, red)
         self._back(array, host)
@@ -274,12 +413,12 @@ class MPIBackend(Backend):
         red = self._reducible(host)
         with self._mpi_lock:
             if self._rank == root:
-                req = self.comm.Ireduce(self._MPI.IN_PLACE, red, self._ops[op], root)
+                req = self.comm.Ireduce(self._MPI.IN_PLACE, red, self._ops[op._value_], root)
             else:
-                req = self.comm.Ireduce(red, None, self._ops[op], root)
+                req = self.comm.Ireduce(red, None, self._ops[op._value_], root)
         self._wait([req], info)
         if self._rank == root:
-            if op is ReduceOp.AVG:
+            if op is _AVG:
                 finish_average(red, self._size)
             self._store(host, red)
             self._back(array, host)
@@ -288,14 +427,17 @@ class MPIBackend(Backend):
         host_in, host_out = self._host(input), self._host(output)
         red_in, red_out = self._reducible(host_in), self._reducible(host_out)
         with self._mpi_lock:
-            req = self.comm.Ireduce_scatter_block(red_in, red_out, self._ops[op])
+            req = self.comm.Ireduce_scatter_block(red_in, red_out, self._ops[op._value_])
         self._wait([req], info)
-        if op is ReduceOp.AVG:
+        if op is _AVG:
             finish_average(red_out, self._size)
         self._store(host_out, red_out)
         self._back(output, host_out)
 
     def _broadcast(self, array, root: int, info: OpInfo) -> None:
+        if array.__class__ is np.ndarray and self._watchdog is not None and array.dtype in _NATIVE:
+            self._wait([self.comm.Ibcast(array, root)], info)
+            return
         host = self._host(array)
         with self._mpi_lock:
             req = self.comm.Ibcast(_bytes(host), root)
@@ -303,6 +445,10 @@ class MPIBackend(Backend):
         self._back(array, host)
 
     def _allgather(self, output, input, info: OpInfo) -> None:
+        if (input.__class__ is np.ndarray and output.__class__ is np.ndarray and self._watchdog is not None
+                and input.dtype in _NATIVE):
+            self._wait([self.comm.Iallgather(input, output)], info)
+            return
         host_in, host_out = self._host(input), self._host(output)
         with self._mpi_lock:
             req = self.comm.Iallgather(_bytes(host_in), _bytes(host_out))
@@ -336,6 +482,10 @@ class MPIBackend(Backend):
         with self._mpi_lock:
             req = self.comm.Ibarrier()
         self._wait([req], info)
+
+    def _validate_tag(self, tag: int) -> None:
+        super()._validate_tag(tag)
+        self._check_tag(tag)          # in the caller, before any I/O
 
     def _check_tag(self, tag: int) -> int:
         upper = self.comm.Get_attr(self._MPI.TAG_UB) or 32767
@@ -383,11 +533,12 @@ class MPIBackend(Backend):
             sub = self.comm.Split(0 if member else MPI.UNDEFINED, ranks.index(self._rank) if member else 0)
         if not member:
             return None
-        return MPIBackend(sub, self.timeout, [self.group_ranks[r] for r in ranks], self.debug, self._presence)
+        return MPIBackend(sub, self.timeout, [self.group_ranks[r] for r in ranks], self.debug, self._presence,
+                          self._watchdog)
 
     def _shutdown(self) -> None:
-        if self._owns_presence and self._presence is not None:
-            self._presence.stop()
+        if self._owns_presence:
+            self._stop_helpers()
         # Freeing a communicator with a pending (timed-out) request is erroneous: leave it to Abort.
         if self._fatal is None and not _BROKEN and self.comm != self._MPI.COMM_WORLD:
             try:
@@ -395,89 +546,3 @@ class MPIBackend(Backend):
                     self.comm.Free()
             except self._MPI.Exception:
                 pass
-
-
-# ---------------------------------------------------------------------------------- presence
-_QUERY_TAG, _REPLY_TAG = 1, 2
-_STATUS_LEN = 1024
-
-
-def _where(info: OpInfo) -> str:
-    """How a rank describes the operation it waits in (peers compare these strings)."""
-    return f"in {info.describe()} on group {list(info.group_ranks)}"
-
-
-class _Presence:
-    """A daemon thread answering peers' "what are you doing?" on a private communicator.
-
-    Why: MPI itself never says which ranks are missing from a collective. With this, the
-    timeout error of rank 0 can say "ranks [2] did not arrive (rank 2 is in barrier #7 on
-    group [0, 1, 2])" or "rank 2 did not answer". Replies are fixed-size UTF-8 byte buffers
-    (no pickle). Needs MPI_THREAD_MULTIPLE; without it, errors fall back to "some of ranks".
-    """
-
-    def __init__(self, MPI, comm):
-        self.MPI, self.comm = MPI, comm
-        self._active: dict = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True, name="neural_arch-mpi-presence")
-        self._thread.start()
-
-    def enter(self, key, info: OpInfo) -> None:
-        with self._lock:
-            self._active[key] = info
-
-    def leave(self, key) -> None:
-        with self._lock:
-            self._active.pop(key, None)
-
-    def _snapshot(self) -> bytes:
-        with self._lock:
-            text = "; ".join(_where(info) for info in self._active.values())
-        text = text or "idle (in no neural_arch operation)"
-        return text.encode()[:_STATUS_LEN]
-
-    def _serve(self) -> None:
-        MPI = self.MPI
-        query, status, sending = np.zeros(1, np.int64), MPI.Status(), []
-        pending = self.comm.Irecv(query, MPI.ANY_SOURCE, _QUERY_TAG)
-        try:
-            while not self._stop.is_set():
-                sending = [(req, buf) for req, buf in sending if not req.Test()]
-                if pending.Test(status):
-                    reply = np.zeros(_STATUS_LEN, np.uint8)
-                    text = self._snapshot()
-                    reply[:len(text)] = np.frombuffer(text, np.uint8)
-                    sending.append((self.comm.Isend(reply, status.Get_source(), _REPLY_TAG), reply))
-                    pending = self.comm.Irecv(query, MPI.ANY_SOURCE, _QUERY_TAG)
-                else:
-                    time.sleep(0.02)  # a query is rare: 50 polls a second cost nothing
-        except Exception:  # noqa: BLE001 - never let diagnostics kill the process  # pragma: no cover
-            return
-        pending.Cancel()
-
-    def ask(self, peers: list[int], wait: float = 2.0) -> dict:
-        """``{peer: what it says it is doing}``; peers that do not answer within ``wait`` s map to None."""
-        asks = {}
-        for p in peers:
-            reply = np.zeros(_STATUS_LEN, np.uint8)
-            recv = self.comm.Irecv(reply, p, _REPLY_TAG)
-            send = self.comm.Isend(np.zeros(1, np.int64), p, _QUERY_TAG)
-            asks[p] = (recv, send, reply)
-        answers: dict = {p: None for p in peers}
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and any(a is None for a in answers.values()):
-            for p, (recv, _send, reply) in asks.items():
-                if answers[p] is None and recv.Test():
-                    answers[p] = bytes(reply).rstrip(b"\0").decode(errors="replace")
-            time.sleep(0.01)
-        for p, (recv, send, _reply) in asks.items():
-            if answers[p] is None:
-                recv.Cancel()
-                send.Cancel()
-        return answers
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=1.0)

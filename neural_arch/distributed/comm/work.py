@@ -17,12 +17,20 @@ import enum
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from neural_arch.distributed.errors import CollectiveTimeoutError
 
 _log = logging.getLogger("neural_arch.distributed")
+_perf_counter = time.perf_counter
+
+
+def _wire_word():
+    # comm.debug imports this module: resolved on first use instead of at import
+    from neural_arch.distributed.comm.debug import wire_word
+
+    return wire_word
 
 
 class ReduceOp(enum.Enum):
@@ -36,7 +44,7 @@ class ReduceOp(enum.Enum):
     PRODUCT = "product"
 
     @classmethod
-    def coerce(cls, op: "ReduceOp | str") -> "ReduceOp":
+    def coerce(cls, op: ReduceOp | str) -> ReduceOp:
         """Accept a ``ReduceOp`` or its name (``"sum"``, ``"AVG"``, ``"average"``...)."""
         if isinstance(op, cls):
             return op
@@ -48,20 +56,70 @@ class ReduceOp(enum.Enum):
         raise ValueError(f"op={op!r} is not a reduction operator; use one of ReduceOp.{{{names}}}")
 
 
-@dataclass(slots=True)
 class OpInfo:
-    """What one numbered operation is, for error messages, debug checks and timelines."""
+    """What one numbered operation is, for error messages, debug checks and timelines.
 
-    name: str
-    seq: int
-    group_ranks: Sequence[int] = ()
-    rank: int = 0
-    shape: Optional[tuple] = None
-    dtype: Optional[str] = None
-    root: Optional[int] = None
-    reduce_op: Optional[str] = None
-    deadline: float = float("inf")
-    extra: dict = field(default_factory=dict)
+    A plain ``__slots__`` class, not a dataclass: one is built per collective, and on the
+    small-message path its construction was a third of the Python overhead (the dataclass's
+    ``extra`` dict alone). ``extra`` (backend scratch, e.g. NCCL's ready event) is created on
+    first use.
+    """
+
+    __slots__ = (
+        "_extra",
+        "_wire",
+        "deadline",
+        "dtype",
+        "group_ranks",
+        "name",
+        "rank",
+        "reduce_op",
+        "root",
+        "seq",
+        "shape",
+    )
+
+    def __init__(self, name: str, seq: int, group_ranks: Sequence[int] = (), rank: int = 0,
+                 shape: tuple | None = None, dtype: str | None = None, root: int | None = None,
+                 reduce_op: str | None = None, deadline: float = float("inf"), extra: dict | None = None,
+                 wire: int | None = 0):
+        self.name = name
+        self.seq = seq
+        self.group_ranks = group_ranks
+        self.rank = rank
+        self.shape = shape
+        self.dtype = dtype
+        self.root = root
+        self.reduce_op = reduce_op
+        self.deadline = deadline
+        self._extra = extra
+        self._wire = wire
+
+    @property
+    def wire(self) -> int:
+        """The 8-byte "what is this message" word every transport frame of this op carries (op kind,
+        reduce op, dtype, sequence number; see ``comm.debug.wire_word``): the receiver compares it
+        with its own, so ranks that disagree get an error instead of each other's bytes. 0: not
+        checked. Built with ``wire=None`` (what backends do), it is computed on first use: a
+        backend whose transport never reads it (MPI) does not pay for it."""
+        word = self._wire
+        if word is None:
+            word = self._wire = _wire_word()(self.name, self.seq, self.dtype, self.reduce_op)
+        return word
+
+    @wire.setter
+    def wire(self, word: int) -> None:
+        self._wire = word
+
+    @property
+    def extra(self) -> dict:
+        """Per-op scratch space for a backend (created on first use)."""
+        if self._extra is None:
+            self._extra = {}
+        return self._extra
+
+    def __repr__(self) -> str:
+        return f"OpInfo({self.describe()}, group={list(self.group_ranks)}, rank={self.rank})"
 
     def describe(self) -> str:
         """``all_reduce #57 (shape (1024,), float32)``"""
@@ -99,34 +157,41 @@ class Work:
     filled, or a Python object for the object collectives).
     """
 
-    __slots__ = ("info", "_done", "_event", "_result", "_exc", "_callbacks", "completed_at")
+    __slots__ = ("_callbacks", "_done", "_event", "_exc", "_result", "completed_at", "info", "started_at")
 
     # One lock for all handles: it only guards the lazy creation of an Event and the callback
     # list, both rare. A synchronous collective that completes inline never creates an Event,
     # which keeps the per-call overhead of small collectives down to a few microseconds.
     _guard = threading.Lock()
 
-    def __init__(self, info: Optional[OpInfo] = None):
+    def __init__(self, info: OpInfo | None = None):
         self.info = info
         self._done = False
-        self._event: Optional[threading.Event] = None
+        self._event: threading.Event | None = None
         self._result: Any = None
-        self._exc: Optional[BaseException] = None
-        self._callbacks: Optional[list] = None
+        self._exc: BaseException | None = None
+        self._callbacks: list | None = None
         #: ``time.perf_counter()`` when the operation finished (None while pending)
-        self.completed_at: Optional[float] = None
+        self.completed_at: float | None = None
+        #: ``time.perf_counter()`` when a backend began running it (None until then; DDP's
+        #: per-bucket "comm hidden" measures from here)
+        self.started_at: float | None = None
 
     @classmethod
-    def completed(cls, result: Any = None, info: Optional[OpInfo] = None) -> "Work":
+    def completed(cls, result: Any = None, info: OpInfo | None = None) -> Work:
         """A handle that is already done (world of one, or a synchronous fast path)."""
-        work = cls(info)
-        work._result = result
-        work.completed_at = time.perf_counter()
+        work = cls.__new__(cls)      # no __init__ call: this is on every synchronous collective
+        work.info = info
         work._done = True
+        work._event = None
+        work._result = result
+        work._exc = None
+        work._callbacks = None
+        work.completed_at = work.started_at = _perf_counter()
         return work
 
     @classmethod
-    def failed(cls, exc: BaseException, info: Optional[OpInfo] = None) -> "Work":
+    def failed(cls, exc: BaseException, info: OpInfo | None = None) -> Work:
         work = cls(info)
         work._exc = exc
         work.completed_at = time.perf_counter()
@@ -139,10 +204,10 @@ class Work:
     def is_success(self) -> bool:
         return self._done and self._exc is None
 
-    def exception(self) -> Optional[BaseException]:
+    def exception(self) -> BaseException | None:
         return self._exc
 
-    def wait(self, timeout: Optional[float] = None) -> bool:
+    def wait(self, timeout: float | None = None) -> bool:
         """Block until done; raise the stored exception if the operation failed."""
         if not self._done:
             with Work._guard:
@@ -162,7 +227,7 @@ class Work:
         self.wait()
         return self._result
 
-    def add_done_callback(self, fn: Callable[["Work"], None]) -> None:
+    def add_done_callback(self, fn: Callable[[Work], None]) -> None:
         """Run ``fn(work)`` when done (at once, in this thread, if already done).
 
         ``fn`` runs on the thread that completes the work; an exception it raises is logged,

@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from neural_arch.backend import to_host
+
 __all__ = ["DistributedSampler", "distributed_evaluate"]
 
 
@@ -200,18 +202,16 @@ def _metric_table(metric: str | Callable | Sequence[str | Callable]) -> dict[str
 def _split_data(data):
     """(inputs, targets, n, fetch) for a (X, y) pair of arrays or a map-style dataset."""
     if isinstance(data, (tuple, list)) and len(data) == 2 and hasattr(data[0], "shape"):
-        x = np.asarray(getattr(data[0], "data", data[0]))
-        y = np.asarray(getattr(data[1], "data", data[1]))
+        x, y = to_host(data[0]), to_host(data[1])
         if len(x) != len(y):
             raise ValueError(f"distributed_evaluate: inputs have {len(x)} rows but targets {len(y)}")
         return len(x), lambda idx: (x[idx], y[idx])
     if hasattr(data, "get_batch"):
-        return len(data), lambda idx: tuple(np.asarray(getattr(a, "data", a)) for a in data.get_batch(idx))
+        return len(data), lambda idx: tuple(to_host(a) for a in data.get_batch(idx))
     if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
         def fetch(idx):
             items = [data[int(i)] for i in idx]
-            return (np.stack([np.asarray(getattr(it[0], "data", it[0])) for it in items]),
-                    np.stack([np.asarray(getattr(it[1], "data", it[1])) for it in items]))
+            return (np.stack([to_host(it[0]) for it in items]), np.stack([to_host(it[1]) for it in items]))
         return len(data), fetch
     raise TypeError("distributed_evaluate: data must be an (inputs, targets) pair of arrays or a "
                     f"dataset of (input, target) items, got {type(data).__name__}")
@@ -248,6 +248,8 @@ def distributed_evaluate(model, data, metric: str | Callable | Sequence[str | Ca
     net = getattr(model, "module", model)
     mine = np.arange(rank, n, size, dtype=np.int64)
     totals = np.zeros(1 + len(metrics), dtype=np.float64)  # [count, sum of each metric]
+    first = next(iter(net.parameters()), None) if hasattr(net, "parameters") else None
+    device = first.device if first is not None else None  # inputs go where the model lives
     was_training = getattr(net, "training", False)
     if hasattr(net, "eval"):
         net.eval()
@@ -255,9 +257,8 @@ def distributed_evaluate(model, data, metric: str | Callable | Sequence[str | Ca
         with no_grad():
             for start in range(0, len(mine), int(batch_size)):
                 x, y = fetch(mine[start:start + int(batch_size)])
-                out = net(Tensor(x))
-                out = getattr(out, "data", out)
-                out = out.get() if hasattr(out, "get") and not isinstance(out, np.ndarray) else np.asarray(out)
+                out = net(Tensor(x, device=device))
+                out = to_host(out)  # a Tensor on any device -> NumPy (one transfer per batch)
                 totals[0] += len(x)
                 for i, fn in enumerate(metrics.values()):
                     totals[1 + i] += float(np.sum(fn(out, y)))

@@ -20,11 +20,16 @@ Three stores share one small interface (torch's ``Store`` names and semantics)::
 :func:`store_barrier` is the rendezvous every backend starts with: it says *which ranks* never
 arrived when it times out.
 
-Authentication: pass ``auth_token`` (bytes or str) explicitly -- the process-group code reads
-``NEURAL_ARCH_AUTH_TOKEN`` and hands it over; the store itself never reads the environment, so a
-store built in a test is never affected by the variable. With a token, every connection must
-answer an HMAC-SHA256 challenge before its first request; a connection that does not (or sends a
-malformed or oversized frame) is closed and logged, and the server keeps serving everyone else.
+Authentication (:mod:`neural_arch.distributed.comm.transport.handshake`, shared with the TCP mesh
+and the node agent): every connection must pass a mutual HMAC-SHA256 challenge before its first
+request. The key is ``auth_token`` (bytes or str, passed explicitly -- the process-group code reads
+``NEURAL_ARCH_AUTH_TOKEN``; the store never reads the environment). Without a token, a master on a
+loopback address makes a random per-job secret in a file only this user can read
+(``local_job_secret``): clients of the same user on this host find it by its key id, other users
+cannot join. Without a token on a non-loopback address no key can be shared: the store runs open
+and says so loudly once, with the line that fixes it. A connection that fails the handshake within
+``HANDSHAKE_TIMEOUT`` (or sends a malformed or oversized frame) is closed and logged; the server keeps
+serving everyone else. Bounded: ``MAX_CONNECTIONS`` clients, ``MAX_WAITERS`` blocking get/wait at once.
 
 Example::
 
@@ -39,10 +44,8 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+import functools
 import logging
-import os
 import socket
 import struct
 import threading
@@ -50,7 +53,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Union
 
-from neural_arch.distributed.errors import AuthenticationError, DistributedError, PeerFailureError, RendezvousError
+from neural_arch.distributed.comm.transport import handshake
+from neural_arch.distributed.errors import DistributedError, HandshakeError, PeerFailureError, RendezvousError
 
 __all__ = ["FileStore", "PrefixStore", "Store", "StoreTimeoutError", "TCPStore", "store_barrier"]  # noqa: F822
 
@@ -59,18 +63,18 @@ log = logging.getLogger("neural_arch.distributed.rendezvous.store")
 BytesLike = Union[bytes, bytearray, memoryview, str]  # noqa: UP007 (a runtime alias: 3.9-safe)
 
 # -- wire protocol ------------------------------------------------------------------------------
-# server -> client on accept:   MAGIC | u8 auth_required | 32-byte nonce
-# client -> server (if auth):   32-byte HMAC-SHA256(token, nonce)  -> server answers b"\x01" or closes
-# request:                      u8 op | u32 nargs | nargs * (u32 len | bytes)
-# response:                     u8 status | u32 nargs | nargs * (u32 len | bytes)
-MAGIC = b"NASTORE1"
-_NONCE = 32
+# on accept:   the handshake of comm.transport.handshake, purpose b"store"
+# request:     u8 op | u32 nargs | nargs * (u32 len | bytes)
+# response:    u8 status | u32 nargs | nargs * (u32 len | bytes)
+_PURPOSE = b"store"
 _HDR = struct.Struct("!BI")
 _LEN = struct.Struct("!I")
 _U64 = struct.Struct("!Q")
 MAX_ARGS = 1 << 16           # wait()/check() on many keys, never more
 MAX_FRAME = 256 << 20        # one request's payload, all arguments together
-_AUTH_TIMEOUT = 10.0         # a connection that does not answer the challenge in time is dropped
+HANDSHAKE_TIMEOUT = 5.0      # a connection that does not finish the handshake in time is dropped
+MAX_CONNECTIONS = 4096       # clients at once (each holds a thread); more are refused
+MAX_WAITERS = 2048           # blocking get/wait requests at once; more get an error, not a thread each
 
 OP_SET, OP_GET, OP_ADD, OP_CAS, OP_WAIT, OP_CHECK, OP_DELETE, OP_NUMKEYS = range(1, 9)
 ST_OK, ST_TIMEOUT, ST_ERROR, ST_CLOSED = 0, 1, 2, 3
@@ -126,10 +130,6 @@ def _read_frame(sock: socket.socket) -> tuple[int, list[bytes]]:
             raise ValueError(f"frame payload exceeds {MAX_FRAME} bytes")
         args.append(_recv_exact(sock, n))
     return code, args
-
-
-def _hmac(token: bytes, nonce: bytes) -> bytes:
-    return hmac.new(token, nonce, hashlib.sha256).digest()
 
 
 def _to_int(value: bytes, key: str) -> int:
@@ -189,6 +189,7 @@ class _State:
         self.data: dict[str, bytes] = {}
         self.cond = threading.Condition()
         self.closed = False
+        self.waiters = 0
 
     def _wait_for(self, keys: list[str], timeout: float) -> list[str]:
         """Wait until every key exists; return the missing ones (empty on success)."""
@@ -211,7 +212,16 @@ class _State:
         if op in (OP_GET, OP_WAIT):
             keys = [a.decode() for a in args[:-1]]
             (timeout_ms,) = _U64.unpack(args[-1])
-            missing = self._wait_for(keys, timeout_ms / 1000.0)
+            with self.cond:
+                if self.waiters >= MAX_WAITERS:
+                    raise ValueError(f"the store already serves {MAX_WAITERS} blocking get/wait requests; "
+                                     "retry later (is a client flooding it?)")
+                self.waiters += 1
+            try:
+                missing = self._wait_for(keys, timeout_ms / 1000.0)
+            finally:
+                with self.cond:
+                    self.waiters -= 1
             if missing and self.closed:
                 return ST_CLOSED, []
             if missing:
@@ -253,7 +263,7 @@ class _Server:
     """Threaded TCP server: one accept thread, one thread per connection (few clients, long-lived)."""
 
     def __init__(self, host: str, port: int, token: bytes | None, state: _State):
-        self.state, self.token = state, token
+        self.state, self.token, self.host = state, token, host
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -266,6 +276,14 @@ class _Server:
                 "or check that MASTER_ADDR is an address of this host") from exc
         self.sock.listen(128)
         self.port = self.sock.getsockname()[1]
+        self.secret_file = False
+        if self.token is None:
+            if _is_loopback(host):
+                # every client is on this host: a per-job secret only this user can read
+                self.token = handshake.local_job_secret(self.port, create=True)
+                self.secret_file = True
+            else:
+                handshake.warn_open(f"the rendezvous store on {host}:{self.port}")
         self.conns: set = set()
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._accept_loop, name="na-store-accept", daemon=True)
@@ -277,6 +295,10 @@ class _Server:
                 conn, addr = self.sock.accept()
             except OSError:
                 return  # listening socket closed
+            if len(self.conns) >= MAX_CONNECTIONS:
+                log.warning("store: refused a connection from %s: %d clients already", addr, MAX_CONNECTIONS)
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(conn, addr), name="na-store-conn", daemon=True).start()
 
     def _serve(self, conn: socket.socket, addr) -> None:
@@ -284,15 +306,12 @@ class _Server:
             self.conns.add(conn)
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            nonce = os.urandom(_NONCE)
-            conn.sendall(MAGIC + bytes([self.token is not None]) + nonce)
-            if self.token is not None:
-                conn.settimeout(_AUTH_TIMEOUT)
-                answer = _recv_exact(conn, 32)
-                if not hmac.compare_digest(answer, _hmac(self.token, nonce)):
-                    log.warning("store: rejected a connection from %s: wrong or missing auth token", addr)
-                    return
-                conn.sendall(b"\x01")
+            try:
+                handshake.serve(conn, self.token, _PURPOSE, time.monotonic() + HANDSHAKE_TIMEOUT,
+                                where=f"store {self.host}:{self.port} (client {addr})")
+            except (HandshakeError, handshake.HandshakeRefused) as exc:
+                log.warning("store: dropped a connection: %s", exc)
+                return
             conn.settimeout(None)
             while not self.state.closed:
                 op, args = _read_frame(conn)
@@ -301,7 +320,7 @@ class _Server:
                 except (ValueError, IndexError, UnicodeDecodeError, struct.error) as exc:
                     status, out = ST_ERROR, [str(exc).encode()]
                 _write_frame(conn, status, out)
-        except (TimeoutError, ConnectionError, OSError):
+        except (TimeoutError, ConnectionError, OSError, handshake.AuthenticationError):
             pass  # the client went away (normal at shutdown) or never authenticated
         except (ValueError, struct.error) as exc:
             log.warning("store: closed the connection from %s after a malformed frame: %s", addr, exc)
@@ -326,6 +345,8 @@ class _Server:
                 c.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        if self.secret_file:
+            handshake.forget_local_job_secret(self.port, self.token)
 
 
 class TCPStore(Store):
@@ -353,6 +374,9 @@ class TCPStore(Store):
         self.host, self.world_size, self.is_master = host, world_size, is_master
         self.timeout = float(timeout)
         self._token = None if auth_token is None or auth_token == "" else _b(auth_token)
+        #: the key every connection of this job proves (the token, or the per-user job secret, or
+        #: None when the store runs open): the TCP mesh derives its own key from it
+        self.job_secret: bytes | None = self._token
         self._lock = threading.Lock()  # one request at a time on the shared socket
         self._sock: socket.socket | None = None
         self._server: _Server | None = None
@@ -361,6 +385,7 @@ class TCPStore(Store):
             self._state = _State()
             self._server = _Server(host, port, self._token, self._state)
             self.port = self._server.port
+            self.job_secret = self._server.token
             if wait_for_workers and world_size and world_size > 1:
                 self._wait_for_workers(world_size - 1)
         else:
@@ -399,22 +424,11 @@ class TCPStore(Store):
                 continue
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                hello = _recv_exact(sock, len(MAGIC) + 1 + _NONCE)
-                if hello[:len(MAGIC)] != MAGIC:
-                    raise DistributedError(f"{self.host}:{self.port} is not a neural_arch store "
-                                           "(another service on MASTER_PORT?)")
-                if hello[len(MAGIC)]:
-                    if self._token is None:
-                        raise AuthenticationError(
-                            f"the store at {self.host}:{self.port} requires an auth token; export the job's "
-                            "NEURAL_ARCH_AUTH_TOKEN on this rank too")
-                    sock.sendall(_hmac(self._token, hello[len(MAGIC) + 1:]))
-                    try:
-                        _recv_exact(sock, 1)
-                    except ConnectionError:
-                        raise AuthenticationError(
-                            f"the store at {self.host}:{self.port} rejected this rank's auth token; every "
-                            "rank must use the same NEURAL_ARCH_AUTH_TOKEN") from None
+                key = self._token if self._token is not None else functools.partial(
+                    _local_secret, self.port)
+                where = f"the rendezvous store at {self.host}:{self.port} (connecting client)"
+                self.job_secret = handshake.greet(sock, key, _PURPOSE, time.monotonic() + HANDSHAKE_TIMEOUT,
+                                                  where=where)
                 sock.settimeout(None)
             except BaseException:
                 sock.close()
@@ -510,6 +524,10 @@ class PrefixStore(Store):
         self.prefix, self.store = str(prefix), store
         self.timeout = getattr(store, "timeout", 300.0)
 
+    @property
+    def job_secret(self) -> bytes | None:
+        return getattr(self.store, "job_secret", None)
+
     def _k(self, key: str) -> str:
         return f"{self.prefix}/{key}"
 
@@ -578,6 +596,17 @@ def store_barrier(store: Store, rank: int, world_size: int, name: str, timeout: 
         f"rendezvous {name!r} timed out after {float(timeout):.1f} s: ranks {missing} never arrived "
         f"({', '.join(map(str, arrived))} did); check that every rank started and uses the same "
         "MASTER_ADDR/MASTER_PORT")
+
+
+def _local_secret(port: int, kid: bytes) -> bytes | None:
+    return handshake.local_job_secret(port, want_id=kid)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return host in ("localhost", "::1") or socket.gethostbyname(host).startswith("127.")
+    except OSError:
+        return False
 
 
 def __getattr__(name: str):

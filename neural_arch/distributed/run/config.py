@@ -41,10 +41,18 @@ class LaunchConfig:
     script), ``term_timeout`` (seconds between SIGTERM and SIGKILL on teardown), ``agent_port`` (the
     node-0 launcher's port for other nodes' launchers; default ``master_port + 1``), ``prefix_output``
     (prefix each line with ``[rank{r}]: ``), ``rdzv_id`` (torchrun's job id, given to the ranks as
-    ``TORCHELASTIC_RUN_ID``).
+    ``TORCHELASTIC_RUN_ID``), ``rdzv_last_call`` (elastic jobs: seconds node 0 keeps a round open
+    for more nodes once ``MIN`` have joined).
+
+    ``nnodes`` is ``N`` or torchrun's ``"MIN:MAX"``; ``N`` means ``N:N``. After validation
+    ``nnodes`` holds MAX and ``min_nnodes`` holds MIN. A multi-node job with a range or with
+    ``max_restarts > 0`` is *elastic* (rounds of rendezvous through node 0, see ``run/agent.py``).
 
     >>> LaunchConfig(nproc_per_node=2).world_size
     2
+    >>> cfg = LaunchConfig(nnodes="1:2", max_restarts=3)
+    >>> cfg.min_nnodes, cfg.nnodes, cfg.elastic
+    (1, 2, True)
     """
 
     nproc_per_node: int = 1
@@ -63,12 +71,21 @@ class LaunchConfig:
     agent_port: int | None = None
     prefix_output: bool = True
     rdzv_id: str | None = None
+    rdzv_last_call: float = 1.0
+    min_nnodes: int | None = None
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
             if not ok:
                 raise ValueError(message)
 
+        low, high = parse_nnodes(self.nnodes)
+        if self.min_nnodes is not None and ":" not in str(self.nnodes):
+            low = int(self.min_nnodes)  # replace() passes MIN back separately from MAX
+        need(1 <= low <= high, f"nnodes={self.nnodes}: need 1 <= MIN <= MAX (got MIN={low}, MAX={high})")
+        self.nnodes, self.min_nnodes = high, low
+        need(float(self.rdzv_last_call) >= 0, "rdzv_last_call must be >= 0 seconds")
+        self.rdzv_last_call = float(self.rdzv_last_call)
         need(int(self.nproc_per_node) >= 1,
              f"nproc_per_node={self.nproc_per_node}: start at least 1 process per node")
         need(int(self.nnodes) >= 1, f"nnodes={self.nnodes}: a job has at least 1 node")
@@ -90,8 +107,18 @@ class LaunchConfig:
         self.term_timeout = float(self.term_timeout)
 
     @property
+    def elastic(self) -> bool:
+        """Multi-node with a node range or restarts: node 0's agent runs rendezvous rounds."""
+        return self.nnodes > 1 and (self.min_nnodes < self.nnodes or self.max_restarts > 0)
+
+    @property
+    def nnodes_spec(self) -> str:
+        """``"MIN:MAX"`` as every node must state it."""
+        return f"{self.min_nnodes}:{self.nnodes}"
+
+    @property
     def world_size(self) -> int:
-        """Total number of processes across all nodes."""
+        """Total number of processes across all nodes (at the most nodes, MAX, for a range)."""
         return self.nproc_per_node * self.nnodes
 
     def replace(self, **changes) -> LaunchConfig:
@@ -99,13 +126,40 @@ class LaunchConfig:
         return dataclasses.replace(self, **changes)
 
 
+def parse_nnodes(value) -> tuple[int, int]:
+    """``3`` -> ``(3, 3)``, ``"1:4"`` -> ``(1, 4)`` (torchrun's ``--nnodes MIN:MAX``).
+
+    >>> parse_nnodes("2"), parse_nnodes("1:4")
+    ((2, 2), (1, 4))
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"nnodes={value!r} is not a node count")
+    if isinstance(value, int):
+        return value, value
+    text = str(value).strip()
+    low, sep, high = text.partition(":")
+    try:
+        return (int(low), int(high)) if sep else (int(text), int(text))
+    except ValueError:
+        raise ValueError(f"nnodes={value!r}: write a count N or a range MIN:MAX such as 1:4") from None
+
+
+def _nnodes_arg(raw: str) -> str:
+    parse_nnodes(raw)  # reject garbage at parse time, with the message above
+    return raw
+
+
+_nnodes_arg.__name__ = "node count N or range MIN:MAX"  # argparse's error names it
+
+
 # name -> (field, converter); None converter = boolean flag
 _OPTIONS: dict[str, tuple[str, Callable | None]] = {}
 for _field, _conv in [
-    ("nproc_per_node", int), ("nnodes", int), ("node_rank", int), ("master_addr", str),
+    ("nproc_per_node", int), ("nnodes", _nnodes_arg), ("node_rank", int), ("master_addr", str),
     ("master_port", int), ("backend", str), ("max_restarts", int), ("monitor_interval", float),
     ("start_timeout", float), ("log_dir", str), ("standalone", None), ("term_timeout", float),
     ("agent_port", int), ("rdzv_backend", str), ("rdzv_endpoint", str), ("rdzv_id", str),
+    ("rdzv_last_call", float),
 ]:
     _OPTIONS["--" + _field] = (_field, _conv)
     _OPTIONS["--" + _field.replace("_", "-")] = (_field, _conv)
@@ -116,13 +170,17 @@ usage: python -m neural_arch.distributed.launcher [options] script.py [options] 
 
 options (each multi-word option also accepts dashes: --nproc-per-node):
   --nproc_per_node N     processes on this node (default 1)
-  --nnodes N             number of nodes, each running one launcher (default 1)
+  --nnodes N|MIN:MAX     number of nodes, each running one launcher (default 1); a range
+                         (or --max_restarts > 0) makes the job elastic: node 0's launcher
+                         forms rounds of MIN..MAX nodes and re-forms them after a failure
   --node_rank R          this node's index, 0..nnodes-1 (default 0)
   --master_addr HOST     address of node 0, which hosts the rendezvous store (default 127.0.0.1)
   --master_port PORT     port of the rendezvous store (default 29500)
   --backend NAME         NEURAL_ARCH_BACKEND for the children: gloo, mpi, nccl (default gloo)
   --standalone           single node, pick a free master port
-  --max_restarts N       restart the whole group up to N times after a failure (default 0)
+  --max_restarts N       restart the whole group up to N times after a failure (default 0);
+                         multi-node: every node restarts together, at the nodes still there
+  --rdzv_last_call S     elastic: once MIN nodes joined, wait S s more for others (default 1)
   --monitor_interval S   longest pause between health checks, seconds (default 1.0); a rank
                          whose output closes is checked at once, signals within 0.1 s
   --start_timeout S      fail if some rank has not reached rendezvous (init_process_group, or

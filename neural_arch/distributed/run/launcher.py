@@ -55,16 +55,25 @@ Behaviour:
   later. Teardown by a living launcher also signals each rank's group, not just its pid.
 * ``--start_timeout``: every local rank must reach rendezvous in time - ``init_process_group()``
   creates ``$NEURAL_ARCH_READY_DIR/rank_{r}`` when it succeeded (a fresh folder per attempt,
-  removed afterwards) - and, for multi-node jobs, every node's launcher must have joined node 0's.
-  When the time runs out the launcher fails, naming the ranks (and whether they even started)
-  and the nodes that are missing. A rank that exits counts as done. **A script that never calls
+  removed afterwards) - and, for multi-node jobs, every node's launcher must first have joined
+  node 0's (no rank starts before that). When the time runs out the launcher fails, naming the
+  ranks (and whether they even started) or the nodes that are missing.
+* Multi-node: the launchers agree on the job before any rank starts (``run/agent.py``): nodes may
+  run different ``--nproc_per_node`` (as with torchrun; ranks are numbered node by node), and a
+  node that disagrees about ``--nnodes``, ``--backend`` or ``--master_port``, or repeats a
+  ``--node_rank``, fails *every* node at once with the reason. A rank that exits counts as done. **A script that never calls
   init_process_group** must call ``neural_arch.distributed.run.env.report_ready()`` instead, or
   get a ``--start_timeout`` longer than its run.
 
-Limitations (said plainly): restarts are per node and not coordinated across nodes, so
-``nnodes > 1`` with ``max_restarts > 0`` raises ``NotImplementedError``. There is no elastic
-membership (the world size is fixed) and no SSH start of remote nodes: run one launcher per node
-(by hand, or with ``srun``; see ``examples/slurm/``).
+Elastic multi-node jobs (``--nnodes MIN:MAX``, or ``--max_restarts > 0`` with several nodes): node
+0's launcher hosts the rendezvous agent for the whole job; rounds of MIN..MAX nodes form, and after
+a failed rank or a lost node every node stops its ranks and the next round starts them again
+with new ``RANK``/``WORLD_SIZE`` and the restart count + 1 (see ``run/agent.py`` and
+docs/fault_tolerance.md). If node 0 dies the job ends.
+
+Limitations (said plainly): no SSH start of remote nodes: run one launcher per node (by hand, or
+with ``srun``; see ``examples/slurm/``). A node that joins while a round runs waits for the next
+round (a failure); the running round is not restarted to admit it.
 
 Restart-from-checkpoint pattern for a training script (see ``examples/restart_from_checkpoint.py``)::
 
@@ -89,7 +98,9 @@ import tempfile
 import threading
 import time
 
+from neural_arch.distributed.run.agent import NodeAgentServer, NodeLayout, join_node0
 from neural_arch.distributed.run.config import LaunchConfig, parse_command_line
+from neural_arch.distributed.run.elastic_agent import ElasticAgentServer, ElasticMember
 from neural_arch.distributed.run.env import free_port, package_root, rank_env
 from neural_arch.distributed.run.procs import (
     Child,
@@ -142,6 +153,8 @@ class DistributedLauncher:
         self._signum: int | None = None
         self.restart_count = 0
         self.last_failure: dict | None = None
+        self._node_rank = self.config.node_rank   # elastic jobs: this round's node rank
+        self._member: ElasticMember | None = None  # elastic jobs: our connection to node 0's agent
 
     # ------------------------------------------------------------------ signals
     def _on_signal(self, signum, frame) -> None:
@@ -165,9 +178,9 @@ class DistributedLauncher:
     # ------------------------------------------------------------------ environment
     def _child_env(self, local_rank: int, port: int, token: str, ready_dir: str) -> dict:
         cfg = self.config
-        env = rank_env(rank=cfg.node_rank * cfg.nproc_per_node + local_rank, local_rank=local_rank,
-                       world_size=cfg.world_size, local_world_size=cfg.nproc_per_node,
-                       node_rank=cfg.node_rank, master_addr=cfg.master_addr, master_port=port,
+        env = rank_env(rank=self._layout.rank_offset(self._node_rank) + local_rank, local_rank=local_rank,
+                       world_size=self._layout.world_size, local_world_size=cfg.nproc_per_node,
+                       node_rank=self._node_rank, master_addr=cfg.master_addr, master_port=port,
                        backend=cfg.backend, token=token, restart_count=self.restart_count,
                        parent_pid=os.getpid())
         env["NEURAL_ARCH_MAX_RESTARTS"] = str(cfg.max_restarts)
@@ -189,18 +202,18 @@ class DistributedLauncher:
         header = f"==== neural_arch launcher: attempt {self.restart_count} ({time.ctime()}) ====\n"
         try:
             for local_rank in range(cfg.nproc_per_node):
-                rank = cfg.node_rank * cfg.nproc_per_node + local_rank
+                rank = self._layout.rank_offset(self._node_rank) + local_rank
                 log_path = os.path.join(cfg.log_dir, f"rank_{rank}.log") if cfg.log_dir else None
                 children.append(start_child(
                     self._command(target, args), self._child_env(local_rank, port, token, ready_dir),
-                    rank=rank, pump=pump, local_rank=local_rank, node_rank=cfg.node_rank,
+                    rank=rank, pump=pump, local_rank=local_rank, node_rank=self._node_rank,
                     log_path=log_path, header=header, stdin=None if rank == 0 else subprocess.DEVNULL))
         except BaseException:
             terminate_all(children, grace=cfg.term_timeout)
             raise
         return children
 
-    def _missing_message(self, children: list[Child], ready_dir: str, agent) -> str | None:
+    def _missing_message(self, children: list[Child], ready_dir: str) -> str | None:
         """None when every rank reached rendezvous; otherwise the text naming who is missing.
 
         A rank is ready once ``ready_dir/rank_{r}`` exists (``init_process_group`` writes it,
@@ -213,28 +226,19 @@ class DistributedLauncher:
             return os.path.exists(os.path.join(ready_dir, name))
 
         missing = [c.rank for c in children if c.proc.poll() is None and not has(f"rank_{c.rank}")]
-        missing_nodes = [] if agent is None else sorted(set(range(cfg.nnodes)) - agent.joined())
-        if not missing and not missing_nodes:
+        if not missing:
             return None
-        parts = []
-        if missing:
-            never = [r for r in missing if not has(f"started_{r}")]
-            noun = "rank" if len(missing) == 1 else "ranks"
-            text = (f"{noun} {_format_ranks(missing)} on node {cfg.node_rank} did not reach "
-                    f"rendezvous (init_process_group)")
-            if never:
-                text += (f"; of these, {_format_ranks(never)} did not even start (the Python "
-                         f"process never reached the launcher's bootstrap)")
-            parts.append(text + ". A script that never calls init_process_group must call "
-                         "neural_arch.distributed.run.env.report_ready(), or raise --start_timeout")
-        for node in missing_nodes:
-            ranks = range(node * cfg.nproc_per_node, (node + 1) * cfg.nproc_per_node)
-            parts.append(f"node {node} (ranks {_format_ranks(list(ranks))}) never joined: "
-                         f"start its launcher with --node_rank {node} --master_addr {cfg.master_addr}")
-        return "; ".join(parts)
+        never = [r for r in missing if not has(f"started_{r}")]
+        noun = "rank" if len(missing) == 1 else "ranks"
+        text = (f"{noun} {_format_ranks(missing)} on node {cfg.node_rank} did not reach "
+                f"rendezvous (init_process_group)")
+        if never:
+            text += (f"; of these, {_format_ranks(never)} did not even start (the Python "
+                     f"process never reached the launcher's bootstrap)")
+        return text + (". A script that never calls init_process_group must call "
+                       "neural_arch.distributed.run.env.report_ready(), or raise --start_timeout")
 
-    def _run_attempt(self, target: str, args: tuple, port: int, token: str, agent,
-                     pump: OutputPump) -> int:
+    def _run_attempt(self, target: str, args: tuple, port: int, token: str, pump: OutputPump) -> int:
         """Run one group to completion. Returns 0, or raises on failure/timeout/signal."""
         cfg = self.config
         ready_dir = tempfile.mkdtemp(prefix="neural_arch_ready_")
@@ -253,6 +257,10 @@ class DistributedLauncher:
                 if self._signum is not None:
                     send_signal_all(children, self._signum)
                     raise _Interrupted(self._signum)
+                if self._member is not None:
+                    message = self._member.poll()
+                    if message is not None:  # node 0's agent: stop (another node failed), exit, lost
+                        raise _AgentSaid(message)
                 failed = [c for c in children if c.proc.poll() not in (None, 0)]
                 if failed:
                     # Several ranks may have died in one interval; report the lowest rank.
@@ -260,7 +268,7 @@ class DistributedLauncher:
                 if all(c.proc.poll() == 0 for c in children):
                     return 0
                 if not started:
-                    missing = self._missing_message(children, ready_dir, agent)
+                    missing = self._missing_message(children, ready_dir)
                     started = missing is None
                     if not started and time.monotonic() > deadline:
                         raise _StartTimeout(missing)
@@ -277,10 +285,6 @@ class DistributedLauncher:
         ranks did not start within ``start_timeout``.
         """
         cfg = self.config
-        if cfg.nnodes > 1 and cfg.max_restarts > 0:
-            raise NotImplementedError(
-                "restarts are not coordinated across nodes (each node would restart alone and the "
-                "world would split); use max_restarts=0 with nnodes > 1, or one node with restarts")
         if cfg.backend.lower() == "mpi" and cfg.world_size > 1:
             raise ValueError(
                 "--backend mpi: MPI ranks must be started by mpiexec, which this launcher is not; "
@@ -297,10 +301,13 @@ class DistributedLauncher:
                 "once, and export that same value on every node before starting its launcher")
         previous = self._install_signal_handlers()
         self._signum, self.restart_count, self.last_failure = None, 0, None
+        self._layout = NodeLayout((cfg.nproc_per_node,) * cfg.nnodes)  # multi-node: node 0 decides below
         agent = None
         # Output-pipe EOF usually means a rank exited: wake the monitor at once, not after an interval.
         pump = OutputPump(prefix=cfg.prefix_output, on_eof=self._wake.set)
         try:
+            if cfg.elastic:
+                return self._launch_elastic(script, script_args, token, pump)
             if cfg.nnodes > 1:
                 try:
                     token, agent = self._join_nodes(token)
@@ -313,7 +320,7 @@ class DistributedLauncher:
             while True:
                 port = find_free_port() if cfg.standalone else cfg.master_port
                 try:
-                    return self._run_attempt(script, script_args, port, token, agent, pump)
+                    return self._run_attempt(script, script_args, port, token, pump)
                 except _ChildFailed as failure:
                     self.last_failure = failure.describe(self.restart_count)
                     child = failure.child
@@ -339,26 +346,125 @@ class DistributedLauncher:
                 signal.signal(sig, handler)
 
     def _join_nodes(self, token: str):
-        """Multi-node set-up: node 0 listens for the other launchers, the others join it."""
+        """Multi-node set-up: node 0 listens for the other launchers, the others join it; every
+        launcher leaves with the job's layout (processes per node) or fails with node 0's reason."""
         cfg = self.config
         agent_port = cfg.agent_port or cfg.master_port + 1
+        stopping = lambda: self._signum is not None
         if cfg.node_rank == 0:
-            from neural_arch.distributed.run.agent import NodeAgentServer
-
             # Listen on master_addr only: the other nodes reach us there, nobody needs more.
-            return token, NodeAgentServer(agent_port, cfg.nnodes, cfg.nproc_per_node, token,
-                                          host=cfg.master_addr)
-        from neural_arch.distributed.run.agent import join_node0
-
-        join_node0(cfg.master_addr, agent_port, cfg.node_rank, cfg.nproc_per_node, token,
-                   cfg.start_timeout, lambda: self._signum is not None)
+            agent = NodeAgentServer(agent_port, cfg.nnodes, cfg.nproc_per_node, token, host=cfg.master_addr,
+                                    backend=cfg.backend, master_port=cfg.master_port)
+            try:
+                self._layout = agent.wait_layout(cfg.start_timeout, stopping)
+            except TimeoutError as exc:
+                agent.close()
+                raise _StartTimeout(f"{exc}: start each missing node's launcher with --node_rank N "
+                                    f"--master_addr {cfg.master_addr}") from None
+            except BaseException:
+                agent.close()
+                raise
+            return token, agent
+        self._layout = join_node0(cfg.master_addr, agent_port, cfg.node_rank, cfg.nproc_per_node, token,
+                                  cfg.start_timeout, stopping, nnodes=cfg.nnodes, backend=cfg.backend,
+                                  master_port=cfg.master_port)
         return token, None
 
-    def _summary(self, child: Child) -> str:
+    # ------------------------------------------------------------------ elastic jobs
+    def _launch_elastic(self, script: str, script_args: tuple, token: str, pump: OutputPump) -> int:
+        """Every node (node 0 too) is a member of node 0's agent and runs the rounds it forms."""
+        cfg = self.config
+        agent_port = cfg.agent_port or cfg.master_port + 1
+        stopping = lambda: self._signum is not None
+        server = None
+        try:
+            if cfg.node_rank == 0:
+                server = ElasticAgentServer(agent_port, cfg.min_nnodes, cfg.nnodes, token, host=cfg.master_addr,
+                                            backend=cfg.backend, master_port=cfg.master_port,
+                                            max_restarts=cfg.max_restarts, last_call=cfg.rdzv_last_call,
+                                            start_timeout=cfg.start_timeout, log=lambda m: _say(f"agent: {m}"))
+            try:
+                member = ElasticMember(cfg.master_addr, agent_port, cfg.node_rank, cfg.nproc_per_node, token,
+                                       cfg.start_timeout, stopping, nnodes_spec=cfg.nnodes_spec,
+                                       backend=cfg.backend, master_port=cfg.master_port, on_message=self._wake.set)
+            except (TimeoutError, InterruptedError, RuntimeError) as exc:
+                if self._signum is not None:
+                    return 128 + self._signum
+                _say(str(exc))
+                return 1
+            self._member = member
+            try:
+                return self._elastic_rounds(script, script_args, token, pump, member)
+            finally:
+                self._member = None
+                member.close()
+        finally:
+            if server is not None:
+                server.close()
+
+    def _elastic_rounds(self, script: str, script_args: tuple, token: str, pump: OutputPump,
+                        member: ElasticMember) -> int:
+        cfg = self.config
+        # The agent enforces --start_timeout itself; this bound only guards against a silent agent.
+        silent_limit = cfg.start_timeout + 120.0
+        message = None
+        while True:
+            if message is None:
+                message = self._wait_agent(member, silent_limit)
+            if message is None:
+                _say(f"{member.where} sent nothing for {silent_limit:g} s; giving up")
+                return 1
+            current, message = message, None
+            if "lost" in current:
+                _say(current["lost"])
+                return 1
+            if "exit" in current:
+                _say(f"job failed: {current.get('reason')}")
+                return int(current["exit"]) or 1
+            if "finished" in current:
+                return 0
+            if "stop" in current:  # we had already stopped (our own failure, or we were done)
+                member.send({"stopped": current["stop"]})
+                continue
+            if "round" not in current:
+                continue
+            rnd = int(current["round"])
+            self._layout, self._node_rank = NodeLayout(tuple(current["layout"])), int(current["node_rank"])
+            self.restart_count = int(current["restart"])
+            _say(f"round {rnd}: node rank {self._node_rank} of {len(self._layout.nproc)} nodes, world size "
+                 f"{self._layout.world_size}, restart {self.restart_count}")
+            try:
+                self._run_attempt(script, script_args, int(current["master_port"]), token, pump)
+                member.send({"done": rnd})
+            except _ChildFailed as failure:
+                child = failure.child
+                self.last_failure = failure.describe(self.restart_count)
+                member.send({"failed": rnd, "code": exit_status(child.proc.returncode),
+                             "summary": self._summary(child, restarts=False)})
+            except _StartTimeout as exc:
+                member.send({"failed": rnd, "code": EXIT_START_TIMEOUT,
+                             "summary": f"start timeout after {cfg.start_timeout:g} s: {exc.missing}"})
+            except _AgentSaid as said:  # our ranks are stopped (the attempt's teardown ran)
+                if "stop" in said.message:
+                    member.send({"stopped": said.message["stop"]})
+                else:
+                    message = said.message
+
+    def _wait_agent(self, member: ElasticMember, limit: float) -> dict | None:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            if self._signum is not None:
+                raise _Interrupted(self._signum)
+            message = member.get(_SIGNAL_CHECK_S)
+            if message is not None:
+                return message
+        return None
+
+    def _summary(self, child: Child, restarts: bool = True) -> str:
         cfg = self.config
         lines = [(f"job failed: rank {child.rank} (node {child.node_rank}, local rank {child.local_rank},"
                   f" pid {child.proc.pid}) {describe_exit(child.proc.returncode)}")]
-        if cfg.max_restarts:
+        if cfg.max_restarts and restarts:
             lines.append(f"  restarts used: {self.restart_count} of {cfg.max_restarts}")
         lines.append(f"  log: {child.log_path}" if child.log_path else
                      "  log: its output is above, prefixed with "
@@ -375,6 +481,14 @@ class _ChildFailed(Exception):
         code = self.child.proc.returncode
         return {"rank": self.child.rank, "returncode": code, "exit": describe_exit(code),
                 "restart": restart, "log": self.child.log_path}
+
+
+class _AgentSaid(Exception):
+    """Node 0's agent sent a message while our ranks ran (stop, exit, or the connection is lost)."""
+
+    def __init__(self, message: dict) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 class _StartTimeout(Exception):

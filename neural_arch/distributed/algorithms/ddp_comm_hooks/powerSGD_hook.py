@@ -14,8 +14,10 @@ replaced on the wire by two thin factors of rank ``r``::
 (biases) and matrices too small to gain are all-reduced uncompressed; so is everything before
 ``start_powerSGD_iter``. With ``r = min(n, m)`` the approximation is exact (plain averaging).
 
-Unlike torch, the hook runs its two all-reduces on the calling thread and returns a completed
-Work: simple and correct, but its bucket does not overlap with backward.
+The all-reduces of the uncompressed part and of ``P`` are queued when the bucket is handed over
+and run while backward goes on; the ``Q`` all-reduce depends on the averaged ``P``, so it is issued
+when DDP waits for the bucket at the end of backward (in bucket order on every rank: see
+:func:`~neural_arch.distributed.parallel.data_parallel.comm_hooks.deferred`).
 
 Example::
 
@@ -29,7 +31,7 @@ import numpy as np
 
 from neural_arch import backend as _xpmod
 from neural_arch.distributed.comm.work import ReduceOp, Work
-from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket, hook_backend
+from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket, deferred, hook_backend
 
 __all__ = ["PowerSGDState", "powerSGD_hook"]
 
@@ -85,6 +87,7 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> Work:
 
     xp = _xpmod.get_array_module(buffer)
     idx = bucket.index()
+    before = None
     if state.use_error_feedback:
         residual = state.error_dict.get(idx)
         if residual is not None:
@@ -100,16 +103,11 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> Work:
                 matrices.append((slot, grad.reshape(n, m), rank))
                 continue
         rest.append(grad.reshape(-1))
-    sent = 0
-    # Uncompressed part: one all-reduce of everything that is not worth compressing.
-    if rest:
-        flat = xp.concatenate(rest)
-        backend.allreduce(flat, ReduceOp.SUM)
-        sent += flat.size
-        offset = 0
-        for part in rest:
-            part[...] = flat[offset:offset + part.size]
-            offset += part.size
+    # Phase 1, now (during backward): queue the all-reduce of what is not compressed and of
+    # every P = M Q; both run on the progress lane while backward goes on.
+    flat = xp.concatenate(rest) if rest else None
+    rest_work = backend.allreduce(flat, ReduceOp.SUM, async_op=True) if rest else None
+    ps, flat_p, p_work = [], None, None
     if matrices:
         qs = []
         for slot, mat, rank in matrices:
@@ -119,27 +117,43 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> Work:
             qs.append(_orthonormalize(xp, q))
         ps = [mat @ q for (_, mat, _), q in zip(matrices, qs)]
         flat_p = xp.concatenate([p.reshape(-1) for p in ps])
-        backend.allreduce(flat_p, ReduceOp.SUM)  # the gradients were pre-divided: SUM is the mean
-        offset = 0
-        for k, p in enumerate(ps):
-            ps[k] = _orthonormalize(xp, flat_p[offset:offset + p.size].reshape(p.shape))
-            offset += p.size
-        qs = [mat.T @ p for (_, mat, _), p in zip(matrices, ps)]
-        flat_q = xp.concatenate([q.reshape(-1) for q in qs])
-        backend.allreduce(flat_q, ReduceOp.SUM)
-        offset = 0
-        for k, q in enumerate(qs):
-            qs[k] = flat_q[offset:offset + q.size].reshape(q.shape)
-            offset += q.size
-        for (slot, mat, _), p, q in zip(matrices, ps, qs):
-            mat[...] = p @ q.T
-            state.q_memory[(idx, slot)] = q.copy()
-        sent += flat_p.size + flat_q.size
-    if state.use_error_feedback:
-        # This rank's share (its gradient / world, plus what it owed) minus its share of what was
-        # delivered (the approximated mean / world): carried into the next step. Summed over
-        # ranks the residuals vanish wherever the approximation was exact.
-        state.error_dict[idx] = before - buffer * buffer.dtype.type(1.0 / world)
-    state.last_sent = (sent, buffer.size)
+        p_work = backend.allreduce(flat_p, ReduceOp.SUM, async_op=True)  # pre-divided: SUM is the mean
     state.maybe_increase_iter(bucket)
-    return Work.completed(buffer)
+
+    def phase2(_done: Work):
+        """Q = M^T P from the averaged P needs another all-reduce: issued by whoever waits (DDP's
+        end of backward, in bucket order on every rank; see ``deferred``)."""
+        sent = 0
+        if rest_work is not None:
+            rest_work.wait()
+            offset = 0
+            for part in rest:
+                part[...] = flat[offset:offset + part.size]
+                offset += part.size
+            sent += flat.size
+        if matrices:
+            p_work.wait()
+            offset = 0
+            for k, p in enumerate(ps):
+                ps[k] = _orthonormalize(xp, flat_p[offset:offset + p.size].reshape(p.shape))
+                offset += p.size
+            qs = [mat.T @ p for (_, mat, _), p in zip(matrices, ps)]
+            flat_q = xp.concatenate([q.reshape(-1) for q in qs])
+            backend.allreduce(flat_q, ReduceOp.SUM)
+            offset = 0
+            for k, q in enumerate(qs):
+                qs[k] = flat_q[offset:offset + q.size].reshape(q.shape)
+                offset += q.size
+            for (slot, mat, _), p, q in zip(matrices, ps, qs):
+                mat[...] = p @ q.T
+                state.q_memory[(idx, slot)] = q.copy()
+            sent += flat_p.size + flat_q.size
+        if before is not None:
+            # This rank's share (its gradient / world, plus what it owed) minus its share of what
+            # was delivered (the approximated mean / world): carried into the next step. Summed
+            # over ranks the residuals vanish wherever the approximation was exact.
+            state.error_dict[idx] = before - buffer * buffer.dtype.type(1.0 / world)
+        state.last_sent = (sent, buffer.size)
+        return buffer
+    first = p_work if p_work is not None else (rest_work if rest_work is not None else Work.completed(buffer))
+    return deferred(first, phase2)

@@ -23,7 +23,7 @@ import numpy as np
 
 from neural_arch import backend as _xpmod
 from neural_arch.distributed.comm.work import Work
-from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket, hook_backend
+from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket, hook_backend, then
 
 __all__ = ["TopKState", "topk_hook"]
 
@@ -56,11 +56,20 @@ def topk_hook(state: TopKState, bucket: GradBucket) -> Work:
     values = acc[idx]
     acc[idx] = 0
     state.residuals[bucket.index()] = acc  # what was not sent: exactly acc - sent
-    all_idx = xp.zeros((backend.size, k), dtype=np.int64)
-    all_val = xp.zeros((backend.size, k), dtype=buffer.dtype)
-    backend.allgather(all_idx, idx)
-    backend.allgather(all_val, values)
-    buffer[...] = 0
-    xp.add.at(buffer, all_idx.reshape(-1), all_val.reshape(-1))
+    all_idx = xp.empty((backend.size, k), dtype=np.int64)
+    all_val = xp.empty((backend.size, k), dtype=buffer.dtype)
+    # Both all-gathers are queued now, from the caller's thread (so every rank queues its
+    # collectives in the same order) and run on the backend's progress lane while backward goes
+    # on; the lane runs them in order, so the values' completion means the indices are in too.
+    got_idx = backend.allgather(all_idx, idx, async_op=True)
+    got_val = backend.allgather(all_val, values, async_op=True)
     state.last_sent = (2 * k, n)
-    return Work.completed(buffer)
+
+    def scatter(_done: Work):
+        if got_idx.exception() is not None:
+            raise got_idx.exception()
+        buffer[...] = 0
+        for r in range(backend.size):  # a rank's indices are distinct: a fancy-index add is exact
+            buffer[all_idx[r]] += all_val[r]
+        return buffer
+    return then(got_val, scatter)

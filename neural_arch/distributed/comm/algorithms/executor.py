@@ -80,6 +80,8 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from neural_arch.backend import to_device_like, to_host
+
 from neural_arch.distributed.comm.algorithms import plans as P
 from neural_arch.distributed.comm.backend import finish_average
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp
@@ -109,7 +111,8 @@ _PIPELINED = frozenset({"ring_allreduce", "ring_allgather", "ring_reduce_scatter
 
 # NEURAL_ARCH_GLOO_ALGO forces algorithms (benchmarks, crossover measurements, tests): a comma list
 # of "ring" or "rd" (all_reduce and reduce: ring vs recursive doubling / binomial tree) and "chain"
-# or "tree" (broadcast); unset means "choose by size".
+# or "tree" (broadcast), or "direct" (the shared-memory collectives of shm_direct.py wherever the
+# group has them; any other forced value keeps a group off them); unset means "choose by size".
 ALGO_ENV = "NEURAL_ARCH_GLOO_ALGO"
 
 
@@ -400,19 +403,17 @@ class PlanExecutor:
 
 
 def _to_host(array) -> np.ndarray:
-    """NumPy arrays as they are; CuPy arrays copied to host (the CPU backend stages GPU data)."""
-    if isinstance(array, np.ndarray):
-        return array
-    return array.get()
+    """NumPy arrays as they are; device arrays copied to host (the CPU backend stages GPU data)."""
+    return array if type(array) is np.ndarray else to_host(array)
 
 
 def _back(array, host: np.ndarray) -> None:
     if host is not array:
-        array.set(host)
+        to_device_like(host, array, out=array)
 
 
 def force_algo_from_env() -> Optional[str]:
-    known = {"ring", "rd", "chain", "tree"}
+    known = {"ring", "rd", "chain", "tree", "direct"}
     chosen = [v.strip() for v in os.environ.get(ALGO_ENV, "").lower().split(",") if v.strip()]
     bad = [v for v in chosen if v not in known]
     if bad:

@@ -53,6 +53,7 @@ data with ``alltoall`` or sub-groups rather than with crossed blocking send/recv
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -137,6 +138,7 @@ class NCCLBackend(Backend):
             uid = nccl.get_unique_id()
             store.set(store_key, encode_unique_id(uid))
         uid = decode_unique_id(store.get(store_key))
+        _refuse_shared_gpus(store, store_key, rank, world_size, device_id, group_ranks, deadline)
         comm = _init_comm(cp, nccl, world_size, uid, rank, device_id, deadline, group_ranks)
         return cls(comm, rank, world_size, timeout, device_id, cupy=cp, nccl=nccl,
                    group_ranks=group_ranks, store=store, debug=debug)
@@ -150,8 +152,8 @@ class NCCLBackend(Backend):
         return self._version
 
     # -- submission hooks (caller's thread) ---------------------------------------------------
-    def _check_array(self, x, arg: str) -> None:
-        super()._check_array(x, arg)
+    def _check_array(self, x, arg: str, writable: bool = False) -> None:
+        super()._check_array(x, arg, writable)
         dev = getattr(getattr(x, "device", None), "id", self._device_id)
         if dev != self._device_id:
             raise ValueError(f"{arg} lives on cuda:{dev} but this NCCL group uses cuda:{self._device_id}; "
@@ -445,6 +447,43 @@ class NCCLBackend(Backend):
         helper = threading.Thread(target=destroy, daemon=True, name="neural_arch-nccl-destroy")
         helper.start()
         helper.join(min(self.timeout, 30.0))
+
+
+def _gpu_owner(device_id: int) -> str:
+    """``host|pid|device``: what two ranks must not share (one GPU per process, NCCL's rule)."""
+    from neural_arch.distributed.comm.transport.engine import host_identity  # the one notion of "same host"
+
+    return f"{host_identity()}|{os.getpid()}|{device_id}"
+
+
+def _refuse_shared_gpus(store, store_key: str, rank: int, size: int, device_id: int,
+                        group_ranks: Sequence[int] | None, deadline: float) -> None:
+    """Every rank publishes the GPU it chose; two *processes* on one host that chose the same GPU
+    fail here, on every rank, naming them -- instead of NCCL's "Duplicate GPU detected" deep in
+    ncclCommInitRank on some ranks and a wait on the others. Ranks that have not published by the
+    deadline are left to the communicator's own rendezvous timeout (it names them)."""
+    ranks = list(group_ranks) if group_ranks is not None else list(range(size))
+    keys = [f"{store_key}/gpu/{r}" for r in range(size)]
+    store.set(keys[rank], _gpu_owner(device_id).encode())
+    check = getattr(store, "check", None)
+    if check is None:
+        return
+    while not check(keys):
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.01)
+    by_gpu: dict[tuple[str, str], dict[str, list[int]]] = {}
+    for r, key in enumerate(keys):
+        host, pid, dev = store.get(key).decode().rsplit("|", 2)
+        by_gpu.setdefault((host, dev), {}).setdefault(pid, []).append(ranks[r])
+    for (host, dev), pids in by_gpu.items():
+        if len(pids) > 1:
+            sharing = sorted(r for rs in pids.values() for r in rs)
+            raise DistributedError(
+                f"ranks {sharing} all chose cuda:{dev} on host {host.split('/')[0]}: NCCL needs one GPU per "
+                f"process. Start at most as many processes per host as it has GPUs (--nproc_per_node <= "
+                f"neural_arch.cuda.device_count()), give each rank its own device (device='cuda:N' or "
+                f"LOCAL_RANK), or use backend='gloo', which stages CuPy arrays through the host")
 
 
 def _init_comm(cp, nccl, size: int, uid: tuple, rank: int, device_id: int, deadline: float,

@@ -51,11 +51,20 @@ import threading
 import time
 from collections.abc import Sequence
 
-from neural_arch.distributed.errors import PeerFailureError, RendezvousError
-
 # Link, PeerGone and as_bytes_view are re-exported: the stream modules and the algorithms use them
-from neural_arch.distributed.comm.transport.framing import ABORT_CHANNEL, CHANNEL_LIMIT, FRAME, Link, PeerGone, RecvOp, SendOp, abandon, as_bytes_view  # noqa: F401
+from neural_arch.distributed.comm.transport.framing import (  # noqa: F401
+    ABORT_CHANNEL,
+    CHANNEL_LIMIT,
+    FRAME,
+    Link,
+    PeerGone,
+    RecvOp,
+    SendOp,
+    abandon,
+    as_bytes_view,
+)
 from neural_arch.distributed.comm.work import OpInfo
+from neural_arch.distributed.errors import GroupPoisonedError, PeerFailureError, RendezvousError
 
 __all__ = [
     "TRANSPORT_ENV",
@@ -146,6 +155,7 @@ class LinkTransport(Transport):
         #: (dead rank, reporting rank, why) once any rank saw a peer fail: every op then fails fast
         self._abort: tuple | None = None
         self._abort_sent = False
+        self._poisoned = False        # the abort is a poisoned group (a mismatch...), not a dead rank
         for link in links.values():
             link.on_abort = self._on_abort
         self._drain_op = RecvOp(None, memoryview(b""), -1)  # matches no frame: pulls abort frames in
@@ -185,7 +195,20 @@ class LinkTransport(Transport):
         """An abort frame arrived (called with a link's reader lock held: only record it)."""
         if self._abort is None:
             dead, _, why = payload.decode("utf-8", "replace").partition("|")
+            if dead.startswith("P"):      # "P<rank>|why": that rank's group was poisoned, not dead
+                self._poisoned = True
+                dead = dead[1:]
             self._abort = (int(dead) if dead.lstrip("-").isdigit() else -1, reporter, why)
+
+    def poison(self, why: str) -> None:
+        """This rank saw an op fail after bytes had moved: every later op here fails at once, and
+        every other rank is told (an abort frame naming this rank and ``why``), so theirs do too.
+
+        Nothing newer replaces the first failure: every rank's error names the same root cause."""
+        if self._abort is None and not self._closed:
+            self._poisoned = True
+            self._abort = (self.rank, self.rank, why)
+            self._send_abort()
 
     def _send_abort(self) -> None:
         """Tell every other rank (once) that the job is broken, so nobody waits for the full timeout."""
@@ -193,7 +216,7 @@ class LinkTransport(Transport):
             return
         self._abort_sent = True
         dead, reporter, why = self._abort
-        payload = memoryview(f"{dead}|{why}".encode()[:4000])
+        payload = memoryview(f"{'P' if self._poisoned else ''}{dead}|{why}".encode()[:4000])
         for link in self.links.values():
             if link.failed is None and link.peer not in (dead, reporter):
                 op = SendOp(link, payload, ABORT_CHANNEL)
@@ -201,9 +224,21 @@ class LinkTransport(Transport):
                     link.send_q.append(op)
                 link.pump_sends()  # best effort; later waits and close() keep pumping
 
-    def _abort_error(self, info: OpInfo) -> PeerFailureError:
+    def _abort_error(self, info: OpInfo, pending: Sequence = ()) -> PeerFailureError:
         self._send_abort()
         dead, reporter, why = self._abort
+        if self._poisoned:
+            waiting = sorted({op.link.peer for op in pending if op.link is not None} - {dead})
+            if waiting and "CollectiveTimeoutError" in why:
+                # rank ``dead`` timed out waiting, maybe for us; we were waiting for ``waiting``:
+                # in a chain of waits, the rank nearest the missing one names it
+                why += (f" -- and rank {self.rank}, in {info.describe()}, was itself still waiting for "
+                        f"ranks {waiting}: look at those first")
+            return GroupPoisonedError(
+                f"{info.describe()} on rank {self.rank} cannot run: rank {dead} reported that an operation "
+                "failed after data had started to move, so the job's streams may be out of step and no "
+                "collective can be trusted; destroy the process group (destroy_process_group()) and "
+                f"create it again on every rank. First failure (rank {dead}): {why}")
         return PeerFailureError(
             f"rank {dead} failed (rank {reporter} saw it: {why}); {info.describe()} on rank {self.rank} "
             f"cannot complete -- look at rank {dead}'s log first")
@@ -229,8 +264,8 @@ class LinkTransport(Transport):
         return channel
 
     # -- the interface ---------------------------------------------------------------------------
-    def _queue_send(self, link: Link, view: memoryview, channel: int) -> SendOp:
-        op = SendOp(link, view, channel)
+    def _queue_send(self, link: Link, view: memoryview, channel: int, check: int = 0) -> SendOp:
+        op = SendOp(link, view, channel, check)
         with link.lock:
             link.send_q.append(op)
         op.progress()  # start at once: whatever the stream takes now is written here
@@ -242,9 +277,10 @@ class LinkTransport(Transport):
         link = self._link(peer, info)
         view = as_bytes_view(buf)
         channel = self._channel(channel)
-        if link.try_send_frame(channel, view):
+        check = info.wire
+        if link.try_send_frame(channel, view, check):
             return
-        op = self._queue_send(link, view, channel)
+        op = self._queue_send(link, view, channel, check)
         if not op.done:
             self._drive([op], info)
 
@@ -252,17 +288,19 @@ class LinkTransport(Transport):
         link = self._link(peer, info)
         view = as_bytes_view(buf)
         channel = self._channel(channel)
-        if link.try_send_frame(channel, view):
+        check = info.wire
+        if link.try_send_frame(channel, view, check):
             return TransportHandle(self, _SENT, info)
-        return TransportHandle(self, self._queue_send(link, view, channel), info)
+        return TransportHandle(self, self._queue_send(link, view, channel, check), info)
 
     def recv_into(self, peer: int, buf, channel: int, info: OpInfo) -> None:
         link = self._link(peer, info)
         view = as_bytes_view(buf, writable=True)
         channel = self._channel(channel)
-        if link.try_recv_frame(channel, view):
+        check = info.wire
+        if link.try_recv_frame(channel, view, check):
             return
-        op = RecvOp(link, view, channel)
+        op = RecvOp(link, view, channel, check)
         op.progress()  # the message may be stashed, or only partly there
         if op.done:
             op.check()
@@ -275,13 +313,14 @@ class LinkTransport(Transport):
         channel = self._channel(channel)
         slink = self._link(dst, info)
         sview = as_bytes_view(send_buf)
-        if slink.try_send_frame(channel, sview):
-            if rlink.try_recv_frame(channel, rview):
+        check = info.wire
+        if slink.try_send_frame(channel, sview, check):
+            if rlink.try_recv_frame(channel, rview, check):
                 return  # small exchange with a peer that is already there
             send = _SENT
         else:
-            send = self._queue_send(slink, sview, channel)
-        recv = RecvOp(rlink, rview, channel)
+            send = self._queue_send(slink, sview, channel, check)
+        recv = RecvOp(rlink, rview, channel, check)
         recv.progress()
         if send.done and recv.done:
             recv.check()
@@ -328,7 +367,7 @@ class LinkTransport(Transport):
             if not pending:
                 return
             if self._abort is not None:
-                raise self._abort_error(info)
+                raise self._abort_error(info, pending)
             moved = progressed
             for link in links:  # keep every pipelined isend flowing while we wait
                 if link.send_q and link.pump_sends():
@@ -356,7 +395,7 @@ class LinkTransport(Transport):
                     if link not in waiting_on and link.failed is None:
                         link.pump_recv(self._drain_op)
                 if self._abort is not None:
-                    raise self._abort_error(info)
+                    raise self._abort_error(info, pending)
             if idle_since is None:
                 idle_since = now
             self._wait(pending, now, idle_since, info.deadline)
@@ -454,6 +493,18 @@ def _gather(store, prefix: str, rank: int, size: int, value: str, deadline: floa
     return [store.get(k).decode() for k in keys]
 
 
+def mesh_key(auth_token, job_secret: bytes | None, nonces: list[str]) -> bytes:
+    """The key of this rendezvous's TCP mesh: the job key (token, else the store's job secret) and
+    every rank's nonce from this rendezvous. Only its participants hold all of them, so a process that
+    did not rendezvous cannot pass the mesh handshake (with neither token nor secret -- a store open
+    to everyone -- the nonces are all there is: see docs/security.md)."""
+    import hashlib
+
+    base = auth_token.encode() if isinstance(auth_token, str) else (bytes(auth_token) if auth_token else b"")
+    material = b"na-mesh|" + base + b"|" + (job_secret or b"") + b"|" + "|".join(nonces).encode()
+    return hashlib.sha256(material).digest()
+
+
 def connect_transport(store, rank: int, size: int, timeout: float, mode: str = "auto",
                       auth_token=None) -> Transport:
     """Connect this rank to every other one; return the transport.
@@ -474,7 +525,7 @@ def connect_transport(store, rank: int, size: int, timeout: float, mode: str = "
         raise ValueError(f"transport mode {mode!r} is unknown; use 'auto', 'tcp' or 'shm' "
                          f"(argument or {TRANSPORT_ENV})")
     deadline = time.monotonic() + float(timeout)
-    me = f"{host_identity()}|{os.getpid()}|{mode}"
+    me = f"{host_identity()}|{os.getpid()}|{mode}|{os.urandom(16).hex()}"
     everyone = [v.split("|") for v in _gather(store, "transport/host", rank, size, me, deadline)]
     modes = {v[2] for v in everyone}
     if len(modes) > 1:
@@ -494,7 +545,12 @@ def connect_transport(store, rank: int, size: int, timeout: float, mode: str = "
         tcp_peers = [p for p, k in kinds.items() if k == "tcp"]
         shm_peers = [p for p, k in kinds.items() if k == "shm"]
         if tcp_peers:
-            links.update(tcp_transport.connect_tcp_links(store, rank, tcp_peers, deadline, auth_token))
+            key = mesh_key(auth_token, getattr(store, "job_secret", None), [v[3] for v in everyone])
+            if not auth_token and not getattr(store, "job_secret", None):
+                from neural_arch.distributed.comm.transport.handshake import warn_open
+
+                warn_open(f"the TCP mesh of rank {rank}")
+            links.update(tcp_transport.connect_tcp_links(store, rank, tcp_peers, deadline, key))
         if shm_peers:
             pids = {p: int(everyone[p][1]) for p in shm_peers}
             links.update(shm_transport.connect_shm_links(store, rank, pids, deadline))

@@ -5,8 +5,12 @@ peer. Subclasses (``TcpLink``, ``ShmLink``) only provide non-blocking ``write_so
 everything else -- framing, FIFO queues of pending sends, reading a frame straight into the waiting
 receiver's buffer, keeping frames for other channels aside -- lives here, written once.
 
-Frame: 16-byte header ``(channel u64, nbytes u64)`` then ``nbytes`` of payload. Channel
-``2**63 - 1`` is reserved for abort frames ("rank N died: stop waiting").
+Frame: 24-byte header ``(channel u64, nbytes u64, check u64)`` then ``nbytes`` of payload. ``check``
+is the sending op's :attr:`OpInfo.wire` word (op kind, dtype, reduce op, sequence number): a receiver
+whose own word or byte count differs gets :class:`FrameMismatchError` (the frame is still consumed,
+so the byte stream stays in step). Channel ``2**63 - 1`` is reserved for abort frames ("rank N
+died" / "group poisoned: stop waiting"). A header announcing more than ``MAX_FRAME_BYTES`` (or an
+impossible channel) is a :class:`ProtocolError` that fails the link -- never a ``MemoryError``.
 
 Example (what ``LinkTransport.send`` does)::
 
@@ -17,15 +21,20 @@ Example (what ``LinkTransport.send`` does)::
 from __future__ import annotations
 
 import collections
+import os
 import struct
 import threading
 
 import numpy as np
 
+from neural_arch.distributed.comm.debug import describe_wire
+from neural_arch.distributed.errors import FrameMismatchError
+
 __all__ = [
     "ABORT_CHANNEL",
     "CHANNEL_LIMIT",
     "FRAME",
+    "MAX_FRAME_BYTES",
     "Link",
     "PeerGone",
     "RecvOp",
@@ -34,9 +43,13 @@ __all__ = [
     "as_bytes_view",
 ]
 
-FRAME = struct.Struct("<QQ")          # channel, nbytes
+FRAME = struct.Struct("<QQQ")         # channel, nbytes, check word (OpInfo.wire)
 ABORT_CHANNEL = (1 << 63) - 1        # reserved: "a rank died, stop waiting" (payload: "dead_rank|why")
 CHANNEL_LIMIT = ABORT_CHANNEL
+#: largest frame a peer may announce (NEURAL_ARCH_MAX_FRAME_BYTES overrides); larger is a protocol
+#: error. One frame is at most one collective step's slice, so 64 GiB leaves room for any real array.
+MAX_FRAME_BYTES = int(os.environ.get("NEURAL_ARCH_MAX_FRAME_BYTES", str(1 << 36)))
+_ABORT_MAX = 1 << 16
 
 class PeerGone(Exception):
     """Raised by a stream when the other side closed or died (turned into PeerFailureError)."""
@@ -123,17 +136,18 @@ class Link:
         return None
 
     # whole-frame fast paths (optional): all or nothing, so no partial state is ever left behind
-    def try_send_frame(self, channel: int, view: memoryview) -> bool:
+    def try_send_frame(self, channel: int, view: memoryview, check: int = 0) -> bool:
         """Write one whole frame now if the stream takes all of it at once and nothing is queued
         before it; return False (nothing written) otherwise, and the caller queues a SendOp."""
         return False
 
-    def _read_frame(self, channel: int, view: memoryview) -> bool:
+    def _read_frame(self, channel: int, view: memoryview, check: int = 0) -> bool:
         """With ``reader_lock`` held and no frame in progress: read one whole frame straight into
-        ``view`` if the next frame is complete, for ``channel`` and of ``view``'s size; else False."""
+        ``view`` if the next frame is complete, for ``channel``, of ``view``'s size and with the
+        ``check`` word; else False (the general path then reports any mismatch)."""
         return False
 
-    def try_recv_frame(self, channel: int, view: memoryview) -> bool:
+    def try_recv_frame(self, channel: int, view: memoryview, check: int = 0) -> bool:
         """Receive the next message on ``channel`` now if it is already complete in the stream
         (and none is stashed before it); False (nothing consumed) otherwise."""
         if not self.whole_frames or self.stash.get(channel) or self._frame is not None or self._hdr_got:
@@ -144,7 +158,7 @@ class Link:
             # re-check under the lock: another reader may have stashed a frame meanwhile
             if self.stash.get(channel) or self._frame is not None or self._hdr_got:
                 return False
-            return self._read_frame(channel, view)
+            return self._read_frame(channel, view, check)
         except PeerGone as exc:
             self.fail(str(exc) or "connection closed")
             return False
@@ -197,9 +211,9 @@ class Link:
             q = self.stash.get(op.channel)
             if not q:
                 return False
-            data = q.popleft()
-        if len(data) != op.view.nbytes:
-            op.error = _size_error(self.peer, op.channel, len(data), op.view.nbytes)
+            check, data = q.popleft()
+        if len(data) != op.view.nbytes or check != op.wire:
+            op.error = _mismatch_error(self.peer, op.channel, len(data), check, op.view.nbytes, op.wire)
         elif len(data):
             op.view[:] = data
         op.done = True
@@ -220,7 +234,7 @@ class Link:
                 if frame is None:
                     if self._take_stashed(op):  # another thread may have stashed it meanwhile
                         return True
-                    if not self._hdr_got and self._read_frame(op.channel, op.view):
+                    if not self._hdr_got and self._read_frame(op.channel, op.view, op.wire):
                         op.done = True       # the whole frame was there: one copy, no state
                         return True
                     n = self.read_some(self._hdr_view[self._hdr_got:] if self._hdr_got else self._hdr_view)
@@ -231,13 +245,21 @@ class Link:
                     if self._hdr_got < FRAME.size:
                         continue
                     self._hdr_got = 0
-                    channel, nbytes = FRAME.unpack(self._hdr)
-                    if channel == op.channel and nbytes == op.view.nbytes:
-                        frame = [channel, op.view, 0, op, None]       # straight into the caller's buffer
+                    channel, nbytes, check = FRAME.unpack(self._hdr)
+                    if channel == op.channel and nbytes == op.view.nbytes and check == op.wire:
+                        frame = [channel, op.view, 0, op, None, check]  # straight into the caller's buffer
                     else:
-                        err = _size_error(self.peer, channel, nbytes, op.view.nbytes) if channel == op.channel else None
-                        # kept aside for its own receiver (np.empty: no zero-fill, unlike bytearray)
-                        frame = [channel, memoryview(np.empty(nbytes, np.uint8)), 0, op if err else None, err]
+                        _check_header(self.peer, channel, nbytes)
+                        err = (_mismatch_error(self.peer, channel, nbytes, check, op.view.nbytes, op.wire)
+                               if channel == op.channel else None)
+                        # kept aside for its own receiver (np.empty: no zero-fill, unlike bytearray);
+                        # a mismatched one is consumed too, so the stream stays in step
+                        try:
+                            spare = np.empty(nbytes, np.uint8)
+                        except MemoryError:
+                            raise PeerGone(f"protocol error: cannot hold a {nbytes}-byte frame from rank "
+                                           f"{self.peer} (out of memory)") from None
+                        frame = [channel, memoryview(spare), 0, op if err else None, err, check]
                     self._frame = frame
                 view, got = frame[1], frame[2]
                 if got < view.nbytes:
@@ -254,7 +276,7 @@ class Link:
                             self.on_abort(self.peer, bytes(view))
                             continue
                         with self.lock:
-                            self.stash[frame[0]].append(view.obj)
+                            self.stash[frame[0]].append((frame[5], view.obj))
                     else:
                         owner.error = frame[4]
                         owner.done = True
@@ -267,18 +289,34 @@ class Link:
         return moved
 
 
-def _size_error(peer: int, channel: int, got: int, want: int) -> ValueError:
-    return ValueError(f"message from rank {peer} on channel {channel} has {got} bytes but the receive buffer "
-                      f"has {want} bytes; sender and receiver must agree on shape and dtype")
+def _check_header(peer: int, channel: int, nbytes: int) -> None:
+    """A header no honest peer sends: fail the link (PeerGone -> the link is marked failed)."""
+    if channel > ABORT_CHANNEL:
+        raise PeerGone(f"protocol error: rank {peer} sent a frame for channel {channel}, which does not exist")
+    limit = _ABORT_MAX if channel == ABORT_CHANNEL else MAX_FRAME_BYTES
+    if nbytes > limit:
+        raise PeerGone(f"protocol error: rank {peer} announced a {nbytes}-byte frame (limit {limit}; "
+                       "NEURAL_ARCH_MAX_FRAME_BYTES raises it)")
+
+
+def _mismatch_error(peer: int, channel: int, got: int, got_check: int, want: int, want_check: int) -> ValueError:
+    if got_check == want_check:
+        return FrameMismatchError(
+            f"message from rank {peer} on channel {channel} has {got} bytes but the receive buffer has {want} "
+            f"bytes ({describe_wire(want_check)}); sender and receiver must agree on shape and dtype")
+    return FrameMismatchError(
+        f"rank {peer} sent {describe_wire(got_check, got)} on channel {channel}, but this rank expected "
+        f"{describe_wire(want_check, want)}; every rank must call the same collectives, with the same "
+        "dtypes and sizes, in the same order")
 
 
 class SendOp:
     __slots__ = ("channel", "done", "link", "pieces", "sent", "total")
 
-    def __init__(self, link: Link, view: memoryview, channel: int):
+    def __init__(self, link: Link, view: memoryview, channel: int, check: int = 0):
         self.link, self.channel, self.done, self.sent = link, channel, False, 0
         self.total = FRAME.size + view.nbytes
-        self.pieces = [memoryview(FRAME.pack(channel, view.nbytes))]
+        self.pieces = [memoryview(FRAME.pack(channel, view.nbytes, check))]
         if view.nbytes:
             self.pieces.append(view)
 
@@ -305,10 +343,11 @@ class SendOp:
 
 
 class RecvOp:
-    __slots__ = ("channel", "done", "error", "link", "view")
+    __slots__ = ("channel", "done", "error", "link", "view", "wire")
 
-    def __init__(self, link: Link, view: memoryview, channel: int):
+    def __init__(self, link: Link, view: memoryview, channel: int, check: int = 0):
         self.link, self.view, self.channel, self.done, self.error = link, view, channel, False, None
+        self.wire = check
 
     def progress(self) -> bool:
         return self.link.pump_recv(self)

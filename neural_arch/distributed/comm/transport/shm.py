@@ -3,7 +3,9 @@
 Each rank creates a file in ``/dev/shm`` for every same-host peer it *sends* to, maps it, and
 publishes its path in the store; the peer maps it to *read*. Once every peer has attached (a small
 store barrier) the creator unlinks the file, so nothing is left behind even if a rank is killed
-later -- the memory lives exactly as long as the mappings.
+later -- the memory lives exactly as long as the mappings. A rank SIGKILLed *between* creating and
+the barrier leaves its files: the next shm rendezvous on the host removes the files of dead creators
+(:func:`clean_stale_rings`).
 
 Ring layout (counters on separate cache lines, so writer and reader do not false-share)::
 
@@ -44,8 +46,8 @@ import secrets
 import tempfile
 import time
 
-from neural_arch.distributed.errors import RendezvousError
 from neural_arch.distributed.comm.transport.framing import FRAME, Link, PeerGone
+from neural_arch.distributed.errors import RendezvousError
 
 __all__ = ["ShmLink", "connect_shm_links", "default_ring_bytes", "pid_alive"]
 
@@ -213,7 +215,7 @@ class ShmLink(Link):
             _wake(ring, False)
         return n
 
-    def try_send_frame(self, channel: int, view: memoryview) -> bool:
+    def try_send_frame(self, channel: int, view: memoryview, check: int = 0) -> bool:
         # The small-message fast path: header and payload in one go when the ring has room for
         # both without wrapping (no SendOp, no queue, one publication of ``head``).
         if self.send_q or not self.send_lock.acquire(False):
@@ -231,7 +233,7 @@ class ShmLink(Link):
             if pos + end > cap:
                 return False  # would wrap: the general path splits it
             data = ring.data
-            _pack_into(data, pos, channel, n)
+            _pack_into(data, pos, channel, n, check)
             if n:
                 data[pos + _FRAME_SIZE:pos + end] = view
             head += end
@@ -243,7 +245,7 @@ class ShmLink(Link):
         finally:
             self.send_lock.release()
 
-    def _read_frame(self, channel: int, view: memoryview) -> bool:
+    def _read_frame(self, channel: int, view: memoryview, check: int = 0) -> bool:
         ring = self.inp
         tail = self._tail
         n = view.nbytes
@@ -255,7 +257,7 @@ class ShmLink(Link):
         if pos + end > cap:
             return False
         data = ring.data
-        if _unpack_from(data, pos) != (channel, n):
+        if _unpack_from(data, pos) != (channel, n, check):
             return False
         if n:
             view[:] = data[pos + _FRAME_SIZE:pos + end]
@@ -330,9 +332,38 @@ def default_ring_bytes(npeers: int) -> int:
     return cap
 
 
+def clean_stale_rings(directory: str | None = None) -> list[str]:
+    """Unlink ring files (and doorbells) -- and the direct collectives' segments
+    (``na-<pid>-<hex>-coll``, :mod:`.shm_segment`) -- left by processes that died between creating
+    them and the attach barrier (a SIGKILL there skips every ``finally``). Only files of this user whose
+    creator pid is dead are touched. Returns the paths removed; called at every shm rendezvous."""
+    directory = directory or _ring_dir()
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    uid = os.getuid()
+    for name in names:
+        parts = name.split("-")
+        if len(parts) < 4 or parts[0] != "na" or not parts[1].isdigit():
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if os.lstat(path).st_uid != uid or pid_alive(int(parts[1])):
+                continue
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
 def connect_shm_links(store, rank: int, pids: dict[int, int], deadline: float) -> dict[int, ShmLink]:
     """Create our outgoing rings, attach the peers' rings, unlink once everyone attached."""
     from neural_arch.distributed.rendezvous.store import StoreTimeoutError
+
+    clean_stale_rings()
 
     capacity = int(os.environ.get(RING_ENV) or default_ring_bytes(len(pids)))
     if capacity < 4096:

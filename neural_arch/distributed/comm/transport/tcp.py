@@ -2,14 +2,14 @@
 
 Setup (inside :func:`connect_transport`): every rank listens on its bind address (port chosen by
 the kernel) and publishes ``host:port`` in the store; a rank *connects* to its lower-ranked TCP
-peers and *accepts* the higher ones. Each connection starts with a handshake::
-
-    acceptor  -> MAGIC(8) | auth flag(1) | nonce(32)
-    connector -> rank u32 | HMAC-SHA256(token, nonce | rank)  (32 zero bytes without a token)
-    acceptor  -> b"\\x01"   (or closes: wrong token, unknown rank, duplicate)
-
-A connection that fails the handshake is logged and dropped; the mesh keeps waiting for the real
-peers until the rendezvous deadline, then names the ranks that never connected.
+peers and *accepts* the higher ones. Each connection starts with the shared authenticated
+handshake (:mod:`.handshake`, purpose ``b"tcp"``, identity = the connecting rank): the key is the
+mesh key that :func:`~.engine.connect_transport` derives from the job key (token or per-user job
+secret) **and** random nonces every rank published at this rendezvous, so only processes that took
+part in it can join. Handshakes run concurrently, each with a ``HANDSHAKE_TIMEOUT`` deadline: idle
+connections cannot hold the rendezvous up. A connection that fails is logged and dropped; the mesh
+keeps waiting for the real peers until the rendezvous deadline, then names the ranks that never
+connected.
 
 Where a rank listens: ``NEURAL_ARCH_BIND_ADDR`` if set; else the local address that routes to
 ``MASTER_ADDR`` (so multi-host jobs use the interface the store is reached on); else 127.0.0.1.
@@ -24,27 +24,24 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import ipaddress
 import logging
 import os
 import socket
-import struct
 import threading
 import time
 
-from neural_arch.distributed.errors import AuthenticationError, RendezvousError
+from neural_arch.distributed.comm.transport import handshake
 from neural_arch.distributed.comm.transport.framing import Link, PeerGone
+from neural_arch.distributed.errors import DistributedError, RendezvousError
 
 __all__ = ["TcpLink", "bind_address", "connect_tcp_links"]
 
 log = logging.getLogger("neural_arch.distributed.transport")
 
-MAGIC = b"NATCP001"
-_NONCE = 32
-_RANK = struct.Struct("!I")
-_HANDSHAKE_TIMEOUT = 10.0
+_PURPOSE = b"tcp"
+HANDSHAKE_TIMEOUT = 5.0       # per connection: a peer that does not finish in time is dropped
+_MAX_PENDING = 256            # handshakes in progress at once (each on its own thread)
 BIND_ENV = "NEURAL_ARCH_BIND_ADDR"
 _FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
 
@@ -115,22 +112,6 @@ def bind_address() -> str:
         return "127.0.0.1"
 
 
-def _mac(token: bytes | None, nonce: bytes, rank: int) -> bytes:
-    if token is None:
-        return bytes(32)
-    return hmac.new(token, nonce + _RANK.pack(rank), hashlib.sha256).digest()
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("closed during the handshake")
-        data += chunk
-    return data
-
-
 def _token(auth_token) -> bytes | None:
     if auth_token is None or auth_token == "" or auth_token == b"":
         return None
@@ -138,52 +119,74 @@ def _token(auth_token) -> bytes | None:
 
 
 class _Acceptor(threading.Thread):
-    """Accepts the higher-ranked peers until all arrived or the deadline passed."""
+    """Accepts the higher-ranked peers until all arrived or the deadline passed.
 
-    def __init__(self, listener: socket.socket, expected: list[int], token: bytes | None, deadline: float):
+    Each connection's handshake runs on its own short-lived thread with a short deadline, so idle or
+    slow connections (a port scanner, an attacker) cannot hold the rendezvous up: the real peers'
+    handshakes proceed beside them. The first authenticated connection per expected rank wins."""
+
+    def __init__(self, listener: socket.socket, expected: list[int], token: bytes | None, deadline: float,
+                 rank: int, where: str):
         super().__init__(name="na-tcp-accept", daemon=True)
         self.listener, self.expected, self.token, self.deadline = listener, set(expected), token, deadline
+        self.rank, self.where = rank, where
         self.socks: dict[int, socket.socket] = {}
         self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._pending = 0
 
     def run(self) -> None:
         try:
-            while set(self.socks) != self.expected:
+            while True:
+                with self._lock:
+                    if set(self.socks) == self.expected:
+                        return
                 left = self.deadline - time.monotonic()
                 if left <= 0:
                     return
-                self.listener.settimeout(min(left, 0.5))
+                self.listener.settimeout(min(left, 0.2))
                 try:
                     conn, addr = self.listener.accept()
                 except TimeoutError:
                     continue
-                peer = self._handshake(conn, addr)
-                if peer is None:
-                    conn.close()
-                else:
-                    self.socks[peer] = conn
+                with self._lock:
+                    if self._pending >= _MAX_PENDING:
+                        log.warning("transport: rank %d dropped a connection from %s: %d handshakes already "
+                                    "in progress", self.rank, addr, _MAX_PENDING)
+                        conn.close()
+                        continue
+                    self._pending += 1
+                threading.Thread(target=self._handshake, args=(conn, addr), name="na-tcp-handshake",
+                                 daemon=True).start()
         except BaseException as exc:  # noqa: BLE001 - reported by the constructor thread
             self.error = exc
 
-    def _handshake(self, conn: socket.socket, addr) -> int | None:
+    def _accept_peer(self, peer: int, extra: bytes) -> str | None:
+        with self._lock:
+            if peer not in self.expected:
+                return f"rank {peer} is not one of the ranks rank {self.rank} accepts ({sorted(self.expected)})"
+            if peer in self.socks:
+                return f"rank {peer} is already connected"
+        return None
+
+    def _handshake(self, conn: socket.socket, addr) -> None:
+        keep = False
         try:
-            conn.settimeout(min(_HANDSHAKE_TIMEOUT, max(0.1, self.deadline - time.monotonic())))
-            nonce = os.urandom(_NONCE)
-            conn.sendall(MAGIC + bytes([self.token is not None]) + nonce)
-            reply = _recv_exact(conn, _RANK.size + 32)
-            (peer,) = _RANK.unpack(reply[:_RANK.size])
-            if self.token is not None and not hmac.compare_digest(reply[_RANK.size:], _mac(self.token, nonce, peer)):
-                log.warning("transport: rejected a connection from %s: wrong or missing auth token", addr)
-                return None
-            if peer not in self.expected or peer in self.socks:
-                log.warning("transport: rejected a connection from %s claiming rank %d (expected one of %s)",
-                            addr, peer, sorted(self.expected - set(self.socks)))
-                return None
-            conn.sendall(b"\x01")
-            return peer
-        except (OSError, ConnectionError, struct.error) as exc:
-            log.warning("transport: dropped a connection from %s during the handshake: %s", addr, exc)
-            return None
+            deadline = min(self.deadline, time.monotonic() + HANDSHAKE_TIMEOUT)
+            peer, _ = handshake.serve(conn, self.token, _PURPOSE, deadline,
+                                      where=f"{self.where} (connection from {addr})", accept=self._accept_peer)
+            conn.settimeout(None)
+            with self._lock:
+                if peer in self.expected and peer not in self.socks:
+                    self.socks[peer] = conn
+                    keep = True
+        except (OSError, DistributedError) as exc:
+            log.warning("transport: rank %d rejected a connection from %s: %s", self.rank, addr, exc)
+        finally:
+            with self._lock:
+                self._pending -= 1
+            if not keep:
+                conn.close()
 
 
 def _connect(addr: str, rank: int, peer: int, token: bytes | None, deadline: float) -> socket.socket:
@@ -200,19 +203,9 @@ def _connect(addr: str, rank: int, peer: int, token: bytes | None, deadline: flo
             time.sleep(delay)
             delay = min(2 * delay, 0.5)
     try:
-        sock.settimeout(min(_HANDSHAKE_TIMEOUT, max(0.1, deadline - time.monotonic())))
-        hello = _recv_exact(sock, len(MAGIC) + 1 + _NONCE)
-        if hello[:len(MAGIC)] != MAGIC:
-            raise RendezvousError(f"{addr} (published by rank {peer}) is not a neural_arch transport endpoint")
-        if hello[len(MAGIC)] and token is None:
-            raise AuthenticationError(f"rank {peer} requires the job's auth token; export the same "
-                                      "NEURAL_ARCH_AUTH_TOKEN on every rank")
-        sock.sendall(_RANK.pack(rank) + _mac(token, hello[len(MAGIC) + 1:], rank))
-        try:
-            _recv_exact(sock, 1)
-        except ConnectionError:
-            raise AuthenticationError(f"rank {peer} rejected rank {rank}'s connection (auth token differs?); "
-                                      "every rank must use the same NEURAL_ARCH_AUTH_TOKEN") from None
+        where = f"rank {peer}'s TCP endpoint {addr} (rank {rank} connecting, transport rendezvous)"
+        handshake.greet(sock, token, _PURPOSE, min(deadline, time.monotonic() + HANDSHAKE_TIMEOUT),
+                        where=where, identity=rank, require_key=False)
         sock.settimeout(None)
         return sock
     except BaseException:
@@ -235,7 +228,8 @@ def connect_tcp_links(store, rank: int, peers: list[int], deadline: float, auth_
     listener.listen(max(16, len(peers)))
     public = addr if addr not in ("0.0.0.0", "::") else socket.gethostbyname(socket.gethostname())
     store.set(f"transport/tcp/{rank}", f"{public}:{listener.getsockname()[1]}")
-    acceptor = _Acceptor(listener, [p for p in peers if p > rank], token, deadline)
+    acceptor = _Acceptor(listener, [p for p in peers if p > rank], token, deadline, rank,
+                         f"rank {rank}'s TCP endpoint {public}:{listener.getsockname()[1]}")
     acceptor.start()
     socks: dict[int, socket.socket] = {}
     try:
@@ -252,7 +246,8 @@ def connect_tcp_links(store, rank: int, peers: list[int], deadline: float, auth_
         acceptor.join(max(0.0, deadline - time.monotonic()) + 1.0)
         if acceptor.error is not None:
             raise acceptor.error
-        missing = sorted({p for p in peers if p > rank} - set(acceptor.socks))
+        with acceptor._lock:
+            missing = sorted({p for p in peers if p > rank} - set(acceptor.socks))
         if missing:
             raise RendezvousError(f"ranks {missing} never connected to rank {rank} over TCP before the rendezvous "
                                   f"deadline; check that they started and can reach {public}")

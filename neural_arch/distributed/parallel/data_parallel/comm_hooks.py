@@ -34,7 +34,7 @@ from typing import Any
 from neural_arch.distributed.comm.work import ReduceOp, Work
 from neural_arch.distributed.groups import get_default_group
 
-__all__ = ["GradBucket", "allreduce_hook", "hook_backend", "then"]
+__all__ = ["GradBucket", "allreduce_hook", "deferred", "hook_backend", "then"]
 
 
 class GradBucket:
@@ -114,6 +114,43 @@ def then(work: Work, fn: Callable[[Work], Any]) -> Work:
 
     work.add_done_callback(finish)
     return chained
+
+
+class _DeferredWork(Work):
+    """A Work whose last phase runs on the thread that first waits for it (see :func:`deferred`)."""
+
+    __slots__ = ("_first", "_rest")
+
+    def __init__(self, first: Work, rest: Callable[[Work], Any]):
+        super().__init__(first.info)
+        self._first, self._rest = first, rest
+
+    def wait(self, timeout: float | None = None) -> bool:
+        rest, self._rest = self._rest, None
+        if rest is not None:  # the first waiter finishes the work, on its own thread
+            try:
+                self._first.wait(timeout)
+                self._set_result(rest(self._first))
+            except BaseException as exc:  # noqa: BLE001 - stored, raised below like any Work's failure
+                self._set_exception(exc)
+        return super().wait(timeout)
+
+
+def deferred(work: Work, rest: Callable[[Work], Any]) -> Work:
+    """A Work that, when first waited for, waits for ``work`` and completes with ``rest(work)``
+    **on the waiting thread**.
+
+    For hooks with several dependent communication phases (PowerSGD: all-reduce P, then Q from
+    it): the first phase runs asynchronously while backward goes on, and the later phases'
+    collectives are issued by DDP's end of backward, which waits for buckets in bucket order on
+    every rank, so every rank issues the same collectives in the same order. (Issuing them from
+    a completion callback instead would race with the next bucket's launch.)
+
+        >>> w = deferred(Work.completed(2), lambda done: done.result() * 10)
+        >>> w.result()
+        20
+    """
+    return _DeferredWork(work, rest)
 
 
 def hook_backend(process_group):

@@ -5,10 +5,13 @@
 1. **verify** that every rank holds the same parameters (name, shape, dtype), raising on
    *every* rank with the offending names when they differ;
 2. **broadcast** parameters and buffers from rank 0 (one flat array per dtype: few calls);
-3. **bucket** the gradients in reverse registration order (:mod:`.ddp_buckets`): gradient hooks
+3. **bucket** the gradients in reverse registration order (:mod:`.reducer`): gradient hooks
    fill the buckets during backward and each full bucket's all-reduce starts at once, on the
    backend's progress thread, while backward goes on; an end-of-backward callback waits for
    the rest and writes the averaged gradients back. ``optimizer.step()`` needs no extra call.
+   How well communication hid behind backward is measured per bucket (:meth:`bucket_stats`,
+   ``comm_stats()["bucket_hidden_fraction"]``) and reported to :mod:`neural_arch.profiler` as one
+   span per bucket (category ``"bucket"``, ready -> done) when a profiler listens.
 
 Example (any backend; also a world of one under plain ``python``)::
 
@@ -300,10 +303,20 @@ class DistributedDataParallel(Module):
 
     # -- introspection -----------------------------------------------------------------------------
     def bucket_timeline(self) -> list[tuple[str, int | None, float]]:
-        """Events of the latest synchronised backward: ``(event, bucket index or None, perf_counter)``
-        with events ``backward_start``, ``launch``, ``backward_end``, ``waited`` (tests and profilers
-        read overlap from it: a ``launch`` before ``backward_end`` was hidden behind backward)."""
+        """Events of the latest synchronised backward in time order: ``(event, bucket index or None,
+        perf_counter)`` with events ``backward_start``, ``ready`` (a bucket's last gradient arrived),
+        ``launch`` (handed to the comm hook), ``backward_end``, ``done`` (its reduction finished)
+        and ``waited`` (backward's end had every result). A ``launch`` before ``backward_end``
+        overlapped backward; :meth:`bucket_stats` gives the same per bucket as numbers."""
         return list(self.reducer.timeline)
+
+    def bucket_stats(self) -> list[dict]:
+        """Per bucket of the latest synchronised backward (launch order): ``index``, ``bytes``,
+        ``ready``/``launched``/``started``/``done`` (``time.perf_counter()`` values), ``comm_s``
+        (started -> done), ``hidden_s`` (the part of it before backward's end) and
+        ``hidden_fraction``. ``started`` is estimated as max(launch, previous bucket's done) when
+        the backend does not report it (a group's collectives run one after another)."""
+        return [dict(r) for r in self.reducer.records]
 
     @property
     def bucket_plan(self) -> list[list[str]]:
@@ -313,14 +326,20 @@ class DistributedDataParallel(Module):
     def comm_stats(self) -> dict:
         """Communication totals over all synchronised backwards so far.
 
-        ``comm_s`` is the time the buckets' all-reduces kept the progress thread busy,
-        ``exposed_s`` the part of it that backward's end had to wait for, and ``hidden_fraction``
-        ``1 - exposed_s / comm_s``: the share of communication overlapped with backward.
+        ``comm_s`` is the time the buckets' reductions ran (started -> done, summed over buckets),
+        ``exposed_s`` the part of it after backward's end (what backward's end had to wait for),
+        ``hidden_fraction`` ``1 - exposed_s / comm_s``: the share of communication overlapped with
+        backward; ``bucket_hidden_fraction`` the same per bucket, in launch order.
         """
-        s = dict(self.reducer.stats)
+        r = self.reducer
+        s = dict(r.stats)
         s["hidden_fraction"] = 1.0 - s["exposed_s"] / s["comm_s"] if s["comm_s"] > 0 else 0.0
+        s["bucket_comm_s"] = r.bucket_comm_s.tolist()
+        s["bucket_hidden_fraction"] = [float(h / c) if c > 0 else 0.0 for h, c in zip(r.bucket_hidden_s, r.bucket_comm_s)]
         return s
 
     def reset_comm_stats(self) -> None:
         for k in self.reducer.stats:
             self.reducer.stats[k] = 0 if isinstance(self.reducer.stats[k], int) else 0.0
+        self.reducer.bucket_comm_s[:] = 0.0
+        self.reducer.bucket_hidden_s[:] = 0.0

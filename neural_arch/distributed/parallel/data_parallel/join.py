@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from neural_arch.backend import to_host
+
 from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.parallel.data_parallel.replicas import broadcast_arrays
 
@@ -69,7 +71,7 @@ class Join:
         """SUM over ranks of [still training, will sync]; on the buckets' device, returned on the host."""
         flag = self.ddp.reducer.xp.asarray([active, will_sync], dtype=np.int64)
         self.ddp._backend.allreduce(flag, ReduceOp.SUM)
-        return flag if isinstance(flag, np.ndarray) else flag.get()
+        return to_host(flag)
 
     def _shadow_until_all_done(self) -> None:
         while True:

@@ -26,6 +26,13 @@ outside the ``GradBucket`` a hook sees: no extra collective); with a custom comm
 small all-reduce of its own after the buckets.
 
 The per-iteration state is one :class:`Phase`; everything else is derived from it.
+
+**Overlap, measured per bucket**: each bucket records when its last gradient arrived (ready), when
+it went to the hook (launched), when its reduction started (the Work's ``started_at`` if the
+backend sets it, else the end of the previous bucket's: a group's collectives run in order) and
+when it was done; the part of started -> done before backward's end is "hidden". The same four
+instants are emitted to :mod:`neural_arch.profiler.events` as one span per bucket
+(``"bucket i"``, category ``"bucket"``, ready -> done) when something subscribes.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from neural_arch.core.tensor import Tensor, queue_callback
 from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.errors import UnusedParametersError
 from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket, allreduce_hook
+from neural_arch.profiler import events
 
 MB = 1024 * 1024
 
@@ -90,8 +98,8 @@ class Phase(enum.Enum):
 class _Bucket:
     """A flat gradient buffer, the parameters it holds, and its in-flight reduction."""
 
-    __slots__ = ("buffer", "control", "grad_bucket", "index", "params", "pending", "t_done", "t_launch", "views",
-                 "wire", "wire_bucket", "work")
+    __slots__ = ("buffer", "control", "grad_bucket", "index", "nbytes", "params", "pending", "t_done", "t_launch",
+                 "t_ready", "t_start", "views", "wire", "wire_bucket", "work")
 
     def __init__(self, index: int, params: list[int], tensors: list[Tensor], xp, last: bool, n_control: int = 0):
         self.index = index
@@ -110,12 +118,14 @@ class _Bucket:
         self.views = self.grad_bucket.gradients()
         self.pending = len(params)
         self.work = None
-        self.t_launch = 0.0
-        self.t_done = 0.0
+        self.nbytes = int(self.buffer.nbytes)
+        # perf_counter times of this backward: last gradient in, handed to the hook, reduced
+        self.t_ready = self.t_launch = self.t_start = self.t_done = 0.0
 
     def reset(self) -> None:
         self.pending = len(self.params)
         self.work = None
+        self.t_ready = self.t_launch = self.t_start = self.t_done = 0.0
 
 
 class Reducer:
@@ -148,8 +158,13 @@ class Reducer:
         self.next_launch = 0
         # Overlap statistics, summed over synchronised backwards (see DDP.comm_stats()).
         self.stats = {"backwards": 0, "comm_s": 0.0, "exposed_s": 0.0, "launched_before_end": 0, "buckets": 0}
+        #: per bucket, summed like ``stats``: seconds of communication, and the part of it before backward's end
+        self.bucket_comm_s = np.zeros(len(self.buckets))
+        self.bucket_hidden_s = np.zeros(len(self.buckets))
         #: [(event, bucket index or None, perf_counter time)] of the latest synchronised backward
         self.timeline: list = []
+        #: one dict per bucket of the latest synchronised backward (see :meth:`_bucket_records`)
+        self.records: list[dict] = []
 
     # -- the comm hook ------------------------------------------------------------------------------
     def register_comm_hook(self, state, hook) -> None:
@@ -190,9 +205,15 @@ class Reducer:
         bucket = self.buckets[b]
         self._copy_in(bucket, k, self.params[i])
         bucket.pending -= 1
-        # launch every bucket that is complete and next in plan order
-        while self.next_launch < len(self.buckets) and self.buckets[self.next_launch].pending == 0:
-            self._launch(self.buckets[self.next_launch])
+        if bucket.pending:
+            return
+        bucket.t_ready = time.perf_counter()
+        # Launch every bucket that is complete and next in plan order, at once: the hook only
+        # queues the bucket on the backend's progress lane, so backward goes on immediately and
+        # the lane runs bucket after bucket with no wait on this thread in between.
+        buckets, n = self.buckets, len(self.buckets)
+        while self.next_launch < n and buckets[self.next_launch].pending == 0:
+            self._launch(buckets[self.next_launch])
             self.next_launch += 1
 
     def _begin_backward(self, sync: bool) -> None:
@@ -252,6 +273,8 @@ class Reducer:
         about to be waited for) lets a hook that supports it run on this thread: that saves two
         thread hand-offs. Backends keep collectives in order either way."""
         bucket.t_launch = time.perf_counter()
+        if not bucket.t_ready:
+            bucket.t_ready = bucket.t_launch  # filled at backward's end (gradients that never arrived)
         self.timeline.append(("launch", bucket.index, bucket.t_launch))
         grad_bucket = bucket.grad_bucket
         if bucket.control.size and self._piggyback():
@@ -286,7 +309,7 @@ class Reducer:
         self.timeline.append(("waited", None, t_waited))
         if not shadow:
             self._record_stats(t_end, t_waited, launched_before_end)
-        counts = used_count if isinstance(used_count, np.ndarray) else used_count.get()
+        counts = _xpmod.to_host(used_count)
         if not self.find_unused:
             self._check_unused(counts, shadow)
         if not shadow:
@@ -345,6 +368,8 @@ class Reducer:
             if result is not None and result is not bucket.buffer and result is not bucket.wire:
                 bucket.buffer[...] = result  # a hook that reduced into a new array (compression)
             bucket.t_done = getattr(work, "completed_at", None) or time.perf_counter()
+            # when the backend started it, if it says (else estimated from the serial lane)
+            bucket.t_start = getattr(work, "started_at", None) or 0.0
             bucket.work = None
 
     def _check_unused(self, counts: np.ndarray, shadow: bool) -> None:
@@ -379,19 +404,46 @@ class Reducer:
                 else:
                     g.data[...] = view
 
-    def _record_stats(self, t_end: float, t_waited: float, launched_before_end: int) -> None:
-        # Communication runs one bucket after another on the progress thread: each bucket is busy
-        # from max(its launch, the previous one's end) to its end. "Exposed" is the time backward's
-        # end had to wait for it; the rest was hidden behind backward.
-        busy, prev_done = 0.0, 0.0
+    def _bucket_records(self, t_end: float) -> list[dict]:
+        """Per bucket of this backward: when it was ready, launched, started, done (perf_counter),
+        its bytes, and how much of its communication ran before backward's end (hidden).
+
+        A backend runs a group's collectives one after another on its progress lane, so a bucket
+        starts at max(its launch, the previous bucket's end) unless the Work says when it started."""
+        records, prev_done = [], 0.0
         for bucket in self.buckets:
-            start = max(bucket.t_launch, prev_done)
+            start = bucket.t_start or max(bucket.t_launch, prev_done)
             done = max(bucket.t_done, start)
-            busy += done - start
+            comm = done - start
+            hidden = min(max(t_end - start, 0.0), comm)
+            records.append({"index": bucket.index, "bytes": bucket.nbytes, "ready": bucket.t_ready,
+                            "launched": bucket.t_launch, "started": start, "done": done, "comm_s": comm,
+                            "hidden_s": hidden, "hidden_fraction": hidden / comm if comm > 0 else 1.0})
             prev_done = done
+        return records
+
+    def _record_stats(self, t_end: float, t_waited: float, launched_before_end: int) -> None:
+        # "Hidden" communication ran while backward still computed; the rest is "exposed": the
+        # end of backward had to wait for it.
+        records = self.records = self._bucket_records(t_end)
+        for r in records:
+            self.timeline.append(("ready", r["index"], r["ready"]))
+            self.timeline.append(("done", r["index"], r["done"]))
+        self.timeline.sort(key=lambda e: e[2])  # stable: events at the same instant keep their order
+        comm = sum(r["comm_s"] for r in records)
+        hidden = sum(r["hidden_s"] for r in records)
+        self.bucket_comm_s += [r["comm_s"] for r in records]
+        self.bucket_hidden_s += [r["hidden_s"] for r in records]
         s = self.stats
         s["backwards"] += 1
-        s["comm_s"] += busy
-        s["exposed_s"] += min(max(t_waited - t_end, 0.0), busy)
+        s["comm_s"] += comm
+        s["exposed_s"] += comm - hidden
         s["launched_before_end"] += launched_before_end
         s["buckets"] += len(self.buckets)
+        if events.OBSERVERS:
+            # One span per bucket, ready -> done (it overlaps backward when communication was hidden).
+            for r in records:
+                events.emit(events.Span(f"bucket {r['index']}", "bucket", r["ready"], r["done"], lane="ddp buckets",
+                                        args={"index": r["index"], "bytes": r["bytes"], "ready": r["ready"],
+                                              "launched": r["launched"], "started": r["started"], "done": r["done"],
+                                              "hidden_fraction": round(r["hidden_fraction"], 4)}))

@@ -8,7 +8,11 @@ module                 what
 ``stage``              ``PipelineStage``: one stage's forward/backward per micro-batch (+ dp averaging)
 ``p2p``                tags per edge, the once-per-step shape header, ``PipelineError``
 ``executor``           runs one rank's action list (isend/irecv overlap, timeouts)
-``runtime``            ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B`` (torch names)
+``runtime``            ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B`` (torch names),
+                       ``ScheduleZBH1`` (zero bubble)
+``zero_bubble``        ZB-H1 as data: ``zero_bubble_plan(p, m)``, ``zero_bubble_theory``
+``weight_grad``        split backward: Linear weight gradients deferred from ``B`` to ``W``
+``failure``            every rank's error names the failed stage (store records + poison)
 =====================  ===========================================================================
 
 Example (2 ranks; see ``examples/train_gpt_3d.py``)::
@@ -26,6 +30,7 @@ from neural_arch.distributed.parallel.pipeline.runtime import (
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
+    ScheduleZBH1,
     stage_indices,
 )
 from neural_arch.distributed.parallel.pipeline.schedules import (
@@ -46,6 +51,7 @@ from neural_arch.distributed.parallel.pipeline.schedules import (
 )
 from neural_arch.distributed.parallel.pipeline.split import GPTStage, Pipe, pipeline
 from neural_arch.distributed.parallel.pipeline.stage import PipelineStage
+from neural_arch.distributed.parallel.pipeline.zero_bubble import zero_bubble_plan, zero_bubble_theory
 
 __all__ = [
     "Action",
@@ -60,6 +66,7 @@ __all__ = [
     "Schedule1F1B",
     "ScheduleGPipe",
     "ScheduleInterleaved1F1B",
+    "ScheduleZBH1",
     "Simulation",
     "bubble_fraction",
     "format_actions",
@@ -72,4 +79,6 @@ __all__ = [
     "simulate",
     "stage_indices",
     "theoretical_bubble",
+    "zero_bubble_plan",
+    "zero_bubble_theory",
 ]

@@ -8,8 +8,11 @@ For every action of :class:`~neural_arch.distributed.parallel.pipeline.schedules
 * ``SEND_F`` / ``SEND_B`` post an ``isend`` and go on computing while it travels; every send is
   waited for (with the backend's timeout) before :func:`execute` returns.
 
+* ``W`` (zero-bubble schedules) adds one micro-batch's deferred weight gradients.
+
 A failed or timed-out send/receive raises :class:`~.p2p.PipelineError` naming this stage, the
-peer stage and both global ranks, so a dead stage is reported on its neighbours rather than hanging.
+peer stage and both global ranks; it is prefixed with the stage that caused the failure, which
+every rank learns through :mod:`.failure` (a dead stage two hops away included).
 
 Example::
 
@@ -24,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from neural_arch.distributed.parallel.pipeline import p2p
+from neural_arch.distributed.parallel.pipeline import failure, p2p
 from neural_arch.distributed.parallel.pipeline.schedules import (
     RECV_B,
     RECV_F,
@@ -65,8 +68,12 @@ class _Step:
                 SEND_B: "sending the input gradient of micro-batch {mb} to",
                 RECV_B: "receiving the output gradient of micro-batch {mb} from"}[a.kind].format(mb=a.microbatch)
         n = stage.num_stages if stage is not None else "?"
-        return lambda: (f"pipeline stage {a.stage} of {n} (global rank {me}): {verb} stage {peer_stage} "
-                        f"(global rank {peer_global})")
+
+        def describe():
+            return (f"pipeline stage {a.stage} of {n} (global rank {me}): {verb} stage {peer_stage} "
+                    f"(global rank {peer_global})")
+        describe.action = a  # a failed wait reports which exchange it was (see failure.py)
+        return describe
 
 
 def execute(actions: Sequence[Action], stages: dict[int, PipelineStage], inputs: Sequence | None,
@@ -79,10 +86,18 @@ def execute(actions: Sequence[Action], stages: dict[int, PipelineStage], inputs:
     the accumulated gradients equal those of the mean loss over the whole batch). Returns
     ``{microbatch: loss}`` on the rank with the last stage; ``events`` collects measured
     compute intervals (``time.perf_counter``).
+
+    A stage with ``W`` actions in ``actions`` runs split backwards: its ``B`` computes input
+    gradients only and its ``W`` the Linear weight gradients (:mod:`.weight_grad`).
+
+    If the step fails, every rank's error names the stage that caused it (:mod:`.failure`).
     """
     st = _Step(stages, n_microbatches)
     scale = 1.0 / n_microbatches if scale is None else scale
     backend = st.backend
+    split = {a.stage for a in actions if a.kind == W}
+    step = failure.next_step(st.group)
+    a = None
     try:
         for a in actions:
             stage = stages.get(a.stage)
@@ -99,13 +114,10 @@ def execute(actions: Sequence[Action], stages: dict[int, PipelineStage], inputs:
                 work = p2p.start(lambda buf=buf, a=a, tag=tag: backend.recv(buf, a.peer, tag, async_op=True), describe)
                 st.recvs[(B, a.microbatch, a.stage)] = (work, buf, describe)
             elif a.kind == F:
+                x = inputs[a.microbatch] if stage.is_first else _take(st, F, a)
                 t0 = time.perf_counter()
-                if stage.is_first:
-                    x = inputs[a.microbatch]
-                else:
-                    x = _take(st, F, a)
                 target = targets[a.microbatch] if stage.is_last and targets is not None else None
-                out = stage.forward_one_chunk(a.microbatch, x, target, loss_fn)
+                out = stage.forward_one_chunk(a.microbatch, x, target, loss_fn, split_backward=a.stage in split)
                 if stage.is_last:
                     st.losses[a.microbatch] = stage._cache[a.microbatch][2]
                 else:
@@ -115,27 +127,66 @@ def execute(actions: Sequence[Action], stages: dict[int, PipelineStage], inputs:
                 if events is not None:
                     events.append(Event(st.group.rank(), a, t0, time.perf_counter()))
             elif a.kind == B:
-                t0 = time.perf_counter()
                 grad = None if stage.is_last else _take(st, B, a)
+                t0 = time.perf_counter()
                 gin = stage.backward_one_chunk(a.microbatch, grad, scale)
                 if gin is not None:
                     st.outputs[(B, a.microbatch, a.stage)] = gin
                 if events is not None:
                     events.append(Event(st.group.rank(), a, t0, time.perf_counter()))
+            elif a.kind == W:
+                t0 = time.perf_counter()
+                stage.backward_weight_one_chunk(a.microbatch)
+                if events is not None:
+                    events.append(Event(st.group.rank(), a, t0, time.perf_counter()))
             elif a.kind in (SEND_F, SEND_B):
                 _send(st, a)
-            elif a.kind == W:
-                raise NotImplementedError("W (separate weight-gradient) actions are not supported: the autograd "
-                                          "core computes input and weight gradients in one backward")
             else:
                 raise ValueError(f"unknown pipeline action kind {a.kind!r}")
+        a = None
         for work, _buf, describe in st.sends:
             p2p.wait(work, backend, describe)
-    except BaseException:
+    except BaseException as exc:
         for stage in stages.values():
             stage.clear()
+        if isinstance(exc, Exception) and st.group.size() > 1:
+            named = _name_culprit(st, step, a, exc)
+            if named is not None:
+                raise named from exc
         raise
     return st.losses
+
+
+def _name_culprit(st: _Step, step: int, a: Action | None, exc: Exception) -> Exception | None:
+    """Record this rank's part in the failed step, find the culprit, return the error to raise
+    (None: re-raise ``exc`` itself, with a note). See :mod:`.failure`."""
+    group = st.group
+    me = group.ranks[group.rank()]
+    if isinstance(exc, p2p.PipelineError) and exc.action is not None:
+        a = exc.action
+        peer_stage = a.stage + 1 if a.kind in (SEND_F, RECV_B) else a.stage - 1
+        peer = group.global_rank(a.peer)
+        theirs = {SEND_F: RECV_F, RECV_F: SEND_F, SEND_B: RECV_B, RECV_B: SEND_B}[a.kind]
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        failure.record(group, step, me, {
+            "kind": "wait", "rank": me, "stage": a.stage, "peer": peer, "peer_stage": peer_stage,
+            "action": f"{theirs}{a.microbatch}@s{peer_stage}", "microbatch": a.microbatch,
+            "error": f"{type(cause).__name__}: {str(cause)[:1500]}"})
+        found = failure.culprit(group, step, me)
+        if found is None:
+            return None
+        return p2p.PipelineError(f"{found[1]} -- seen on stage {a.stage} (global rank {me}) as: {exc}")
+    # this rank's own action failed (compute, or the schedule itself): it is the culprit
+    stage = a.stage if a is not None else min(st.stages)
+    what = str(a) if a is not None else "waiting for its sends"
+    mb = a.microbatch if a is not None else -1
+    error = f"{type(exc).__name__}: {str(exc)[:1500]}"
+    failure.record(group, step, me, {"kind": "self", "rank": me, "stage": stage, "action": what,
+                                     "microbatch": mb, "error": error})
+    text = f"pipeline stage {stage} (global rank {me}) failed in {what} (micro-batch {mb}): {error}"
+    failure.poison(group, text)
+    exc.add_note(text + "; the other pipeline stages were told")
+    return None
 
 
 def _post_recv_activation(st: _Step, a: Action) -> None:

@@ -30,7 +30,17 @@ WAIT_GRACE_S = 15.0
 
 
 class PipelineError(DistributedError):
-    """A pipeline stage failed to send or receive; the message names both stages and ranks."""
+    """A pipeline stage failed to send or receive; the message names both stages and ranks.
+
+    ``action`` is the SEND/RECV action that failed (None when unknown)."""
+
+    action = None
+
+
+def _error(describe, exc: BaseException) -> PipelineError:
+    err = PipelineError(f"{describe()} failed: {type(exc).__name__}: {exc}")
+    err.action = getattr(describe, "action", None)
+    return err
 
 
 def edge_tag(sender_stage: int, forward: bool) -> int:
@@ -64,7 +74,7 @@ def wait(work: Work, backend, describe) -> None:
     except PipelineError:
         raise
     except Exception as exc:
-        raise PipelineError(f"{describe()} failed: {type(exc).__name__}: {exc}") from exc
+        raise _error(describe, exc) from exc
 
 
 def start(fn, describe) -> Work | None:
@@ -74,7 +84,7 @@ def start(fn, describe) -> Work | None:
     except (ValueError, TypeError):
         raise
     except Exception as exc:
-        raise PipelineError(f"{describe()} failed: {type(exc).__name__}: {exc}") from exc
+        raise _error(describe, exc) from exc
 
 
 __all__ = ["META_LEN", "TAG_BASE", "PipelineError", "decode_meta", "edge_tag", "encode_meta", "start", "wait"]

@@ -1,4 +1,5 @@
-"""The schedule classes users call: ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``.
+"""The schedule classes users call: ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``,
+``ScheduleZBH1`` (zero bubble).
 
 Each is two things (torch's names, torch's ``step`` API):
 
@@ -26,6 +27,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from neural_arch import backend as _backend
 from neural_arch.core.tensor import Tensor
 from neural_arch.distributed.parallel.pipeline.executor import execute
 from neural_arch.distributed.parallel.pipeline.schedules import (
@@ -37,10 +39,12 @@ from neural_arch.distributed.parallel.pipeline.schedules import (
     one_f_one_b_plan,
 )
 from neural_arch.distributed.parallel.pipeline.stage import PipelineStage
+from neural_arch.distributed.parallel.pipeline.zero_bubble import zero_bubble_plan
 
 
 def _split(batch, m: int, what: str) -> list:
-    data = batch.data if isinstance(batch, Tensor) else np.asarray(batch)
+    # device arrays stay where they are (micro-batches are views); lists become NumPy arrays
+    data = batch.data if isinstance(batch, Tensor) else batch if _backend.is_array(batch) else np.asarray(batch)
     if data.ndim == 0 or data.shape[0] % m:
         n = "a scalar" if data.ndim == 0 else f"{data.shape[0]} rows"
         raise ValueError(f"step(): {what} has {n}, which does not split into n_microbatches={m} equal "
@@ -190,9 +194,22 @@ class ScheduleInterleaved1F1B(PipelineSchedule):
         return interleaved_1f1b_plan(num_ranks, self.n_microbatches, self.virtual_stages)
 
 
+class ScheduleZBH1(PipelineSchedule):
+    """Zero-bubble ZB-H1: 1F1B's order with each backward split into ``B`` (input gradient, on the
+    critical path) and ``W`` (Linear weight gradients, deferred into idle slots); at most p
+    micro-batches between F and W on any rank (1F1B's peak). Same gradients as 1F1B, bitwise.
+
+    Run: ``ScheduleZBH1(stage, n_microbatches, loss_fn)``; plan: ``ScheduleZBH1(m).plan(num_stages)``
+    (see :mod:`.zero_bubble`).
+    """
+
+    def _build(self, num_ranks: int) -> PipelinePlan:
+        return zero_bubble_plan(num_ranks, self.n_microbatches)
+
+
 def stage_indices(rank: int, num_ranks: int, virtual_stages: int = 1) -> Sequence[int]:
     """The stage indices pipeline rank ``rank`` holds: ``rank, rank + p, ...`` (``virtual_stages`` of them)."""
     return [rank + k * num_ranks for k in range(virtual_stages)]
 
 
-__all__ = ["PipelineSchedule", "Schedule1F1B", "ScheduleGPipe", "ScheduleInterleaved1F1B", "stage_indices"]
+__all__ = ["PipelineSchedule", "Schedule1F1B", "ScheduleGPipe", "ScheduleInterleaved1F1B", "ScheduleZBH1", "stage_indices"]

@@ -247,17 +247,27 @@ def bubble_fraction(events: Sequence[Event], num_ranks: int) -> float:
     return 1.0 - busy / (num_ranks * span) if span > 0 else 0.0
 
 
-def simulate(plan: PipelinePlan, f_time: float = 1.0, b_time: float = 1.0, comm_time: float = 0.0) -> Simulation:
+def simulate(plan: PipelinePlan, f_time: float = 1.0, b_time: float = 1.0, comm_time: float = 0.0,
+             w_time: float = 0.0) -> Simulation:
     """Run ``plan`` on a model machine: sends never block, a RECV waits for its message.
 
     Every stage's forward takes ``f_time / v`` and backward ``b_time / v`` (a stage chunk is
     1/v of a rank's layers); a message is available ``comm_time`` after the compute that made
-    it ends. Messages travel on FIFO channels ``(src, dst, kind, stage)``; a receive that finds
-    the wrong micro-batch at the head of its channel, a rank that waits forever, a backward
-    before its forward, or a message never received raise :class:`DeadlockError`.
+    it ends. ``w_time`` is the weight-gradient share of a backward: a ``W`` action takes
+    ``w_time / v``, and a ``B`` whose micro-batch has no ``W`` in the plan (GPipe, 1F1B: input
+    and weight gradients in one action) takes ``(b_time + w_time) / v``, so split and fused
+    plans are compared at equal total work. Messages travel on FIFO channels
+    ``(src, dst, kind, stage)``; a receive that finds the wrong micro-batch at the head of its
+    channel, a rank that waits forever, a backward before its forward, a ``W`` before its
+    ``B``, or a message never received raise :class:`DeadlockError`.
+
+    ``max_in_flight`` counts a micro-batch from its ``F`` to the action that frees the last of
+    its saved tensors: its ``W`` when the plan has one, else its ``B``.
     """
     v, p = plan.virtual_stages, plan.num_ranks
-    durations = {F: f_time / v, B: b_time / v, W: 0.0}
+    split = {(a.microbatch, a.stage) for acts in plan.by_rank for a in acts if a.kind == W}
+    durations = {F: f_time / v, B: b_time / v, W: w_time / v}
+    fused_b = (b_time + w_time) / v
     channels: dict[tuple, list[tuple[int, float]]] = {}
     pos = [0] * p
     clock = [0.0] * p
@@ -266,6 +276,7 @@ def simulate(plan: PipelinePlan, f_time: float = 1.0, b_time: float = 1.0, comm_
     alive = [0] * p
     most = [0] * p
     forwards: set = set()
+    backwards: set = set()
     progress = True
     while progress:
         progress = False
@@ -294,15 +305,23 @@ def simulate(plan: PipelinePlan, f_time: float = 1.0, b_time: float = 1.0, comm_
                                             "disagree about the order on this channel")
                     clock[r] = max(clock[r], t)
                 else:
-                    if a.kind == B and (a.microbatch, a.stage) not in forwards:
+                    key = (a.microbatch, a.stage)
+                    if a.kind == B and key not in forwards:
                         raise DeadlockError(f"rank {r}: {a} runs before F{a.microbatch}@s{a.stage}")
+                    if a.kind == W and key not in backwards:
+                        raise DeadlockError(f"rank {r}: {a} runs before B{a.microbatch}@s{a.stage}")
                     if a.kind == F:
-                        forwards.add((a.microbatch, a.stage))
+                        forwards.add(key)
                         alive[r] += 1
                         most[r] = max(most[r], alive[r])
                     elif a.kind == B:
+                        backwards.add(key)
+                        if key not in split:
+                            alive[r] -= 1
+                    else:
                         alive[r] -= 1
-                    start, clock[r] = clock[r], clock[r] + durations[a.kind]
+                    cost = fused_b if a.kind == B and key not in split else durations[a.kind]
+                    start, clock[r] = clock[r], clock[r] + cost
                     done_at[(r, a.kind, a.microbatch, a.stage)] = clock[r]
                     events.append(Event(r, a, start, clock[r]))
                 pos[r] += 1
@@ -347,9 +366,13 @@ def format_timeline(events: Sequence[Event], num_ranks: int, title: str = "", ch
     return "\n".join(([title] if title else []) + rows)
 
 
-def format_schedule(plan: PipelinePlan, f_time: float = 1.0, b_time: float = 1.0) -> str:
-    """``plan`` simulated with unit compute times, as an ASCII time-line per rank."""
-    sim = simulate(plan, f_time, b_time)
+def format_schedule(plan: PipelinePlan, f_time: float = 1.0, b_time: float = 1.0, w_time: float | None = None) -> str:
+    """``plan`` simulated with unit compute times, as an ASCII time-line per rank.
+
+    ``w_time`` defaults to 1 for plans with ``W`` actions (unit F, B, W) and 0 otherwise."""
+    if w_time is None:
+        w_time = 1.0 if any(a.kind == W for acts in plan.by_rank for a in acts) else 0.0
+    sim = simulate(plan, f_time, b_time, w_time=w_time)
     title = (f"{plan.name} (ranks={plan.num_ranks}, microbatches={plan.n_microbatches}"
              + (f", virtual_stages={plan.virtual_stages})" if plan.virtual_stages > 1 else ")"))
     return format_timeline(sim.events, plan.num_ranks, title, plan.virtual_stages)

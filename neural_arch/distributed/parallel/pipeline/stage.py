@@ -23,6 +23,7 @@ import numpy as np
 from neural_arch.core.tensor import Tensor
 from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.groups import get_default_group
+from neural_arch.distributed.parallel.pipeline.weight_grad import WeightGradStash, defer_linear_weight_grads
 from neural_arch.distributed.process_group import GroupMember, ProcessGroup
 from neural_arch.nn.module import Module
 
@@ -78,18 +79,24 @@ class PipelineStage:
         self.next_rank = (stage_index + 1) % size
         # micro-batch -> (input leaf or None, output tensor, loss or None)
         self._cache: dict[int, tuple[Tensor | None, Tensor, Tensor | None]] = {}
+        # micro-batch -> deferred weight gradients (split backward), from its forward to its W
+        self._wstash: dict[int, WeightGradStash] = {}
         self.dp_group = None if dp_group is None else _resolve(dp_group, "dp_group")
         if self.dp_group is not None and self.dp_group.size() > 1:
             self._broadcast_parameters()
 
     # -- compute ------------------------------------------------------------------------------------
-    def forward_one_chunk(self, microbatch: int, inputs, target=None, loss_fn=None) -> Tensor:
+    def forward_one_chunk(self, microbatch: int, inputs, target=None, loss_fn=None,
+                          split_backward: bool = False) -> Tensor:
         """Run the submodule on ``inputs`` (an array or Tensor) and keep what backward needs.
 
         On the last stage with ``loss_fn``, ``loss_fn(output, target)`` is computed and kept too.
+        With ``split_backward`` (zero-bubble schedules) the Linear layers' weight gradients are
+        left out of the graph: :meth:`backward_one_chunk` then computes input gradients only and
+        :meth:`backward_weight_one_chunk` the weight gradients (see :mod:`.weight_grad`).
         Returns the output tensor.
         """
-        if microbatch in self._cache:
+        if microbatch in self._cache or microbatch in self._wstash:
             raise RuntimeError(f"stage {self.stage_index}: micro-batch {microbatch} ran forward twice "
                                "without a backward in between")
         leaf = None
@@ -100,7 +107,13 @@ class PipelineStage:
         else:
             # the received activation is a leaf: its gradient is what the previous stage needs
             x = leaf = Tensor(inputs, requires_grad=True)
-        out = self.submodule(x)
+        if split_backward:
+            stash = WeightGradStash()
+            with defer_linear_weight_grads(self.submodule, stash):
+                out = self.submodule(x)
+            self._wstash[microbatch] = stash
+        else:
+            out = self.submodule(x)
         if not isinstance(out, Tensor):
             raise TypeError(f"stage {self.stage_index}: the submodule returned {type(out).__name__}; a pipeline "
                             "stage must return one Tensor (wrap tuples in a module that returns one)")
@@ -133,9 +146,24 @@ class PipelineStage:
             return np.zeros_like(leaf.data)
         return np.ascontiguousarray(leaf.grad.data)
 
+    def backward_weight_one_chunk(self, microbatch: int) -> None:
+        """``W`` of a split backward: add ``microbatch``'s deferred Linear weight gradients to ``.grad``.
+
+        Needs a forward with ``split_backward=True`` and its :meth:`backward_one_chunk` first."""
+        try:
+            stash = self._wstash.pop(microbatch)
+        except KeyError:
+            raise RuntimeError(f"stage {self.stage_index}: W of micro-batch {microbatch} without a split "
+                               "forward (forward_one_chunk(..., split_backward=True)) or run twice") from None
+        if microbatch in self._cache:
+            self._wstash[microbatch] = stash
+            raise RuntimeError(f"stage {self.stage_index}: W of micro-batch {microbatch} before its B")
+        stash.apply()
+
     def clear(self) -> None:
         """Drop every cached micro-batch (after a failed step)."""
         self._cache.clear()
+        self._wstash.clear()
 
     # -- data parallel ----------------------------------------------------------------------------------
     def _broadcast_parameters(self) -> None:

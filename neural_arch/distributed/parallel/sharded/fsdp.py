@@ -6,21 +6,49 @@ multiple of the shard-group size; every rank keeps only its slice (a ``flat_para
 ``fsdp.parameters()`` yields these, so the optimizer's state is sharded too). Per step:
 
 1. **forward**: before a unit runs (a forward pre-hook) its slices are all-gathered, in
-   ``mixed_precision.param_dtype``; after it ran they are freed (``FULL_SHARD``) or kept until
-   backward is over (``SHARD_GRAD_OP``);
-2. **backward**: as soon as the last gradient of a unit is final (post-accumulate-grad hooks) the
-   unit's gradients are flattened (in ``reduce_dtype``) and **reduce-scattered**, asynchronously,
-   while backward continues; the full gradients are dropped; ``HYBRID_SHARD`` then averages the
-   shard over the replicate group; ``NO_SHARD`` all-reduces instead;
+   ``mixed_precision.param_dtype``; after it ran they are freed (``FULL_SHARD``,
+   ``HYBRID_SHARD``) or kept until the unit's backward is over (``SHARD_GRAD_OP``);
+2. **backward**: ``FULL_SHARD`` re-gathers a unit just before its backward (a hook on the
+   gradient of the unit's outputs: torch's pre-backward hook), into the very buffer its forward
+   used, which the graph's saved views read (see :mod:`.unit`: that is how a freed unit costs
+   no memory here); each gradient, once final, is copied into the unit's flat gradient (in
+   ``reduce_dtype``) and dropped; when the unit's last gradient is final its flat gradient is
+   **reduce-scattered**, asynchronously, while backward continues, and the unit's parameters are
+   freed (torch's post-backward hook); the flat gradient is dropped when the reduce-scatter
+   completes. ``HYBRID_SHARD`` then averages the shard over the replicate group; ``NO_SHARD``
+   all-reduces instead;
 3. **step**: the optimizer updates each rank's slice in the master dtype.
+
+Peak memory per rank is then about the sharded state (parameters, gradients, optimizer state
+over N) plus, for the unit in backward, its gathered parameters and its flat gradient, plus the
+root unit (gathered, and its gradient accumulating, through the whole backward: the root's
+first op, e.g. the embedding, is the last to get its gradient), plus activations.
+
+Prefetching (``FULL_SHARD``/``HYBRID_SHARD``):
+
+* ``backward_prefetch=BackwardPrefetch.BACKWARD_PRE`` (default, as torch): when a unit's
+  backward starts, the unit that ran before it in forward is all-gathered asynchronously, so the
+  gather overlaps this unit's backward; costs one more unit of gathered parameters.
+  ``BACKWARD_POST``: the same gather is issued when the unit's gradients are final (less
+  overlap, the two units' gathered parameters barely coexist). ``None``: gather on demand.
+* ``forward_prefetch=True``: when a unit's forward starts, the unit that ran after it in the
+  previous iteration's forward is all-gathered asynchronously (the order is recorded each
+  iteration, so the first iteration prefetches nothing).
+* ``limit_all_gathers`` is accepted and has no effect: at most one prefetch is in flight by
+  construction.
 
 Training is equal to single-process training on the global batch (tests: float64 <= 1e-10).
 
 Differences from torch, stated plainly:
 
-* ``backward_prefetch``/``forward_prefetch``/``limit_all_gathers`` are accepted and ignored:
-  backward here never re-gathers (see :mod:`.unit`), except under activation checkpointing,
-  where the recomputation re-gathers the unit on demand.
+* A unit whose parameters are partly frozen (``requires_grad=False``) is not resharded after
+  forward (its "backward is over" signal is its trainable gradients being final): it keeps its
+  gathered parameters until then, like ``SHARD_GRAD_OP``.
+* Unit buffers are shared (see :mod:`.unit`): a unit's parameters must be used only inside its
+  own ``forward`` (true of ordinary modules). A parameter, or a view of it, that escapes the
+  unit's forward and is used by later ops reads placeholder zeros in forward and possibly
+  another unit's values in backward: that is *not* detected. Units whose calls interleave so
+  that two would need one buffer at once are detected (a ``RuntimeError`` naming both).
 * ``cpu_offload=CPUOffload(offload_params=True)`` keeps shards and their gradients in host
   memory; on CPU-only runs it is the identity.
 * Shared (tied) parameters must belong to one unit: wrap their common ancestor.
@@ -41,6 +69,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 from collections import OrderedDict
@@ -48,7 +77,8 @@ from collections import OrderedDict
 import numpy as np
 
 from neural_arch import backend as _backend
-from neural_arch.core.tensor import Tensor, no_grad
+from neural_arch.core import autograd as _ag
+from neural_arch.core.tensor import Tensor, is_backward_running, no_grad
 from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.groups import _resolve_group, new_group
 from neural_arch.distributed.parallel.sharded.api import (
@@ -60,8 +90,8 @@ from neural_arch.distributed.parallel.sharded.api import (
     resolve_policy,
 )
 from neural_arch.distributed.parallel.sharded.flat import FlatLayout
-from neural_arch.distributed.parallel.sharded.reducer import ShardedGradReducer
-from neural_arch.distributed.parallel.sharded.unit import FlatParamUnit
+from neural_arch.distributed.parallel.sharded.reducer import ShardedGradReducer, queue_outermost_callback
+from neural_arch.distributed.parallel.sharded.unit import FlatParamUnit, GatherBuffer, GatherPool
 from neural_arch.nn.module import Module
 
 __all__ = ["FullyShardedDataParallel"]
@@ -116,6 +146,32 @@ def _hybrid_groups(world_group, shard_size: int):
     return shard_group, replicate_group
 
 
+class _UnitCall:
+    """One forward call of a pooled unit: its buffer, and the creation-order numbers (autograd
+    node ``seq``) bracketing the nodes it recorded (the engine runs nodes newest first, so once
+    backward reaches ``end`` every node of a call that *started* after it has run)."""
+
+    __slots__ = ("buf", "end", "index", "start", "unit")
+
+    def __init__(self, unit, buf, start: int, index: int):
+        self.unit, self.buf, self.start, self.end, self.index = unit, buf, start, None, index
+
+
+def _seq_mark() -> int:
+    # A number from the engine's node counter: nodes created later have larger ones.
+    return _ag.next_seq()
+
+
+def _grad_outputs(out) -> list:
+    if isinstance(out, Tensor):
+        return [out] if out.requires_grad and out.grad_fn is not None else []
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _grad_outputs(o)]
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in _grad_outputs(o)]
+    return []
+
+
 class FullyShardedDataParallel(Module):
     """Shard ``module``'s parameters, gradients and optimizer state (see the module docstring).
 
@@ -127,7 +183,9 @@ class FullyShardedDataParallel(Module):
         cpu_offload: :class:`CPUOffload`.
         auto_wrap_policy: which submodules become units (``ModuleWrapPolicy({Block})``, a set of
             classes, or torch's callable policies). Default: one unit for the whole model.
-        backward_prefetch, forward_prefetch, limit_all_gathers: accepted, no effect (see above).
+        backward_prefetch: ``BackwardPrefetch.BACKWARD_PRE`` (default), ``BACKWARD_POST`` or None.
+        forward_prefetch: gather the next unit (last iteration's order) while one runs.
+        limit_all_gathers: accepted, no effect (at most one prefetch is in flight anyway).
         mixed_precision: :class:`MixedPrecision`.
         sync_module_states: broadcast rank 0's parameters and buffers first (ranks may init differently).
         device_mesh: a 2-D mesh ``(replicate, shard)`` for ``HYBRID_SHARD``, if it has
@@ -160,7 +218,16 @@ class FullyShardedDataParallel(Module):
         self.sharding_strategy = strategy
         self.cpu_offload = cpu_offload
         self.mixed_precision = mp
+        if backward_prefetch is not None and not isinstance(backward_prefetch, BackwardPrefetch):
+            raise TypeError(f"backward_prefetch must be a BackwardPrefetch or None, got {backward_prefetch!r}")
         self.backward_prefetch = backward_prefetch
+        self.forward_prefetch = bool(forward_prefetch)
+        self._pool = GatherPool()
+        self._order: list[_UnitCall] = []      # pooled unit calls since the last backward
+        self._next_fwd: dict = {}              # unit -> unit that ran after it last iteration
+        self._prefetched: dict = {}            # id(unit) -> GatherBuffer (forward prefetch)
+        self._last_released = None             # buffer released last in forward
+        self._bwd_armed = False
         self._state_dict_type = StateDictType.FULL_STATE_DICT
 
         shard_group, replicate_group = self._groups(process_group, device_mesh, strategy)
@@ -184,6 +251,8 @@ class FullyShardedDataParallel(Module):
             lay = FlatLayout([tuple(p.shape) for p in params], shard_world)
             unit = FlatParamUnit(name, sub, params, lay, shard_rank, shard_group if sharded else None,
                                  mp.param_dtype, cpu_offload.offload_params, reshard)
+            unit.pooled = reshard and sharded and bool(params) and all(p.requires_grad for p in params)
+            unit.index = i
             self._units.append(unit)
             self.register_parameter(f"flat_param_{i}", unit.flat_param)
             if sub is not module:
@@ -193,7 +262,7 @@ class FullyShardedDataParallel(Module):
         self._reducer = ShardedGradReducer(
             [u.params for u in self._units], shard_group, self._on_grad_shard,
             reduce_dtype=None if reduce_dtype is None else np.dtype(reduce_dtype),
-            scatter=sharded, replicate_group=replicate_group)
+            scatter=sharded, replicate_group=replicate_group, on_ready=self._on_unit_grads_ready)
         if self._reducer.layouts and any(a.padded_numel != u.layout.padded_numel
                                          for a, u in zip(self._reducer.layouts, self._units)):
             raise AssertionError("FSDP: reducer and unit layouts disagree")  # pragma: no cover
@@ -231,7 +300,7 @@ class FullyShardedDataParallel(Module):
 
     def _make_pre_hook(self, unit):
         def hook(module, args):
-            unit.gather()
+            module.__dict__["_fsdp_call"] = self._forward_gather(unit)
             if self.mixed_precision.cast_forward_inputs:
                 return self._cast_inputs(args)
             return None
@@ -239,9 +308,139 @@ class FullyShardedDataParallel(Module):
 
     def _make_post_hook(self, unit):
         def hook(module, args, out):
-            if unit.reshard_after_forward:
-                unit.free()
+            self._forward_release(unit, module.__dict__.pop("_fsdp_call", None), out)
         return hook
+
+    # ------------------------------------------------------------------ gather / free schedule
+    def _acquire(self, unit, exclude=(), after_release: bool = True) -> GatherBuffer:
+        xp = _backend.get_array_module(unit.flat_param.data) if not unit.offload else \
+            _backend.get_array_module(unit._shard_on_device())
+        if after_release and self.backward_prefetch is not None and self._last_released is not None:
+            exclude = tuple(exclude) + (self._last_released,)  # consecutive units alternate buffers
+        return self._pool.acquire(unit.layout.padded_numel, unit.compute_dtype, xp, exclude)
+
+    def _forward_gather(self, unit):
+        """Gather ``unit`` for a forward call; returns its :class:`_UnitCall` (pooled units)."""
+        if not unit.pooled:
+            unit.gather()
+            return None
+        if is_backward_running():
+            # a recomputation (activation checkpointing) inside backward: the pre-backward hook
+            # usually re-gathered the unit already; otherwise gather into a private buffer,
+            # released when the unit's gradients are final
+            if unit.bound is None or unit.bound.holder is not unit:
+                xp = _backend.get_array_module(unit._shard_on_device())
+                buf = GatherBuffer(xp.empty(unit.layout.padded_numel, dtype=unit.compute_dtype))
+                unit.gather_into(buf)
+                unit.bind(buf)
+            return None
+        buf = self._prefetched.pop(id(unit), None)
+        if buf is None or buf.holder is not unit:
+            buf = self._acquire(unit)
+            unit.gather_into(buf)
+        call = _UnitCall(unit, buf, _seq_mark(), len(self._order))
+        buf.call = call
+        unit.bind(buf)
+        self._order.append(call)
+        if self.forward_prefetch:
+            nxt = self._next_fwd.get(unit)
+            if nxt is not None and nxt.pooled and id(nxt) not in self._prefetched and not nxt.gathered:
+                # nxt follows this unit: only this unit's buffer must differ from its own
+                b = self._acquire(nxt, exclude=(buf,), after_release=False)
+                b.call = None
+                nxt.gather_into(b, async_op=True)
+                self._prefetched[id(nxt)] = b
+        return call
+
+    def _forward_release(self, unit, call, out) -> None:
+        if call is None:
+            if not unit.pooled and unit.reshard_after_forward and not is_backward_running():
+                unit.free()  # the graph keeps the gathered arrays it saved (see the docstring)
+            return
+        call.end = _seq_mark()
+        for t in _grad_outputs(out):
+            t.register_hook(lambda g, call=call: self._pre_backward(call))
+        unit.release(call.buf)
+        unit.unbind()
+        self._last_released = call.buf
+
+    def _evict_for(self, buf: GatherBuffer, now) -> bool:
+        """Make ``buf`` free for a gather at backward position ``now`` (a _UnitCall); False if
+        its holder may still read it (a call that started before ``now`` ended)."""
+        holder = buf.holder
+        if holder is None:
+            return True
+        if buf.call is not None and buf.call.start > now.end:  # all of its nodes already ran
+            holder.release(buf)
+            if holder.bound is buf:
+                holder.unbind()
+            return True
+        return False
+
+    def _pre_backward(self, call) -> None:
+        """Re-gather ``call.unit`` into the buffer its forward used, before its backward."""
+        if not self._bwd_armed:
+            self._bwd_armed = True
+            queue_outermost_callback(self._end_backward)
+        unit, buf = call.unit, call.buf
+        if buf.holder is not unit:
+            if not self._evict_for(buf, call):
+                who = buf.holder.name or "<root>"
+                raise RuntimeError(
+                    f"FSDP: unit {unit.name or '<root>'} must be re-gathered for its backward into the "
+                    f"buffer its forward used, but unit {who} still needs it (its parameters are read by "
+                    f"ops outside its own backward, or the units' forwards interleave). Use "
+                    f"sharding_strategy=ShardingStrategy.SHARD_GRAD_OP for this model.")
+            unit.gather_into(buf)
+        buf.call = call
+        unit.bind(buf)  # a recomputation (activation checkpointing) reads the parameters
+        if self.backward_prefetch is BackwardPrefetch.BACKWARD_PRE:
+            self._prefetch_after(call)
+
+    def _prefetch_after(self, now) -> None:
+        """Start gathering the call whose backward comes next after ``now``'s: pre-backward hooks
+        fire in decreasing order of the calls' ``end`` (a nested call ends before its parent)."""
+        nxt = None
+        for c in self._order:
+            if c.end is not None and c.end < now.end and (nxt is None or c.end > nxt.end):
+                nxt = c
+        if nxt is None or nxt.buf.holder is nxt.unit or nxt.buf.work is not None:
+            return
+        if self._evict_for(nxt.buf, now):  # else: its holder still reads it; gather on demand
+            nxt.unit.gather_into(nxt.buf, async_op=True)
+            nxt.buf.call = nxt
+
+    def _on_unit_grads_ready(self, i: int) -> None:
+        """All of unit ``i``'s gradients are final (its backward is over): free its parameters."""
+        unit = self._units[i]
+        if unit.pooled:
+            unit.release_all()
+            calls = [c for c in self._order if c.unit is unit and c.end is not None]
+            if self.backward_prefetch is BackwardPrefetch.BACKWARD_POST and calls:
+                self._prefetch_after(min(calls, key=lambda c: c.end))  # the call backward did last
+        elif not unit.reshard_after_forward:
+            unit.free()  # SHARD_GRAD_OP / NO_SHARD keep parameters gathered until their backward is over
+
+    def _end_backward(self) -> None:
+        self._bwd_armed = False
+        self._reset_generation()
+
+    def _reset_generation(self) -> None:
+        """Forget this iteration's buffers (the graph keeps alive whatever it still reads)."""
+        for u in self._units:
+            if u.pooled:
+                u.release_all()
+        for b in self._pool.buffers():
+            b.wait()
+        if self._order:
+            seq = [c.unit for c in self._order]
+            self._next_fwd = {}
+            for a, b in itertools.pairwise(seq):
+                self._next_fwd.setdefault(a, b)
+        self._order = []
+        self._prefetched = {}
+        self._last_released = None
+        self._pool.clear()
 
     def _cast_inputs(self, args):
         dt = self.mixed_precision.param_dtype
@@ -254,19 +453,25 @@ class FullyShardedDataParallel(Module):
         unit = self._units[i]
         unit.add_grad(flat_grad)
         if not unit.reshard_after_forward:
-            unit.free()  # SHARD_GRAD_OP / NO_SHARD keep parameters gathered until backward is done
+            unit.free()  # (a unit whose bucket never launched during backward: no gradients)
 
     # ------------------------------------------------------------------ forward
     def forward(self, *args, **kwargs):
         root = self._units[-1]
-        root.gather()
+        call = self._forward_gather(root)
         if self.mixed_precision.cast_root_forward_inputs:
             args = self._cast_inputs(args) or args
+        out = None
         try:
-            return self.module(*args, **kwargs)
+            out = self.module(*args, **kwargs)
+            return out
         finally:
-            if root.reshard_after_forward:
-                root.free()
+            self._forward_release(root, call, out)
+            if not is_backward_running() and not self._bwd_armed and not _grad_outputs(out):
+                self._reset_generation()  # no backward will follow (eval, no_grad): drop buffers
+            else:
+                for b in self._pool.buffers():
+                    b.drop_if_unviewed()  # e.g. every unit checkpointed: backward gathers afresh
 
     def train(self, mode: bool = True) -> FullyShardedDataParallel:
         super().train(mode)

@@ -2,10 +2,13 @@
 backward runs, so that no rank ever holds the full *averaged* gradient.
 
 Parameters are grouped into buckets in reverse order (the order backward finishes them). Each
-bucket is a :class:`~neural_arch.distributed.parallel.sharded.flat.FlatLayout`: when the last
-gradient of a bucket is final (a post-accumulate-grad hook), the bucket's local gradients are
-copied into one padded flat array, the parameters' ``.grad`` are dropped, and an asynchronous
-``reduce_scatter(AVG)`` hands rank ``r`` the averaged slice ``r`` of that bucket. At the end of
+bucket is a :class:`~neural_arch.distributed.parallel.sharded.flat.FlatLayout`: as each
+gradient is final (a post-accumulate-grad hook) it is copied into the bucket's padded flat
+array and the parameter's ``.grad`` is dropped at once (so a bucket costs one copy of its
+gradients, not two); when the last one is in, an asynchronous ``reduce_scatter(AVG)`` hands
+rank ``r`` the averaged slice ``r`` of that bucket, ``on_ready(bucket_index)`` is called (FSDP
+frees the unit's gathered parameters there), and the flat array is dropped as soon as the
+reduce-scatter completes. At the end of
 backward (a callback queued in the outermost backward) the reducer waits for the outstanding
 reductions, fills buckets whose parameters got no gradient with zeros (so every rank runs the
 same collectives), and hands every averaged shard to ``on_shard(bucket_index, shard)``.
@@ -61,10 +64,13 @@ class ShardedGradReducer:
             bucket: FSDP's NO_SHARD); ``on_shard`` then receives the full padded flat array.
         replicate_group: after the reduce-scatter, average the shard over this group as well
             (FSDP's HYBRID_SHARD: sharded within a node, replicated across nodes).
+        on_ready: ``on_ready(bucket_index)`` right after a bucket's gradients are all final and
+            its reduction was started (during backward).
     """
 
     def __init__(self, buckets: Sequence[Sequence], group, on_shard: Callable[[int, object], None],
-                 reduce_dtype=None, scatter: bool = True, replicate_group=None):
+                 reduce_dtype=None, scatter: bool = True, replicate_group=None,
+                 on_ready: Callable[[int], None] | None = None):
         self.group = group
         self.scatter = bool(scatter)
         self.replicate_group = replicate_group
@@ -74,14 +80,15 @@ class ShardedGradReducer:
         lay_world = self.world if self.scatter else 1
         self.layouts = [FlatLayout([tuple(p.shape) for p in b], lay_world) for b in self.buckets]
         self.on_shard = on_shard
+        self.on_ready = on_ready
         self.reduce_dtype = reduce_dtype
-        self._where = {}  # id(param) -> bucket index
+        self._where = {}  # id(param) -> (bucket index, position in the bucket)
         for i, bucket in enumerate(self.buckets):
-            for p in bucket:
+            for k, p in enumerate(bucket):
                 if id(p) in self._where:
                     raise ValueError("ShardedGradReducer: a parameter appears in two buckets "
                                      "(tied weights must be passed once)")
-                self._where[id(p)] = i
+                self._where[id(p)] = (i, k)
         self._handles = [p.register_post_accumulate_grad_hook(self._hook)
                          for b in self.buckets for p in b if p.requires_grad]
         self._reset()
@@ -89,34 +96,72 @@ class ShardedGradReducer:
     # -- per-backward state ---------------------------------------------------------------
     def _reset(self) -> None:
         self._pending = [sum(1 for p in b if p.requires_grad) for b in self.buckets]
-        self._inflight: dict = {}  # bucket -> (work, shard output, flat input kept alive)
+        self._inflight: dict = {}  # bucket -> (work, shard output, [flat input until completion])
+        self._flats: dict = {}  # bucket -> flat gradient array being filled
+        self._late: dict = {}   # bucket -> gradients final after the bucket launched (see _hook)
         self._armed = False
+
+    def _flat(self, i: int, like):
+        flat = self._flats.get(i)
+        if flat is None:
+            xp = _backend.get_array_module(like)
+            flat = self._flats[i] = xp.zeros(self.layouts[i].padded_numel,
+                                             dtype=self.reduce_dtype or self.buckets[i][0].dtype)
+        return flat
 
     def _hook(self, p) -> None:
         if not self._armed:
             self._armed = True
             queue_outermost_callback(self._finish)
-        i = self._where[id(p)]
+        i, k = self._where[id(p)]
+        if i in self._inflight:
+            # A second final gradient in one backward: the parameter is used inside two
+            # activation-checkpointed calls (each recomputation is a nested backward). Keep it
+            # aside; _finish reduces it in one more collective (every rank runs the same graph).
+            if p.grad is not None:
+                lay = self.layouts[i]
+                late = self._late.get(i)
+                if late is None:
+                    xp = _backend.get_array_module(p.grad.data)
+                    late = self._late[i] = xp.zeros(lay.padded_numel, dtype=self.reduce_dtype or p.dtype)
+                late[lay.offsets[k]:lay.offsets[k] + lay.sizes[k]] += p.grad.data.reshape(-1)
+                p.grad = None
+            return
+        if p.grad is not None:
+            # Copy into the bucket now and drop .grad: the full gradient of a parameter never
+            # outlives the moment it is final (the point of ZeRO-2), and a bucket is one copy.
+            lay = self.layouts[i]
+            off, n = lay.offsets[k], lay.sizes[k]
+            self._flat(i, p.grad.data)[off:off + n] = p.grad.data.reshape(-1)
+            p.grad = None
         self._pending[i] -= 1
         if self._pending[i] == 0:
             self._launch(i)
 
     def _launch(self, i: int) -> None:
         bucket, layout = self.buckets[i], self.layouts[i]
-        grads = [p.grad.data if p.grad is not None else None for p in bucket]
-        like = next((g for g in grads if g is not None), bucket[0].data)
-        xp = _backend.get_array_module(like)
-        dtype = self.reduce_dtype or bucket[0].dtype
-        flat = layout.flatten(grads, xp, dtype=dtype)
-        for p in bucket:
-            p.grad = None  # the point of ZeRO-2: the full gradient does not outlive its bucket
+        for k, p in enumerate(bucket):
+            if p.grad is not None:  # only a bucket launched at the end (some grads missing)
+                off, n = layout.offsets[k], layout.sizes[k]
+                self._flat(i, p.grad.data)[off:off + n] = p.grad.data.reshape(-1)
+                p.grad = None
+        flat = self._flat(i, bucket[0].data)
+        del self._flats[i]
+        xp = _backend.get_array_module(flat)
         if self.scatter:
-            out = xp.empty(layout.shard_size, dtype=dtype)
+            out = xp.empty(layout.shard_size, dtype=flat.dtype)
             work = self.group.backend.reduce_scatter(out, flat, ReduceOp.AVG, async_op=True)
+            keep = [flat]
+            del flat
+            # drop the flat input the moment the reduce-scatter is done, not at the end of backward
+            work.add_done_callback(lambda _w, keep=keep: keep.clear())
         else:
             out = flat
             work = self.group.backend.allreduce(flat, ReduceOp.AVG, async_op=True)
-        self._inflight[i] = (work, out, flat)
+            keep = []
+        self._inflight[i] = (work, out, keep)
+        if self.on_ready is not None:
+            self.on_ready(i)
 
     def _finish(self) -> None:
         try:
@@ -128,6 +173,17 @@ class ShardedGradReducer:
             for i in sorted(self._inflight):
                 work, out, _ = self._inflight[i]
                 work.wait()
+                if self.replicate_group is not None:
+                    self.replicate_group.backend.allreduce(out, ReduceOp.AVG)
+                self.on_shard(i, out)
+            for i in sorted(self._late):
+                late = self._late[i]
+                if self.scatter:
+                    out = _backend.get_array_module(late).empty(self.layouts[i].shard_size, dtype=late.dtype)
+                    self.group.backend.reduce_scatter(out, late, ReduceOp.AVG)
+                else:
+                    out = late
+                    self.group.backend.allreduce(late, ReduceOp.AVG)
                 if self.replicate_group is not None:
                     self.replicate_group.backend.allreduce(out, ReduceOp.AVG)
                 self.on_shard(i, out)

@@ -1,19 +1,27 @@
 """One FSDP unit: the parameters of a wrapped submodule as one flat, sharded parameter.
 
 A unit owns a flat shard (a leaf Parameter of shape ``(shard_size,)``, what the optimizer
-sees) in the parameters' original (master) dtype. ``gather()`` all-gathers the shards in the
-compute dtype and points the module's original Parameters at views of the full flat array;
-``free()`` points them at a zero-strided placeholder of the same shape (no memory), so a
-rank holds full parameters only while a unit is in use.
+sees) in the parameters' original (master) dtype. Gathering all-gathers the shards in the
+compute dtype into a flat array and points the module's original Parameters at views of it;
+freeing points them at zero-strided placeholders of the same shape (no memory).
 
-Note on backward: the ops of this core save the arrays they read, so a unit's gathered
-parameters stay alive through the graph until that unit's backward has run (torch frees them
-and re-gathers before backward instead). Wrapping the unit in activation checkpointing gives
-torch's behaviour exactly: the forward graph is not kept, and the recomputation in backward
-re-gathers the unit (its forward pre-hook runs again).
+Why gathered arrays come from a :class:`GatherPool`: the ops of this core save the arrays they
+read, so the autograd graph keeps *views* of a unit's gathered parameters until that unit's
+backward. A fresh array per gather would therefore stay alive from the unit's forward to its
+backward for every unit at once (the whole model, gathered). torch frees the storage under
+those views and re-allocates it before backward; NumPy cannot free memory that views point at,
+so instead units *share* a few flat arrays (:class:`GatherBuffer`): after a unit's forward the
+buffer is handed to the next unit, and before the unit's backward its parameters are
+all-gathered **into the same buffer again**, so the views the graph saved read the right values
+exactly when they are read. The engine runs nodes in reverse creation order, so in backward a
+unit's nodes all run before any node of a unit that ran earlier in forward: the buffer is never
+needed by two units at once as long as units that are live together in forward get different
+buffers (the pool's rule). See :mod:`.fsdp` for the hooks and the checks that enforce it.
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 
@@ -22,7 +30,79 @@ from neural_arch.core.tensor import Tensor
 from neural_arch.distributed.parallel.sharded.flat import FlatLayout
 from neural_arch.nn.parameter import Parameter
 
-__all__ = ["FlatParamUnit"]
+__all__ = ["FlatParamUnit", "GatherBuffer", "GatherPool"]
+
+class GatherBuffer:
+    """A flat array that holds one unit's gathered parameters at a time.
+
+    ``holder``: the unit whose values it holds *and* still needs (None when free to reuse);
+    ``call``: the holder's :class:`UnitCall` (when it ran in forward: decides safe eviction);
+    ``work``: an in-flight (prefetch) all-gather into it, waited before the values are read.
+    """
+
+    __slots__ = ("_inputs", "array", "call", "holder", "work")
+
+    def __init__(self, array):
+        self.array = array
+        self.holder = None
+        self.call = None
+        self.work = None
+        self._inputs = None  # the cast shard of an async all-gather, alive until it completes
+
+    def drop_if_unviewed(self) -> bool:
+        """Free the array when nothing else views it (no graph saved a view: activation
+        checkpointing, no_grad, or the backward that read it is over); the next gather
+        allocates a new one. NumPy only: a view holds a reference to its base array, so the
+        reference count says whether views exist (CuPy views do not, so CuPy arrays stay)."""
+        arr = self.array
+        if arr is None or self.holder is not None or self.work is not None or type(arr) is not np.ndarray:
+            return False
+        del arr
+        if sys.getrefcount(self.array) > 2:  # ours + getrefcount's argument
+            return False
+        self.array = None
+        return True
+
+    def wait(self) -> None:
+        if self.work is not None:
+            work, self.work = self.work, None
+            work.wait()
+            self._inputs = None
+
+    def __repr__(self) -> str:
+        who = (self.holder.name or "<root>") if self.holder is not None else None
+        return f"GatherBuffer({self.array.size} x {self.array.dtype}, holder={who})"
+
+
+class GatherPool:
+    """Per-dtype list of :class:`GatherBuffer`; cleared at the end of each backward.
+
+    ``acquire`` returns a buffer nobody holds (growing one that is too small: the old array
+    stays alive only while a graph still has views of it). ``exclude`` lets the caller keep
+    consecutive units on different buffers (needed for backward prefetch).
+    """
+
+    def __init__(self):
+        self._free_lists: dict = {}
+
+    def acquire(self, numel: int, dtype, xp, exclude=()) -> GatherBuffer:
+        bufs = self._free_lists.setdefault((np.dtype(dtype), xp.__name__), [])
+        for i, b in enumerate(bufs):
+            if b.holder is None and b.work is None and not any(b is e for e in exclude):
+                if b.array is None:
+                    b.array = xp.empty(numel, dtype=dtype)
+                elif b.array.size < numel:
+                    b = bufs[i] = GatherBuffer(xp.empty(numel, dtype=dtype))
+                return b
+        b = GatherBuffer(xp.empty(numel, dtype=dtype))
+        bufs.append(b)
+        return b
+
+    def buffers(self) -> list:
+        return [b for bufs in self._free_lists.values() for b in bufs]
+
+    def clear(self) -> None:
+        self._free_lists = {}
 
 
 class FlatParamUnit:
@@ -54,6 +134,8 @@ class FlatParamUnit:
         self._placeholders = [np.broadcast_to(np.zeros((), self.compute_dtype), p.shape) if self.device == "cpu"
                               else xp.broadcast_to(xp.zeros((), self.compute_dtype), p.shape) for p in params]
         self.gathered = False
+        self.bound = None   # the GatherBuffer the parameters point into (pooled units)
+        self._held: list = []  # GatherBuffers holding this unit's values still needed
         self.free()
 
     def _shard_on_device(self):
@@ -87,6 +169,61 @@ class FlatParamUnit:
         for p, ph in zip(self.params, self._placeholders):
             p.data = ph
         self.gathered = False
+
+    # -- pooled gathering (FULL_SHARD / HYBRID_SHARD with resharding after forward) ------------
+    def gather_into(self, buf: GatherBuffer, async_op: bool = False) -> None:
+        """All-gather this unit's full flat parameter into ``buf`` (asynchronously if asked)."""
+        buf.wait()
+        dtype = self.compute_dtype
+        shard = self._shard_on_device()
+        if shard.dtype != dtype:
+            shard = shard.astype(dtype)
+        if (buf.array is not None and buf.array.size < self.layout.padded_numel
+                and not buf.drop_if_unviewed()):
+            raise RuntimeError(f"FSDP unit {self.name or '<root>'}: its gather buffer was re-allocated "
+                               "smaller by another unit whose saved views still use it")
+        if buf.array is None:  # dropped while nothing viewed it: no saved view can need this one
+            buf.array = _backend.get_array_module(shard).empty(self.layout.padded_numel, dtype=dtype)
+        out = buf.array[:self.layout.padded_numel].reshape(self.group.size(), self.layout.shard_size)
+        work = self.group.backend.allgather(out, shard, async_op=async_op)
+        if async_op:
+            buf.work, buf._inputs = work, shard
+        buf.holder = self
+        self._held.append(buf)
+
+    def bind(self, buf: GatherBuffer) -> None:
+        """Point the original parameters at views of ``buf`` (waiting for a prefetch first)."""
+        buf.wait()
+        for p, view in zip(self.params, self.layout.views(buf.array[:self.layout.padded_numel])):
+            p.data = view
+        self.bound = buf
+        self.gathered = True
+
+    def unbind(self) -> None:
+        """Placeholders for the parameters; the buffer itself is released separately."""
+        for p, ph in zip(self.params, self._placeholders):
+            p.data = ph
+        self.bound = None
+        self.gathered = False
+
+    def release(self, buf: GatherBuffer) -> None:
+        """This unit no longer needs what ``buf`` holds."""
+        buf.wait()
+        if buf.holder is self:
+            buf.holder = None
+            buf.call = None
+        self._held = [b for b in self._held if b is not buf]
+
+    def release_all(self) -> None:
+        held = list(self._held)
+        for b in held:
+            self.release(b)
+        self.unbind()
+        for b in held:
+            b.drop_if_unviewed()
+
+    def holds(self, buf: GatherBuffer) -> bool:
+        return buf.holder is self
 
     def add_grad(self, flat_grad) -> None:
         """Accumulate this rank's averaged gradient shard into ``flat_param.grad`` (master dtype)."""

@@ -6,6 +6,7 @@ module                 what
 ``layers``             ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 ``cross_entropy``      vocab_parallel_cross_entropy (no gathered logits)
 ``style``              parallelize_module, ColwiseParallel, RowwiseParallel, Shard, Replicate
+``sequence_parallel``  SequenceParallel, PrepareModuleInput (Megatron's sequence parallelism)
 ``gpt``                gpt_tp_plan / parallelize_gpt for ``nn.GPT``
 ``sketched``           TensorParallelSKLinear, TensorParallelModel (seed 004)
 ``state_dict``         sharded_state_dict, full_state_dict, load_full_state_dict
@@ -27,6 +28,7 @@ from neural_arch.distributed.parallel.tensor_parallel.layers import (
     RowParallelLinear,
     VocabParallelEmbedding,
 )
+from neural_arch.distributed.parallel.tensor_parallel.sequence_parallel import PrepareModuleInput, SequenceParallel
 from neural_arch.distributed.parallel.tensor_parallel.sketched import (
     TensorParallelModel,
     TensorParallelSKLinear,
@@ -48,8 +50,8 @@ from neural_arch.distributed.parallel.tensor_parallel.style import (
 from neural_arch.distributed.parallel.tensor_parallel.wrapper import TensorParallel
 
 __all__ = [
-    "ColumnParallelLinear", "ColwiseParallel", "ParallelStyle", "Replicate", "RowParallelLinear",
-    "RowwiseParallel", "Shard", "ShardedArray", "TensorParallel", "TensorParallelModel", "TensorParallelSKLinear",
+    "ColumnParallelLinear", "ColwiseParallel", "ParallelStyle", "PrepareModuleInput", "Replicate",
+    "RowParallelLinear", "RowwiseParallel", "SequenceParallel", "Shard", "ShardedArray", "TensorParallel", "TensorParallelModel", "TensorParallelSKLinear",
     "VocabParallelEmbedding", "full_state_dict", "gpt_tp_plan", "load_full_state_dict", "parallelize_gpt",
     "parallelize_module", "sharded_state_dict", "vocab_parallel_cross_entropy",
 ]

@@ -30,8 +30,10 @@ from neural_arch import functional as F
 from neural_arch.core.tensor import Tensor
 from neural_arch.distributed.autograd import (
     copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
     gather_from_tensor_model_parallel_region,
     reduce_from_tensor_model_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
     scatter_to_tensor_model_parallel_region,
 )
 from neural_arch.distributed.groups import _resolve_group
@@ -78,17 +80,21 @@ class ColumnParallelLinear(Module):
         gather_output: all-gather the output slices so every rank gets ``(..., out_features)``;
             False (default) leaves ``(..., out_features / p)`` for a following row-parallel layer.
         process_group: the tensor-parallel group (ProcessGroup, 1-d DeviceMesh, None = world).
+        sequence_parallel: the input is this rank's share of the sequence ``(B, T/p, in)``: it is
+            all-gathered along the sequence first (backward: reduce-scatter), Megatron's flag.
 
     ``weight`` has shape ``(out/p, in)``; ``_tp_shard_dims`` tells the state-dict helpers how to
     reassemble it.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, gather_output: bool = False,
-                 process_group=None, dtype=np.float32, device=None, *, _from: Linear | None = None):
+                 process_group=None, dtype=np.float32, device=None, *, sequence_parallel: bool = False,
+                 _from: Linear | None = None):
         super().__init__()
         self.process_group = resolve_tp_group(process_group, "ColumnParallelLinear")
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.gather_output = bool(gather_output)
+        self.sequence_parallel = bool(sequence_parallel)
         self.tp_size, self.tp_rank = self.process_group.size(), self.process_group.rank()
         start, end = shard_range(self.out_features, self.process_group, "ColumnParallelLinear: out_features")
         self.out_features_per_partition = end - start
@@ -102,21 +108,26 @@ class ColumnParallelLinear(Module):
         self._tp_shard_dims = {"weight": 0, "bias": 0}
 
     @classmethod
-    def from_linear(cls, linear: Linear, process_group=None, gather_output: bool = False) -> ColumnParallelLinear:
+    def from_linear(cls, linear: Linear, process_group=None, gather_output: bool = False,
+                    sequence_parallel: bool = False) -> ColumnParallelLinear:
         """Shard an existing ``nn.Linear`` (its values are kept exactly)."""
         return cls(linear.in_features, linear.out_features, linear.bias is not None, gather_output,
-                   process_group, _from=linear)
+                   process_group, sequence_parallel=sequence_parallel, _from=linear)
 
     def forward(self, x):
         x = x if isinstance(x, Tensor) else Tensor(x)
-        x = copy_to_tensor_model_parallel_region(x, self.process_group)
+        if self.sequence_parallel:  # the all-gather's backward reduce-scatters: it also does f's all-reduce
+            x = gather_from_sequence_parallel_region(x, self.process_group)
+        else:
+            x = copy_to_tensor_model_parallel_region(x, self.process_group)
         y = F.linear(x, self.weight, self.bias)
         return gather_from_tensor_model_parallel_region(y, self.process_group) if self.gather_output else y
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features} "
                 f"({self.out_features_per_partition} on rank {self.tp_rank} of {self.tp_size}), "
-                f"bias={self.bias is not None}, gather_output={self.gather_output}")
+                f"bias={self.bias is not None}, gather_output={self.gather_output}"
+                + (", sequence_parallel=True" if self.sequence_parallel else ""))
 
 
 class RowParallelLinear(Module):
@@ -128,14 +139,22 @@ class RowParallelLinear(Module):
         input_is_parallel: the input is already this rank's slice ``(..., in/p)`` (what a
             column-parallel layer without ``gather_output`` gives); False scatters a full input.
         process_group: the tensor-parallel group.
+        sequence_parallel: reduce-scatter the output along the sequence (each rank gets
+            ``(B, T/p, out)``) instead of all-reducing it; the bias is added to those positions and
+            its gradient all-reduced (Megatron's flag).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, input_is_parallel: bool = True,
-                 process_group=None, dtype=np.float32, device=None, *, _from: Linear | None = None):
+                 process_group=None, dtype=np.float32, device=None, *, sequence_parallel: bool = False,
+                 _from: Linear | None = None):
         super().__init__()
         self.process_group = resolve_tp_group(process_group, "RowParallelLinear")
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.input_is_parallel = bool(input_is_parallel)
+        self.sequence_parallel = bool(sequence_parallel)
+        if self.sequence_parallel and not self.input_is_parallel:
+            raise ValueError("RowParallelLinear: sequence_parallel=True needs input_is_parallel=True (the input "
+                             "comes from a column-parallel layer)")
         self.tp_size, self.tp_rank = self.process_group.size(), self.process_group.rank()
         start, end = shard_range(self.in_features, self.process_group, "RowParallelLinear: in_features")
         self.in_features_per_partition = end - start
@@ -149,22 +168,31 @@ class RowParallelLinear(Module):
         self._tp_shard_dims = {"weight": 1}
 
     @classmethod
-    def from_linear(cls, linear: Linear, process_group=None, input_is_parallel: bool = True) -> RowParallelLinear:
+    def from_linear(cls, linear: Linear, process_group=None, input_is_parallel: bool = True,
+                    sequence_parallel: bool = False) -> RowParallelLinear:
         """Shard an existing ``nn.Linear`` (its values are kept exactly)."""
         return cls(linear.in_features, linear.out_features, linear.bias is not None, input_is_parallel,
-                   process_group, _from=linear)
+                   process_group, sequence_parallel=sequence_parallel, _from=linear)
 
     def forward(self, x):
         x = x if isinstance(x, Tensor) else Tensor(x)
         if not self.input_is_parallel:
             x = scatter_to_tensor_model_parallel_region(x, self.process_group)
-        y = reduce_from_tensor_model_parallel_region(F.linear(x, self.weight), self.process_group)
-        return y + self.bias if self.bias is not None else y
+        if self.sequence_parallel:
+            y = reduce_scatter_to_sequence_parallel_region(F.linear(x, self.weight), self.process_group)
+            # each rank adds the bias to its own positions only: its gradient is partial, so "f"
+            # all-reduces it (the replicated bias then stays identical on every rank)
+            bias = None if self.bias is None else copy_to_tensor_model_parallel_region(self.bias, self.process_group)
+        else:
+            y = reduce_from_tensor_model_parallel_region(F.linear(x, self.weight), self.process_group)
+            bias = self.bias
+        return y + bias if bias is not None else y
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features} ({self.in_features_per_partition} on rank {self.tp_rank} of "
                 f"{self.tp_size}), out_features={self.out_features}, bias={self.bias is not None}, "
-                f"input_is_parallel={self.input_is_parallel}")
+                f"input_is_parallel={self.input_is_parallel}"
+                + (", sequence_parallel=True" if self.sequence_parallel else ""))
 
 
 class VocabParallelEmbedding(Module):

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from neural_arch import backend as _backend
+
 __all__ = ["ShardedArray", "full_state_dict", "load_full_state_dict", "sharded_state_dict"]
 
 
@@ -94,7 +96,7 @@ def load_full_state_dict(module, state_dict, strict: bool = True):
     specs = _shard_specs(module)
     local = OrderedDict()
     for key, value in state_dict.items():
-        value = np.asarray(value)
+        value = _backend.to_host(value)  # Tensors and device arrays too: shards are cut on the host
         if key in specs:
             dim, group = specs[key]
             n, r = group.size(), group.rank()

@@ -14,7 +14,12 @@ style                      on ``nn.Linear``      on ``nn.Embedding``
 Layouts follow torch: ``ColwiseParallel(output_layouts=Replicate())`` all-gathers its output
 (default ``Shard(-1)``: leave it sharded); ``RowwiseParallel(input_layouts=Replicate())``
 takes a full input and scatters it (default ``Shard(-1)``: the input is already this rank's
-slice). Sequence parallelism (``Shard(1)`` activations) is not implemented.
+slice). **Sequence parallelism** (activations ``(B, T, C)`` sharded on the sequence, ``Shard(1)``):
+``ColwiseParallel(input_layouts=Shard(1))`` all-gathers the sequence first,
+``RowwiseParallel(output_layouts=Shard(1))`` reduce-scatters its output along it, and
+:class:`~neural_arch.distributed.parallel.tensor_parallel.sequence_parallel.SequenceParallel`
+marks the LayerNorm/dropout modules that run on the local positions in between;
+``PrepareModuleInput`` converts a module's input layout (e.g. into the region).
 
 Example::
 
@@ -56,6 +61,10 @@ def _is_shard_last(layout) -> bool:
     return isinstance(layout, Shard) and layout.dim in (-1,)
 
 
+def _is_shard_sequence(layout) -> bool:
+    return isinstance(layout, Shard) and layout.dim == 1
+
+
 class ParallelStyle:
     """Base of the styles: ``apply(module, group) -> sharded module``."""
 
@@ -69,9 +78,9 @@ class ColwiseParallel(ParallelStyle):
     def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output: bool = True):
         self.input_layouts = input_layouts or Replicate()
         self.output_layouts = output_layouts or Shard(-1)
-        if not isinstance(self.input_layouts, Replicate):
-            raise NotImplementedError("ColwiseParallel(input_layouts=Shard(...)) is sequence parallelism, which "
-                                      "is not implemented; use the default Replicate() input")
+        if not (isinstance(self.input_layouts, Replicate) or _is_shard_sequence(self.input_layouts)):
+            raise ValueError(f"ColwiseParallel: input_layouts must be Replicate() or Shard(1) (sequence "
+                             f"parallelism), got {self.input_layouts!r}")
         if not (isinstance(self.output_layouts, Replicate) or _is_shard_last(self.output_layouts)):
             raise ValueError(f"ColwiseParallel: output_layouts must be Shard(-1) or Replicate(), got "
                              f"{self.output_layouts!r}")
@@ -79,8 +88,12 @@ class ColwiseParallel(ParallelStyle):
 
     def apply(self, module: Module, group) -> Module:
         gather = isinstance(self.output_layouts, Replicate)
+        sequence = _is_shard_sequence(self.input_layouts)
         if isinstance(module, Linear):
-            return ColumnParallelLinear.from_linear(module, group, gather_output=gather)
+            return ColumnParallelLinear.from_linear(module, group, gather_output=gather, sequence_parallel=sequence)
+        if sequence:
+            raise NotImplementedError(f"ColwiseParallel(input_layouts=Shard(1)) is implemented for nn.Linear, not "
+                                      f"{type(module).__name__}")
         if isinstance(module, SKLinear):
             from neural_arch.distributed.parallel.tensor_parallel.sketched import TensorParallelSKLinear
 
@@ -91,7 +104,7 @@ class ColwiseParallel(ParallelStyle):
         raise TypeError(f"ColwiseParallel applies to nn.Linear or SKLinear, not {type(module).__name__}")
 
     def __repr__(self) -> str:
-        return f"ColwiseParallel(output_layouts={self.output_layouts!r})"
+        return f"ColwiseParallel(input_layouts={self.input_layouts!r}, output_layouts={self.output_layouts!r})"
 
 
 class RowwiseParallel(ParallelStyle):
@@ -100,24 +113,29 @@ class RowwiseParallel(ParallelStyle):
     def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output: bool = True):
         self.input_layouts = input_layouts or Shard(-1)
         self.output_layouts = output_layouts or Replicate()
-        if not isinstance(self.output_layouts, Replicate):
-            raise NotImplementedError("RowwiseParallel(output_layouts=Shard(...)) is sequence parallelism "
-                                      "(reduce-scatter output), which is not implemented; use Replicate()")
+        if not (isinstance(self.output_layouts, Replicate) or _is_shard_sequence(self.output_layouts)):
+            raise ValueError(f"RowwiseParallel: output_layouts must be Replicate() or Shard(1) (sequence "
+                             f"parallelism), got {self.output_layouts!r}")
         if not (isinstance(self.input_layouts, Replicate) or _is_shard_last(self.input_layouts)):
             raise ValueError(f"RowwiseParallel: input_layouts must be Shard(-1) or Replicate(), got "
                              f"{self.input_layouts!r}")
         self.use_local_output = use_local_output
 
     def apply(self, module: Module, group) -> Module:
+        sequence = _is_shard_sequence(self.output_layouts)
         if isinstance(module, Linear):
             return RowParallelLinear.from_linear(module, group,
-                                                 input_is_parallel=not isinstance(self.input_layouts, Replicate))
+                                                 input_is_parallel=not isinstance(self.input_layouts, Replicate),
+                                                 sequence_parallel=sequence)
+        if sequence:
+            raise NotImplementedError("RowwiseParallel(output_layouts=Shard(1)) is implemented for nn.Linear, "
+                                      f"not {type(module).__name__}")
         if isinstance(module, Embedding):
             return VocabParallelEmbedding.from_embedding(module, group)
         raise TypeError(f"RowwiseParallel applies to nn.Linear or nn.Embedding, not {type(module).__name__}")
 
     def __repr__(self) -> str:
-        return f"RowwiseParallel(input_layouts={self.input_layouts!r})"
+        return f"RowwiseParallel(input_layouts={self.input_layouts!r}, output_layouts={self.output_layouts!r})"
 
 
 def parallelize_module(module: Module, device_mesh=None, parallelize_plan=None) -> Module:
@@ -140,8 +158,8 @@ def parallelize_module(module: Module, device_mesh=None, parallelize_plan=None) 
     names = [name for name, _ in module.named_modules() if name]
     for pattern, style in parallelize_plan.items():
         if not isinstance(style, ParallelStyle):
-            raise TypeError(f"parallelize_module: plan[{pattern!r}] must be ColwiseParallel() or "
-                            f"RowwiseParallel(), got {style!r}")
+            raise TypeError(f"parallelize_module: plan[{pattern!r}] must be a ParallelStyle (ColwiseParallel(), "
+                            f"RowwiseParallel(), SequenceParallel(), PrepareModuleInput(...)), got {style!r}")
         matches = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
         if not matches:
             raise ValueError(f"parallelize_module: plan key {pattern!r} matches no submodule of "

@@ -1,0 +1,491 @@
+#!/usr/bin/env python3
+"""Distributed checkpoint throughput against the disk, ``async_save``'s blocking time, and recovery time.
+
+Four measurements, one run, the same disk (``--dir``, default a fresh folder in the system
+temporary directory):
+
+1. **The disk itself**, ``dd``-style: write ``--disk-mb`` of incompressible bytes in 16 MiB blocks
+   and ``fsync``; then read them back twice: *cold* after ``posix_fadvise(POSIX_FADV_DONTNEED)``
+   (which drops a file's clean pages from the page cache without root; ``echo 3 >
+   /proc/sys/vm/drop_caches`` would need root, so the whole-cache drop is not used), and *cached*;
+   and cold into a file-sized buffer (*placed*, see :func:`disk_speed`). Measured before and after
+   the DCP runs; the reference is the median of all those samples (the shared disk drifts).
+2. **DCP save / load** (``neural_arch.distributed.checkpoint``) of a GPT-shaped float32 state dict
+   of ``--model-mb`` on N = 1, 2, 4 ranks (gloo, real processes): ``save`` of a replicated (DDP)
+   state dict (each chunk written once, round-robin over the ranks, fsynced, committed), and
+   ``load`` into a row-sharded layout (each rank reads 1/N, checksums verified) cold (the
+   checkpoint's pages dropped as above) and cached, plus a cold load with ``verify=False`` (what
+   the CRC pass costs). The load target is an initialised model (every page touched), as when
+   training resumes. Throughput = checkpoint bytes / wall time between barriers.
+3. **async_save vs save**: how long the training loop is blocked (the call's return) by
+   ``async_save`` (plan exchange + staging copy) versus a whole ``save``; the first call (which
+   allocates the staging buffers) is reported apart from the steady state (which reuses them).
+4. **Recovery**: a DDP job under ``python -m neural_arch.distributed.launcher`` that saves a DCP
+   checkpoint every few steps has rank 1 SIGKILLed; measured from the kill to the first training
+   step after it. (a) *same size*: ``--max_restarts 1`` restarts all ranks at the same world size
+   by itself. (b) *new size, 4 -> 2*: the launcher does not re-form a world at a different size
+   (``--nnodes MIN:MAX`` is not implemented), so this benchmark plays the operator: it waits for
+   the failed launcher to exit and starts a 2-rank one, which loads the 4-rank checkpoint. Both
+   are split into *detect* (kill -> the launcher's restart line / exit) and *restart* (-> first step).
+
+Goals (issue 15): save/load >= 0.7x the disk's sequential speed; async_save blocks <= 10% of save;
+training again <= 5 s after the failure is detected.
+
+Run::
+
+    python benchmarks/bench_checkpoint.py              # ~200 MB model, N = 1, 2, 4; ~3 minutes
+    python benchmarks/bench_checkpoint.py --quick      # 64 MB, N = 1, 2, shorter recovery runs
+    python benchmarks/bench_checkpoint.py --dir /mnt/nvme/tmp --model-mb 512
+
+Writes ``benchmarks/results/bench_checkpoint.{json,txt}``. The machine is shared and small
+(2 cores, a virtual disk): numbers are medians of a few repetitions, and ratios from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run from a checkout without `pip install -e .`
+    sys.path.insert(0, ROOT)
+
+import numpy as np
+
+from benchmarks._common import format_table, write_json
+
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+BLOCK = 16 * 2**20
+
+
+# ------------------------------------------------------------------------------- page cache
+def drop_file_cache(path: str) -> None:
+    """Evict one file's clean pages (POSIX_FADV_DONTNEED: no root needed; dirty pages stay)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def drop_tree_cache(directory: str) -> None:
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            drop_file_cache(path)
+
+
+def _read_all(path: str) -> int:
+    buf = bytearray(BLOCK)
+    n = 0
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            got = f.readinto(buf)
+            if not got:
+                return n
+            n += got
+
+
+def _read_placed(path: str, out: np.ndarray) -> None:
+    """Read the file into ``out`` (its own place for every byte), 16 MiB per call."""
+    view = memoryview(out)
+    with open(path, "rb", buffering=0) as f:
+        for at in range(0, len(view), BLOCK):
+            f.readinto(view[at:at + BLOCK])
+
+
+def disk_speed(directory: str, nbytes: int, repeat: int = 3) -> dict:
+    """dd-style sequential write (+fsync) and read (cold after fadvise, then cached), GB/s medians.
+
+    Also a cold read into a file-sized buffer (already touched) rather than dd's one reused
+    16 MiB buffer: a load must put every byte in its own place, which costs memory bandwidth
+    that dd's number does not include (a reference, not the goal's denominator).
+    """
+    block = np.random.default_rng(0).integers(0, 256, BLOCK, dtype=np.uint8).tobytes()  # incompressible
+    path = os.path.join(directory, "dd.bin")
+    placed = np.ones(nbytes, dtype=np.uint8)
+    w, rc, rw, rp = [], [], [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            left = nbytes
+            while left > 0:
+                left -= os.write(fd, block[:min(left, BLOCK)])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        w.append(nbytes / (time.perf_counter() - t0) / 1e9)
+        drop_file_cache(path)
+        t0 = time.perf_counter()
+        _read_all(path)
+        rc.append(nbytes / (time.perf_counter() - t0) / 1e9)
+        t0 = time.perf_counter()
+        _read_all(path)
+        rw.append(nbytes / (time.perf_counter() - t0) / 1e9)
+        drop_file_cache(path)
+        t0 = time.perf_counter()
+        _read_placed(path, placed)
+        rp.append(nbytes / (time.perf_counter() - t0) / 1e9)
+        os.unlink(path)
+    return {"bytes": nbytes, "write_gbs": statistics.median(w), "read_cold_gbs": statistics.median(rc),
+            "read_cached_gbs": statistics.median(rw), "read_cold_placed_gbs": statistics.median(rp),
+            "all": {"write": w, "read_cold": rc, "read_cached": rw, "read_cold_placed": rp}}
+
+
+def merge_disk(a: dict, b: dict) -> dict:
+    """Two ``disk_speed`` results as one: every sample kept, medians over all of them."""
+    every = {k: a["all"][k] + b["all"][k] for k in a["all"]}
+    names = {"write": "write_gbs", "read_cold": "read_cold_gbs", "read_cached": "read_cached_gbs",
+             "read_cold_placed": "read_cold_placed_gbs"}
+    return {"bytes": a["bytes"], **{names[k]: statistics.median(v) for k, v in every.items()}, "all": every}
+
+
+# ------------------------------------------------------------------------------- rank side
+def gpt_shapes(target_bytes: int, n_layer: int = 8) -> dict:
+    """Parameter shapes of a GPT (vocab 32000, C chosen so float32 params ~ target_bytes)."""
+    vocab, per_c2 = 32000, 12 * n_layer
+    # bytes ~ 4 * (per_c2 * C^2 + 2 * vocab * C): solve for C, round to a multiple of 64
+    a, b, c = 4 * per_c2, 8 * vocab, -float(target_bytes)
+    C = max(64, int((-b + (b * b - 4 * a * c) ** 0.5) / (2 * a)) // 64 * 64)
+    shapes = {"tok_emb.weight": (vocab, C), "pos_emb.weight": (1024, C)}
+    for i in range(n_layer):
+        p = f"blocks.{i}."
+        shapes.update({p + "ln1.weight": (C,), p + "ln1.bias": (C,), p + "attn.in_proj.weight": (3 * C, C),
+                       p + "attn.in_proj.bias": (3 * C,), p + "attn.out_proj.weight": (C, C),
+                       p + "attn.out_proj.bias": (C,), p + "ln2.weight": (C,), p + "ln2.bias": (C,),
+                       p + "mlp.fc1.weight": (4 * C, C), p + "mlp.fc1.bias": (4 * C,),
+                       p + "mlp.fc2.weight": (C, 4 * C), p + "mlp.fc2.bias": (C,)})
+    shapes.update({"ln_f.weight": (C,), "ln_f.bias": (C,), "head.weight": (vocab, C)})
+    return shapes
+
+
+def _rank_fn(cfg: dict) -> dict:
+    import neural_arch.distributed as dist
+    import neural_arch.distributed.checkpoint as dcp
+    from neural_arch.distributed.checkpoint import ShardedArray
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rng = np.random.default_rng(0)           # same values on every rank: a replicated (DDP) state
+    shapes = gpt_shapes(cfg["model_bytes"])
+    state = {"model": {k: rng.random(s, dtype=np.float32) for k, s in shapes.items()}, "step": 7}
+    nbytes = sum(a.nbytes for a in state["model"].values())
+    base = os.path.join(cfg["dir"], f"dcp_n{world}")
+
+    def timed(fn) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        dist.barrier()
+        return time.perf_counter() - t0
+
+    save_t = []
+    for rep in range(cfg["repeat"]):
+        path = f"{base}_save{rep}"
+        save_t.append(timed(lambda p=path: dcp.save(state, p)))
+        if rep:                              # keep the first for loading; the others only cost disk
+            dist.barrier()
+            if rank == 0:
+                shutil.rmtree(path, ignore_errors=True)
+    ckpt = f"{base}_save0"
+
+    def sharded_target():
+        out = {}
+        for k, s in shapes.items():
+            bounds = np.linspace(0, s[0], world + 1).astype(int)
+            lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+            # An initialised model's memory (np.full writes every page), as when training resumes:
+            # first-touch page faults of fresh memory are the allocation's cost, not the load's.
+            local = np.full((hi - lo,) + tuple(s[1:]), 0.0, np.float32)
+            out[k] = ShardedArray(local, s, offsets=(lo,) + (0,) * (len(s) - 1))
+        return {"model": out, "step": 0}
+
+    cold_t, warm_t, nover_t = [], [], []
+    for _ in range(cfg["repeat"]):
+        target = sharded_target()
+        if rank == 0:
+            drop_tree_cache(ckpt)
+        cold_t.append(timed(lambda t=target: dcp.load(t, ckpt)))
+        warm_t.append(timed(lambda t=target: dcp.load(t, ckpt)))
+        if rank == 0:
+            drop_tree_cache(ckpt)
+        # the same cold load without checking the CRCs: what the checksum pass costs
+        nover_t.append(timed(lambda t=target: dcp.load(t, ckpt, verify=False)))
+    # spot check: this rank's rows equal what was saved
+    k0 = "blocks.0.mlp.fc1.weight"
+    t = target["model"][k0]
+    assert np.array_equal(t.local, state["model"][k0][t.offsets[0]:t.offsets[0] + t.local.shape[0]])
+    assert target["step"] == 7
+
+    block_async, total_async = [], []
+    for rep in range(-1, cfg["repeat"]):    # rep -1: the first call (allocates the staging buffers)
+        path = f"{base}_async{rep}"
+        dist.barrier()
+        t0 = time.perf_counter()
+        fut = dcp.async_save(state, path)
+        blocked = time.perf_counter() - t0          # the training loop is free again here
+        fut.result()
+        dist.barrier()
+        if rep < 0:
+            first_async = blocked
+        else:
+            block_async.append(blocked)
+            total_async.append(time.perf_counter() - t0)
+        if rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(ckpt, ignore_errors=True)
+    return {"world": world, "bytes": nbytes, "save_s": save_t, "load_cold_s": cold_t, "load_cached_s": warm_t,
+            "load_cold_noverify_s": nover_t, "async_block_s": block_async, "async_total_s": total_async,
+            "async_first_block_s": first_async}
+
+
+# ------------------------------------------------------------------------------- recovery worker
+def worker(argv) -> int:
+    """A DDP training job saving a DCP checkpoint every ``--save-every`` steps (run by the launcher)."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--steplog", required=True)
+    p.add_argument("--steps", type=int, default=10_000)
+    p.add_argument("--save-every", type=int, default=5)
+    args = p.parse_args(argv)
+    import neural_arch.distributed as dist
+    import neural_arch.distributed.checkpoint as dcp
+    import neural_arch.functional as F
+    from neural_arch import nn, optim
+    from neural_arch.core.tensor import Tensor, manual_seed
+    from neural_arch.distributed.run.elastic import restart_count
+
+    dist.init_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+    ddp = dist.DistributedDataParallel(model)
+    opt = optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
+    state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": 0}
+    start = 0
+    if os.path.exists(os.path.join(args.ckpt, ".metadata")):
+        dcp.load(state, args.ckpt)                 # saved by any world size: a replicated state loads anywhere
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+        start = int(state["step"])
+    rng = np.random.default_rng(rank)
+    attempt = restart_count()
+    for step in range(start + 1, args.steps + 1):
+        x = rng.standard_normal((32, 64)).astype(np.float32)
+        F.mse_loss(ddp(Tensor(x)), Tensor(x)).backward()
+        opt.step()
+        opt.zero_grad()
+        with open(args.steplog, "a") as f:        # one short line: appends of < PIPE_BUF do not interleave
+            f.write(f"{rank} {step} {world} {attempt} {time.time():.6f}\n")
+        if step % args.save_every == 0:
+            dcp.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step}, args.ckpt)
+    dist.destroy_process_group()
+    return 0
+
+
+def _steps(path: str) -> list[tuple]:
+    try:
+        with open(path) as f:
+            return [(int(a), int(b), int(c), int(d), float(e)) for a, b, c, d, e in
+                    (line.split() for line in f if len(line.split()) == 5)]
+    except FileNotFoundError:
+        return []
+
+
+def _launch(nproc: int, max_restarts: int, ckpt: str, steplog: str, log) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "neural_arch.distributed.launcher", "--standalone", "--nproc_per_node", str(nproc),
+           "--max_restarts", str(max_restarts), os.path.abspath(__file__), "--worker", "--ckpt", ckpt,
+           "--steplog", steplog]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _wait_for(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.005)
+    raise TimeoutError(f"recovery benchmark: {what} did not happen within {timeout:.0f} s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=20)
+
+
+def recovery(directory: str, from_n: int, to_n: int, warm_steps: int, timeout: float = 120.0) -> dict:
+    """SIGKILL rank 1 of a ``from_n``-rank job; time until a step at ``to_n`` ranks after the kill."""
+    from benchmarks.bench_recovery import _rank_pid
+
+    tag = f"rec_{from_n}to{to_n}"
+    ckpt, steplog = os.path.join(directory, tag + "_ckpt"), os.path.join(directory, tag + "_steps.txt")
+    logpath = os.path.join(directory, tag + "_launcher.log")
+    same = from_n == to_n
+    with open(logpath, "wb") as log:
+        proc = _launch(from_n, 1 if same else 0, ckpt, steplog, log)
+        second = None
+        try:
+            # past a committed checkpoint, every rank training
+            _wait_for(lambda: os.path.exists(os.path.join(ckpt, ".metadata"))
+                      and sum(1 for r in _steps(steplog) if r[1] >= warm_steps) >= from_n, timeout, "warm-up")
+            pid = _wait_for(lambda: _rank_pid(proc.pid, 1), 10, "finding rank 1")
+            t_kill = time.time()
+            os.kill(pid, signal.SIGKILL)
+            if same:
+                def restarted():
+                    with open(logpath, "rb") as f:
+                        return b"restart" in f.read().lower() and time.time()
+                t_detect = _wait_for(restarted, timeout, "the launcher's restart")
+                first = _wait_for(lambda: [r for r in _steps(steplog) if r[3] >= 1], timeout, "a step after restart")
+            else:
+                proc.wait(timeout=timeout)          # the launcher tears the job down and exits
+                t_detect = time.time()
+                second = _launch(to_n, 0, ckpt, steplog, log)
+                first = _wait_for(lambda: [r for r in _steps(steplog) if r[2] == to_n], timeout,
+                                  f"a step at world size {to_n}")
+            t_first = min(r[4] for r in first)
+            resumed_at = min(r[1] for r in first)
+        except TimeoutError as exc:
+            log.flush()
+            with open(logpath, "rb") as f:
+                tail = f.read()[-1500:].decode(errors="replace")
+            raise TimeoutError(f"{exc}; the launcher's output ends with:\n{tail}") from None
+        finally:
+            _stop(proc)
+            if second is not None:
+                _stop(second)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return {"from": from_n, "to": to_n, "automatic": same, "detect_s": t_detect - t_kill,
+            "restart_s": t_first - t_detect, "total_s": t_first - t_kill, "resumed_at_step": resumed_at}
+
+
+# ------------------------------------------------------------------------------- main
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--worker":
+        return worker(argv[1:])
+    from neural_arch.distributed.testing import RankPool
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", type=int, nargs="*", default=None, help="world sizes (default 1 2 4; --quick 1 2)")
+    p.add_argument("--model-mb", type=float, default=192.0)
+    p.add_argument("--disk-mb", type=float, default=None, help="dd file size (default: the model size)")
+    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--trials", type=int, default=1, help="recovery trials per scenario")
+    p.add_argument("--no-recovery", action="store_true")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--dir", default=None, help="where to write (default: a new folder in the temp dir)")
+    p.add_argument("--out", default=os.path.join(RESULTS, "bench_checkpoint"), help="path stem for .json/.txt")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.model_mb, args.repeat = 64.0, 2
+    ranks = args.ranks or ([1, 2] if args.quick else [1, 2, 4])
+    directory = tempfile.mkdtemp(prefix="bench_ckpt_", dir=args.dir)
+    try:
+        disk = disk_speed(directory, int((args.disk_mb or args.model_mb) * 2**20), repeat=args.repeat)
+        print(f"disk ({directory}): write+fsync {disk['write_gbs']:.2f} GB/s, read cold (fadvise DONTNEED) "
+              f"{disk['read_cold_gbs']:.2f} GB/s, read cached {disk['read_cached_gbs']:.2f} GB/s", flush=True)
+        cfg = {"model_bytes": int(args.model_mb * 2**20), "dir": directory, "repeat": args.repeat}
+        dcp_rows = []
+        for n in ranks:
+            with RankPool(n, backend="gloo", timeout=600.0) as pool:
+                r = pool.run(_rank_fn, cfg, timeout=600.0)[0]
+            gb = r["bytes"] / 1e9
+            med = {k: statistics.median(r[k]) for k in ("save_s", "load_cold_s", "load_cached_s", "async_block_s",
+                                                         "async_total_s", "load_cold_noverify_s")}
+            dcp_rows.append({"N": n, "bytes": r["bytes"], **med, "save_gbs": gb / med["save_s"],
+                             "load_cold_gbs": gb / med["load_cold_s"], "load_cached_gbs": gb / med["load_cached_s"],
+                             "load_cold_noverify_gbs": gb / med["load_cold_noverify_s"],
+                             "async_first_block_s": r["async_first_block_s"], "raw": r})
+            print(f"  N = {n} done", flush=True)
+        # The shared disk's speed drifts over minutes: measure it again after the DCP runs and
+        # use the medians of all the samples as the reference.
+        disk = merge_disk(disk, disk_speed(directory, disk["bytes"], repeat=args.repeat))
+        print(f"disk, before and after: write+fsync {disk['write_gbs']:.2f} GB/s, read cold "
+              f"{disk['read_cold_gbs']:.2f} GB/s, read cached {disk['read_cached_gbs']:.2f} GB/s", flush=True)
+        rec = []
+        if not args.no_recovery:
+            scen = [(2, 2), (2, 1)] if args.quick else [(2, 2), (4, 2)]
+            for a, b in scen:
+                for _ in range(args.trials):
+                    try:
+                        rec.append(recovery(directory, a, b, warm_steps=6))
+                        print(f"  recovery {a} -> {b} done", flush=True)
+                    except Exception as exc:  # noqa: BLE001 - keep the throughput results of this run
+                        rec.append({"from": a, "to": b, "error": f"{type(exc).__name__}: {exc}"})
+                        print(f"  recovery {a} -> {b} FAILED: {exc}", flush=True)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+    mb = dcp_rows[0]["bytes"] / 2**20 if dcp_rows else 0
+    head = (f"GPT-shaped float32 state dict of {mb:.0f} MiB; gloo; {os.cpu_count()} cpu(s), shared machine; "
+            f"medians of {args.repeat} (disk: of {2 * args.repeat}, measured before and after)")
+    t1 = format_table([[r["N"], r["save_gbs"], r["save_gbs"] / disk["write_gbs"], r["load_cold_gbs"],
+                        r["load_cold_gbs"] / disk["read_cold_gbs"],
+                        r["load_cold_gbs"] / disk["read_cold_placed_gbs"],
+                        r["load_cold_noverify_gbs"] / disk["read_cold_gbs"], r["load_cached_gbs"],
+                        r["load_cached_gbs"] / disk["read_cached_gbs"], 1e3 * r["save_s"],
+                        1e3 * r["async_first_block_s"], 1e3 * r["async_block_s"],
+                        r["async_block_s"] / r["save_s"]] for r in dcp_rows],
+                      ["N", "save GB/s", "/ disk write", "load cold GB/s", "/ disk cold read",
+                       "/ placed cold read", "no-verify / cold read", "load cached GB/s", "/ cached read", "save ms",
+                       "first async_save blocks ms", "async_save blocks ms", "async / save"])
+    disk_line = (f"disk: write+fsync {disk['write_gbs']:.2f} GB/s, read cold {disk['read_cold_gbs']:.2f} GB/s, "
+                 f"read cached {disk['read_cached_gbs']:.2f} GB/s ({disk['bytes'] / 2**20:.0f} MiB file); "
+                 f"read cold into a file-sized buffer ('placed') {disk['read_cold_placed_gbs']:.2f} GB/s")
+    t2 = format_table([[f"{r['from']} -> {r['to']}", "launcher --max_restarts 1" if r["automatic"]
+                        else "operator: new launcher", r["detect_s"], r["restart_s"], r["total_s"], r["resumed_at_step"]]
+                       for r in rec if "error" not in r],
+                      ["world", "how", "detect s", "restart -> first step s", "kill -> first step s", "resumed at step"])
+    goals = []
+    for r in dcp_rows:
+        goals.append({"N": r["N"], "goal": "save >= 0.7x disk write", "ratio": r["save_gbs"] / disk["write_gbs"]})
+        goals.append({"N": r["N"], "goal": "cold load >= 0.7x disk cold read",
+                      "ratio": r["load_cold_gbs"] / disk["read_cold_gbs"]})
+        goals.append({"N": r["N"], "goal": "async_save blocks <= 0.1x save", "ratio": r["async_block_s"] / r["save_s"]})
+    for g in goals:
+        g["met"] = g["ratio"] <= 0.1 if g["goal"].startswith("async") else g["ratio"] >= 0.7
+    for r in rec:
+        if "error" in r:
+            t2 += f"\n{r['from']} -> {r['to']}: failed: {r['error']}"
+            continue
+        goals.append({"goal": f"training again <= 5 s after detection ({r['from']} -> {r['to']})",
+                      "ratio": r["restart_s"], "met": r["restart_s"] <= 5.0})
+    glines = [f"{'N=' + str(g['N']) + ': ' if 'N' in g else ''}{g['goal']}: {g['ratio']:.2f} -> "
+              f"{'met' if g['met'] else 'NOT met'}" for g in goals]
+    text = "\n".join([head, disk_line, "", t1, "", t2, "", "Goals (issue 15):"] + glines)
+    print("\n" + text)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    write_json(args.out + ".json", {"disk": disk, "dcp": dcp_rows, "recovery": rec, "goals": goals,
+                                    "config": {"model_mb": args.model_mb, "repeat": args.repeat, "ranks": ranks},
+                                    "note": "shared 2-core VM; cold reads use posix_fadvise(DONTNEED) per file "
+                                            "(dropping the whole page cache needs root); N=4 oversubscribes the cores; "
+                                            "world-size change is operator-driven (the launcher has no --nnodes MIN:MAX)"})
+    with open(args.out + ".txt", "w") as fh:
+        fh.write(text + "\n")
+    print(f"\nwrote {args.out}.json, .txt")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+#!/usr/bin/env python3
+"""Peak memory per rank of a GPT under DDP, ZeRO-1, ZeRO-2, FSDP and FSDP + activation checkpointing.
+
+For N = 1, 2, 4 ranks (gloo, real processes on one host, started by ``RankPool``) every strategy
+trains the same ``nn.GPT`` (sized so that parameters, not activations, dominate) with Adam, and
+every rank reports, from :mod:`neural_arch.memory` (``tracemalloc`` on NumPy):
+
+* ``params`` / ``grads`` / ``optim``: bytes of the parameter, gradient and optimizer-state arrays
+  this rank holds after backward (counted from the arrays themselves; zero-strided placeholders
+  of freed FSDP parameters count as nothing);
+* ``held after fwd``: bytes the forward pass leaves alive for backward (activations, and under
+  FSDP without checkpointing also the gathered parameters the graph keeps: see below);
+* ``peak``: ``max_memory_allocated()`` over one whole step (forward, backward, optimizer step),
+  from ``reset_peak_memory_stats()`` before the forward, minus what was allocated before the
+  model was built: everything the rank held at its worst moment, communication buffers included;
+* ``step ms``: median step time with tracing **off** (a separate pass: tracing slows allocation),
+  and its ratio to DDP at the same N.
+
+Strategies: ``DDP`` (default buckets, a separate bucket copy of the gradients), ``ZeRO-1``
+(DDP + ``ZeroRedundancyOptimizer``), ``ZeRO-2`` (``ZeroRedundancyOptimizer(stage=2)``, no DDP),
+``FSDP`` (FULL_SHARD, one unit per ``TransformerBlock`` + the root), ``FSDP+AC`` (the same with
+every block checkpointed), and ``DDP+AC`` (a clean activation-checkpointing comparison: DDP
+keeps no gathered parameters in its graph).
+
+The issue's goals, checked at the end of the run and written to the JSON:
+
+1. FSDP's peak per rank <= DDP's model-state bytes (params + grads + Adam) / N + the largest unit
+   (within 10%). FULL_SHARD frees a unit after its forward and re-gathers it before its backward
+   into a shared buffer (the saved views read it; see ``parallel/sharded/unit.py``), with torch's
+   default ``backward_prefetch=BACKWARD_PRE`` (two block buffers). What the bound leaves out and
+   a rank must still hold at the peak (in backward): the unit's flat gradient for the
+   reduce-scatter, the root unit (embeddings/head: gathered, and its gradient accumulating, for
+   the whole backward), the prefetched unit and the activations; at this model size these
+   are several "largest units", so the ratio stays above 1.1 (see the report in docs/benchmarks.md).
+2. ZeRO-1's optimizer state per rank = DDP's / N within 5% (greedy whole-parameter partition:
+   the worst rank is reported).
+3. Activation checkpointing cuts the memory held after forward >= 2x for <= 1.4x step time.
+
+Run::
+
+    python benchmarks/bench_memory.py                # N = 1, 2, 4; ~2-3 minutes on 2 cores
+    python benchmarks/bench_memory.py --quick        # smaller GPT, N = 1, 2
+    python benchmarks/bench_memory.py --ranks 2 --n-embd 256 --steps 5
+
+Writes ``benchmarks/results/bench_memory.{json,txt,png}``. Step times oversubscribe the cores at
+N = 4 on a 2-core machine: read them as ratios within one N, not as scaling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run from a checkout without `pip install -e .`
+    sys.path.insert(0, ROOT)
+
+from benchmarks._common import format_table, write_json
+
+STRATEGIES = ("DDP", "ZeRO-1", "ZeRO-2", "FSDP", "FSDP+AC", "DDP+AC")
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+
+
+# ---------------------------------------------------------------------------------- rank side
+def _real_nbytes(a) -> int:
+    """Bytes an array really occupies: a zero-strided placeholder (a freed FSDP parameter) is ~0."""
+    if a is None:
+        return 0
+    if a.size and any(s == 0 for s in a.strides):
+        return a.dtype.itemsize
+    return int(a.nbytes)
+
+
+def _build(strategy: str, cfg: dict):
+    """(module to call, optimizer, model, trainable tensors) for one strategy, from seed 0."""
+    import neural_arch.distributed as dist
+    from neural_arch import nn, optim
+    from neural_arch.core.tensor import manual_seed
+    from neural_arch.distributed.fsdp import FullyShardedDataParallel, ModuleWrapPolicy
+    from neural_arch.distributed.optim import ZeroRedundancyOptimizer
+    from neural_arch.utils.checkpoint import apply_activation_checkpointing
+
+    manual_seed(0)
+    model = nn.GPT(vocab_size=cfg["vocab"], block_size=cfg["seq"], n_layer=cfg["n_layer"], n_head=cfg["n_head"],
+                   n_embd=cfg["n_embd"])
+    if strategy.endswith("+AC"):
+        apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, nn.TransformerBlock))
+    if strategy in ("DDP", "DDP+AC"):
+        wrapped = dist.DistributedDataParallel(model)
+        opt = optim.Adam(wrapped.parameters(), lr=1e-4)
+    elif strategy == "ZeRO-1":
+        wrapped = dist.DistributedDataParallel(model)
+        opt = ZeroRedundancyOptimizer(wrapped.parameters(), optim.Adam, lr=1e-4)
+    elif strategy == "ZeRO-2":
+        wrapped = model
+        opt = ZeroRedundancyOptimizer(model.parameters(), optim.Adam, stage=2, lr=1e-4)
+    else:
+        wrapped = FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({nn.TransformerBlock}))
+        opt = optim.Adam(wrapped.parameters(), lr=1e-4)
+    inner = getattr(opt, "optim", None) or opt      # ZeRO steps an inner optimizer on its shard
+    tensors = {id(p): p for p in list(model.parameters()) + list(wrapped.parameters())
+               + [p for g in (inner.param_groups if inner is not None else []) for p in g["params"]]}
+    return wrapped, opt, inner, model, list(tensors.values())
+
+
+def _state_bytes(inner) -> int:
+    if inner is None:
+        return 0
+    return sum(_real_nbytes(v) for p in inner.state for v in inner.state[p].values() if hasattr(v, "strides"))
+
+
+def _batch(cfg: dict, rank: int):
+    import numpy as np
+
+    rng = np.random.default_rng(1000 + rank)
+    B, T = cfg["batch"], cfg["seq"]
+    return rng.integers(0, cfg["vocab"], size=(B, T)), rng.integers(0, cfg["vocab"], size=(B * T,))
+
+
+def _loss(wrapped, x, y, vocab: int):
+    import neural_arch.functional as F
+    from neural_arch.core.tensor import Tensor
+
+    logits = wrapped(Tensor(x))
+    b, t, v = logits.shape
+    return F.cross_entropy(logits.reshape(b * t, v), y)
+
+
+def _time_all(strategies: list[str], cfg: dict) -> dict:
+    """Median step time (s) per strategy, tracing off; the strategies take turns step by step, so
+    load from other processes on a shared machine hits them all alike."""
+    import time
+
+    import numpy as np
+
+    import neural_arch.distributed as dist
+
+    built = {s: _build(s, cfg)[:2] for s in strategies}
+    x, y = _batch(cfg, dist.get_rank())
+    times: dict = {s: [] for s in strategies}
+    for step in range(cfg["steps"] + 1):
+        for s, (wrapped, opt) in built.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            _loss(wrapped, x, y, cfg["vocab"]).backward()
+            opt.step()
+            opt.zero_grad()
+            if step:                            # step 0 warms up (and allocates Adam's state)
+                times[s].append(time.perf_counter() - t0)
+    return {s: float(np.median(t)) for s, t in times.items()}
+
+
+def _memory_pass(strategy: str, cfg: dict) -> dict:
+    import gc
+
+    import neural_arch.distributed as dist
+    from neural_arch import memory, nn
+
+    gc.collect()
+    memory.stop()
+    memory.start()                              # trace from here: the model is built under tracing
+    base = memory.memory_allocated()
+    wrapped, opt, inner, model, tensors = _build(strategy, cfg)
+    x, y = _batch(cfg, dist.get_rank())
+    _loss(wrapped, x, y, cfg["vocab"]).backward()   # warm-up step: Adam allocates its state here
+    opt.step()
+    opt.zero_grad()
+    gc.collect()
+    dist.barrier()
+    # One step in three phases; resetting the peak between them keeps the overall peak (the max
+    # of the three) and tells which phase sets it.
+    memory.reset_peak_memory_stats()
+    before = memory.memory_allocated()
+    loss = _loss(wrapped, x, y, cfg["vocab"])
+    after_fwd = memory.memory_allocated()
+    peak_fwd = memory.max_memory_allocated()
+    memory.reset_peak_memory_stats()
+    loss.backward()
+    del loss
+    peak_bwd = memory.max_memory_allocated()
+    grads = sum(_real_nbytes(p.grad.data) for p in tensors if p.grad is not None)
+    memory.reset_peak_memory_stats()
+    opt.step()
+    peak_step = memory.max_memory_allocated()
+    peak = max(peak_fwd, peak_bwd, peak_step)
+    params = sum(_real_nbytes(p.data) for p in tensors)
+    optim_bytes = _state_bytes(inner)
+    opt.zero_grad()
+    stats = memory.stats()
+    memory.stop()
+    block = max(sum(p.data.nbytes for p in m.parameters()) for m in model.modules()
+                if isinstance(m, nn.TransformerBlock))
+    in_blocks = {id(p) for m in model.modules() if isinstance(m, nn.TransformerBlock) for p in m.parameters()}
+    root = sum(p.data.nbytes for p in model.parameters() if id(p) not in in_blocks) if strategy.startswith("FSDP") \
+        else 0
+    return {"params": params, "grads": grads, "optim": optim_bytes, "held_after_fwd": after_fwd - before,
+            "peak": peak - base, "resident_before_step": before - base,
+            "peak_phase": {"forward": peak_fwd - base, "backward": peak_bwd - base, "optimizer": peak_step - base}, "largest_unit": max(block, root),
+            "tracer": stats["backend"]}
+
+
+def _rank_fn(strategies: list[str], cfg: dict) -> dict:
+    import neural_arch.distributed as dist
+
+    out = {s: _memory_pass(s, cfg) for s in strategies}
+    for s, t in _time_all(strategies, cfg).items():
+        out[s].update(step_s=t, rank=dist.get_rank())
+    return out
+
+
+# ---------------------------------------------------------------------------------- report
+def _mib(b) -> float:
+    return b / 2**20
+
+
+def _goals(results: dict) -> list[dict]:
+    goals = []
+    for n, per in results.items():
+        ddp = per.get("DDP")
+        if ddp is None:
+            continue
+        model_state = ddp["params"] + ddp["grads"] + ddp["optim"]
+        for s in ("FSDP", "FSDP+AC"):
+            if s in per:
+                bound = model_state / n + per[s]["largest_unit"]
+                goals.append({"goal": f"{s} peak <= DDP model state / N + largest unit (10%)", "N": n,
+                              "measured_mib": _mib(per[s]["peak"]), "bound_mib": _mib(bound),
+                              "ratio": per[s]["peak"] / bound, "met": per[s]["peak"] <= 1.10 * bound})
+        if "ZeRO-1" in per:
+            want = ddp["optim"] / n
+            goals.append({"goal": "ZeRO-1 optimizer state per rank = DDP's / N (5%)", "N": n,
+                          "measured_mib": _mib(per["ZeRO-1"]["optim"]), "bound_mib": _mib(want),
+                          "ratio": per["ZeRO-1"]["optim"] / want,
+                          "met": abs(per["ZeRO-1"]["optim"] / want - 1) <= 0.05})
+        for plain, ac in (("DDP", "DDP+AC"), ("FSDP", "FSDP+AC")):
+            if plain in per and ac in per:
+                cut = per[plain]["held_after_fwd"] / max(1, per[ac]["held_after_fwd"])
+                slow = per[ac]["step_s"] / per[plain]["step_s"]
+                goals.append({"goal": f"{ac}: memory held after forward cut >= 2x vs {plain}, step <= 1.4x", "N": n,
+                              "cut": cut, "time_ratio": slow, "met": cut >= 2.0 and slow <= 1.4})
+    return goals
+
+
+def _plot(results: dict, path: str) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import numpy as np
+    except ImportError:
+        return None
+    ns = sorted(results)
+    strategies = [s for s in STRATEGIES if all(s in results[n] for n in ns)]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / max(1, len(ns))
+    x = np.arange(len(strategies))
+    for i, n in enumerate(ns):
+        peaks = [_mib(results[n][s]["peak"]) for s in strategies]
+        rel = [results[n][s]["step_s"] / results[n]["DDP"]["step_s"] for s in strategies]
+        axes[0].bar(x + i * width, peaks, width, label=f"N = {n}")
+        axes[1].bar(x + i * width, rel, width, label=f"N = {n}")
+    for ax, title in ((axes[0], "peak memory per rank (MiB, worst rank)"), (axes[1], "step time / DDP (same N)")):
+        ax.set_xticks(x + width * (len(ns) - 1) / 2)
+        ax.set_xticklabels(strategies, rotation=20)
+        ax.set_title(title)
+        ax.legend()
+    axes[1].axhline(1.0, color="gray", lw=0.8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None) -> int:
+    from neural_arch.distributed.testing import RankPool
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", type=int, nargs="*", default=None, help="world sizes (default 1 2 4; --quick: 1 2)")
+    p.add_argument("--strategies", nargs="*", default=list(STRATEGIES), choices=STRATEGIES)
+    p.add_argument("--vocab", type=int, default=2048)
+    p.add_argument("--seq", type=int, default=16)
+    p.add_argument("--n-layer", type=int, default=4)
+    p.add_argument("--n-head", type=int, default=6)
+    p.add_argument("--n-embd", type=int, default=384)
+    p.add_argument("--batch", type=int, default=2, help="sequences per rank per step")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per strategy (after one warm-up)")
+    p.add_argument("--quick", action="store_true", help="a smaller GPT on 1 and 2 ranks")
+    p.add_argument("--out", default=os.path.join(RESULTS, "bench_memory"), help="path stem for .json/.txt/.png")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.n_embd, args.n_layer, args.vocab, args.steps = 192, 2, 1024, 2
+    ranks = args.ranks or ([1, 2] if args.quick else [1, 2, 4])
+    cfg = {k: getattr(args, k) for k in ("vocab", "seq", "n_layer", "n_head", "n_embd", "batch", "steps")}
+    header = (f"GPT vocab={args.vocab} seq={args.seq} n_layer={args.n_layer} n_head={args.n_head} "
+              f"n_embd={args.n_embd}, batch {args.batch}/rank, float32, Adam; gloo on {os.cpu_count()} cpu(s); "
+              f"memory from tracemalloc (neural_arch.memory), worst rank")
+    print(header, flush=True)
+
+    results: dict[int, dict] = {}
+    per_rank: dict[int, list] = {}
+    for n in ranks:
+        with RankPool(n, backend="gloo", timeout=900.0) as pool:
+            out = pool.run(_rank_fn, args.strategies, cfg, timeout=900.0)
+        per_rank[n] = out
+        # the worst rank of each quantity (ranks differ: ZeRO-1's greedy partition, FSDP's root unit)
+        results[n] = {}
+        for s in args.strategies:
+            worst = max(out, key=lambda o: o[s]["peak"])      # phases and labels from the worst rank
+            results[n][s] = {k: (max(o[s][k] for o in out) if isinstance(v, (int, float)) else v)
+                             for k, v in worst[s].items()}
+        print(f"  N = {n} done", flush=True)
+
+    headers = ["N", "strategy", "params MiB", "grads MiB", "optim MiB", "held after fwd MiB", "peak MiB",
+               "peak in", "step ms", "step / DDP"]
+    rows = []
+    for n in ranks:
+        ddp_t = results[n]["DDP"]["step_s"] if "DDP" in results[n] else None
+        for s in args.strategies:
+            r = results[n][s]
+            rows.append([n, s, _mib(r["params"]), _mib(r["grads"]), _mib(r["optim"]), _mib(r["held_after_fwd"]),
+                         _mib(r["peak"]), max(r["peak_phase"], key=r["peak_phase"].get), 1e3 * r["step_s"], r["step_s"] / ddp_t if ddp_t else "-"])
+    table = format_table(rows, headers)
+    print(table)
+    goals = _goals(results)
+    lines = []
+    for g in goals:
+        verdict = "met" if g["met"] else "NOT met"
+        if "cut" in g:
+            lines.append(f"N={g['N']}: {g['goal']}: cut {g['cut']:.2f}x, time {g['time_ratio']:.2f}x -> {verdict}")
+        else:
+            lines.append(f"N={g['N']}: {g['goal']}: {g['measured_mib']:.1f} MiB vs {g['bound_mib']:.1f} MiB "
+                         f"(ratio {g['ratio']:.3f}) -> {verdict}")
+    print("\n".join(["", "Goals (issue 14):"] + lines))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    write_json(args.out + ".json", {"config": cfg, "ranks": ranks, "results": {str(n): v for n, v in results.items()},
+                                    "per_rank": {str(n): v for n, v in per_rank.items()}, "goals": goals,
+                                    "note": "shared 2-core machine; N=4 oversubscribes the cores (times are ratios "
+                                            "within one N)"})
+    with open(args.out + ".txt", "w") as fh:
+        fh.write(header + "\n\n" + table + "\n\nGoals (issue 14):\n" + "\n".join(lines) + "\n")
+    png = _plot(results, args.out + ".png")
+    print(f"\nwrote {args.out}.json, .txt" + (", .png" if png else " (no matplotlib: no plot)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""neural_arch's MPI backend against raw mpi4py, interleaved in one ``mpiexec`` job.
+
+``bench_collectives.py --contenders mpi,mpi4py`` runs the two contenders one after the other,
+in separate jobs: on a shared machine a burst of load during one of them skews the ratio. Here
+the same ranks alternate the two every round (backend, raw, backend, raw, ...) at every size, so
+both see the same load; the ratio is taken per size from the medians over rounds.
+
+Contenders: ``mpi`` = ``MPIBackend.allreduce(x)`` (also ``broadcast``/``allgather`` with
+``--ops``), ``mpi4py`` = ``comm.Allreduce(MPI.IN_PLACE, x)`` on a duplicate of COMM_WORLD.
+float32, zeros (repeated sums never overflow). Each cell: the slowest rank's median.
+
+Usage::
+
+    python benchmarks/bench_mpi_backend.py                     # 2 ranks, all_reduce, 1 KiB..4 MiB
+    python benchmarks/bench_mpi_backend.py --ops all_reduce,broadcast,all_gather --rounds 21
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from benchmarks._common import format_table, thread_env, write_json
+
+SIZES = [1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22]
+
+
+def _label(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def worker(args) -> None:
+    import numpy as np
+    from mpi4py import MPI
+
+    from neural_arch.distributed.comm.mpi import MPIBackend
+
+    backend = MPIBackend.create(None, timeout=120)
+    comm = MPI.COMM_WORLD.Dup()
+    world = comm.Get_size()
+    ours = {"all_reduce": lambda x, out: backend.allreduce(x),
+            "broadcast": lambda x, out: backend.broadcast(x, 0),
+            "all_gather": lambda x, out: backend.allgather(out, x)}
+    raw = {"all_reduce": lambda x, out: comm.Allreduce(MPI.IN_PLACE, x),
+           "broadcast": lambda x, out: comm.Bcast(x, root=0),
+           "all_gather": lambda x, out: comm.Allgather(x, out)}
+    times: dict = {}
+    for op in args.ops.split(","):
+        for nbytes in args.sizes:
+            n = max(1, nbytes // 4)
+            if op == "all_gather":
+                n = max(1, n // world)
+            x, out = np.zeros(n, np.float32), np.zeros((world, n), np.float32)
+            inner = max(1, min(200, (1 << 22) // nbytes))
+            for name, fn in (("mpi", ours[op]), ("mpi4py", raw[op])):
+                for _ in range(min(inner, 20) + 2):
+                    fn(x, out)
+            for _ in range(args.rounds):
+                for name, fn in (("mpi", ours[op]), ("mpi4py", raw[op])):
+                    comm.Barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(inner):
+                        fn(x, out)
+                    times.setdefault(f"{op}:{nbytes}:{name}", []).append((time.perf_counter() - t0) / inner)
+    pick = min if args.stat == "min" else statistics.median
+    medians = {k: pick(v) for k, v in times.items()}
+    reports = comm.gather(medians, root=0)
+    backend.shutdown()
+    if comm.Get_rank() == 0:
+        merged = {k: max(r[k] for r in reports) for k in medians}
+        print(json.dumps({"ranks": world, "results": merged}), flush=True)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--ops", default="all_reduce")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--stat", choices=("median", "min"), default="median",
+                    help="per rank, over rounds: median (default), or min (the best round: on a loaded, "
+                         "shared machine the least disturbed measure of what the code itself costs)")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "bench_mpi_backend.json"))
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--size-list", default=",".join(map(str, SIZES)), help="bytes, comma separated")
+    args = ap.parse_args(argv)
+    args.sizes = [int(s) for s in args.size_list.split(",")]
+    if args.worker:
+        return worker(args)
+    mpiexec = shutil.which("mpiexec") or os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    env = thread_env(1)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [mpiexec, "-n", str(args.ranks), sys.executable, os.path.abspath(__file__), "--worker",
+           "--ops", args.ops, "--rounds", str(args.rounds), "--size-list", args.size_list, "--stat", args.stat]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout, check=False)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"mpiexec failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    result = json.loads(lines[-1])
+    payload = {"ranks": args.ranks, "ops": args.ops.split(","), "sizes": args.sizes, "rounds": args.rounds,
+               "stat": args.stat,
+               "results": result["results"],
+               "command": "python " + " ".join([os.path.relpath(__file__, ROOT)] + (argv or sys.argv[1:]))}
+    for op in args.ops.split(","):
+        rows = []
+        for nbytes in args.sizes:
+            ours, raw = (result["results"][f"{op}:{nbytes}:{k}"] for k in ("mpi", "mpi4py"))
+            rows.append([_label(nbytes), f"{ours * 1e6:.1f}", f"{raw * 1e6:.1f}", f"{raw / ours:.2f}x",
+                         f"{ours / raw:.2f}x"])
+        print(f"\n{op}, {args.ranks} ranks, float32, interleaved rounds: slowest rank's {args.stat}")
+        print(format_table(rows, ["size", "mpi backend us", "raw mpi4py us", "speed vs raw", "latency vs raw"]))
+    print(f"\nwrote {write_json(args.out, payload)}")
+
+
+if __name__ == "__main__":
+    main()

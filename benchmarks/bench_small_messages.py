@@ -1,0 +1,228 @@
+"""Per-call overhead of small all_reduces: the Tensor API, the backend, raw MPI, a local copy.
+
+For each backend (``gloo`` over real processes and loopback, ``mpi`` under a real ``mpiexec``)
+and each size from 8 B to 16 KiB, every rank times, in interleaved rounds (so load from other
+processes on a shared machine hits every contender alike):
+
+* ``tensor``  -- ``neural_arch.distributed.all_reduce(Tensor)``: what training code calls;
+* ``backend`` -- ``group.backend.allreduce(array)``: the comm layer without the Tensor API;
+* ``mpi4py``  -- raw ``comm.Allreduce(MPI.IN_PLACE, array)`` (``mpi`` runs only): the floor;
+* ``copy``    -- ``np.copyto`` of the same bytes on one rank: what moving them locally costs.
+
+A collective is done when its slowest rank is: each cell is the max over ranks of that rank's
+median over rounds. ``tensor/raw`` and ``backend/raw`` are the ratios to raw mpi4py in the same
+run. ``--profile`` adds a cProfile of 2000 Tensor-API calls of 1 KiB on rank 0 (top functions by
+own time). Results go to ``benchmarks/results/bench_small_messages.json``.
+
+Usage::
+
+    python benchmarks/bench_small_messages.py                       # 2 ranks, gloo and mpi
+    python benchmarks/bench_small_messages.py --ranks 1 --profile   # a world of one, with a profile
+    python benchmarks/bench_small_messages.py --backends mpi --rounds 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from benchmarks._common import format_table, thread_env, write_json
+
+SIZES = [8, 64, 256, 1 << 10, 4 << 10, 16 << 10]
+BACKENDS = ("gloo", "mpi")
+
+
+def _label(nbytes: int) -> str:
+    return f"{nbytes >> 10} KiB" if nbytes >= 1024 else f"{nbytes} B"
+
+
+# -- the rank side -------------------------------------------------------------------------------
+def worker(args) -> None:
+    import numpy as np
+
+    import neural_arch.distributed as dist
+    from neural_arch.core.tensor import Tensor
+    from neural_arch.distributed.groups import _resolve_group
+
+    dist.init_process_group(backend=args.worker, timeout=120)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    backend = _resolve_group(None, "bench").backend
+    raw = None
+    if args.worker == "mpi":
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD.Dup()
+        raw = lambda x: comm.Allreduce(MPI.IN_PLACE, x)
+    sync = backend.barrier
+
+    def make(kind, nbytes):
+        n = max(1, nbytes // 4)
+        x = np.zeros(n, np.float32)          # zeros: repeated sums never overflow
+        if kind == "tensor":
+            t = Tensor(x)
+            return lambda: dist.all_reduce(t)
+        if kind == "backend":
+            return lambda: backend.allreduce(x)
+        if kind == "mpi4py":
+            return lambda: raw(x)
+        src = np.ones(n, np.float32)
+        return lambda: np.copyto(x, src)
+
+    kinds = ["tensor", "backend"] + (["mpi4py"] if raw is not None else []) + ["copy"]
+    fns = {(k, s): make(k, s) for k in kinds for s in args.sizes}
+    for fn in fns.values():                 # warm-up: first-call costs, page faults
+        for _ in range(50):
+            fn()
+    times: dict = {key: [] for key in fns}
+    for _ in range(args.rounds):
+        for key, fn in fns.items():
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(args.calls):
+                fn()
+            times[key].append((time.perf_counter() - t0) / args.calls)
+    pick = min if args.stat == "min" else statistics.median
+    results = {f"{k}:{s}": pick(v) for (k, s), v in times.items()}
+    profile = None
+    if args.profile:
+        import cProfile
+        import io
+        import pstats
+
+        t = Tensor(np.zeros(256, np.float32))
+        sync()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(2000):
+            dist.all_reduce(t)
+        prof.disable()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(18)
+        profile = out.getvalue()
+    sync()
+    report = {"rank": rank, "world": world, "results": results, "profile": profile if rank == 0 else None}
+    lines = dist.all_gather_object([None] * world, json.dumps(report)) if world > 1 else [json.dumps(report)]
+    dist.destroy_process_group()
+    if rank == 0:  # one writer: mpiexec can interleave two ranks' lines mid-line
+        for line in lines:
+            print(line, flush=True)
+
+
+# -- the orchestrator --------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _mpiexec() -> str | None:
+    path = shutil.which("mpiexec") or os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return path if os.path.exists(path) else None
+
+
+def run_backend(kind: str, args) -> list[dict]:
+    me = os.path.abspath(__file__)
+    common = ["--worker", kind, "--rounds", str(args.rounds), "--calls", str(args.calls), "--stat", args.stat,
+              "--size-list", ",".join(map(str, args.sizes))] + (["--profile"] if args.profile else [])
+    env = thread_env(1)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    for var in ("NEURAL_ARCH_BACKEND", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    if kind == "mpi":
+        procs = [subprocess.Popen([_mpiexec(), "-n", str(args.ranks), sys.executable, me] + common, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)]
+    else:
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(args.ranks))
+        procs = [subprocess.Popen([sys.executable, me] + common, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                 for r in range(args.ranks)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=args.timeout))
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{kind}: no result within {args.timeout} s") from None
+    finally:
+        for p in procs:  # reap every rank, whatever happened
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    for p, (_out, err) in zip(procs, outs):
+        if p.returncode != 0:
+            raise RuntimeError(f"{kind}: a rank exited with code {p.returncode}:\n{err[-3000:]}")
+    reports = [json.loads(line) for out, _ in outs for line in out.splitlines() if line.startswith("{")]
+    if len(reports) != args.ranks:
+        raise RuntimeError(f"{kind}: {len(reports)} of {args.ranks} ranks reported:\n{outs[0][1][-3000:]}")
+    return reports
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--rounds", type=int, default=11, help="interleaved timing rounds (median taken)")
+    ap.add_argument("--calls", type=int, default=200, help="calls per round")
+    ap.add_argument("--profile", action="store_true", help="cProfile 2000 Tensor-API calls of 1 KiB")
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--stat", choices=("median", "min"), default="median",
+                    help="per rank, over rounds: median (default), or min (the best round: on a loaded, "
+                         "shared machine the least disturbed measure of what the code itself costs)")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "bench_small_messages.json"))
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--size-list", default=",".join(map(str, SIZES)), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.sizes = [int(s) for s in args.size_list.split(",")]
+    if args.worker:
+        return worker(args)
+
+    payload = {"ranks": args.ranks, "sizes": args.sizes, "rounds": args.rounds, "calls": args.calls, "stat": args.stat,
+               "results": {}, "skipped": {}, "profiles": {},
+               "command": "python " + " ".join([os.path.relpath(__file__, ROOT)] + (argv or sys.argv[1:]))}
+    for kind in args.backends.split(","):
+        if kind == "mpi" and (_mpiexec() is None or __import__("importlib").util.find_spec("mpi4py") is None):
+            payload["skipped"][kind] = "mpi4py or mpiexec missing"
+            print(f"skip {kind}: mpi4py or mpiexec missing")
+            continue
+        t0 = time.monotonic()
+        reports = run_backend(kind, args)
+        merged = {key: max(r["results"][key] for r in reports) for key in reports[0]["results"]}
+        payload["results"][kind] = merged
+        prof = next((r["profile"] for r in reports if r.get("profile")), None)
+        if prof:
+            payload["profiles"][kind] = prof
+        print(f"{kind}: done in {time.monotonic() - t0:.0f} s", flush=True)
+
+    for kind, merged in payload["results"].items():
+        raw = "mpi4py" in {k.split(":")[0] for k in merged}
+        headers = ["size", "tensor us", "backend us"] + (["mpi4py us", "tensor/raw", "backend/raw"] if raw else []) + [
+            "np.copyto us"]
+        rows = []
+        for s in args.sizes:
+            t, b, c = merged[f"tensor:{s}"], merged[f"backend:{s}"], merged[f"copy:{s}"]
+            row = [_label(s), f"{t * 1e6:.2f}", f"{b * 1e6:.2f}"]
+            if raw:
+                m = merged[f"mpi4py:{s}"]
+                row += [f"{m * 1e6:.2f}", f"{t / m:.2f}", f"{b / m:.2f}"]
+            rows.append(row + [f"{c * 1e6:.2f}"])
+        print(f"\nall_reduce on {kind}, {args.ranks} rank(s), float32: slowest rank's {args.stat} per call")
+        print(format_table(rows, headers))
+        if kind in payload["profiles"]:
+            print(f"\ncProfile of 2000 Tensor-API all_reduce(1 KiB) calls on rank 0 ({kind}):")
+            print(payload["profiles"][kind])
+    path = write_json(args.out, payload)
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Collective spans: what every backend operation reports to :mod:`neural_arch.profiler.events`.
+
+Every operation passes exactly once through ``Backend._execute`` (on a lane's thread) or the
+synchronous path of ``Backend._run`` (on the caller's thread); both call :func:`begin` before the
+primitive and :func:`end` after it -- only when someone subscribed: the backend tests the
+observer lists inline (what :func:`observed` does), so with no subscriber a
+collective pays one truthiness test per list and builds nothing.
+
+A span: name = the op (``"all_reduce"``), category ``"collective"``, lane = ``"default"`` for a
+group's collective lane (also for synchronous calls run on the caller's thread: they are ordered
+on that lane), else the point-to-point lane's name. ``args``: ``op``, ``seq``, ``group`` (global
+ranks), ``size``, ``rank``, ``bytes`` (this rank's buffer), ``dtype``, ``shape``, ``backend``,
+``root`` / ``reduce_op`` when set, ``transport`` when the backend has one; at the end
+``algorithm``/``transport`` if the backend stored them in ``info.extra``, or ``error`` when the
+op failed.
+
+Example::
+
+    >>> from neural_arch.distributed.comm.local import LocalBackend
+    >>> from neural_arch.profiler import events
+    >>> import numpy as np
+    >>> seen = []
+    >>> events.subscribe(seen.append)
+    >>> _ = LocalBackend().allreduce(np.ones(4, np.float32))
+    >>> events.unsubscribe(seen.append)
+    >>> seen[-1].name, seen[-1].category, seen[-1].lane, seen[-1].args["bytes"]
+    ('all_reduce', 'collective', 'default', 16)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from neural_arch.distributed.comm.work import OpInfo
+from neural_arch.profiler import events
+
+__all__ = ["begin", "end", "fail", "lane_label", "observed"]
+
+_ITEMSIZE: dict = {"bfloat16": 2}
+
+
+def observed() -> bool:
+    """Whether anyone listens (the backend inlines this test on its hot path)."""
+    return bool(events.OBSERVERS or events.BEGIN_OBSERVERS or events.END_OBSERVERS)
+
+
+def lane_label(thread_name: str) -> str:
+    """``"default"`` for a group's collective lane, else the p2p lane's own thread name."""
+    return "default" if thread_name.endswith("-progress") else thread_name
+
+
+def _nbytes(shape, dtype: str) -> int:
+    size = _ITEMSIZE.get(dtype)
+    if size is None:
+        size = _ITEMSIZE[dtype] = np.dtype(dtype).itemsize
+    n = 1
+    for d in shape:
+        n *= d
+    return n * size
+
+
+def _transport(backend) -> str | None:
+    """``backend.transport`` (MPI: "mpi"), else the kinds of its links (gloo: "shm", "tcp", "shm+tcp")."""
+    transport = getattr(backend, "transport", None)
+    if isinstance(transport, str):
+        return transport
+    kinds = getattr(backend, "transport_kinds", None)
+    if callable(kinds):
+        try:
+            return "+".join(sorted(set(kinds().values()))) or None
+        except Exception:  # noqa: BLE001 - a span detail must never fail the collective
+            return None
+    return None
+
+
+def begin(backend, info: OpInfo, lane: str):
+    """Start the span of ``info`` on ``backend`` (a ``Pending``, or None when nobody listens).
+
+    The span's details are built only when read (a recorder emitting it, the stall inspector
+    reporting a long wait): the stall inspector, on by default, then costs every collective only
+    the ``Pending`` record and two observer calls.
+    """
+    return events.begin(info.name, "collective", lane, make_args=lambda: _args(backend, info))
+
+
+def _args(backend, info: OpInfo) -> dict:
+    # What never changes for a group (its ranks, size, backend and transport) is built once per backend.
+    static = backend.__dict__.get("_span_static")
+    if static is None:
+        static = {"group": list(backend.group_ranks), "size": backend.size, "backend": backend.name}
+        transport = _transport(backend)
+        if transport:
+            static["transport"] = transport
+        backend._span_static = static
+    shape, dtype = info.shape, info.dtype
+    args = {"op": info.name, "seq": info.seq, "rank": info.rank,
+            "bytes": _nbytes(shape, dtype) if shape is not None and dtype is not None else 0,
+            "dtype": dtype, "shape": shape, **static}
+    if info.root is not None:
+        args["root"] = info.root
+    if info.reduce_op is not None:
+        args["reduce_op"] = info.reduce_op
+    return args
+
+
+def end(span, info: OpInfo) -> None:
+    """End the span; adds ``algorithm``/``transport`` a backend stored in ``info.extra``."""
+    extra = info._extra
+    more = {k: extra[k] for k in ("algorithm", "transport") if k in extra} if extra else None
+    if more:
+        events.end(span, **more)
+    else:
+        events.end(span)
+
+
+def fail(span, exc: BaseException) -> None:
+    """End the span of an op that raised, naming the error."""
+    events.end(span, error=f"{type(exc).__name__}: {exc}"[:300])

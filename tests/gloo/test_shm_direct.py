@@ -1,0 +1,129 @@
+"""The direct shared-memory collectives (comm/algorithms/shm_direct.py) over real processes.
+
+Oracle checks with tiny chunks (many pipelined chunks per op, every buffer reuse pattern), the same
+bits on every rank, mismatched collectives as errors on every rank, and dead / stopped peers as
+errors naming the op, its number and the missing rank within the timeout.
+"""
+
+import os
+import re
+
+import gloo_checks as C
+import gloo_procs
+import pytest
+import shm_direct_procs as D
+
+from neural_arch.distributed.comm.algorithms import shm_direct
+from neural_arch.distributed.comm.transport.shm_segment import direct_supported
+from neural_arch.distributed.testing import RankPool
+
+pytestmark = [pytest.mark.timeout(90),
+              pytest.mark.skipif(not direct_supported(), reason="direct shm collectives need Linux on x86-64")]
+
+# 4 KiB chunks: a 40000-element float64 buffer runs ~80 pipelined chunks
+_ENV = {"GLOO_TEST_TRANSPORT": "shm", "GLOO_TEST_TIMEOUT": "20", "NEURAL_ARCH_SHM_CHUNK_BYTES": "4096"}
+
+
+@pytest.fixture(scope="module", params=[2, 3, 5], ids=lambda s: f"shm-direct-{s}")
+def pool(request):
+    with RankPool(request.param, backend="gloo", init=False, timeout=60, env=_ENV) as p:
+        yield p
+
+
+def test_direct_path_is_active_and_segment_unlinked(pool):
+    assert pool.run(D.uses_direct) == [True] * pool.world_size
+    assert pool.run(D.segment_files) == [[]] * pool.world_size, "a segment file was left in /dev/shm"
+
+
+def test_mixed_sequence_matches_numpy_and_every_rank_gets_the_same_bits(pool):
+    out = pool.run(D.mixed_sequence, 3, 60)
+    assert all(o == out[0] for o in out), "ranks got different bytes"
+
+
+def test_every_op_and_dtype_across_chunk_boundaries(pool):
+    calls = []
+    for i, dtype in enumerate(C.DTYPES):
+        for op in C.ops_for(dtype):
+            for shape in [(), (1,), (1023,), (1024,), (1025,), (3, 700), (20001,)]:
+                calls.append(("check_allreduce", (i, shape, dtype, op, "direct")))
+        for shape in [(1,), (513,), (4000,)]:
+            calls.append(("check_reduce_scatter", (i, shape, dtype, "sum")))
+            calls.append(("check_allgather", (i, shape, dtype)))
+            calls.append(("check_broadcast", (i, shape, dtype, pool.world_size - 1)))
+    calls.append(("check_bool", (3,)))
+    assert pool.run(gloo_procs.run_checks, calls) == [["ok"] * len(calls)] * pool.world_size
+
+
+def test_float_sum_is_bitwise_identical_on_every_rank(pool):
+    for n in (100, 30000):
+        out = pool.run(D.float_sum_bits, n)
+        assert all(o == out[0] for o in out)
+
+
+@pytest.mark.parametrize("kind", ["op", "dtype", "size", "size_large", "root", "reduce_op", "order"])
+def test_mismatch_is_an_error_on_every_rank(kind):
+    with RankPool(3, backend="gloo", init=False, timeout=60, env=dict(_ENV, GLOO_TEST_TIMEOUT="10")) as p:
+        results = p.run_detailed(D.mismatch, kind)
+    outcomes = [r.value if r.ok else (r.exc_type, r.error) for r in results]
+    for rank, (kind_name, msg) in enumerate(outcomes):
+        assert kind_name in ("CollectiveMismatchError", "GroupPoisonedError"), (rank, outcomes)
+    # the ranks that saw the table name the op, its sequence number and both sides
+    direct = [msg for kind_name, msg in outcomes if kind_name == "CollectiveMismatchError"]
+    assert direct, outcomes
+    assert all("#2" in m and "rank 0:" in m and "rank 1:" in m for m in direct), direct
+
+
+@pytest.mark.parametrize("how,nbytes", [("kill", 1 << 10), ("kill", 1 << 20), ("stop", 1 << 20)])
+def test_dead_or_stopped_peer_is_an_error_on_every_rank(how, nbytes):
+    timeout = 4
+    with RankPool(3, backend="gloo", init=False, timeout=60,
+                  env=dict(_ENV, GLOO_TEST_TIMEOUT=str(timeout))) as p:
+        results = p.run_detailed(D.kill_or_stop_last, how, nbytes, timeout + 2.0)
+    for r in results[:2]:
+        assert r.ok, results
+        kind, msg, waited = r.value
+        assert "all_reduce #2" in msg and re.search(r"ranks? \[?2\b", msg), msg
+        if how == "kill":
+            assert kind in ("PeerFailureError", "GroupPoisonedError"), (kind, msg)
+            assert waited < 2.5, (kind, msg, waited)
+        else:
+            assert kind in ("CollectiveTimeoutError", "GroupPoisonedError"), (kind, msg)
+            assert timeout - 0.5 < waited < timeout + 5, (kind, msg, waited)
+    assert any(r.value[0] in ("PeerFailureError", "CollectiveTimeoutError") for r in results[:2]), results
+
+
+def test_selection_table_is_printable_and_total():
+    text = shm_direct.format_table()
+    assert "world size" in text and "direct" in text
+    for world in (2, 3, 4, 8, 16):
+        for nbytes in (0, 1, 4096, 1 << 20, 1 << 30):
+            assert shm_direct.choose(world, nbytes) in ("direct", "plans")
+
+
+def test_direct_off_runs_the_plans_over_the_rings():
+    """NEURAL_ARCH_GLOO_DIRECT=0 keeps the ring/tree plans over the shm rings (still correct)."""
+    env = dict(_ENV, NEURAL_ARCH_GLOO_DIRECT="0")
+    calls = [("check_allreduce", (1, (5000,), "float32", "sum", None)),
+             ("check_broadcast", (2, (3000,), "int64", 1)),
+             ("check_allgather", (3, (700,), "float64")),
+             ("check_reduce_scatter", (4, (900,), "int32", "max"))]
+    with RankPool(3, backend="gloo", init=False, timeout=60, env=env) as p:
+        assert p.run(D.uses_direct) == [False] * 3
+        assert p.run(gloo_procs.run_checks, calls) == [["ok"] * len(calls)] * 3
+
+
+def test_stale_segment_of_a_dead_creator_is_removed(tmp_path):
+    import subprocess
+    import sys
+
+    from neural_arch.distributed.comm.transport.shm import clean_stale_rings
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    pid = int(dead.stdout)
+    stale = tmp_path / f"na-{pid}-deadbeef-coll"
+    stale.write_bytes(b"\0" * 64)
+    alive = tmp_path / f"na-{os.getpid()}-cafef00d-coll"
+    alive.write_bytes(b"\0" * 64)
+    removed = clean_stale_rings(str(tmp_path))
+    assert str(stale) in removed and not stale.exists() and alive.exists()

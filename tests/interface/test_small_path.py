@@ -1,0 +1,167 @@
+"""The synchronous small-message path keeps every guarantee of the general one.
+
+In-process (a backend of size 2 whose primitives are local, so the machinery itself is under
+test): a synchronous call returns a finished Work, validation happens before a sequence number
+is used, a failure inside the primitive raises in the caller and poisons the group, and a
+synchronous call still queues behind pending async ones. Under a real ``mpiexec``: the
+watchdog's wake-up requests (comm/mpi_progress.py) never leak into a later operation.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from neural_arch.distributed.comm.backend import Backend
+from neural_arch.distributed.comm.debug import wire_word
+from neural_arch.distributed.comm.work import OpInfo, ReduceOp, Work
+from neural_arch.distributed.errors import GroupPoisonedError
+from neural_arch.distributed.testing import RankPool
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Echo(Backend):
+    """Size 2, no peer: all_reduce doubles (as if the peer held the same data), and an optional
+    gate lets a test hold an async op on the lane."""
+
+    name = "echo"
+
+    def __init__(self):
+        super().__init__(0, 2, timeout=10.0)
+        self.log: list = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail_with: BaseException | None = None
+
+    def _allreduce(self, array, op, info):
+        self.gate.wait(5)
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.log.append((info.name, info.seq))
+        array *= 2
+
+    def _broadcast(self, array, root, info):
+        self.log.append((info.name, info.seq))
+
+    def _allgather(self, output, input, info):
+        output[...] = input
+
+    def _send(self, array, dst, tag, info):  # pragma: no cover - not used
+        raise NotImplementedError("Echo has no peers")
+
+    def _recv(self, array, src, tag, info):  # pragma: no cover - not used
+        raise NotImplementedError("Echo has no peers")
+
+    def _new_group(self, ranks):  # pragma: no cover - not used
+        raise NotImplementedError("Echo has no peers")
+
+
+def test_sync_call_returns_a_finished_work_with_the_array():
+    b = Echo()
+    x = np.ones(4, np.float32)
+    work = b.allreduce(x)
+    assert isinstance(work, Work) and work.is_completed() and work.is_success()
+    assert work.result() is x and x.tolist() == [2.0] * 4 and work.completed_at is not None
+    assert work.info.seq == 1 and work.info.dtype == "float32" and work.info.reduce_op == "sum"
+    seen = []
+    work.add_done_callback(seen.append)          # already done: runs at once
+    assert seen == [work]
+
+
+def test_validation_errors_come_first_and_use_no_sequence_number():
+    b = Echo()
+    ro = np.ones(3)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        b.allreduce(ro)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        b.allreduce(np.ones((4, 4))[:, 0])
+    with pytest.raises(TypeError, match="ReduceOp.AVG needs a floating dtype"):
+        b.allreduce(np.ones(2, np.int32), ReduceOp.AVG)
+    with pytest.raises(ValueError, match="not a reduction operator"):
+        b.allreduce(np.ones(2), "bogus")
+    with pytest.raises(TypeError, match="NumPy or CuPy array"):
+        b.allreduce([1.0, 2.0])
+    assert b.log == [] and b._seq == 0           # nothing ran, nothing was numbered
+    b.allreduce(np.ones(2))
+    assert b.log == [("all_reduce", 1)]
+
+
+def test_a_failure_inside_the_op_raises_in_the_caller_and_poisons_the_group():
+    b = Echo()
+    b.fail_with = RuntimeError("the wire broke")
+    with pytest.raises(RuntimeError, match="the wire broke"):
+        b.allreduce(np.ones(2))
+    b.fail_with = None
+    with pytest.raises(GroupPoisonedError, match="the wire broke"):
+        b.allreduce(np.ones(2))
+    with pytest.raises(GroupPoisonedError):
+        b.broadcast(np.ones(2), async_op=True)
+
+
+def test_a_sync_call_waits_behind_pending_async_ops_in_order():
+    b = Echo()
+    b.gate.clear()                                # hold the async op on the progress lane
+    a = np.ones(2)
+    first = b.allreduce(a, async_op=True)
+    threading.Timer(0.2, b.gate.set).start()
+    second = b.broadcast(np.ones(2))              # synchronous, but the lane is busy: queued
+    assert first.is_completed() and second.is_completed()
+    assert b.log == [("all_reduce", 1), ("broadcast", 2)] and a.tolist() == [2.0, 2.0]
+    b.shutdown()
+
+
+def test_float16_average_is_premultiplied():
+    b = Echo()
+    x = np.full(3, 60000.0, np.float16)          # 2 * 60000 overflows float16; the mean does not
+    b.allreduce(x, ReduceOp.AVG)
+    assert np.isfinite(x).all() and x.tolist() == [60000.0] * 3
+
+
+def test_opinfo_wire_is_computed_lazily_and_explicit_words_stay():
+    info = OpInfo("all_reduce", 7, [0, 1], 0, (4,), "float32", None, "sum", wire=None)
+    assert info.wire == wire_word("all_reduce", 7, "float32", "sum")
+    assert OpInfo("sendrecv", 1).wire == 0       # built by hand: unchecked, as before
+    info.extra["ready"] = 1                      # backend scratch, created on first use
+    assert info.extra == {"ready": 1}
+
+
+# -- MPI: the watchdog's wake-ups ---------------------------------------------------------------------
+def stale_wake_is_swallowed():
+    """Fire the watchdog at this thread for an op that already finished (what happens when a
+    deadline passes just as an op completes); the next collectives must ignore that wake-up."""
+    import time
+
+    import neural_arch.distributed as dist
+    from neural_arch.distributed.groups import _resolve_group
+
+    backend = _resolve_group(None, "test").backend
+    watchdog = backend._watchdog
+    assert watchdog is not None, "mpi4py should run at MPI_THREAD_MULTIPLE"
+    x = np.ones(3)
+    backend.allreduce(x)
+    slot = watchdog._slot()
+    old = OpInfo("all_reduce", 0, [0, 1], 0, deadline=time.monotonic() - 1)
+    slot.fired = old                              # the watchdog "fired for" an op that is done
+    watchdog.comm.Send(np.ones(1, np.int64), watchdog.me, slot.tag)
+    results = []
+    for _ in range(3):
+        y = np.full(2, float(dist.get_rank() + 1))
+        backend.allreduce(y)                      # must neither time out nor return early
+        results.append(y.tolist())
+    stats = (backend._fatal is None, watchdog.active() == [])
+    z = np.zeros((2, 1))
+    backend.allgather(z, np.array([float(dist.get_rank())]))   # a second, different fast path
+    return results, stats, z.ravel().tolist()
+
+
+@pytest.mark.mpi
+def test_mpi_stale_wake_up_never_ends_a_later_op():
+    with RankPool(2, backend="mpi", timeout=60.0) as pool:
+        for results, stats, gathered in pool.run(stale_wake_is_swallowed):
+            assert results == [[3.0, 3.0]] * 3
+            assert stats == (True, True)
+            assert gathered == [0.0, 1.0]
