@@ -13,7 +13,7 @@ Start it any way::
     python examples/train_gpt_3d.py            # one process: pp = dp = tp = 1
 
 Options: ``--pp``, ``--dp`` (default: what is left of the world), ``--tp``, ``--microbatches``,
-``--microbatch-size``, ``--schedule {gpipe,1f1b,interleaved}``, ``--virtual``, ``--steps``,
+``--microbatch-size``, ``--schedule {gpipe,1f1b,interleaved,zbh1}``, ``--virtual``, ``--steps``,
 ``--lr``, ``--n-layer``, ``--n-embd``, ``--seed``, and ``--verify``: train in float64 and also a
 single-process reference on the global batch, then print the largest parameter difference.
 """
@@ -38,7 +38,8 @@ from neural_arch.core.tensor import Tensor, manual_seed
 from neural_arch.data import make_token_sequences
 from neural_arch.distributed import pipeline as pl
 
-SCHEDULES = {"gpipe": pl.ScheduleGPipe, "1f1b": pl.Schedule1F1B, "interleaved": pl.ScheduleInterleaved1F1B}
+SCHEDULES = {"gpipe": pl.ScheduleGPipe, "1f1b": pl.Schedule1F1B, "interleaved": pl.ScheduleInterleaved1F1B,
+             "zbh1": pl.ScheduleZBH1}
 
 
 def parse_args(argv=None):

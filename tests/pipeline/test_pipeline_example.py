@@ -1,5 +1,6 @@
-"""``examples/train_gpt_3d.py`` runs unchanged under the launcher (pp=2 x dp=2, pp=2 x tp=2) and
-mpiexec (pp=2, interleaved), and its ``--verify`` mode finds it equal to single-process training
+"""``examples/train_gpt_3d.py`` runs unchanged under the launcher (pp=2 x dp=2, pp=2 x tp=2, and
+pp=2 x dp=2 x tp=2 on 8 ranks with the zero-bubble schedule) and
+mpiexec (pp=2 interleaved, pp=4 1F1B, pp=2 x tp=2), and its ``--verify`` mode finds it equal to single-process training
 (float64, <= 1e-10). Each run is a subprocess with a hard timeout."""
 
 import os
@@ -32,14 +33,15 @@ def _run(cmd):
     return float(match.group(1)), proc.stdout
 
 
-@pytest.mark.parametrize("flags", [
-    ["--pp", "2", "--dp", "2"],
-    ["--pp", "2", "--tp", "2", "--schedule", "gpipe"],
-], ids=["pp2xdp2", "pp2xtp2"])
-def test_launcher_runs_and_matches_single_process(flags):
+@pytest.mark.parametrize("flags, nproc", [
+    (["--pp", "2", "--dp", "2"], 4),
+    (["--pp", "2", "--tp", "2", "--schedule", "gpipe"], 4),
+    (["--pp", "2", "--dp", "2", "--tp", "2", "--schedule", "zbh1"], 8),   # 3-D, zero bubble, oversubscribed
+], ids=["pp2xdp2", "pp2xtp2", "pp2xdp2xtp2-zbh1"])
+def test_launcher_runs_and_matches_single_process(flags, nproc):
     from neural_arch.distributed.testing import free_port
 
-    cmd = [sys.executable, "-m", "neural_arch.distributed.launcher", "--nproc_per_node", "4", "--master_port",
+    cmd = [sys.executable, "-m", "neural_arch.distributed.launcher", "--nproc_per_node", str(nproc), "--master_port",
            str(free_port()), SCRIPT, *flags, "--steps", "3", "--n-layer", "2", "--n-embd", "16", "--verify"]
     diff, out = _run(cmd)
     assert diff <= 1e-10, out[-2000:]
@@ -47,11 +49,15 @@ def test_launcher_runs_and_matches_single_process(flags):
 
 
 @pytest.mark.mpi
-def test_mpiexec_interleaved_matches_single_process():
+@pytest.mark.parametrize("n, flags, shown", [
+    (2, ["--pp", "2", "--schedule", "interleaved", "--n-layer", "4"], "Interleaved1F1B"),
+    (4, ["--pp", "4", "--schedule", "1f1b", "--n-layer", "4"], "1F1B"),
+    (4, ["--pp", "2", "--tp", "2", "--n-layer", "2"], "tp=2"),
+], ids=["pp2-interleaved", "pp4-1f1b", "pp2xtp2"])
+def test_mpiexec_matches_single_process(n, flags, shown):
     from neural_arch.distributed.testing import mpiexec_path
 
-    cmd = [mpiexec_path(), "-n", "2", sys.executable, SCRIPT, "--pp", "2", "--schedule", "interleaved", "--steps", "3",
-           "--n-layer", "4", "--n-embd", "16", "--verify"]
+    cmd = [mpiexec_path(), "-n", str(n), sys.executable, SCRIPT, *flags, "--steps", "3", "--n-embd", "16", "--verify"]
     diff, out = _run(cmd)
     assert diff <= 1e-10, out[-2000:]
-    assert "Interleaved1F1B" in out
+    assert shown in out

@@ -96,13 +96,25 @@ def _follow(store, base: str, start: int) -> tuple[int, str] | None:
                           f"stage {via['stage']} (global rank {via['rank']}) waited for its {via['action']} "
                           f"(micro-batch {via['microbatch']}) and got {via['error']}")
         if rec["kind"] == "self":
-            return rank, (f"pipeline stage {rec['stage']} (global rank {rank}) failed in {rec['action']} "
-                          f"(micro-batch {rec['microbatch']}): {rec['error']}")
+            return rank, _describe_self(rank, rec)
         seen.append(rank)
         if rec["peer"] in seen:
             cycle = seen[seen.index(rec["peer"]):]
             return rec["peer"], f"pipeline ranks {cycle} wait for each other (a schedule deadlock)"
         via, rank = rec, rec["peer"]
+
+
+def _describe_self(rank: int, rec: dict) -> str:
+    return (f"pipeline stage {rec['stage']} (global rank {rank}) failed in {rec['action']} "
+            f"(micro-batch {rec['microbatch']}): {rec['error']}")
+
+
+def _self_recorded(store, base: str, ranks) -> tuple[int, str] | None:
+    for rank in ranks:
+        rec = _read(store, base, rank)
+        if rec is not None and rec["kind"] == "self":
+            return rank, _describe_self(rank, rec)
+    return None
 
 
 def culprit(group, step: int, global_rank: int, wait_s: float | None = None) -> tuple[int, str] | None:
@@ -116,6 +128,12 @@ def culprit(group, step: int, global_rank: int, wait_s: float | None = None) -> 
     last, since = None, start
     try:
         while True:
+            # A stage that failed on its own records itself *before* it aborts the group, so when a
+            # rank got here through that abort the record is already there: it is the root cause,
+            # whatever the chain of waits looks like while the other ranks are still writing theirs.
+            own = _self_recorded(store, base, group.ranks)
+            if own is not None:
+                return own
             found = _follow(store, base, global_rank)
             now = time.monotonic()
             if found is not None and _read(store, base, found[0]) is not None:
