@@ -39,6 +39,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -121,6 +122,37 @@ def run_worker(args: Sequence[str], threads: int | None = None, timeout: float =
             f"benchmark worker {' '.join(args)} printed nothing; stderr:\n{proc.stderr[-3000:]}"
         )
     return json.loads(lines[-1])
+
+
+def run_processes(commands: Sequence[tuple[Sequence[str], dict]], timeout: float, what: str,
+                  cwd: str | None = None) -> list[tuple[str, str]]:
+    """Start every ``(argv, env)`` at once, each in its own session, and return their ``(stdout,
+    stderr)`` once all exited. Every process is reaped whatever happens (its session is SIGKILLed);
+    a timeout or a non-zero exit is a ``RuntimeError`` naming ``what``. The ranks of one benchmark
+    configuration (or one ``mpiexec``) go through here.
+    """
+    procs = [subprocess.Popen(list(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=cwd, start_new_session=True) for argv, env in commands]
+    outs: list[tuple[str, str]] = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout))
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{what}: no result within {timeout} s") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    for p, (_out, err) in zip(procs, outs):
+        if p.returncode != 0:
+            raise RuntimeError(f"{what}: a process exited with code {p.returncode}:\n{err[-3000:]}")
+    return outs
+
+
+def json_lines(text: str) -> list[dict]:
+    """Every line of ``text`` that is a JSON object (what the benchmark workers print)."""
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
 def _cell(value: Any) -> str:

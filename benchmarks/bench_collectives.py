@@ -38,9 +38,7 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
@@ -48,7 +46,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from benchmarks._common import format_table, thread_env, write_json
+from benchmarks._common import format_table, json_lines, run_processes, thread_env, write_json
+from neural_arch.distributed.testing import free_port, mpiexec_path
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 CONTENDERS = ("gloo", "gloo-rings", "gloo-tcp", "mpi", "mpi4py", "torch")
@@ -193,12 +192,6 @@ def worker(args) -> None:
 
 
 # -- the orchestrator --------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _available(kind: str) -> str:
     """'' when the contender can run here, else why not."""
     try:
@@ -227,30 +220,12 @@ def run_contender(kind: str, args, sizes) -> dict:
     if kind == "gloo-rings":
         env["NEURAL_ARCH_GLOO_DIRECT"] = "0"
     if kind in ("mpi", "mpi4py"):
-        mpiexec = shutil.which("mpiexec") or os.path.join(os.path.dirname(sys.executable), "mpiexec")
-        procs = [subprocess.Popen([mpiexec, "-n", str(args.ranks), sys.executable, me] + common, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  start_new_session=True)]
+        commands = [([mpiexec_path(), "-n", str(args.ranks), sys.executable, me] + common, env)]
     else:
-        env["BENCH_PORT"] = str(_free_port())
-        procs = [subprocess.Popen([sys.executable, me, "--rank", str(r)] + common, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  start_new_session=True) for r in range(args.ranks)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=args.timeout))
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{kind}: no result within {args.timeout} s") from None
-    finally:
-        for p in procs:  # reap every rank, whatever happened
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-                p.wait()
-    for p, (out, err) in zip(procs, outs):
-        if p.returncode != 0:
-            raise RuntimeError(f"{kind}: a rank exited with code {p.returncode}:\n{err[-2000:]}")
-    reports = [json.loads(line) for out, _ in outs for line in out.splitlines() if line.startswith("{")]
+        env["BENCH_PORT"] = str(free_port())
+        commands = [([sys.executable, me, "--rank", str(r)] + common, env) for r in range(args.ranks)]
+    outs = run_processes(commands, args.timeout, kind)
+    reports = [r for out, _ in outs for r in json_lines(out)]
     if len(reports) != args.ranks:
         raise RuntimeError(f"{kind}: {len(reports)} of {args.ranks} ranks reported; stderr:\n{outs[0][1][-2000:]}")
     # A collective is done when its slowest rank is: report the max over ranks (a broadcast

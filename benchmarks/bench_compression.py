@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
@@ -242,14 +240,9 @@ def worker(args) -> dict:
 # driver
 # ------------------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(args) -> dict:
-    from benchmarks._common import thread_env
+    from benchmarks._common import json_lines, run_processes, thread_env
+    from neural_arch.distributed.testing import free_port
 
     me = os.path.abspath(__file__)
     common = ["--worker", "--backend", args.backend, "--epochs", str(args.epochs), "--hooks", args.hooks,
@@ -263,27 +256,15 @@ def launch(args) -> dict:
 
         cmds = [([mpiexec_path(), "-n", str(args.ranks), sys.executable, me, *common], env)]
     else:
-        port = str(_free_port())
+        port = str(free_port())
         cmds = [([sys.executable, me, *common], dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.ranks),
                                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
                 for r in range(args.ranks)]
-    procs = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-             for c, e in cmds]
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=args.timeout)
-            if p.returncode != 0:
-                raise RuntimeError(f"worker failed ({p.returncode}):\n{err[-3000:]}")
-            outs.append(out)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for line in reversed(outs[0].splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    raise RuntimeError(f"no result from rank 0:\n{outs[0][-2000:]}")
+    rank0 = run_processes(cmds, args.timeout, "compression worker", cwd=REPO)[0][0]
+    results = json_lines(rank0)
+    if results:
+        return results[-1]
+    raise RuntimeError(f"no result from rank 0:\n{rank0[-2000:]}")
 
 
 def main(argv=None) -> int:

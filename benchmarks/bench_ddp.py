@@ -42,9 +42,7 @@ import argparse
 import importlib.util
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
@@ -207,12 +205,6 @@ def worker_torch(args) -> dict:
 # driver
 # ------------------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _child_env(extra=None, torch_path=None) -> dict:
     from benchmarks._common import thread_env
 
@@ -234,6 +226,9 @@ def _last_json(stdout: str) -> dict:
 
 def run_config(framework: str, backend: str, world: int, args) -> dict:
     """Start ``world`` workers (directly, or under mpiexec) and return rank 0's measurements."""
+    from benchmarks._common import run_processes
+    from neural_arch.distributed.testing import free_port
+
     me = os.path.abspath(__file__)
     common = ["--worker", framework, "--backend", backend, "--steps", str(args.steps),
               "--warmup", str(args.warmup), "--bucket-cap-mb", str(args.bucket_cap_mb),
@@ -247,24 +242,12 @@ def run_config(framework: str, backend: str, world: int, args) -> dict:
         # world > 1 without a backend: independent single-process trainings running side by side.
         cmds = [([sys.executable, me, *common], _child_env(torch_path=tp)) for _ in range(world)]
     else:
-        port = str(_free_port())
+        port = str(free_port())
         cmds = [([sys.executable, me, *common],
                  _child_env({"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world),
                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}, torch_path=tp))
                 for r in range(world)]
-    procs = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-             for c, e in cmds]
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=args.timeout)
-            if p.returncode != 0:
-                raise RuntimeError(f"{framework}/{backend}/{world} worker failed ({p.returncode}):\n{err[-3000:]}")
-            outs.append(out)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    outs = [out for out, _ in run_processes(cmds, args.timeout, f"{framework}/{backend}/{world} worker", cwd=REPO)]
     if backend == "none" and world > 1:
         results = [_last_json(o) for o in outs]
         merged = dict(results[0])

@@ -26,10 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
@@ -37,7 +34,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from benchmarks._common import format_table, thread_env, write_json
+from benchmarks._common import format_table, json_lines, run_processes, thread_env, write_json
+from neural_arch.distributed.testing import free_port, mpiexec_path
+
+
+def _has_mpiexec() -> bool:
+    try:
+        return bool(mpiexec_path())
+    except Exception:  # noqa: BLE001 - no MPI here: the mpi rows are skipped
+        return False
 
 SIZES = [8, 64, 256, 1 << 10, 4 << 10, 16 << 10]
 BACKENDS = ("gloo", "mpi")
@@ -120,17 +125,6 @@ def worker(args) -> None:
 
 
 # -- the orchestrator --------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _mpiexec() -> str | None:
-    path = shutil.which("mpiexec") or os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return path if os.path.exists(path) else None
-
-
 def run_backend(kind: str, args) -> list[dict]:
     me = os.path.abspath(__file__)
     common = ["--worker", kind, "--rounds", str(args.rounds), "--calls", str(args.calls), "--stat", args.stat,
@@ -140,28 +134,13 @@ def run_backend(kind: str, args) -> list[dict]:
     for var in ("NEURAL_ARCH_BACKEND", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
     if kind == "mpi":
-        procs = [subprocess.Popen([_mpiexec(), "-n", str(args.ranks), sys.executable, me] + common, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)]
+        commands = [([mpiexec_path(), "-n", str(args.ranks), sys.executable, me] + common, env)]
     else:
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(args.ranks))
-        procs = [subprocess.Popen([sys.executable, me] + common, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-                 for r in range(args.ranks)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=args.timeout))
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{kind}: no result within {args.timeout} s") from None
-    finally:
-        for p in procs:  # reap every rank, whatever happened
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-                p.wait()
-    for p, (_out, err) in zip(procs, outs):
-        if p.returncode != 0:
-            raise RuntimeError(f"{kind}: a rank exited with code {p.returncode}:\n{err[-3000:]}")
-    reports = [json.loads(line) for out, _ in outs for line in out.splitlines() if line.startswith("{")]
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(args.ranks))
+        commands = [([sys.executable, me] + common, dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+                    for r in range(args.ranks)]
+    outs = run_processes(commands, args.timeout, kind)
+    reports = [r for out, _ in outs for r in json_lines(out)]
     if len(reports) != args.ranks:
         raise RuntimeError(f"{kind}: {len(reports)} of {args.ranks} ranks reported:\n{outs[0][1][-3000:]}")
     return reports
@@ -190,7 +169,7 @@ def main(argv=None) -> None:
                "results": {}, "skipped": {}, "profiles": {},
                "command": "python " + " ".join([os.path.relpath(__file__, ROOT)] + (argv or sys.argv[1:]))}
     for kind in args.backends.split(","):
-        if kind == "mpi" and (_mpiexec() is None or __import__("importlib").util.find_spec("mpi4py") is None):
+        if kind == "mpi" and (not _has_mpiexec() or __import__("importlib").util.find_spec("mpi4py") is None):
             payload["skipped"][kind] = "mpi4py or mpiexec missing"
             print(f"skip {kind}: mpi4py or mpiexec missing")
             continue

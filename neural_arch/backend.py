@@ -45,6 +45,7 @@ __all__ = [
     "is_cupy_available",
     "is_device_array",
     "parse_device",
+    "is_registered_device_type",
     "register_device_type",
     "to_device",
     "to_device_like",
@@ -123,6 +124,16 @@ def unregister_device_type(name: str) -> None:
         for t in dt.array_types:
             if _ARRAY_TYPES.get(t) is dt:
                 del _ARRAY_TYPES[t]
+
+
+def is_registered_device_type(name: str) -> bool:
+    """Whether ``name`` was registered with :func:`register_device_type` (``"cuda"``: strict CUDA
+    mode, a stand-in instead of CuPy).
+
+    >>> is_registered_device_type("cuda")
+    False
+    """
+    return str(name).strip().lower() in _DEVICE_TYPES
 
 
 def _registered_type_of(x) -> DeviceType | None:

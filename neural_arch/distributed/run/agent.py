@@ -81,6 +81,27 @@ def _job_view(nnodes: int | None, nproc_per_node: int, backend: str, master_port
             "backend": str(backend).lower(), "master_port": master_port}
 
 
+def check_join_request(extra: bytes, ours: dict) -> tuple[dict | None, list[str]]:
+    """A joiner's view of the job (the handshake's data) against ``ours``: ``(theirs, problems)``,
+    or ``(None, [reason])`` for a malformed request. ``None`` on either side is "not stated";
+    ``nproc_per_node`` may differ between nodes but must be a positive integer.
+
+    >>> check_join_request(b'{"nnodes": 3, "nproc_per_node": 0}', {"nnodes": 2})[1]
+    ['nnodes=3 but node 0 has nnodes=2', 'nproc_per_node=0 is not a positive integer']
+    """
+    try:
+        view = json.loads(extra.decode())
+        theirs = {k: view[k] for k in (*ours, "nproc_per_node")}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None, ["malformed join request (an older neural_arch launcher?)"]
+    problems = [f"{k}={theirs[k]} but node 0 has {k}={ours[k]}" for k in ours if k != "nproc_per_node"
+                and theirs[k] is not None and ours[k] is not None and str(theirs[k]) != str(ours[k])]
+    nproc = theirs["nproc_per_node"]
+    if not isinstance(nproc, int) or nproc < 1:
+        problems.append(f"nproc_per_node={nproc} is not a positive integer")
+    return theirs, problems
+
+
 def _send_message(sock: socket.socket, message: dict) -> None:
     body = json.dumps(message).encode()
     sock.sendall(_LEN.pack(len(body)) + body)
@@ -166,19 +187,12 @@ class NodeAgentServer:
     # -- server side ------------------------------------------------------------------------
     def _check(self, node: int, extra: bytes) -> str | None:
         """None if ``node`` may join; else the reason (and, for a real disagreement, the job fails)."""
-        try:
-            view = json.loads(extra.decode())
-            theirs = {k: view[k] for k in self._view}
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return "malformed join request (an older neural_arch launcher?)"
-        problems = [f"{k}={theirs[k]} but node 0 has {k}={self._view[k]}" for k in ("nnodes", "backend",
-                                                                                   "master_port")
-                    if theirs[k] is not None and self._view[k] is not None and theirs[k] != self._view[k]]
+        theirs, problems = check_join_request(extra, self._view)
+        if theirs is None:
+            return problems[0]
         if not 0 < node < self.nnodes:
             problems.append(f"node_rank {node} is outside 1..{self.nnodes - 1}")
         nproc = theirs["nproc_per_node"]
-        if not isinstance(nproc, int) or nproc < 1:
-            problems.append(f"nproc_per_node={nproc} is not a positive integer")
         with self._cond:
             if self._error is not None:
                 return self._error

@@ -28,13 +28,11 @@ from neural_arch.distributed.run.env import detect_launch_env, launched_by_mpiex
 __all__ = ["select_device"]
 
 
-def _gpu_count() -> int:
+def _gpu_count(stand_in: bool) -> int:
     from neural_arch import cuda
 
     count = cuda.device_count()
-    if count == 0 and "cuda" in _backend._DEVICE_TYPES:  # strict CUDA mode (a registered stand-in)
-        return 1
-    return count
+    return 1 if count == 0 and stand_in else count  # strict CUDA mode: the stand-in is one GPU
 
 
 def select_device(requested: str = "cpu", environ: Mapping[str, str] | None = None) -> tuple[str, str | None]:
@@ -49,7 +47,8 @@ def select_device(requested: str = "cpu", environ: Mapping[str, str] | None = No
         return "cpu", None
     if kind != "cuda":
         raise ValueError(f"select_device: device must be 'cpu' or 'cuda', got {requested!r}")
-    count = _gpu_count()
+    stand_in = _backend.is_registered_device_type("cuda")  # strict CUDA mode (tests), no CuPy
+    count = _gpu_count(stand_in)
     if count == 0:
         raise RuntimeError("--device cuda: no CUDA GPU is visible here (neural_arch.cuda.device_count() == 0; "
                            "install the GPU extra `pip install neural_arch[gpu]` on a GPU machine) - or use "
@@ -58,11 +57,10 @@ def select_device(requested: str = "cpu", environ: Mapping[str, str] | None = No
     local_rank = launch["local_rank"] if launch else 0
     local_size = launch["local_world_size"] if launch else 1
     device = f"cuda:{local_rank % count}"
-    if "cuda" not in _backend._DEVICE_TYPES:  # a real GPU: make it this thread's current device
+    if not stand_in:  # a real GPU: make it this thread's current device
         from neural_arch import cuda
 
         cuda.set_device(local_rank % count)
     own_gpu = local_size <= count
-    backend = "nccl" if own_gpu and not launched_by_mpiexec(environ) and "cuda" not in _backend._DEVICE_TYPES \
-        else None
+    backend = "nccl" if own_gpu and not stand_in and not launched_by_mpiexec(environ) else None
     return device, backend

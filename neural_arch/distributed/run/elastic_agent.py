@@ -33,6 +33,7 @@ from neural_arch.distributed.run.agent import (
     _recv_exact,
     _send_message,
     accept_forever,
+    check_join_request,
 )
 
 __all__ = ["ElasticAgentServer", "ElasticMember"]
@@ -144,17 +145,11 @@ class ElasticAgentServer:
 
     # -- connections ------------------------------------------------------------------------
     def _check(self, node: int, extra: bytes) -> str | None:
-        try:
-            view = json.loads(extra.decode())
-            theirs = {k: view[k] for k in ("nnodes", "backend", "master_port", "nproc_per_node")}
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return "malformed join request (an older neural_arch launcher?)"
-        problems = [f"{k}={theirs[k]} but node 0 has {k}={self._view[k]}" for k in self._view
-                    if theirs[k] is not None and self._view[k] is not None and str(theirs[k]) != str(self._view[k])]
+        theirs, problems = check_join_request(extra, self._view)
+        if theirs is None:
+            return problems[0]
         if not 0 <= node < self.max_nodes:
             problems.append(f"node_rank {node} is outside 0..{self.max_nodes - 1}")
-        if not isinstance(theirs["nproc_per_node"], int) or theirs["nproc_per_node"] < 1:
-            problems.append(f"nproc_per_node={theirs['nproc_per_node']} is not a positive integer")
         with self._lock:
             if node in self._connected:
                 problems.append(f"node_rank {node} is already connected (a node launched twice?)")
