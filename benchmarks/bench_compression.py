@@ -6,17 +6,18 @@ Two workloads, on 2 ranks (gloo by default; ``--backend mpi`` runs under ``mpiex
 1. **digits MLP** (64-128-128-10, the DDP example's model, Adam, batch 32 per rank): trained
    ``--epochs`` epochs under DDP with each comm hook; reported: bytes handed to collectives per
    step and per rank, median step time, and held-out accuracy (``distributed_evaluate``) next to
-   plain all-reduce's (goal: within 1 point).
+   plain all-reduce's (goal: within 1 point), averaged over ``--seeds`` runs (the per-seed spread is ~1 point).
 2. **GPT weight matrices** (``nn.GPT``, n_embd 256, 2 layers): one backward's real gradients of
    every 2-D weight, each reduced by each hook (one bucket per matrix); bytes per rank vs plain
    all-reduce (goal: PowerSGD rank 4 sends <= 1/20), and DDP step time on the whole model.
 
 Bytes are counted by a thin proxy in front of the backend that every hook talks to: the payload
 each rank hands to all-reduce / all-gather (``payload``), and what a ring moves per rank for it
-(``wire``: all-reduce 2 (n - 1) / n x payload, all-gather (n - 1) x payload). Top-K sends int64
-indices next to its values, so its bytes are more than 2 x k x 4.
+(``wire``: all-reduce 2 (n - 1) / n x payload, all-gather (n - 1) x payload). Top-K sends an int32
+index next to each value (one packed all-gather), so its bytes are 2 x k x 4 (+ padding to 8).
+Warm-up steps count at their real size: the table gives the steady state and the mean over training.
 
-Run (about a minute on 2 cores; the machine may be shared: times are medians, ratios from one run)::
+Run (a few minutes on 2 cores: every hook trains --seeds times; times are medians, ratios from one run)::
 
     python benchmarks/bench_compression.py                 # table + benchmarks/results/bench_compression.json
     python benchmarks/bench_compression.py --epochs 10 --backend mpi
@@ -91,9 +92,24 @@ def make_hook(name: str, counter):
         return powerSGD_hook.PowerSGDState(counter, matrix_approximation_rank=rank, start_powerSGD_iter=10), \
             powerSGD_hook.powerSGD_hook
     if name.startswith("topk-"):
-        ratio = float(name[len("topk-"):].rstrip("%")) / 100
-        return topk_hook.TopKState(ratio=ratio, process_group=counter), topk_hook.topk_hook
+        # "topk-1%" (TopKState's defaults) or with overrides: "topk-1%:warmup_iters=0:momentum=0.9"
+        pct, *opts = name[len("topk-"):].split(":")
+        kwargs = {}
+        for opt in opts:
+            key, value = opt.split("=")
+            kwargs[key] = float(value) if "." in value else int(value)
+        return topk_hook.TopKState(ratio=float(pct.rstrip("%")) / 100, process_group=counter, **kwargs), \
+            topk_hook.topk_hook
     raise ValueError(name)
+
+
+def steady_state(state) -> None:
+    """Skip a hook's warm-up (PowerSGD's dense start, Top-K's density schedule): the GPT workload
+    measures one step of the steady state."""
+    if hasattr(state, "start_powerSGD_iter"):
+        state.start_powerSGD_iter = 0
+    if hasattr(state, "schedule"):
+        state.iter = state.schedule[-1].start
 
 
 def bf16_supported(backend) -> str:
@@ -148,7 +164,8 @@ def digits_run(hook_name: str, epochs: int, seed: int = 0) -> dict:
             steps += 1
     payload = counter.payload
     counter.reset()
-    # bytes of one step after any warm-up (PowerSGD compresses from step 10 on)
+    # bytes of one step of the steady state (after PowerSGD's dense start, Top-K's warm-up)
+    steady_state(state)
     F.cross_entropy(ddp(Tensor(X_train[:32])), y_train[:32]).backward()
     opt.zero_grad()
     acc = dist.distributed_evaluate(ddp, (X_test, y_test), metric=["accuracy"], batch_size=256)["accuracy"]
@@ -183,8 +200,7 @@ def gpt_matrices_run(hook_name: str, steps: int) -> dict:
     loss_of(model).backward()
     counter = CountingBackend(dist.get_default_group().backend)
     state, hook = make_hook(hook_name, counter)
-    if hasattr(state, "start_powerSGD_iter"):
-        state.start_powerSGD_iter = 0
+    steady_state(state)
     mats = [(n, p) for n, p in model.named_parameters() if p.grad is not None and p.data.ndim >= 2]
     plain = 0
     for i, (_, p) in enumerate(mats):
@@ -200,8 +216,7 @@ def gpt_matrices_run(hook_name: str, steps: int) -> dict:
     ddp = dist.DistributedDataParallel(model2)
     counter2 = CountingBackend(dist.get_default_group().backend)
     state2, hook2 = make_hook(hook_name, counter2)
-    if hasattr(state2, "start_powerSGD_iter"):
-        state2.start_powerSGD_iter = 0
+    steady_state(state2)
     ddp.register_comm_hook(state2, hook2)
     opt = optim.AdamW(ddp.parameters(), lr=1e-3)
     times = []
@@ -228,8 +243,14 @@ def worker(args) -> dict:
     for name in args.hooks.split(","):
         if name == "bf16" and why_not_bf16 != "ok":
             continue
-        dist.barrier()
-        out["digits"].append(digits_run(name, args.epochs))
+        runs = []
+        for seed in range(args.seeds):
+            dist.barrier()
+            runs.append(digits_run(name, args.epochs, seed))
+        out["digits"].append({**runs[0], "accuracy": statistics.fmean(r["accuracy"] for r in runs),
+                              "accuracy_per_seed": [r["accuracy"] for r in runs],
+                              "step_ms": statistics.median(r["step_ms"] for r in runs),
+                              "mean_bytes_per_step": statistics.fmean(r["mean_bytes_per_step"] for r in runs)})
         dist.barrier()
         out["gpt"].append(gpt_matrices_run(name, args.gpt_steps))
     dist.destroy_process_group()
@@ -245,7 +266,7 @@ def launch(args) -> dict:
     from neural_arch.distributed.testing import free_port
 
     me = os.path.abspath(__file__)
-    common = ["--worker", "--backend", args.backend, "--epochs", str(args.epochs), "--hooks", args.hooks,
+    common = ["--worker", "--backend", args.backend, "--epochs", str(args.epochs), "--seeds", str(args.seeds), "--hooks", args.hooks,
               "--gpt-steps", str(args.gpt_steps)]
     env = thread_env(1)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
@@ -273,6 +294,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="gloo", choices=["gloo", "mpi"])
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--seeds", type=int, default=3, help="digits runs per hook (seeds 0..N-1); accuracy is their mean")
     ap.add_argument("--gpt-steps", type=int, default=8)
     ap.add_argument("--hooks", default=",".join(HOOKS))
     ap.add_argument("--timeout", type=float, default=900.0)
@@ -293,11 +315,14 @@ def main(argv=None) -> int:
     base = next(d for d in res["digits"] if d["hook"] == "allreduce")
     rows = []
     for d in res["digits"]:
+        diffs = [100 * (a - b) for a, b in zip(d["accuracy_per_seed"], base["accuracy_per_seed"])]
         rows.append([d["hook"], d["bytes_per_step"], round(d["bytes_per_step"] / base["bytes_per_step"], 4),
+                     round(d["mean_bytes_per_step"]), round(d["mean_bytes_per_step"] / base["mean_bytes_per_step"], 4),
                      round(d["step_ms"], 2), round(d["step_ms"] / base["step_ms"], 2), round(100 * d["accuracy"], 2),
-                     round(100 * (d["accuracy"] - base["accuracy"]), 2)])
-    t1 = format_table(rows, ["hook", "bytes/step/rank", "vs all-reduce", "step ms", "step vs all-reduce",
-                             "held-out acc %", "acc - all-reduce (points)"])
+                     round(100 * (d["accuracy"] - base["accuracy"]), 2), " ".join(f"{x:+.2f}" for x in diffs)])
+    t1 = format_table(rows, ["hook", "bytes/step/rank (steady)", "vs all-reduce", "bytes/step/rank (mean over training)",
+                             "vs all-reduce", "step ms", "step vs all-reduce", f"held-out acc % (mean of {args.seeds})",
+                             "acc - all-reduce (points)", "per seed (points)"])
     gbase = next(g for g in res["gpt"] if g["hook"] == "allreduce")
     rows2 = []
     for g in res["gpt"]:
@@ -307,8 +332,9 @@ def main(argv=None) -> int:
     t2 = format_table(rows2, ["hook", "weight matrices", "bytes/rank", "vs all-reduce", "fraction",
                               "DDP step ms (whole GPT)", "step vs all-reduce"])
     note = "" if res["bf16"] == "ok" else f"\n(bf16 row left out: the backend does not all-reduce bfloat16: {res['bf16']})"
-    print(f"\ndigits MLP 64-128-128-10, {args.epochs} epochs, {args.ranks} ranks ({args.backend}){note}\n\n{t1}")
-    print(f"\nGPT (n_embd 256, 2 layers) weight matrices, one backward's gradients\n\n{t2}")
+    print(f"\ndigits MLP 64-128-128-10, {args.epochs} epochs, {args.ranks} ranks ({args.backend}), seeds 0-{args.seeds - 1}"
+          f"{note}\n\n{t1}")
+    print(f"\nGPT (n_embd 256, 2 layers) weight matrices, one backward's gradients (steady state)\n\n{t2}")
     path = write_json(args.out, {"benchmark": "bench_compression", "command": " ".join(sys.argv),
                                  "load_average_end": list(os.getloadavg()), **res, "tables": [t1, t2]})
     print(f"\nwritten to {path}")

@@ -2,12 +2,20 @@
 
 ``bench_collectives.py --contenders mpi,mpi4py`` runs the two contenders one after the other,
 in separate jobs: on a shared machine a burst of load during one of them skews the ratio. Here
-the same ranks alternate the two every round (backend, raw, backend, raw, ...) at every size, so
-both see the same load; the ratio is taken per size from the medians over rounds.
+the same ranks alternate the two every round (backend, raw, raw, backend, ...: the order flips every
+round) at every size, so both see the same load; the ratio is taken per size from the medians over
+rounds.
 
 Contenders: ``mpi`` = ``MPIBackend.allreduce(x)`` (also ``broadcast``/``allgather`` with
 ``--ops``), ``mpi4py`` = ``comm.Allreduce(MPI.IN_PLACE, x)`` on a duplicate of COMM_WORLD.
 float32, zeros (repeated sums never overflow). Each cell: the slowest rank's median.
+
+``--probes`` adds all_reduce contenders that split the backend's cost into its parts (where the
+time goes): ``nb-wait`` = raw ``Iallreduce(...).Wait()`` (MPICH's nonblocking collective alone),
+``nb-waitany`` = raw ``Iallreduce`` + ``MPI.Request.Waitany([req, wake-up Irecv])`` (what the
+backend's watchdog wait does, without any Python around it), ``persistent`` = a persistent
+``Allreduce_init`` request on a staging buffer, ``Start`` + the same ``Waitany`` + two copies (what
+the backend does up to ``PERSISTENT_MAX_BYTES``).
 
 Usage::
 
@@ -54,6 +62,33 @@ def worker(args) -> None:
     raw = {"all_reduce": lambda x, out: comm.Allreduce(MPI.IN_PLACE, x),
            "broadcast": lambda x, out: comm.Bcast(x, root=0),
            "all_gather": lambda x, out: comm.Allgather(x, out)}
+    if args.probes:
+        private = MPI.COMM_WORLD.Dup()
+        wake = private.Irecv(np.zeros(1, np.int64), private.Get_rank(), 100)
+        pair = [None, wake]
+
+        def nb_waitany(x, out):
+            pair[0] = comm.Iallreduce(MPI.IN_PLACE, x)
+            while MPI.Request.Waitany(pair) != 0:
+                pass
+        persistent: dict = {}
+
+        def persistent_waitany(x, out):
+            # what the backend does for the smallest all_reduces: a persistent request on a staging buffer
+            if x.nbytes not in persistent:
+                stage = np.zeros_like(x)
+                persistent[x.nbytes] = (comm.Allreduce_init(MPI.IN_PLACE, stage, MPI.SUM), stage)
+            req, stage = persistent[x.nbytes]
+            stage[...] = x
+            req.Start()
+            pair[0] = req
+            while MPI.Request.Waitany(pair) != 0:
+                pass
+            x[...] = stage
+        probes = {"nb-wait": lambda x, out: comm.Iallreduce(MPI.IN_PLACE, x).Wait(), "nb-waitany": nb_waitany,
+                  "persistent": persistent_waitany}
+    else:
+        probes = {}
     times: dict = {}
     for op in args.ops.split(","):
         for nbytes in args.sizes:
@@ -62,11 +97,16 @@ def worker(args) -> None:
                 n = max(1, n // world)
             x, out = np.zeros(n, np.float32), np.zeros((world, n), np.float32)
             inner = max(1, min(200, (1 << 22) // nbytes))
-            for name, fn in (("mpi", ours[op]), ("mpi4py", raw[op])):
+            contenders = [("mpi", ours[op]), ("mpi4py", raw[op])]
+            if op == "all_reduce":
+                contenders += list(probes.items())
+            for name, fn in contenders:
                 for _ in range(min(inner, 20) + 2):
                     fn(x, out)
-            for _ in range(args.rounds):
-                for name, fn in (("mpi", ours[op]), ("mpi4py", raw[op])):
+            for rnd in range(args.rounds):
+                # the order alternates every round, so that no contender always runs first after the
+                # barrier (a guard: identical contenders showed no order effect on MPICH)
+                for name, fn in (contenders if rnd % 2 == 0 else contenders[::-1]):
                     comm.Barrier()
                     t0 = time.perf_counter()
                     for _ in range(inner):
@@ -76,6 +116,11 @@ def worker(args) -> None:
     medians = {k: pick(v) for k, v in times.items()}
     reports = comm.gather(medians, root=0)
     backend.shutdown()
+    if probes:
+        wake.Cancel()
+        wake.Wait()
+        for req, _stage in persistent.values():
+            req.Free()
     if comm.Get_rank() == 0:
         merged = {k: max(r[k] for r in reports) for k in medians}
         print(json.dumps({"ranks": world, "results": merged}), flush=True)
@@ -91,6 +136,7 @@ def main(argv=None) -> None:
                     help="per rank, over rounds: median (default), or min (the best round: on a loaded, "
                          "shared machine the least disturbed measure of what the code itself costs)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "bench_mpi_backend.json"))
+    ap.add_argument("--probes", action="store_true", help="also time raw Iallreduce+Wait / +Waitany (see above)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--size-list", default=",".join(map(str, SIZES)), help="bytes, comma separated")
     args = ap.parse_args(argv)
@@ -102,6 +148,7 @@ def main(argv=None) -> None:
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [mpiexec, "-n", str(args.ranks), sys.executable, os.path.abspath(__file__), "--worker",
            "--ops", args.ops, "--rounds", str(args.rounds), "--size-list", args.size_list, "--stat", args.stat]
+    cmd += ["--probes"] if args.probes else []
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -119,6 +166,15 @@ def main(argv=None) -> None:
                          f"{ours / raw:.2f}x"])
         print(f"\n{op}, {args.ranks} ranks, float32, interleaved rounds: slowest rank's {args.stat}")
         print(format_table(rows, ["size", "mpi backend us", "raw mpi4py us", "speed vs raw", "latency vs raw"]))
+        if args.probes and op == "all_reduce":
+            rows = [[_label(n)] + [f"{result['results'][f'{op}:{n}:{k}'] * 1e6:.1f}" for k in
+                                   ("mpi", "persistent", "nb-waitany", "nb-wait", "mpi4py")]
+                    + [f"{result['results'][f'{op}:{n}:mpi4py'] / result['results'][f'{op}:{n}:nb-wait']:.2f}x"]
+                    for n in args.sizes]
+            print("\nwhere the time goes (us): the backend, a persistent request, its wait alone, MPICH's "
+                  "nonblocking collective, the blocking one")
+            print(format_table(rows, ["size", "mpi backend", "persistent+copies", "Iallreduce+Waitany",
+                                      "Iallreduce+Wait", "Allreduce", "nonblocking speed vs blocking"]))
     print(f"\nwrote {write_json(args.out, payload)}")
 
 

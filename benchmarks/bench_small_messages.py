@@ -12,13 +12,24 @@ processes on a shared machine hits every contender alike):
 A collective is done when its slowest rank is: each cell is the max over ranks of that rank's
 median over rounds. ``tensor/raw`` and ``backend/raw`` are the ratios to raw mpi4py in the same
 run. ``--profile`` adds a cProfile of 2000 Tensor-API calls of 1 KiB on rank 0 (top functions by
-own time). Results go to ``benchmarks/results/bench_small_messages.json``.
+own time). ``--clock cpu`` times each rank's own CPU time per call (``time.thread_time``) instead of
+wall time: on an oversubscribed machine (more runnable processes than cores) a wall-clock latency
+is mostly the scheduler, while the CPU time of a rank whose waits sleep is what the code itself
+costs -- compare versions with it, not contenders (MPICH busy-polls, so its CPU time includes its
+waiting). Results go to ``benchmarks/results/bench_small_messages.json``.
+
+``--overhead`` measures only the Python around the shared-memory engine, in one process: a 2-rank
+``GlooBackend`` whose direct engine is a stub (it reads the op's check word and reduction, as the real
+one does, and moves nothing), ``backend.allreduce(1 KiB float32)`` timed in CPU time, with and
+without the stall inspector that ``init_process_group`` starts. No peer, no barrier, no scheduler:
+the number that stays put on a loaded machine when comparing two versions of the comm layer.
 
 Usage::
 
     python benchmarks/bench_small_messages.py                       # 2 ranks, gloo and mpi
     python benchmarks/bench_small_messages.py --ranks 1 --profile   # a world of one, with a profile
     python benchmarks/bench_small_messages.py --backends mpi --rounds 15
+    python benchmarks/bench_small_messages.py --overhead               # the Python path alone
 """
 
 from __future__ import annotations
@@ -90,13 +101,14 @@ def worker(args) -> None:
         for _ in range(50):
             fn()
     times: dict = {key: [] for key in fns}
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     for _ in range(args.rounds):
         for key, fn in fns.items():
             sync()
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(args.calls):
                 fn()
-            times[key].append((time.perf_counter() - t0) / args.calls)
+            times[key].append((clock() - t0) / args.calls)
     pick = min if args.stat == "min" else statistics.median
     results = {f"{k}:{s}": pick(v) for (k, s), v in times.items()}
     profile = None
@@ -124,10 +136,64 @@ def worker(args) -> None:
             print(line, flush=True)
 
 
+# -- the Python path alone -----------------------------------------------------------------------------
+def overhead(args) -> dict:
+    """CPU microseconds per ``backend.allreduce`` of 1 KiB on gloo's direct path, engine stubbed out."""
+    import numpy as np
+
+    from neural_arch.distributed.comm.algorithms.executor import _UFUNCS
+    from neural_arch.distributed.comm.gloo import GlooBackend
+    from neural_arch.distributed.stall import StallInspector
+
+    class Segment:
+        def poison(self, why):
+            pass
+
+    class StubEngine:            # what DirectCollectives.all_reduce reads per op, and nothing else
+        seg = Segment()
+
+        def all_reduce(self, array, op, info, root=-1):
+            info.wire, _UFUNCS[op]
+
+        def close(self):
+            pass
+
+    class StubTransport:
+        _abort = None
+
+        def peer_kind(self, peer):
+            return "shm"
+
+        def close(self):
+            pass
+
+    backend = GlooBackend(StubTransport(), 0, 2, timeout=30.0, direct=StubEngine())
+    x = np.zeros(256, np.float32)
+    calls = max(args.calls, 2000) * 10
+
+    def per_call() -> float:
+        f = backend.allreduce
+        t0 = time.thread_time()
+        for _ in range(calls):
+            f(x)
+        return (time.thread_time() - t0) / calls
+
+    out = {}
+    for label in ("no observer", "stall inspector"):
+        inspector = StallInspector(warning_s=60.0, store=None, rank=0).start() if label != "no observer" else None
+        per_call()                                   # warm-up
+        runs = [per_call() for _ in range(args.rounds)]
+        if inspector is not None:
+            inspector.stop()
+        out[label] = {"min": min(runs), "median": statistics.median(runs)}
+    return out
+
+
 # -- the orchestrator --------------------------------------------------------------------------------
 def run_backend(kind: str, args) -> list[dict]:
     me = os.path.abspath(__file__)
     common = ["--worker", kind, "--rounds", str(args.rounds), "--calls", str(args.calls), "--stat", args.stat,
+              "--clock", args.clock,
               "--size-list", ",".join(map(str, args.sizes))] + (["--profile"] if args.profile else [])
     env = thread_env(1)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -157,15 +223,28 @@ def main(argv=None) -> None:
     ap.add_argument("--stat", choices=("median", "min"), default="median",
                     help="per rank, over rounds: median (default), or min (the best round: on a loaded, "
                          "shared machine the least disturbed measure of what the code itself costs)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall: latency per call (default); cpu: each rank's own CPU time per call (see above)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "bench_small_messages.json"))
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--size-list", default=",".join(map(str, SIZES)), help=argparse.SUPPRESS)
+    ap.add_argument("--overhead", action="store_true",
+                    help="time only the Python around the shm engine, in one process (see above)")
     args = ap.parse_args(argv)
     args.sizes = [int(s) for s in args.size_list.split(",")]
     if args.worker:
         return worker(args)
+    if args.overhead:
+        result = overhead(args)
+        rows = [[label, f"{v['min'] * 1e6:.2f}", f"{v['median'] * 1e6:.2f}"] for label, v in result.items()]
+        print("gloo backend.allreduce(1 KiB float32), direct engine stubbed: CPU us per call")
+        print(format_table(rows, ["observers", "min", "median"]))
+        out = args.out.replace("bench_small_messages.json", "bench_small_messages_overhead.json")
+        print(f"\nwrote {write_json(out, {'rounds': args.rounds, 'overhead_s': result})}")
+        return None
 
     payload = {"ranks": args.ranks, "sizes": args.sizes, "rounds": args.rounds, "calls": args.calls, "stat": args.stat,
+               "clock": args.clock,
                "results": {}, "skipped": {}, "profiles": {},
                "command": "python " + " ".join([os.path.relpath(__file__, ROOT)] + (argv or sys.argv[1:]))}
     for kind in args.backends.split(","):
@@ -194,7 +273,8 @@ def main(argv=None) -> None:
                 m = merged[f"mpi4py:{s}"]
                 row += [f"{m * 1e6:.2f}", f"{t / m:.2f}", f"{b / m:.2f}"]
             rows.append(row + [f"{c * 1e6:.2f}"])
-        print(f"\nall_reduce on {kind}, {args.ranks} rank(s), float32: slowest rank's {args.stat} per call")
+        what = "CPU time" if args.clock == "cpu" else "latency"
+        print(f"\nall_reduce on {kind}, {args.ranks} rank(s), float32: slowest rank's {args.stat} {what} per call")
         print(format_table(rows, headers))
         if kind in payload["profiles"]:
             print(f"\ncProfile of 2000 Tensor-API all_reduce(1 KiB) calls on rank 0 ({kind}):")

@@ -31,7 +31,7 @@ import numpy as np
 
 from .. import backend as _backend
 from .autograd import Node
-from .ops_basic import _needs, _result, _xp, scatter_add
+from .op_utils import _needs, _result, _xp, scatter_add
 from .rng import get_generator
 from .tensor import Tensor
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 from .. import backend as _backend
 from . import autograd as _ag
 from . import ops_basic as _ob
-from .ops_basic import _SCALARS, _operand
+from .op_utils import _SCALARS, _operand
 from .tensor import Tensor
 
 _LEAF_MSG = (

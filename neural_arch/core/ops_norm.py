@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from .autograd import Node
-from .ops_basic import _needs, _result, _xp
+from .op_utils import _needs, _result, _xp
 from .tensor import Tensor
 
 __all__ = [

@@ -19,7 +19,7 @@ from .. import backend as _backend
 from . import autograd as _ag
 from . import dtypes as _dtypes
 from .autograd import Node
-from .ops_basic import _SCALARS, _bmax, _needs, _result, _same_device, _xp, scatter_add, unbroadcast
+from .op_utils import _SCALARS, _bmax, _needs, _result, _same_device, _xp, scatter_add, unbroadcast
 from .tensor import Tensor, _check_dim
 
 

@@ -64,6 +64,7 @@ _export("device_mesh", "DeviceMesh", "init_device_mesh")
 _export("parallel.pipeline", "PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B")
 _export("algorithms.communication_optimizer", "CommunicationOptimizer")
 _export("algorithms.hierarchical", "hierarchical_all_reduce", "host_groups")
+_export("algorithms.hierarchical_auto", "all_reduce_algorithm")
 _export("metrics", "DistributedMetrics")
 
 __all__ = sorted(_LAZY)  # noqa: PLE0605 - built from the table above

@@ -30,7 +30,6 @@ Example::
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,9 +38,10 @@ import numpy as np
 from neural_arch.core.tensor import Tensor
 from neural_arch.distributed.comm.backend import _xp
 from neural_arch.distributed.comm.work import ReduceOp, Work
-from neural_arch.distributed.groups import ProcessGroup, _resolve_group
+from neural_arch.distributed.groups import _resolve_group
+from neural_arch.distributed.process_group import FLAT_ALWAYS as _NEVER
 from neural_arch.distributed.process_group import GroupMember
-from neural_arch.distributed.state import STATE as _STATE
+from neural_arch.distributed.resolve import _buf, _group  # noqa: F401 - used here and by older imports
 
 __all__ = [
     "P2POp",
@@ -74,6 +74,7 @@ __all__ = [
     "send_object_list",
 ]
 
+
 #: torch's ``dist.group.WORLD``: ``group.WORLD`` is the default group once initialised.
 group = GroupMember
 #: torch's deprecated lower-case alias of :class:`ReduceOp` (old scripts still write it).
@@ -81,28 +82,6 @@ reduce_op = ReduceOp
 
 
 # ---------------------------------------------------------------------------------- helpers
-def _buf(x, arg: str = "tensor"):
-    """A Tensor's data (made C-contiguous in place if needed); arrays pass through unchanged.
-
-    Arrays are not copied: the backend checks them strictly, because a copy would silently
-    leave the caller's buffer unchanged.
-    """
-    if x.__class__ is Tensor or isinstance(x, Tensor):
-        data = x.data
-        if data.__class__ is np.ndarray and data.flags.c_contiguous:   # the common case
-            return data
-        flags = getattr(data, "flags", None)
-        if flags is not None and not flags.c_contiguous:
-            data = _xp(data).ascontiguousarray(data)
-            x.data = data
-        return data
-    if isinstance(x, (list, tuple)):
-        raise TypeError(f"{arg} must be a Tensor or an array, got a {type(x).__name__}; the list forms "
-                        "are all_gather(tensor_list, tensor), reduce_scatter(output, input_list) and "
-                        "all_to_all(output_list, input_list)")
-    return x
-
-
 def _at_least_1d(data):
     """A 0-d buffer as a (1,)-shaped view of the same memory: rows of a (size, ...) table are then
     arrays, never NumPy scalars, on every backend."""
@@ -159,26 +138,6 @@ def _finish(work: Work, make_result: Callable[[], Any], async_op: bool):
     return out
 
 
-def _group(group, op: str) -> ProcessGroup | None:
-    """The group to run on, or None on a rank outside it.
-
-    torch semantics: a collective called with ``GroupMember.NON_GROUP_MEMBER`` (what
-    ``new_group`` returns on ranks that are not members) does nothing and returns None, with a
-    warning, so ``all_reduce(t, group=g)`` may be written unguarded on every rank.
-    """
-    if group is None:
-        world = _STATE.world     # the common case, without _resolve_group's checks of a group
-        if world is not None:
-            return world
-    elif group is GroupMember.NON_GROUP_MEMBER:
-        _resolve_group(None, op)  # still: NotInitializedError before init_process_group()
-        warnings.warn(f"{op}: this rank is not a member of the group (new_group() returned "
-                      "GroupMember.NON_GROUP_MEMBER here); the call does nothing and returns None",
-                      stacklevel=3)
-        return None
-    return _resolve_group(group, op)
-
-
 def _stack(items, xp):
     return xp.stack([_buf(t, "tensor") for t in items]) if items else None
 
@@ -202,14 +161,34 @@ def barrier(group=None, async_op: bool = False):
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
-    """Reduce ``tensor`` over the group, in place on every rank; returns ``tensor``."""
+    """Reduce ``tensor`` over the group, in place on every rank; returns ``tensor``.
+
+    On a gloo group spanning several hosts, a large synchronous call runs hierarchically (shared
+    memory inside hosts, the network between them; ``NEURAL_ARCH_HIERARCHICAL``, and
+    ``algorithms.hierarchical_auto.all_reduce_algorithm`` says which form a call takes).
+    """
     pg = _group(group, "all_reduce")
     if pg is None:
         return None
-    work = pg.backend.allreduce(_buf(tensor), op, async_op=async_op)
+    data = _buf(tensor)
+    # One attribute read per call: single-host groups hold the _NEVER object after their first call.
+    limit = pg._hierarchical_min_bytes
+    if limit is not _NEVER and not async_op and _hierarchical(pg, data, op, limit):
+        return tensor
+    work = pg.backend.allreduce(data, op, async_op=async_op)
     if not async_op:
         return tensor            # the backend already waited, and raised if the op failed
     return _finish(work, lambda: tensor, True)
+
+
+def _hierarchical(pg, data, op, limit) -> bool:
+    """all_reduce's slow path: decide once per group, then run the hierarchical form when the
+    message is large enough (algorithms/hierarchical_auto.py; imported here, on first use only)."""
+    from neural_arch.distributed.algorithms import hierarchical_auto
+
+    if limit is None:
+        limit = hierarchical_auto.min_bytes(pg)
+    return limit is not _NEVER and getattr(data, "nbytes", -1) >= limit and hierarchical_auto.all_reduce(pg, data, op)
 
 
 def broadcast(tensor, src: int = 0, group=None, async_op: bool = False):

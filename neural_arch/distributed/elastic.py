@@ -1,9 +1,11 @@
 """In-process elastic training (Horovod's ``hvd.elastic`` model): commit, fail, re-form, restore.
 
 A training loop keeps its state in a :class:`State` and calls :meth:`State.commit` every few
-steps. When a peer dies (``PeerFailureError``) or a collective times out
-(``CollectiveTimeoutError``), the function wrapped by :func:`run` does not crash: every surviving
-process restores the last commit, destroys its process group and calls ``init_process_group()``
+steps. When a peer dies (``PeerFailureError``), a collective times out
+(``CollectiveTimeoutError``) or another rank's operation failed (``GroupPoisonedError``), the
+function wrapped by :func:`run` does not crash: every surviving process restores the last commit,
+aborts its process group (so peers still waiting in a collective fail at once instead of at
+``NEURAL_ARCH_TIMEOUT``), destroys it and calls ``init_process_group()``
 again from the environment (the size it finds there), re-partitions the sampler, and re-enters
 the function, which continues from ``state.epoch`` / ``state.step``::
 
@@ -40,15 +42,16 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-import os
 
-from neural_arch.distributed.errors import CollectiveTimeoutError, PeerFailureError
+from neural_arch.distributed.errors import CollectiveTimeoutError, GroupPoisonedError, PeerFailureError
 
 __all__ = ["RESETTABLE_ERRORS", "State", "run"]
 
 log = logging.getLogger("neural_arch.distributed.elastic")
 
-RESETTABLE_ERRORS = (PeerFailureError, CollectiveTimeoutError)
+# GroupPoisonedError: another rank's op failed (or it aborted the group to reset): the group
+# must be re-created on every rank, which is what a reset does.
+RESETTABLE_ERRORS = (PeerFailureError, CollectiveTimeoutError, GroupPoisonedError)
 
 
 class State:
@@ -168,10 +171,19 @@ class State:
             callback()
 
 
-def _reinit_process_group() -> None:
+def _reinit_process_group(reason: str = "") -> None:
     from neural_arch.distributed import groups
 
     backend = groups.get_backend() if groups.is_initialized() else None
+    if groups.is_initialized():
+        # Tell the peers first (torch's ProcessGroup.abort): a rank whose own step raised leaves
+        # the others blocked in their next collective, which would otherwise end only at
+        # NEURAL_ARCH_TIMEOUT; poisoned, it fails at once and they reset too.
+        try:
+            groups.get_default_group().backend.abort(f"rank {groups.get_rank()} is re-forming the group "
+                                                     f"after {reason or 'a failure'}")
+        except Exception as exc:  # noqa: BLE001 - best effort: the group is being torn down anyway
+            log.debug("elastic: could not abort the old group: %s", exc)
     groups.destroy_process_group()
     groups.init_process_group(backend=backend)
 
@@ -190,7 +202,9 @@ def run(func):
 
     @functools.wraps(func)
     def wrapper(state: State, *args, **kwargs):
-        limit = int(os.environ.get("NEURAL_ARCH_ELASTIC_MAX_RESETS", "5"))
+        from neural_arch.distributed import config
+
+        limit = int(config.get("NEURAL_ARCH_ELASTIC_MAX_RESETS"))
         resets = 0
         state.sync()
         while True:
@@ -203,7 +217,7 @@ def run(func):
                 log.warning("elastic: %s: %s; restoring the last commit and re-forming the group (reset %d of %d)",
                             type(exc).__name__, exc, resets, limit)
                 state.restore()
-                _reinit_process_group()
+                _reinit_process_group(f"{type(exc).__name__}: {exc}")
                 state.on_reset()
                 state.sync()
 

@@ -36,10 +36,10 @@ import logging
 import os
 import socket
 from collections.abc import Mapping
-from datetime import timedelta
 
 from neural_arch.distributed import config
 from neural_arch.distributed.comm import get_backend_class
+from neural_arch.distributed.comm.local import LocalBackend
 from neural_arch.distributed.errors import DistributedError, NotInitializedError
 
 __all__ = [
@@ -74,6 +74,9 @@ from neural_arch.distributed.comm.registry import installed_backends as _install
 from neural_arch.distributed.comm.registry import mpi_importable as _mpi_importable
 from neural_arch.distributed.info import get_distributed_info  # noqa: F401 - re-exported
 from neural_arch.distributed.state import STATE
+from neural_arch.distributed.resolve import _resolve_group, _seconds  # noqa: F401 - used here and by callers of groups._resolve_group
+# Sub-groups live in their own module; re-exported here, where they have always been importable.
+from neural_arch.distributed.subgroups import new_group, new_subgroups, new_subgroups_by_enumeration, split_group  # noqa: F401
 from neural_arch.distributed.process_group import GroupMember, GroupMembershipError, ProcessGroup, _NonGroupMember  # noqa: F401
 
 
@@ -112,26 +115,16 @@ def select_backend(environ: Mapping[str, str], mpi_importable: bool | None = Non
     return "local"
 
 
-def _seconds(value, name: str) -> float:
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name}={value!r} must be seconds (a number) or a datetime.timedelta") from None
-    if value <= 0:
-        raise ValueError(f"{name}={value} must be positive")
-    return value
-
-
 def _env_float(name: str, default: float) -> float:
     """A positive number of seconds from the environment (read through the one settings table)."""
     try:
         value = config.get(name)
+    except ValueError as exc:  # the table's message names the variable and its value
+        raise ValueError(f"environment variable {exc}; it must be a positive number of seconds") from None
+    try:
         return default if value is None else _seconds(value, name)
     except (TypeError, ValueError):
-        raise ValueError(f"environment variable {name}={os.environ.get(name)!r} must be a positive number "
-                         "of seconds") from None
+        raise ValueError(f"environment variable {name}={value!r} must be a positive number of seconds") from None
 
 
 # ---------------------------------------------------------------------------------- init
@@ -254,7 +247,7 @@ def _mark_ready(environ, rank: int) -> None:
     step is not mistaken for a stuck start. A failure to write it is logged, never raised: the
     job itself is fine. Example: ``NEURAL_ARCH_READY_DIR=/tmp/job1`` -> ``/tmp/job1/rank_3``.
     """
-    folder = (environ.get(READY_DIR_ENV) or "").strip()
+    folder = config.get(READY_DIR_ENV, environ)
     if not folder:
         return
     path = os.path.join(folder, f"rank_{rank}")
@@ -268,14 +261,10 @@ def _mark_ready(environ, rank: int) -> None:
 
 
 def _derived_job_token(environ) -> str | None:
-    """A job token derived from mpiexec's/srun's job id (run_env), when the launcher gave none.
+    """A job token derived from mpiexec's/srun's job id (run_env), when the launcher gave none."""
+    from neural_arch.distributed.run.env import derive_job_token
 
-    Looked up with getattr so this module works with run_env versions that lack it.
-    """
-    from neural_arch.distributed.run import env as run_env
-
-    derive = getattr(run_env, "derive_job_token", None)
-    return derive(environ) if callable(derive) else None
+    return derive_job_token(environ)
 
 
 def _launch_env(environ) -> dict | None:
@@ -459,29 +448,22 @@ def get_default_group() -> ProcessGroup:
     return world
 
 
-def _resolve_group(group=None, op: str = "this operation") -> ProcessGroup:
-    """``group`` (None / GroupMember.WORLD / a ProcessGroup) -> the ProcessGroup to use.
+def backend_or_world_of_one(group=None, caller: str = "this operation"):
+    """The backend of ``group``, or a world of one when nothing is initialised and ``group`` is None.
 
-    Raises NotInitializedError before init, GroupMembershipError for NON_GROUP_MEMBER, and a
-    clear error for a group that was destroyed or belongs to an earlier init.
+    The one owner of "a plain ``python`` run is a world of one" for the strategies that must also
+    work without ``init_process_group()`` (DDP, DistributedSampler, SyncBatchNorm): collectives on
+    the returned :class:`~neural_arch.distributed.comm.local.LocalBackend` are no-ops. A group
+    that is given is resolved as every collective resolves it (NON_GROUP_MEMBER, a destroyed
+    group or a missing init raise, naming ``caller``).
+
+    >>> b = backend_or_world_of_one(None, "DistributedSampler")   # nothing initialised here
+    >>> (b.rank, b.size)
+    (0, 1)
     """
-    world = _STATE.world
-    if world is None:
-        raise NotInitializedError(f"{op} needs a process group; call "
-                                  "neural_arch.distributed.init_process_group() first")
-    if group is None or group is GroupMember.WORLD:
-        return world
-    if group is GroupMember.NON_GROUP_MEMBER:
-        raise GroupMembershipError(
-            f"{op}: this rank (global rank {world.rank()}) is not a member of the group; new_group() "
-            "returned GroupMember.NON_GROUP_MEMBER here. Only the group's ranks may call it: guard the "
-            "call with `if group is not GroupMember.NON_GROUP_MEMBER:`")
-    if not isinstance(group, ProcessGroup):
-        raise TypeError(f"{op}: group={group!r} must be a ProcessGroup from new_group() (or None for the world)")
-    if group.destroyed or group.generation != world.generation:
-        raise DistributedError(f"{op}: {group!r} was destroyed (or made before the last "
-                               "init_process_group()); create it again with new_group()")
-    return group
+    if group is None and _STATE.world is None:
+        return LocalBackend()
+    return _resolve_group(group, caller).backend
 
 
 def get_rank(group=None) -> int:
@@ -511,12 +493,3 @@ def get_group_rank(group, global_rank: int) -> int:
 def get_global_rank(group, group_rank: int) -> int:
     """Rank inside ``group`` -> global rank."""
     return _resolve_group(group, "get_global_rank").global_rank(group_rank)
-
-
-# Sub-groups live in their own module; re-exported here, where they have always been importable.
-from neural_arch.distributed.subgroups import (  # noqa: E402 - after the names subgroups imports from here
-    new_group,
-    new_subgroups,
-    new_subgroups_by_enumeration,
-    split_group,
-)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from neural_arch.distributed.collectives import _group
+from neural_arch.distributed.resolve import _group
 from neural_arch.distributed.errors import CollectiveTimeoutError
 
 __all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "monitored_barrier",

@@ -49,6 +49,11 @@ class GroupMember:
     NON_GROUP_MEMBER = _NonGroupMember()
 
 
+#: ``ProcessGroup._hierarchical_min_bytes`` of a group whose all_reduce always stays flat (the hot
+#: path tests identity with it).
+FLAT_ALWAYS = float("inf")
+
+
 class ProcessGroup:
     """A set of ranks that run collectives together, over one backend communicator.
 
@@ -61,6 +66,10 @@ class ProcessGroup:
         pg.rank(), pg.size(), pg.ranks, pg.backend_name
         pg.group_rank(3)     # global rank 3 -> its rank inside this group
     """
+
+    # all_reduce's hierarchical threshold for this group (bytes), decided on its first large call by
+    # algorithms/hierarchical_auto.py: None = not decided yet; FLAT_ALWAYS = this group stays flat.
+    _hierarchical_min_bytes = None
 
     def __init__(self, backend: Backend, ranks: Sequence[int], backend_name: str, name: str,
                  generation: int):

@@ -29,10 +29,10 @@ MPI jobs have no rendezvous store: there the warning names the op and how long i
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from dataclasses import dataclass
 
+from neural_arch.distributed import config
 from neural_arch.profiler import events
 
 __all__ = [
@@ -52,16 +52,12 @@ _log = logging.getLogger("neural_arch.distributed.stall")
 
 def warning_threshold(environ=None) -> float:
     """Seconds from ``NEURAL_ARCH_STALL_WARNING_S`` (default 60; 0 = off); a clear error if unparsable."""
-    text = (environ if environ is not None else os.environ).get(STALL_ENV, "").strip()
-    if not text:
-        return DEFAULT_WARNING_S
     try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{STALL_ENV}={text!r} must be a number of seconds (0 turns the stall inspector off)") \
-            from None
+        value = config.get(STALL_ENV, environ)
+    except ValueError as exc:  # the table's message names the variable and its value
+        raise ValueError(f"{exc}: must be a number of seconds (0 turns the stall inspector off)") from None
     if value < 0:
-        raise ValueError(f"{STALL_ENV}={text!r} must be >= 0 (0 turns the stall inspector off)")
+        raise ValueError(f"{STALL_ENV}={value!r} must be >= 0 (0 turns the stall inspector off)")
     return value
 
 

@@ -34,6 +34,7 @@ import sys
 
 import numpy as np
 
+from neural_arch import config
 from neural_arch.profiler import chrome, events
 from neural_arch.profiler.clock import DEFAULT_ROUNDS, estimate_offsets
 from neural_arch.profiler.recorder import Recorder
@@ -181,7 +182,7 @@ def start_timeline_from_env(group=None, environ=None) -> profile | None:
     """Hook for ``init_process_group()``: start a job-long profile when ``NEURAL_ARCH_TIMELINE``
     names a folder (collective: every rank calls it right after rendezvous). No-op otherwise."""
     global _TIMELINE
-    folder = (environ if environ is not None else os.environ).get(TIMELINE_ENV, "").strip()
+    folder = config.get(TIMELINE_ENV, environ)
     if not folder or _TIMELINE is not None:
         return _TIMELINE
     _TIMELINE = profile(trace_dir=folder, group=group).start()

@@ -28,7 +28,9 @@ def reference_state() -> dict:
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return {"model": dict(model.state_dict()), "optim": opt.state_dict(), "epoch": 2}
+    # one array big enough (256 KiB) that a replicated save splits it into row blocks over the ranks
+    table = rng.normal(size=(64, 512))
+    return {"model": dict(model.state_dict()), "optim": opt.state_dict(), "epoch": 2, "buffers": {"table": table}}
 
 
 def _arrays(state):
@@ -148,3 +150,29 @@ def load_layout(layout: str, directory: str, fresh_optimizer: bool = False) -> l
         target["optim"]["state"] = {}  # a fresh optimizer: filled from the checkpoint
     dcp.load(target, directory)
     return compare(target, want)
+
+
+def save_again(layout: str, directory: str) -> int:
+    """Save the same layout twice more (sync, then async): how many plan exchanges hit the cache."""
+    import os
+
+    import neural_arch.distributed as dist
+    from neural_arch.distributed import checkpoint as dcp
+    from neural_arch.distributed.checkpoint import api
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    state = view(reference_state(), layout, rank)
+    before = api._plans.hits
+    dcp.save(state, os.path.join(directory, "a"))
+    state["epoch"] = 5  # a plain value changes: still the same layout
+    dcp.async_save(state, os.path.join(directory, "b")).result()
+    hits = api._plans.hits - before
+    # Only the last rank's layout changes (a key only it holds): the others' staging under the
+    # cached plan is redone under the new one.
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if rank == world - 1:
+        state["only_last"] = np.arange(40_000.0)  # 320 KB: the balanced plan moves other chunks too
+    dcp.async_save(state, os.path.join(directory, "c")).result()
+    if dist.is_initialized():
+        dist.barrier()
+    return hits, api._plans.hits - before

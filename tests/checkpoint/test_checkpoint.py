@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neural_arch.distributed import checkpoint as dcp
@@ -19,6 +19,7 @@ from neural_arch.distributed.checkpoint import CheckpointError, CheckpointManage
 from neural_arch.distributed.checkpoint.sharded import Region, copy_overlap
 
 HERE = os.path.dirname(__file__)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(HERE)))
 
 
 @st.composite
@@ -61,6 +62,59 @@ def test_copy_overlap_matches_numpy_indexing(case):
     expected = _extract(np.where(inside, full, marker), dst)
     assert np.array_equal(out, expected)
     assert n == int(_extract(inside, dst).sum())
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.integers(1, 5), st.lists(st.tuples(st.integers(1, 40), st.integers(1, 300), st.integers(0, 31)),
+                                   min_size=1, max_size=8))
+def test_save_plan_writes_each_element_once_balanced_over_holders(world, arrays):
+    """make_plan: every chunk is written by a rank that holds it, the chunks of each key tile it
+    exactly, big replicated arrays are split into row blocks, and replicated bytes are balanced."""
+    from neural_arch.distributed.checkpoint import plan as P
+
+    plans = [{"arrays": [], "objects": {}} for _ in range(world)]
+    holders = {}
+    for i, (rows, cols, mask) in enumerate(arrays):
+        ranks = [r for r in range(world) if mask >> r & 1] or [i % world]  # replicated over a random subset
+        holders[f"a{i}"] = ranks
+        for r in ranks:
+            plans[r]["arrays"].append((f"a{i}", [f"a{i}"], [rows, cols], "<f8", {"offsets": [0, 0], "sizes": [rows, cols]}))
+    entries, owners, _ = P.make_plan(plans)
+    named = {c["name"]: c["rank"] for e in entries.values() for c in e["chunks"]}
+    assert {name: w for pieces in owners.values() for w, name, _ in pieces} == named  # one story
+    load = dict.fromkeys(range(world), 0)
+    for i, (rows, cols, _) in enumerate(arrays):
+        chunks = entries[f"a{i}"]["chunks"]
+        covered = np.zeros((rows, cols), int)
+        for c in chunks:
+            assert c["rank"] in holders[f"a{i}"]
+            covered[c["offsets"][0]:c["offsets"][0] + c["sizes"][0], :] += 1
+            load[c["rank"]] += c["sizes"][0] * cols * 8
+        assert (covered == 1).all()
+        n = len(holders[f"a{i}"])
+        big = rows * cols * 8 >= P.SPLIT_MIN_BYTES
+        assert len(chunks) == (min(n, rows) if big and n > 1 else 1)
+    everyone = [k for k, h in holders.items() if len(h) == world]
+    if world > 1 and len(everyone) == len(arrays):  # all replicated everywhere: LPT's bound
+        largest = max(c["sizes"][0] * c["sizes"][1] * 8 for e in entries.values() for c in e["chunks"])
+        assert max(load.values()) - min(load.values()) <= largest
+
+
+def test_plan_cache_reuses_the_plan_while_the_layout_holds(tmp_path):
+    from neural_arch.distributed.checkpoint import api
+
+    hits = api._plans.hits
+    dcp.save({"w": np.ones(3), "step": 1}, tmp_path / "a")
+    dcp.save({"w": np.zeros(3), "step": 2}, tmp_path / "b")   # same layout: cached plan
+    dcp.save({"w": np.ones(4), "step": 3}, tmp_path / "c")    # new shape: planned again
+    dcp.save({"w": np.ones(4), "epoch": 3}, tmp_path / "d")   # new plain key: planned again
+    assert api._plans.hits - hits == 1
+    for sub, want in (("a", (np.ones(3), 1)), ("b", (np.zeros(3), 2)), ("c", (np.ones(4), 3))):
+        out = {"w": np.full_like(want[0], 7.0), "step": 0}
+        dcp.load(out, tmp_path / sub)
+        assert np.array_equal(out["w"], want[0]) and out["step"] == want[1]
+    out = {"w": np.zeros(4), "epoch": 0}
+    assert dcp.load(out, tmp_path / "d")["epoch"] == 3
 
 
 def test_round_trip_nested_state(tmp_path):
@@ -168,11 +222,13 @@ def test_sigkill_during_save_leaves_a_loadable_latest(tmp_path, mode):
     from crash_writer import state_for
 
     rng = random.Random(1234 if mode == "sync" else 4321)
+    # the child imports this checkout even where the package is not installed (or installed elsewhere)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     seen_steps = 0
     for trial in range(3):
         directory = tmp_path / f"t{trial}"
         proc = subprocess.Popen([sys.executable, os.path.join(HERE, "crash_writer.py"), str(directory), mode],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         try:
             # Wait for a first commit (import time varies a lot on a loaded machine), then kill at
             # a random moment among the saves that follow.

@@ -39,7 +39,7 @@ def _local(full, region):
 
 _cases = st.lists(st.integers(1, 6), min_size=0, max_size=3).flatmap(
     lambda s: st.tuples(st.just(tuple(s)), _region(tuple(s)), _region(tuple(s)), st.sampled_from([4, 8, 24, 4096]),
-                        st.booleans(), st.sampled_from([1, 40, 8 << 20]), st.booleans()))
+                        st.booleans(), st.sampled_from([1, 40, 8 << 20]), st.booleans(), st.booleans()))
 
 
 @settings(deadline=None, max_examples=150)
@@ -47,8 +47,8 @@ _cases = st.lists(st.integers(1, 6), min_size=0, max_size=3).flatmap(
 def test_partial_reads_match_copy_overlap(tmp_path_factory, case):
     """Any source chunk read into any destination piece, with blocks far smaller than the chunk,
     on both the run-by-run path and the read-whole-then-copy path, read in one batch or many,
-    verified or not, equals the NumPy oracle."""
-    shape, src, dst, block, whole, batch, verify = case
+    verified or not (in the reading thread or the helper), equals the NumPy oracle."""
+    shape, src, dst, block, whole, batch, verify, helper = case
     full = np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape) + 1
     folder = tmp_path_factory.mktemp("c")
     info, chunks = chunkio.write_data_file(str(folder / "f.safetensors"), {"c": _local(full, src)}, block=block)
@@ -58,13 +58,15 @@ def test_partial_reads_match_copy_overlap(tmp_path_factory, case):
     want = _local(np.zeros_like(full) - 1, dst)
     expect_n = copy_overlap(src, _local(full, src), dst, want)
     got = _local(np.zeros_like(full) - 1, dst)
-    old = chunkio._RUN_LIMIT, chunkio._IO_BATCH
+    old = chunkio._RUN_LIMIT, chunkio._IO_BATCH, chunkio._INLINE_CHECK, chunkio._CHECK_LAG
     chunkio._RUN_LIMIT, chunkio._IO_BATCH = (0 if whole else old[0]), batch
+    if helper:  # every check through the helper thread, lagging by up to two batches
+        chunkio._INLINE_CHECK, chunkio._CHECK_LAG = 0, 2 * batch
     try:
         with chunkio.ChunkReader(str(folder), meta, verify=verify) as reader:
             n = reader.read_into("k", entry, chunk, dst, got)
     finally:
-        chunkio._RUN_LIMIT, chunkio._IO_BATCH = old
+        chunkio._RUN_LIMIT, chunkio._IO_BATCH, chunkio._INLINE_CHECK, chunkio._CHECK_LAG = old
     assert n == expect_n and np.array_equal(got, want)
     runs = overlap_runs(src, dst)
     assert sum(r[2] for r in runs) == expect_n
@@ -93,9 +95,13 @@ def test_data_files_are_plain_safetensors(tmp_path):
     assert dcp.verify(tmp_path)["version"] == 2
 
 
-def test_corrupt_block_is_named_and_only_needed_blocks_are_read(tmp_path, monkeypatch):
+@pytest.mark.parametrize("helper", [False, True], ids=["inline-check", "helper-thread-check"])
+def test_corrupt_block_is_named_and_only_needed_blocks_are_read(tmp_path, monkeypatch, helper):
     monkeypatch.setattr(chunkio, "CHECK_BLOCK", 1024)
     monkeypatch.setattr(chunkio, "_IO_BATCH", 4096)  # reads in 8 batches
+    if helper:  # checks lag the reads by up to 3 batches: the error still surfaces from load()
+        monkeypatch.setattr(chunkio, "_INLINE_CHECK", 0)
+        monkeypatch.setattr(chunkio, "_CHECK_LAG", 3 * 4096)
     w = np.arange(64 * 64, dtype=np.float64).reshape(64, 64)  # 32 KiB: 32 blocks of 1 KiB (2 rows each)
     dcp.save({"w": w}, tmp_path)
     meta = json.loads((tmp_path / ".metadata").read_text())

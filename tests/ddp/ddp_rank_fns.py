@@ -80,6 +80,10 @@ def make_opt(name: str, params):
         return optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)
     if name == "adam":
         return optim.Adam(params, lr=0.01)
+    if name == "sgd-momentum":  # plain heavy-ball momentum (what Top-K's momentum correction reproduces)
+        return optim.SGD(params, lr=0.1, momentum=0.9)
+    if name == "sgd-no-momentum":
+        return optim.SGD(params, lr=0.1)
     raise ValueError(name)
 
 
@@ -110,6 +114,15 @@ def make_hook(name: str, group):
         from neural_arch.distributed.algorithms.ddp_comm_hooks import topk_hook as tk
 
         return tk.TopKState(ratio=0.3, process_group=group), tk.topk_hook
+    if name == "topk-momentum-everything":  # ratio 1 + momentum correction: SGD momentum in the hook
+        from neural_arch.distributed.algorithms.ddp_comm_hooks import topk_hook as tk
+
+        return tk.TopKState(ratio=1.0, momentum=0.9, process_group=group), tk.topk_hook
+    if name == "topk-warmup":  # lossy: dense, then 50%, 25%, 12.5%, then 5% with momentum correction
+        from neural_arch.distributed.algorithms.ddp_comm_hooks import topk_hook as tk
+
+        return tk.TopKState(ratio=0.05, start_iter=1, warmup_iters=3, warmup_start_ratio=0.5, warmup_factor=2.0,
+                            momentum=0.5, process_group=group), tk.topk_hook
     if name == "topk-everything":  # ratio 1: every entry sent, residual always zero
         from neural_arch.distributed.algorithms.ddp_comm_hooks import topk_hook as tk
 
@@ -117,35 +130,50 @@ def make_hook(name: str, group):
     return group, getattr(default_hooks, name)
 
 
-def topk_feedback_run(ratio: float, steps: int = 5):
-    """Drive topk_hook on random buckets; check sent + residual == owed each step, the result is
-    the sum over ranks of what each sent, and over all steps nothing is lost."""
+def topk_feedback_run(ratio: float, steps: int = 5, kwargs=None):
+    """Drive topk_hook on random buckets (two gradients, so per-tensor selection is exercised).
+
+    Checks, every step: what this rank sent + its new residual == what it owed (its share of the
+    gradient, or with momentum correction of the velocity, plus the old residual); only the k
+    entries the schedule allows are nonzero in what was sent; the result is the sum over ranks of
+    what each sent. Over all steps: sent + residual == the sum of what was owed (nothing lost).
+    Returns (largest error, [(numbers sent, bucket size) per step])."""
     dist = _imports()[4]
     from neural_arch.distributed.algorithms.ddp_comm_hooks.topk_hook import TopKState, topk_hook
     from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket
 
     rank, world = dist.get_rank(), dist.get_world_size()
     backend = dist.get_default_group().backend
-    state = TopKState(ratio=ratio)
+    state = TopKState(ratio=ratio, **({"warmup_iters": 0} if kwargs is None else kwargs))
     rng = np.random.default_rng(10 + rank)
     n = 37
-    total_true = np.zeros(n)
+    slots = [(0, 28, (4, 7)), (28, n, (9,))]
+    total_owed = np.zeros(n)
     total_sent = np.zeros(n)
-    errors = []
+    velocity = np.zeros(n)
+    errors, sent_log = [], []
     for _ in range(steps):
         grad = rng.normal(size=n)
-        total_true += grad / world
-        owed = grad / world + state.residuals.get(0, np.zeros(n))
-        bucket = GradBucket(0, grad.copy(), [(0, n, (n,))], params=["g"], last=True)
+        velocity = state.momentum * velocity + grad / world
+        owed_now = velocity if state.momentum else grad / world
+        total_owed += owed_now
+        owed = owed_now + state.residuals.get(0, np.zeros(n))
+        bucket = GradBucket(0, grad.copy(), slots, params=["w", "b"], last=True)
         result = topk_hook(state, bucket).result()
         sent = owed - state.residuals[0]
-        errors.append(float(np.max(np.abs(np.sort(np.abs(sent))[:-state.last_sent[0] // 2]))))  # only k nonzero
+        sent_log.append(state.last_sent)
+        k = state.last_sent[0] // 2 if state.last_sent[0] < n else n
+        errors.append(float(np.max(np.abs(np.sort(np.abs(sent))[:n - k]), initial=0.0)))  # only k nonzero
         total_sent += sent
         summed = sent.copy()
         backend.allreduce(summed)
         errors.append(float(np.max(np.abs(summed - result))))
-    errors.append(float(np.max(np.abs(total_sent + state.residuals[0] - total_true))))
-    return max(errors), state.last_sent
+        if state.momentum:  # momentum factor masking: the velocity of sent entries starts afresh
+            # (a sent entry is one well above rounding: x / 3 and x * (1 / 3) differ in the last bit)
+            velocity[(np.abs(sent) > 1e-9) & (state.last_sent[0] < n)] = 0
+            errors.append(float(np.max(np.abs(velocity - state.velocities[0]))))
+    errors.append(float(np.max(np.abs(total_sent + state.residuals[0] - total_owed))))
+    return max(errors), sent_log
 
 
 def hook_calls_run():
@@ -194,7 +222,9 @@ def equivalence_run(cfg: dict):
     if cfg.get("hook"):
         state, hook = make_hook(cfg["hook"], group)
         ddp.register_comm_hook(state, hook)
-    opt, ref_opt = make_opt(cfg.get("opt", "sgd"), ddp.parameters()), make_opt(cfg.get("opt", "sgd"), ref.parameters())
+    # (the DDP side may use another optimizer: Top-K's momentum correction moves SGD's momentum into the hook)
+    opt = make_opt(cfg.get("ddp_opt", cfg.get("opt", "sgd")), ddp.parameters())
+    ref_opt = make_opt(cfg.get("opt", "sgd"), ref.parameters())
     X, y = make_data(cfg.get("n", 40), dtype)
     shuffle = cfg.get("shuffle", True)
     samplers = [dist.DistributedSampler(len(X), world, r, shuffle=shuffle, seed=3) for r in range(world)]

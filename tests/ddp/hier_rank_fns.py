@@ -32,11 +32,12 @@ def layout():
     inter = None if hg.inter is dist.GroupMember.NON_GROUP_MEMBER else hg.inter.ranks
     kinds = getattr(dist.get_default_group().backend, "transport_kinds", None)  # gloo: per peer
     kinds = kinds() if callable(kinds) else None
-    return dist.get_rank(), hg.hosts, hg.intra.ranks, inter, hg.leader, hg.is_leader, kinds
+    return dist.get_rank(), hg.hosts, hg.intra.ranks, inter, hg.leader, hg.is_leader, kinds, hg.cross.ranks
 
 
-def compare(dtype: str, shape: tuple, op: str, seed: int):
-    """Hierarchical vs flat all_reduce of the same per-rank arrays: (max abs difference, bitwise equal)."""
+def compare(dtype: str, shape: tuple, op: str, seed: int, algorithm: str = "auto"):
+    """Hierarchical (``algorithm``) vs flat all_reduce of the same per-rank arrays: (max abs difference,
+    bitwise equal)."""
     dist = _world()
     from neural_arch.distributed.algorithms.hierarchical import hierarchical_all_reduce
 
@@ -48,11 +49,97 @@ def compare(dtype: str, shape: tuple, op: str, seed: int):
     else:
         x = rng.integers(-1000, 1000, size=shape).astype(dt)
     flat, hier = x.copy(), x.copy()
-    dist.all_reduce(flat, op=op)
-    out = hierarchical_all_reduce(hier, op=op)
+    flat_all_reduce(dist, flat, op)
+    out = hierarchical_all_reduce(hier, op=op, algorithm=algorithm)
     assert out is hier
     diff = float(np.max(np.abs(flat.astype(np.float64) - hier.astype(np.float64)))) if flat.size else 0.0
     return diff, flat.tobytes() == hier.tobytes()
+
+
+def flat_all_reduce(dist, x, op, group=None):
+    """The flat reference: the group's backend all_reduce itself (dist.all_reduce may go hierarchical)."""
+    from neural_arch.distributed.comm.work import ReduceOp
+
+    pg = group if group is not None else dist.get_default_group()
+    pg.backend.allreduce(x, ReduceOp.coerce(op) if isinstance(op, str) else op)
+
+
+def _record_spans(fn):
+    """(result of fn(), [(op name, group's global ranks)] of the collectives it ran on this rank)."""
+    from neural_arch.profiler import events
+
+    seen = []
+    events.subscribe(seen.append)
+    try:
+        out = fn()
+    finally:
+        events.unsubscribe(seen.append)
+    return out, [(s.name, tuple(s.args["group"])) for s in seen if s.category == "collective"]
+
+
+def _oracle_inputs(dtype, n, group_ranks, seed):
+    """Every rank draws the same table (one row per group member) and takes its own row."""
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    table = (rng.normal(size=(len(group_ranks), n)) if dt.kind == "f"
+             else rng.integers(-1000, 1000, size=(len(group_ranks), n))).astype(dt)
+    return table
+
+
+def auto(setting: str, members: tuple, sizes: tuple, dtype: str, as_machines: bool = True):
+    """dist.all_reduce on a fresh group of ``members`` under NEURAL_ARCH_HIERARCHICAL=``setting``:
+    per size (elements) the documented query's answer, the collectives this rank ran (their op names
+    and groups), and whether the result equals the sum of every member's input (NumPy oracle,
+    bitwise for integers, 1e-12 relative for float64). None on non-members.
+
+    ``as_machines``: the simulated hosts play separate machines (auto keeps hosts of one machine
+    flat; the machine key is then the host key, as it is between real machines)."""
+    dist = _world()
+    from neural_arch.distributed.algorithms import hierarchical_auto
+    from neural_arch.distributed.algorithms.hierarchical import host_key
+    from neural_arch.distributed.algorithms.hierarchical_auto import all_reduce_algorithm
+
+    old = os.environ.get("NEURAL_ARCH_HIERARCHICAL")
+    os.environ["NEURAL_ARCH_HIERARCHICAL"] = setting  # read at the group's first all_reduce
+    real_machine_key = hierarchical_auto.machine_key
+    if as_machines:
+        hierarchical_auto.machine_key = host_key
+    try:
+        group = dist.new_group(list(members))         # every world rank calls new_group
+        if group is dist.GroupMember.NON_GROUP_MEMBER:
+            return None
+        out = []
+        for i, n in enumerate(sizes):
+            table = _oracle_inputs(dtype, n, members, seed=i)
+            x = table[members.index(dist.get_rank())].copy()
+            chosen = all_reduce_algorithm(x, group=group)
+            result, spans = _record_spans(lambda x=x: dist.all_reduce(x, group=group))
+            expect = table.sum(axis=0, dtype=table.dtype)
+            if table.dtype.kind == "f":
+                ok = bool(np.allclose(x, expect, rtol=1e-12, atol=1e-12))
+            else:
+                ok = x.tobytes() == expect.tobytes()
+            out.append((chosen, spans, ok and result is x))
+        return out
+    finally:
+        hierarchical_auto.machine_key = real_machine_key
+        if old is None:
+            os.environ.pop("NEURAL_ARCH_HIERARCHICAL", None)
+        else:
+            os.environ["NEURAL_ARCH_HIERARCHICAL"] = old
+
+
+def two_d_without_cross_group():
+    """algorithm='2d' with hand-made groups but no cross_node_group: the error, before any I/O."""
+    _world()
+    from neural_arch.distributed.algorithms.hierarchical import hierarchical_all_reduce, host_groups
+
+    hg = host_groups()
+    try:
+        hierarchical_all_reduce(np.ones(4), intra_node_group=hg.intra, inter_node_group=hg.inter, algorithm="2d")
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
 
 
 def facade(shape: tuple):

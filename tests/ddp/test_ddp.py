@@ -41,6 +41,9 @@ EQUIVALENCE = {
     "sgd-custom-hook": {"opt": "sgd", "dtype": "float64", "cap": 0.0004, "first": 0.0001, "hook": "custom"},
     "adam-powersgd-full-rank": {"opt": "adam", "dtype": "float64", "cap": 0.0004, "hook": "powersgd-full-rank"},
     "sgd-topk-ratio-1": {"opt": "sgd", "dtype": "float64", "cap": 0.0004, "hook": "topk-everything"},
+    # DGC's momentum correction at ratio 1 (nothing delayed) is heavy-ball SGD momentum, moved into the hook
+    "sgd-topk-momentum-correction-ratio-1": {"opt": "sgd-momentum", "ddp_opt": "sgd-no-momentum", "dtype": "float64",
+                                             "cap": 0.0004, "hook": "topk-momentum-everything"},
     "sgd-custom-hook-unused-params": {"opt": "sgd", "dtype": "float64", "model": "unused", "find_unused": True,
                                       "hook": "custom"},
 }
@@ -100,7 +103,7 @@ def test_bf16_compress_hook_equals_plain_averaging_within_bfloat16_rounding(pool
         assert diff <= 2e-2, diff  # bfloat16 keeps 8 significant bits (~2-3 decimal digits)
 
 
-@pytest.mark.parametrize("hook", ["powersgd-rank1", "topk-30%"])
+@pytest.mark.parametrize("hook", ["powersgd-rank1", "topk-30%", "topk-warmup"])
 def test_lossy_hooks_keep_every_rank_in_step(pool, hook):
     # several buckets (PowerSGD's second phase runs at backward's end, in bucket order): the
     # ranks stay in step and end with identical parameters
@@ -127,11 +130,33 @@ def test_communication_optimizer_compressed_mean_loses_nothing(pool, ratio):
         assert n == 24 and sent == (24 if ratio == 1.0 else 2 * 6)  # plain mean, or k=6 indices + values
 
 
-@pytest.mark.parametrize("ratio", [0.1, 0.5])
-def test_topk_error_feedback_loses_nothing(pool, ratio):
-    for err, (sent, n) in pool.run(fns.topk_feedback_run, ratio):
+@pytest.mark.parametrize("ratio,kwargs", [
+    pytest.param(0.1, None, id="sparse-10%"),
+    pytest.param(0.3, None, id="sparse-30%"),
+    pytest.param(0.1, {"warmup_iters": 0, "momentum": 0.9}, id="momentum-correction"),
+])
+def test_topk_error_feedback_loses_nothing(pool, ratio, kwargs):
+    for err, sent_log in pool.run(fns.topk_feedback_run, ratio, 5, kwargs):
         assert err <= 1e-12, err
-        assert sent == 2 * int(np.ceil(ratio * n))  # indices + values of k entries
+        assert sent_log == [(2 * int(np.ceil(ratio * 37)), 37)] * 5  # indices + values of k entries
+
+
+def test_topk_sends_dense_where_sparse_would_not_pay(pool):
+    # 90% of 37 entries as (int32 index, float64 value) pairs would move more bytes than an all-reduce
+    for err, sent_log in pool.run(fns.topk_feedback_run, 0.9, 3, {"warmup_iters": 0, "momentum": 0.5}):
+        assert err <= 1e-12, err
+        assert sent_log == [(37, 37)] * 3
+
+
+def test_topk_warmup_schedule_loses_nothing(pool):
+    # a dense step, densities 50%, 25%, 12.5%, then 5%: nothing lost at any transition
+    kwargs = {"start_iter": 1, "warmup_iters": 3, "warmup_start_ratio": 0.5, "warmup_factor": 2.0}
+    for err, sent_log in pool.run(fns.topk_feedback_run, 0.05, 6, kwargs):
+        assert err <= 1e-12, err
+        sent = [s for s, _ in sent_log]
+        assert sent_log[0] == (37, 37) and sent[-2:] == [2 * 2, 2 * 2]  # dense first, k = ceil(5% of 37) last
+        # shrinking stage by stage (a sparse step counts 2 numbers per entry, a dense one 1)
+        assert sent[1:] == sorted(sent[1:], reverse=True) and len(set(sent)) >= 4, sent_log
 
 
 def test_comm_hook_sees_every_bucket_in_order_once_per_backward(pool):

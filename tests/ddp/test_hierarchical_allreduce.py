@@ -1,6 +1,8 @@
-"""Hierarchical all-reduce (reduce in the host, all-reduce among host leaders, broadcast in the host)
-equals the flat all_reduce: bitwise for integers, within rounding for floats. 4 real ranks play
-2 hosts x 2 ranks through NEURAL_ARCH_HOST_ID (gloo: shared memory inside a host, TCP across)."""
+"""Hierarchical all-reduce, both forms (leader: reduce in the host, all-reduce among host leaders,
+broadcast; 2-D: reduce-scatter in the host, all-reduce of each slice across hosts, all-gather) equals
+the flat all_reduce: bitwise for integers, within rounding for floats; dist.all_reduce picks it by
+itself on groups spanning hosts. 4 real ranks play 2 hosts x 2 ranks through NEURAL_ARCH_HOST_ID
+(gloo: shared memory inside a host, TCP across)."""
 
 import hier_rank_fns as fns
 import pytest
@@ -22,13 +24,14 @@ def pool(request):
 
 
 def test_host_groups_split_the_world_by_host(pool):
-    for rank, hosts, intra, inter, leader, is_leader, kinds in pool.run(fns.layout):
+    for rank, hosts, intra, inter, leader, is_leader, kinds, cross in pool.run(fns.layout):
         assert hosts == [[0, 1], [2, 3]]
         if kinds is not None:  # gloo: shared memory inside a "host", TCP across
             assert kinds == {r: "shm" if r // 2 == rank // 2 else "tcp" for r in range(4) if r != rank}
         assert intra == hosts[rank // 2] and leader == intra[0]
         assert is_leader == (rank in (0, 2))
         assert inter == ([0, 2] if is_leader else None)
+        assert cross == [rank % 2, rank % 2 + 2]   # the 2-D form: same local rank on every host
 
 
 @pytest.mark.parametrize("dtype,shape,op", [
@@ -44,6 +47,73 @@ def test_integers_match_flat_all_reduce_bitwise(pool, dtype, shape, op):
 def test_floats_match_flat_all_reduce_within_rounding(pool, dtype, op, tol):
     for diff, _ in pool.run(fns.compare, dtype, (257,), op, 2):
         assert diff <= tol
+
+
+@pytest.mark.parametrize("algorithm", ["2d", "leader"])
+@pytest.mark.parametrize("dtype,shape,op", [
+    ("int64", (7, 3), "sum"),      # 21 elements: not a multiple of 2 ranks per host (padded slice)
+    ("int32", (1,), "max"),        # fewer elements than ranks per host
+    ("int64", (), "sum"), ("int64", (0,), "sum"), ("int8", (5,), "product"),
+    ("int64", (1 << 15,), "sum"),  # several pipeline segments
+])
+def test_both_forms_match_flat_bitwise_for_integers(pool, algorithm, dtype, shape, op):
+    for diff, bitwise in pool.run(fns.compare, dtype, shape, op, 3, algorithm):
+        assert bitwise, diff
+
+
+@pytest.mark.parametrize("dtype,shape,op,tol", [("float64", (1001,), "avg", 1e-12), ("float32", (4097,), "sum", 1e-5)])
+def test_two_d_matches_flat_within_rounding(pool, dtype, shape, op, tol):
+    for diff, _ in pool.run(fns.compare, dtype, shape, op, 4, "2d"):
+        assert diff <= tol
+
+
+def _ran(spans):
+    return sorted({name for name, _ in spans})
+
+
+def test_all_reduce_goes_hierarchical_by_itself_on_groups_spanning_hosts(pool):
+    if pool.backend == "mpi":  # MPI stays flat (MPICH's all-reduce is already host-aware)
+        for rows in pool.run(fns.auto, "auto", (0, 1, 2, 3), (8, 1 << 18), "int64"):
+            assert [(chosen, ok) for chosen, _, ok in rows] == [("flat", True), ("flat", True)]
+        return
+    # world of 2 hosts x 2: small -> flat (one all_reduce of the world); 2 MiB -> the 2-D form
+    for rank, rows in enumerate(pool.run(fns.auto, "auto", (0, 1, 2, 3), (8, 1 << 18, 1001), "int64")):
+        (c0, s0, ok0), (c1, s1, ok1), (c2, _, ok2) = rows
+        assert ok0 and ok1 and ok2
+        assert c0 == "flat" and s0 == [("all_reduce", (0, 1, 2, 3))]
+        host, cross = (0, 1) if rank < 2 else (2, 3), (rank % 2, rank % 2 + 2)
+        assert c1 == "2d" and s1[-3:] == [("reduce_scatter", host), ("all_reduce", cross), ("all_gather", host)]
+        assert c2 == "flat"
+    # sub-group over hosts of 2 and 1 ranks: the leader form (the 2-D one needs equal hosts)
+    for rank, rows in enumerate(pool.run(fns.auto, "auto", (0, 1, 2), (1 << 18 | 1,), "float64")):
+        if rank == 3:
+            assert rows is None
+            continue
+        chosen, spans, ok = rows[0]
+        assert ok and chosen == "leader"
+        assert _ran(spans[-3:]) == (["all_reduce", "broadcast", "reduce"] if rank in (0, 2) else ["broadcast", "reduce"])
+    # a sub-group on one host stays flat at every size
+    for rank, rows in enumerate(pool.run(fns.auto, "auto", (2, 3), (1 << 18,), "int32")):
+        if rows is not None:
+            assert rows[0][0] == "flat" and rows[0][1] == [("all_reduce", (2, 3))] and rows[0][2]
+    # hosts simulated on one machine stay flat under auto (loopback TCP: flat measured faster);
+    # after the one layout all-gather, every call is the world's single all_reduce
+    for rows in pool.run(fns.auto, "auto", (0, 1, 2, 3), (1 << 18, 1 << 18), "int64", False):
+        assert [(chosen, spans[-1], ok) for chosen, spans, ok in rows] == [("flat", ("all_reduce", (0, 1, 2, 3)), True)] * 2
+        assert rows[1][1] == [("all_reduce", (0, 1, 2, 3))]
+
+
+@pytest.mark.parametrize("setting,small,large", [("0", "flat", "flat"), ("1", "leader", "2d")])
+def test_hierarchical_setting_forces_it_on_or_off(pool, setting, small, large):
+    if pool.backend == "mpi":
+        pytest.skip("MPI groups stay flat whatever the setting")
+    for rows in pool.run(fns.auto, setting, (0, 1, 2, 3), (8, 1 << 18), "int64", False):  # 1: simulated hosts too
+        assert [(chosen, ok) for chosen, _, ok in rows] == [(small, True), (large, True)]
+
+
+def test_two_d_needs_the_cross_host_group(pool):
+    for msg in pool.run(fns.two_d_without_cross_group):
+        assert "algorithm='2d'" in msg and "algorithm='leader'" in msg
 
 
 def test_communication_optimizer_facade_averages_in_place(pool):
@@ -64,3 +134,15 @@ def test_hosts_from_keys_orders_hosts_by_lowest_rank():
     assert hosts_from_keys([7, 3, 7, 3, 9]) == [[0, 2], [1, 3], [4]]
     assert hosts_from_keys([5, 5, 5]) == [[0, 1, 2]]
     assert hosts_from_keys([]) == []
+
+
+def test_choose_algorithm_by_size_and_layout():
+    from neural_arch.distributed.algorithms.hierarchical import TWO_D_MIN_BYTES, choose_algorithm
+
+    two_by_two = [[0, 1], [2, 3]]
+    assert choose_algorithm(TWO_D_MIN_BYTES, TWO_D_MIN_BYTES // 4, two_by_two) == "2d"
+    assert choose_algorithm(TWO_D_MIN_BYTES - 1, 1000, two_by_two) == "leader"
+    assert choose_algorithm(TWO_D_MIN_BYTES, 1, two_by_two) == "leader"            # fewer elements than local ranks
+    assert choose_algorithm(TWO_D_MIN_BYTES, 1 << 20, [[0, 1, 2], [3, 4]]) == "leader"   # unequal hosts
+    assert choose_algorithm(TWO_D_MIN_BYTES, 1 << 20, [[0, 1, 2, 3]]) == "flat"     # one host
+    assert choose_algorithm(TWO_D_MIN_BYTES, 1 << 20, [[0], [1], [2]]) == "flat"    # one rank per host

@@ -208,12 +208,11 @@ def algorithms_fn():
     from neural_arch.distributed.comm.algorithms import executor as gloo_algorithms
 
     backend = dist.get_default_group().backend
-    backend._compiled_plans.clear()
     x = np.ones(100)
     dist.all_reduce(x)
     dist.reduce(x, dst=0)
     dist.broadcast(x, src=0)
-    used = {key[0]: plan[2] for key, plan in backend._compiled_plans.items()}
+    used = {p.op: p.pipelined for p in backend.compiled_plans() if p.nelems == 100}
     return gloo_algorithms.PIPELINE_SEGMENT_BYTES, used
 
 

@@ -68,17 +68,21 @@ def _capture_store_token(monkeypatch):
 
 
 def test_job_token_derived_from_the_job_id_when_none_is_given(monkeypatch):
-    from neural_arch.distributed.run import env as run_env
+    # Imported, not looked up: a missing derive_job_token fails this test instead of skipping it.
+    from neural_arch.distributed.run.env import derive_job_token
 
-    derive = getattr(run_env, "derive_job_token", None)
-    if derive is None:
-        pytest.skip("run_env.derive_job_token is not there yet")
-    monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    monkeypatch.setenv("SLURM_STEP_ID", "0")
-    seen = _capture_store_token(monkeypatch)
-    with pytest.raises(RuntimeError, match="stop here"):
-        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:1", world_size=2, rank=0)
-    assert seen["token"] == derive(os.environ) and seen["token"]
+    monkeypatch.delenv("NEURAL_ARCH_AUTH_TOKEN", raising=False)
+    tokens = []
+    for job in ("4242", "4243"):  # two concurrent jobs must get different tokens
+        monkeypatch.setenv("SLURM_JOB_ID", job)
+        monkeypatch.setenv("SLURM_STEP_ID", "0")
+        seen = _capture_store_token(monkeypatch)
+        with pytest.raises(RuntimeError, match="stop here"):
+            dist.init_process_group("gloo", init_method="tcp://127.0.0.1:1", world_size=2, rank=0)
+        assert isinstance(seen["token"], str) and len(seen["token"]) == 32
+        assert seen["token"] == derive_job_token(os.environ)
+        tokens.append(seen["token"])
+    assert tokens[0] != tokens[1]
 
 
 def test_explicit_auth_token_wins_over_the_derived_one(monkeypatch):

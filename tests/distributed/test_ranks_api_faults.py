@@ -112,7 +112,11 @@ def test_timeout_message_names_op_seq_shape_dtype_and_missing_rank(backend):
     assert kind == "CollectiveTimeoutError", message
     assert "all_reduce #" in message and "(3, 4)" in message and "float32" in message, message
     assert "ranks [1] did not arrive" in message, message
-    assert 1.5 < elapsed < 15, elapsed
+    # Not a speed assertion: the 2 s timeout must not fire early (a busy machine only adds time),
+    assert elapsed >= 1.5, elapsed
+    # and it must fire at all: the bound is generous (2 cores shared with other runs), it only tells
+    # "timed out" from "hung until run_ranks' 60 s limit".
+    assert elapsed < 45, elapsed
 
 
 @pytest.mark.mpi
@@ -212,4 +216,8 @@ def test_recv_from_a_silent_peer_times_out_naming_it(backend):
     kind, message, elapsed = results[0].value
     assert kind == "CollectiveTimeoutError", message
     assert "recv #" in message and "[1]" in message and "int32" in message, message
-    assert 1.5 < elapsed < 15, elapsed
+    # Not a speed assertion: the 2 s timeout must not fire early (a busy machine only adds time),
+    assert elapsed >= 1.5, elapsed
+    # and it must fire at all: the bound is generous (2 cores shared with other runs), it only tells
+    # "timed out" from "hung until run_ranks' 60 s limit".
+    assert elapsed < 45, elapsed

@@ -1,8 +1,11 @@
 """The gloo backend's algorithms on an in-memory transport (threads, no sockets): fast and thorough."""
 
 import gloo_checks as C
+import numpy as np
 import pytest
 from gloo_inproc import run_threads
+
+import neural_arch.distributed.comm.algorithms.executor as GA
 
 pytestmark = pytest.mark.timeout(60)
 SIZES = [1, 2, 3, 4, 5]
@@ -23,11 +26,25 @@ def test_allreduce_every_op_dtype_shape(size, algo):
 
 @pytest.mark.parametrize("size", SIZES)
 def test_allreduce_large_takes_the_ring(size):
+    """At the world size's ring threshold an all_reduce takes the ring (and stays correct); one
+    element below it, recursive doubling. Checked on what the executor compiled and ran, not only
+    on what the selection says."""
+    threshold = GA.RING_ALLREDUCE_MIN_BYTES.get(size, GA.RING_ALLREDUCE_DEFAULT_MIN_BYTES)
+    n = threshold // 4                                  # float32: exactly the threshold
+
     def body(b):
+        chosen = (b.chosen_algorithm("all_reduce", np.zeros(n, np.float32)),
+                  b.chosen_algorithm("all_reduce", np.zeros(n - 1, np.float32)))
         for op in ("sum", "avg", "max"):
-            C.check_allreduce(b, 3, (70001,), "float32", op)
-        return "ok"
-    run_threads(size, body)
+            C.check_allreduce(b, 3, (n,), "float32", op)
+        ran = sorted({(p.nelems, p.algorithm) for p in b.compiled_plans() if p.op == "all_reduce"})
+        return chosen, ran
+    for chosen, ran in run_threads(size, body):
+        if size == 1:
+            assert (chosen, ran) == (("none", "none"), []), (chosen, ran)
+        else:
+            assert chosen == ("ring_allreduce", "recursive_doubling_allreduce"), chosen
+            assert ran == [(n, "ring_allreduce")], ran
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -117,9 +134,10 @@ def test_small_allreduce_repeats_take_the_exchange_path_correctly(size):
                 for op in (("max", "min") if dtype == "bool" else C.ops_for(dtype)):
                     for shape in [(), (3,), (2, 5)]:
                         C.check_allreduce(b, 10 * i, shape, dtype, op)
-        return sorted(k[:2] for k in b._exchange_plans if k[1].name == "float32")
-    expected_fast = [(1,), (3,), (10,)]
-    for r, keys in enumerate(run_threads(size, body)):
+        return sorted(p.nelems for p in b.compiled_plans()
+                      if p.exchange_peers is not None and p.dtype == np.float32)
+    expected_fast = [1, 3, 10]
+    for r, sizes in enumerate(run_threads(size, body)):
         q = 1 << (size.bit_length() - 1)           # recursive doubling: ranks >= 2 (size - q) only exchange
         uses_exchanges = size > 1 and r >= 2 * (size - q)
-        assert [k[:1] for k in keys] == (expected_fast if uses_exchanges else []), (size, r, keys)
+        assert sizes == (expected_fast if uses_exchanges else []), (size, r, sizes)

@@ -250,10 +250,27 @@ def test_failed_collective_poisons_later_ones():
     assert [s for s, _ in run_threads(2, fn, timeout=0.3)] == ["ok", "ok"]
 
 
-def test_registry_knows_every_backend_and_names_the_extra():
+def test_registry_knows_every_backend_and_names_the_extra(monkeypatch):
+    import sys
+
+    # Every backend the factory's table documents resolves (any case) to its Backend subclass.
+    modules = {"gloo": ("neural_arch.distributed.comm.gloo", "GlooBackend"),
+               "mpi": ("neural_arch.distributed.comm.mpi", "MPIBackend"),
+               "nccl": ("neural_arch.distributed.comm.nccl.backend", "NCCLBackend"),
+               "local": ("neural_arch.distributed.comm.local", "LocalBackend")}
+    for name, (module, cls_name) in modules.items():
+        cls = get_backend_class(name.upper())
+        assert issubclass(cls, Backend) and (cls.__module__, cls.__name__) == (module, cls_name), name
     assert get_backend_class("local") is LocalBackend
-    with pytest.raises(ValueError, match="unknown"):
+    # An unknown name is an error that lists every registered backend.
+    with pytest.raises(ValueError, match=r"unknown; choose one of \['gloo', 'local', 'mpi', 'nccl'\]"):
         get_backend_class("carrier-pigeon")
+    # A backend whose module cannot be imported (its requirement missing) names the pip extra.
+    extras = {"mpi": r"neural_arch\[mpi\]", "nccl": r"neural_arch\[gpu\]"}
+    for name, extra in extras.items():
+        monkeypatch.setitem(sys.modules, modules[name][0], None)  # None in sys.modules: ImportError
+        with pytest.raises(ImportError, match=rf"the '{name}' backend cannot be imported .*{extra}"):
+            get_backend_class(name)
 
 
 def test_shutdown_then_use_is_a_clear_error():

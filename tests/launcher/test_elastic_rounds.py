@@ -53,27 +53,62 @@ def test_rounds_are_dense_in_join_order_with_node0_first_and_a_fresh_port_each()
 
 
 @pytest.mark.timeout(30)
-def test_a_lost_node_shrinks_the_job_and_a_node_joining_mid_round_waits_for_the_next():
-    srv = server(min_nodes=1, max_nodes=3, max_restarts=2, last_call=1.5)  # time for node 1 to join too
+def test_a_node_joining_mid_round_restarts_the_group_with_it_and_a_lost_node_shrinks_it_at_once():
+    # a last call far longer than the expectations below: re-forming with survivors must skip it
+    srv = server(min_nodes=1, max_nodes=3, max_restarts=1, last_call=1.5)  # time for node 1 to join too
     zero, one = member(srv, 0), member(srv, 1)
+    two = None
     try:
         assert expect(zero, "round")["layout"] == [1, 1]
         expect(one, "round")
         assert srv.rounds[0]["nodes"] == [0, 1]
-        two = member(srv, 2, nproc=4)           # joins while round 0 runs: must not get a round yet
-        assert two.get(0.8) is None
-        one.close()                             # node 1 dies
-        assert "disconnected" in expect(zero, "stop")["reason"]
-        zero.send({"stopped": 0})
+        srv.last_call = 60.0
+        two = member(srv, 2, nproc=4)           # joins while round 0 runs, with room (MAX 3): restart
+        for m in (zero, one):
+            assert "node 2 is waiting to join round 1" in expect(m, "stop")["reason"]
+            m.send({"stopped": 0})
+        rounds = [expect(m, "round") for m in (zero, one, two)]  # MAX reached: no last call
+        assert [r["node_rank"] for r in rounds] == [0, 1, 2] and rounds[0]["layout"] == [1, 1, 4]
+        assert {r["restart"] for r in rounds} == {0}       # a membership change is not a restart
+        one.close()                             # node 1 dies: survivors only, formed at once
+        for m in (zero, two):
+            assert "disconnected" in expect(m, "stop")["reason"]
+            m.send({"stopped": 1})
         r1, r2 = expect(zero, "round"), expect(two, "round")
-        assert r1["layout"] == [1, 4] and (r1["restart"], r2["node_rank"]) == (1, 1)
-        zero.send({"done": 1})
-        two.send({"done": 1})
-        assert expect(zero, "finished") and expect(two, "finished")
-        assert srv.result[0] == 0
-        two.close()
+        assert r1["layout"] == [1, 4] and (r1["round"], r1["restart"], r2["node_rank"]) == (2, 1, 1)
+        late = member(srv, 1)                   # back while round 2 runs, but restarts are used up:
+        for m in (zero, two):                   # joining costs none
+            assert "waiting to join round 3" in expect(m, "stop")["reason"]
+            m.send({"stopped": 2})
+        assert [expect(m, "round")["layout"] for m in (zero, two, late)] == [[1, 4, 1]] * 3
+        for m in (zero, two, late):
+            m.send({"done": 3})
+        assert expect(zero, "finished") and expect(two, "finished") and expect(late, "finished")
+        assert srv.result[0] == 0 and [r["restart"] for r in srv.rounds] == [0, 0, 1, 1]
+        late.close()
     finally:
         zero.close()
+        if two is not None:
+            two.close()
+        srv.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_node_joining_while_the_ranks_finish_does_not_restart_the_job():
+    srv = server(min_nodes=2, max_nodes=3, last_call=0.0)
+    zero, one = member(srv, 0), member(srv, 1)
+    try:
+        expect(zero, "round"), expect(one, "round")
+        zero.send({"done": 0})                  # node 0's ranks finished: the job is ending
+        time.sleep(0.2)
+        late = member(srv, 2)
+        assert one.get(0.5) is None             # no restart for the newcomer
+        one.send({"done": 0})
+        assert expect(zero, "finished") and expect(one, "finished") and expect(late, "finished")
+        assert len(srv.rounds) == 1
+        late.close()
+    finally:
+        zero.close(), one.close()
         srv.close()
 
 

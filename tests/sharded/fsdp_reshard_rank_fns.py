@@ -50,11 +50,16 @@ def reshard_run(cfg):
     steps, twice, ckpt = 3, cfg.get("twice", False), cfg.get("ckpt", False)
     batches = _batches(world, steps)
     prefetch = cfg.get("backward_prefetch", "BACKWARD_PRE")
-    fsdp = FSDP(_gpt(ckpt), auto_wrap_policy=ModuleWrapPolicy({nn.TransformerBlock}),
+    model = _gpt(ckpt)
+    limit = cfg.get("limit_all_gathers", True)
+    fsdp = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({nn.TransformerBlock}),
                 backward_prefetch=None if prefetch is None else BackwardPrefetch[prefetch],
-                forward_prefetch=cfg.get("forward_prefetch", False))
+                forward_prefetch=cfg.get("forward_prefetch", False), limit_all_gathers=limit)
     opt = optim.Adam(fsdp.parameters(), lr=1e-2)
     held = []
+    gathered = []  # units holding gathered parameters, seen as each gradient is final
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(lambda _p: gathered.append(fsdp._gathered_units()))
     for x, y in batches:
         mine = slice(rank * B, (rank + 1) * B)
         # local loss = mean over my tokens; FSDP averages over ranks -> the global mean
@@ -74,4 +79,4 @@ def reshard_run(cfg):
     diff = max(float(np.abs(got[k] - v).max()) for k, v in ref.state_dict().items())
     sizes = sorted((u.layout.padded_numel for u in fsdp._units), reverse=True)
     return diff, {"held": max(held), "root": fsdp._units[-1].layout.padded_numel, "block": sizes[0],
-                  "all_units": sum(sizes)}
+                  "all_units": sum(sizes), "max_gathered": max(gathered)}

@@ -105,3 +105,29 @@ def test_bad_arguments_raise_clear_errors():
         FSDP(model, sharding_strategy="full")
     with pytest.raises(NotImplementedError):
         ZeroRedundancyOptimizer(model.parameters(), optim.Adam, overlap_with_ddp=True, lr=0.1)
+
+
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
+def test_fsdp_on_one_rank_keeps_views_of_the_shard(strategy):
+    # a shard group of one rank: the parameters are views of the flat shard (no gathered copy,
+    # torch's switch to NO_SHARD), and training still equals plain training
+    import neural_arch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group()
+    assert dist.get_world_size() == 1
+    diff, extra = fns.equivalence_run({"kind": "fsdp", "strategy": strategy})
+    assert diff <= 1e-10 and extra["orig_grads_dropped"] and extra["sharded_roundtrip"] == 0.0
+
+    from neural_arch import nn
+    from neural_arch.distributed.fsdp import FSDP, ShardingStrategy
+
+    model = fns.build(0, np.float64)
+    fsdp = FSDP(model, sharding_strategy=ShardingStrategy[strategy], auto_wrap_policy={nn.Linear})
+    shares = []
+    first = fsdp._units[0]
+    first.module.register_forward_hook(
+        lambda m, a, o: shares.append(np.shares_memory(m.weight.data, first.flat_param.data)))
+    X, y = fns.data(3, np.float64)
+    fns._loss(fsdp, X, y).backward()
+    assert shares == [True]

@@ -71,7 +71,7 @@ class CommunicationOptimizer:
         dtype; pass a name when several gradients share a shape) and added next time.
         """
         from neural_arch.distributed.algorithms.ddp_comm_hooks.topk_hook import topk_hook
-        from neural_arch.distributed.collectives import _buf
+        from neural_arch.distributed.resolve import _buf
 
         array = _buf(tensor)
         if array.dtype.kind != "f":
@@ -99,13 +99,17 @@ class CommunicationOptimizer:
         self.last_sent = self.topk_state.last_sent
         return tensor
 
-    def hierarchical_all_reduce(self, tensor, intra_node_group=None, inter_node_group=None, op=ReduceOp.AVG):
-        """Average ``tensor`` (in place, returned) by reduce-in-host, all-reduce among host
-        leaders, broadcast-in-host; groups default to :func:`~.hierarchical.host_groups`'s."""
+    def hierarchical_all_reduce(self, tensor, intra_node_group=None, inter_node_group=None, op=ReduceOp.AVG,
+                                algorithm: str = "auto", cross_node_group=None):
+        """Average ``tensor`` (in place, returned) hierarchically: the leader form (reduce in the
+        host, all-reduce among host leaders, broadcast) or the 2-D form (reduce-scatter in the host,
+        all-reduce of each slice across hosts, all-gather), see :mod:`.hierarchical`; groups
+        default to :func:`~.hierarchical.host_groups`'s."""
         from neural_arch.distributed.algorithms.hierarchical import hierarchical_all_reduce
 
         return hierarchical_all_reduce(tensor, op, intra_node_group=intra_node_group,
-                                       inter_node_group=inter_node_group)
+                                       inter_node_group=inter_node_group, algorithm=algorithm,
+                                       cross_node_group=cross_node_group)
 
     def ddp_kwargs(self) -> dict:
         """Keyword arguments for ``DistributedDataParallel`` that follow this configuration."""

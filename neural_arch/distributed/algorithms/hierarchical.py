@@ -1,16 +1,27 @@
-"""Hierarchical all-reduce: reduce inside each host, all-reduce among host leaders, broadcast back.
+"""Hierarchical all-reduce: shared memory inside each host, the network only between hosts.
 
 On a job that spans hosts, a flat ring all-reduce sends every byte over the slow links between
-hosts ``2 (n - 1) / n`` times. The hierarchical form moves it over them once per host::
+hosts ``2 (n - 1) / n`` times. Two hierarchical forms send less over them:
 
-    1. reduce     inside each host to its leader (the host's lowest rank)   shared memory
-    2. all-reduce among the leaders (one rank per host)                      network
-    3. broadcast  inside each host from its leader                           shared memory
+``"leader"`` (one rank per host talks to the other hosts)::
+
+    1. reduce      inside each host to its leader (the host's lowest rank)   shared memory
+    2. all-reduce  among the leaders (one rank per host)                      network
+    3. broadcast   inside each host from its leader                           shared memory
+
+``"2d"`` (every rank talks to the other hosts, each about its own slice, so every host link works)::
+
+    1. reduce-scatter inside each host: local rank i holds the host's sum of slice i    shared memory
+    2. all-reduce of slice i among the ranks with local rank i on every host          network
+    3. all-gather inside each host                                                     shared memory
 
 The result is the flat all-reduce's: bitwise for integers (addition is associative there), within
-reduction-order rounding for floats. :func:`host_groups` builds the two kinds of groups from the
-host each rank runs on (the transport's notion of "same host", which ``NEURAL_ARCH_HOST_ID``
-overrides, so one machine can play several hosts in tests).
+reduction-order rounding for floats. Uneven sizes are fine (the 2-D form pads the last slice); the
+2-D form needs the same number of ranks on every host, the leader form does not.
+:func:`host_groups` builds the groups from the host each rank runs on (the transport's notion of
+"same host", which ``NEURAL_ARCH_HOST_ID`` overrides, so one machine can play several hosts in
+tests). ``dist.all_reduce`` picks a form by itself on groups spanning hosts
+(:mod:`.hierarchical_auto`; :func:`.hierarchical_auto.all_reduce_algorithm` says which).
 
 Example (4 ranks on 2 hosts, every rank runs this)::
 
@@ -19,6 +30,7 @@ Example (4 ranks on 2 hosts, every rank runs this)::
     t = np.full(3, float(get_rank()))
     hierarchical_all_reduce(t, intra_node_group=hg.intra, inter_node_group=hg.inter)
     # t == [6., 6., 6.] on every rank, as all_reduce(t) would give
+    hierarchical_all_reduce(t, algorithm="2d")          # groups from host_groups()
 """
 
 from __future__ import annotations
@@ -31,7 +43,25 @@ import numpy as np
 from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.process_group import GroupMember, ProcessGroup
 
-__all__ = ["HostGroups", "hierarchical_all_reduce", "host_groups", "hosts_from_keys"]
+__all__ = [
+    "ALGORITHMS",
+    "TWO_D_MIN_BYTES",
+    "HostGroups",
+    "choose_algorithm",
+    "hierarchical_all_reduce",
+    "host_groups",
+    "hosts_from_keys",
+    "run_leader",
+    "run_two_d",
+]
+
+#: what ``algorithm=`` accepts
+ALGORITHMS = ("auto", "leader", "2d")
+#: ``"auto"`` takes the 2-D form from this message size up (smaller: the leader form, whose three
+#: steps are one message each). Not a measured crossover: on simulated hosts (loopback TCP, 2 cores)
+#: the leader form beat the 2-D one at every size (``bench_collectives.py --hierarchical``); between
+#: real machines the 2-D form sends the same bytes per host but over every local rank's connection.
+TWO_D_MIN_BYTES = 1 << 20
 
 _CACHE: dict = {}  # world generation -> HostGroups (building groups is collective: do it once)
 
@@ -42,20 +72,23 @@ class HostGroups:
 
     ``hosts``: global ranks per host (hosts ordered by their lowest rank); ``intra``: this rank's
     host group; ``inter``: the group of host leaders (``GroupMember.NON_GROUP_MEMBER`` on ranks
-    that do not lead their host); ``leader``: this host's leader (global rank).
+    that do not lead their host); ``leader``: this host's leader (global rank); ``cross``: the
+    group of the ranks with this rank's local rank on every host (the 2-D form's), or None when
+    the hosts hold different numbers of ranks.
     """
 
     hosts: list[list[int]]
     intra: ProcessGroup
     inter: object
     leader: int
+    cross: object = None
 
     @property
     def is_leader(self) -> bool:
         return self.intra.rank() == 0
 
 
-def _host_key() -> int:
+def host_key() -> int:
     """This process's host identity as an int64 (arrays on the wire, no pickle)."""
     from neural_arch.distributed.groups import _host_identity  # the identity rendezvous uses
 
@@ -75,12 +108,35 @@ def hosts_from_keys(keys) -> list[list[int]]:
     return list(by_host.values())  # dict order: first appearance, i.e. by lowest rank
 
 
+def choose_algorithm(nbytes: int, nelems: int, hosts) -> str:
+    """The form ``algorithm="auto"`` takes for a message on this host layout (pure; no I/O).
+
+    ``"flat"`` when there is no hierarchy (one host, or one rank per host), ``"2d"`` from
+    :data:`TWO_D_MIN_BYTES` up when every host holds the same number of ranks (and the message
+    has at least one element per local rank), else ``"leader"``.
+
+    >>> choose_algorithm(4 << 20, 1 << 20, [[0, 1], [2, 3]])
+    '2d'
+    >>> choose_algorithm(1024, 256, [[0, 1], [2, 3]]), choose_algorithm(4 << 20, 1 << 20, [[0, 1, 2], [3, 4]])
+    ('leader', 'leader')
+    >>> choose_algorithm(4 << 20, 1 << 20, [[0, 1, 2, 3]]), choose_algorithm(4 << 20, 1 << 20, [[0], [1]])
+    ('flat', 'flat')
+    """
+    if len(hosts) < 2 or all(len(h) == 1 for h in hosts):
+        return "flat"
+    local = len(hosts[0])
+    if nbytes >= TWO_D_MIN_BYTES and all(len(h) == local for h in hosts) and nelems >= local:
+        return "2d"
+    return "leader"
+
+
 def host_groups(group=None, *, refresh: bool = False) -> HostGroups:
-    """Group the world's ranks by host and make the intra-host and leader groups (collective).
+    """Group the world's ranks by host and make the intra-host, leader and cross-host groups (collective).
 
     Every rank of the world must call it (it all-gathers host identities and creates groups).
     The result is cached per ``init_process_group()``; ``refresh=True`` builds it again (after
-    changing ``NEURAL_ARCH_HOST_ID``, say). Only the world can be split this way for now.
+    changing ``NEURAL_ARCH_HOST_ID``, say). Only the world can be split this way here
+    (``dist.all_reduce`` on a sub-group builds its own hierarchy: :mod:`.hierarchical_auto`).
     """
     from neural_arch.distributed import groups as _groups
 
@@ -92,61 +148,139 @@ def host_groups(group=None, *, refresh: bool = False) -> HostGroups:
     if cached is not None and not refresh:
         return cached
     keys = np.empty(world.size(), dtype=np.int64)
-    world.backend.allgather(keys, np.array(_host_key(), dtype=np.int64))
+    world.backend.allgather(keys, np.array(host_key(), dtype=np.int64))
     hosts = hosts_from_keys(keys.tolist())
     intra, _ = _groups.new_subgroups_by_enumeration(hosts)
     leaders = [h[0] for h in hosts]
     inter = _groups.new_group(leaders)
+    cross = None
+    if len({len(h) for h in hosts}) == 1:   # the 2-D form: local rank i of every host
+        cross, _ = _groups.new_subgroups_by_enumeration([[h[i] for h in hosts] for i in range(len(hosts[0]))])
     me = world.rank()
     mine = next(h for h in hosts if me in h)
     _CACHE.clear()
-    hg = _CACHE[world.generation] = HostGroups(hosts, intra, inter, mine[0])
+    hg = _CACHE[world.generation] = HostGroups(hosts, intra, inter, mine[0], cross)
     return hg
 
 
+# -- the two forms on backends (arrays, group ranks): shared by the explicit API and dist.all_reduce ---
+def run_leader(array, op: ReduceOp, intra, inter) -> None:
+    """The leader form on ``array`` (contiguous, in place): ``intra``/``inter`` are backends,
+    ``inter`` None on ranks that do not lead their host. ``op`` is a wire op (no AVG)."""
+    intra.reduce(array, root=0, op=op)
+    if inter is not None:
+        inter.allreduce(array, op)
+    intra.broadcast(array, root=0)
+
+
+def run_two_d(array, op: ReduceOp, intra, cross) -> None:
+    """The 2-D form on ``array`` (contiguous, in place): ``intra`` is this host's backend (every
+    host of the same size), ``cross`` the backend of the ranks with this local rank on every host.
+
+    The flat buffer is cut in ``intra.size`` slices of ``ceil(n / size)`` elements; when ``n`` is
+    not a multiple the input is padded in a scratch copy (the padding's reduction is thrown away,
+    so its values do not matter; zeros keep float sums quiet).
+    """
+    flat = array.reshape(-1)
+    n, local = flat.size, intra.size
+    if n == 0:
+        return
+    per = -(-n // local)
+    xp = np if type(flat) is np.ndarray else _xp(flat)
+    padded = per * local != n
+    if not padded:
+        source, table = flat, flat.reshape(local, per)   # slices and result in the caller's buffer
+    else:
+        source = xp.zeros(per * local, dtype=flat.dtype)
+        source[:n] = flat
+        table = xp.empty((local, per), dtype=flat.dtype)
+    part = xp.empty(per, dtype=flat.dtype)
+    intra.reduce_scatter(part, source, op)
+    cross.allreduce(part, op)
+    intra.allgather(table, part)
+    if padded:
+        flat[...] = table.reshape(-1)[:n]
+
+
+def _xp(array):
+    from neural_arch.distributed.comm.backend import _xp as xp
+
+    return xp(array)
+
+
+def wire_op(op, dtype) -> tuple[ReduceOp, bool]:
+    """(the op to send, whether to divide by the group size after): AVG travels as SUM."""
+    if not isinstance(op, ReduceOp):
+        op = ReduceOp.coerce(op)
+    if op is ReduceOp.AVG:
+        if np.dtype(dtype).kind not in "fc":
+            raise TypeError(f"ReduceOp.AVG needs a floating dtype, got {dtype}; use ReduceOp.SUM")
+        return ReduceOp.SUM, True
+    return op, False
+
+
+# -- the explicit API on process groups -----------------------------------------------------------
 def _usable(group) -> bool:
     return group is not None and group is not GroupMember.NON_GROUP_MEMBER
 
 
-def hierarchical_all_reduce(tensor, op=ReduceOp.SUM, intra_node_group=None, inter_node_group=None):
+def hierarchical_all_reduce(tensor, op=ReduceOp.SUM, intra_node_group=None, inter_node_group=None, *,
+                            algorithm: str = "auto", cross_node_group=None):
     """All-reduce ``tensor`` (a Tensor or a contiguous array) in place in three steps (see the module
     docstring) and return it, like ``all_reduce``.
 
+    ``algorithm``: ``"leader"``, ``"2d"`` or ``"auto"`` (:func:`choose_algorithm`; with groups
+    passed by hand, ``"2d"`` when a ``cross_node_group`` is given and the message is large enough).
     ``intra_node_group``: this rank's host group (its group rank 0 leads the host);
     ``inter_node_group``: the group of every host's leader, on the leaders (``None`` or
-    ``GroupMember.NON_GROUP_MEMBER`` elsewhere). With both omitted they come from
-    :func:`host_groups`. The intra groups must partition the world. ``ReduceOp.AVG`` sums and
-    divides by the world size.
+    ``GroupMember.NON_GROUP_MEMBER`` elsewhere); ``cross_node_group`` (2-D form): the ranks with
+    this rank's local rank on every host. With all omitted they come from :func:`host_groups`.
+    The intra groups must partition the world (and have one size, for the 2-D form).
+    ``ReduceOp.AVG`` sums and divides by the number of ranks.
     """
-    from neural_arch.distributed import groups as _groups
-    from neural_arch.distributed.collectives import _buf
+    from neural_arch.distributed.resolve import _buf
 
-    if not isinstance(op, ReduceOp):
-        op = ReduceOp.coerce(op)
-    if intra_node_group is None and inter_node_group is None:
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"hierarchical_all_reduce(algorithm={algorithm!r}): use one of {ALGORITHMS}")
+    array = _buf(tensor)
+    wire, avg = wire_op(op, array.dtype)
+    hosts = None
+    if intra_node_group is None and inter_node_group is None and cross_node_group is None:
         hg = host_groups()
-        intra_node_group, inter_node_group = hg.intra, hg.inter
+        intra_node_group, inter_node_group, cross_node_group, hosts = hg.intra, hg.inter, hg.cross, hg.hosts
     if not isinstance(intra_node_group, ProcessGroup):
         raise TypeError(f"hierarchical_all_reduce: intra_node_group must be this rank's host group (a ProcessGroup), "
                         f"got {intra_node_group!r}; host_groups() builds it")
-    array = _buf(tensor)
-    leader = intra_node_group.rank() == 0
-    if leader and not _usable(inter_node_group):
-        raise ValueError(f"hierarchical_all_reduce: this rank leads its host group {intra_node_group.ranks} "
-                         "(group rank 0) but got no inter_node_group; pass the group of every host's leader")
-    if not leader and _usable(inter_node_group):
-        raise ValueError(f"hierarchical_all_reduce: this rank is not the leader of its host group "
-                         f"{intra_node_group.ranks} (the leader is its group rank 0) but was given an "
-                         "inter_node_group; pass None (or GroupMember.NON_GROUP_MEMBER) on non-leaders")
-    avg = op is ReduceOp.AVG
-    wire_op = ReduceOp.SUM if avg else op
-    if avg and array.dtype.kind not in "fc":
-        raise TypeError(f"ReduceOp.AVG needs a floating dtype, got {array.dtype}; use ReduceOp.SUM")
-    intra = intra_node_group.backend
-    intra.reduce(array, root=0, op=wire_op)
-    if leader:
-        inter_node_group.backend.allreduce(array, wire_op)
-    intra.broadcast(array, root=0)
+    if algorithm == "auto":
+        if hosts is not None:
+            algorithm = choose_algorithm(array.nbytes, array.size, hosts)
+            algorithm = "leader" if algorithm == "flat" else algorithm
+        else:
+            algorithm = ("2d" if _usable(cross_node_group) and array.nbytes >= TWO_D_MIN_BYTES
+                         and array.size >= intra_node_group.size() else "leader")
+    if algorithm == "2d":
+        if not _usable(cross_node_group):
+            sizes = [len(h) for h in hosts] if hosts is not None else None
+            why = (f"the hosts hold different numbers of ranks ({sizes})" if sizes is not None
+                   else "no cross_node_group was given")
+            raise ValueError(f"hierarchical_all_reduce(algorithm='2d'): {why}; the 2-D form needs the same number of "
+                             "ranks on every host and the group of each local rank across hosts "
+                             "(host_groups().cross); use algorithm='leader'")
+        total = intra_node_group.size() * cross_node_group.size()
+        run_two_d(array, wire, intra_node_group.backend, cross_node_group.backend)
+    else:
+        leader = intra_node_group.rank() == 0
+        if leader and not _usable(inter_node_group):
+            raise ValueError(f"hierarchical_all_reduce: this rank leads its host group {intra_node_group.ranks} "
+                             "(group rank 0) but got no inter_node_group; pass the group of every host's leader")
+        if not leader and _usable(inter_node_group):
+            raise ValueError(f"hierarchical_all_reduce: this rank is not the leader of its host group "
+                             f"{intra_node_group.ranks} (the leader is its group rank 0) but was given an "
+                             "inter_node_group; pass None (or GroupMember.NON_GROUP_MEMBER) on non-leaders")
+        from neural_arch.distributed import groups as _groups
+
+        total = _groups.get_world_size()
+        run_leader(array, wire, intra_node_group.backend, inter_node_group.backend if leader else None)
     if avg:
-        array /= array.dtype.type(_groups.get_world_size())
+        array /= array.dtype.type(total)
     return tensor

@@ -22,7 +22,8 @@ The contract for parallel layouts (what a strategy puts in its state dict)
 -------------------------------------------------------------------------
 
 * **Replicated** (DDP, a single process): a plain array. Every rank holding it has the whole
-  array; it is written once (the chunk's writer is picked round-robin among the ranks holding it).
+  array; it is written once: a big one (>= 256 KiB) as row blocks, one per rank holding it, the
+  others whole, each by the holder with the fewest bytes to write so far (see ``plan``).
 * **Box shards** (tensor parallel): ``ShardedArray(local, global_shape, offsets)``: ``local`` is
   ``global[offsets[0]:offsets[0]+local.shape[0], ...]``; the same key on every rank, pieces tile the
   global array exactly (a key may be absent on ranks that hold no piece of it).

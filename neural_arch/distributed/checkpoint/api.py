@@ -3,17 +3,20 @@
 Save, on every rank of the group (a collective):
 
 1. flatten the state dict; describe each array leaf as (key, global shape, dtype, region);
-2. ``all_gather_object`` those descriptions (small); every rank then computes the same plan:
-   each distinct chunk gets one writer (replicated chunks round-robin over the ranks holding them),
-   after checking that all ranks agree on shapes/dtypes and that the chunks tile each array;
+2. exchange those descriptions and compute the same plan on every rank (``plan.py``): each
+   distinct chunk gets one writer (big replicated arrays split into row blocks over their
+   holders, bytes balanced), after checking that all ranks agree on shapes/dtypes and that the
+   chunks tile each array. While no rank's layout changes, the exchange is one small all-gather
+   of digests and the last plan is reused;
 3. each rank streams its chunks into one safetensors file (one pass: a CRC-32 per block computed
    as each block is written, no serialized copy; see ``chunkio``) and a manifest (atomic, fsynced);
 4. rank 0 waits for every manifest, writes ``.metadata`` last (atomic rename + directory fsync):
    only then is the checkpoint visible. Files of the checkpoint it replaces are removed after.
 
-``async_save`` does 1-2 and copies the arrays to host memory in the caller (cheap), then 3-4 in a
-background thread: no collective runs in that thread (rank 0 finds the manifests on disk), so it
-cannot interleave with the training loop's collectives. A new save first waits for the previous one.
+``async_save`` does 1-2 and copies this rank's chunks to host staging buffers (kept for the next
+call) in the caller, then 3-4 in a background thread: no collective runs in that thread (rank 0
+finds the manifests on disk), so it cannot interleave with the training loop's collectives. A
+new save first waits for the previous one.
 
 Load reads only ``.metadata`` and the blocks of the chunks that overlap what this rank asks for,
 straight into the destination arrays, checking each block's CRC (no collective).
@@ -21,12 +24,10 @@ straight into the destination arrays, checking each block's CRC (no collective).
 
 from __future__ import annotations
 
-import itertools
-import math
 import os
+import queue
 import threading
 import time
-import uuid
 from concurrent.futures import Future
 
 import numpy as np
@@ -35,11 +36,11 @@ from neural_arch import backend as _backend
 from neural_arch.distributed.checkpoint.chunkio import ChunkReader, verify_file, write_data_file
 from neural_arch.distributed.checkpoint.flatten import (
     decode_object,
-    encode_object,
     flatten_state_dict,
     is_array_leaf,
     to_host,
 )
+from neural_arch.distributed.checkpoint.plan import PlanCache, describe, my_pieces
 from neural_arch.distributed.checkpoint.sharded import Region, ShardedArray
 from neural_arch.distributed.checkpoint.storage import (
     FORMAT_VERSION,
@@ -61,6 +62,8 @@ _pending: Future | None = None
 # is several times faster than into fresh pages (first-touch page faults), and the previous save
 # has always finished writing before the next one stages (see _wait_previous).
 _staging: dict[tuple, np.ndarray] = {}
+# The last save plan, reused while every rank's layout is unchanged (one small all-gather per save).
+_plans = PlanCache()
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -74,10 +77,9 @@ def _group_info(process_group):
 
 
 def _commit_timeout() -> float:
-    try:
-        return float(os.environ.get("NEURAL_ARCH_TIMEOUT") or 300.0)
-    except ValueError:
-        return 300.0
+    from neural_arch.distributed import config
+
+    return float(config.get("NEURAL_ARCH_TIMEOUT"))
 
 
 def _wait_previous() -> None:
@@ -88,92 +90,9 @@ def _wait_previous() -> None:
         previous.exception()  # wait; its error (if any) was already given to its own caller
 
 
-def _describe(state_dict, copy: bool):
-    """(array items, object items, my plan) for this rank's state dict."""
-    arrays, objects, plan_arrays = {}, {}, []
-    for key, path, leaf in flatten_state_dict(state_dict):
-        if is_array_leaf(leaf):
-            if isinstance(leaf, ShardedArray):
-                local = to_host(leaf.local)
-                region = Region.of(leaf)
-            else:
-                local = to_host(leaf)
-                region = Region.of(local)
-            if copy:
-                local = np.array(local, copy=True, order="C")  # staging: training may change it next
-            arrays[(key, region.key())] = (local, region)
-            plan_arrays.append((key, path, list(region.global_shape), local.dtype.str, region.to_json()))
-        else:
-            objects[key] = (path, encode_object(leaf))
-    return arrays, objects, {"arrays": plan_arrays, "objects": objects}
-
-
-def _make_plan(plans: list[dict]):
-    """Same on every rank: {key: entry}, {(key, region key): (writer rank, chunk name)}, objects."""
-    entries: dict[str, dict] = {}
-    holders: dict[tuple, list[int]] = {}
-    regions: dict[tuple, Region] = {}
-    for rank, plan in enumerate(plans):
-        for key, path, gshape, dtype, rjson in plan["arrays"]:
-            entry = entries.setdefault(key, {"path": path, "global_shape": gshape, "dtype": dtype, "chunks": []})
-            if entry["global_shape"] != gshape or entry["dtype"] != dtype:
-                raise CheckpointError(f"save: {key!r} is {tuple(entry['global_shape'])} {np.dtype(entry['dtype'])} "
-                                      f"on one rank but {tuple(gshape)} {np.dtype(dtype)} on rank {rank}; every "
-                                      "rank must describe the same global array")
-            region = Region.from_json(gshape, rjson)
-            rk = (key, region.key())
-            if rk not in holders:
-                holders[rk] = []
-                regions[rk] = region
-            holders[rk].append(rank)
-    owners: dict[tuple, tuple[int, str]] = {}
-    counter = 0
-    for key in sorted(entries):
-        entry = entries[key]
-        mine = sorted((rk for rk in holders if rk[0] == key), key=lambda rk: rk[1])
-        kinds = {regions[rk].is_flat for rk in mine}
-        if len(kinds) > 1:
-            raise CheckpointError(f"save: {key!r} is saved as box pieces by some ranks and flat pieces by "
-                                  "others; every rank must shard one key the same way")
-        total = sum(regions[rk].numel for rk in mine)
-        want = math.prod(entry["global_shape"])
-        if total != want or _overlapping([regions[rk] for rk in mine]):
-            raise CheckpointError(f"save: the pieces of {key!r} cover {total} elements of {want} (or overlap): "
-                                  f"shape {tuple(entry['global_shape'])}, pieces {[regions[rk].to_json() for rk in mine]}; "
-                                  "the ranks' ShardedArrays must tile the global array exactly")
-        for n, rk in enumerate(mine):
-            ranks = holders[rk]
-            writer = ranks[counter % len(ranks)]  # replicated chunks spread round-robin
-            counter += 1
-            name = f"{key}#{n}"
-            owners[rk] = (writer, name)
-            entry["chunks"].append(dict(regions[rk].to_json(), name=name, rank=writer))
-    objects: dict[str, dict] = {}
-    for plan in plans:  # plain values: the lowest rank that has one wins (they should agree)
-        for key, (path, value) in plan["objects"].items():
-            objects.setdefault(key, {"path": path, "value": value})
-    return entries, owners, objects
-
-
-def _overlapping(regions: list[Region]) -> bool:
-    if regions and regions[0].is_flat:
-        spans = sorted((r.flat_offset, r.flat_offset + r.flat_size) for r in regions if r.flat_size)
-        return any(b0 < a1 for (_, a1), (b0, _) in itertools.pairwise(spans))
-    nonempty = [r for r in regions if r.numel]
-    for i, a in enumerate(nonempty):
-        for b in nonempty[i + 1:]:
-            if all(max(x, y) < min(x + n, y + m) for x, n, y, m in zip(a.offsets, a.sizes, b.offsets, b.sizes)):
-                return True
-    return False
-
-
 # ------------------------------------------------------------------------------------ save
-def _write_mine(directory: str, rank: int, uid: str, arrays: dict, owners: dict) -> None:
-    tensors = {}
-    for rk, (local, _) in arrays.items():
-        writer, name = owners[rk]
-        if writer == rank:
-            tensors[name] = local
+def _write_mine(directory: str, rank: int, uid: str, tensors: dict) -> None:
+    """Write this rank's chunks ``{name: array}`` (maybe none) and its manifest."""
     manifest = {"rank": rank, "chunks": {}, "file": None}
     if tensors:
         fname = data_file_name(rank, uid)
@@ -200,6 +119,8 @@ def _commit(directory: str, uid: str, world: int, entries: dict, objects: dict, 
                 raise CheckpointError(f"save to {directory!r}: ranks {missing} did not finish writing within "
                                       f"{timeout:.0f} s; the checkpoint was not committed (the previous one is intact)")
             time.sleep(0.005)
+    # The plan's entries may be cached for the next save: fill in a copy.
+    entries = {k: dict(e, chunks=[dict(c) for c in e["chunks"]]) for k, e in entries.items()}
     files = {}
     for r, m in manifests.items():
         if m["file"]:
@@ -235,24 +156,18 @@ def read_json(path: str) -> dict:
         return json.loads(f.read())
 
 
-def _prepare(state_dict, checkpoint_id, process_group, copy: bool, extra):
+def _prepare(state_dict, checkpoint_id, process_group, while_waiting=None):
+    """Describe, agree on the plan (``while_waiting(arrays, rank, owners)`` overlaps the exchange
+    when the cached plan applies: see ``PlanCache.exchange``), create the directory."""
     if not isinstance(checkpoint_id, (str, os.PathLike)):
         raise TypeError(f"checkpoint_id must be a directory path, got {checkpoint_id!r}")
     directory = os.fspath(checkpoint_id)
     pg, rank, world = _group_info(process_group)
-    arrays, _, plan = _describe(state_dict, copy)
-    plan["uid"] = uuid.uuid4().hex[:12]
-    if world > 1:
-        from neural_arch.distributed.collectives import all_gather_object
-
-        plans = [None] * world
-        all_gather_object(plans, plan, group=pg)
-    else:
-        plans = [plan]
-    uid = plans[0]["uid"]
-    entries, owners, objects = _make_plan(plans)
+    arrays, _, plan = describe(state_dict)
+    early_fn = None if while_waiting is None else (lambda owners: while_waiting(arrays, rank, owners))
+    uid, entries, owners, objects, early = _plans.exchange(pg, rank, world, plan, early_fn)
     os.makedirs(directory, exist_ok=True)
-    return directory, pg, rank, world, uid, arrays, entries, owners, objects
+    return directory, pg, rank, world, uid, arrays, entries, owners, objects, early
 
 
 def save(state_dict, checkpoint_id, process_group=None, *, extra: dict | None = None) -> dict | None:
@@ -267,12 +182,12 @@ def save(state_dict, checkpoint_id, process_group=None, *, extra: dict | None = 
         save({"model": model.state_dict(), "optim": opt.state_dict(), "step": 10}, "ckpt/step_10")
     """
     _wait_previous()
-    directory, pg, rank, world, uid, arrays, entries, owners, objects = _prepare(
-        state_dict, checkpoint_id, process_group, copy=False, extra=extra)
+    directory, pg, rank, world, uid, arrays, entries, owners, objects, _ = _prepare(
+        state_dict, checkpoint_id, process_group)
     error = None
     meta = None
     try:
-        _write_mine(directory, rank, uid, arrays, owners)
+        _write_mine(directory, rank, uid, {name: a for _, name, a in my_pieces(arrays, owners, rank)})
         if rank == 0:
             meta = _commit(directory, uid, world, entries, objects, extra, _commit_timeout())
     except BaseException as exc:  # noqa: BLE001 - still join the barrier below, so peers do not hang on us
@@ -304,31 +219,67 @@ def async_save(state_dict, checkpoint_id, process_group=None, *, extra: dict | N
     """
     global _pending
     _wait_previous()
-    directory, _pg, rank, world, uid, arrays, entries, owners, objects = _prepare(
-        state_dict, checkpoint_id, process_group, copy=False, extra=extra)
-    # Stage (copy) only the chunks this rank writes: a replicated chunk owned by another rank is
-    # never read here, and copying the whole replicated state blocked training N-fold longer.
-    arrays = {rk: (_stage(rk, local), region) for rk, (local, region) in arrays.items() if owners[rk][0] == rank}
+    # Stage (copy) only the chunks this rank writes: a replicated chunk (or row block of one)
+    # written by another rank is never read here. With an unchanged layout the copy runs while
+    # the plan's digests travel between the ranks.
+    directory, _pg, rank, world, uid, arrays, entries, owners, objects, staged = _prepare(
+        state_dict, checkpoint_id, process_group, while_waiting=_stage_all)
+    if staged is None:
+        staged = _stage_all(arrays, rank, owners)
+    tensors = {name: a for (_, name), a in staged.items()}
     with _pending_lock:
         _staging.clear()
-        _staging.update((rk, a) for rk, (a, _) in arrays.items())
+        _staging.update(staged)
     future: Future = Future()
     timeout = _commit_timeout()
 
     def work():
         try:
-            _write_mine(directory, rank, uid, arrays, owners)
+            _write_mine(directory, rank, uid, tensors)
             meta = _commit(directory, uid, world, entries, objects, extra, timeout) if rank == 0 else None
         except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
             future.set_exception(exc)
         else:
             future.set_result(meta)
 
-    thread = threading.Thread(target=work, name=f"neural_arch-async-save-{uid}", daemon=True)
     with _pending_lock:
         _pending = future
-    thread.start()
+    _writer_submit(work)
     return future
+
+
+# One long-lived writer thread: starting a thread per save blocked the caller 3-6 ms on the loaded
+# development box (Thread.start waits until the new thread runs), a tenth of async_save's budget.
+_writer: tuple[threading.Thread, queue.SimpleQueue] | None = None
+
+
+def _writer_loop(jobs: queue.SimpleQueue) -> None:
+    while True:
+        jobs.get()()  # each job reports its own outcome through its future
+
+
+def _writer_submit(job) -> None:
+    global _writer
+    with _pending_lock:
+        if _writer is None or not _writer[0].is_alive():
+            jobs: queue.SimpleQueue = queue.SimpleQueue()
+            thread = threading.Thread(target=_writer_loop, args=(jobs,), name="neural_arch-async-save", daemon=True)
+            thread.start()
+            _writer = (thread, jobs)
+        _writer[1].put(job)
+
+
+def _forget_writer_after_fork() -> None:
+    global _writer
+    _writer = None  # a forked child has no copy of the thread
+
+
+os.register_at_fork(after_in_child=_forget_writer_after_fork)
+
+
+def _stage_all(arrays: dict, rank: int, owners: dict) -> dict:
+    """{(rk, chunk name): staged copy} of every chunk ``rank`` writes under ``owners``."""
+    return {(rk, name): _stage((rk, name), piece) for rk, name, piece in my_pieces(arrays, owners, rank)}
 
 
 def _stage(rk: tuple, local: np.ndarray) -> np.ndarray:

@@ -19,8 +19,12 @@ not against tampering: the metadata is not signed.
 Loading reads with ``os.preadv`` straight into the caller's array where the overlap with a chunk
 is a few contiguous runs (whole arrays, row shards, flat shards): vector reads (8 MiB each) over
 each stretch of needed blocks, whose buffers are the destination's own memory plus small scratch
-buffers for the bytes of partly needed blocks, each followed by the checksums over those buffers. Other overlaps
-(column shards of tall matrices) read the chunk into a scratch array and copy.
+buffers for the bytes of partly needed blocks. The checksums of a batch run in one helper thread
+while the next batch is read (``zlib.crc32`` and ``preadv`` both release the GIL, and per-block
+sums are independent, so checking lags reading by at most ``_CHECK_LAG`` bytes, across chunk
+boundaries); the reader raises the first checksum error by the end of its ``with`` block (or
+:meth:`ChunkReader.finish`). Other overlaps (column shards of tall matrices) read the chunk into a
+scratch array and copy.
 
 Example::
 
@@ -35,11 +39,13 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import struct
 import tempfile
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -53,6 +59,8 @@ _IOV_MAX = 512             # buffers per preadv call (Linux allows 1024)
 _TMP_MARK = ".tmp-"        # what remove_orphans looks for
 _IO_BATCH = 8 << 20        # bytes per read (then checksummed while in the cache)
 _RUN_LIMIT = 4096          # more contiguous runs than this per piece: read the chunk whole, copy with NumPy
+_CHECK_LAG = 2 * _IO_BATCH  # bytes read but not yet checksummed, at most (a bad block surfaces soon)
+_INLINE_CHECK = 256 << 10  # smaller batches are checked in the reading thread (a hand-off costs more)
 
 # safetensors dtype codes (little-endian) of the NumPy dtypes it knows; anything else (complex,
 # big-endian, structured) is stored as raw bytes ("U8", shape [nbytes]); our metadata keeps the
@@ -198,23 +206,65 @@ class ChunkReader:
 
     ``read_into(key, entry, chunk, region, target)`` copies the part of ``chunk`` that overlaps
     ``region`` (``target``'s place in the global array) into ``target`` (C-contiguous) and returns
-    how many elements it copied, verifying the checksum of every block it reads.
+    how many elements it copied. The checksum of every block it reads is verified in a helper
+    thread while the next bytes are read; a corrupt block raises :class:`CheckpointError` from a
+    later ``read_into``, from :meth:`finish`, or at the end of the ``with`` block, so use the reader
+    as a context manager (or call ``finish()``) before trusting what it filled.
     """
 
     def __init__(self, directory: str, meta: dict, verify: bool = True):
         self.directory, self.meta, self.verify = directory, meta, verify
         self.fds: dict[str, int] = {}
+        self._checker: ThreadPoolExecutor | None = None
+        self._pending: collections.deque = collections.deque()  # (future, bytes) in submission order
+        self._pending_bytes = 0
+
+    def finish(self) -> None:
+        """Wait for every checksum still being computed; raise the first failure."""
+        while self._pending:
+            self._retire()
 
     def close(self) -> None:
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds.clear()
+        try:
+            while self._pending:  # the helper may still read our buffers: let it finish
+                future, _ = self._pending.popleft()
+                future.exception()
+        finally:
+            self._pending_bytes = 0
+            if self._checker is not None:
+                self._checker.shutdown(wait=True)
+                self._checker = None
+            for fd in self.fds.values():
+                os.close(fd)
+            self.fds.clear()
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, *exc):
+        try:
+            if exc_type is None:
+                self.finish()
+        finally:
+            self.close()
+
+    def _retire(self) -> None:
+        future, nbytes = self._pending.popleft()
+        self._pending_bytes -= nbytes
+        future.result()
+
+    def _check_later(self, check, batch: list, at: int) -> None:
+        """Run ``check(batch, at)`` in the helper thread, at most ``_CHECK_LAG`` bytes behind."""
+        nbytes = sum(len(b) for b in batch)
+        if nbytes < _INLINE_CHECK:
+            check(batch, at)
+            return
+        if self._checker is None:
+            self._checker = ThreadPoolExecutor(1, thread_name_prefix="neural_arch-ckpt-crc")
+        self._pending.append((self._checker.submit(check, batch, at), nbytes))
+        self._pending_bytes += nbytes
+        while self._pending_bytes > _CHECK_LAG:
+            self._retire()
 
     def _fd(self, fname: str) -> int:
         fd = self.fds.get(fname)
@@ -327,14 +377,14 @@ class ChunkReader:
     def _read_batched(self, fd, path, buffers, offset, per, check) -> None:
         """Read ``buffers`` from ``offset`` in batches of ``per`` bytes, ``check(batch, at)`` each.
 
-        In order, in this thread: one read of hundreds of MB defeats the kernel's readahead, and
-        measured on the development box, reading the next batch in a helper thread while this
-        one is checked (or several batches at once) was no faster, often slower, than this.
+        Reads stay in order, in this thread (one read of hundreds of MB defeats the kernel's
+        readahead, and several reads at once were no faster on the development box); each
+        batch's check goes to the helper thread, overlapping the next read.
         """
         for n, batch in enumerate(_split(buffers, per)):
             _preadv_exact(fd, batch, offset + n * per, path)
             if check is not None:
-                check(batch, n * per)
+                self._check_later(check, batch, n * per)
 
 
 def verify_file(directory: str, fname: str, info: dict, chunks: list[dict]) -> None:

@@ -33,6 +33,10 @@ The public methods (``allreduce``, ``broadcast``, ...) are written once, here:
   ``"collective"`` span (op, seq, group, bytes, dtype, backend, transport) when someone listens;
   with no subscriber that costs one test of the observer lists.
 
+How each operation runs (numbering, lanes, the inline synchronous path, debug checks, spans,
+poisoning) lives in :mod:`.runner` (:class:`OpRunner`, this class's base); the dtypes and
+in-place reductions every backend shares in :mod:`.dtypes` (re-exported here).
+
 The synchronous path (``async_op=False``, idle lane) is the latency-critical one for small
 messages: it validates, numbers, runs the primitive on the caller's thread and returns a Work
 that is already done, with no lock, Event or thread hop (``benchmarks/bench_small_messages.py``
@@ -47,143 +51,46 @@ Example (any concrete backend)::
 from __future__ import annotations
 
 import abc
-import logging
-import os
 import pickle
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from neural_arch import backend as _array_backend
-
-from neural_arch.distributed.comm import spans as _spans
-from neural_arch.distributed.comm.debug import (
-    FINGERPRINT_LEN,
-    OP_CODES,
-    describe_fingerprint,
-    fingerprint,
-    wire_word,
+from neural_arch.distributed.comm.dtypes import (  # noqa: F401 - re-exported: their historic import path
+    _AVG,
+    _MAX,
+    _MIN,
+    _PRODUCT,
+    _DTYPE_NAMES,
+    _SUM,
+    BFLOAT16,
+    FLOAT_DTYPE_KINDS,
+    SUPPORTED_DTYPES,
+    _dtype_name,
+    _is_array,
+    _xp,
+    finish_average,
+    is_bfloat16,
+    is_supported_dtype,
+    reduce_into,
 )
-from neural_arch.distributed.comm.lanes import SerialLane
+from neural_arch.distributed.comm import spans as _spans
+from neural_arch.distributed.comm.runner import DEBUG_ENV, OpRunner, debug_mode_from_env  # noqa: F401
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp, Work
-from neural_arch.distributed.errors import CollectiveMismatchError, DistributedError, GroupPoisonedError
 from neural_arch.profiler import events as _events
 
-# Dtypes every backend must move. bool travels as uint8 (same itemsize).
-SUPPORTED_DTYPES = frozenset(
-    np.dtype(t) for t in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool")
-)
-FLOAT_DTYPE_KINDS = ("f",)
-#: ml_dtypes' bfloat16 is supported too, recognised by name (dtype kind "V"): importing ml_dtypes
-#: here would cost every ``import neural_arch`` ~7 ms, and a bfloat16 array means it is loaded.
-BFLOAT16 = "bfloat16"
-DEBUG_ENV = "NEURAL_ARCH_DISTRIBUTED_DEBUG"
-_log = logging.getLogger("neural_arch.distributed")
-# The members as module constants: ``ReduceOp.AVG`` is an Enum class-attribute lookup that costs
-# ~0.4 us on CPython 3.11 (and hashing a member as a dict key as much), which added up to a
-# third of a small collective's Python overhead.
-_SUM, _AVG, _MAX, _MIN, _PRODUCT = ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT
+_monotonic = time.monotonic
 
 
+class Backend(OpRunner):
+    """One group's communicator. See the module docstring for the contract; how each operation
+    runs (numbering, lanes, debug checks, spans, poisoning) is :class:`OpRunner`'s."""
 
-def is_bfloat16(dtype) -> bool:
-    """Whether ``dtype`` is ml_dtypes' bfloat16 (without importing ml_dtypes)."""
-    return dtype.kind == "V" and dtype.name == BFLOAT16
-
-
-def is_supported_dtype(dtype) -> bool:
-    """Whether every backend can move arrays of ``dtype`` (:data:`SUPPORTED_DTYPES` or bfloat16)."""
-    return dtype in SUPPORTED_DTYPES or is_bfloat16(dtype)
-
-
-def debug_mode_from_env() -> bool:
-    return os.environ.get(DEBUG_ENV, "").strip().upper() == "DETAIL"
-
-
-def reduce_into(dst, src, op: ReduceOp) -> None:
-    """``dst = dst (op) src`` elementwise, in place. AVG accumulates as SUM (divide at the end)."""
-    if op in (_SUM, _AVG):
-        dst += src
-    elif op is _MAX:
-        np.maximum(dst, src, out=dst) if isinstance(dst, np.ndarray) else _xp(dst).maximum(dst, src, out=dst)
-    elif op is _MIN:
-        np.minimum(dst, src, out=dst) if isinstance(dst, np.ndarray) else _xp(dst).minimum(dst, src, out=dst)
-    elif op is _PRODUCT:
-        dst *= src
-    else:  # pragma: no cover - ReduceOp.coerce rejects everything else
-        raise ValueError(f"unsupported reduce op {op}")
-
-
-def finish_average(array, size: int) -> None:
-    """Turn an AVG that was accumulated as a SUM into the mean (float dtypes only)."""
-    array /= size
-
-
-_DTYPE_NAMES: dict = {}
-
-
-def _dtype_name(dtype) -> str:
-    """``str(dtype)``, cached: numpy's __str__ costs microseconds on every collective."""
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype)
-    return name
-
-
-# The one owner of "which array library" and "is this an array": neural_arch.backend (CuPy and
-# any registered device type, e.g. the strict-device tests' fake GPU). Kept under these names for
-# the comm layer's many call sites.
-_xp = _array_backend.get_array_module
-_is_array = _array_backend.is_array
-
-
-class Backend(abc.ABC):
-    """One group's communicator. See the module docstring for the contract."""
-
-    #: registry name ("gloo", "mpi", "nccl", "local")
-    name: str = "base"
     #: device kinds whose arrays this backend can move
     devices: tuple = ("cpu",)
-
-    def __init__(self, rank: int, size: int, timeout: float = 300.0,
-                 group_ranks: Sequence[int] | None = None, debug: bool | None = None):
-        if size < 1 or not 0 <= rank < size:
-            raise ValueError(f"rank={rank} must be in [0, size={size})")
-        self._rank = rank
-        self._size = size
-        self.timeout = float(timeout)
-        #: this group's members as *global* ranks, for error messages
-        self.group_ranks: list[int] = list(group_ranks) if group_ranks is not None else list(range(size))
-        self.debug = debug_mode_from_env() if debug is None else bool(debug)
-        self._seq = 0
-        self._p2p_seq = 0
-        # collectives run in order on one lane; async point-to-point ops on one lane per
-        # (direction, peer, tag), so that messages between two ranks keep their order
-        self._lane = SerialLane(f"neural_arch-{self.name}-progress", self._execute)
-        self._p2p_lanes: dict = {}
-        self._lock = threading.Lock()
-        self._closed = False
-        self._fatal: BaseException | None = None
-
-    # -- identity -------------------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    def global_rank(self, group_rank: int) -> int:
-        return self.group_ranks[group_rank]
-
-    @classmethod
-    def is_available(cls) -> bool:
-        """Whether this backend's requirements are installed (cheap; never starts anything)."""
-        return True
 
     # -- primitives (synchronous; run on the caller's thread or the progress thread) -------
     @abc.abstractmethod
@@ -271,151 +178,10 @@ class Backend(abc.ABC):
     def _barrier(self, info: OpInfo) -> None:
         self._allreduce(np.zeros(1, dtype=np.int32), _SUM, info)
 
-    # -- execution ----------------------------------------------------------------------------
-    def _new_info(self, name: str, array=None, root=None, op=None, p2p=False) -> OpInfo:
-        if p2p:
-            self._p2p_seq += 1
-            seq = self._p2p_seq
-        else:
-            self._seq += 1
-            seq = self._seq
-        red = None if op is None else op._value_   # _value_: Enum's .value is a slow descriptor
-        if array is None:
-            shape = dtype = None
-        else:
-            shape, dtype = array.shape, _dtype_name(array.dtype)
-        return OpInfo(name, seq, self.group_ranks, self.group_ranks[self._rank], shape, dtype, root, red,
-                      _INF, None, None)   # wire=None: computed when a transport first reads it
-
-    def _run(self, info: OpInfo, fn: Callable[[], Any], async_op: bool,
-             lane: SerialLane | None = None) -> Work:
-        """Run ``fn`` now (idle lane, synchronous call) or after every earlier op of its lane."""
-        if self._closed or self._fatal is not None:
-            self._check_usable(info)
-        if lane is None:
-            lane = self._lane
-        if async_op or lane.pending:
-            work = Work(info)
-            lane.submit(work, fn)
-            if not async_op:
-                work.wait()
-            return work
-        # The synchronous fast path, inline (one call layer less on every small collective): run on
-        # the caller's thread, raise in it, return a done Work. Same checks, spans and poisoning as
-        # _execute; the Work needs no lock or Event because no other thread has seen it.
-        info.deadline = _monotonic() + self.timeout
-        span = None
-        if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
-            span = _spans.begin(self, info, _spans.lane_label(lane.name))
-        try:
-            if self.debug and info.name in OP_CODES:
-                self._debug_check(info)
-            result = fn()
-        except BaseException as exc:
-            self._failed(info, exc, span)
-            raise
-        if span is not None:
-            _spans.end(span, info)
-        return Work.completed(result, info)
-
-    def _check_usable(self, info: OpInfo) -> None:
-        if self._closed:
-            raise DistributedError(f"{info.describe()}: the process group was destroyed; "
-                                   "call init_process_group() again before communicating")
-        if self._fatal is not None:
-            raise self._poisoned_error(info, "cannot run")
-
-    def _poisoned_error(self, info: OpInfo, verb: str) -> GroupPoisonedError:
-        first = self._fatal
-        return GroupPoisonedError(
-            f"{info.describe()} {verb} on rank {self.group_ranks[self._rank]}: the group "
-            f"{self.group_ranks} is unusable: an earlier operation on this group failed after data had "
-            "started to move, so its streams may be out of step and it never returns data again; destroy the "
-            "process group (destroy_process_group()) and create it again (init_process_group(...)) on "
-            f"every rank. First failure: {type(first).__name__}: {first}")
-
-    def _execute(self, work: Work, fn: Callable[[], Any]) -> None:
-        """Run one queued op on its lane's thread; the outcome goes into ``work``."""
-        info = work.info
-        info.deadline = time.monotonic() + self.timeout
-        work.started_at = time.perf_counter()
-        if self._fatal is not None:
-            # queued behind an op that failed: peers are mid-protocol, so running it could
-            # match a late message from the failed op and return wrong data
-            work._set_exception(self._poisoned_error(info, "was not run"))
-            return
-        span = None
-        if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
-            span = _spans.begin(self, info, _spans.lane_label(threading.current_thread().name))
-        try:
-            if self.debug and info.name in OP_CODES:
-                self._debug_check(info)
-            result = fn()
-        except BaseException as exc:  # noqa: BLE001 - stored, raised by Work.wait()
-            self._failed(info, exc, span)
-            work._set_exception(exc)
-        else:
-            if span is not None:
-                _spans.end(span, info)
-            work._set_result(result)
-
-    def _failed(self, info: OpInfo, exc: BaseException, span) -> None:
-        # Everything that can be checked before I/O was checked by the public method, in the
-        # caller; whatever fails in here failed with peers possibly mid-message (a size or
-        # header mismatch, a reduction into a bad buffer, a timeout). Trusting the group after
-        # that is how a later, correct collective returns a neighbour's stale bytes: poison it
-        # here and on every other rank.
-        if span is not None:
-            _spans.fail(span, exc)
-        if self._fatal is None:
-            self._fatal = exc
-            try:
-                self._poison_peers(info, exc)
-            except Exception as poison_exc:  # noqa: BLE001 - best effort: the local error matters more
-                _log.debug("could not tell the peers that %s failed: %s", info.describe(), poison_exc)
-
-    def abort(self, reason: str) -> None:
-        """Make this group unusable here and on every other rank, naming ``reason`` (torch's
-        ``ProcessGroup.abort``): what a layer above calls when it stopped half-way through a
-        protocol of its own (a pipeline step), so no rank can run a later op out of step.
-
-        >>> from neural_arch.distributed.comm.local import LocalBackend
-        >>> b = LocalBackend()
-        >>> b.abort("stage 2 failed")
-        >>> b.allreduce(np.ones(1))
-        Traceback (most recent call last):
-        ...
-        neural_arch.distributed.errors.GroupPoisonedError: ...First failure: RuntimeError: stage 2 failed
-        """
-        if self._fatal is not None:
-            return
-        info = OpInfo("abort", 0, tuple(self.group_ranks), self.group_ranks[self._rank])
-        self._failed(info, RuntimeError(reason), None)
-
-    def _poison_peers(self, info: OpInfo, exc: BaseException) -> None:
-        """Tell the other ranks that this group failed (override: the transport's abort message).
-        The default does nothing: their next operation then fails by timeout instead of at once."""
-
     def _validate_tag(self, tag: int) -> None:
         """Raise ValueError in the caller for a tag this backend cannot carry (override)."""
         if not isinstance(tag, (int, np.integer)):
             raise TypeError(f"tag={tag!r} must be an int")
-
-    def _debug_check(self, info: OpInfo) -> None:
-        """Compare (op, shape, dtype, root, reduce op) across ranks; raise on every rank if they differ."""
-        mine = fingerprint(info)
-        table = np.zeros((self._size, FINGERPRINT_LEN), dtype=np.int64)
-        name = f"debug check of {info.name}"
-        check = OpInfo(name, info.seq, info.group_ranks, info.rank, deadline=info.deadline,
-                       wire=wire_word(name, info.seq, None, None))
-        self._allgather(table, mine, check)
-        if not (table == mine).all():
-            rows = {self.group_ranks[r]: describe_fingerprint(table[r]) for r in range(self._size)}
-            lines = "; ".join(f"rank {r}: {d}" for r, d in rows.items())
-            raise CollectiveMismatchError(
-                f"collective #{info.seq} differs across ranks of group {self.group_ranks}: {lines}. "
-                "Every rank must call the same collectives, with the same shapes, dtypes and roots, "
-                "in the same order.")
 
     # -- validation helpers ---------------------------------------------------------------------
     def _check_array(self, x, arg: str, writable: bool = False) -> None:
@@ -471,6 +237,36 @@ class Backend(abc.ABC):
     # -- public collectives ---------------------------------------------------------------------
     def allreduce(self, array, op: ReduceOp = ReduceOp.SUM, async_op: bool = False) -> Work:
         """Reduce ``array`` across the group, in place on every rank."""
+        # The synchronous path of the common case, in one frame: a writable C-contiguous NumPy array
+        # of a supported dtype, a ReduceOp that fits it, on an idle, healthy group of two or more
+        # without debug mode. It does what _check_array, _check_op, _new_info and _run do for that
+        # case (same numbering, deadline, span, poisoning, done Work) without their five call layers
+        # and the closure (~0.9 us of CPU per call: benchmarks/bench_small_messages.py --overhead).
+        # Every other call -- every input that must raise included -- takes the general path below.
+        if array.__class__ is np.ndarray and op.__class__ is ReduceOp and not async_op:
+            dtype = array.dtype
+            flags = array.flags
+            kind = dtype.kind
+            if (dtype in SUPPORTED_DTYPES and flags.c_contiguous and flags.writeable and self._cpu
+                    and (op is not _AVG or (kind == "f" and dtype.itemsize > 2))
+                    and (kind != "b" or op is _MAX or op is _MIN)
+                    and self._size > 1 and not self._lane.pending and self._fatal is None and not self._closed
+                    and not self.debug):
+                self._seq += 1
+                info = OpInfo("all_reduce", self._seq, self.group_ranks, self._global_rank, array.shape,
+                              _DTYPE_NAMES.get(dtype) or _dtype_name(dtype), None, op._value_,
+                              _monotonic() + self.timeout, None, None)
+                span = None
+                if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
+                    span = _spans.begin(self, info, "default")   # the stall inspector, a profiler
+                try:
+                    self._allreduce(array, op, info)
+                except BaseException as exc:
+                    self._failed(info, exc, span)      # poison the group, as _run does
+                    raise
+                if span is not None:
+                    _spans.end(span, info)
+                return Work.completed(array, info)
         self._check_array(array, "array", writable=True)
         op = self._check_op(op, array)
         info = self._new_info("all_reduce", array, op=op)
@@ -642,17 +438,6 @@ class Backend(abc.ABC):
             return array
         return self._run_p2p(info, run, async_op, ("recv", src, tag))
 
-    def _run_p2p(self, info: OpInfo, fn, async_op: bool, lane_key: tuple) -> Work:
-        # Point-to-point ops do not join the collective lane: an isend followed by a recv on
-        # both sides would deadlock there once payloads outgrow socket buffers. Each (direction,
-        # peer, tag) gets its own lane, which keeps two isends to one peer in issue order.
-        with self._lock:
-            lane = self._p2p_lanes.get(lane_key)
-            if lane is None:
-                lane = self._p2p_lanes[lane_key] = SerialLane(
-                    f"neural_arch-{self.name}-{lane_key[0]}-{lane_key[1]}-{lane_key[2]}", self._execute)
-        return self._run(info, fn, async_op, lane)
-
     # -- object collectives (trusted peers only: they unpickle what peers send) --------------------
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         """Pickle ``obj`` on ``root`` and return it on every rank. Trusted peers only."""
@@ -698,9 +483,7 @@ class Backend(abc.ABC):
         if self._closed:
             return
         self._closed = True
-        reason = "the process group was destroyed"
-        for lane in [self._lane, *self._p2p_lanes.values()]:
-            lane.close(reason)
+        self._close_lanes("the process group was destroyed")
         self._shutdown()
 
     def __repr__(self) -> str:
@@ -708,8 +491,6 @@ class Backend(abc.ABC):
 
 
 _COLLECTIVE_TAG = -1  # tag used by derived collectives built on send/recv
-_INF = float("inf")
-_monotonic = time.monotonic
 
 
 def _pickle(obj) -> np.ndarray:

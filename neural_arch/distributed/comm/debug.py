@@ -12,9 +12,12 @@ Example::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from neural_arch.distributed.comm.work import OpInfo
+if TYPE_CHECKING:  # work.py reads the check word from here: a runtime import back would be a cycle
+    from neural_arch.distributed.comm.work import OpInfo
 
 FINGERPRINT_LEN = 16
 OP_CODES = {name: i for i, name in enumerate(

@@ -1,8 +1,8 @@
 """The gloo backend: collectives in pure Python + NumPy over shared memory or TCP.
 
 ``GlooBackend`` runs the schedules of :mod:`neural_arch.distributed.comm.algorithms.plans` (ring, recursive
-doubling, trees, chains; see :mod:`.gloo_algorithms` for which one when, and the measurements
-behind the thresholds) over one :class:`~neural_arch.distributed.comm.transport.engine.Transport`
+doubling, trees, chains; see :mod:`neural_arch.distributed.comm.algorithms.executor` for which one
+when, and the measurements behind the thresholds) over one :class:`~neural_arch.distributed.comm.transport.engine.Transport`
 per process: shared memory between ranks of one host, TCP between hosts
 (``NEURAL_ARCH_GLOO_TRANSPORT=auto|shm|tcp``). CuPy arrays are staged through host memory.
 
@@ -30,7 +30,6 @@ Example::
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -38,11 +37,12 @@ import numpy as np
 
 from neural_arch.backend import to_device_like, to_host
 
+from neural_arch.distributed import config
 from neural_arch.distributed.comm.backend import SUPPORTED_DTYPES, Backend
 from neural_arch.distributed.errors import DistributedError, PeerFailureError
 from neural_arch.distributed.comm.algorithms.executor import PlanExecutor, force_algo_from_env
 from neural_arch.distributed.comm.algorithms.shm_direct import choose as choose_direct
-from neural_arch.distributed.comm.algorithms.shm_direct import DIRECT_DTYPES, direct_for_every_size
+from neural_arch.distributed.comm.algorithms.shm_direct import DIRECT_DTYPES, DIRECT_OPS, direct_for_every_size
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp
 
 TRANSPORT_ENV = "NEURAL_ARCH_GLOO_TRANSPORT"
@@ -101,8 +101,7 @@ class GlooBackend(PlanExecutor, Backend):
         self._owns_transport = owns_transport
         self._children = 0
         self._buffers: Dict[tuple, np.ndarray] = {}
-        self._compiled_plans: Dict[tuple, tuple] = {}
-        self._exchange_plans: Dict[tuple, tuple] = {}
+        self._compiled_plans: Dict[tuple, tuple] = {}    # the one plan cache (see PlanExecutor)
         self._p2p_locks: Dict[Tuple[str, int, int], threading.Lock] = {}
         self._p2p_locks_guard = threading.Lock()
         self._force_algo = force_algo_from_env()
@@ -117,7 +116,7 @@ class GlooBackend(PlanExecutor, Backend):
         ``"tcp"``; default from ``NEURAL_ARCH_GLOO_TRANSPORT``, else ``"auto"``.
         Other keyword options are accepted and ignored (other backends' options).
         """
-        mode = (transport or os.environ.get(TRANSPORT_ENV) or "auto").strip().lower()
+        mode = (transport or config.get(TRANSPORT_ENV) or "auto").strip().lower()
         if mode not in ("auto", "shm", "tcp"):
             raise ValueError(f"gloo transport {mode!r} is unknown; use 'auto', 'shm' or 'tcp' "
                              f"(argument transport= or ${TRANSPORT_ENV})")
@@ -288,6 +287,18 @@ class GlooBackend(PlanExecutor, Backend):
             return "direct" in force
         return self._direct_always or choose_direct(self._size, nbytes) == "direct"
 
+    def chosen_algorithm(self, op: str, array=None, root: int = 0) -> str:
+        """``"direct"`` where the shared-memory collectives would run ``op`` on ``array``, else the
+        plan's name (see :meth:`PlanExecutor.chosen_algorithm`)."""
+        if op in DIRECT_OPS and self._size > 1 and (op == "barrier" or array.size):
+            # the same tests as the collectives below
+            if op == "barrier":
+                if self._direct is not None and (not self._force_algo or "direct" in self._force_algo):
+                    return "direct"
+            elif self._use_direct(array, array.nbytes):
+                return "direct"
+        return super().chosen_algorithm(op, array, root)
+
     def _check_transport(self, info: OpInfo) -> None:
         # another group of this process (sharing the transport) failed: the world fails too, as it
         # would over the transport
@@ -367,7 +378,7 @@ class GlooBackend(PlanExecutor, Backend):
 
     def _shutdown(self) -> None:
         self._buffers.clear()
-        self._exchange_plans.clear()
+        self._compiled_plans.clear()
         if self._direct is not None:
             self._direct.close()
             self._direct = None
@@ -388,7 +399,7 @@ def _connect_direct(store, transport, rank: int, size: int, timeout: float, grou
     from neural_arch.distributed.comm.algorithms.shm_direct import DirectCollectives
     from neural_arch.distributed.comm.transport.shm_segment import ShmSegment, direct_supported
 
-    if os.environ.get(DIRECT_ENV, "1").strip().lower() in ("0", "false", "no", "off") or not direct_supported():
+    if not config.get(DIRECT_ENV) or not direct_supported():
         return None
     if any(transport.peer_kind(p) != "shm" for p in range(size) if p != rank):
         return None

@@ -42,11 +42,9 @@ __all__ = ["DistributedSampler", "distributed_evaluate"]
 
 def _group_rank_and_size(group=None):
     """(rank, size) of ``group`` (default group), or (0, 1) when nothing was initialised."""
-    from neural_arch.distributed import groups as _group
+    from neural_arch.distributed.groups import backend_or_world_of_one
 
-    if group is None and not _group.is_initialized():
-        return 0, 1
-    backend = _group._resolve_group(group, "DistributedSampler/distributed_evaluate").backend
+    backend = backend_or_world_of_one(group, "DistributedSampler/distributed_evaluate")
     return backend.rank, backend.size
 
 

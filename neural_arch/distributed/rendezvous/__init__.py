@@ -1,1 +1,6 @@
-"""Rendezvous: the key-value stores ranks meet through (:mod:`.store`, :mod:`.file_store`)."""
+"""Rendezvous: the key-value stores ranks meet through.
+
+:mod:`.store` names them all (torch's names): :mod:`.base` (the ``Store`` interface,
+``PrefixStore``, ``store_barrier``), :mod:`.tcp_store` (``TCPStore``), :mod:`.file_store`
+(``FileStore``).
+"""

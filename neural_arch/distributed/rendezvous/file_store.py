@@ -36,7 +36,7 @@ import time
 from collections.abc import Sequence
 
 from neural_arch.distributed.errors import DistributedError
-from neural_arch.distributed.rendezvous.store import BytesLike, Store, StoreTimeoutError, _b, _keys, _to_int
+from neural_arch.distributed.rendezvous.base import BytesLike, Store, StoreTimeoutError, _b, _keys, _to_int
 
 __all__ = ["FileStore"]
 

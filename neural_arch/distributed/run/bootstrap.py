@@ -26,18 +26,26 @@ import sys
 
 
 def _load_run_env():
-    """Load the sibling ``env.py`` (stdlib only) without importing the package."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "env.py")
-    spec = importlib.util.spec_from_file_location("_neural_arch_bootstrap_run_env", path)
+    """Load the sibling ``env.py`` and the settings table it reads (both stdlib only) without
+    importing the package."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    module = _load_by_path(os.path.join(here, "env.py"), "_neural_arch_bootstrap_run_env")
+    module._config = _load_by_path(os.path.join(here, "..", "..", "config.py"), "_neural_arch_bootstrap_config")
+    return module
+
+
+def _load_by_path(path: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses looks the defining module up by name
     spec.loader.exec_module(module)
     return module
 
 
-def _report_started() -> None:
+def _report_started(run_env) -> None:
     # "started_{rank}" (not the "rank_{rank}" rendezvous marker): lets the launcher's start-timeout
     # message tell a rank that never got here from one that hangs before its rendezvous.
-    folder = os.environ.get("NEURAL_ARCH_READY_DIR")
+    folder = run_env.setting("NEURAL_ARCH_READY_DIR")
     if not folder:
         return
     try:
@@ -63,11 +71,12 @@ def _set_path0(folder: str) -> None:
 def main(argv: list[str]) -> None:
     # Each rank leads its own session (the launcher starts it so): on the launcher's death the
     # watch ends the rank's whole process group, grandchildren included.
-    _load_run_env().install_parent_death_watch(poll_interval=0.2, grace=3.0, kill_group=True)
+    run_env = _load_run_env()
+    run_env.install_parent_death_watch(poll_interval=0.2, grace=3.0, kill_group=True)
     if not argv:
         raise SystemExit("usage: python -m neural_arch.distributed.run.bootstrap "
                          "script.py [args] | -m module [args]")
-    _report_started()
+    _report_started(run_env)
     if argv[0] == "-m":
         if len(argv) < 2:
             raise SystemExit("-m needs a module name")

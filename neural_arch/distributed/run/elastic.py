@@ -29,6 +29,8 @@ import re
 import tempfile
 from collections.abc import Mapping
 
+from neural_arch import config
+
 __all__ = ["atomic_write_bytes", "find_latest_checkpoint", "remove_interrupted_writes", "restart_count", "save_npz_atomic"]
 
 _TMP_MARK = ".tmp-"
@@ -43,7 +45,11 @@ def restart_count(environ: Mapping[str, str] | None = None) -> int:
     0
     """
     env = os.environ if environ is None else environ
-    value = env.get("NEURAL_ARCH_RESTART_COUNT") or env.get("TORCHELASTIC_RESTART_COUNT") or "0"
+    try:
+        ours = config.get("NEURAL_ARCH_RESTART_COUNT", env)
+    except ValueError:
+        raise ValueError(f"NEURAL_ARCH_RESTART_COUNT={env.get('NEURAL_ARCH_RESTART_COUNT')!r} is not an integer") from None
+    value = ours or env.get("TORCHELASTIC_RESTART_COUNT") or "0"
     try:
         return int(value)
     except ValueError:

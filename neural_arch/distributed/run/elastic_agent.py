@@ -85,10 +85,14 @@ class ElasticAgentServer:
     """Node 0's rendezvous host of an elastic job: forms rounds, re-forms them after a failure.
 
     A round forms once node 0 and at least ``min_nodes`` members are connected, after a last-call
-    window of ``last_call`` s for more (or at once with ``max_nodes``). Node ranks are dense, in
-    join order, node 0 first; each round gets a fresh master port. A failed rank or a lost member
-    stops every member's ranks and starts the next round (restart count + 1) while
-    ``max_restarts`` allows; a member that joins while a round runs waits for the next one.
+    window of ``last_call`` s for more (or at once with ``max_nodes``). Re-forming after a failure
+    with survivors only (every connected member was in the last round) skips the last call: no
+    newcomer asked to join, and one that comes later is taken in by the rule below. Node ranks
+    are dense, in join order, node 0 first; each round gets a fresh master port. A failed rank or
+    a lost member stops every member's ranks and starts the next round (restart count + 1) while
+    ``max_restarts`` allows. A member that joins while a round runs with fewer than ``max_nodes``
+    nodes stops the round too and joins the next one (torchrun's "new nodes waiting" restart):
+    a membership change, which neither uses up a restart nor changes the restart count.
 
     >>> server = ElasticAgentServer(0, 1, 2, token="abc", last_call=0.0)
     >>> me = ElasticMember("127.0.0.1", server.port, 0, 2, "abc", timeout=5, nnodes_spec="1:2")
@@ -216,6 +220,10 @@ class ElasticAgentServer:
                     self._finish(0, "every rank of every node exited 0")
                     return
                 code, reason, stopped = failure
+                if code is None:  # a node is waiting to join: re-form without counting a restart
+                    self._log(f"{reason}; re-forming the job with it (restart count stays {restart})")
+                    self._stop_round(len(self.rounds) - 1, members, stopped, reason)
+                    continue
                 if restart >= self.max_restarts:
                     used = f"restarts used: {restart} of {self.max_restarts}"
                     self._stop_round(len(self.rounds) - 1, members, stopped, reason)
@@ -231,6 +239,7 @@ class ElasticAgentServer:
     def _form(self, rnd: int, restart: int) -> list[_Member]:
         deadline = time.monotonic() + self.start_timeout
         last_call_at = None
+        survivors_of = set(self.rounds[-1]["nodes"]) if self.rounds else None
         while True:
             with self._lock:
                 members = sorted(self._connected.values(), key=lambda m: (m.identity != 0, m.seq))
@@ -238,7 +247,10 @@ class ElasticAgentServer:
             now = time.monotonic()
             if ready:
                 last_call_at = now + self.last_call if last_call_at is None else last_call_at
-                if len(members) >= self.max_nodes or now >= last_call_at:
+                # Survivors only: nobody new asked to join, so waiting for more only delays the
+                # restart (a node that comes later makes the next round; see _watch).
+                survivors_only = survivors_of is not None and {m.identity for m in members} <= survivors_of
+                if len(members) >= self.max_nodes or now >= last_call_at or survivors_only:
                     break
             else:
                 last_call_at = None
@@ -282,7 +294,10 @@ class ElasticAgentServer:
         raise RuntimeError("no fresh master port found after 100 tries")
 
     def _watch(self, rnd: int, members: list[_Member]):
-        """None when every member reported done; else (exit code, reason, members already stopped)."""
+        """None when every member reported done; else (exit code, reason, members already stopped).
+
+        The exit code is None for a membership change: a node joined while this round has room.
+        """
         done: set[int] = set()
         while True:
             event = self._next_event(0.5)
@@ -290,7 +305,9 @@ class ElasticAgentServer:
                 continue
             kind, member, message = event
             if member not in members:
-                continue  # a waiting member: it joins the next round
+                if kind == "join" and len(members) < self.max_nodes and not done:  # (not once ranks finish)
+                    return None, f"node {member.identity} is waiting to join round {rnd + 1}", set()
+                continue  # the job is at --nnodes MAX: a waiting member joins after the next failure
             if kind == "drop":
                 return 1, (f"node {member.identity}'s launcher disconnected during round {rnd} (the node died "
                            f"or its launcher was killed)"), {member}

@@ -44,21 +44,30 @@ import threading
 from collections.abc import Mapping
 
 __all__ = [
-    "derive_job_token",
-    "detect_launch_env",
-    "expand_hostlist",
-    "free_port",
-    "install_parent_death_watch",
-    "is_torchelastic_launched",
-    "launched_by_mpiexec",
-    "parse_tasks_per_node",
-    "rank_env",
-    "report_ready",
+    "derive_job_token", "detect_launch_env", "expand_hostlist", "free_port", "install_parent_death_watch",
+    "is_torchelastic_launched", "launched_by_mpiexec", "parse_tasks_per_node", "rank_env", "report_ready", "setting",
 ]
 
 DEFAULT_MASTER_PORT = 29500
 
 _MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+
+
+# --------------------------------------------------------------------------- settings
+_config = None  # neural_arch/config.py, set by run/bootstrap.py when it loads this file by path
+
+
+def setting(name: str, environ: Mapping[str, str] | None = None):
+    """``neural_arch.config.get(name, environ)``, also when loaded without the package (bootstrap).
+
+    >>> setting("NEURAL_ARCH_PARENT_PID", {"NEURAL_ARCH_PARENT_PID": "77"})
+    77
+    """
+    if _config is not None:
+        return _config.get(name, environ)
+    from neural_arch import config
+
+    return config.get(name, environ)
 
 
 # --------------------------------------------------------------------------- small helpers
@@ -315,7 +324,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def package_root() -> str:
     """Folder that contains the ``neural_arch`` package, so children import the same code."""
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    here = os.path.abspath(__file__)  # <root>/neural_arch/distributed/run/env.py
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(here))))
 
 
 def rank_env(base: Mapping[str, str] | None = None, *, rank: int | None, world_size: int,
@@ -391,7 +401,7 @@ def report_ready(environ: Mapping[str, str] | None = None) -> bool:
     False
     """
     env = os.environ if environ is None else environ
-    folder = env.get("NEURAL_ARCH_READY_DIR", "")
+    folder = setting("NEURAL_ARCH_READY_DIR", env)
     if not folder:
         return False
     try:
@@ -561,8 +571,7 @@ def install_parent_death_watch(parent_pid: int | None = None, sig: int = signal.
     """
     global _watch_started
     if parent_pid is None:
-        value = os.environ.get("NEURAL_ARCH_PARENT_PID", "").strip()
-        parent_pid = int(value) if value.isdigit() else None
+        parent_pid = setting("NEURAL_ARCH_PARENT_PID")
     if parent_pid is None or parent_pid <= 1:
         return False
     if os.getppid() != parent_pid:

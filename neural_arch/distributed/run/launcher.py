@@ -72,8 +72,8 @@ with new ``RANK``/``WORLD_SIZE`` and the restart count + 1 (see ``run/agent.py``
 docs/fault_tolerance.md). If node 0 dies the job ends.
 
 Limitations (said plainly): no SSH start of remote nodes: run one launcher per node (by hand, or
-with ``srun``; see ``examples/slurm/``). A node that joins while a round runs waits for the next
-round (a failure); the running round is not restarted to admit it.
+with ``srun``; see ``examples/slurm/``). A node that joins while a round runs makes every node
+restart its ranks in a new round that includes it (a membership change: no restart is used up).
 
 Restart-from-checkpoint pattern for a training script (see ``examples/restart_from_checkpoint.py``)::
 
@@ -98,6 +98,7 @@ import tempfile
 import threading
 import time
 
+from neural_arch.distributed import config
 from neural_arch.distributed.run.agent import NodeAgentServer, NodeLayout, join_node0
 from neural_arch.distributed.run.config import LaunchConfig, parse_command_line
 from neural_arch.distributed.run.elastic_agent import ElasticAgentServer, ElasticMember
@@ -292,7 +293,7 @@ class DistributedLauncher:
                 f"{cfg.world_size} python {script} ...` instead, or use --backend gloo here")
         if cfg.log_dir:
             os.makedirs(cfg.log_dir, exist_ok=True)
-        token = os.environ.get("NEURAL_ARCH_AUTH_TOKEN") or None
+        token = config.get("NEURAL_ARCH_AUTH_TOKEN") or None
         if cfg.nnodes > 1 and not token:
             raise ValueError(
                 "a multi-node job needs the same NEURAL_ARCH_AUTH_TOKEN on every node (the launchers "

@@ -105,20 +105,22 @@ def _export_identity() -> None:
 def main() -> int:
     from multiprocessing.connection import Client
 
-    if os.environ.get("NEURAL_ARCH_POOL_LAUNCHER") != "mpiexec":
+    from neural_arch.distributed import config
+
+    if config.get("NEURAL_ARCH_POOL_LAUNCHER") != "mpiexec":
         # Under mpiexec our parent is the MPI proxy, which handles teardown.
         from neural_arch.distributed.run.env import install_parent_death_watch
 
         install_parent_death_watch(poll_interval=0.2, grace=2.0, kill_group=True)
-    host, port = os.environ["NEURAL_ARCH_POOL_ADDR"].rsplit(":", 1)
-    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ["NEURAL_ARCH_POOL_KEY"]))
+    host, port = config.get("NEURAL_ARCH_POOL_ADDR").rsplit(":", 1)
+    conn = Client((host, int(port)), authkey=bytes.fromhex(config.get("NEURAL_ARCH_POOL_KEY")))
     rank = _env_rank()
     dist = None
-    if os.environ.get("NEURAL_ARCH_POOL_INIT", "1") == "1":
+    if config.get("NEURAL_ARCH_POOL_INIT"):
         try:
             import neural_arch.distributed as dist
 
-            dist.init_process_group(backend=os.environ.get("NEURAL_ARCH_BACKEND") or None)
+            dist.init_process_group(backend=config.get("NEURAL_ARCH_BACKEND") or None)
             rank = dist.get_rank()
         except BaseException:  # noqa: BLE001 - reported to the pool, which raises it
             conn.send(("init-error", rank, os.getpid(), traceback.format_exc()))

@@ -25,47 +25,18 @@ all_to_all       pairwise exchange                      pairwise exchange
 barrier          dissemination (ceil(log2 p) rounds of one byte)
 ===============  =====================================  ==========================================
 
-Thresholds and the measurements behind them
--------------------------------------------
+Thresholds
+----------
 
-Measured with ``benchmarks/bench_collectives.py --quick`` (float32, median latency, shared
-memory transport) on the development machine: 2 vCPUs shared with other jobs (load average
-8-10 while measuring), so absolute numbers are dominated by the scheduler -- a rank that waits
-sleeps, and its peer needs a core to make progress. The *crossovers* are what set the
-thresholds; re-measure on your hardware with ``--contenders gloo-rd,gloo-ring`` (or
-``gloo-tree,gloo-chain --ops broadcast``) and adjust the constants below.
-
-all_reduce, recursive doubling (rd) vs ring, microseconds::
-
-    size      2 ranks: rd / ring     3 ranks: rd / ring     4 ranks: rd / ring
-    4 KiB        746 /   586           1384 /  1612
-    16 KiB       661 /   783           1214 /  1920
-    64 KiB       654 /  1193           1262 /  1796            1927 /  3375
-    256 KiB      769 /   900           1493 /  2218            2091 /  4546
-    512 KiB      857 /  1806           2599 /  1910            3279 /  6300
-    1 MiB       1559 /  2831           5277 /  2584            7337 /  7465
-    4 MiB       4847 /  6915          19116 / 15675
-    4 MiB*     15751 / 11805     (* a second run: the noise is large)
-    16 MiB     57032 / 46379
-    64 MiB    219890 / 159905
-
-With two ranks recursive doubling is a single exchange, so it wins until the ring's halved
-reduction work pays for its second round trip (between 4 and 16 MiB here): threshold 4 MiB.
-With three ranks the ring wins from 512 KiB, with four from about 1 MiB (four ranks on two
-cores make the ring's 2(p-1) hops expensive).
-
-broadcast, 3 ranks, binomial tree vs pipelined chain, microseconds::
-
-    size      tree / chain
-    64 KiB     516 /   388
-    256 KiB   1014 /  1104
-    1 MiB     3523 /  2635
-    4 MiB    11444 /  9161
-    16 MiB   51315 / 40680
-
-The chain wins from 1 MiB. ``reduce`` uses the same 1 MiB switch to its ring variant (by
-analogy; not measured separately). Pipeline segments are 512 KiB: half the shared-memory
-ring (1 MiB by default), so a sender can fill one segment while the receiver drains the other.
+The crossovers were measured with ``benchmarks/bench_collectives.py --quick --contenders
+gloo-rd,gloo-ring`` (and ``gloo-tree,gloo-chain --ops broadcast``); the tables are in
+``docs/benchmarks.md`` ("gloo plan thresholds"). With two ranks recursive doubling is a single
+exchange, so it wins until the ring's halved reduction work pays for its second round trip: 4 MiB.
+With three ranks the ring wins from 512 KiB, with four from about 1 MiB; with three ranks the
+pipelined chain broadcast wins from 1 MiB (``reduce`` switches to its ring variant there too, by
+analogy). Pipeline segments are 512 KiB: half the shared-memory ring (1 MiB by default), so a
+sender can fill one segment while the receiver drains the other. Re-measure on your hardware and
+adjust the constants below.
 
 Example::
 
@@ -75,13 +46,15 @@ Example::
 
 from __future__ import annotations
 
-import os
-from typing import Dict, Optional
+import contextlib
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
 from neural_arch.backend import to_device_like, to_host
 
+from neural_arch.distributed import config
 from neural_arch.distributed.comm.algorithms import plans as P
 from neural_arch.distributed.comm.backend import finish_average
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp
@@ -99,13 +72,14 @@ CHAIN_SEGMENT_BYTES = 256 * 1024
 _MAX_SEGMENTS = 64
 
 # all_reduces of at most this many bytes whose plan is whole-buffer exchanges only take the latency
-# path (PlanExecutor._allreduce), with a scratch buffer of their own: at most this many of them.
+# path (PlanExecutor._allreduce; CompiledPlan.exchange_peers).
 EXCHANGE_PATH_MAX_BYTES = 64 << 10
-_EXCHANGE_PATH_ENTRIES = 64
+# the plan cache starts over past this many entries (many distinct sizes): memory stays bounded
+_PLAN_CACHE_ENTRIES = 512
 
 # Ring and chain plans stream in segments of this size (see PlanExecutor._run_pipelined).
 # NEURAL_ARCH_GLOO_SEGMENT_BYTES overrides it (tests use tiny segments to exercise the pipeline).
-PIPELINE_SEGMENT_BYTES = int(os.environ.get("NEURAL_ARCH_GLOO_SEGMENT_BYTES", str(512 * 1024)))
+PIPELINE_SEGMENT_BYTES = config.get("NEURAL_ARCH_GLOO_SEGMENT_BYTES")
 _PIPELINED = frozenset({"ring_allreduce", "ring_allgather", "ring_reduce_scatter", "ring_reduce",
                         "chain_broadcast"})
 
@@ -116,34 +90,58 @@ _PIPELINED = frozenset({"ring_allreduce", "ring_allgather", "ring_reduce_scatter
 ALGO_ENV = "NEURAL_ARCH_GLOO_ALGO"
 
 
-def allreduce_plan(size: int, nelems: int, nbytes: int, force: Optional[str] = None) -> P.Plan:
-    """The all_reduce plan for ``size`` ranks and a buffer of ``nelems`` elements / ``nbytes`` bytes."""
+def allreduce_algorithm(size: int, nelems: int, nbytes: int, force: Optional[str] = None) -> str:
+    """The name of the all_reduce plan for ``size`` ranks and ``nelems`` elements / ``nbytes`` bytes."""
     force = force or ""
     if "ring" in force:
-        return P.ring_allreduce_plan(size, nelems)
+        return "ring_allreduce"
     if "rd" in force:
-        return P.recursive_doubling_plan(size, nelems)
+        return "recursive_doubling_allreduce"
     threshold = RING_ALLREDUCE_MIN_BYTES.get(size, RING_ALLREDUCE_DEFAULT_MIN_BYTES)
     if nbytes >= threshold and nelems >= size:
+        return "ring_allreduce"
+    return "recursive_doubling_allreduce"
+
+
+def allreduce_plan(size: int, nelems: int, nbytes: int, force: Optional[str] = None) -> P.Plan:
+    """The all_reduce plan for ``size`` ranks and a buffer of ``nelems`` elements / ``nbytes`` bytes."""
+    if allreduce_algorithm(size, nelems, nbytes, force) == "ring_allreduce":
         return P.ring_allreduce_plan(size, nelems)
     return P.recursive_doubling_plan(size, nelems)
 
 
-def broadcast_plan(size: int, nelems: int, nbytes: int, root: int, force: Optional[str] = None) -> P.Plan:
+def broadcast_algorithm(size: int, nbytes: int, force: Optional[str] = None) -> str:
     force = force or ""
     if "tree" not in force and ("chain" in force or (size >= 3 and nbytes >= CHAIN_BROADCAST_MIN_BYTES)):
+        return "chain_broadcast"
+    return "binomial_broadcast"
+
+
+def broadcast_plan(size: int, nelems: int, nbytes: int, root: int, force: Optional[str] = None) -> P.Plan:
+    if broadcast_algorithm(size, nbytes, force) == "chain_broadcast":
         segments = min(_MAX_SEGMENTS, max(2, nbytes // CHAIN_SEGMENT_BYTES))
         return P.chain_broadcast_plan(size, nelems, root, int(segments))
     return P.binomial_broadcast_plan(size, nelems, root)
 
 
-def reduce_plan(size: int, nelems: int, nbytes: int, root: int, force: Optional[str] = None) -> P.Plan:
+def reduce_algorithm(size: int, nelems: int, nbytes: int, force: Optional[str] = None) -> str:
     force = force or ""
     if "ring" in force:   # forced (tests, measurements): also for tiny or short buffers
-        return P.ring_reduce_plan(size, nelems, root)
+        return "ring_reduce"
     if "rd" not in force and size >= 3 and nbytes >= RING_REDUCE_MIN_BYTES and nelems >= size:
+        return "ring_reduce"
+    return "binomial_reduce"
+
+
+def reduce_plan(size: int, nelems: int, nbytes: int, root: int, force: Optional[str] = None) -> P.Plan:
+    if reduce_algorithm(size, nelems, nbytes, force) == "ring_reduce":
         return P.ring_reduce_plan(size, nelems, root)
     return P.binomial_reduce_plan(size, nelems, root)
+
+
+# The plan each collective runs whatever the size (its name, as the plan builder gives it).
+_FIXED_ALGORITHMS = {"all_gather": "ring_allgather", "reduce_scatter": "ring_reduce_scatter",
+                     "all_to_all": "pairwise_alltoall", "barrier": "dissemination_barrier"}
 
 
 # In-place reductions (AVG accumulates as a sum; the caller divides at the end).
@@ -156,48 +154,168 @@ def _flat(array) -> np.ndarray:
     return array.reshape(-1)
 
 
+@dataclass(frozen=True, slots=True)
+class PlanStep:
+    """One of this rank's steps of a :class:`~neural_arch.distributed.comm.algorithms.plans.Plan`,
+    compiled for execution: peers are *transport* ranks (``None``: no send / no receive), slices are
+    ``[start, stop)`` element ranges of the flat buffer, ``reduce`` says whether the received slice
+    is folded in with the op's ufunc (else copied over), ``local`` marks all_to_all's own block.
+
+    A slotted record: reading its fields costs what unpacking the 8-tuples it replaced did (timed on
+    CPython 3.11, a 4-step loop: 468 vs 433 ns; a NamedTuple: 626 ns unpacked, 848 ns by name), and
+    a step prints with its names.
+
+    >>> PlanStep(1, 0, 4, 1, 4, 8, True, False)
+    PlanStep(send_to=1, send_start=0, send_stop=4, recv_from=1, recv_start=4, recv_stop=8, reduce=True, local=False)
+    """
+
+    send_to: Optional[int]
+    send_start: int
+    send_stop: int
+    recv_from: Optional[int]
+    recv_start: int
+    recv_stop: int
+    reduce: bool
+    local: bool
+
+
+class CompiledPlan(NamedTuple):
+    """This rank's part of one plan, ready to run, as the backend's one plan cache keeps it.
+
+    ``exchange_peers`` is set when every step exchanges the *whole* buffer with one peer and reduces
+    (recursive doubling on a power-of-two group; p = 2 is one step): a small all_reduce of that
+    shape then takes the latency path (:meth:`PlanExecutor._allreduce`), which runs exactly these
+    exchanges with ``exchange_scratch`` as the receive buffer and skips step decoding and slicing.
+    (A named tuple: the first three fields keep the order of the tuples it replaced.)
+    """
+
+    nelems: int
+    steps: Tuple[PlanStep, ...]
+    pipelined: bool
+    algorithm: str
+    op: str
+    dtype: Optional[np.dtype]
+    exchange_peers: Optional[Tuple[int, ...]] = None
+    exchange_scratch: Optional[np.ndarray] = None
+
+
 class PlanExecutor:
     """Mixin with the collective primitives of :class:`GlooBackend`.
 
     Needs from the host class: ``_t`` (the transport), ``_peers`` (group rank -> transport
     rank), ``_rank``, ``_size``, ``_coll_channel`` and ``_scratch(dtype, n, slot)``.
+
+    The one plan cache is ``_compiled_plans``: ``(op, nelems, dtype[, root], forced algorithm)`` ->
+    :class:`CompiledPlan` (plans are built on a cache miss only, by the pure builders of ``plans``).
+    Tests and notebooks read it through :meth:`compiled_plans` and :meth:`chosen_algorithm`, and
+    force an algorithm with :meth:`forced_algorithm`.
     """
 
     _force_algo: Optional[str] = None
-    _compiled_plans: dict
-    _exchange_plans: dict     # (nelems, dtype, forced algo) -> (peers, scratch): see _exchange_only
+    _compiled_plans: Dict[tuple, CompiledPlan]
+
+    # -- the public testing seam ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def forced_algorithm(self, algo: Optional[str]) -> Iterator:
+        """Run this group's collectives with ``algo`` forced inside the ``with`` block (what
+        ``NEURAL_ARCH_GLOO_ALGO`` does for a whole process): a comma list of ``ring``, ``rd``,
+        ``chain``, ``tree``, ``direct``; ``None`` chooses by size (also when the variable is set).
+        For tests and crossover measurements; the previous setting comes back on exit.
+
+        >>> with backend.forced_algorithm("ring"):          # doctest: +SKIP
+        ...     backend.allreduce(x)                        # the ring, whatever the size
+        """
+        chosen = parse_algorithms(algo, "forced_algorithm(...)")
+        before = self._force_algo
+        self._force_algo = chosen
+        try:
+            yield self
+        finally:
+            self._force_algo = before
+
+    def chosen_algorithm(self, op: str, array=None, root: int = 0) -> str:
+        """The algorithm a collective ``op`` (``"all_reduce"``, ``"broadcast"``, ...) of ``array`` on
+        this group would run now: a plan's name (``"ring_allreduce"``, ``"recursive_doubling_allreduce"``,
+        ``"chain_broadcast"``, ...) or ``"none"`` (a group of one, an empty buffer). Decided by the
+        same functions the executor calls; nothing is sent.
+
+        >>> backend.chosen_algorithm("all_reduce", np.ones(1 << 20, np.float32))   # doctest: +SKIP
+        'ring_allreduce'
+        """
+        if self._size == 1:
+            return "none"
+        if op == "barrier":
+            return _FIXED_ALGORITHMS[op]
+        n, nbytes, force = int(array.size), int(array.nbytes), self._force_algo
+        if n == 0:
+            return "none"
+        if op == "all_reduce":
+            return allreduce_algorithm(self._size, n, nbytes, force)
+        if op == "broadcast":
+            return broadcast_algorithm(self._size, nbytes, force)
+        if op == "reduce":
+            return reduce_algorithm(self._size, n, nbytes, force)
+        if op in _FIXED_ALGORITHMS:
+            return _FIXED_ALGORITHMS[op]
+        raise ValueError(f"chosen_algorithm: {op!r} is not a collective of this backend; use one of "
+                         f"{['all_reduce', 'broadcast', 'reduce', *_FIXED_ALGORITHMS]}")
+
+    def compiled_plans(self) -> List[CompiledPlan]:
+        """The plans this group compiled so far (its plan cache), oldest first: what ran, with names."""
+        return list(self._compiled_plans.values())
 
     # -- the engine -------------------------------------------------------------------------------
-    def _compiled(self, key: tuple, build) -> tuple:
-        """This rank's steps of the plan ``build()``, flattened to tuples and cached under ``key``.
+    def _compiled(self, key: tuple, dtype, build) -> CompiledPlan:
+        """This rank's steps of the plan ``build()``, compiled to :class:`PlanStep` records and cached
+        under ``key`` (its first element is the op's name).
 
-        Compiling once per (collective, size) keeps attribute lookups and plan selection off the
-        latency-critical path of small messages.
+        Compiling once per (collective, size, dtype) keeps attribute lookups and plan selection off
+        the latency-critical path of small messages.
         """
         cache = self._compiled_plans
-        steps = cache.get(key)
-        if steps is None:
+        compiled = cache.get(key)
+        if compiled is None:
             plan = build()
             me, peers = self._rank, self._peers
             steps = []
             for s in plan.by_rank[me]:
                 local = s.send_to == me
-                steps.append((None if s.send_to is None or local else peers[s.send_to], s.send_chunk[0],
-                              s.send_chunk[1], None if s.recv_from is None or local else peers[s.recv_from],
-                              s.recv_chunk[0], s.recv_chunk[1], s.action == P.REDUCE, local))
-            steps = (plan.nelems, tuple(steps), plan.name in _PIPELINED)
-            if len(cache) > 512:   # many distinct sizes: start over rather than grow without bound
+                steps.append(PlanStep(None if s.send_to is None or local else peers[s.send_to], s.send_chunk[0],
+                                      s.send_chunk[1], None if s.recv_from is None or local else peers[s.recv_from],
+                                      s.recv_chunk[0], s.recv_chunk[1], s.action == P.REDUCE, local))
+            compiled = CompiledPlan(plan.nelems, tuple(steps), plan.name in _PIPELINED, plan.name, key[0], dtype)
+            if key[0] == "all_reduce":
+                compiled = self._with_exchange_path(compiled, dtype)
+            if len(cache) >= _PLAN_CACHE_ENTRIES:   # many distinct sizes: start over rather than grow
                 cache.clear()
-            cache[key] = steps
-        return steps
+            cache[key] = compiled
+        return compiled
 
-    def _dispatch(self, compiled: tuple, buf, op, info) -> None:
-        if compiled[2]:
+    def _with_exchange_path(self, compiled: CompiledPlan, dtype) -> CompiledPlan:
+        """``compiled`` with its latency path filled in when every step exchanges the whole buffer
+        with one peer and reduces (see :class:`CompiledPlan`), and the buffer is small.
+
+        Decided from the plan itself, so the fast path runs exactly the schedule the plan says --
+        also per rank: ranks may hold different plans (rank 2 of 3 runs one exchange).
+        """
+        n, steps = compiled.nelems, compiled.steps
+        if (compiled.pipelined or not steps or n * dtype.itemsize > EXCHANGE_PATH_MAX_BYTES
+                or any(not (s.send_to is not None and s.send_to == s.recv_from and s.reduce and not s.local
+                            and (s.send_start, s.send_stop, s.recv_start, s.recv_stop) == (0, n, 0, n))
+                       for s in steps)):
+            return compiled
+        # one receive buffer per dtype, shared by every exchange plan (never regrown, so the views
+        # stay valid): a group runs one collective at a time
+        scratch = self._scratch(dtype, EXCHANGE_PATH_MAX_BYTES // dtype.itemsize, "exchange")[:n]
+        return compiled._replace(exchange_peers=tuple(s.send_to for s in steps), exchange_scratch=scratch)
+
+    def _dispatch(self, compiled: CompiledPlan, buf, op, info) -> None:
+        if compiled.pipelined:
             self._run_pipelined(compiled, buf, op, info, PIPELINE_SEGMENT_BYTES)
         else:
             self._run_plan(compiled, buf, op, info)
 
-    def _run_plan(self, compiled: tuple, buf: np.ndarray, op: Optional[ReduceOp], info: OpInfo,
+    def _run_plan(self, compiled: CompiledPlan, buf: np.ndarray, op: Optional[ReduceOp], info: OpInfo,
                   out: Optional[np.ndarray] = None) -> None:
         """Execute compiled plan steps: sends read ``buf``, receives land in ``out``.
 
@@ -208,30 +326,31 @@ class PlanExecutor:
         t, ch = self._t, self._coll_channel
         if out is None:
             out = buf
-        nelems, steps, _ = compiled
         scratch = None
-        for dst, sa, sb, src, ra, rb, red, local in steps:
-            if local:  # alltoall's own block
-                out[ra:rb] = buf[sa:sb]
+        for s in compiled.steps:
+            ra, rb = s.recv_start, s.recv_stop
+            if s.local:  # alltoall's own block
+                out[ra:rb] = buf[s.send_start:s.send_stop]
                 continue
+            src, dst = s.recv_from, s.send_to
             if src is not None:
-                if red:
+                if s.reduce:
                     if scratch is None:
-                        scratch = self._scratch(buf.dtype, nelems, "recv")
+                        scratch = self._scratch(buf.dtype, compiled.nelems, "recv")
                     target = scratch[:rb - ra]
                 else:
                     target = out[ra:rb]
                 if dst is not None:
-                    t.sendrecv(dst, buf[sa:sb], src, target, ch, info)
+                    t.sendrecv(dst, buf[s.send_start:s.send_stop], src, target, ch, info)
                 else:
                     t.recv_into(src, target, ch, info)
-                if red:
+                if s.reduce:
                     dst_view = out[ra:rb]
                     _UFUNCS[op](dst_view, target, out=dst_view)
             else:
-                t.send(dst, buf[sa:sb], ch, info)
+                t.send(dst, buf[s.send_start:s.send_stop], ch, info)
 
-    def _run_pipelined(self, compiled: tuple, buf: np.ndarray, op: Optional[ReduceOp], info: OpInfo,
+    def _run_pipelined(self, compiled: CompiledPlan, buf: np.ndarray, op: Optional[ReduceOp], info: OpInfo,
                        seg_bytes: int) -> None:
         """Execute a ring or chain plan in segments, forwarding each segment as soon as it is final.
 
@@ -245,33 +364,36 @@ class PlanExecutor:
         written. (Recursive doubling reduces into the slice it sends: it uses :meth:`_run_plan`.)
         """
         t, ch = self._t, self._coll_channel
-        nelems, steps, _ = compiled
+        nelems, steps = compiled.nelems, compiled.steps
         seg = max(1, seg_bytes // buf.itemsize)
         ufunc = _UFUNCS.get(op)
         scratch = None
         current: list = []       # handles of this step's sends
         streamed = False         # this step's sends were already issued, segment by segment
-        for i, (dst, sa, sb, src, ra, rb, red, _local) in enumerate(steps):
+        for i, s in enumerate(steps):
+            dst, src, ra, rb = s.send_to, s.recv_from, s.recv_start, s.recv_stop
             if dst is not None and not streamed:
-                for a in range(sa, sb, seg):
+                sb = s.send_stop
+                for a in range(s.send_start, sb, seg):
                     current.append(t.isend(dst, buf[a:min(a + seg, sb)], ch, info))
             nxt = steps[i + 1] if i + 1 < len(steps) else None
-            forward = src is not None and nxt is not None and nxt[0] is not None and (nxt[1], nxt[2]) == (ra, rb)
+            forward = (src is not None and nxt is not None and nxt.send_to is not None
+                       and (nxt.send_start, nxt.send_stop) == (ra, rb))
             upcoming: list = []
             if src is not None:
-                if red and scratch is None:
+                if s.reduce and scratch is None:
                     scratch = self._scratch(buf.dtype, min(seg, nelems), "recv")
                 for a in range(ra, rb, seg):
                     b = min(a + seg, rb)
                     piece = buf[a:b]
-                    if red:
+                    if s.reduce:
                         target = scratch[:b - a]
                         t.recv_into(src, target, ch, info)
                         ufunc(piece, target, out=piece)
                     else:
                         t.recv_into(src, piece, ch, info)
                     if forward:
-                        upcoming.append(t.isend(nxt[0], piece, ch, info))
+                        upcoming.append(t.isend(nxt.send_to, piece, ch, info))
             for h in current:
                 h.wait()
             current, streamed = upcoming, forward
@@ -281,16 +403,16 @@ class PlanExecutor:
     # -- collectives --------------------------------------------------------------------------------
     def _allreduce(self, array, op: ReduceOp, info: OpInfo) -> None:
         # Latency path first: a small host array whose plan is only whole-buffer exchanges (see
-        # _exchange_only). One dict lookup replaces plan lookup, step decoding, slicing and the
-        # scratch lookup. Measured on 1 KiB float32 with a do-nothing transport, this method went
-        # from 6.4 to 1.6 us per call; 2 ranks over shm, 8-13 us less per all_reduce (A/B runs).
+        # CompiledPlan.exchange_peers). One dict lookup replaces plan lookup, step decoding, slicing
+        # and the scratch lookup. Measured on 1 KiB float32 with a do-nothing transport, this method
+        # went from 6.4 to 1.6 us per call; 2 ranks over shm, 8-13 us less per all_reduce (A/B runs).
         if type(array) is np.ndarray:
-            fast = self._exchange_plans.get((array.size, array.dtype, self._force_algo))
-            if fast is not None:
+            fast = self._compiled_plans.get(("all_reduce", array.size, array.dtype, self._force_algo))
+            if fast is not None and fast.exchange_peers is not None:
                 flat = array if array.ndim == 1 else array.reshape(-1)
-                peers, scratch = fast
+                scratch = fast.exchange_scratch
                 t, ch, ufunc = self._t, self._coll_channel, _UFUNCS[op]
-                for peer in peers:
+                for peer in fast.exchange_peers:
                     t.sendrecv(peer, flat, peer, scratch, ch, info)
                     ufunc(flat, scratch, out=flat)
                 if op is ReduceOp.AVG:
@@ -300,32 +422,12 @@ class PlanExecutor:
         flat = _flat(host)
         if flat.size:
             size, n, force = self._size, flat.size, self._force_algo
-            plan = self._compiled(("all_reduce", n, flat.itemsize, force),
+            plan = self._compiled(("all_reduce", n, flat.dtype, force), flat.dtype,
                                   lambda: allreduce_plan(size, n, n * flat.itemsize, force))
             self._dispatch(plan, flat, op, info)
             if op is ReduceOp.AVG:
                 finish_average(flat, self._size)
-            if host is array and n * flat.itemsize <= EXCHANGE_PATH_MAX_BYTES:
-                self._exchange_only(plan, n, flat.dtype, force)
         _back(array, host)
-
-    def _exchange_only(self, compiled: tuple, n: int, dtype, force: Optional[str]) -> None:
-        """Remember ``compiled`` for the latency path if every step of it exchanges the whole buffer
-        with one peer and reduces (recursive doubling on a power-of-two group: p = 2 is one step).
-
-        Decided from the plan itself, so the fast path runs exactly the schedule the plan says.
-        """
-        _, steps, pipelined = compiled
-        if pipelined or not steps or any(not (dst is not None and dst == src and (sa, sb, ra, rb) == (0, n, 0, n)
-                                              and red and not local)
-                                         for dst, sa, sb, src, ra, rb, red, local in steps):
-            return
-        cache = self._exchange_plans
-        if len(cache) >= _EXCHANGE_PATH_ENTRIES:   # many distinct sizes: keep memory bounded
-            cache.clear()
-        # keyed like the plan: ranks may hold different plans (rank 2 of 3 runs one exchange), so
-        # each one's fast path must stay exactly its own plan, also when the algorithm is forced
-        cache[(n, dtype, force)] = (tuple(step[0] for step in steps), np.empty(n, dtype))
 
     def _broadcast(self, array, root: int, info: OpInfo) -> None:
         host = _to_host(array)
@@ -333,7 +435,7 @@ class PlanExecutor:
         if flat.size:
             size, n = self._size, flat.size
             force = self._force_algo
-            plan = self._compiled(("broadcast", n, flat.itemsize, root, force),
+            plan = self._compiled(("broadcast", n, flat.dtype, root, force), flat.dtype,
                                   lambda: broadcast_plan(size, n, n * flat.itemsize, root, force))
             self._dispatch(plan, flat, None, info)
         _back(array, host)
@@ -346,7 +448,7 @@ class PlanExecutor:
         out[me * n:(me + 1) * n] = _flat(hin)
         if n:
             size = self._size
-            plan = self._compiled(("all_gather", n), lambda: P.ring_allgather_plan(
+            plan = self._compiled(("all_gather", n, out.dtype), out.dtype, lambda: P.ring_allgather_plan(
                 size, n * size, tuple((r * n, (r + 1) * n) for r in range(size))))
             self._run_pipelined(plan, out, None, info, PIPELINE_SEGMENT_BYTES)
         _back(output, hout)
@@ -359,7 +461,7 @@ class PlanExecutor:
             work = self._scratch(hin.dtype, hin.size, "work")
             np.copyto(work, _flat(hin))
             size = self._size
-            plan = self._compiled(("reduce_scatter", n), lambda: P.ring_reduce_scatter_plan(
+            plan = self._compiled(("reduce_scatter", n, work.dtype), work.dtype, lambda: P.ring_reduce_scatter_plan(
                 size, n * size, tuple((r * n, (r + 1) * n) for r in range(size))))
             self._run_pipelined(plan, work, op, info, PIPELINE_SEGMENT_BYTES)
             mine = work[self._rank * n:(self._rank + 1) * n]
@@ -379,7 +481,7 @@ class PlanExecutor:
                 np.copyto(buf, flat)
             size, n = self._size, flat.size
             force = self._force_algo
-            plan = self._compiled(("reduce", n, flat.itemsize, root, force),
+            plan = self._compiled(("reduce", n, flat.dtype, root, force), flat.dtype,
                                   lambda: reduce_plan(size, n, n * flat.itemsize, root, force))
             self._dispatch(plan, buf, op, info)
             if op is ReduceOp.AVG and self._rank == root:
@@ -391,14 +493,14 @@ class PlanExecutor:
         hin, hout = _to_host(input), _to_host(output)
         if hin.size:
             size, n = self._size, hin.size
-            plan = self._compiled(("all_to_all", n), lambda: P.pairwise_alltoall_plan(size, n))
+            plan = self._compiled(("all_to_all", n, hin.dtype), hin.dtype, lambda: P.pairwise_alltoall_plan(size, n))
             self._run_plan(plan, _flat(hin), None, info, out=_flat(hout))
         _back(output, hout)
 
     def _barrier(self, info: OpInfo) -> None:
         token = self._scratch(np.dtype(np.uint8), 1, "barrier")
         size = self._size
-        plan = self._compiled(("barrier",), lambda: P.dissemination_barrier_plan(size))
+        plan = self._compiled(("barrier",), token.dtype, lambda: P.dissemination_barrier_plan(size))
         self._run_plan(plan, token, None, info)
 
 
@@ -412,11 +514,20 @@ def _back(array, host: np.ndarray) -> None:
         to_device_like(host, array, out=array)
 
 
-def force_algo_from_env() -> Optional[str]:
-    known = {"ring", "rd", "chain", "tree", "direct"}
-    chosen = [v.strip() for v in os.environ.get(ALGO_ENV, "").lower().split(",") if v.strip()]
-    bad = [v for v in chosen if v not in known]
+_KNOWN_ALGORITHMS = frozenset({"ring", "rd", "chain", "tree", "direct"})
+
+
+def parse_algorithms(text: Optional[str], source: str = ALGO_ENV) -> Optional[str]:
+    """A forced-algorithm setting, normalised (``" Ring,rd "`` -> ``"ring,rd"``; empty -> None).
+    An unknown name is a ValueError naming ``source`` and the known ones."""
+    chosen = [v.strip() for v in (text or "").lower().split(",") if v.strip()]
+    bad = [v for v in chosen if v not in _KNOWN_ALGORITHMS]
     if bad:
-        raise ValueError(f"{ALGO_ENV}={os.environ[ALGO_ENV]!r}: unknown algorithm(s) {bad}; use a comma list of "
-                         f"{sorted(known)}, or unset it to choose by message size")
+        raise ValueError(f"{source}={text!r}: unknown algorithm(s) {bad}; use a comma list of "
+                         f"{sorted(_KNOWN_ALGORITHMS)}, or unset it to choose by message size")
     return ",".join(chosen) or None
+
+
+def force_algo_from_env() -> Optional[str]:
+    """``NEURAL_ARCH_GLOO_ALGO``, parsed (None: choose by size)."""
+    return parse_algorithms(config.get(ALGO_ENV), ALGO_ENV)

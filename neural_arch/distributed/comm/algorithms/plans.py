@@ -9,6 +9,9 @@ Slices are ``(start, stop)`` element ranges of the flattened array. Within one s
 sends and receives concurrently (``Transport.sendrecv``), and the data it sends is the
 buffer as it was *before* the step, which is what :func:`simulate` models.
 
+The builders are pure and not memoised: the gloo executor builds a plan on a miss of its one plan
+cache (``PlanExecutor._compiled_plans``, compiled per rank), so a plan is built once per group and size.
+
 =============================  ===========================================  ===================
 plan                           algorithm                                    steps (p ranks)
 =============================  ===========================================  ===================
@@ -37,7 +40,6 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -108,7 +110,6 @@ class Plan:
 # -- chunking -----------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=1024)
 def chunk_bounds(nelems: int, parts: int) -> Tuple[Chunk, ...]:
     """``parts`` contiguous ranges covering ``range(nelems)``, sizes differing by at most one.
 
@@ -159,7 +160,6 @@ def _check(size: int, nelems: int) -> None:
 # -- ring -----------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=256)
 def ring_reduce_scatter_plan(size: int, nelems: int, bounds: Optional[Tuple[Chunk, ...]] = None,
                              first_step: int = 0) -> Plan:
     """Ring reduce-scatter: after ``size - 1`` steps rank r holds the reduction of chunk r.
@@ -178,7 +178,6 @@ def ring_reduce_scatter_plan(size: int, nelems: int, bounds: Optional[Tuple[Chun
     return _finish("ring_reduce_scatter", size, nelems, rows)
 
 
-@lru_cache(maxsize=256)
 def ring_allgather_plan(size: int, nelems: int, bounds: Optional[Tuple[Chunk, ...]] = None,
                         first_step: int = 0) -> Plan:
     """Ring all-gather: rank r starts owning chunk r; at step s it forwards chunk ``r - s``."""
@@ -192,7 +191,6 @@ def ring_allgather_plan(size: int, nelems: int, bounds: Optional[Tuple[Chunk, ..
     return _finish("ring_allgather", size, nelems, rows)
 
 
-@lru_cache(maxsize=256)
 def ring_allreduce_plan(size: int, nelems: int) -> Plan:
     """Ring reduce-scatter followed by ring all-gather: 2(p-1) steps of n/p elements."""
     rs = ring_reduce_scatter_plan(size, nelems)
@@ -207,7 +205,6 @@ def _pow2_below(size: int) -> int:
     return 1 << (size.bit_length() - 1)
 
 
-@lru_cache(maxsize=256)
 def recursive_doubling_plan(size: int, nelems: int) -> Plan:
     """Latency-optimal allreduce: log2(p) exchanges of the whole buffer.
 
@@ -249,7 +246,6 @@ def recursive_doubling_plan(size: int, nelems: int) -> Plan:
 # -- trees and chains ------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=256)
 def binomial_broadcast_plan(size: int, nelems: int, root: int = 0) -> Plan:
     """Binomial tree: in round k, ranks that have the data (relative rank < 2^k) send it on."""
     _check(size, nelems)
@@ -267,7 +263,6 @@ def binomial_broadcast_plan(size: int, nelems: int, root: int = 0) -> Plan:
     return _finish("binomial_broadcast", size, nelems, rows, root=root)
 
 
-@lru_cache(maxsize=256)
 def chain_broadcast_plan(size: int, nelems: int, root: int = 0, segments: int = 4) -> Plan:
     """Pipelined chain: root -> root+1 -> ...; segment i moves one hop per step.
 
@@ -291,7 +286,6 @@ def chain_broadcast_plan(size: int, nelems: int, root: int = 0, segments: int = 
     return _finish("chain_broadcast", size, nelems, rows, root=root)
 
 
-@lru_cache(maxsize=256)
 def binomial_reduce_plan(size: int, nelems: int, root: int = 0) -> Plan:
     """Binomial tree into ``root``: a rank reduces its children's partials, then sends up.
 
@@ -314,7 +308,6 @@ def binomial_reduce_plan(size: int, nelems: int, root: int = 0) -> Plan:
     return _finish("binomial_reduce", size, nelems, rows, root=root)
 
 
-@lru_cache(maxsize=256)
 def ring_reduce_plan(size: int, nelems: int, root: int = 0) -> Plan:
     """Bandwidth-optimal reduce: ring reduce-scatter, then every rank sends its chunk to ``root``.
 
@@ -337,7 +330,6 @@ def ring_reduce_plan(size: int, nelems: int, root: int = 0) -> Plan:
 # -- alltoall and barrier ---------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=256)
 def pairwise_alltoall_plan(size: int, nelems: int) -> Plan:
     """Step 0 copies the own block; step s sends block r+s to r+s and receives block r-s.
 
@@ -357,7 +349,6 @@ def pairwise_alltoall_plan(size: int, nelems: int) -> Plan:
     return _finish("pairwise_alltoall", size, nelems, rows, two_buffers=True)
 
 
-@lru_cache(maxsize=64)
 def dissemination_barrier_plan(size: int) -> Plan:
     """Round k: send one byte to r + 2^k, receive one from r - 2^k. Nobody leaves before all arrive."""
     _check(size, 1)

@@ -42,24 +42,12 @@ from neural_arch.distributed.comm.work import ReduceOp
 # (world size or None for "any other") -> list of (up to this many bytes, algorithm), first match
 # wins. "direct": this module; "plans": the ring / tree schedules of executor.py over the shm rings.
 # (TCP is the transport's choice, made at rendezvous: on one host it lost to both at every size.)
-# Measured with bench_collectives.py --quick --ops all_reduce on the 2-core development box, which was
-# shared with other jobs (load average 7-18, so single runs vary 2-10x; oversubscribed at 4 and 8):
-#
-#   ranks  size     direct      rings       tcp         raw MPICH     (latency, or busbw in GB/s)
-#   2      1 KiB    81 us       303 us      268 us      5.6 us        load ~7.6
-#   2      256 KiB  4.16        0.42        0.75        3.35
-#   2      1 MiB    5.61        0.44        0.97        3.13
-#   2      4 MiB    5.98        0.66        0.79        2.85
-#   4      1 KiB    916 us      1610 us     2945 us     4638 us       load ~10
-#   4      1 MiB    0.65        0.16        0.23        0.12
-#   4      4 MiB    0.68        0.39        0.36        0.21
-#   8      1 KiB    1064 us     969 us      3008 us     20999 us      load ~14
-#   8      1 MiB    0.32        0.27        0.11        0.06
-#   8      4 MiB    0.35        0.48        0.20        0.18
-#
-# An 8-rank A/B of direct vs rings alone (2 rounds, load 16-18) had direct ahead at every size but
-# 16 KiB in one round (0.32-0.56 vs 0.11-0.22 GB/s at 256 KiB-4 MiB), so every row says "direct";
-# a row is kept per world size so that a machine where this changes needs only a new number here.
+# Measured with bench_collectives.py --quick --ops all_reduce at 2, 4 and 8 ranks (the table is in
+# docs/benchmarks.md, "direct shared-memory selection"; load average 7-18 on 2 cores, so single runs
+# vary 2-10x). Direct led at 2 and 4 ranks at every size; at 8 ranks (oversubscribed) one run had the
+# rings ahead at 1 KiB and 4 MiB, and an 8-rank A/B of the two alone had direct ahead at every size
+# but 16 KiB in one round -- so every row says "direct"; a row is kept per world size so that a
+# machine where this changes needs only a new number here.
 ALGORITHMS: dict = {
     2: [(1 << 62, "direct")],
     4: [(1 << 62, "direct")],

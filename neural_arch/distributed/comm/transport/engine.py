@@ -52,6 +52,7 @@ import time
 from collections.abc import Sequence
 
 # Link, PeerGone and as_bytes_view are re-exported: the stream modules and the algorithms use them
+from neural_arch.distributed import config
 from neural_arch.distributed.comm.transport.framing import (  # noqa: F401
     ABORT_CHANNEL,
     CHANNEL_LIMIT,
@@ -168,7 +169,8 @@ class LinkTransport(Transport):
         cores = os.cpu_count() or 1
         busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
         default = _SPIN_S if local_ranks <= cores and busy < cores else 0.0
-        self.spin_s = float(os.environ.get(SPIN_ENV) or default)
+        spin = config.get(SPIN_ENV)
+        self.spin_s = default if spin is None else spin
 
     def peer_kind(self, peer: int) -> str:
         return self._link(peer, None).kind
@@ -466,7 +468,7 @@ def host_identity() -> str:
     ``NEURAL_ARCH_HOST_ID`` overrides it: to split one machine into "hosts" in tests, or to tell
     containers that do *not* share ``/dev/shm`` apart.
     """
-    forced = os.environ.get(HOST_ID_ENV, "").strip()
+    forced = (config.get(HOST_ID_ENV) or "").strip()
     if forced:
         return forced
     try:
@@ -520,7 +522,7 @@ def connect_transport(store, rank: int, size: int, timeout: float, mode: str = "
 
     mode = (mode or "auto").lower()
     if mode == "auto":
-        mode = os.environ.get(TRANSPORT_ENV, "auto").strip().lower() or "auto"
+        mode = (config.get(TRANSPORT_ENV) or "auto").strip().lower() or "auto"
     if mode not in ("auto", "tcp", "shm"):
         raise ValueError(f"transport mode {mode!r} is unknown; use 'auto', 'tcp' or 'shm' "
                          f"(argument or {TRANSPORT_ENV})")

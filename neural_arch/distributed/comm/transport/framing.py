@@ -21,12 +21,12 @@ Example (what ``LinkTransport.send`` does)::
 from __future__ import annotations
 
 import collections
-import os
 import struct
 import threading
 
 import numpy as np
 
+from neural_arch.distributed import config
 from neural_arch.distributed.comm.debug import describe_wire
 from neural_arch.distributed.errors import FrameMismatchError
 
@@ -34,6 +34,7 @@ __all__ = [
     "ABORT_CHANNEL",
     "CHANNEL_LIMIT",
     "FRAME",
+    "Frame",
     "MAX_FRAME_BYTES",
     "Link",
     "PeerGone",
@@ -48,7 +49,7 @@ ABORT_CHANNEL = (1 << 63) - 1        # reserved: "a rank died, stop waiting" (pa
 CHANNEL_LIMIT = ABORT_CHANNEL
 #: largest frame a peer may announce (NEURAL_ARCH_MAX_FRAME_BYTES overrides); larger is a protocol
 #: error. One frame is at most one collective step's slice, so 64 GiB leaves room for any real array.
-MAX_FRAME_BYTES = int(os.environ.get("NEURAL_ARCH_MAX_FRAME_BYTES", str(1 << 36)))
+MAX_FRAME_BYTES = config.get("NEURAL_ARCH_MAX_FRAME_BYTES")
 _ABORT_MAX = 1 << 16
 
 class PeerGone(Exception):
@@ -109,7 +110,7 @@ class Link:
         self._hdr = bytearray(FRAME.size)
         self._hdr_view = memoryview(self._hdr)
         self._hdr_got = 0
-        self._frame: list | None = None           # [channel, view, got, owner op or None, error]
+        self._frame: Frame | None = None          # the frame being read, when it arrived in pieces
 
     # stream interface --------------------------------------------------------------------------
     def write_some(self, views: list[memoryview]) -> int:
@@ -247,7 +248,7 @@ class Link:
                     self._hdr_got = 0
                     channel, nbytes, check = FRAME.unpack(self._hdr)
                     if channel == op.channel and nbytes == op.view.nbytes and check == op.wire:
-                        frame = [channel, op.view, 0, op, None, check]  # straight into the caller's buffer
+                        frame = Frame(channel, op.view, op, None, check)  # straight into the caller's buffer
                     else:
                         _check_header(self.peer, channel, nbytes)
                         err = (_mismatch_error(self.peer, channel, nbytes, check, op.view.nbytes, op.wire)
@@ -259,26 +260,26 @@ class Link:
                         except MemoryError:
                             raise PeerGone(f"protocol error: cannot hold a {nbytes}-byte frame from rank "
                                            f"{self.peer} (out of memory)") from None
-                        frame = [channel, memoryview(spare), 0, op if err else None, err, check]
+                        frame = Frame(channel, memoryview(spare), op if err else None, err, check)
                     self._frame = frame
-                view, got = frame[1], frame[2]
+                view, got = frame.view, frame.got
                 if got < view.nbytes:
                     n = self.read_some(view[got:])
                     if n == 0:
                         return moved
                     moved = True
-                    frame[2] = got = got + n
+                    frame.got = got = got + n
                 if got == view.nbytes:
                     self._frame = None
-                    owner = frame[3]
+                    owner = frame.owner
                     if owner is None:
-                        if frame[0] == ABORT_CHANNEL:
+                        if frame.channel == ABORT_CHANNEL:
                             self.on_abort(self.peer, bytes(view))
                             continue
                         with self.lock:
-                            self.stash[frame[0]].append((frame[5], view.obj))
+                            self.stash[frame.channel].append((frame.check, view.obj))
                     else:
-                        owner.error = frame[4]
+                        owner.error = frame.error
                         owner.done = True
         except PeerGone as exc:
             self.fail(str(exc) or "connection closed")
@@ -308,6 +309,18 @@ def _mismatch_error(peer: int, channel: int, got: int, got_check: int, want: int
         f"rank {peer} sent {describe_wire(got_check, got)} on channel {channel}, but this rank expected "
         f"{describe_wire(want_check, want)}; every rank must call the same collectives, with the same "
         "dtypes and sizes, in the same order")
+
+
+class Frame:
+    """A frame being read from the stream in pieces: where its payload goes (``view``: the waiting
+    receiver's buffer, or a spare one kept aside for another channel's receiver), how much of it
+    arrived (``got``), the op it completes (``owner``, or None when it is stashed) and the error
+    that op gets (a size or check-word mismatch; the frame is consumed anyway)."""
+
+    __slots__ = ("channel", "check", "error", "got", "owner", "view")
+
+    def __init__(self, channel: int, view: memoryview, owner, error, check: int):
+        self.channel, self.view, self.got, self.owner, self.error, self.check = channel, view, 0, owner, error, check
 
 
 class SendOp:
@@ -368,5 +381,5 @@ def abandon(op) -> None:
                 link.send_q.remove(op)
     else:
         frame = link._frame
-        if frame is not None and frame[3] is op:
+        if frame is not None and frame.owner is op:
             link.fail("timed out in the middle of a message (the stream is out of step)")

@@ -46,6 +46,7 @@ import secrets
 import tempfile
 import time
 
+from neural_arch.distributed import config
 from neural_arch.distributed.comm.transport.framing import FRAME, Link, PeerGone
 from neural_arch.distributed.errors import RendezvousError
 
@@ -365,7 +366,7 @@ def connect_shm_links(store, rank: int, pids: dict[int, int], deadline: float) -
 
     clean_stale_rings()
 
-    capacity = int(os.environ.get(RING_ENV) or default_ring_bytes(len(pids)))
+    capacity = config.get(RING_ENV) or default_ring_bytes(len(pids))
     if capacity < 4096:
         raise ValueError(f"{RING_ENV}={capacity} is too small; use at least 4096 (default 1-8 MiB)")
     peers = sorted(pids)

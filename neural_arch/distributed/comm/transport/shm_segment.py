@@ -47,6 +47,7 @@ import sys
 import threading
 import time
 
+from neural_arch.distributed import config
 from neural_arch.distributed.comm.debug import describe_wire
 from neural_arch.distributed.comm.transport.shm import _ring_dir, clean_stale_rings, pid_alive
 from neural_arch.distributed.errors import (
@@ -100,7 +101,7 @@ def direct_supported() -> bool:
 
 
 def default_chunk_bytes(local_ranks: int) -> int:
-    """Pipeline chunk per rank slot (``NEURAL_ARCH_SHM_CHUNK_BYTES`` overrides it): 1 MiB.
+    """Pipeline chunk per rank slot: 1 MiB unless ``NEURAL_ARCH_SHM_CHUNK_BYTES`` is set.
 
     Measured (all_reduce of 256 KiB-4 MiB, the direct path alone on one core, best of 5, CPU time):
     64 KiB chunks 5.0-5.1 GB/s, 256 KiB 7.7-8.4, 512 KiB 7.5-10.8, 1 MiB 8.7-10.3, 4 MiB 3.8-8.9
@@ -110,9 +111,9 @@ def default_chunk_bytes(local_ranks: int) -> int:
     Halved (down to 64 KiB) while the segment would pass a quarter of the free space in ``/dev/shm``
     (containers often have only 64 MiB there).
     """
-    forced = os.environ.get(CHUNK_ENV)
-    if forced:
-        chunk = int(forced)
+    forced = config.get(CHUNK_ENV)
+    if forced is not None:
+        chunk = forced
         if chunk < 4096 or chunk % 64:
             raise ValueError(f"{CHUNK_ENV}={forced} must be a multiple of 64 and at least 4096")
         return chunk
@@ -186,10 +187,10 @@ class ShmSegment:
         self._pids: list[int] = [0] * size
         local = size if local_ranks is None else local_ranks
         fits = local <= (os.cpu_count() or 1)
-        spin, yld = os.environ.get(SPIN_ENV), os.environ.get(YIELD_ENV)
-        self.spin_s = float(spin) if spin else (_SPIN_S if fits else 0.0)
-        self.yield_s = float(yld) if yld else (_YIELD_S if fits else 0.0)
-        self._check_load = not (spin or yld)
+        spin, yld = config.get(SPIN_ENV), config.get(YIELD_ENV)
+        self.spin_s = spin if spin is not None else (_SPIN_S if fits else 0.0)
+        self.yield_s = yld if yld is not None else (_YIELD_S if fits else 0.0)
+        self._check_load = spin is None and yld is None
         self._busy_load = (os.cpu_count() or 1) + local
         self._load_ok, self._load_at = True, -1.0
         self.ops = 0                  # direct collectives run so far (the parity of the op words)

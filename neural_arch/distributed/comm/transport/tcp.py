@@ -31,6 +31,7 @@ import socket
 import threading
 import time
 
+from neural_arch.distributed import config
 from neural_arch.distributed.comm.transport import handshake
 from neural_arch.distributed.comm.transport.framing import Link, PeerGone
 from neural_arch.distributed.errors import DistributedError, RendezvousError
@@ -95,7 +96,7 @@ class TcpLink(Link):
 
 def bind_address() -> str:
     """The address this rank listens on (see the module docstring)."""
-    env = os.environ.get(BIND_ENV, "").strip()
+    env = (config.get(BIND_ENV) or "").strip()
     if env:
         return env
     master = os.environ.get("MASTER_ADDR", "").strip()

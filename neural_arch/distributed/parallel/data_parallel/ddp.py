@@ -85,13 +85,9 @@ def no_sync():
 
 def _process_group_backend(process_group):
     """The backend to use, or a world of one when nothing was initialised (plain ``python``)."""
-    from neural_arch.distributed import groups as _group
+    from neural_arch.distributed.groups import backend_or_world_of_one
 
-    if process_group is None and not _group.is_initialized():
-        from neural_arch.distributed.comm.local import LocalBackend
-
-        return LocalBackend()
-    return _group._resolve_group(process_group, "DistributedDataParallel").backend
+    return backend_or_world_of_one(process_group, "DistributedDataParallel")
 
 
 class DistributedDataParallel(Module):

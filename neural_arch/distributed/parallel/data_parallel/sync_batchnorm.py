@@ -35,14 +35,9 @@ __all__ = ["SyncBatchNorm"]
 
 def _group_size(process_group) -> int:
     """World size of the group the statistics are reduced over (1: nothing to reduce)."""
-    import neural_arch.distributed as dist
+    from neural_arch.distributed.groups import backend_or_world_of_one
 
-    if not dist.is_initialized():
-        return 1
-    if process_group is dist.GroupMember.NON_GROUP_MEMBER:
-        raise ValueError("SyncBatchNorm: this rank is not in process_group (new_group() returned "
-                         "NON_GROUP_MEMBER here); build the model with a group this rank belongs to")
-    return dist.get_world_size(process_group)
+    return backend_or_world_of_one(process_group, "SyncBatchNorm").size
 
 
 def _all_reduce(array, process_group) -> None:

@@ -4,11 +4,14 @@
 module                 what
 =====================  ==========================================================================
 ``flat``               ``FlatLayout``: tensors end to end in one padded flat buffer
-``reducer``            ``ShardedGradReducer``: bucketed reduce-scatter of gradients during backward
+``reducer``            ``ShardedGradReducer``: bucketed reduce-scatter of gradients during backward (ZeRO-2)
+``owner_reducer``      ``OwnerGradReducer``: each gradient reduced to its owners, no flat copy (FSDP)
 ``zero``               ``ZeroRedundancyOptimizer`` (stage 1: torch's; stage 2: sharded gradients)
 ``api``                FSDP's enums, configs and wrap policies (torch's names)
 ``unit``               ``FlatParamUnit``: one wrapped module's flat shard, gather/free
-``fsdp``               ``FullyShardedDataParallel``
+``plan``               which modules become units; shard / replicate groups
+``state_dict``         FSDP's full and sharded state dicts (a mixin)
+``fsdp``               ``FullyShardedDataParallel``: the gather/free schedule and its hooks
 ``grad_scaler``        ``ShardedGradScaler``: found-inf agreed over the ranks
 =====================  ==========================================================================
 """

@@ -11,31 +11,36 @@ multiple of the shard-group size; every rank keeps only its slice (a ``flat_para
 2. **backward**: ``FULL_SHARD`` re-gathers a unit just before its backward (a hook on the
    gradient of the unit's outputs: torch's pre-backward hook), into the very buffer its forward
    used, which the graph's saved views read (see :mod:`.unit`: that is how a freed unit costs
-   no memory here); each gradient, once final, is copied into the unit's flat gradient (in
-   ``reduce_dtype``) and dropped; when the unit's last gradient is final its flat gradient is
-   **reduce-scattered**, asynchronously, while backward continues, and the unit's parameters are
-   freed (torch's post-backward hook); the flat gradient is dropped when the reduce-scatter
-   completes. ``HYBRID_SHARD`` then averages the shard over the replicate group; ``NO_SHARD``
-   all-reduces instead;
+   no memory here); each gradient, once final, is reduced (``ReduceOp.AVG``, in
+   ``reduce_dtype``) straight to the ranks owning its elements and dropped (see
+   :mod:`.owner_reducer`: element for element a reduce-scatter, without a unit-sized flat
+   gradient); when the unit's last gradient is final its parameters are freed (torch's
+   post-backward hook), and while a block's backward runs the root's are dropped too if no
+   saved view reads them any more. At the end of backward each rank's averaged shard becomes
+   ``flat_param.grad``; ``HYBRID_SHARD`` then averages it over the replicate group; ``NO_SHARD``
+   all-reduces instead. A shard group of one rank behaves as ``NO_SHARD`` (the parameters are
+   views of the shard: no gathered copy, as torch);
 3. **step**: the optimizer updates each rank's slice in the master dtype.
 
 Peak memory per rank is then about the sharded state (parameters, gradients, optimizer state
-over N) plus, for the unit in backward, its gathered parameters and its flat gradient, plus the
-root unit (gathered, and its gradient accumulating, through the whole backward: the root's
-first op, e.g. the embedding, is the last to get its gradient), plus activations.
+over N), plus at most two units' gathered parameters (``limit_all_gathers``: the unit in
+backward and the root or the prefetched unit), one parameter's gradient, and the activations.
 
 Prefetching (``FULL_SHARD``/``HYBRID_SHARD``):
 
 * ``backward_prefetch=BackwardPrefetch.BACKWARD_PRE`` (default, as torch): when a unit's
   backward starts, the unit that ran before it in forward is all-gathered asynchronously, so the
-  gather overlaps this unit's backward; costs one more unit of gathered parameters.
+  gather overlaps this unit's backward; costs one more unit of gathered parameters (a staging
+  buffer under ``limit_all_gathers``, copied into the unit's own buffer when its backward starts).
   ``BACKWARD_POST``: the same gather is issued when the unit's gradients are final (less
   overlap, the two units' gathered parameters barely coexist). ``None``: gather on demand.
 * ``forward_prefetch=True``: when a unit's forward starts, the unit that ran after it in the
   previous iteration's forward is all-gathered asynchronously (the order is recorded each
   iteration, so the first iteration prefetches nothing).
-* ``limit_all_gathers`` is accepted and has no effect: at most one prefetch is in flight by
-  construction.
+* ``limit_all_gathers=True`` (default, as torch): at most two units' parameters are gathered at
+  once; a prefetch that would make three is skipped (that unit is gathered on demand), and
+  consecutive units share one buffer in forward. ``False``: consecutive units alternate two
+  buffers so a backward prefetch needs no staging copy (one more unit alive in forward).
 
 Training is equal to single-process training on the global batch (tests: float64 <= 1e-10).
 
@@ -68,11 +73,8 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
-import os
-from collections import OrderedDict
 
 import numpy as np
 
@@ -80,7 +82,7 @@ from neural_arch import backend as _backend
 from neural_arch.core import autograd as _ag
 from neural_arch.core.tensor import Tensor, is_backward_running, no_grad
 from neural_arch.distributed.comm.work import ReduceOp
-from neural_arch.distributed.groups import _resolve_group, new_group
+from neural_arch.distributed.groups import _resolve_group
 from neural_arch.distributed.parallel.sharded.api import (
     BackwardPrefetch,
     CPUOffload,
@@ -90,60 +92,14 @@ from neural_arch.distributed.parallel.sharded.api import (
     resolve_policy,
 )
 from neural_arch.distributed.parallel.sharded.flat import FlatLayout
-from neural_arch.distributed.parallel.sharded.reducer import ShardedGradReducer, queue_outermost_callback
+from neural_arch.distributed.parallel.sharded.owner_reducer import OwnerGradReducer
+from neural_arch.distributed.parallel.sharded.plan import plan_units, shard_groups
+from neural_arch.distributed.parallel.sharded.reducer import queue_outermost_callback
+from neural_arch.distributed.parallel.sharded.state_dict import FSDPStateDictMixin
 from neural_arch.distributed.parallel.sharded.unit import FlatParamUnit, GatherBuffer, GatherPool
 from neural_arch.nn.module import Module
 
 __all__ = ["FullyShardedDataParallel"]
-
-
-def _plan_units(root, policy):
-    """Post-order list of ``(name, module)`` units (root last) and each unit's own parameters."""
-    units: list = []
-    claimed: set = set()
-
-    def own_params(module):
-        out, seen = [], set()
-        for _, p in module.named_parameters():
-            if id(p) not in claimed and id(p) not in seen:
-                seen.add(id(p))
-                out.append(p)
-        return out
-
-    def visit(name, module):
-        for child_name, child in module.named_children():
-            full = f"{name}.{child_name}" if name else child_name
-            nonwrapped = sum(p.numel() for p in own_params(child))
-            if policy is not None and policy(module=child, recurse=True, nonwrapped_numel=nonwrapped):
-                visit(full, child)
-            nonwrapped = sum(p.numel() for p in own_params(child))
-            if policy is not None and policy(module=child, recurse=False, nonwrapped_numel=nonwrapped):
-                params = own_params(child)
-                claimed.update(id(p) for p in params)
-                units.append((full, child, params))
-
-    visit("", root)
-    params = own_params(root)
-    units.append(("", root, params))
-    return units
-
-
-def _hybrid_groups(world_group, shard_size: int):
-    """(shard_group, replicate_group) for consecutive blocks of ``shard_size`` ranks (a collective)."""
-    world = world_group.size()
-    if shard_size < 1 or world % shard_size:
-        raise ValueError(f"HYBRID_SHARD: shard group size {shard_size} does not divide the world size {world}")
-    me = world_group.rank()
-    shard_group = replicate_group = None
-    for start in range(0, world, shard_size):
-        g = new_group(list(range(start, start + shard_size)))
-        if start <= me < start + shard_size:
-            shard_group = g
-    for offset in range(shard_size):
-        g = new_group(list(range(offset, world, shard_size)))
-        if me % shard_size == offset:
-            replicate_group = g
-    return shard_group, replicate_group
 
 
 class _UnitCall:
@@ -172,7 +128,7 @@ def _grad_outputs(out) -> list:
     return []
 
 
-class FullyShardedDataParallel(Module):
+class FullyShardedDataParallel(FSDPStateDictMixin, Module):
     """Shard ``module``'s parameters, gradients and optimizer state (see the module docstring).
 
     Args:
@@ -185,7 +141,7 @@ class FullyShardedDataParallel(Module):
             classes, or torch's callable policies). Default: one unit for the whole model.
         backward_prefetch: ``BackwardPrefetch.BACKWARD_PRE`` (default), ``BACKWARD_POST`` or None.
         forward_prefetch: gather the next unit (last iteration's order) while one runs.
-        limit_all_gathers: accepted, no effect (at most one prefetch is in flight anyway).
+        limit_all_gathers: at most two units gathered at once (see the module docstring).
         mixed_precision: :class:`MixedPrecision`.
         sync_module_states: broadcast rank 0's parameters and buffers first (ranks may init differently).
         device_mesh: a 2-D mesh ``(replicate, shard)`` for ``HYBRID_SHARD``, if it has
@@ -222,15 +178,17 @@ class FullyShardedDataParallel(Module):
             raise TypeError(f"backward_prefetch must be a BackwardPrefetch or None, got {backward_prefetch!r}")
         self.backward_prefetch = backward_prefetch
         self.forward_prefetch = bool(forward_prefetch)
+        self.limit_all_gathers = bool(limit_all_gathers)
         self._pool = GatherPool()
         self._order: list[_UnitCall] = []      # pooled unit calls since the last backward
         self._next_fwd: dict = {}              # unit -> unit that ran after it last iteration
         self._prefetched: dict = {}            # id(unit) -> GatherBuffer (forward prefetch)
         self._last_released = None             # buffer released last in forward
+        self._staged: dict = {}                # id(_UnitCall) -> staging GatherBuffer (backward prefetch)
         self._bwd_armed = False
         self._state_dict_type = StateDictType.FULL_STATE_DICT
 
-        shard_group, replicate_group = self._groups(process_group, device_mesh, strategy)
+        shard_group, replicate_group = shard_groups(process_group, device_mesh, strategy)
         self.process_group = shard_group
         self.replicate_group = replicate_group
         world = _resolve_group(None, "FullyShardedDataParallel")
@@ -241,12 +199,14 @@ class FullyShardedDataParallel(Module):
                 if b.data.dtype.kind == "f":
                     b.data = b.data.astype(mp.buffer_dtype)
 
-        sharded = strategy is not ShardingStrategy.NO_SHARD
+        # A shard group of one rank holds every element anyway: its units keep their parameters as
+        # views of the shard itself (no gathered copy, as torch switches to NO_SHARD at world size 1).
+        sharded = strategy is not ShardingStrategy.NO_SHARD and shard_group.size() > 1
         shard_world = shard_group.size() if sharded else 1
         shard_rank = shard_group.rank() if sharded else 0
-        plan = _plan_units(module, resolve_policy(auto_wrap_policy))
+        plan = plan_units(module, resolve_policy(auto_wrap_policy))
         self._units: list[FlatParamUnit] = []
-        reshard = strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD)
+        reshard = sharded and strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD)
         for i, (name, sub, params) in enumerate(plan):
             lay = FlatLayout([tuple(p.shape) for p in params], shard_world)
             unit = FlatParamUnit(name, sub, params, lay, shard_rank, shard_group if sharded else None,
@@ -259,7 +219,7 @@ class FullyShardedDataParallel(Module):
                 sub.register_forward_pre_hook(self._make_pre_hook(unit))
                 sub.register_forward_hook(self._make_post_hook(unit))
         reduce_dtype = mp.reduce_dtype or mp.param_dtype
-        self._reducer = ShardedGradReducer(
+        self._reducer = OwnerGradReducer(
             [u.params for u in self._units], shard_group, self._on_grad_shard,
             reduce_dtype=None if reduce_dtype is None else np.dtype(reduce_dtype),
             scatter=sharded, replicate_group=replicate_group, on_ready=self._on_unit_grads_ready)
@@ -268,30 +228,6 @@ class FullyShardedDataParallel(Module):
             raise AssertionError("FSDP: reducer and unit layouts disagree")  # pragma: no cover
 
     # ------------------------------------------------------------------ construction helpers
-    @staticmethod
-    def _groups(process_group, device_mesh, strategy):
-        if device_mesh is not None:
-            get = getattr(device_mesh, "get_group", None)
-            if get is None:
-                raise TypeError("device_mesh must have get_group(dim)")
-            if strategy is ShardingStrategy.HYBRID_SHARD:
-                return get(1), get(0)
-            return get(0), None
-        if strategy is ShardingStrategy.HYBRID_SHARD:
-            if isinstance(process_group, tuple):
-                if len(process_group) != 2:
-                    raise ValueError("HYBRID_SHARD: process_group must be a pair (shard_group, replicate_group)")
-                return _resolve_group(process_group[0], "FSDP"), _resolve_group(process_group[1], "FSDP")
-            world = _resolve_group(process_group, "FullyShardedDataParallel")
-            size = int(os.environ.get("NEURAL_ARCH_FSDP_SHARD_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or 0)
-            if not size:
-                raise ValueError("HYBRID_SHARD needs process_group=(shard_group, replicate_group), a 2-D "
-                                 "device_mesh, or NEURAL_ARCH_FSDP_SHARD_SIZE / LOCAL_WORLD_SIZE set")
-            return _hybrid_groups(world, size)
-        if isinstance(process_group, tuple):
-            raise TypeError(f"a (shard_group, replicate_group) pair is only for HYBRID_SHARD, not {strategy.name}")
-        return _resolve_group(process_group, "FullyShardedDataParallel"), None
-
     def _broadcast_module(self, world) -> None:
         for t in list(self.module.parameters()) + list(self.module.buffers()):
             if hasattr(t.data, "flags") and not t.data.flags.c_contiguous:
@@ -315,8 +251,11 @@ class FullyShardedDataParallel(Module):
     def _acquire(self, unit, exclude=(), after_release: bool = True) -> GatherBuffer:
         xp = _backend.get_array_module(unit.flat_param.data) if not unit.offload else \
             _backend.get_array_module(unit._shard_on_device())
-        if after_release and self.backward_prefetch is not None and self._last_released is not None:
-            exclude = tuple(exclude) + (self._last_released,)  # consecutive units alternate buffers
+        if (after_release and self.backward_prefetch is not None and not self.limit_all_gathers
+                and self._last_released is not None):
+            # consecutive units alternate buffers, so backward can prefetch into the other one; with
+            # limit_all_gathers they share one, and a prefetch lands in a staging buffer instead
+            exclude = tuple(exclude) + (self._last_released,)
         return self._pool.acquire(unit.layout.padded_numel, unit.compute_dtype, xp, exclude)
 
     def _forward_gather(self, unit):
@@ -344,7 +283,8 @@ class FullyShardedDataParallel(Module):
         self._order.append(call)
         if self.forward_prefetch:
             nxt = self._next_fwd.get(unit)
-            if nxt is not None and nxt.pooled and id(nxt) not in self._prefetched and not nxt.gathered:
+            if (nxt is not None and nxt.pooled and id(nxt) not in self._prefetched and not nxt.gathered
+                    and not (self.limit_all_gathers and self._gathered_units() >= 2)):
                 # nxt follows this unit: only this unit's buffer must differ from its own
                 b = self._acquire(nxt, exclude=(buf,), after_release=False)
                 b.call = None
@@ -391,11 +331,40 @@ class FullyShardedDataParallel(Module):
                     f"buffer its forward used, but unit {who} still needs it (its parameters are read by "
                     f"ops outside its own backward, or the units' forwards interleave). Use "
                     f"sharding_strategy=ShardingStrategy.SHARD_GRAD_OP for this model.")
-            unit.gather_into(buf)
+            stage = self._staged.pop(id(call), None)
+            if stage is not None:
+                unit.take_staged(stage, buf)
+            else:
+                unit.gather_into(buf)
         buf.call = call
         unit.bind(buf)  # a recomputation (activation checkpointing) reads the parameters
+        self._release_enclosing(call)
         if self.backward_prefetch is BackwardPrefetch.BACKWARD_PRE:
             self._prefetch_after(call)
+
+    def _release_enclosing(self, call) -> None:
+        """Free the gathered parameters of the calls around ``call`` (the root, around every
+        block) while ``call``'s backward runs, when nothing will read them any more.
+
+        A parent's nodes recorded after ``call`` ended have all run (the engine runs nodes newest
+        first); its nodes recorded before ``call`` started run later and read its parameters only
+        through views they saved. So the parent's buffer is dropped when no view of it is left
+        (e.g. the head's matmul is done and the embedding saved none), which torch gets by
+        resharding the root after forward; if a view is left, the parent keeps its buffer."""
+        for p in self._order:
+            if p is call or p.end is None or not (p.start < call.start and call.end < p.end):
+                continue
+            buf = p.buf
+            if buf.holder is not p.unit or buf.work is not None:
+                continue
+            p.unit.release(buf)
+            p.unit.unbind()
+            if not buf.drop_if_unviewed():   # a saved view still reads it: keep holding it
+                buf.holder, buf.call = p.unit, p
+                p.unit._held.append(buf)
+
+    def _gathered_units(self) -> int:
+        return len({id(b.holder) for b in self._pool.buffers() if b.holder is not None}) + len(self._staged)
 
     def _prefetch_after(self, now) -> None:
         """Start gathering the call whose backward comes next after ``now``'s: pre-backward hooks
@@ -406,9 +375,19 @@ class FullyShardedDataParallel(Module):
                 nxt = c
         if nxt is None or nxt.buf.holder is nxt.unit or nxt.buf.work is not None:
             return
+        if self.limit_all_gathers and self._gathered_units() >= 2:
+            return  # torch's rate limiter: at most two units gathered at once; gather on demand
         if self._evict_for(nxt.buf, now):  # else: its holder still reads it; gather on demand
             nxt.unit.gather_into(nxt.buf, async_op=True)
             nxt.buf.call = nxt
+        elif self.limit_all_gathers and id(nxt) not in self._staged:
+            # nxt's own buffer is still read by ``now`` (they share it): gather into a staging
+            # buffer, copied into nxt's own at nxt's pre-backward (one memcpy) and dropped
+            xp = _backend.get_array_module(nxt.unit._shard_on_device())
+            stage = GatherBuffer(xp.empty(nxt.unit.layout.padded_numel, dtype=nxt.unit.compute_dtype))
+            nxt.unit.gather_into(stage, async_op=True)
+            nxt.unit.release(stage)   # the unit holds its own buffer, not the staging one
+            self._staged[id(nxt)] = stage
 
     def _on_unit_grads_ready(self, i: int) -> None:
         """All of unit ``i``'s gradients are final (its backward is over): free its parameters."""
@@ -439,6 +418,9 @@ class FullyShardedDataParallel(Module):
                 self._next_fwd.setdefault(a, b)
         self._order = []
         self._prefetched = {}
+        for stage in self._staged.values():
+            stage.wait()
+        self._staged = {}
         self._last_released = None
         self._pool.clear()
 
@@ -451,7 +433,7 @@ class FullyShardedDataParallel(Module):
 
     def _on_grad_shard(self, i: int, flat_grad) -> None:
         unit = self._units[i]
-        unit.add_grad(flat_grad)
+        unit.add_grad(flat_grad, owned=True)  # the reducer's fresh accumulator: kept, not copied
         if not unit.reshard_after_forward:
             unit.free()  # (a unit whose bucket never launched during backward: no gradients)
 
@@ -505,110 +487,6 @@ class FullyShardedDataParallel(Module):
     def no_sync(self):
         raise NotImplementedError("FullyShardedDataParallel.no_sync() is not implemented: call backward on "
                                   "every micro-batch (gradients accumulate into the shards) instead")
-
-    # ------------------------------------------------------------------ state dicts
-    @staticmethod
-    @contextlib.contextmanager
-    def state_dict_type(module, state_dict_type, state_dict_config=None, optim_state_dict_config=None):
-        """``with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT): sd = model.state_dict()``."""
-        if not isinstance(state_dict_type, StateDictType):
-            raise TypeError(f"state_dict_type must be a StateDictType, got {state_dict_type!r}")
-        fsdps = [m for m in ([module] + list(module.modules())) if isinstance(m, FullyShardedDataParallel)]
-        prev = [m._state_dict_type for m in fsdps]
-        for m in fsdps:
-            m._state_dict_type = state_dict_type
-        try:
-            yield
-        finally:
-            for m, p in zip(fsdps, prev):
-                m._state_dict_type = p
-
-    def _names(self):
-        names = {}
-        for mod_prefix, sub in self.module.named_modules():
-            for n, p in sub._parameters.items():
-                if p is not None and id(p) not in names:
-                    names[id(p)] = f"{mod_prefix}.{n}" if mod_prefix else n
-        return names
-
-    @no_grad()
-    def state_dict(self, prefix: str = "") -> OrderedDict[str, np.ndarray]:
-        """FULL: original names, full values in the master dtype, on every rank (a collective).
-        SHARDED/LOCAL: this rank's flat shards, ``{prefix + "flat_param_<i>": array}``."""
-        out: OrderedDict = OrderedDict()
-        if self._state_dict_type is not StateDictType.FULL_STATE_DICT:
-            for i, u in enumerate(self._units):
-                out[f"{prefix}flat_param_{i}"] = _backend.to_device(u.flat_param.data, "cpu").copy()
-            return out
-        names = self._names()
-        values = {}
-        for u in self._units:
-            flat = _backend.to_device(u.full_flat(u.master_dtype), "cpu")
-            for p, v in zip(u.params, u.layout.views(flat)):
-                values[names[id(p)]] = v.copy()
-        for key in self.module.state_dict():
-            if key in values:
-                out[prefix + key] = values[key]
-        for mod_prefix, sub in self.module.named_modules():
-            for n, b in sub._buffers.items():
-                if b is not None and n not in sub._non_persistent:
-                    out[prefix + (f"{mod_prefix}.{n}" if mod_prefix else n)] = _backend.to_device(b.data, "cpu").copy()
-        return out
-
-    @no_grad()
-    def load_state_dict(self, state_dict, strict: bool = True):
-        """Load what :meth:`state_dict` gave under the same state-dict type."""
-        if self._state_dict_type is not StateDictType.FULL_STATE_DICT:
-            for i, u in enumerate(self._units):
-                key = f"flat_param_{i}"
-                if key not in state_dict:
-                    raise RuntimeError(f"FSDP.load_state_dict: missing {key!r} in a sharded state dict")
-                arr = np.asarray(state_dict[key])
-                if arr.shape != u.flat_param.shape:
-                    raise RuntimeError(f"FSDP.load_state_dict: {key} has shape {arr.shape}, this rank's shard "
-                                       f"is {u.flat_param.shape} (was it saved with another world size?)")
-                u.flat_param.data[...] = _backend.to_device(arr, _backend.device_of(u.flat_param.data))
-            return
-        names = self._names()
-        expected = set(names.values())
-        missing = [k for k in expected if k not in state_dict]
-        if strict and missing:
-            raise RuntimeError(f"FSDP.load_state_dict(strict=True): missing keys {sorted(missing)}")
-        for u in self._units:
-            arrays = [np.asarray(state_dict[names[id(p)]]) if names[id(p)] in state_dict else None
-                      for p in u.params]
-            if any(a is None for a in arrays):
-                old = _backend.to_device(u.full_flat(u.master_dtype), "cpu")
-                arrays = [a if a is not None else v for a, v in zip(arrays, u.layout.views(old))]
-            flat = u.layout.flatten(arrays, np, dtype=u.master_dtype)
-            lo, hi = u.layout.shard_range(u.group.rank() if u.group is not None else 0)
-            u.flat_param.data[...] = _backend.to_device(flat[lo:hi], _backend.device_of(u.flat_param.data))
-        for mod_prefix, sub in self.module.named_modules():
-            for n, b in sub._buffers.items():
-                key = f"{mod_prefix}.{n}" if mod_prefix else n
-                if b is not None and key in state_dict:
-                    b.data[...] = np.asarray(state_dict[key])
-        return
-
-    @contextlib.contextmanager
-    def summon_full_params(self, writeback: bool = True):
-        """Gather every unit's full parameters (master dtype) into the module; write edits back on exit."""
-        with no_grad():
-            for u in self._units:
-                full = u.full_flat(u.master_dtype).copy()
-                for p, v in zip(u.params, u.layout.views(full)):
-                    p.data = v
-        try:
-            yield self.module
-        finally:
-            with no_grad():
-                for u in self._units:
-                    if writeback and u.params:
-                        xp = _backend.get_array_module(u.params[0].data)
-                        flat = u.layout.flatten([p.data for p in u.params], xp, dtype=u.master_dtype)
-                        lo, hi = u.layout.shard_range(u.group.rank() if u.group is not None else 0)
-                        u.flat_param.data[...] = _backend.to_device(flat[lo:hi], _backend.device_of(u.flat_param.data))
-                    u.free()
 
     def extra_repr(self) -> str:
         sizes = ", ".join(f"{u.name or '<root>'}:{u.layout.numel}" for u in self._units)

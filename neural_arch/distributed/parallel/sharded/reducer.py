@@ -52,7 +52,46 @@ def queue_outermost_callback(fn: Callable[[], None]) -> None:
     stack[0].append(fn)
 
 
-class ShardedGradReducer:
+class BucketGradHooks:
+    """What both sharded gradient reducers share: the buckets (one list of parameters each), their
+    flat layouts, where each parameter sits, and one post-accumulate-grad hook per parameter.
+    Subclasses define ``_hook(param)`` and ``_reset()`` (the per-backward state).
+
+    Args: see :class:`ShardedGradReducer`.
+    """
+
+    def __init__(self, buckets: Sequence[Sequence], group, on_shard: Callable[[int, object], None],
+                 reduce_dtype=None, scatter: bool = True, replicate_group=None,
+                 on_ready: Callable[[int], None] | None = None):
+        self.group = group
+        self.scatter = bool(scatter)
+        self.replicate_group = replicate_group
+        self.rank = group.rank()
+        self.buckets = [list(b) for b in buckets]
+        lay_world = group.size() if self.scatter else 1
+        self.layouts = [FlatLayout([tuple(p.shape) for p in b], lay_world) for b in self.buckets]
+        self.on_shard = on_shard
+        self.on_ready = on_ready
+        self.reduce_dtype = reduce_dtype
+        self._where = {}  # id(param) -> (bucket index, position in the bucket)
+        for i, bucket in enumerate(self.buckets):
+            for k, p in enumerate(bucket):
+                if id(p) in self._where:
+                    raise ValueError(f"{type(self).__name__}: a parameter appears in two buckets "
+                                     "(tied weights must be passed once)")
+                self._where[id(p)] = (i, k)
+        self._handles = [p.register_post_accumulate_grad_hook(self._hook)
+                         for b in self.buckets for p in b if p.requires_grad]
+        self._reset()
+
+    def remove(self) -> None:
+        """Unregister the gradient hooks."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+class ShardedGradReducer(BucketGradHooks):
     """Reduce-scatter the gradients of ``buckets`` (lists of parameters) over ``group``.
 
     Args:
@@ -68,30 +107,9 @@ class ShardedGradReducer:
             its reduction was started (during backward).
     """
 
-    def __init__(self, buckets: Sequence[Sequence], group, on_shard: Callable[[int, object], None],
-                 reduce_dtype=None, scatter: bool = True, replicate_group=None,
-                 on_ready: Callable[[int], None] | None = None):
-        self.group = group
-        self.scatter = bool(scatter)
-        self.replicate_group = replicate_group
-        self.world = group.size()
-        self.rank = group.rank()
-        self.buckets = [list(b) for b in buckets]
-        lay_world = self.world if self.scatter else 1
-        self.layouts = [FlatLayout([tuple(p.shape) for p in b], lay_world) for b in self.buckets]
-        self.on_shard = on_shard
-        self.on_ready = on_ready
-        self.reduce_dtype = reduce_dtype
-        self._where = {}  # id(param) -> (bucket index, position in the bucket)
-        for i, bucket in enumerate(self.buckets):
-            for k, p in enumerate(bucket):
-                if id(p) in self._where:
-                    raise ValueError("ShardedGradReducer: a parameter appears in two buckets "
-                                     "(tied weights must be passed once)")
-                self._where[id(p)] = (i, k)
-        self._handles = [p.register_post_accumulate_grad_hook(self._hook)
-                         for b in self.buckets for p in b if p.requires_grad]
-        self._reset()
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.world = self.group.size()
 
     # -- per-backward state ---------------------------------------------------------------
     def _reset(self) -> None:
@@ -189,13 +207,6 @@ class ShardedGradReducer:
                 self.on_shard(i, out)
         finally:
             self._reset()
-
-    def remove(self) -> None:
-        """Unregister the gradient hooks."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
 
 def plan_buckets(params: Sequence, cap_bytes: float) -> list[list]:
     """Split ``params`` (in backward order already) into buckets of about ``cap_bytes`` each;

@@ -191,6 +191,21 @@ class FlatParamUnit:
         buf.holder = self
         self._held.append(buf)
 
+    def take_staged(self, stage: GatherBuffer, buf: GatherBuffer) -> None:
+        """Move a prefetch gathered into ``stage`` into ``buf`` (the buffer the graph's views read)."""
+        stage.wait()
+        n = self.layout.padded_numel
+        if buf.array is None or buf.array.size < n:
+            if buf.array is not None and not buf.drop_if_unviewed():
+                raise RuntimeError(f"FSDP unit {self.name or '<root>'}: its gather buffer was re-allocated "
+                                   "smaller by another unit whose saved views still use it")
+            buf.array = stage.array if stage.array.size == n else stage.array[:n].copy()
+        else:
+            buf.array[:n] = stage.array[:n]
+        stage.array = None
+        buf.holder = self
+        self._held.append(buf)
+
     def bind(self, buf: GatherBuffer) -> None:
         """Point the original parameters at views of ``buf`` (waiting for a prefetch first)."""
         buf.wait()
@@ -225,15 +240,17 @@ class FlatParamUnit:
     def holds(self, buf: GatherBuffer) -> bool:
         return buf.holder is self
 
-    def add_grad(self, flat_grad) -> None:
-        """Accumulate this rank's averaged gradient shard into ``flat_param.grad`` (master dtype)."""
+    def add_grad(self, flat_grad, owned: bool = False) -> None:
+        """Accumulate this rank's averaged gradient shard into ``flat_param.grad`` (master dtype);
+        ``owned``: the caller hands ``flat_grad`` over (it becomes the gradient without a copy)."""
         g = flat_grad.astype(self.master_dtype, copy=False)
+        owned = owned or g is not flat_grad
         if self.offload:
             g = _backend.to_device(g, "cpu")
         if self.group is None and g.shape[0] != self.layout.shard_size:
             g = g[:self.layout.shard_size]
         fp = self.flat_param
         if fp.grad is None:
-            fp.grad = Tensor._wrap(g.copy())
+            fp.grad = Tensor._wrap(g if owned else g.copy())
         else:
             fp.grad.data += g

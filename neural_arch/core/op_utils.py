@@ -1,0 +1,136 @@
+"""The plumbing every differentiable op shares: the array module of an input, the output Tensor
+(``_result``), "does anything need a gradient?" (``_needs``), device checks, a scalar-or-Tensor
+operand, undoing broadcasting in a backward (``unbroadcast``), reduction axes, and a scatter-add
+that works on NumPy and CuPy.
+
+Names keep their leading underscore: they are the ops' internals, not a public API
+(``ops_basic`` re-exports them, where the other op modules used to import them from).
+
+Example::
+
+    >>> import numpy as np
+    >>> unbroadcast(np.ones((4, 3)), (1, 3)).tolist()      # a (1, 3) input broadcast to (4, 3)
+    [[4.0, 4.0, 4.0]]
+    >>> _norm_axes(-1, 3), _norm_axes(None, 2)
+    ((2,), (0, 1))
+"""
+
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+
+from .. import backend as _backend
+from . import autograd as _ag
+from .tensor import Tensor
+
+_SCALARS = (int, float, bool)
+_bmax = builtins.max  # the reduction modules define their own sum/max/min ops
+
+
+def _xp(arr):
+    return np if type(arr) is np.ndarray else _backend.get_array_module(arr)
+
+
+def _as_array(x):
+    # Ops on 0-d arrays return NumPy scalars; a Tensor always holds an array.
+    return np.asarray(x) if isinstance(x, np.generic) else x
+
+
+def _result(data, node) -> Tensor:
+    """Build an op's output Tensor (fast path: no checks, no copies)."""
+    t = object.__new__(Tensor)
+    t.data = np.asarray(data) if isinstance(data, np.generic) else data
+    t._grad = None
+    t._hooks = None
+    t._post_hooks = None
+    t.grad_fn = node
+    t.requires_grad = node is not None
+    return t
+
+
+def scatter_add(xp, target, idx, values) -> None:
+    """``target[idx] += values`` with repeated indices accumulating (NumPy's ``add.at``)."""
+    if xp is np:
+        np.add.at(target, idx, values)
+        return
+    try:
+        xp.add.at(target, idx, values)
+    except (AttributeError, NotImplementedError, TypeError):  # older CuPy: cupyx.scatter_add
+        import cupyx  # noqa: PLC0415  (only reached with CuPy arrays)
+
+        cupyx.scatter_add(target, idx, values)
+
+
+def _same_device(datas, op: str) -> None:
+    """Raise a clear error when arrays of one op live on different devices (cheap on CPU)."""
+    if all(type(d) is np.ndarray for d in datas):
+        return
+    first = datas[0]
+    for d in datas[1:]:
+        _backend.check_same_device(first, d, op)
+
+
+def _needs(*ts) -> bool:
+    if not _ag._grad_enabled:
+        return False
+    for t in ts:
+        if t is not None and t.requires_grad:
+            return True
+    return False
+
+
+def _operand(a: Tensor, b):
+    """Return (b_data, b_tensor_or_None) for a binary op's second argument."""
+    if isinstance(b, Tensor):
+        bd = b.data
+        if type(bd) is not type(a.data):
+            _backend.check_same_device(a.data, bd, "binary op")
+        return bd, (b if b.requires_grad else None)
+    if isinstance(b, _SCALARS):
+        return b, None  # python scalars never upcast (NEP 50)
+    if isinstance(b, np.ndarray) or isinstance(b, np.generic):
+        if type(a.data) is not np.ndarray:
+            _backend.check_same_device(a.data, b, "binary op")
+        return b, None
+    if _backend.is_device_array(b):  # CuPy or a registered device type
+        _backend.check_same_device(a.data, b, "binary op")
+        return b, None
+    # lists and the like: adopt the tensor's dtype so they behave like python scalars
+    xp = _xp(a.data)
+    dt = a.data.dtype if a.data.dtype.kind in "fc" else None
+    return xp.asarray(b, dtype=dt), None
+
+
+def unbroadcast(g, shape):
+    """Sum ``g`` down to ``shape`` (undo NumPy broadcasting). No work when shapes already match."""
+    if g.shape == shape:
+        return g
+    nd = g.ndim - len(shape)
+    if nd > 0:
+        g = g.sum(axis=tuple(range(nd)))
+    axes = tuple(i for i, s in enumerate(shape) if s == 1 and g.shape[i] != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    if g.shape != shape:  # e.g. 0-d target
+        g = g.reshape(shape)
+    return g
+
+
+def _norm_axes(axis, ndim):
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, (list, tuple)):
+        return tuple(sorted(a % ndim if ndim else 0 for a in axis))
+    return ((axis % ndim) if ndim else 0,)
+
+
+def _expand_reduced(g, in_shape, axis, keepdims):
+    """Reshape a reduced gradient so it broadcasts against the input shape."""
+    if keepdims or axis is None:
+        return g  # keepdims: already aligned; axis=None: a 0-d gradient broadcasts as is
+    shape = list(in_shape)
+    for a in _norm_axes(axis, len(in_shape)):
+        shape[a] = 1
+    return g.reshape(shape)

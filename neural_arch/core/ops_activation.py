@@ -1,0 +1,256 @@
+"""Elementwise math and activations, and the softmax family: ``exp``, ``log``, ``sqrt``, ``abs``,
+``tanh``, ``sigmoid``, ``relu``, ``leaky_relu``, ``silu``, ``gelu``, ``clip``, ``where``,
+``softmax``, ``log_softmax`` (one fused node each, with its hand-derived backward).
+
+``neural_arch.core.ops_nn`` re-exports all of them (their historical home) and binds the
+Tensor methods (``x.relu()``, ``x.softmax(-1)``...).
+
+Example::
+
+    >>> import numpy as np
+    >>> from neural_arch.core.tensor import Tensor
+    >>> from neural_arch.core.ops_activation import log_softmax, relu
+    >>> relu(Tensor(np.array([-1.0, 2.0]))).tolist()
+    [0.0, 2.0]
+    >>> round(float(np.exp(log_softmax(Tensor(np.zeros(4))).data).sum()), 6)
+    1.0
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .autograd import Node
+from .op_utils import _needs, _result, _same_device, _xp, unbroadcast
+from .tensor import Tensor
+
+
+# ============================================================================ elementwise
+def exp(x: Tensor) -> Tensor:
+    xd = x.data
+    out = _xp(xd).exp(xd)
+    if not _needs(x):
+        return _result(out, None)
+    return _result(out, Node(lambda g: (g * out,), (x,), "Exp"))
+
+
+def log(x: Tensor) -> Tensor:
+    xd = x.data
+    out = _xp(xd).log(xd)
+    if not _needs(x):
+        return _result(out, None)
+    return _result(out, Node(lambda g: (g / xd,), (x,), "Log"))
+
+
+def sqrt(x: Tensor) -> Tensor:
+    xd = x.data
+    out = _xp(xd).sqrt(xd)
+    if not _needs(x):
+        return _result(out, None)
+    return _result(out, Node(lambda g: (g / (2 * out),), (x,), "Sqrt"))
+
+
+def abs(x: Tensor) -> Tensor:
+    xd = x.data
+    xp = _xp(xd)
+    out = xp.abs(xd)
+    if not _needs(x):
+        return _result(out, None)
+    return _result(out, Node(lambda g: (g * xp.sign(xd),), (x,), "Abs"))
+
+
+def tanh(x: Tensor) -> Tensor:
+    xd = x.data
+    out = _xp(xd).tanh(xd)
+    if not _needs(x):
+        return _result(out, None)
+    return _result(out, Node(lambda g: (g * (1 - out * out),), (x,), "Tanh"))
+
+
+def _sigmoid_array(xp, xd):
+    # exp(-|x|) never overflows; pick the stable form per sign.
+    e = xp.exp(-xp.abs(xd))
+    return xp.where(xd >= 0, 1 / (1 + e), e / (1 + e)).astype(xd.dtype, copy=False)
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    xd = x.data
+    out = _sigmoid_array(_xp(xd), xd)
+    if not _needs(x):
+        return _result(out, None)
+    return _result(out, Node(lambda g: (g * out * (1 - out),), (x,), "Sigmoid"))
+
+
+def relu(x: Tensor) -> Tensor:
+    xd = x.data
+    xp = _xp(xd)
+    out = xp.maximum(xd, 0)
+    if not _needs(x):
+        return _result(out, None)
+    return _result(out, Node(lambda g: (g * (xd > 0),), (x,), "Relu"))
+
+
+def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
+    xd = x.data
+    xp = _xp(xd)
+    pos = xd > 0
+    out = xp.where(pos, xd, xd * negative_slope)
+    if not _needs(x):
+        return _result(out, None)
+    return _result(out, Node(lambda g: (xp.where(pos, g, g * negative_slope),), (x,), "LeakyRelu"))
+
+
+def silu(x: Tensor) -> Tensor:
+    """``x * sigmoid(x)`` (a.k.a. swish)."""
+    xd = x.data
+    s = _sigmoid_array(_xp(xd), xd)
+    out = xd * s
+    if not _needs(x):
+        return _result(out, None)
+    return _result(out, Node(lambda g: (g * (s * (1 + xd * (1 - s))),), (x,), "Silu"))
+
+
+def _erf(xp, x):
+    """Vectorised erf (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7); NumPy has no erf."""
+    sign = xp.sign(x)
+    a = xp.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return sign * (1.0 - poly * xp.exp(-a * a))
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """GELU. ``approximate="none"``: ``x * Phi(x)`` (erf form, torch's default);
+    ``"tanh"``: the tanh approximation used by GPT-2."""
+    xd = x.data
+    xp = _xp(xd)
+    if approximate == "tanh":
+        inner = _SQRT_2_OVER_PI * (xd + 0.044715 * xd * xd * xd)
+        th = xp.tanh(inner)
+        out = 0.5 * xd * (1 + th)
+
+        def fn(g):
+            dinner = _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * xd * xd)
+            return (g * (0.5 * (1 + th) + 0.5 * xd * (1 - th * th) * dinner),)
+
+    elif approximate == "none":
+        cdf = 0.5 * (1.0 + _erf(xp, xd * _INV_SQRT_2))
+        out = xd * cdf
+
+        def fn(g):
+            pdf = _INV_SQRT_2PI * xp.exp(-0.5 * xd * xd)
+            return (g * (cdf + xd * pdf),)
+
+    else:
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    out = out.astype(xd.dtype, copy=False)
+    if not _needs(x):
+        return _result(out, None)
+    return _result(out, Node(fn, (x,), "Gelu"))
+
+
+def clip(x: Tensor, min=None, max=None) -> Tensor:
+    """Clamp to ``[min, max]`` (either may be None). Gradient is 1 inside the range, 0 outside."""
+    if min is None and max is None:
+        raise ValueError("clip: give at least one of min= or max=")
+    xd = x.data
+    xp = _xp(xd)
+    lo = min.data if isinstance(min, Tensor) else min
+    hi = max.data if isinstance(max, Tensor) else max
+    out = xd
+    if lo is not None:
+        out = xp.maximum(out, lo)
+    if hi is not None:
+        out = xp.minimum(out, hi)
+    out = out.astype(xd.dtype, copy=False)
+    if not _needs(x):
+        return _result(out, None)
+
+    def fn(g):
+        keep = True
+        if lo is not None:
+            keep = xd >= lo
+        if hi is not None:
+            keep = keep & (xd <= hi) if lo is not None else (xd <= hi)
+        return (g * keep,)
+
+    return _result(out, Node(fn, (x,), "Clip"))
+
+
+clamp = clip
+
+
+def where(cond, a, b) -> Tensor:
+    """Pick from ``a`` where ``cond`` is true, else ``b`` (broadcasting; a or b may be scalars)."""
+    cd = cond.data if isinstance(cond, Tensor) else cond
+    at = a if isinstance(a, Tensor) else None
+    bt = b if isinstance(b, Tensor) else None
+    ad = at.data if at is not None else a
+    bd = bt.data if bt is not None else b
+    arrays = [d for d in (cd, ad, bd) if hasattr(d, "dtype") and not isinstance(d, np.generic)]
+    if arrays:
+        _same_device(arrays, "where")
+    xp = _xp(arrays[0]) if arrays else np
+    out = xp.where(cd, ad, bd)
+    ra = at is not None and at.requires_grad
+    rb = bt is not None and bt.requires_grad
+    if not _needs(at if ra else None, bt if rb else None):
+        return _result(out, None)
+    ash = ad.shape if ra else None
+    bsh = bd.shape if rb else None
+
+    def fn(g):
+        zero = xp.zeros((), dtype=g.dtype)
+        return (
+            unbroadcast(xp.where(cd, g, zero), ash) if ra else None,
+            unbroadcast(xp.where(cd, zero, g), bsh) if rb else None,
+        )
+
+    return _result(out, Node(fn, (at if ra else None, bt if rb else None), "Where"))
+
+
+# ============================================================================ softmax family
+def softmax(x: Tensor, axis: int = -1, *, dim=None) -> Tensor:
+    """Softmax along ``axis`` (``dim=`` accepted as torch's alias)."""
+    if dim is not None:
+        axis = dim
+    xd = x.data
+    xp = _xp(xd)
+    e = xp.exp(xd - xd.max(axis=axis, keepdims=True))
+    out = e / e.sum(axis=axis, keepdims=True)
+    if not _needs(x):
+        return _result(out, None)
+
+    def fn(g):
+        go = g * out
+        return (go - out * go.sum(axis=axis, keepdims=True),)
+
+    return _result(out, Node(fn, (x,), "Softmax"))
+
+
+def _log_softmax_array(xp, xd, axis):
+    shifted = xd - xd.max(axis=axis, keepdims=True)
+    return shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
+
+
+def log_softmax(x: Tensor, axis: int = -1, *, dim=None) -> Tensor:
+    """Log-softmax along ``axis`` (alias ``dim=``), computed stably in one fused op."""
+    if dim is not None:
+        axis = dim
+    xd = x.data
+    xp = _xp(xd)
+    out = _log_softmax_array(xp, xd, axis)
+    if not _needs(x):
+        return _result(out, None)
+
+    def fn(g):
+        return (g - xp.exp(out) * g.sum(axis=axis, keepdims=True),)
+
+    return _result(out, Node(fn, (x,), "LogSoftmax"))

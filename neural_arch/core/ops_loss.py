@@ -1,0 +1,354 @@
+"""Losses: ``cross_entropy`` (fused softmax + negative log-likelihood, class-index or probability
+targets, ``ignore_index``, ``label_smoothing``), ``nll_loss`` and ``mse_loss``.
+
+Targets are validated without stalling a GPU: on the host out-of-range classes raise at once; on
+a device the check rides on the loss and raises when its value is read (``_CheckedLoss``), unless
+``NEURAL_ARCH_EAGER_CHECKS=1`` asks for eager checks (read through :mod:`neural_arch.config`).
+``neural_arch.core.ops_nn`` re-exports these (their historical home).
+
+Example::
+
+    >>> import numpy as np
+    >>> from neural_arch.core.tensor import Tensor
+    >>> from neural_arch.core.ops_loss import cross_entropy, mse_loss
+    >>> round(cross_entropy(Tensor(np.zeros((2, 4))), np.array([1, 3])).item(), 6)  # log(4)
+    1.386294
+    >>> mse_loss(Tensor(np.array([1.0, 3.0])), np.array([0.0, 1.0])).item()
+    2.5
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import backend as _backend
+from .. import config
+from .autograd import Node
+from .op_utils import _needs, _result, _xp, unbroadcast
+from .ops_activation import _log_softmax_array
+from .ops_reduce import sum as _sum
+from .ops_shape import getitem
+from .tensor import Tensor
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def _t(x) -> Tensor:
+    return x if isinstance(x, Tensor) else Tensor(x)
+
+
+# ============================================================================ losses
+_EAGER_CHECKS_ENV = "NEURAL_ARCH_EAGER_CHECKS"
+_TORCH_DTYPE_NAMES = {"float16": "Half", "float32": "Float", "float64": "Double", "bool": "Bool",
+                      "bfloat16": "BFloat16", "complex64": "ComplexFloat", "complex128": "ComplexDouble"}
+
+
+class TargetDtypeError(TypeError, RuntimeError):
+    """A loss target of the wrong dtype. Both a ``TypeError`` (this project's convention for bad
+    argument types) and a ``RuntimeError`` (what torch raises), so either ``except`` catches it."""
+
+
+def _eager_checks(xp) -> bool:
+    """Validate data-dependent conditions at once? Free on NumPy; on a device it would make the
+    host wait for the GPU (a sync per check), so only when ``NEURAL_ARCH_EAGER_CHECKS=1`` (debug)."""
+    return xp is np or config.get(_EAGER_CHECKS_ENV)
+
+
+def _range_error(t1, bad, C: int, ignore_index: int) -> IndexError:
+    """The error for out-of-range class targets (reads the targets on the host: error path only)."""
+    host_t = _backend.to_host(t1)
+    host_bad = _backend.to_host(bad)
+    first = int(host_t[host_bad][0]) if host_bad.any() else "?"
+    return IndexError(
+        f"cross_entropy: target {first} is out of range for {C} classes (valid: 0..{C - 1}; "
+        f"use ignore_index={ignore_index} to skip entries)"
+    )
+
+
+class _CheckedLoss(Tensor):
+    """A loss Tensor whose input validation ran on the device and is read only with its value.
+
+    On a GPU, checking targets eagerly would stall the host once per step, so ``cross_entropy``
+    computes an error flag on the device instead. Reading the loss (``item()``, ``float()``,
+    ``numpy()``, ``tolist()``, ``repr()``, ``bool()``) looks at the flag first and raises the same
+    ``IndexError`` the eager check would have. Until then the loss holds NaN where targets were out
+    of range (so a value read any other way is visibly wrong) and those rows get no gradient.
+    """
+
+    __slots__ = ()
+
+    def _check_targets(self) -> None:
+        pending = self.__dict__.pop("_pending_check", None)
+        if pending is None:
+            return
+        flag, t1, bad, C, ignore_index = pending
+        if bool(flag):  # the user asked for the value: reading the flag with it costs nothing extra
+            self.__dict__["_pending_check"] = pending  # keep raising on every read
+            raise _range_error(t1, bad, C, ignore_index)
+
+    def item(self):
+        self._check_targets()
+        return super().item()
+
+    def tolist(self):
+        self._check_targets()
+        return super().tolist()
+
+    def numpy(self):
+        self._check_targets()
+        return super().numpy()
+
+    def __array__(self, dtype=None, copy=None):
+        self._check_targets()
+        return super().__array__(dtype, copy)
+
+    def __bool__(self) -> bool:
+        self._check_targets()
+        return super().__bool__()
+
+    def __repr__(self) -> str:
+        self._check_targets()
+        return super().__repr__()
+
+    def detach(self) -> Tensor:
+        out = super().detach()
+        pending = self.__dict__.get("_pending_check")
+        if pending is not None:
+            out.__class__ = _CheckedLoss
+            out.__dict__["_pending_check"] = pending
+        return out
+
+
+def _target_array(xp, ld, target):
+    """The target's array on the logits' device (host targets are copied over; a device target
+    with host logits is an error)."""
+    td = target.data if isinstance(target, Tensor) else target
+    if xp is np and type(td) is np.ndarray:
+        return td
+    if _backend.is_device_array(td):
+        _backend.check_same_device(ld, td, "cross_entropy")  # device targets with host logits: refuse
+        return td
+    return xp.asarray(td)  # host data (for device logits: one host-to-device copy)
+
+
+def cross_entropy(logits: Tensor, target, ignore_index: int = -100, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
+    """Softmax cross-entropy from raw ``logits`` (fused op), with class-index or probability targets.
+
+    Shapes follow torch: logits ``(N, C)`` with target ``(N,)``; ``(C,)`` with a scalar target; or
+    ``(N, C, d1, ...)`` with target ``(N, d1, ...)``.
+
+    * **Class indices** (integer target): entries equal to ``ignore_index`` add nothing, and
+      ``"mean"`` divides by the number of non-ignored targets (NaN when there is none, like torch).
+      A floating-point target of a different shape than the logits is refused like torch does
+      (``expected scalar type Long``): convert it with ``target.long()``.
+    * **Probabilities** (floating-point target of the logits' shape, "soft labels"): the loss of
+      each sample is ``-sum_c target_c * log_softmax(logits)_c``; ``"mean"`` divides by the number
+      of samples. The target may require grad.
+
+    ``label_smoothing`` mixes the target with the uniform distribution, as torch does.
+
+    Out-of-range class targets raise ``IndexError``: at once for NumPy arrays (free); for device
+    arrays the check runs on the device and raises when the loss is read (``.item()``,
+    ``float()``, ``.numpy()``, ``repr``), so a training step never waits for the GPU.
+    ``NEURAL_ARCH_EAGER_CHECKS=1`` checks eagerly on devices too (debugging; one sync per call).
+    """
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"cross_entropy: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    ld = logits.data
+    if ld.ndim == 0:
+        raise ValueError("cross_entropy: logits must have at least 1 dimension (the classes)")
+    xp = _xp(ld)
+    td = _target_array(xp, ld, target)
+    kind = td.dtype.kind
+    if kind == "f" and td.shape == ld.shape:
+        tt = target if isinstance(target, Tensor) and target.requires_grad else None
+        return _cross_entropy_probs(logits, tt, td, xp, reduction, label_smoothing)
+    if kind not in "iu":
+        found = _TORCH_DTYPE_NAMES.get(str(td.dtype), str(td.dtype))
+        raise TargetDtypeError(
+            f"cross_entropy: expected scalar type Long but found {found}: a class-index target "
+            f"(shape {td.shape}) must hold integers; convert it with target.long() (or "
+            f".astype(np.int64)). Probability targets must be floating point with the logits' "
+            f"shape {ld.shape}"
+        )
+    # Move the class axis last: (N, C, d...) -> (N, d..., C).
+    lm = xp.moveaxis(ld, 1, -1) if ld.ndim > 2 else ld
+    C = lm.shape[-1]
+    l2 = lm.reshape(-1, C)
+    t1 = td.reshape(-1)
+    if t1.shape[0] != l2.shape[0]:
+        raise ValueError(
+            f"cross_entropy: target shape {td.shape} does not match logits shape {ld.shape}"
+        )
+    valid = t1 != ignore_index
+    bad = valid & ((t1 < 0) | (t1 >= C))
+    eager = _eager_checks(xp)
+    if eager:
+        if bool(bad.any()):
+            raise _range_error(t1, bad, C, ignore_index)
+        keep = valid
+    else:
+        # No host sync: out-of-range rows are flagged on the device, give NaN and no gradient.
+        keep = valid & ~bad
+    safe_t = xp.where(keep, t1, 0)
+    logp = _log_softmax_array(xp, l2, -1)
+    rows = xp.arange(l2.shape[0])
+    nll = -logp[rows, safe_t]
+    if label_smoothing:
+        nll = (1 - label_smoothing) * nll - label_smoothing * logp.mean(axis=-1)
+    nll = nll * keep
+    if not eager:
+        nll = xp.where(bad, math.nan, nll)
+    if eager:
+        count = int(valid.sum())
+        denom = max(count, 1)
+        if reduction == "mean":
+            # No valid target at all gives nan, like torch (0/0).
+            out = nll.sum() / count if count else nll.sum() * float("nan")
+    else:
+        countf = valid.sum().astype(xp.result_type(ld.dtype, np.float32))  # float16 would overflow
+        denom = xp.maximum(countf, 1)
+        if reduction == "mean":
+            out = nll.sum() / countf  # 0/0 = nan when every target is ignored, like torch
+    if reduction == "sum":
+        out = nll.sum()
+    elif reduction == "none":
+        out = nll.reshape(td.shape)
+    out = xp.asarray(out, dtype=ld.dtype)
+    res = _result(out, None)
+    if _needs(logits):
+        lshape = ld.shape
+
+        def fn(g):
+            p = xp.exp(logp)
+            p[rows, safe_t] -= 1 - label_smoothing
+            if label_smoothing:
+                p -= label_smoothing / C
+            if reduction == "mean":
+                scale = (g / denom) * keep
+            elif reduction == "sum":
+                scale = g * keep
+            else:
+                scale = g.reshape(-1) * keep
+            p *= scale.reshape(-1, 1).astype(p.dtype, copy=False)
+            if len(lshape) > 2:
+                shp = (lshape[0],) + lshape[2:] + (C,)
+                return (xp.ascontiguousarray(xp.moveaxis(p.reshape(shp), -1, 1)),)
+            return (p.reshape(lshape),)
+
+        res = _result(out, Node(fn, (logits,), "CrossEntropy"))
+    if not eager:
+        res.__class__ = _CheckedLoss
+        res.__dict__["_pending_check"] = (bad.any(), t1, bad, C, ignore_index)
+    return res
+
+
+def _cross_entropy_probs(logits: Tensor, tt, td, xp, reduction: str, label_smoothing: float) -> Tensor:
+    """Cross-entropy with probability ("soft label") targets of the logits' shape (fused op)."""
+    ld = logits.data
+    td = td.astype(ld.dtype, copy=False)
+    if ld.ndim > 2:
+        lm, tm = xp.moveaxis(ld, 1, -1), xp.moveaxis(td, 1, -1)
+    else:
+        lm, tm = ld, td
+    C = lm.shape[-1]
+    l2 = lm.reshape(-1, C)
+    t2 = tm.reshape(-1, C)
+    if label_smoothing:
+        t2 = t2 * (1 - label_smoothing) + label_smoothing / C
+    M = l2.shape[0]
+    logp = _log_softmax_array(xp, l2, -1)
+    nll = -(t2 * logp).sum(axis=-1)
+    if reduction == "mean":
+        out = nll.sum() / M if M else nll.sum() * float("nan")
+    elif reduction == "sum":
+        out = nll.sum()
+    else:
+        out = nll.reshape(lm.shape[:-1])
+    out = xp.asarray(out, dtype=ld.dtype)
+    rl = logits.requires_grad
+    if not _needs(logits if rl else None, tt):
+        return _result(out, None)
+    lshape = ld.shape
+
+    def back(a):  # (M, C) rows -> the layout of the logits
+        if len(lshape) > 2:
+            shp = (lshape[0],) + lshape[2:] + (C,)
+            return xp.ascontiguousarray(xp.moveaxis(a.reshape(shp), -1, 1))
+        return a.reshape(lshape)
+
+    def fn(g):
+        if reduction == "mean":
+            scale = xp.broadcast_to(g / max(M, 1), (M,))
+        elif reduction == "sum":
+            scale = xp.broadcast_to(g, (M,))
+        else:
+            scale = g.reshape(-1)
+        scale = scale.reshape(-1, 1).astype(ld.dtype, copy=False)
+        gl = gt = None
+        if rl:
+            # d/dx of -sum_c t_c log_softmax(x)_c = softmax(x) * sum_c t_c - t
+            gl = back((xp.exp(logp) * t2.sum(axis=-1, keepdims=True) - t2) * scale)
+        if tt is not None:
+            gt = back(-logp * scale * (1 - label_smoothing))
+        return gl, gt
+
+    return _result(out, Node(fn, (logits if rl else None, tt), "CrossEntropy"))
+
+
+def nll_loss(log_probs: Tensor, target, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    """Negative log-likelihood of integer ``target`` under ``log_probs`` of shape (N, C)."""
+    xp = _xp(log_probs.data)
+    td = _target_array(xp, log_probs.data, target).astype(xp.int64, copy=False)
+    valid = td != ignore_index
+    safe = xp.where(valid, td, 0)
+    picked = getitem(log_probs, (xp.arange(td.shape[0]), safe)) * valid.astype(log_probs.dtype)
+    if reduction == "none":
+        return -picked
+    if reduction == "sum":
+        return -_sum(picked)
+    if xp is np:
+        return -_sum(picked) / max(int(valid.sum()), 1)
+    # On a device: divide by the count where it lives (no host sync).
+    return -_sum(picked) / xp.maximum(valid.sum(), 1).astype(log_probs.dtype)
+
+
+def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:
+    """Mean squared error (fused; ``target`` may require grad too)."""
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"mse_loss: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    input = _t(input)
+    tt = target if isinstance(target, Tensor) else None
+    td = tt.data if tt is not None else target
+    xd = input.data
+    diff = xd - td
+    sq = diff * diff
+    if reduction == "mean":
+        out = sq.mean()
+    elif reduction == "sum":
+        out = sq.sum()
+    else:
+        out = sq
+    rt = tt is not None and tt.requires_grad
+    if not _needs(input, tt if rt else None):
+        return _result(out, None)
+    n = sq.size
+    ish, tsh = xd.shape, getattr(td, "shape", ())
+    ri = input.requires_grad
+
+    def fn(g):
+        if reduction == "mean":
+            gd = diff * (g * (2.0 / n))
+        else:
+            gd = diff * (2 * g)
+        return (
+            unbroadcast(gd, ish) if ri else None,
+            unbroadcast(-gd, tsh) if rt else None,
+        )
+
+    return _result(out, Node(fn, (input if ri else None, tt if rt else None), "MseLoss"))

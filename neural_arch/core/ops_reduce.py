@@ -1,0 +1,285 @@
+"""Differentiable reductions: ``sum``, ``mean``, ``amax``/``amin``, ``max``/``min`` (all-reduce,
+per-``dim`` with indices as torch's ``return_types``, or elementwise with a second tensor),
+``maximum``/``minimum``, ``var``/``std``, and the gradient-free ``argmax``/``argmin``/``any``/``all``.
+
+Every op takes torch's ``dim``/``keepdim`` and NumPy's ``axis``/``keepdims`` spellings.
+``neural_arch.core.ops_basic`` re-exports all of them (their historical home) and binds the
+Tensor methods.
+
+Example::
+
+    >>> import numpy as np
+    >>> from neural_arch.core.tensor import Tensor
+    >>> from neural_arch.core.ops_reduce import max, sum
+    >>> x = Tensor(np.array([[1.0, 5.0], [7.0, 2.0]]))
+    >>> sum(x, dim=0).tolist(), max(x, dim=1).indices.tolist()
+    ([8.0, 7.0], [1, 0])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .autograd import Node
+from .op_utils import _as_array, _bmax, _expand_reduced, _needs, _operand, _result, _xp, unbroadcast
+from .tensor import Tensor
+
+
+def _reduce_args(dim, keepdim, axis, keepdims):
+    """Resolve torch's ``dim``/``keepdim`` and NumPy's ``axis``/``keepdims`` spellings."""
+    if axis is not None:
+        if dim is not None:
+            raise TypeError("give dim= or axis= (its NumPy alias), not both")
+        dim = axis
+    if keepdims is not None:
+        keepdim = keepdims
+    if isinstance(dim, list):
+        dim = tuple(dim)
+    return dim, bool(keepdim)
+
+
+def sum(x: Tensor, dim=None, keepdim: bool = False, *, dtype=None, axis=None,  # noqa: A001
+        keepdims=None) -> Tensor:
+    """Sum over ``dim`` (None = all, an int or a tuple); ``axis``/``keepdims`` are NumPy aliases."""
+    axis, keepdims = _reduce_args(dim, keepdim, axis, keepdims)
+    xd = x.data
+    out = xd.sum(axis=axis, keepdims=keepdims, dtype=dtype)
+    if not _needs(x):
+        return _result(out, None)
+    shape = xd.shape
+
+    def fn(g):
+        xp = _xp(xd)
+        return (xp.broadcast_to(_expand_reduced(g, shape, axis, keepdims), shape),)
+
+    return _result(out, Node(fn, (x,), "Sum", fresh=False))
+
+
+def mean(x: Tensor, dim=None, keepdim: bool = False, *, dtype=None, axis=None, keepdims=None) -> Tensor:
+    """Mean over ``dim`` (alias ``axis``). Integer tensors give a float64 mean (NumPy's rule;
+    torch refuses integer means)."""
+    axis, keepdims = _reduce_args(dim, keepdim, axis, keepdims)
+    xd = x.data
+    out = xd.mean(axis=axis, keepdims=keepdims, dtype=dtype)
+    if not _needs(x):
+        return _result(out, None)
+    shape = xd.shape
+    n = xd.size // _bmax(out.size, 1) if xd.size else 1
+
+    def fn(g):
+        xp = _xp(xd)
+        return (xp.broadcast_to(_expand_reduced(g / n, shape, axis, keepdims), shape),)
+
+    return _result(out, Node(fn, (x,), "Mean", fresh=False))
+
+
+def _minmax(x: Tensor, axis, keepdims, which):
+    xd = x.data
+    out = xd.max(axis=axis, keepdims=keepdims) if which == "Max" else xd.min(axis=axis, keepdims=keepdims)
+    if not _needs(x):
+        return _result(out, None)
+    shape = xd.shape
+
+    def fn(g):
+        o = _expand_reduced(out, shape, axis, keepdims)
+        mask = xd == o
+        # Ties share the gradient equally (a subgradient; matches torch.amax/amin).
+        count = mask.sum(axis=axis, keepdims=True)
+        return (mask * (_expand_reduced(g, shape, axis, keepdims) / count),)
+
+    return _result(out, Node(fn, (x,), which))
+
+
+def amax(x: Tensor, dim=None, keepdim: bool = False, *, axis=None, keepdims=None) -> Tensor:
+    """Maximum over ``dim`` (None = all, an int or a tuple), values only; the gradient is shared
+    equally among tied maxima (torch's ``amax``)."""
+    axis, keepdims = _reduce_args(dim, keepdim, axis, keepdims)
+    return _minmax(x, axis, keepdims, "Max")
+
+
+def amin(x: Tensor, dim=None, keepdim: bool = False, *, axis=None, keepdims=None) -> Tensor:
+    """Minimum over ``dim``, values only; ties share the gradient (torch's ``amin``)."""
+    axis, keepdims = _reduce_args(dim, keepdim, axis, keepdims)
+    return _minmax(x, axis, keepdims, "Min")
+
+
+class _ReturnType(tuple):
+    """Base of torch's ``return_types`` tuples: ``(values, indices)`` with attribute access."""
+
+    __slots__ = ()
+    _fields = ("values", "indices")
+
+    def __new__(cls, values, indices):
+        return tuple.__new__(cls, (values, indices))
+
+    values = property(lambda self: self[0])
+    indices = property(lambda self: self[1])
+
+    def __repr__(self) -> str:
+        return f"neural_arch.return_types.{type(self).__name__}(values={self[0]!r}, indices={self[1]!r})"
+
+    def __reduce__(self):
+        return (type(self), tuple(self))
+
+
+class return_types:  # lower-case: a namespace named like torch.return_types
+    """The named tuples that ``max(dim)`` / ``min(dim)`` return."""
+
+    class max(_ReturnType):
+        __slots__ = ()
+
+    class min(_ReturnType):
+        __slots__ = ()
+
+
+def _minmax_dim(x: Tensor, dim, keepdim: bool, which: str):
+    """``(values, indices)`` along one dim; the gradient goes to the selected index only."""
+    if isinstance(dim, tuple):
+        raise TypeError(
+            f"{which.lower()}(dim) takes a single dim and returns (values, indices); for several "
+            f"dims use {'amax' if which == 'Max' else 'amin'}(dim={dim})"
+        )
+    xd = x.data
+    xp = _xp(xd)
+    if xd.ndim == 0:
+        idx = xp.zeros((), dtype=xp.int64)
+        vals = xd.copy()
+    else:
+        ax = dim % xd.ndim
+        idx = (xd.argmax if which == "Max" else xd.argmin)(axis=ax, keepdims=True).astype(xp.int64)
+        vals = xp.take_along_axis(xd, idx, axis=ax)
+        if not keepdim:
+            vals, idx = vals.squeeze(ax), idx.squeeze(ax)
+    indices = _result(idx, None)
+    rtype = return_types.max if which == "Max" else return_types.min
+    if not _needs(x):
+        return rtype(_result(vals, None), indices)
+    shape = xd.shape
+
+    def fn(g):
+        if not shape:
+            return (g,)
+        ax = dim % len(shape)
+        ik = idx if keepdim else xp.expand_dims(idx, ax)
+        gk = g if keepdim else xp.expand_dims(g, ax)
+        pos = xp.arange(shape[ax]).reshape((-1,) + (1,) * (len(shape) - ax - 1))
+        return ((pos == ik) * gk,)
+
+    return rtype(_result(vals, Node(fn, (x,), which + "Dim")), indices)
+
+
+def _max_or_min(which: str, elementwise):
+    def op(x: Tensor, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
+        if isinstance(dim, Tensor) or (dim is not None and not isinstance(dim, (int, np.integer, tuple, list))):
+            return elementwise(x, dim)  # torch.max(a, b): the elementwise maximum
+        axis, keepdims = _reduce_args(dim, keepdim, axis, keepdims)
+        if axis is None:
+            return _minmax(x, None, False, which)
+        return _minmax_dim(x, axis, keepdims, which)
+
+    return op
+
+
+def maximum(a: Tensor, b) -> Tensor:
+    """Elementwise maximum (broadcasting); a tie sends half the gradient to each side (torch)."""
+    return _elementwise_extreme(a, b, "Maximum")
+
+
+def minimum(a: Tensor, b) -> Tensor:
+    """Elementwise minimum (broadcasting); a tie sends half the gradient to each side (torch)."""
+    return _elementwise_extreme(a, b, "Minimum")
+
+
+def _elementwise_extreme(a: Tensor, b, name: str) -> Tensor:
+    bd, bt = _operand(a, b)
+    ad = a.data
+    xp = _xp(ad)
+    out = xp.maximum(ad, bd) if name == "Maximum" else xp.minimum(ad, bd)
+    if not _needs(a, bt):
+        return _result(out, None)
+    ash, bsh = ad.shape, getattr(bd, "shape", ())
+    ra, rb = a.requires_grad, bt is not None
+
+    def fn(g):
+        wins = (ad > bd) if name == "Maximum" else (ad < bd)
+        share = xp.where(wins, 1.0, xp.where(ad == bd, 0.5, 0.0)).astype(g.dtype, copy=False)
+        return (
+            unbroadcast(g * share, ash) if ra else None,
+            unbroadcast(g * (1 - share), bsh) if rb else None,
+        )
+
+    return _result(out, Node(fn, (a if ra else None, bt), name))
+
+
+max = _max_or_min("Max", maximum)  # noqa: A001
+max.__name__ = "max"
+max.__doc__ = """torch's ``max``: ``max(x)`` is the largest value (ties share the gradient);
+``max(x, dim, keepdim=False)`` returns ``(values, indices)`` (``.values``/``.indices``) with the
+gradient going to the selected index; ``max(x, other_tensor)`` is :func:`maximum`. For values
+over several dims use :func:`amax`.
+
+>>> t = Tensor([[1.0, 5.0], [7.0, 2.0]])
+>>> t.max().item(), t.max(dim=1).values.tolist(), t.max(1).indices.tolist()
+(7.0, [5.0, 7.0], [1, 0])
+"""
+min = _max_or_min("Min", minimum)  # noqa: A001
+min.__name__ = "min"
+min.__doc__ = """torch's ``min``: the smallest value, or ``(values, indices)`` along ``dim``,
+or the elementwise :func:`minimum` with another tensor (see :func:`max`)."""
+
+
+def var(x: Tensor, dim=None, unbiased=None, keepdim: bool = False, *, correction=None, axis=None,
+        keepdims=None, ddof=None) -> Tensor:
+    """Variance over ``dim`` with torch's default Bessel correction (divide by ``n - 1``).
+
+    ``correction=0`` (or ``unbiased=False``, or NumPy's ``ddof=0``) gives the population variance.
+    """
+    axis, keepdims = _reduce_args(dim, keepdim, axis, keepdims)
+    given = [c for c in (correction, ddof) if c is not None]
+    if unbiased is not None:
+        given.append(1 if unbiased else 0)
+    if len(given) > 1:
+        raise TypeError("var: give only one of correction=, unbiased= or ddof=")
+    ddof = given[0] if given else 1
+    xd = x.data
+    mu = xd.mean(axis=axis, keepdims=True)
+    diff = xd - mu
+    n = xd.size // _bmax(mu.size, 1) if xd.size else 1
+    scale = 1.0 / (n - ddof) if n > ddof else float("nan")  # nan for n <= correction, as torch
+    out = (diff * diff).sum(axis=axis, keepdims=keepdims) * scale  # python float: dtype kept
+    if not _needs(x):
+        return _result(out, None)
+    shape = xd.shape
+
+    def fn(g):
+        return (_expand_reduced(g, shape, axis, keepdims) * (2.0 * scale) * diff,)
+
+    return _result(out, Node(fn, (x,), "Var"))
+
+
+def std(x: Tensor, dim=None, unbiased=None, keepdim: bool = False, *, correction=None, axis=None,
+        keepdims=None, ddof=None) -> Tensor:
+    """Standard deviation: ``sqrt(var(...))`` with the same arguments (torch's default ``n - 1``)."""
+    # ``** 0.5`` is Tensor.__pow__, i.e. ops_basic.pow (importing it here would be a cycle)
+    return var(x, dim, unbiased, keepdim, correction=correction, axis=axis, keepdims=keepdims,
+               ddof=ddof) ** 0.5
+
+
+def _index_reduce(name: str):
+    def op(x: Tensor, dim=None, keepdim: bool = False, *, axis=None, keepdims=None) -> Tensor:
+        axis, keepdims = _reduce_args(dim, keepdim, axis, keepdims)
+        out = getattr(x.data, name)(axis=axis, keepdims=keepdims)
+        if name in ("argmax", "argmin"):
+            out = _as_array(out).astype(_xp(x.data).int64, copy=False)  # torch's index dtype
+        return _result(out, None)
+
+    op.__name__ = name
+    op.__doc__ = f"torch's ``{name}(dim=None, keepdim=False)`` (``axis``/``keepdims`` aliases); no gradient."
+    return op
+
+
+argmax = _index_reduce("argmax")
+argmin = _index_reduce("argmin")
+# Not module-level `any`/`all`: this module still uses Python's builtins of those names.
+_any = _index_reduce("any")
+_all = _index_reduce("all")

@@ -1,0 +1,437 @@
+"""``TCPStore``: the rendezvous store served by rank 0 over TCP (a small threaded server; everyone
+else connects to it, retrying while it is not up yet).
+
+The wire protocol is length-prefixed binary frames; the store **never unpickles** anything it
+receives.
+
+Authentication (:mod:`neural_arch.distributed.comm.transport.handshake`, shared with the TCP mesh
+and the node agent): every connection must pass a mutual HMAC-SHA256 challenge before its first
+request. The key is ``auth_token`` (bytes or str, passed explicitly -- the process-group code reads
+``NEURAL_ARCH_AUTH_TOKEN``; the store never reads the environment). Without a token, a master on a
+loopback address makes a random per-job secret in a file only this user can read
+(``local_job_secret``): clients of the same user on this host find it by its key id, other users
+cannot join. Without a token on a non-loopback address no key can be shared: the store runs open
+and says so loudly once, with the line that fixes it. A connection that fails the handshake within
+``HANDSHAKE_TIMEOUT`` (or sends a malformed or oversized frame) is closed and logged; the server keeps
+serving everyone else. Bounded: ``MAX_CONNECTIONS`` clients, ``MAX_WAITERS`` blocking get/wait at once.
+
+Example::
+
+    >>> master = TCPStore("127.0.0.1", 0, world_size=2, is_master=True, timeout=5)
+    >>> worker = TCPStore("127.0.0.1", master.port, world_size=2, timeout=5)
+    >>> worker.set("addr/1", "10.0.0.2:4000"); master.get("addr/1")
+    b'10.0.0.2:4000'
+    >>> master.add("count", 2), worker.add("count", 1)
+    (2, 3)
+    >>> worker.close(); master.close()
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import socket
+import struct
+import threading
+import time
+from collections.abc import Sequence
+
+from neural_arch.distributed.comm.transport import handshake
+from neural_arch.distributed.errors import DistributedError, HandshakeError, PeerFailureError, RendezvousError
+from neural_arch.distributed.rendezvous.base import BytesLike, Store, StoreTimeoutError, _b, _keys, _to_int
+
+__all__ = ["TCPStore"]
+
+log = logging.getLogger("neural_arch.distributed.rendezvous.store")  # one logger for the store layer
+
+# -- wire protocol ------------------------------------------------------------------------------
+# on accept:   the handshake of comm.transport.handshake, purpose b"store"
+# request:     u8 op | u32 nargs | nargs * (u32 len | bytes)
+# response:    u8 status | u32 nargs | nargs * (u32 len | bytes)
+_PURPOSE = b"store"
+_HDR = struct.Struct("!BI")
+_LEN = struct.Struct("!I")
+_U64 = struct.Struct("!Q")
+MAX_ARGS = 1 << 16           # wait()/check() on many keys, never more
+MAX_FRAME = 256 << 20        # one request's payload, all arguments together
+HANDSHAKE_TIMEOUT = 5.0      # a connection that does not finish the handshake in time is dropped
+MAX_CONNECTIONS = 4096       # clients at once (each holds a thread); more are refused
+MAX_WAITERS = 2048           # blocking get/wait requests at once; more get an error, not a thread each
+
+OP_SET, OP_GET, OP_ADD, OP_CAS, OP_WAIT, OP_CHECK, OP_DELETE, OP_NUMKEYS = range(1, 9)
+ST_OK, ST_TIMEOUT, ST_ERROR, ST_CLOSED = 0, 1, 2, 3
+_WORKERS_KEY = "\x00workers"  # internal: counts connected clients (wait_for_workers)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError("connection closed by the other side")
+        got += k
+    return bytes(buf)
+
+
+def _write_frame(sock: socket.socket, code: int, args: Sequence[bytes]) -> None:
+    parts = [_HDR.pack(code, len(args))]
+    for a in args:
+        parts.append(_LEN.pack(len(a)))
+        parts.append(a)
+    sock.sendall(b"".join(parts))
+
+
+def _read_frame(sock: socket.socket) -> tuple[int, list[bytes]]:
+    """Read one frame; ``ValueError`` on a malformed or oversized one (the caller drops the peer)."""
+    code, nargs = _HDR.unpack(_recv_exact(sock, _HDR.size))
+    if nargs > MAX_ARGS:
+        raise ValueError(f"frame announces {nargs} arguments (max {MAX_ARGS})")
+    args, total = [], 0
+    for _ in range(nargs):
+        (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+        total += n
+        if total > MAX_FRAME:
+            raise ValueError(f"frame payload exceeds {MAX_FRAME} bytes")
+        args.append(_recv_exact(sock, n))
+    return code, args
+
+
+class _State:
+    """The master's dictionary and the logic of every operation (shared by socket and local clients)."""
+
+    def __init__(self):
+        self.data: dict[str, bytes] = {}
+        self.cond = threading.Condition()
+        self.closed = False
+        self.waiters = 0
+
+    def _wait_for(self, keys: list[str], timeout: float) -> list[str]:
+        """Wait until every key exists; return the missing ones (empty on success)."""
+        end = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                missing = [k for k in keys if k not in self.data]
+                left = end - time.monotonic()
+                if not missing or left <= 0 or self.closed:
+                    return missing
+                self.cond.wait(min(left, 1.0))
+
+    def handle(self, op: int, args: list[bytes]) -> tuple[int, list[bytes]]:
+        if op == OP_SET:
+            key, value = args[0].decode(), args[1]
+            with self.cond:
+                self.data[key] = value
+                self.cond.notify_all()
+            return ST_OK, []
+        if op in (OP_GET, OP_WAIT):
+            keys = [a.decode() for a in args[:-1]]
+            (timeout_ms,) = _U64.unpack(args[-1])
+            with self.cond:
+                if self.waiters >= MAX_WAITERS:
+                    raise ValueError(f"the store already serves {MAX_WAITERS} blocking get/wait requests; "
+                                     "retry later (is a client flooding it?)")
+                self.waiters += 1
+            try:
+                missing = self._wait_for(keys, timeout_ms / 1000.0)
+            finally:
+                with self.cond:
+                    self.waiters -= 1
+            if missing and self.closed:
+                return ST_CLOSED, []
+            if missing:
+                return ST_TIMEOUT, [k.encode() for k in missing]
+            with self.cond:
+                return ST_OK, [self.data[keys[0]]] if op == OP_GET else []
+        if op == OP_ADD:
+            key = args[0].decode()
+            amount = int(args[1].decode("ascii"))
+            with self.cond:
+                value = _to_int(self.data[key], key) + amount if key in self.data else amount
+                self.data[key] = str(value).encode("ascii")
+                self.cond.notify_all()
+            return ST_OK, [self.data[key]]
+        if op == OP_CAS:
+            key, expected, desired = args[0].decode(), args[1], args[2]
+            with self.cond:
+                current = self.data.get(key)
+                if (current is None and expected == b"") or current == expected:
+                    self.data[key] = desired
+                    self.cond.notify_all()
+                    return ST_OK, [desired]
+                return ST_OK, [expected if current is None else current]
+        if op == OP_CHECK:
+            with self.cond:
+                return ST_OK, [b"\x01" if all(a.decode() in self.data for a in args) else b"\x00"]
+        if op == OP_DELETE:
+            with self.cond:
+                found = self.data.pop(args[0].decode(), None) is not None
+            return ST_OK, [b"\x01" if found else b"\x00"]
+        if op == OP_NUMKEYS:
+            with self.cond:
+                n = sum(1 for k in self.data if not k.startswith("\x00"))
+            return ST_OK, [str(n).encode()]
+        raise ValueError(f"unknown store op {op}")
+
+
+class _Server:
+    """Threaded TCP server: one accept thread, one thread per connection (few clients, long-lived)."""
+
+    def __init__(self, host: str, port: int, token: bytes | None, state: _State):
+        self.state, self.token, self.host = state, token, host
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.sock.bind((host, port))
+        except OSError as exc:
+            self.sock.close()
+            raise DistributedError(
+                f"the rendezvous store cannot listen on {host}:{port} ({exc}); pick a free MASTER_PORT "
+                "or check that MASTER_ADDR is an address of this host") from exc
+        self.sock.listen(128)
+        self.port = self.sock.getsockname()[1]
+        self.secret_file = False
+        if self.token is None:
+            if _is_loopback(host):
+                # every client is on this host: a per-job secret only this user can read
+                self.token = handshake.local_job_secret(self.port, create=True)
+                self.secret_file = True
+            else:
+                handshake.warn_open(f"the rendezvous store on {host}:{self.port}")
+        self.conns: set = set()
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._accept_loop, name="na-store-accept", daemon=True)
+        self.thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self.state.closed:
+            try:
+                conn, addr = self.sock.accept()
+            except OSError:
+                return  # listening socket closed
+            if len(self.conns) >= MAX_CONNECTIONS:
+                log.warning("store: refused a connection from %s: %d clients already", addr, MAX_CONNECTIONS)
+                conn.close()
+                continue
+            threading.Thread(target=self._serve, args=(conn, addr), name="na-store-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket, addr) -> None:
+        with self.lock:
+            self.conns.add(conn)
+        try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                handshake.serve(conn, self.token, _PURPOSE, time.monotonic() + HANDSHAKE_TIMEOUT,
+                                where=f"store {self.host}:{self.port} (client {addr})")
+            except (HandshakeError, handshake.HandshakeRefused) as exc:
+                log.warning("store: dropped a connection: %s", exc)
+                return
+            conn.settimeout(None)
+            while not self.state.closed:
+                op, args = _read_frame(conn)
+                try:
+                    status, out = self.state.handle(op, args)
+                except (ValueError, IndexError, UnicodeDecodeError, struct.error) as exc:
+                    status, out = ST_ERROR, [str(exc).encode()]
+                _write_frame(conn, status, out)
+        except (TimeoutError, ConnectionError, OSError, handshake.AuthenticationError):
+            pass  # the client went away (normal at shutdown) or never authenticated
+        except (ValueError, struct.error) as exc:
+            log.warning("store: closed the connection from %s after a malformed frame: %s", addr, exc)
+        finally:
+            with self.lock:
+                self.conns.discard(conn)
+            conn.close()
+
+    def close(self) -> None:
+        with self.state.cond:
+            self.state.closed = True
+            self.state.cond.notify_all()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        with self.lock:
+            conns = list(self.conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self.secret_file:
+            handshake.forget_local_job_secret(self.port, self.token)
+
+
+class TCPStore(Store):
+    """Client of (and, with ``is_master=True``, host of) a TCP key-value store.
+
+    ``host``/``port``: where the master listens. The master binds **only** to ``host`` as given
+    (``"0.0.0.0"`` to accept remote workers); ``port=0`` picks a free port, read it from ``.port``.
+    ``timeout`` bounds connecting and every blocking ``get``/``wait``. ``wait_for_workers=True``
+    makes the master's constructor wait until ``world_size - 1`` workers connected.
+
+    Thread-safe: one request at a time per client object (a blocking ``get``/``wait`` holds the
+    connection until it returns), so a thread that must not queue behind another's long ``wait``
+    should open its own ``TCPStore`` client. Losing the master (rank 0 exited) raises
+    ``PeerFailureError`` at once, never a hang.
+
+    Example::
+
+        store = TCPStore("127.0.0.1", 29500, world_size=4, is_master=(rank == 0), timeout=30)
+        store.set(f"addr/{rank}", my_addr)
+        peers = [store.get(f"addr/{r}") for r in range(4)]
+    """
+
+    def __init__(self, host: str, port: int, world_size: int | None = None, is_master: bool = False,
+                 timeout: float = 300.0, auth_token: BytesLike | None = None, wait_for_workers: bool = False):
+        self.host, self.world_size, self.is_master = host, world_size, is_master
+        self.timeout = float(timeout)
+        self._token = None if auth_token is None or auth_token == "" else _b(auth_token)
+        #: the key every connection of this job proves (the token, or the per-user job secret, or
+        #: None when the store runs open): the TCP mesh derives its own key from it
+        self.job_secret: bytes | None = self._token
+        self._lock = threading.Lock()  # one request at a time on the shared socket
+        self._sock: socket.socket | None = None
+        self._server: _Server | None = None
+        self._state: _State | None = None
+        if is_master:
+            self._state = _State()
+            self._server = _Server(host, port, self._token, self._state)
+            self.port = self._server.port
+            self.job_secret = self._server.token
+            if wait_for_workers and world_size and world_size > 1:
+                self._wait_for_workers(world_size - 1)
+        else:
+            self.port = int(port)
+            self._connect()
+            self._request(OP_ADD, [_WORKERS_KEY.encode(), b"1"])
+
+    def _wait_for_workers(self, expected: int) -> None:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            got = int(self._state.data.get(_WORKERS_KEY, b"0"))
+            if got >= expected:
+                return
+            if time.monotonic() > deadline:
+                self.close()
+                raise RendezvousError(f"TCPStore master on {self.host}:{self.port}: only {got} of {expected} "
+                                      f"workers connected within {self.timeout:.1f} s; check that every rank "
+                                      "started and uses the same MASTER_ADDR/MASTER_PORT")
+            time.sleep(0.01)
+
+    # -- connection -----------------------------------------------------------------------------
+    def _connect(self) -> None:
+        deadline, delay, last = time.monotonic() + self.timeout, 0.01, None
+        while True:
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=max(0.1, deadline - time.monotonic()))
+            except OSError as exc:  # not up yet: retry with backoff
+                last = exc
+                if time.monotonic() + delay > deadline:
+                    raise RendezvousError(
+                        f"could not reach the rendezvous store at {self.host}:{self.port} within "
+                        f"{self.timeout:.1f} s ({last}); check that rank 0 started and that MASTER_ADDR/"
+                        "MASTER_PORT are the same on every rank") from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+                continue
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                key = self._token if self._token is not None else functools.partial(
+                    _local_secret, self.port)
+                where = f"the rendezvous store at {self.host}:{self.port} (connecting client)"
+                self.job_secret = handshake.greet(sock, key, _PURPOSE, time.monotonic() + HANDSHAKE_TIMEOUT,
+                                                  where=where)
+                sock.settimeout(None)
+            except BaseException:
+                sock.close()
+                raise
+            self._sock = sock
+            return
+
+    def _request(self, op: int, args: list[bytes], wait_s: float = 0.0) -> tuple[int, list[bytes]]:
+        if self._state is not None:  # the master talks to its own dictionary directly
+            if self._state.closed:
+                raise DistributedError("this TCPStore was closed")
+            status, out = self._state.handle(op, args)
+        else:
+            with self._lock:
+                if self._sock is None:
+                    raise DistributedError("this TCPStore was closed")
+                # the server answers blocking ops itself at their deadline; the margin covers the network
+                self._sock.settimeout(wait_s + max(self.timeout, 5.0))
+                try:
+                    _write_frame(self._sock, op, args)
+                    status, out = _read_frame(self._sock)
+                except (OSError, ValueError, struct.error) as exc:
+                    self._sock.close()
+                    self._sock = None
+                    raise PeerFailureError(
+                        f"lost the rendezvous store at {self.host}:{self.port} ({exc}); rank 0 (which hosts "
+                        "it) probably exited or crashed -- look at its log first") from exc
+        if status == ST_ERROR:
+            raise ValueError(out[0].decode(errors="replace") if out else "store error")
+        if status == ST_CLOSED:
+            raise PeerFailureError(f"the rendezvous store at {self.host}:{self.port} shut down while this rank "
+                                   "waited on it: rank 0 (which hosts it) exited -- look at its log first")
+        return status, out
+
+    # -- the interface --------------------------------------------------------------------------
+    def set(self, key: str, value: BytesLike) -> None:
+        self._request(OP_SET, [key.encode(), _b(value)])
+
+    def get(self, key: str) -> bytes:
+        status, out = self._request(OP_GET, [key.encode(), _U64.pack(int(self.timeout * 1000))], self.timeout)
+        if status == ST_TIMEOUT:
+            raise StoreTimeoutError(f"store key {key!r} did not appear within {self.timeout:.1f} s; "
+                                    "the rank that should set it did not start, crashed, or is stuck")
+        return out[0]
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._request(OP_ADD, [key.encode(), str(int(amount)).encode()])[1][0])
+
+    def compare_set(self, key: str, expected: BytesLike, desired: BytesLike) -> bytes:
+        return self._request(OP_CAS, [key.encode(), _b(expected), _b(desired)])[1][0]
+
+    def wait(self, keys: str | Sequence[str], timeout: float | None = None) -> None:
+        keys = _keys(keys)
+        t = self.timeout if timeout is None else float(timeout)
+        status, out = self._request(OP_WAIT, [k.encode() for k in keys] + [_U64.pack(int(t * 1000))], t)
+        if status == ST_TIMEOUT:
+            missing = [m.decode() for m in out]
+            raise StoreTimeoutError(f"store keys {missing} did not appear within {t:.1f} s")
+
+    def check(self, keys: str | Sequence[str]) -> bool:
+        return self._request(OP_CHECK, [k.encode() for k in _keys(keys)])[1][0] == b"\x01"
+
+    def delete_key(self, key: str) -> bool:
+        return self._request(OP_DELETE, [key.encode()])[1][0] == b"\x01"
+
+    def num_keys(self) -> int:
+        return int(self._request(OP_NUMKEYS, [])[1][0])
+
+    def close(self) -> None:
+        """Disconnect; the master also stops its server (workers then see a lost-store error)."""
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def __repr__(self) -> str:
+        return f"TCPStore({self.host}:{self.port}, master={self.is_master})"
+
+
+def _local_secret(port: int, kid: bytes) -> bytes | None:
+    return handshake.local_job_secret(port, want_id=kid)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return host in ("localhost", "::1") or socket.gethostbyname(host).startswith("127.")
+    except OSError:
+        return False
