@@ -47,8 +47,8 @@ def restart_count(environ: Mapping[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
     try:
         ours = config.get("NEURAL_ARCH_RESTART_COUNT", env)
-    except ValueError:
-        raise ValueError(f"NEURAL_ARCH_RESTART_COUNT={env.get('NEURAL_ARCH_RESTART_COUNT')!r} is not an integer") from None
+    except ValueError as exc:  # the table's message names the value; say what it means here
+        raise ValueError(f"{exc}: the restart count is not an integer") from None
     value = ours or env.get("TORCHELASTIC_RESTART_COUNT") or "0"
     try:
         return int(value)
