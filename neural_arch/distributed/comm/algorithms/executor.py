@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -202,8 +202,8 @@ class CompiledPlan(NamedTuple):
 class PlanExecutor:
     """Mixin with the collective primitives of :class:`GlooBackend`.
 
-    Needs from the host class: ``_t`` (the transport), ``_peers`` (group rank -> transport
-    rank), ``_rank``, ``_size``, ``_coll_channel`` and ``_scratch(dtype, n, slot)``.
+    Its contract with the host class is declared below, not only described: the attributes it
+    reads (annotated) and :meth:`_scratch`, which the host must override (the default raises).
 
     The one plan cache is ``_compiled_plans``: ``(op, nelems, dtype[, root], forced algorithm)`` ->
     :class:`CompiledPlan` (plans are built on a cache miss only, by the pure builders of ``plans``).
@@ -213,6 +213,16 @@ class PlanExecutor:
 
     _force_algo: Optional[str] = None
     _compiled_plans: Dict[tuple, CompiledPlan]
+    # -- what the host class provides ---------------------------------------------------------------
+    _t: Any                 # the transport (send/recv of slices over channels)
+    _peers: Sequence[int]   # group rank -> transport rank
+    _rank: int              # this rank in the group
+    _size: int              # group size
+    _coll_channel: int      # the channel block of this group's collectives
+
+    def _scratch(self, dtype, n: int, slot: str) -> np.ndarray:
+        """A reusable receive buffer of ``n`` elements for ``slot`` (the host class owns buffers)."""
+        raise NotImplementedError(f"{type(self).__name__} must provide _scratch(dtype, n, slot) to run plans")
 
     # -- the public testing seam ------------------------------------------------------------------
     @contextlib.contextmanager
