@@ -39,7 +39,6 @@ import os
 import pickle
 import struct
 import sys
-import tempfile
 from collections import OrderedDict
 
 import numpy as np
@@ -47,13 +46,13 @@ import numpy as np
 from . import backend as _backend
 from .core import dtypes as _dtypes
 from .core.tensor import Tensor
+from .utils.atomic_file import atomic_write_bytes
 
 __all__ = ["WeightsOnlyUnpicklingError", "load", "save"]
 
 _FORMAT = "neural_arch.save/1"
 _META_KEY = "neural_arch"
 _PICKLE_MAGIC = b"NEURAL_ARCH_PICKLE/1\n"
-_TMP_MARK = ".tmp-"  # same marker as distributed.run.elastic: its cleanup removes our leftovers
 _SAFETENSORS_DTYPES = {"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
                        "float16", "float32", "float64"}
 _SAFE_TYPES = "Tensors, NumPy/CuPy arrays and scalars, dict/OrderedDict/list/tuple, str, int, float, bool, None"
@@ -367,31 +366,7 @@ def _write(f, payload: bytes) -> None:
     if hasattr(f, "write"):
         f.write(payload)
         return
-    path = os.fspath(f)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + _TMP_MARK)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(payload)
-            out.flush()
-            os.fsync(out.fileno())  # the data is on disk before the name points at it
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:  # make the rename itself durable (POSIX; not possible on Windows)
-        dfd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
+    atomic_write_bytes(os.fspath(f), payload, sync_dir=True)  # the rename itself durable too
 
 
 def _read(f) -> bytes:

@@ -29,6 +29,7 @@ MODULES = [
     "neural_arch.core.ops_conv",
     "neural_arch.core.ops_norm",
     "neural_arch.serialization",
+    "neural_arch.utils.atomic_file",
 ]
 
 

@@ -53,6 +53,7 @@ from neural_arch.distributed.checkpoint.storage import (
     read_metadata,
     write_json_atomic,
 )
+from neural_arch.utils.atomic_file import TMP_MARK
 
 __all__ = ["async_save", "load", "remove_orphans", "save", "verify"]
 
@@ -493,7 +494,7 @@ def remove_orphans(checkpoint_id) -> int:
     except FileNotFoundError:
         return 0
     for name in names:
-        if name.startswith("__") and name not in keep or ".tmp-" in name:
+        if name.startswith("__") and name not in keep or TMP_MARK in name:  # an interrupted atomic write
             try:
                 os.unlink(os.path.join(directory, name))
                 removed += 1

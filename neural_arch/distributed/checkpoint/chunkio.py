@@ -43,20 +43,20 @@ import collections
 import json
 import os
 import struct
-import tempfile
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from neural_arch.distributed.checkpoint.sharded import Region, copy_overlap, overlap_runs
+from neural_arch.utils.atomic_file import atomic_file
+from neural_arch.utils.atomic_file import write_all as _write_all
 
 __all__ = ["CHECK_BLOCK", "ChunkReader", "verify_file", "write_data_file"]
 
 CHECK_BLOCK = 1 << 20      # bytes per CRC-32; recorded per file, so readers follow whatever was written
 _ALIGN = 64                # data start alignment
 _IOV_MAX = 512             # buffers per preadv call (Linux allows 1024)
-_TMP_MARK = ".tmp-"        # what remove_orphans looks for
 _IO_BATCH = 8 << 20        # bytes per read (then checksummed while in the cache)
 _RUN_LIMIT = 4096          # more contiguous runs than this per piece: read the chunk whole, copy with NumPy
 _CHECK_LAG = 2 * _IO_BATCH  # bytes read but not yet checksummed, at most (a bad block surfaces soon)
@@ -91,11 +91,6 @@ def _host_bytes(array) -> tuple[np.ndarray, np.ndarray]:
     return a, a.reshape(-1).view(np.uint8)
 
 
-def _write_all(fd: int, view: memoryview) -> None:
-    while len(view):
-        view = view[os.write(fd, view):]
-
-
 def write_data_file(path: str, tensors: dict, block: int | None = None) -> tuple[dict, dict]:
     """Write ``{name: array}`` to ``path`` as a safetensors file, atomically (temp + fsync + rename).
 
@@ -118,28 +113,15 @@ def write_data_file(path: str, tensors: dict, block: int | None = None) -> tuple
     text += b" " * (-(8 + len(text)) % _ALIGN)
     head = struct.pack("<Q", len(text)) + text
     start = len(head)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + _TMP_MARK)
-    try:
-        try:
-            _write_all(fd, memoryview(head))
-            for name, raw in arrays.items():
-                view, crcs = memoryview(raw), []
-                for o in range(0, len(view), block):
-                    piece = view[o:o + block]
-                    crcs.append(zlib.crc32(piece))  # while the block is hot in the cache
-                    _write_all(fd, piece)
-                infos[name] = {"offset": start + header[name]["data_offsets"][0], "nbytes": len(view), "crc32": crcs}
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_file(path) as fd:
+        _write_all(fd, memoryview(head))
+        for name, raw in arrays.items():
+            view, crcs = memoryview(raw), []
+            for o in range(0, len(view), block):
+                piece = view[o:o + block]
+                crcs.append(zlib.crc32(piece))  # while the block is hot in the cache
+                _write_all(fd, piece)
+            infos[name] = {"offset": start + header[name]["data_offsets"][0], "nbytes": len(view), "crc32": crcs}
     return {"size": start + at, "block_bytes": block, "header_crc32": zlib.crc32(head)}, infos
 
 

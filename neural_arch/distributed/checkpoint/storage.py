@@ -11,7 +11,7 @@ Data files are written by :mod:`~neural_arch.distributed.checkpoint.chunkio` in 
 pass (temp file + fsync + rename). During a save each rank also writes
 ``__<rank>_U.manifest.json`` (its file's size and each chunk's offset and checksums) which rank 0
 collects and deletes when it commits. Small files go through
-:func:`neural_arch.distributed.run.elastic.atomic_write_bytes` (temp file + fsync + rename), and
+:func:`neural_arch.utils.atomic_file.atomic_write_bytes` (temp file + fsync + rename), and
 the directory is fsynced after each rename, so a crash leaves either the old or the new file.
 
 Format versions: 2 (CRC-32 per block, offsets in the metadata) is written; 1 (a blake2b digest
@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 
-from neural_arch.distributed.run.elastic import atomic_write_bytes
+from neural_arch.utils.atomic_file import atomic_write_bytes, fsync_dir  # noqa: F401 - fsync_dir re-exported
 
 __all__ = [
     "METADATA_NAME",
@@ -73,22 +73,8 @@ def file_sha256(path: str, block: int = 1 << 24) -> str:
             h.update(data)
 
 
-def fsync_dir(path: str) -> None:
-    """Make renames inside ``path`` durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_json_atomic(path: str, obj) -> None:
-    atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode())
+    atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode(), make_dirs=True)
 
 
 def read_metadata(checkpoint_id: str) -> dict:

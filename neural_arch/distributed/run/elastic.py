@@ -26,14 +26,14 @@ import fnmatch
 import io
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 
 from neural_arch import config
+from neural_arch.utils.atomic_file import TMP_MARK as _TMP_MARK
+from neural_arch.utils.atomic_file import atomic_write_bytes as _atomic_write_bytes
 
 __all__ = ["atomic_write_bytes", "find_latest_checkpoint", "remove_interrupted_writes", "restart_count", "save_npz_atomic"]
 
-_TMP_MARK = ".tmp-"
 
 
 def restart_count(environ: Mapping[str, str] | None = None) -> int:
@@ -126,22 +126,9 @@ def remove_interrupted_writes(directory: str) -> int:
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers never see a partial file (temp + fsync + replace)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + _TMP_MARK)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Write ``data`` to ``path`` so that readers never see a partial file (temp + fsync + replace;
+    the folder is created if missing). See :mod:`neural_arch.utils.atomic_file`."""
+    _atomic_write_bytes(path, data, make_dirs=True)
 
 
 def save_npz_atomic(path: str, **arrays) -> None:
