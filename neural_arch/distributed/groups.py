@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from neural_arch.distributed import config
 from neural_arch.distributed.comm import get_backend_class
 from neural_arch.distributed.comm.local import LocalBackend
+from neural_arch.distributed.comm.transport.engine import host_identity as _host_identity  # the transport's "same host"
 from neural_arch.distributed.errors import DistributedError, NotInitializedError
 
 __all__ = [
@@ -374,12 +375,6 @@ def _create_backend(name, store, rank, world_size, timeout, rendezvous_timeout, 
     if name == "gloo" and token is not None:
         options = dict(options, auth_token=token)
     return cls.create(scoped, rank, world_size, timeout, **options), layout
-
-
-def _host_identity() -> str:
-    from neural_arch.distributed.comm.transport.engine import host_identity  # the transport's notion of "same host"
-
-    return host_identity()
 
 
 def _host_layout(hosts: list[str], rank: int) -> dict[str, int]:

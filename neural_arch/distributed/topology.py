@@ -27,6 +27,8 @@ import os
 import socket
 from dataclasses import asdict, dataclass, field
 
+from neural_arch.distributed.comm.transport.engine import host_identity as _host_identity
+
 __all__ = ["RankInfo", "Topology", "discover", "gpus", "interfaces", "local_info", "main", "numa_nodes"]
 
 
@@ -129,12 +131,6 @@ class RankInfo:
     local_rank: int = 0
     local_world_size: int = 1
     node_rank: int = 0
-
-
-def _host_identity() -> str:
-    from neural_arch.distributed.comm.transport.engine import host_identity
-
-    return host_identity()
 
 
 def local_info(rank: int = 0) -> RankInfo:

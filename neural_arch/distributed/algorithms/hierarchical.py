@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from neural_arch.distributed.comm.transport.engine import host_identity
 from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.process_group import GroupMember, ProcessGroup
 
@@ -89,11 +90,13 @@ class HostGroups:
 
 
 def host_key() -> int:
-    """This process's host identity as an int64 (arrays on the wire, no pickle)."""
-    from neural_arch.distributed.groups import _host_identity  # the identity rendezvous uses
+    """This process's host identity (the one rendezvous and the transports use) as an int64."""
+    return identity_key(host_identity())
 
-    digest = hashlib.blake2b(_host_identity().encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
+
+def identity_key(text: str) -> int:
+    """An identity string as an int64 (arrays on the wire, no pickle)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
 
 
 def hosts_from_keys(keys) -> list[list[int]]:

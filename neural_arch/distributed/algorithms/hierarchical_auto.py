@@ -47,8 +47,6 @@ Example (every rank of 2 hosts x 2 ranks)::
 
 from __future__ import annotations
 
-import hashlib
-import socket
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,10 +56,12 @@ from neural_arch.distributed.algorithms.hierarchical import (
     choose_algorithm,
     host_key,
     hosts_from_keys,
+    identity_key,
     run_leader,
     run_two_d,
     wire_op,
 )
+from neural_arch.distributed.comm.transport.engine import machine_identity
 from neural_arch.distributed.process_group import FLAT_ALWAYS as _NEVER
 
 __all__ = ["MIN_BYTES", "all_reduce", "all_reduce_algorithm", "min_bytes", "setting"]
@@ -108,15 +108,9 @@ def min_bytes(pg) -> float:
 
 
 def machine_key() -> int:
-    """This physical machine as an int64: hostname and kernel boot id, *ignoring*
-    ``NEURAL_ARCH_HOST_ID`` (which only splits a machine into simulated hosts for transports)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = "?"
-    digest = hashlib.blake2b(f"{socket.gethostname()}/{boot}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
+    """This physical machine as an int64, *ignoring* ``NEURAL_ARCH_HOST_ID`` (which only splits a
+    machine into simulated hosts for transports)."""
+    return identity_key(machine_identity())
 
 
 @dataclass

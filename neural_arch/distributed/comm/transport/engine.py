@@ -469,8 +469,12 @@ def host_identity() -> str:
     containers that do *not* share ``/dev/shm`` apart.
     """
     forced = (config.get(HOST_ID_ENV) or "").strip()
-    if forced:
-        return forced
+    return forced or machine_identity()
+
+
+def machine_identity() -> str:
+    """This physical machine: hostname + kernel boot id, *ignoring* ``NEURAL_ARCH_HOST_ID`` (which
+    only splits a machine into simulated hosts)."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
