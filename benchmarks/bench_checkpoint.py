@@ -19,8 +19,10 @@ temporary directory):
    the N ranks at once into file-sized buffers (the load's buffer policy, no checksum, no scatter). The load target is an initialised model (every page touched), as when
    training resumes. Throughput = checkpoint bytes / wall time between barriers.
 3. **async_save vs save**: how long the training loop is blocked (the call's return) by
-   ``async_save`` (plan exchange + staging copy) versus a whole ``save``; the first call (which
-   allocates the staging buffers) is reported apart from the steady state (which reuses them).
+   ``async_save`` (plan exchange + staging copy) versus a whole ``save`` (barrier to barrier,
+   fsync and commit included); per repetition the slowest rank's blocking time counts (its next
+   collective holds the others back); the first call (which allocates the staging buffers) is
+   reported apart from the steady state (which reuses them).
 4. **Recovery**: a DDP job under ``python -m neural_arch.distributed.launcher`` that saves a DCP
    checkpoint every few steps has rank 1 SIGKILLed; measured from the kill to the first training
    step after it. (a) *same size*: ``--max_restarts 1`` restarts all ranks at the same world size
@@ -39,6 +41,10 @@ Run::
     python benchmarks/bench_checkpoint.py              # ~200 MB model, N = 1, 2, 4; ~3 minutes
     python benchmarks/bench_checkpoint.py --quick      # 64 MB, N = 1, 2, shorter recovery runs
     python benchmarks/bench_checkpoint.py --dir /mnt/nvme/tmp --model-mb 512
+    python benchmarks/bench_checkpoint.py --zlib-crc   # checksums with zlib.crc32, as without isal
+
+Load's CPU time (all ranks, every thread) per GB is printed beside the wall-time ratios: on a
+shared machine it shows what the checksum costs when wall times are mostly other people's load.
 
 Writes ``benchmarks/results/bench_checkpoint.{json,txt}``. The machine is shared and small
 (2 cores, a virtual disk): numbers are medians of a few repetitions, and ratios from one run.
@@ -173,10 +179,23 @@ def gpt_shapes(target_bytes: int, n_layer: int = 8) -> dict:
     return shapes
 
 
+def _crc_impl(force_zlib: bool = False) -> str:
+    """The CRC-32 the checkpoint code uses here (``force_zlib``: make it zlib's, as without isal)."""
+    import zlib
+
+    from neural_arch.distributed.checkpoint import chunkio
+
+    if force_zlib:
+        chunkio._crc32 = zlib.crc32
+    return getattr(chunkio, "_crc32", zlib.crc32).__module__ or "zlib"
+
+
 def _rank_fn(cfg: dict) -> dict:
     import neural_arch.distributed as dist
     import neural_arch.distributed.checkpoint as dcp
     from neural_arch.distributed.checkpoint import ShardedArray
+
+    crc = _crc_impl(cfg.get("zlib_crc", False))
 
     rank, world = dist.get_rank(), dist.get_world_size()
     rng = np.random.default_rng(0)           # same values on every rank: a replicated (DDP) state
@@ -185,11 +204,16 @@ def _rank_fn(cfg: dict) -> dict:
     nbytes = sum(a.nbytes for a in state["model"].values())
     base = os.path.join(cfg["dir"], f"dcp_n{world}")
 
-    def timed(fn) -> float:
+    cpu = {}  # label: [CPU seconds of this process, every thread, per call]: robust where wall time is noisy
+
+    def timed(fn, label=None) -> float:
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
+        c1 = time.process_time()
         dist.barrier()
+        if label:
+            cpu.setdefault(label, []).append(c1 - c0)
         return time.perf_counter() - t0
 
     save_t = []
@@ -230,16 +254,16 @@ def _rank_fn(cfg: dict) -> dict:
     for _ in range(cfg["repeat"]):
         if rank == 0:
             drop_tree_cache(ckpt)
-        ref_t.append(timed(read_mine))
+        ref_t.append(timed(read_mine, "files_read_cold"))
         target = sharded_target()
         if rank == 0:
             drop_tree_cache(ckpt)
-        cold_t.append(timed(lambda t=target: dcp.load(t, ckpt)))
-        warm_t.append(timed(lambda t=target: dcp.load(t, ckpt)))
+        cold_t.append(timed(lambda t=target: dcp.load(t, ckpt), "load_cold"))
+        warm_t.append(timed(lambda t=target: dcp.load(t, ckpt), "load_cached"))
         if rank == 0:
             drop_tree_cache(ckpt)
         # the same cold load without checking the CRCs: what the checksum pass costs
-        nover_t.append(timed(lambda t=target: dcp.load(t, ckpt, verify=False)))
+        nover_t.append(timed(lambda t=target: dcp.load(t, ckpt, verify=False), "load_cold_noverify"))
     # spot check: this rank's rows equal what was saved
     k0 = "blocks.0.mlp.fc1.weight"
     t = target["model"][k0]
@@ -268,7 +292,7 @@ def _rank_fn(cfg: dict) -> dict:
     return {"world": world, "bytes": nbytes, "save_s": save_t, "load_cold_s": cold_t, "load_cached_s": warm_t,
             "files_read_cold_s": ref_t,
             "load_cold_noverify_s": nover_t, "async_block_s": block_async, "async_total_s": total_async,
-            "async_first_block_s": first_async}
+            "async_first_block_s": first_async, "crc32": crc, "cpu_s": cpu}
 
 
 # ------------------------------------------------------------------------------- recovery worker
@@ -414,6 +438,8 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=int, default=1, help="recovery trials per scenario")
     p.add_argument("--no-recovery", action="store_true")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--zlib-crc", action="store_true",
+                   help="checksum with zlib.crc32 even when isal / zlib-ng is installed (what a bare install gets)")
     p.add_argument("--dir", default=None, help="where to write (default: a new folder in the temp dir)")
     p.add_argument("--out", default=os.path.join(RESULTS, "bench_checkpoint"), help="path stem for .json/.txt")
     args = p.parse_args(argv)
@@ -425,11 +451,20 @@ def main(argv=None) -> int:
         disk = disk_speed(directory, int((args.disk_mb or args.model_mb) * 2**20), repeat=args.repeat)
         print(f"disk ({directory}): write+fsync {disk['write_gbs']:.2f} GB/s, read cold (fadvise DONTNEED) "
               f"{disk['read_cold_gbs']:.2f} GB/s, read cached {disk['read_cached_gbs']:.2f} GB/s", flush=True)
-        cfg = {"model_bytes": int(args.model_mb * 2**20), "dir": directory, "repeat": args.repeat}
+        cfg = {"model_bytes": int(args.model_mb * 2**20), "dir": directory, "repeat": args.repeat,
+               "zlib_crc": args.zlib_crc}
         dcp_rows = []
         for n in ranks:
             with RankPool(n, backend="gloo", timeout=600.0) as pool:
-                r = pool.run(_rank_fn, cfg, timeout=600.0)[0]
+                per_rank = pool.run(_rank_fn, cfg, timeout=600.0)
+            r = per_rank[0]
+            # Training is blocked until the slowest rank's async_save returns (its next collective
+            # waits for it): per repetition, the largest blocking time over the ranks.
+            r["async_block_rank0_s"] = r["async_block_s"]
+            r["async_block_s"] = [max(x) for x in zip(*(q["async_block_s"] for q in per_rank))]
+            r["async_first_block_s"] = max(q["async_first_block_s"] for q in per_rank)
+            # CPU seconds summed over the ranks, per repetition (the machine's share of the work)
+            r["cpu_s"] = {k: [sum(x) for x in zip(*(q["cpu_s"][k] for q in per_rank))] for k in r["cpu_s"]}
             gb = r["bytes"] / 1e9
             med = {k: statistics.median(r[k]) for k in ("save_s", "load_cold_s", "load_cached_s", "async_block_s",
                                                          "async_total_s", "load_cold_noverify_s", "files_read_cold_s")}
@@ -437,7 +472,8 @@ def main(argv=None) -> int:
                              "load_cold_gbs": gb / med["load_cold_s"], "load_cached_gbs": gb / med["load_cached_s"],
                              "load_cold_noverify_gbs": gb / med["load_cold_noverify_s"],
                              "files_read_cold_gbs": gb / med["files_read_cold_s"],
-                             "async_first_block_s": r["async_first_block_s"], "raw": r})
+                             "async_first_block_s": r["async_first_block_s"],
+                             "cpu_s_per_gb": {k: statistics.median(v) / gb for k, v in r["cpu_s"].items()}, "raw": r})
             print(f"  N = {n} done", flush=True)
         # The shared disk's speed drifts over minutes: measure it again after the DCP runs and
         # use the medians of all the samples as the reference.
@@ -459,8 +495,9 @@ def main(argv=None) -> int:
         shutil.rmtree(directory, ignore_errors=True)
 
     mb = dcp_rows[0]["bytes"] / 2**20 if dcp_rows else 0
+    crc = dcp_rows[0]["raw"]["crc32"] if dcp_rows else "?"
     head = (f"GPT-shaped float32 state dict of {mb:.0f} MiB; gloo; {os.cpu_count()} cpu(s), shared machine; "
-            f"medians of {args.repeat} (disk: of {2 * args.repeat}, measured before and after)")
+            f"medians of {args.repeat} (disk: of {2 * args.repeat}, measured before and after); CRC-32 from {crc}")
     t1 = format_table([[r["N"], r["save_gbs"], r["save_gbs"] / disk["write_gbs"], r["load_cold_gbs"],
                         r["load_cold_gbs"] / disk["read_cold_gbs"],
                         r["load_cold_gbs"] / disk["read_cold_placed_gbs"],
@@ -473,6 +510,14 @@ def main(argv=None) -> int:
                        "/ placed cold read", "/ same files read", "no-verify / cold read", "load cached GB/s",
                        "/ cached read", "save ms", "first async_save blocks ms", "async_save blocks ms",
                        "async / save"])
+    cpu_keys = ["load_cold", "load_cold_noverify", "load_cached", "files_read_cold"]
+    t_cpu = format_table([[r["N"], *(1e3 * r["cpu_s_per_gb"][k] for k in cpu_keys),
+                           1e3 * (r["cpu_s_per_gb"]["load_cold"] - r["cpu_s_per_gb"]["load_cold_noverify"])]
+                          for r in dcp_rows],
+                         ["N", "load cold CPU ms/GB", "no-verify", "load cached", "same files read",
+                          "checksum (cold - no-verify)"])
+    t_cpu = ("CPU time summed over the ranks (every thread, user + system), per GB loaded: steadier than "
+             "wall time on a shared machine\n\n" + t_cpu)
     disk_line = (f"disk: write+fsync {disk['write_gbs']:.2f} GB/s, read cold {disk['read_cold_gbs']:.2f} GB/s, "
                  f"read cached {disk['read_cached_gbs']:.2f} GB/s ({disk['bytes'] / 2**20:.0f} MiB file); "
                  f"read cold into a file-sized buffer ('placed') {disk['read_cold_placed_gbs']:.2f} GB/s\n"
@@ -499,11 +544,12 @@ def main(argv=None) -> int:
                       "ratio": r["restart_s"], "met": r["restart_s"] <= 5.0})
     glines = [f"{'N=' + str(g['N']) + ': ' if 'N' in g else ''}{g['goal']}: {g['ratio']:.2f} -> "
               f"{'met' if g['met'] else 'NOT met'}" for g in goals]
-    text = "\n".join([head, disk_line, "", t1, "", t2, "", "Goals (issue 15):"] + glines)
+    text = "\n".join([head, disk_line, "", t1, "", t_cpu, "", t2, "", "Goals (issue 15):"] + glines)
     print("\n" + text)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     write_json(args.out + ".json", {"disk": disk, "dcp": dcp_rows, "recovery": rec, "goals": goals,
-                                    "config": {"model_mb": args.model_mb, "repeat": args.repeat, "ranks": ranks},
+                                    "config": {"model_mb": args.model_mb, "repeat": args.repeat, "ranks": ranks,
+                                               "crc32": crc},
                                     "note": "shared 2-core VM; cold reads use posix_fadvise(DONTNEED) per file "
                                             "(dropping the whole page cache needs root); N=4 oversubscribes the cores; "
                                             "recovery 4 -> 2 here is operator-driven; the automatic --nnodes 1:2 path: tests/launcher/elastic_e2e_driver.py"})

@@ -29,7 +29,9 @@ Usage::
 
 ``--hierarchical``: all_reduce over 2 "hosts" on this machine (``NEURAL_ARCH_HOST_ID`` per host: shared
 memory inside a host, TCP across), flat (the world's gloo all_reduce) vs the hierarchical leader and
-2-D forms (``algorithms/hierarchical.py``) vs ``dist.all_reduce`` (auto selection), interleaved in one
+2-D forms (``algorithms/hierarchical.py``) vs ``dist.all_reduce`` (auto selection) vs the reference
+(``leader-rings``, ``2d-rings``: the forms with the host group on the ring plans, as before sub-groups
+mapped the direct shared-memory segment), interleaved in one
 launch (every repetition runs each contender in turn, so load swings hit all alike), 1 KiB - 64 MiB;
 writes ``bench_collectives_hierarchical.{json,md,png}``.
 
@@ -275,6 +277,9 @@ def _plot(payload, path) -> None:
 
 # -- --hierarchical: flat vs the hierarchical forms on simulated hosts ------------------------------------
 HIER_CONTENDERS = ("flat", "leader", "2d", "auto")
+#: the references: the same forms with the host group's steps forced onto the ring plans (messages
+#: over the shm rings), as sub-groups ran before they got the direct shared-memory segment
+HIER_REFERENCES = ("leader-rings", "2d-rings")
 
 
 def hierarchical_worker(args) -> None:
@@ -291,11 +296,19 @@ def hierarchical_worker(args) -> None:
 
     dist.init_process_group("gloo", timeout=300)
     world = dist.get_default_group().backend
-    host_groups()                                           # collective: build the groups before timing
+    intra = host_groups().intra.backend                     # collective: build the groups before timing
+
+    def on_rings(algorithm):
+        def run(x):
+            with intra.forced_algorithm("ring"):
+                hierarchical_all_reduce(x, algorithm=algorithm)
+        return run
+
     fns = {"flat": lambda x: world.allreduce(x),
            "leader": lambda x: hierarchical_all_reduce(x, algorithm="leader"),
            "2d": lambda x: hierarchical_all_reduce(x, algorithm="2d"),
-           "auto": lambda x: dist.all_reduce(x)}
+           "auto": lambda x: dist.all_reduce(x),
+           "leader-rings": on_rings("leader"), "2d-rings": on_rings("2d")}
     results = {k: {} for k in fns}
     chosen = {}
     for nbytes in [int(s) for s in args.size_list.split(",")]:
@@ -346,11 +359,14 @@ def render_hierarchical(payload) -> str:
         flat = res["flat"][b]
         row = [_label(nbytes)] + [f"{res[k][b] * 1e6:.0f} us / {busbw('all_reduce', nbytes, res[k][b], n):.2f}"
                                   for k in HIER_CONTENDERS]
-        row += [f"{flat / res[k][b]:.2f}x" for k in ("leader", "2d", "auto")] + [payload["auto_chose"][b]]
-        rows.append(row)
-    head = ["size"] + list(HIER_CONTENDERS) + ["flat/leader", "flat/2d", "flat/auto", "auto chose"]
+        refs = [k for k in HIER_REFERENCES if k in res]     # (older result files lack them)
+        row += [f"{flat / res[k][b]:.2f}x" for k in ("leader", "2d", "auto") + tuple(refs)]
+        rows.append(row + [payload["auto_chose"][b]])
+    head = (["size"] + list(HIER_CONTENDERS) + ["flat/leader", "flat/2d", "flat/auto"]
+            + [f"flat/{k}" for k in HIER_REFERENCES if k in res] + ["auto chose"])
     return (f"all_reduce, {payload['hosts']} simulated hosts x {n // payload['hosts']} ranks (shm inside a host, "
-            "TCP across), float32: slowest rank's median latency / bus bandwidth (GB/s); >1x: faster than flat\n"
+            "TCP across), float32: slowest rank's median latency / bus bandwidth (GB/s); >1x: faster than flat; "
+            "x-rings: form x with the host group on the ring plans instead of the direct segment\n"
             + format_table(rows, head))
 
 

@@ -16,7 +16,10 @@ processes at once costs.
 The baselines are plain single-process training (no DDP wrapper) of the same framework.
 For neural_arch the report also gives the fraction of communication hidden behind backward
 (``DistributedDataParallel.comm_stats()``: time the bucket reductions ran vs. the part of it
-after backward's end), overall and **per bucket** (launch order; ``bucket_stats()``).
+after backward's end), overall and **per bucket** (launch order; ``bucket_stats()``), each
+bucket's reduction time, and the share of gradient bytes handed to communication before the last
+bucket was ready ("bytes sent before the last bucket": what could be hidden at all, independent of
+the machine's load).
 
 **Paired efficiency** (the least noisy number on a shared machine): the DDP processes alternate
 synchronised steps with ``no_sync`` steps (same processes, same moment, no communication), and
@@ -141,7 +144,13 @@ def worker_neural_arch(args) -> dict:
         out.update({k: v for k, v in ddp.comm_stats().items()})
         out["buckets"] = len(ddp.bucket_plan)
         if hasattr(ddp, "bucket_stats"):  # (absent in older checkouts measured for comparison)
-            out["bucket_bytes"] = [r["bytes"] for r in ddp.bucket_stats()]
+            stats = ddp.bucket_stats()
+            out["bucket_bytes"] = [r["bytes"] for r in stats]
+            # the share of gradient bytes handed to communication before the last bucket was
+            # ready (latest step): what had the rest of backward to hide behind, whatever the load
+            last = max(r["ready"] for r in stats)
+            out["bytes_launched_in_backward"] = (sum(r["bytes"] for r in stats if r["launched"] < last)
+                                                 / sum(r["bytes"] for r in stats))
 
         def set_sync(on):
             ddp.require_backward_grad_sync = on
@@ -320,11 +329,14 @@ def main(argv=None) -> int:
         eff_paired = statistics.median(p["efficiency"] for p in paired) if paired else None
         hidden = [p["hidden_fraction"] for p in paired if p.get("hidden_fraction") is not None]
         per_bucket = r.get("bucket_hidden_fraction")
+        comm_ms = ([1e3 * c_s / r["backwards"] for c_s in r["bucket_comm_s"]]
+                   if r.get("bucket_comm_s") and r.get("backwards") else None)
         rec = {"framework": framework, "backend": backend, "world_size": world, "bucket_cap_mb": cap,
                "step_ms": step * 1e3, "samples_per_s": world * BATCH / step, "efficiency": eff,
                "efficiency_vs_independent_pair": eff_pair, "efficiency_paired": eff_paired,
                "hidden_fraction": statistics.median(hidden) if hidden else r.get("hidden_fraction"),
-               "bucket_hidden_fraction": per_bucket, "bucket_bytes": r.get("bucket_bytes"),
+               "bytes_launched_in_backward": r.get("bytes_launched_in_backward"),
+               "bucket_hidden_fraction": per_bucket, "bucket_comm_ms": comm_ms, "bucket_bytes": r.get("bucket_bytes"),
                "buckets": r.get("buckets"), "switch_interval": args.switch_interval or None,
                "all_rounds_step_ms": [x["median_s"] * 1e3 for x in runs[c]], "all_rounds_paired": paired,
                "best_round": r}
@@ -335,9 +347,12 @@ def main(argv=None) -> int:
                      "-" if eff_pair is None else round(eff_pair, 2),
                      "-" if eff_paired is None else round(eff_paired, 2),
                      "-" if rec["hidden_fraction"] is None else round(rec["hidden_fraction"], 2),
-                     "-" if not per_bucket else " ".join(f"{h:.2f}" for h in per_bucket)])
+                     "-" if rec["bytes_launched_in_backward"] is None else round(rec["bytes_launched_in_backward"], 2),
+                     "-" if not per_bucket else " ".join(f"{h:.2f}" for h in per_bucket),
+                     "-" if not comm_ms else " ".join(f"{m:.2f}" for m in comm_ms)])
     headers = ["framework", "backend", "ranks", "bucket MB", "step ms", "samples/s", "efficiency",
-               "eff. vs independent pair", "eff. paired (no_sync/sync)", "comm hidden", "hidden per bucket"]
+               "eff. vs independent pair", "eff. paired (no_sync/sync)", "comm hidden",
+               "bytes sent before the last bucket", "hidden per bucket", "comm ms per bucket"]
     table = format_table(rows, headers)
     print("\n" + table)
     path = write_json(args.out, {"benchmark": "bench_ddp", "model": list(SIZES), "batch_per_rank": BATCH,

@@ -8,8 +8,8 @@ every rank reports, from :mod:`neural_arch.memory` (``tracemalloc`` on NumPy):
 * ``params`` / ``grads`` / ``optim``: bytes of the parameter, gradient and optimizer-state arrays
   this rank holds after backward (counted from the arrays themselves; zero-strided placeholders
   of freed FSDP parameters count as nothing);
-* ``held after fwd``: bytes the forward pass leaves alive for backward (activations, and under
-  FSDP without checkpointing also the gathered parameters the graph keeps: see below);
+* ``held after fwd``: bytes the forward pass leaves alive for backward (activations; FSDP gives
+  the memory of its gather buffers back after forward, see below);
 * ``peak``: ``max_memory_allocated()`` over one whole step (forward, backward, optimizer step),
   from ``reset_peak_memory_stats()`` before the forward, minus what was allocated before the
   model was built: everything the rank held at its worst moment, communication buffers included;
@@ -18,23 +18,27 @@ every rank reports, from :mod:`neural_arch.memory` (``tracemalloc`` on NumPy):
 
 Strategies: ``DDP`` (default buckets, a separate bucket copy of the gradients), ``ZeRO-1``
 (DDP + ``ZeroRedundancyOptimizer``), ``ZeRO-2`` (``ZeroRedundancyOptimizer(stage=2)``, no DDP),
-``FSDP`` (FULL_SHARD, one unit per ``TransformerBlock`` + the root), ``FSDP+AC`` (the same with
-every block checkpointed), and ``DDP+AC`` (a clean activation-checkpointing comparison: DDP
+``FSDP`` (FULL_SHARD, one unit per ``TransformerBlock`` + the root, torch's defaults:
+``backward_prefetch=BACKWARD_PRE``), ``FSDP-post`` (the same with ``BACKWARD_POST``: the next
+unit is gathered once the current one's gradients are final, so the two never coexist),
+``FSDP+AC`` (``FSDP`` with every block checkpointed), and ``DDP+AC`` (a clean activation-checkpointing comparison: DDP
 keeps no gathered parameters in its graph).
 
 The issue's goals, checked at the end of the run and written to the JSON:
 
 1. FSDP's peak per rank <= DDP's model-state bytes (params + grads + Adam) / N + the largest unit
-   (within 10%). FULL_SHARD frees a unit after its forward and re-gathers it before its backward
-   into a buffer the blocks share (the saved views read it; see ``parallel/sharded/unit.py``);
+   (within 10%). FULL_SHARD re-gathers a unit before its backward into the buffer its forward
+   used (the saved views read it; see ``parallel/sharded/unit.py``) and gives that buffer's
+   memory back in between (``parallel/sharded/storage.py``: torch's ``storage.resize_(0)``), and
+   during a unit's backward the pages under each parameter as soon as its gradient is final;
    gradients go parameter by parameter to the ranks owning their elements (no unit-sized flat
-   gradient; ``parallel/sharded/owner_reducer.py``); with torch's defaults
-   ``backward_prefetch=BACKWARD_PRE`` and ``limit_all_gathers=True`` at most two units are
-   gathered at once (the prefetch lands in a staging buffer). What the bound leaves out and a
-   rank still holds at the peak (in backward): the second gathered unit (the root, whose
-   embedding keeps a view of its buffer, or the prefetched block), one parameter's gradient
-   (and the collective's copy of it) and the activations. The goal lines also print the bound
-   plus DDP's memory held after forward (the activations every strategy holds).
+   gradient; ``parallel/sharded/owner_reducer.py``). What the bound leaves out and a rank still
+   holds at the peak: in forward the root unit *and* a block (the root's forward encloses the
+   blocks'), in backward one parameter's gradient (plus gloo's copy of it on non-owner ranks),
+   the activations, and with ``BACKWARD_PRE`` (torch's default, ``limit_all_gathers=True``) the
+   prefetched unit: a second unit by design, which is why ``FSDP-post`` is measured too. The goal
+   lines also print the bound plus DDP's memory held after forward (the activations every
+   strategy holds).
 2. ZeRO-1's optimizer state per rank = DDP's / N within 5% (greedy whole-parameter partition:
    the worst rank is reported).
 3. Activation checkpointing cuts the memory held after forward >= 2x for <= 1.4x step time.
@@ -63,7 +67,7 @@ if ROOT not in sys.path:  # run from a checkout without `pip install -e .`
 
 from benchmarks._common import format_table, write_json
 
-STRATEGIES = ("DDP", "ZeRO-1", "ZeRO-2", "FSDP", "FSDP+AC", "DDP+AC")
+STRATEGIES = ("DDP", "ZeRO-1", "ZeRO-2", "FSDP", "FSDP-post", "FSDP+AC", "DDP+AC")
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 
@@ -82,7 +86,7 @@ def _build(strategy: str, cfg: dict):
     import neural_arch.distributed as dist
     from neural_arch import nn, optim
     from neural_arch.core.tensor import manual_seed
-    from neural_arch.distributed.fsdp import FullyShardedDataParallel, ModuleWrapPolicy
+    from neural_arch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel, ModuleWrapPolicy
     from neural_arch.distributed.optim import ZeroRedundancyOptimizer
     from neural_arch.utils.checkpoint import apply_activation_checkpointing
 
@@ -101,7 +105,10 @@ def _build(strategy: str, cfg: dict):
         wrapped = model
         opt = ZeroRedundancyOptimizer(model.parameters(), optim.Adam, stage=2, lr=1e-4)
     else:
-        wrapped = FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({nn.TransformerBlock}))
+        # FSDP and FSDP+AC: torch's defaults (BACKWARD_PRE); FSDP-post: BACKWARD_POST
+        prefetch = BackwardPrefetch.BACKWARD_POST if strategy == "FSDP-post" else BackwardPrefetch.BACKWARD_PRE
+        wrapped = FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({nn.TransformerBlock}),
+                                           backward_prefetch=prefetch)
         opt = optim.Adam(wrapped.parameters(), lr=1e-4)
     inner = getattr(opt, "optim", None) or opt      # ZeRO steps an inner optimizer on its shard
     tensors = {id(p): p for p in list(model.parameters()) + list(wrapped.parameters())
@@ -226,7 +233,7 @@ def _goals(results: dict) -> list[dict]:
         if ddp is None:
             continue
         model_state = ddp["params"] + ddp["grads"] + ddp["optim"]
-        for s in ("FSDP", "FSDP+AC"):
+        for s in ("FSDP", "FSDP-post", "FSDP+AC"):
             if s in per:
                 bound = model_state / n + per[s]["largest_unit"]
                 # the issue's bound leaves out activations, which every strategy holds (DDP too):

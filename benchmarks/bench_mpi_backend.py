@@ -15,7 +15,9 @@ time goes): ``nb-wait`` = raw ``Iallreduce(...).Wait()`` (MPICH's nonblocking co
 ``nb-waitany`` = raw ``Iallreduce`` + ``MPI.Request.Waitany([req, wake-up Irecv])`` (what the
 backend's watchdog wait does, without any Python around it), ``persistent`` = a persistent
 ``Allreduce_init`` request on a staging buffer, ``Start`` + the same ``Waitany`` + two copies (what
-the backend does up to ``PERSISTENT_MAX_BYTES``).
+the backend does up to ``PERSISTENT_MAX_BYTES``), ``blocking`` = the backend created with
+``blocking_collectives=True`` (all_reduces above ``PERSISTENT_MAX_BYTES`` call the blocking
+``MPI_Allreduce``; a deadline aborts the job).
 
 Usage::
 
@@ -85,8 +87,9 @@ def worker(args) -> None:
             while MPI.Request.Waitany(pair) != 0:
                 pass
             x[...] = stage
+        blocking = MPIBackend.create(None, timeout=120, blocking_collectives=True)
         probes = {"nb-wait": lambda x, out: comm.Iallreduce(MPI.IN_PLACE, x).Wait(), "nb-waitany": nb_waitany,
-                  "persistent": persistent_waitany}
+                  "persistent": persistent_waitany, "blocking": lambda x, out: blocking.allreduce(x)}
     else:
         probes = {}
     times: dict = {}
@@ -117,6 +120,7 @@ def worker(args) -> None:
     reports = comm.gather(medians, root=0)
     backend.shutdown()
     if probes:
+        blocking.shutdown()
         wake.Cancel()
         wake.Wait()
         for req, _stage in persistent.values():
@@ -154,7 +158,7 @@ def main(argv=None) -> None:
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"mpiexec failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     result = json.loads(lines[-1])
-    payload = {"ranks": args.ranks, "ops": args.ops.split(","), "sizes": args.sizes, "rounds": args.rounds,
+    payload = {"ranks": args.ranks, "loadavg_1min": os.getloadavg()[0], "ops": args.ops.split(","), "sizes": args.sizes, "rounds": args.rounds,
                "stat": args.stat,
                "results": result["results"],
                "command": "python " + " ".join([os.path.relpath(__file__, ROOT)] + (argv or sys.argv[1:]))}
@@ -168,13 +172,14 @@ def main(argv=None) -> None:
         print(format_table(rows, ["size", "mpi backend us", "raw mpi4py us", "speed vs raw", "latency vs raw"]))
         if args.probes and op == "all_reduce":
             rows = [[_label(n)] + [f"{result['results'][f'{op}:{n}:{k}'] * 1e6:.1f}" for k in
-                                   ("mpi", "persistent", "nb-waitany", "nb-wait", "mpi4py")]
+                                   ("mpi", "blocking", "persistent", "nb-waitany", "nb-wait", "mpi4py")]
                     + [f"{result['results'][f'{op}:{n}:mpi4py'] / result['results'][f'{op}:{n}:nb-wait']:.2f}x"]
                     for n in args.sizes]
-            print("\nwhere the time goes (us): the backend, a persistent request, its wait alone, MPICH's "
-                  "nonblocking collective, the blocking one")
-            print(format_table(rows, ["size", "mpi backend", "persistent+copies", "Iallreduce+Waitany",
+            print("\nwhere the time goes (us): the backend, the backend with blocking_collectives=True, a "
+                  "persistent request, its wait alone, MPICH's nonblocking collective, the blocking one")
+            print(format_table(rows, ["size", "mpi backend", "blocking backend", "persistent+copies", "Iallreduce+Waitany",
                                       "Iallreduce+Wait", "Allreduce", "nonblocking speed vs blocking"]))
+    print(f"\nload average (1 min) at the end: {payload['loadavg_1min']:.1f}")
     print(f"\nwrote {write_json(args.out, payload)}")
 
 

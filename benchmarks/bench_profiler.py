@@ -2,7 +2,7 @@
 """What observability costs: DDP step time with the profiler off and on, and the seam's per-call cost.
 
 Two ranks (gloo, real processes on this host, one BLAS thread each) train the digits MLP
-(64-256-256-10, batch 64 per rank, SGD, ``bucket_cap_mb=0.1``: three buckets) with
+(64-256-256-10, batch 64 per rank, SGD, ``bucket_cap_mb=0.1``: two buckets) with
 ``record_function`` around forward / backward / optimizer step. Modes, run in the **same
 processes**, interleaved in blocks of ``--steps`` steps for ``--rounds`` rounds (load from other
 processes hits every mode alike):
@@ -10,7 +10,8 @@ processes hits every mode alike):
 * ``off``: nobody subscribed (producers pay one list test per span site);
 * ``noop``: one subscriber that does nothing: what the *producers* pay to build spans (the
   backend's span arguments, the reducer's bucket records), apart from any recording;
-* ``stall``: the stall inspector alone (begin/end observers on every collective, a watcher thread);
+* ``stall``: the stall inspector alone (a watcher thread that reads each backend's in-flight op
+  slot; collectives pay only the slot writes, which they make in every mode);
 * ``profile``: ``profiler.profile()`` recording every span (collectives, buckets, record_function);
 * ``all``: profile + ``DistributedMetrics.step()`` + stall inspector.
 
@@ -19,7 +20,7 @@ Overhead = median over rounds of (this mode's block median / the same round's ``
 measures their load; the CPU time the two ranks spent per step (``time.process_time``, every
 thread) is the steadier measure of what the profiler itself costs, and is reported beside it. A
 second table gives the seam's cost per span in one process (``events.begin``+``end`` with nobody
-listening, with a recorder, with the stall inspector).
+listening, with a recorder; the stall inspector no longer listens to spans, so it has no seam cost).
 
     python benchmarks/bench_profiler.py                 # table + benchmarks/results/bench_profiler.json
     python benchmarks/bench_profiler.py --steps 20 --rounds 8
@@ -115,7 +116,6 @@ def rank_main(steps: int, rounds: int, seed: int = 0):
 
 def seam_costs(n: int = 200_000) -> dict:
     """Nanoseconds per begin+end pair in this process, per listener setup."""
-    from neural_arch.distributed.stall import StallInspector
     from neural_arch.profiler import Recorder, events
 
     def loop():
@@ -135,8 +135,6 @@ def seam_costs(n: int = 200_000) -> dict:
            "off (begin/end called)": min(loop() for _ in range(3))}
     with Recorder() as rec:
         out["recorder"] = min((rec.clear(), loop())[1] for _ in range(3))
-    with StallInspector(warning_s=60.0, store=None, rank=0):
-        out["stall inspector"] = min(loop() for _ in range(3))
     return out
 
 

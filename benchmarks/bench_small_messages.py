@@ -6,7 +6,7 @@ processes on a shared machine hits every contender alike):
 
 * ``tensor``  -- ``neural_arch.distributed.all_reduce(Tensor)``: what training code calls;
 * ``backend`` -- ``group.backend.allreduce(array)``: the comm layer without the Tensor API;
-* ``mpi4py``  -- raw ``comm.Allreduce(MPI.IN_PLACE, array)`` (``mpi`` runs only): the floor;
+* ``mpi4py``  -- raw ``comm.Allreduce(MPI.IN_PLACE, array)`` (``mpi`` and ``gloo+mpi4py`` runs): the floor;
 * ``copy``    -- ``np.copyto`` of the same bytes on one rank: what moving them locally costs.
 
 A collective is done when its slowest rank is: each cell is the max over ranks of that rank's
@@ -20,16 +20,21 @@ waiting). Results go to ``benchmarks/results/bench_small_messages.json``.
 
 ``--overhead`` measures only the Python around the shared-memory engine, in one process: a 2-rank
 ``GlooBackend`` whose direct engine is a stub (it reads the op's check word and reduction, as the real
-one does, and moves nothing), ``backend.allreduce(1 KiB float32)`` timed in CPU time, with and
-without the stall inspector that ``init_process_group`` starts. No peer, no barrier, no scheduler:
-the number that stays put on a loaded machine when comparing two versions of the comm layer.
+one does, and moves nothing), ``backend.allreduce(1 KiB float32)`` and ``dist.all_reduce(Tensor)``
+over it, timed in CPU time, with and without the stall inspector that ``init_process_group`` starts;
+and the real direct engine alone, its peer always arrived already. No peer process, no waiting, no
+scheduler: the numbers that stay put on a loaded machine when comparing two versions of the comm
+layer. ``--overhead --against DIR`` runs the same in another checkout (the version before a change:
+``mkdir DIR && git archive HEAD | tar -x -C DIR``) and in this one, alternating, and prints both.
 
 Usage::
 
     python benchmarks/bench_small_messages.py                       # 2 ranks, gloo and mpi
     python benchmarks/bench_small_messages.py --ranks 1 --profile   # a world of one, with a profile
     python benchmarks/bench_small_messages.py --backends mpi --rounds 15
+    python benchmarks/bench_small_messages.py --backends gloo+mpi4py   # gloo vs raw MPICH, same rounds
     python benchmarks/bench_small_messages.py --overhead               # the Python path alone
+    python benchmarks/bench_small_messages.py --overhead --against /tmp/before --repeat 6
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+# --against runs this very script with another checkout's neural_arch first on the path
+if os.environ.get("BENCH_LIB_ROOT"):
+    sys.path.insert(0, os.environ["BENCH_LIB_ROOT"])
 
 from benchmarks._common import format_table, json_lines, run_processes, thread_env, write_json
 from neural_arch.distributed.testing import free_port, mpiexec_path
@@ -57,6 +65,9 @@ def _has_mpiexec() -> bool:
 
 SIZES = [8, 64, 256, 1 << 10, 4 << 10, 16 << 10]
 BACKENDS = ("gloo", "mpi")
+#: gloo ranks started by mpiexec, timing raw mpi4py in the same interleaved rounds: the gloo/MPICH ratio
+#: with both under the same load (``--backends gloo+mpi4py``)
+VERSUS = "gloo+mpi4py"
 
 
 def _label(nbytes: int) -> str:
@@ -71,15 +82,18 @@ def worker(args) -> None:
     from neural_arch.core.tensor import Tensor
     from neural_arch.distributed.groups import _resolve_group
 
-    dist.init_process_group(backend=args.worker, timeout=120)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    backend = _resolve_group(None, "bench").backend
     raw = None
-    if args.worker == "mpi":
+    if args.worker in ("mpi", VERSUS):
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD.Dup()
         raw = lambda x: comm.Allreduce(MPI.IN_PLACE, x)
+    if args.worker == VERSUS:   # gloo ranks started by mpiexec: gloo and raw MPICH in the same rounds
+        dist.init_process_group(backend="gloo", rank=comm.Get_rank(), world_size=comm.Get_size(), timeout=120)
+    else:
+        dist.init_process_group(backend=args.worker, timeout=120)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    backend = _resolve_group(None, "bench").backend
     sync = backend.barrier
 
     def make(kind, nbytes):
@@ -137,13 +151,10 @@ def worker(args) -> None:
 
 
 # -- the Python path alone -----------------------------------------------------------------------------
-def overhead(args) -> dict:
-    """CPU microseconds per ``backend.allreduce`` of 1 KiB on gloo's direct path, engine stubbed out."""
-    import numpy as np
-
+def _stub_backend():
+    """A 2-rank GlooBackend whose direct engine reads what the real one reads per op and moves nothing."""
     from neural_arch.distributed.comm.algorithms.executor import _UFUNCS
     from neural_arch.distributed.comm.gloo import GlooBackend
-    from neural_arch.distributed.stall import StallInspector
 
     class Segment:
         def poison(self, why):
@@ -167,26 +178,131 @@ def overhead(args) -> dict:
         def close(self):
             pass
 
-    backend = GlooBackend(StubTransport(), 0, 2, timeout=30.0, direct=StubEngine())
+    return GlooBackend(StubTransport(), 0, 2, timeout=30.0, direct=StubEngine())
+
+
+def _tensor_api(backend):
+    """``dist.all_reduce(Tensor)`` over ``backend`` as the default group (state restored by the caller)."""
+    import numpy as np
+
+    import neural_arch.distributed as dist
+    from neural_arch.core.tensor import Tensor
+    from neural_arch.distributed.process_group import FLAT_ALWAYS, ProcessGroup
+    from neural_arch.distributed.state import STATE
+
+    pg = ProcessGroup(backend, [0, 1], "gloo", "bench", 0)
+    pg._hierarchical_min_bytes = FLAT_ALWAYS        # one host: what a group decides on its first call
+    STATE.world = pg
+    t = Tensor(np.zeros(256, np.float32))
+    return lambda: dist.all_reduce(t)
+
+
+def _engine_call():
+    """The real direct engine's small all_reduce (1 KiB, 2 ranks) with the peer already arrived: rank 1's
+    arrival epoch is set far ahead and its op words mirror rank 0's, so every barrier completes at once
+    and the check passes -- the engine's own CPU per op, no waiting. None if the segment's layout moved."""
+    import mmap
+
+    import numpy as np
+
+    from neural_arch.distributed.comm.algorithms.shm_direct import DirectCollectives
+    from neural_arch.distributed.comm.transport import shm_segment as S
+    from neural_arch.distributed.comm.work import OpInfo, ReduceOp
+
+    try:
+        chunk = 64 << 10
+        nbytes = S.ShmSegment.nbytes_for(2, chunk, S.SMALL_BYTES)
+        mm = mmap.mmap(-1, nbytes)
+        hdr = memoryview(mm).cast("q")
+        hdr[0], hdr[1], hdr[2], hdr[3] = S._MAGIC, 2, chunk, S.SMALL_BYTES
+        hdr.release()
+        seg, peer = S.ShmSegment(mm, 0, 2, [0, 1]), S.ShmSegment(mm, 1, 2, [0, 1])
+        x = np.zeros(256, np.float32)
+        info = OpInfo("all_reduce", 5, [0, 1], 0, x.shape, "float32", None, "sum", time.monotonic() + 1e9)
+        info.wire = info.wire                       # the same op every call: the peer's words stay valid
+        for parity in (0, 1):
+            peer.announce(parity, info.wire, x.nbytes, -1)
+        seg._q[seg._arrive[1]] = 1 << 60
+        engine = DirectCollectives(seg)
+        engine.all_reduce(x, ReduceOp.SUM, info)   # raises here if the set-up no longer fits the segment
+    except Exception as exc:  # noqa: BLE001 - a benchmark row, not a test: say why it is missing
+        print(f"(engine row skipped: {type(exc).__name__}: {exc})")
+        return None
+    op = ReduceOp.SUM
+    return lambda: engine.all_reduce(x, op, info)
+
+
+def overhead(args) -> dict:
+    """CPU microseconds per 1 KiB all_reduce on gloo's direct path: the Python around the engine (engine
+    stubbed out), through the backend and through the Tensor API, without and with the stall inspector;
+    and the real engine alone with a peer that has always arrived already."""
+    import numpy as np
+
+    from neural_arch.distributed.stall import StallInspector
+    from neural_arch.distributed.state import STATE
+
+    backend = _stub_backend()
     x = np.zeros(256, np.float32)
+    saved = STATE.world
+    rows = {"no observer": lambda: backend.allreduce(x)}
+    try:
+        tensor = _tensor_api(backend)
+    except Exception as exc:  # noqa: BLE001 - an older tree without one of the names above
+        print(f"(Tensor API rows skipped: {type(exc).__name__}: {exc})")
+        tensor = None
+    engine = _engine_call()
     calls = max(args.calls, 2000) * 10
 
-    def per_call() -> float:
-        f = backend.allreduce
+    def per_call(fn) -> float:
         t0 = time.thread_time()
         for _ in range(calls):
-            f(x)
+            fn()
         return (time.thread_time() - t0) / calls
 
     out = {}
-    for label in ("no observer", "stall inspector"):
-        inspector = StallInspector(warning_s=60.0, store=None, rank=0).start() if label != "no observer" else None
-        per_call()                                   # warm-up
-        runs = [per_call() for _ in range(args.rounds)]
-        if inspector is not None:
-            inspector.stop()
-        out[label] = {"min": min(runs), "median": statistics.median(runs)}
+    try:
+        for watched in (False, True):
+            inspector = StallInspector(warning_s=60.0, store=None, rank=0).start() if watched else None
+            fns = {"stall inspector" if watched else "no observer": rows["no observer"]}
+            if tensor is not None:
+                fns["Tensor API, stall inspector" if watched else "Tensor API, no observer"] = tensor
+            if engine is not None and not watched:
+                fns["engine alone (peer pre-arrived)"] = engine
+            runs: dict = {label: [] for label in fns}
+            for fn in fns.values():
+                per_call(fn)                                 # warm-up
+            for _ in range(args.rounds):                     # interleaved rounds
+                for label, fn in fns.items():
+                    runs[label].append(per_call(fn))
+            if inspector is not None:
+                inspector.stop()
+            out.update({label: {"min": min(v), "median": statistics.median(v)} for label, v in runs.items()})
+    finally:
+        STATE.world = saved
     return out
+
+
+def against(args) -> dict:
+    """``--overhead`` with this tree's library and with ``--against DIR``'s (another checkout: the version
+    before a change), in alternating subprocesses of this script, ``--repeat`` times each:
+    {tree: {label: [median per run]}}."""
+    import subprocess
+    import tempfile
+
+    trees = {"before": os.path.abspath(args.against), "after": ROOT}
+    runs: dict = {name: {} for name in trees}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.repeat):
+            for name, tree in (trees.items() if i % 2 == 0 else reversed(trees.items())):
+                out = os.path.join(tmp, f"{name}{i}", "bench_small_messages.json")
+                # this script, the other tree's library: the same harness measures both
+                env = dict(thread_env(1), BENCH_LIB_ROOT=tree)
+                subprocess.run([sys.executable, os.path.abspath(__file__), "--overhead", "--rounds", str(args.rounds),
+                                "--out", out], cwd=tree, env=env, check=True, capture_output=True, timeout=args.timeout)
+                with open(out.replace("bench_small_messages.json", "bench_small_messages_overhead.json")) as f:
+                    for label, v in json.load(f)["overhead_s"].items():
+                        runs[name].setdefault(label, []).append(v["median"])
+    return {"trees": trees, "runs": runs}
 
 
 # -- the orchestrator --------------------------------------------------------------------------------
@@ -200,6 +316,9 @@ def run_backend(kind: str, args) -> list[dict]:
     for var in ("NEURAL_ARCH_BACKEND", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
     if kind == "mpi":
+        commands = [([mpiexec_path(), "-n", str(args.ranks), sys.executable, me] + common, env)]
+    elif kind == VERSUS:
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         commands = [([mpiexec_path(), "-n", str(args.ranks), sys.executable, me] + common, env)]
     else:
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(args.ranks))
@@ -230,15 +349,36 @@ def main(argv=None) -> None:
     ap.add_argument("--size-list", default=",".join(map(str, SIZES)), help=argparse.SUPPRESS)
     ap.add_argument("--overhead", action="store_true",
                     help="time only the Python around the shm engine, in one process (see above)")
+    ap.add_argument("--against", default=None, metavar="DIR",
+                    help="with --overhead: compare with another checkout (e.g. `git archive HEAD` unpacked "
+                         "in DIR), alternating runs of the two")
+    ap.add_argument("--repeat", type=int, default=6, help="with --against: runs of each tree")
     args = ap.parse_args(argv)
     args.sizes = [int(s) for s in args.size_list.split(",")]
     if args.worker:
         return worker(args)
+    if args.overhead and args.against:
+        result = against(args)
+        runs = result["runs"]
+        labels = list(dict.fromkeys([*runs["after"], *runs["before"]]))
+        rows = []
+        for label in labels:
+            b, a = runs["before"].get(label), runs["after"].get(label)
+            mb = statistics.median(b) if b else None
+            ma = statistics.median(a) if a else None
+            rows.append([label, f"{mb * 1e6:.2f}" if mb else "-", f"{ma * 1e6:.2f}" if ma else "-",
+                         f"{ma / mb:.2f}" if ma and mb else "-"])
+        print(f"1 KiB float32 all_reduce, CPU us per call: median over {args.repeat} alternating runs of "
+              f"the median of {args.rounds} rounds (before: {result['trees']['before']})")
+        print(format_table(rows, ["path", "before", "after", "after/before"]))
+        out = args.out.replace("bench_small_messages.json", "bench_small_messages_overhead_ab.json")
+        print(f"\nwrote {write_json(out, dict(result, rounds=args.rounds, repeat=args.repeat))}")
+        return None
     if args.overhead:
         result = overhead(args)
         rows = [[label, f"{v['min'] * 1e6:.2f}", f"{v['median'] * 1e6:.2f}"] for label, v in result.items()]
-        print("gloo backend.allreduce(1 KiB float32), direct engine stubbed: CPU us per call")
-        print(format_table(rows, ["observers", "min", "median"]))
+        print("1 KiB float32 all_reduce on gloo's direct path, CPU us per call (the Python rows: engine stubbed)")
+        print(format_table(rows, ["path, observers", "min", "median"]))
         out = args.out.replace("bench_small_messages.json", "bench_small_messages_overhead.json")
         print(f"\nwrote {write_json(out, {'rounds': args.rounds, 'overhead_s': result})}")
         return None
@@ -248,7 +388,7 @@ def main(argv=None) -> None:
                "results": {}, "skipped": {}, "profiles": {},
                "command": "python " + " ".join([os.path.relpath(__file__, ROOT)] + (argv or sys.argv[1:]))}
     for kind in args.backends.split(","):
-        if kind == "mpi" and (not _has_mpiexec() or __import__("importlib").util.find_spec("mpi4py") is None):
+        if kind in ("mpi", VERSUS) and (not _has_mpiexec() or __import__("importlib").util.find_spec("mpi4py") is None):
             payload["skipped"][kind] = "mpi4py or mpiexec missing"
             print(f"skip {kind}: mpi4py or mpiexec missing")
             continue

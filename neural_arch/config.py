@@ -64,7 +64,7 @@ VARIABLES: tuple[EnvVar, ...] = (
     _v("GLOO_SEGMENT_BYTES", int, 512 * 1024, "user", "pipeline segment of the ring algorithms"),
     _v("SHM_RING_BYTES", int, None, "user", "size of each shared-memory ring"),
     _v("SHM_CHUNK_BYTES", int, None, "user", "pipeline chunk per rank slot of the direct shared-memory collectives (default 1 MiB, halved while /dev/shm is small)"),
-    _v("SHM_SPIN_S", float, None, "user", "spin on shared memory before yielding (default 20 us when every local rank has a core and the host is not busy, else 0; main thread only)"),
+    _v("SHM_SPIN_S", float, None, "user", "spin on shared memory before yielding (default 20 us when every local rank has a core and the host is not busy, else 0; on the main thread, or on a progress thread while the main thread waits)"),
     _v("SHM_YIELD_S", float, None, "user", "sched_yield phase after the spin, before sleeping on a futex (default 20 ms under the same conditions, else 0)"),
     _v("SPIN_S", float, None, "user", "spin of the transport engine's waits before blocking"),
     _v("MAX_FRAME_BYTES", int, 64 << 30, "user", "largest transport frame a peer may announce (protocol error above)"),

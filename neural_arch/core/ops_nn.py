@@ -89,9 +89,13 @@ def embedding(indices, weight: Tensor) -> Tensor:
     if not _needs(weight):
         return _result(out, None)
 
+    # The backward needs the weight's shape, not its values: keeping ``wd`` alive here would
+    # hold the whole table (and, under FSDP, the gathered buffer it views) until this node runs.
+    shape = wd.shape
+
     def fn(g):
-        gw = xp.zeros(wd.shape, dtype=g.dtype)
-        scatter_add(xp, gw, idx.reshape(-1), g.reshape((-1,) + wd.shape[1:]))
+        gw = xp.zeros(shape, dtype=g.dtype)
+        scatter_add(xp, gw, idx.reshape(-1), g.reshape((-1,) + shape[1:]))
         return (gw,)
 
     return _result(out, Node(fn, (weight,), "Embedding"))

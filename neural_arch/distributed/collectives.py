@@ -42,6 +42,7 @@ from neural_arch.distributed.groups import _resolve_group
 from neural_arch.distributed.process_group import FLAT_ALWAYS as _NEVER
 from neural_arch.distributed.process_group import GroupMember
 from neural_arch.distributed.resolve import _buf, _group  # noqa: F401 - used here and by older imports
+from neural_arch.distributed.state import STATE as _STATE
 
 __all__ = [
     "P2POp",
@@ -167,18 +168,26 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
     memory inside hosts, the network between them; ``NEURAL_ARCH_HIERARCHICAL``, and
     ``algorithms.hierarchical_auto.all_reduce_algorithm`` says which form a call takes).
     """
-    pg = _group(group, "all_reduce")
+    # The common case of _group and _buf, inline (two calls less on every small all-reduce): the default
+    # group, a Tensor whose data is a C-contiguous NumPy array. Anything else goes through them.
+    pg = _STATE.world if group is None else None
     if pg is None:
-        return None
-    data = _buf(tensor)
+        pg = _group(group, "all_reduce")
+        if pg is None:
+            return None
+    data = tensor.data if tensor.__class__ is Tensor else None
+    if data.__class__ is not np.ndarray or not data.flags.c_contiguous:
+        data = _buf(tensor)
     # One attribute read per call: single-host groups hold the _NEVER object after their first call.
     limit = pg._hierarchical_min_bytes
     if limit is not _NEVER and not async_op and _hierarchical(pg, data, op, limit):
         return tensor
-    work = pg.backend.allreduce(data, op, async_op=async_op)
     if not async_op:
-        return tensor            # the backend already waited, and raised if the op failed
-    return _finish(work, lambda: tensor, True)
+        # _work=False: no Work handle for a synchronous call (it would be dropped here); the backend
+        # waited, and raised if the op failed
+        pg.backend.allreduce(data, op, False, False)
+        return tensor
+    return _finish(pg.backend.allreduce(data, op, True), lambda: tensor, True)
 
 
 def _hierarchical(pg, data, op, limit) -> bool:

@@ -1,9 +1,10 @@
 """The stall inspector: when a collective waits too long, say which ranks have not arrived.
 
 Long before a collective times out (``NEURAL_ARCH_TIMEOUT``, 300 s), a job stuck because one rank
-is slow, crashed in user code or took another branch looks exactly like a slow step. The
-inspector watches every collective span that starts (``events.BEGIN_OBSERVERS``) and ends
-(``events.END_OBSERVERS``). A watcher thread looks at the open ones every few moments:
+is slow, crashed in user code or took another branch looks exactly like a slow step. Every
+backend keeps the operation it is running in a slot (:func:`neural_arch.distributed.comm.spans.in_flight`:
+two attribute stores per op, whether or not anyone watches); the inspector's thread reads those
+slots every few moments, so a collective pays nothing for being watched:
 
 * at half the threshold a rank *publishes* ``waiting at (group, seq, op)`` under one key per
   rank in the rendezvous store (one ``set``; nothing is written for collectives that finish in
@@ -24,16 +25,19 @@ Example (``init_process_group`` starts one when the hook is in place; by hand)::
     ...
     inspector.stop()
 
-MPI jobs have no rendezvous store: there the warning names the op and how long it waited only.
+MPI jobs have no rendezvous store: there the warning names the op and how long it waited only. A
+point-to-point ``send``/``recv`` that waits names its peer.
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 from neural_arch.distributed import config
-from neural_arch.profiler import events
+from neural_arch.distributed.comm import spans as _spans
+from neural_arch.distributed.comm.debug import _P2P_NAMES
 
 __all__ = [
     "DEFAULT_WARNING_S",
@@ -76,14 +80,6 @@ class StallReport:
     message: str
 
 
-def _group_of(pending) -> list[int] | None:
-    g = pending.args.get("group", pending.args.get("ranks"))
-    try:
-        return [int(r) for r in g] if g is not None else None
-    except TypeError:
-        return None
-
-
 class StallInspector:
     """Warn when a collective on this rank waits longer than ``warning_s``.
 
@@ -112,7 +108,9 @@ class StallInspector:
         self.namespace = namespace or f"neural_arch/stall/pg{generation}"
         self.interval = float(interval) if interval is not None else min(1.0, self.warning_s / 4)
         self.reports: list[StallReport] = []
-        self._open: dict[int, list] = {}  # id(pending) -> [pending, published?, warnings issued]
+        # id(info) -> [info, started (monotonic), published?, warnings issued]; the entry holds the
+        # OpInfo, so its id cannot be reused by another op while it is here
+        self._open: dict[int, list] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -121,33 +119,23 @@ class StallInspector:
         stores = list(state.stores.values())
         return stores[0] if len(stores) == 1 else None
 
-    # -- observers (the producing thread: keep them tiny) ------------------------------------------------
-    def _on_begin(self, pending) -> None:
-        if pending.category == "collective":
-            self._open[id(pending)] = [pending, False, 0]
-
-    def _on_end(self, pending) -> None:
-        self._open.pop(id(pending), None)
-
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> StallInspector:
+        """Start the watcher thread. Nothing is hooked into the backends: they keep the op they run
+        in a slot (``comm.spans.in_flight``) whether or not anyone watches, so this costs them nothing."""
         if self._thread is not None:
             return self
-        if self._on_begin not in events.BEGIN_OBSERVERS:
-            events.BEGIN_OBSERVERS.append(self._on_begin)
-        if self._on_end not in events.END_OBSERVERS:
-            events.END_OBSERVERS.append(self._on_end)
         self._stop.clear()
         self._thread = threading.Thread(target=self._watch, name="neural_arch-stall-inspector", daemon=True)
         self._thread.start()
         return self
 
+    @property
+    def running(self) -> bool:
+        """Whether the watcher thread is on (between :meth:`start` and :meth:`stop`)."""
+        return self._thread is not None
+
     def stop(self) -> None:
-        for registry, fn in ((events.BEGIN_OBSERVERS, self._on_begin), (events.END_OBSERVERS, self._on_end)):
-            try:
-                registry.remove(fn)
-            except ValueError:
-                pass
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
@@ -169,18 +157,27 @@ class StallInspector:
                 _log.debug("stall inspector check failed: %s", exc)
 
     def check(self) -> list[StallReport]:
-        """One look at the open collectives (the watcher calls it; tests may too)."""
-        t = events.now()
+        """One look at the operations in flight (the watcher calls it; tests may too)."""
+        t = time.monotonic()
+        live: dict[int, list] = {}
+        for runner, info in _spans.in_flight():
+            entry = self._open.get(id(info))
+            if entry is None or entry[0] is not info:
+                # started when its deadline was set (deadline = start + timeout); never later than now
+                begun = info.deadline - runner.timeout
+                entry = [info, min(begun, t), False, 0]
+            live[id(info)] = entry
+        self._open = live                     # finished ops are forgotten
         made = []
-        for entry in list(self._open.values()):
-            pending, published, warned = entry
-            age = t - pending.start
+        for entry in live.values():
+            info, begun, published, warned = entry
+            age = t - begun
             if not published and age >= self.warning_s / 2:
-                self._publish(pending)
-                entry[1] = True
+                self._publish(info)
+                entry[2] = True
             if age >= self.warning_s * (warned + 1):
-                entry[2] = warned + 1
-                report = self._report(pending, age)
+                entry[3] = warned + 1
+                report = self._report(info, age)
                 self.reports.append(report)
                 made.append(report)
                 _log.warning("%s", report.message)
@@ -189,26 +186,29 @@ class StallInspector:
     def _key(self, group: list[int], rank: int) -> str:
         return f"{self.namespace}/{'-'.join(map(str, group))}/{rank}"
 
-    def _publish(self, pending) -> None:
-        group = _group_of(pending)
-        if self.store is None or group is None:
+    def _publish(self, info) -> None:
+        # point-to-point ops are numbered per rank pair and direction: nothing to compare across the group
+        if self.store is None or info.name in _P2P_NAMES:
             return
-        seq = pending.args.get("seq")
-        self.store.set(self._key(group, self.rank), f"{-1 if seq is None else int(seq)} {pending.name}")
+        self.store.set(self._key(list(info.group_ranks), self.rank), f"{int(info.seq)} {info.name}")
 
-    def _report(self, pending, age: float) -> StallReport:
-        group = _group_of(pending) or []
-        seq = pending.args.get("seq")
-        seq = None if seq is None else int(seq)
-        where = f"{pending.name} #{seq}" if seq is not None else pending.name
-        head = (f"rank {self.rank}: {where} of group {group or '?'} has waited {age:.1f} s "
+    def _report(self, info, age: float) -> StallReport:
+        group = [int(r) for r in info.group_ranks]
+        seq = int(info.seq)
+        head = (f"rank {self.rank}: {info.name} #{seq} of group {group} has waited {age:.1f} s "
                 f"({STALL_ENV}={self.warning_s:g})")
+        if info.name in _P2P_NAMES:
+            peer = group[info.root] if info.root is not None and 0 <= info.root < len(group) else None
+            role = "receiver" if info.name == "send" else "sender"
+            message = (f"{head}: waiting for rank {peer}, the {role}; it is slow, stuck, or did not post the "
+                       f"matching {'recv' if info.name == 'send' else 'send'} (look at its log/stack)")
+            missing = [peer] if peer is not None else []
+            return StallReport(self.rank, info.name, seq, group, age, missing, [self.rank], {}, message)
         missing, waiting, last_seen = [], [], {}
-        if self.store is None or not group or seq is None:
-            why = ("no rendezvous store to ask the other ranks (mpi backend)" if self.store is None
-                   else "the span does not name its group and sequence number")
-            return StallReport(self.rank, pending.name, seq, group, age, [], [], {}, f"{head}; {why}")
-        self._publish(pending)  # refresh: this rank is certainly waiting here
+        if self.store is None:
+            why = "no rendezvous store to ask the other ranks (mpi backend)"
+            return StallReport(self.rank, info.name, seq, group, age, [], [], {}, f"{head}; {why}")
+        self._publish(info)  # refresh: this rank is certainly waiting here
         for r in group:
             key = self._key(group, r)
             if not self.store.check([key]):
@@ -222,7 +222,7 @@ class StallInspector:
         message = (f"{head}: ranks {missing} have not arrived" + (f" ({seen})" if seen else "") +
                    f"; ranks {waiting} are waiting here. A rank that has not arrived is slow, stuck outside "
                    "collectives, or took a different code path (look at its log/stack)")
-        return StallReport(self.rank, pending.name, seq, group, age, missing, waiting, last_seen, message)
+        return StallReport(self.rank, info.name, seq, group, age, missing, waiting, last_seen, message)
 
 
 _INSPECTOR: StallInspector | None = None

@@ -5,6 +5,9 @@ import hashlib
 import json
 import os
 import pathlib
+import threading
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -95,13 +98,36 @@ def test_data_files_are_plain_safetensors(tmp_path):
     assert dcp.verify(tmp_path)["version"] == 2
 
 
-@pytest.mark.parametrize("helper", [False, True], ids=["inline-check", "helper-thread-check"])
+class _BusyHelper(ThreadPoolExecutor):
+    """A checker whose one thread is busy until shutdown: as when no core is free for it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._gate = threading.Event()
+        self.submit(self._gate.wait, 60)
+
+    def shutdown(self, *args, **kwargs):
+        self._gate.set()
+        super().shutdown(*args, **kwargs)
+
+
+@pytest.mark.parametrize("helper", ["inline", "helper", "busy-helper"],
+                         ids=["inline-check", "helper-thread-check", "helper-never-free"])
 def test_corrupt_block_is_named_and_only_needed_blocks_are_read(tmp_path, monkeypatch, helper):
     monkeypatch.setattr(chunkio, "CHECK_BLOCK", 1024)
     monkeypatch.setattr(chunkio, "_IO_BATCH", 4096)  # reads in 8 batches
-    if helper:  # checks lag the reads by up to 3 batches: the error still surfaces from load()
+    if helper != "inline":  # checks lag the reads by up to 3 batches: the error still surfaces from load()
         monkeypatch.setattr(chunkio, "_INLINE_CHECK", 0)
         monkeypatch.setattr(chunkio, "_CHECK_LAG", 3 * 4096)
+    threads = []
+    if helper == "busy-helper":  # the reader must take every check back (it would wait forever otherwise)
+        monkeypatch.setattr(chunkio, "ThreadPoolExecutor", _BusyHelper)
+        check = chunkio._check_stream
+
+        def recording(*args):
+            threads.append(threading.current_thread())
+            return check(*args)
+        monkeypatch.setattr(chunkio, "_check_stream", recording)
     w = np.arange(64 * 64, dtype=np.float64).reshape(64, 64)  # 32 KiB: 32 blocks of 1 KiB (2 rows each)
     dcp.save({"w": w}, tmp_path)
     meta = json.loads((tmp_path / ".metadata").read_text())
@@ -118,10 +144,30 @@ def test_corrupt_block_is_named_and_only_needed_blocks_are_read(tmp_path, monkey
     top = {"w": ShardedArray(np.zeros((32, 64)), (64, 64), offsets=(0, 0))}
     dcp.load(top, tmp_path)  # rows 0-31 never touch block 20: read and verified without it
     assert np.array_equal(top["w"].local, w[:32])
+    if helper == "busy-helper":
+        assert threads and set(threads) == {threading.current_thread()}
     blob[10] ^= 0x01  # the JSON header
     path.write_bytes(bytes(blob))
     with pytest.raises(CheckpointError, match="header fails its checksum"):
         dcp.verify(tmp_path)
+
+
+@pytest.mark.parametrize("module", ["isal.isal_zlib", "zlib_ng.zlib_ng"])
+def test_accelerated_crc32_files_read_with_zlib_and_back(tmp_path, monkeypatch, module):
+    """The fast CRC-32 (when installed) gives zlib's values: a checkpoint reads on a bare install."""
+    fast = pytest.importorskip(module).crc32
+    data = memoryview(np.random.default_rng(0).integers(0, 256, (2 << 20) + 5, dtype=np.uint8))
+    for n in (0, 1, 7, 4095, 1 << 20, len(data)):
+        assert fast(data[:n]) == zlib.crc32(data[:n]) and fast(data[3:n], 0xDEADBEEF) == zlib.crc32(data[3:n], 0xDEADBEEF)
+    w = np.random.default_rng(1).standard_normal((300, 1000))  # 2.4 MB: three CRC blocks
+    for write, read in ((fast, zlib.crc32), (zlib.crc32, fast)):
+        monkeypatch.setattr(chunkio, "_crc32", write)
+        dcp.save({"w": w}, tmp_path / write.__module__)
+        monkeypatch.setattr(chunkio, "_crc32", read)
+        out = {"w": np.zeros_like(w)}
+        dcp.load(out, tmp_path / write.__module__)
+        assert np.array_equal(out["w"], w)
+        dcp.verify(tmp_path / write.__module__)
 
 
 def test_format_1_checkpoints_still_load_and_verify(tmp_path):

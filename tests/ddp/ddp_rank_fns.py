@@ -182,7 +182,8 @@ def hook_calls_run():
     from neural_arch.distributed.parallel.data_parallel.comm_hooks import allreduce_hook
 
     model = build_mlp(0, np.float64, sizes=(32, 64, 10))
-    ddp = dist.DistributedDataParallel(model, bucket_cap_mb=0.005, first_bucket_mb=0.001)
+    # buckets: [2.bias], [2.weight, 0.bias], [0.weight] (a bucket closes once it holds the cap)
+    ddp = dist.DistributedDataParallel(model, bucket_cap_mb=0.005, first_bucket_mb=0.00005)
     seen = []
 
     def recording(state, bucket):
@@ -318,7 +319,8 @@ def overlap_run():
     """Show that bucket all-reduces start before backward finishes (timeline of one backward)."""
     _nn, _optim, F, Tensor, dist = _imports()
     model = build_mlp(0, np.float32, sizes=(256, 512, 10))
-    ddp = dist.DistributedDataParallel(model, bucket_cap_mb=0.05, first_bucket_mb=0.05)
+    # buckets: [2.bias, 2.weight, 0.bias] (20 KiB reached), [0.weight]
+    ddp = dist.DistributedDataParallel(model, bucket_cap_mb=0.02, first_bucket_mb=0.02)
     X = np.random.default_rng(0).normal(size=(64, 256)).astype(np.float32)
     y = np.arange(64) % 10
     F.cross_entropy(ddp(Tensor(X)), y).backward()
@@ -549,7 +551,7 @@ def bucket_spans_run():
 
     model = build_mlp(0, np.float32, sizes=(256, 512, 10))
     # buckets: [2.bias, 2.weight] (ready after the last layer's backward), [0.bias], [0.weight]
-    ddp = dist.DistributedDataParallel(model, bucket_cap_mb=0.05, first_bucket_mb=0.02)
+    ddp = dist.DistributedDataParallel(model, bucket_cap_mb=0.0019, first_bucket_mb=0.0019)
     X = np.random.default_rng(0).normal(size=(64, 256)).astype(np.float32)
     y = np.arange(64) % 10
     F.cross_entropy(ddp(Tensor(X)), y).backward()  # not recorded: nobody subscribed yet

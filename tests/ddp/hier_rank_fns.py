@@ -179,3 +179,27 @@ def misuse():
     else:
         message2 = "no error"
     return message, message2
+
+
+def host_group_paths(seed: int):
+    """Which path host_groups()' groups take (gloo): the host group's all_reduce (its members are all
+    shared-memory peers) and the cross-host group's, and whether the host group's direct result
+    equals its ring plan's bitwise (int64 all_reduce, reduce_scatter, all_gather)."""
+    dist = _world()
+    from neural_arch.distributed.algorithms.hierarchical import host_groups
+
+    hg = host_groups()
+    intra, cross = hg.intra.backend, hg.cross.backend
+    if not hasattr(intra, "forced_algorithm"):
+        return None                                   # mpi: no gloo paths
+    x = np.random.default_rng(seed + dist.get_rank()).integers(-1000, 1000, 40001).astype(np.int64)
+    paths = (intra.chosen_algorithm("all_reduce", x), cross.chosen_algorithm("all_reduce", x))
+    res = {}
+    for algo in ("direct", "ring"):
+        a, rs, ag = x.copy(), np.empty(x.size // intra.size, np.int64), np.empty((intra.size, 7), np.int64)
+        with intra.forced_algorithm(algo):
+            intra.allreduce(a)
+            intra.reduce_scatter(rs, x[:rs.size * intra.size].copy())
+            intra.allgather(ag, x[:7].copy())
+        res[algo] = a.tobytes() + rs.tobytes() + ag.tobytes()
+    return paths, intra._direct is not None, cross._direct is None, res["direct"] == res["ring"]

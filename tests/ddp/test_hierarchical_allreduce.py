@@ -34,6 +34,16 @@ def test_host_groups_split_the_world_by_host(pool):
         assert cross == [rank % 2, rank % 2 + 2]   # the 2-D form: same local rank on every host
 
 
+def test_host_groups_run_shared_memory_directly_and_cross_host_groups_the_plans(pool):
+    """gloo: a host group (all members shared-memory peers) takes the direct segment, equal bitwise to
+    its ring plan; the cross-host group (TCP between its members) stays on the plans."""
+    if pool.backend == "mpi":
+        pytest.skip("gloo paths")
+    for (intra, cross), mapped, cross_unmapped, equal in pool.run(fns.host_group_paths, 9):
+        assert intra == "direct" and cross != "direct" and cross.endswith("allreduce"), (intra, cross)
+        assert mapped and cross_unmapped and equal
+
+
 @pytest.mark.parametrize("dtype,shape,op", [
     ("int64", (1000,), "sum"), ("int32", (7, 3), "sum"), ("int64", (), "sum"), ("int64", (0,), "sum"),
     ("int32", (5,), "max"), ("int64", (3, 1), "min"), ("int8", (2,), "product"),

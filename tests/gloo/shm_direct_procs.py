@@ -160,3 +160,74 @@ def segment_files():
     mine = f"na-{os.getpid()}-"
     return sorted(n for n in os.listdir("/dev/shm") if n.startswith(mine) and n.endswith("-coll"))
 
+
+
+_SUB: dict = {}
+
+
+def subgroup():
+    """This rank's sub-group of the world (cached): every rank but rank 0 on 3+ ranks (group ranks then
+    differ from world ranks), the two ranks on 2; None on rank 0 of a 3+ world."""
+    b = backend()
+    if "sub" not in _SUB:
+        _SUB["sub"] = b.new_group(list(range(1, b.size)) if b.size > 2 else [0, 1])
+    return _SUB["sub"]
+
+
+def subgroup_checks(calls):
+    """Runs gloo_checks ``calls`` on the sub-group. Returns (mapped before the first collective, the
+    algorithm chosen for a 1 MiB all_reduce, mapped after, the checks' results), or None off the group."""
+    sub = subgroup()
+    if sub is None:
+        return None
+    before = sub._direct is not None
+    algo = sub.chosen_algorithm("all_reduce", np.ones(1 << 18, np.float32))
+    results = [getattr(C, name)(sub, *args) for name, args in calls]
+    return before, algo, sub._direct is not None, results
+
+
+def subgroup_direct_equals_ring(seed):
+    """The same int64 all_reduce / reduce_scatter on the sub-group through the direct path and through
+    the ring plan: bitwise equal (integers) -- and a nested sub-group of it (its first two ranks) too."""
+    sub = subgroup()
+    if sub is None:
+        return None
+    nested = sub.new_group([0, 1])
+    out = []
+    for g in (sub, nested) if nested is not None else (sub,):
+        rng = np.random.default_rng(seed + g.rank)
+        x = rng.integers(-1000, 1000, 50001).astype(np.int64)
+        res = {}
+        for algo in ("direct", "ring"):
+            a = x.copy()
+            rs = np.empty(x.size // g.size, np.int64)
+            with g.forced_algorithm(algo):
+                g.allreduce(a)
+                g.reduce_scatter(rs, x[:rs.size * g.size].copy())
+            res[algo] = a.tobytes() + rs.tobytes()
+        out.append((g.size, g._direct is not None, res["direct"] == res["ring"]))
+    return out
+
+
+def kill_while_peer_waits_in_subgroup():
+    """Sub-group [0, 1] runs direct; rank 2 SIGKILLs itself; rank 0 then fails in a world all_reduce
+    (rank 2's pid is dead) while rank 1 waits for rank 0 in the sub-group's shared-memory barrier:
+    rank 0's failure must wake it (poisoning every segment of rank 0's process), long before the
+    timeout. Returns (error type, message, seconds) on ranks 0 and 1."""
+    b = backend()
+    sub = b.new_group([0, 1])
+    if sub is not None:
+        sub.allreduce(np.ones(8))         # maps the sub-group's segment
+        sub.barrier()                     # (the sub-group's next op is #3: told apart from the world's #2)
+    b.allreduce(np.ones(8))              # everyone in step
+    if b.rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        if b.rank == 0:
+            b.allreduce(np.ones(1 << 10, np.float32))
+        else:
+            sub.allreduce(np.ones(1 << 10, np.float32))
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return (type(exc).__name__, str(exc), time.monotonic() - t0)
+    return ("no error", "", time.monotonic() - t0)

@@ -54,6 +54,25 @@ def test_every_op_and_dtype_across_chunk_boundaries(pool):
     assert pool.run(gloo_procs.run_checks, calls) == [["ok"] * len(calls)] * pool.world_size
 
 
+def test_subgroups_map_their_own_segment_at_their_first_direct_collective(pool):
+    """A same-host sub-group (every rank but rank 0; both on 2 ranks) runs the direct path like the
+    world -- lazily: nothing mapped at new_group -- equal to NumPy, and bitwise equal to the ring plan
+    for integers, a nested sub-group too; its segment leaves no file behind."""
+    calls = [("check_allreduce", (11, (20001,), "float64", "sum", None)),
+             ("check_allreduce", (12, (3,), "int32", "max", None)),
+             ("check_reduce_scatter", (13, (4000,), "float32", "sum")),
+             ("check_allgather", (14, (513,), "int64")),
+             ("check_broadcast", (15, (4000,), "float16", 1))]
+    out = pool.run(D.subgroup_checks, calls)
+    members = [o for o in out if o is not None]
+    assert len(members) == (pool.world_size - 1 if pool.world_size > 2 else 2)
+    assert members == [(False, "direct", True, ["ok"] * len(calls))] * len(members)
+    for rows in filter(None, pool.run(D.subgroup_direct_equals_ring, 5)):
+        assert rows[0] == (len(members), True, True)
+        assert all(equal for _, _, equal in rows), rows
+    assert pool.run(D.segment_files) == [[]] * pool.world_size, "a segment file was left in /dev/shm"
+
+
 def test_float_sum_is_bitwise_identical_on_every_rank(pool):
     for n in (100, 30000):
         out = pool.run(D.float_sum_bits, n)
@@ -90,6 +109,20 @@ def test_dead_or_stopped_peer_is_an_error_on_every_rank(how, nbytes):
             assert kind in ("CollectiveTimeoutError", "GroupPoisonedError"), (kind, msg)
             assert timeout - 0.5 < waited < timeout + 5, (kind, msg, waited)
     assert any(r.value[0] in ("PeerFailureError", "CollectiveTimeoutError") for r in results[:2]), results
+
+
+def test_a_failure_wakes_a_rank_waiting_in_a_subgroup_barrier():
+    """Rank 0 fails (rank 2 died) in a world op while rank 1 waits for it in the sub-group [0, 1]'s
+    shared-memory barrier: rank 0 poisons every segment of its process, so rank 1 fails at once naming
+    its op and the first failure, not after the 10 s timeout."""
+    with RankPool(3, backend="gloo", init=False, timeout=60, env=dict(_ENV, GLOO_TEST_TIMEOUT="10")) as p:
+        results = p.run_detailed(D.kill_while_peer_waits_in_subgroup)
+    assert results[0].ok and results[1].ok, results
+    kind0, msg0, waited0 = results[0].value
+    assert kind0 == "PeerFailureError" and "all_reduce #2" in msg0 and waited0 < 2.5, results[0].value
+    kind1, msg1, waited1 = results[1].value
+    assert kind1 == "GroupPoisonedError" and waited1 < 2.5, results[1].value
+    assert "all_reduce #3" in msg1 and "rank 2" in msg1, msg1   # its own op, and the root cause
 
 
 def test_selection_table_is_printable_and_total():

@@ -10,14 +10,17 @@ watchdog's wake-up requests (comm/mpi_progress.py) never leak into a later opera
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
 
 from neural_arch.distributed.comm.backend import Backend
 from neural_arch.distributed.comm.debug import wire_word
+from neural_arch.distributed.comm.spans import in_flight
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp, Work
 from neural_arch.distributed.errors import GroupPoisonedError
+from neural_arch.distributed.stall import StallInspector
 from neural_arch.distributed.testing import RankPool
 
 pytestmark = pytest.mark.timeout(120)
@@ -119,6 +122,60 @@ def test_float16_average_is_premultiplied():
     x = np.full(3, 60000.0, np.float16)          # 2 * 60000 overflows float16; the mean does not
     b.allreduce(x, ReduceOp.AVG)
     assert np.isfinite(x).all() and x.tolist() == [60000.0] * 3
+
+
+def _ops_of(b):
+    return sorted((i.name, i.seq) for r, i in in_flight() if r is b)
+
+
+def test_an_op_in_flight_sits_in_its_backends_slot_where_the_stall_inspector_finds_it():
+    class Held(Echo):                 # broadcast and send wait on the gate too
+        def _broadcast(self, array, root, info):
+            self.gate.wait(5)
+
+        def _send(self, array, dst, tag, info):
+            self.gate.wait(5)
+
+    b = Held()
+    inspector = StallInspector(warning_s=0.05, store=None, rank=0, interval=10)   # check() by hand
+    for call, expected in [(lambda: b.allreduce(np.ones(2)), ("all_reduce", 1)),            # fused path
+                           (lambda: b.broadcast(np.ones(2)), ("broadcast", 2)),             # inline _run
+                           (lambda: b.allreduce(np.ones(2), async_op=True).wait(), ("all_reduce", 3)),  # lane
+                           (lambda: b.send(np.ones(2), 1), ("send", 1))]:                   # p2p slot
+        b.gate.clear()
+        t = threading.Thread(target=call)
+        t.start()
+        deadline = time.monotonic() + 5
+        while not _ops_of(b) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert _ops_of(b) == [expected]
+        time.sleep(0.06)                                  # past the (tiny) threshold
+        reports = inspector.check()
+        assert [(r.op, r.seq) for r in reports] == [expected]
+        assert f"{expected[0]} #{expected[1]} of group [0, 1] has waited" in reports[0].message
+        b.gate.set()
+        t.join(5)
+        assert _ops_of(b) == [] and inspector.check() == []     # done: the slot is empty, the op forgotten
+    b.fail_with = RuntimeError("boom")                            # a failing op empties its slot too
+    with pytest.raises(RuntimeError):
+        b.allreduce(np.ones(2))
+    assert _ops_of(b) == []
+    b.shutdown()
+
+
+def test_tensor_api_form_returns_no_work_and_debug_mode_leaves_the_fused_path():
+    b = Echo()
+    x = np.ones(2)
+    assert b.allreduce(x, ReduceOp.SUM, False, False) is None and x.tolist() == [2.0, 2.0]
+    assert b.log == [("all_reduce", 1)]
+    checked = []
+    b._debug_check = checked.append               # what DETAIL mode runs before every collective
+    b.debug = True                                # set after construction, as tests and users do
+    b.allreduce(x)
+    assert [i.seq for i in checked] == [2]
+    b.debug = False
+    b.allreduce(x)
+    assert [i.seq for i in checked] == [2] and b._seq == 3
 
 
 def test_opinfo_wire_is_computed_lazily_and_explicit_words_stay():

@@ -424,8 +424,11 @@ def test_start_timeout_names_only_the_rank_that_did_not_report_ready(tmp_path, w
 @pytest.mark.parametrize("no_group", ["0", "1"])
 def test_ranks_past_rendezvous_may_run_longer_than_start_timeout(tmp_path, write_script, no_group):
     script = write_script("ok.py", HANG_BEFORE_RENDEZVOUS)
-    # 4 s to reach rendezvous (a loaded CI box needs that for two Python starts), then 6 s of "work"
-    res = run_launcher(["--standalone", "--nproc_per_node=2", "--start_timeout=4", script], tmp_path,
-                       env={"AFTER": "6", "NO_GROUP": no_group})
+    # 4 s to reach rendezvous (a loaded CI box needs that for two Python starts), then 5 s of "work":
+    # a rank ends >= 5 s after the launcher started, well after the first health check past the
+    # 4 s deadline (every 0.2 s), where a launcher that timed out ready ranks would kill them
+    res = run_launcher(["--standalone", "--nproc_per_node=2", "--start_timeout=4", "--monitor_interval=0.2",
+                        script], tmp_path,
+                       env={"AFTER": "5", "NO_GROUP": no_group})
     assert res.returncode == 0, res.stderr
     assert res.stdout.count(": ready") == 2

@@ -6,11 +6,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from neural_arch.distributed.comm.local import LocalBackend
+from neural_arch.distributed.comm.work import OpInfo
 from neural_arch.distributed.metrics import DistributedMetrics, exposed_time, union_length
 from neural_arch.distributed.stall import StallInspector, warning_threshold
 from neural_arch.distributed.topology import RankInfo, Topology, _cpulist, _ranges, numa_nodes
@@ -179,14 +182,19 @@ def test_stall_threshold_env_and_report_without_store(monkeypatch):
     with pytest.raises(ValueError, match="> 0"):
         StallInspector(warning_s=0)
     ins = StallInspector(warning_s=0.2, store=None, rank=0, interval=10)
+    b = LocalBackend()
     with ins:
-        tok = events.begin("all_reduce", "collective", "comm", {"seq": 3, "group": [0, 1]})
-        object.__setattr__(tok, "start", tok.start - 1.0)  # as if it began a second ago
+        # what a backend's slot holds while an op runs; this one began a second ago (deadline = start + timeout)
+        b._op_now = OpInfo("all_reduce", 3, [0, 1], 0, deadline=time.monotonic() + b.timeout - 1.0)
         reports = ins.check()
-        events.end(tok)
-        assert ins.check() == []  # ended: forgotten
-    assert len(reports) == 1 and "all_reduce #3 of group [0, 1] has waited" in reports[0].message
+        b._op_now = None
+        assert ins.check() == [] and not ins._open  # ended: forgotten
+        b._p2p_now[0] = OpInfo("recv", 2, [0, 1], 0, root=1, deadline=time.monotonic() + b.timeout - 1.0)
+        p2p = ins.check()
+        b._p2p_now.clear()
+    assert len(reports) == 1 and "all_reduce #3 of group [0, 1] has waited 1." in reports[0].message
     assert "no rendezvous store" in reports[0].message
+    assert len(p2p) == 1 and p2p[0].missing == [1] and "waiting for rank 1, the sender" in p2p[0].message
 
 
 def test_topology_numbers_hosts_like_rendezvous():
@@ -225,7 +233,7 @@ def test_stall_hooks_follow_the_env():
     assert start_stall_inspector(environ={"NEURAL_ARCH_STALL_WARNING_S": "0"}) is None
     ins = start_stall_inspector(environ={"NEURAL_ARCH_STALL_WARNING_S": "5"})
     try:
-        assert ins.warning_s == 5.0 and ins._on_begin in events.BEGIN_OBSERVERS
+        assert ins.warning_s == 5.0 and ins.running and not events.BEGIN_OBSERVERS
         assert start_stall_inspector(environ={}) is ins  # one per job
     finally:
         stop_stall_inspector()

@@ -4,6 +4,8 @@ and two forwards before one backward), compared with single-process training on 
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 VOCAB, T, B = 40, 8, 2
@@ -45,7 +47,13 @@ def reshard_run(cfg):
     import neural_arch.distributed as dist
     from neural_arch import nn, optim
     from neural_arch.distributed.fsdp import FSDP, BackwardPrefetch, ModuleWrapPolicy
+    from neural_arch.distributed.parallel.sharded import storage
 
+    storage.MIN_BYTES = 0  # this GPT's buffers are small: map them all, so that freeing is exercised
+    if hasattr(mmap, "MADV_DONTNEED"):
+        # released pages then read as zeros (MADV_FREE keeps the old values while memory is
+        # plentiful): a read of memory given back too early shows up as a wrong result
+        storage._ADVICE = mmap.MADV_DONTNEED
     rank, world = dist.get_rank(), dist.get_world_size()
     steps, twice, ckpt = 3, cfg.get("twice", False), cfg.get("ckpt", False)
     batches = _batches(world, steps)
@@ -58,13 +66,26 @@ def reshard_run(cfg):
     opt = optim.Adam(fsdp.parameters(), lr=1e-2)
     held = []
     gathered = []  # units holding gathered parameters, seen as each gradient is final
+    shrunk = []    # whether a held buffer had given part of its memory back by then
+    root = fsdp._units[-1]
+    root_in_blocks = []  # whether the root held a buffer while a block's gradient was final
+    blocks = {id(p) for m in model.modules() if isinstance(m, nn.TransformerBlock) for p in m.parameters()}
+
+    def seen(p):
+        bufs = [b for b in fsdp._pool.buffers() if b.array is not None and b.holder is not None]
+        gathered.append(fsdp._gathered_units())
+        shrunk.append(any(storage.resident_nbytes(b.array) < b.array.nbytes for b in bufs))
+        if id(p) in blocks:
+            root_in_blocks.append(any(b.holder is root for b in bufs))
     for p in model.parameters():
-        p.register_post_accumulate_grad_hook(lambda _p: gathered.append(fsdp._gathered_units()))
+        p.register_post_accumulate_grad_hook(seen)
     for x, y in batches:
         mine = slice(rank * B, (rank + 1) * B)
         # local loss = mean over my tokens; FSDP averages over ranks -> the global mean
         loss = _loss(fsdp, x[mine], y[mine].reshape(-1), twice)
-        held.append(sum(b.array.size for b in fsdp._pool.buffers() if b.array is not None))
+        # what the gather buffers still occupy after forward (memory given back counts as nothing)
+        held.append(sum(storage.resident_nbytes(b.array) // b.array.itemsize
+                        for b in fsdp._pool.buffers() if b.array is not None))
         loss.backward()
         assert not fsdp._pool.buffers() and all(not u.gathered for u in fsdp._units)
         opt.step()
@@ -79,4 +100,5 @@ def reshard_run(cfg):
     diff = max(float(np.abs(got[k] - v).max()) for k, v in ref.state_dict().items())
     sizes = sorted((u.layout.padded_numel for u in fsdp._units), reverse=True)
     return diff, {"held": max(held), "root": fsdp._units[-1].layout.padded_numel, "block": sizes[0],
-                  "all_units": sum(sizes), "max_gathered": max(gathered)}
+                  "all_units": sum(sizes), "max_gathered": max(gathered), "shrunk": any(shrunk),
+                  "root_in_blocks": any(root_in_blocks)}

@@ -17,7 +17,10 @@ hosts ``2 (n - 1) / n`` times. Two hierarchical forms send less over them:
 
 The result is the flat all-reduce's: bitwise for integers (addition is associative there), within
 reduction-order rounding for floats. Uneven sizes are fine (the 2-D form pads the last slice); the
-2-D form needs the same number of ranks on every host, the leader form does not.
+2-D form needs the same number of ranks on every host, the leader form does not. On gloo the
+host group's steps run on the direct shared-memory collectives (the host group maps its own
+segment at its first collective: :mod:`neural_arch.distributed.comm.gloo`), the cross-host step
+on the message plans over TCP.
 :func:`host_groups` builds the groups from the host each rank runs on (the transport's notion of
 "same host", which ``NEURAL_ARCH_HOST_ID`` overrides, so one machine can play several hosts in
 tests). ``dist.all_reduce`` picks a form by itself on groups spanning hosts

@@ -23,7 +23,8 @@ flat). Read at a group's first ``all_reduce``. Stays flat under ``auto``:
 * hosts simulated on one machine (``NEURAL_ARCH_HOST_ID``): between them TCP runs over loopback,
   where it costs what shared memory does, and ``bench_collectives.py --hierarchical`` measured the
   hierarchical forms no faster than flat there (flat/leader 0.6-1.3x, flat/2d 0.4-1.0x, 2 hosts x 2
-  ranks on 2 shared cores); the machine key
+  ranks on 2 shared cores; with the host groups on the direct shared-memory segment 0.4-0.9x and
+  0.5-1.1x at load 8-11, where their ring-plan references measured 0.5-0.8x and 0.4-0.7x); the machine key
   (hostname + boot id, ignoring the override) tells them apart;
 * MPI and NCCL groups (MPICH and NCCL already run host-aware algorithms inside their all-reduce);
 * ``async_op=True`` calls (three dependent collectives on three sub-communicators cannot ride one

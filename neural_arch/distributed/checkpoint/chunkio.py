@@ -13,16 +13,21 @@ GB/s on the 2-core development box (blake2b 0.23, sha256 0.36 GB/s: slower than 
 detects every burst error of up to 32 bits and random damage with probability 1 - 2^-32 per
 block, and per-block sums let a
 load that needs only part of a chunk (a row shard of a replicated matrix) read and verify only
-the blocks it touches. Checksums guard against corruption (bit rot, truncation, a torn copy),
-not against tampering: the metadata is not signed.
+the blocks it touches. The CRC-32 function is ISA-L's (``isal``) or zlib-ng's when installed:
+the same polynomial and the same values as ``zlib.crc32`` (files stay readable everywhere), but
+folded with carry-less multiplies, 4-5x faster (6-9 GB/s against 1.3-2.3 on the development
+box); without them, ``zlib.crc32``. Checksums guard against corruption (bit rot, truncation, a
+torn copy), not against tampering: the metadata is not signed.
 
 Loading reads with ``os.preadv`` straight into the caller's array where the overlap with a chunk
 is a few contiguous runs (whole arrays, row shards, flat shards): vector reads (8 MiB each) over
 each stretch of needed blocks, whose buffers are the destination's own memory plus small scratch
 buffers for the bytes of partly needed blocks. The checksums of a batch run in one helper thread
-while the next batch is read (``zlib.crc32`` and ``preadv`` both release the GIL, and per-block
+while the next batch is read (the CRC-32 and ``preadv`` both release the GIL, and per-block
 sums are independent, so checking lags reading by at most ``_CHECK_LAG`` bytes, across chunk
-boundaries); the reader raises the first checksum error by the end of its ``with`` block (or
+boundaries; a check the helper has not started when the next batch is read is done by the reader
+itself: on a box with no spare core, that costs no thread switches); the reader raises the first
+checksum error by the end of its ``with`` block (or
 :meth:`ChunkReader.finish`). Other overlaps (column shards of tall matrices) read the chunk into a
 scratch array and copy.
 
@@ -47,6 +52,14 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+try:  # ISA-L's CRC-32: zlib's values, 4-5x faster; both release the GIL on big buffers
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:  # pragma: no cover - depends on what is installed
+    try:
+        from zlib_ng.zlib_ng import crc32 as _crc32
+    except ImportError:
+        _crc32 = zlib.crc32
 
 from neural_arch.distributed.checkpoint.sharded import Region, copy_overlap, overlap_runs
 from neural_arch.utils.atomic_file import atomic_file
@@ -119,10 +132,10 @@ def write_data_file(path: str, tensors: dict, block: int | None = None) -> tuple
             view, crcs = memoryview(raw), []
             for o in range(0, len(view), block):
                 piece = view[o:o + block]
-                crcs.append(zlib.crc32(piece))  # while the block is hot in the cache
+                crcs.append(_crc32(piece))  # while the block is hot in the cache
                 _write_all(fd, piece)
             infos[name] = {"offset": start + header[name]["data_offsets"][0], "nbytes": len(view), "crc32": crcs}
-    return {"size": start + at, "block_bytes": block, "header_crc32": zlib.crc32(head)}, infos
+    return {"size": start + at, "block_bytes": block, "header_crc32": _crc32(head)}, infos
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -172,7 +185,7 @@ def _check_stream(buffers: list, first_block: int, crcs: list, block: int, where
         pos, size = 0, len(buf)
         while pos < size:
             take = min(size - pos, block - filled)
-            crc = zlib.crc32(buf[pos:pos + take], crc)
+            crc = _crc32(buf[pos:pos + take], crc)
             filled += take
             pos += take
             if filled == block:
@@ -198,7 +211,7 @@ class ChunkReader:
         self.directory, self.meta, self.verify = directory, meta, verify
         self.fds: dict[str, int] = {}
         self._checker: ThreadPoolExecutor | None = None
-        self._pending: collections.deque = collections.deque()  # (future, bytes) in submission order
+        self._pending: collections.deque = collections.deque()  # (future, bytes, job) in submission order
         self._pending_bytes = 0
 
     def finish(self) -> None:
@@ -209,7 +222,7 @@ class ChunkReader:
     def close(self) -> None:
         try:
             while self._pending:  # the helper may still read our buffers: let it finish
-                future, _ = self._pending.popleft()
+                future, _, _ = self._pending.popleft()
                 future.exception()
         finally:
             self._pending_bytes = 0
@@ -231,19 +244,31 @@ class ChunkReader:
             self.close()
 
     def _retire(self) -> None:
-        future, nbytes = self._pending.popleft()
+        future, nbytes, job = self._pending.popleft()
         self._pending_bytes -= nbytes
-        future.result()
+        if future.cancel():  # the helper has not started it (no spare core): check it here
+            job[0](*job[1:])
+        else:
+            future.result()
 
     def _check_later(self, check, batch: list, at: int) -> None:
-        """Run ``check(batch, at)`` in the helper thread, at most ``_CHECK_LAG`` bytes behind."""
+        """Run ``check(batch, at)`` in the helper thread, at most ``_CHECK_LAG`` bytes behind.
+
+        Checks the helper has not started yet are taken back and run here (work stealing), so
+        the reading thread never sleeps on a helper that is waiting for a core.
+        """
         nbytes = sum(len(b) for b in batch)
         if nbytes < _INLINE_CHECK:
             check(batch, at)
             return
         if self._checker is None:
             self._checker = ThreadPoolExecutor(1, thread_name_prefix="neural_arch-ckpt-crc")
-        self._pending.append((self._checker.submit(check, batch, at), nbytes))
+        # A check the helper has not started by now (one batch's read later) means no core was
+        # free for it (N ranks on N cores): do it here rather than wait for the scheduler to run
+        # the helper; with a spare core the helper keeps up and this takes nothing back.
+        while self._pending and (self._pending[0][0].done() or not self._pending[0][0].running()):
+            self._retire()
+        self._pending.append((self._checker.submit(check, batch, at), nbytes, (check, batch, at)))
         self._pending_bytes += nbytes
         while self._pending_bytes > _CHECK_LAG:
             self._retire()
@@ -384,7 +409,7 @@ def verify_file(directory: str, fname: str, info: dict, chunks: list[dict]) -> N
     buf = bytearray(max(block, 16 << 20) // block * block)
     with open(path, "rb", buffering=0) as f:
         first = min((c["offset"] for c in chunks), default=size)
-        if zlib.crc32(f.read(first)) != info["header_crc32"]:
+        if _crc32(f.read(first)) != info["header_crc32"]:
             raise _error(f"{path}: the safetensors header fails its checksum; the checkpoint is corrupt")
         for chunk in sorted(chunks, key=lambda c: c["offset"]):
             f.seek(chunk["offset"])

@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 
-from neural_arch.utils.atomic_file import atomic_write_bytes, fsync_dir  # noqa: F401 - fsync_dir re-exported
+from neural_arch.utils.atomic_file import atomic_write_bytes, fsync_dir  # fsync_dir re-exported (__all__)
 
 __all__ = [
     "METADATA_NAME",

@@ -84,6 +84,14 @@ from neural_arch.profiler import events as _events
 
 _monotonic = time.monotonic
 
+# The fused all_reduce path's table: reduce op -> {dtype: its name} for the host dtypes that op
+# reduces as they are. Left out (they take the general path, which checks or converts them): bool
+# for SUM/PRODUCT (an error), AVG of anything but float32/float64 (float16 is pre-multiplied,
+# integers are an error), bfloat16 (recognised by name there).
+_FAST = {op: {d: _dtype_name(d) for d in SUPPORTED_DTYPES
+              if (op in (_MAX, _MIN) or d.kind != "b") and (op is not _AVG or (d.kind == "f" and d.itemsize > 2))}
+         for op in ReduceOp}
+
 
 class Backend(OpRunner):
     """One group's communicator. See the module docstring for the contract; how each operation
@@ -235,38 +243,41 @@ class Backend(OpRunner):
         return op
 
     # -- public collectives ---------------------------------------------------------------------
-    def allreduce(self, array, op: ReduceOp = ReduceOp.SUM, async_op: bool = False) -> Work:
-        """Reduce ``array`` across the group, in place on every rank."""
+    def allreduce(self, array, op: ReduceOp = ReduceOp.SUM, async_op: bool = False, _work: bool = True) -> Work:
+        """Reduce ``array`` across the group, in place on every rank.
+
+        ``_work=False`` (internal: the Tensor API, which discards the handle) returns None instead of a
+        finished Work from a synchronous call that took the fused path below.
+        """
         # The synchronous path of the common case, in one frame: a writable C-contiguous NumPy array
-        # of a supported dtype, a ReduceOp that fits it, on an idle, healthy group of two or more
-        # without debug mode. It does what _check_array, _check_op, _new_info and _run do for that
-        # case (same numbering, deadline, span, poisoning, done Work) without their five call layers
-        # and the closure (~0.9 us of CPU per call: benchmarks/bench_small_messages.py --overhead).
-        # Every other call -- every input that must raise included -- takes the general path below.
+        # of a dtype that ``op`` takes as it is (_FAST), on an idle, healthy group of two or more on
+        # host memory without debug mode (``_fast``: OpRunner._refresh_fast). It does what
+        # _check_array, _check_op, _new_info and _run do for that case (same numbering, deadline,
+        # span, op slot, poisoning, done Work) without their call layers and the closure
+        # (benchmarks/bench_small_messages.py --overhead). Every other call -- every input that must
+        # raise included -- takes the general path below.
         if array.__class__ is np.ndarray and op.__class__ is ReduceOp and not async_op:
-            dtype = array.dtype
+            name = _FAST[op].get(array.dtype)
             flags = array.flags
-            kind = dtype.kind
-            if (dtype in SUPPORTED_DTYPES and flags.c_contiguous and flags.writeable and self._cpu
-                    and (op is not _AVG or (kind == "f" and dtype.itemsize > 2))
-                    and (kind != "b" or op is _MAX or op is _MIN)
-                    and self._size > 1 and not self._lane.pending and self._fatal is None and not self._closed
-                    and not self.debug):
+            if (name is not None and flags.c_contiguous and flags.writeable and self._fast
+                    and not self._lane.pending):
                 self._seq += 1
                 info = OpInfo("all_reduce", self._seq, self.group_ranks, self._global_rank, array.shape,
-                              _DTYPE_NAMES.get(dtype) or _dtype_name(dtype), None, op._value_,
-                              _monotonic() + self.timeout, None, None)
+                              name, None, op._value_, _monotonic() + self.timeout, None, None)
                 span = None
                 if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
-                    span = _spans.begin(self, info, "default")   # the stall inspector, a profiler
+                    span = _spans.begin(self, info, "default")   # a profiler, metrics
+                self._op_now = info                    # where the stall inspector looks (spans.in_flight)
                 try:
                     self._allreduce(array, op, info)
                 except BaseException as exc:
+                    self._op_now = None
                     self._failed(info, exc, span)      # poison the group, as _run does
                     raise
+                self._op_now = None
                 if span is not None:
                     _spans.end(span, info)
-                return Work.completed(array, info)
+                return Work.completed(array, info) if _work else None
         self._check_array(array, "array", writable=True)
         op = self._check_op(op, array)
         info = self._new_info("all_reduce", array, op=op)
@@ -483,6 +494,7 @@ class Backend(OpRunner):
         if self._closed:
             return
         self._closed = True
+        self._fast = False
         self._close_lanes("the process group was destroyed")
         self._shutdown()
 

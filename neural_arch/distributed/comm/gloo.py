@@ -6,12 +6,16 @@ when, and the measurements behind the thresholds) over one :class:`~neural_arch.
 per process: shared memory between ranks of one host, TCP between hosts
 (``NEURAL_ARCH_GLOO_TRANSPORT=auto|shm|tcp``). CuPy arrays are staged through host memory.
 
-When every rank of the world is on this host (shared-memory links), all_reduce, reduce,
-reduce_scatter, all_gather, broadcast and barrier of the world group skip the messages: they run
-on one shared segment (:mod:`neural_arch.distributed.comm.algorithms.shm_direct`, created during
-this rendezvous). Sub-groups, CuPy arrays, other dtypes and the remaining ops use the plans;
-``NEURAL_ARCH_GLOO_DIRECT=0`` turns the direct path off, ``NEURAL_ARCH_GLOO_ALGO=direct|ring|...``
-forces one algorithm (measurements, tests).
+When every rank of a group is on this host (shared-memory links), all_reduce, reduce,
+reduce_scatter, all_gather, broadcast and barrier of that group skip the messages: they run on one
+shared segment (:mod:`neural_arch.distributed.comm.algorithms.shm_direct`). The world group maps
+its segment during this rendezvous; a sub-group whose members are all shared-memory peers maps
+its own at its first collective that would use it (lazily: jobs create many groups that never run
+one, and every member reaches that collective in the same order, so the store exchange there is
+deterministic), under a store key made of the group's creation path, so groups never collide.
+A sub-group that spans hosts (the hierarchical all-reduce's cross-host groups), CuPy arrays,
+other dtypes and the remaining ops use the plans; ``NEURAL_ARCH_GLOO_DIRECT=0`` turns the direct
+path off, ``NEURAL_ARCH_GLOO_ALGO=direct|ring|...`` forces one algorithm (measurements, tests).
 
 Sub-groups reuse the world's transport on their own channels, so creating one opens no
 sockets. Point-to-point messages carry a small header (shape, dtype, tag) before the payload;
@@ -86,13 +90,23 @@ class GlooBackend(PlanExecutor, Backend):
     def __init__(self, transport, rank: int, size: int, timeout: float = 300.0,
                  group_ranks: Optional[Sequence[int]] = None, debug: Optional[bool] = None,
                  peers: Optional[Sequence[int]] = None, path: Tuple[int, ...] = (),
-                 owns_transport: bool = True, direct=None):
+                 owns_transport: bool = True, direct=None, store=None, lazy_direct: bool = False,
+                 segments: Optional[list] = None):
         super().__init__(rank, size, timeout, group_ranks=group_ranks, debug=debug)
         self._t = transport
         #: the direct shared-memory collectives (shm_direct.DirectCollectives) when every rank of
         #: this group is on this host and the transport is shared memory; None otherwise
         self._direct = direct
         self._direct_always = direct is not None and direct_for_every_size(size)
+        #: the rendezvous store (sub-groups map their segments through it) and whether this group
+        #: maps one at its first direct collective (see :meth:`_connect_lazy`)
+        self._store = store
+        self._direct_lazy = lazy_direct and direct is None
+        #: every live DirectCollectives of this process (the world's and its sub-groups', one list
+        #: shared by all groups of the transport): a failure poisons them all, see _poison_peers
+        self._segments: list = segments if segments is not None else []
+        if direct is not None:
+            self._segments.append(direct)
         #: group rank -> transport (world) rank
         self._peers: List[int] = list(peers) if peers is not None else list(range(size))
         self._path = path
@@ -132,7 +146,8 @@ class GlooBackend(PlanExecutor, Backend):
                 raise
         else:
             direct = None
-        return cls(t, rank, world_size, timeout, group_ranks=group_ranks, debug=debug, direct=direct)
+        return cls(t, rank, world_size, timeout, group_ranks=group_ranks, debug=debug, direct=direct,
+                   store=store)
 
     # -- scratch ----------------------------------------------------------------------------------
     def _scratch(self, dtype, n: int, slot: str) -> np.ndarray:
@@ -163,9 +178,12 @@ class GlooBackend(PlanExecutor, Backend):
         # propagated by the transport's abort message.
         why = (f"{info.describe()} on group {self.group_ranks} failed on rank "
                f"{self.group_ranks[self._rank]}: {type(exc).__name__}: {exc}")
-        if self._direct is not None:
-            # ranks waiting in a shared-memory barrier read no socket: the segment's flag wakes them
-            self._direct.seg.poison(why)
+        # Ranks waiting in a shared-memory barrier read no socket: the segments' flags wake them --
+        # every segment of this process, not only this group's: a peer may be waiting for this
+        # rank in another group's barrier (the world's, or a host group's during a hierarchical
+        # all-reduce), and it would otherwise wait for the full timeout.
+        for direct in list(self._segments):
+            direct.seg.poison(why)
         if isinstance(exc, PeerFailureError):
             return
         if self._t is not None:
@@ -280,7 +298,10 @@ class GlooBackend(PlanExecutor, Backend):
 
     # -- direct shared-memory collectives (falling back to the plans) ----------------------------------
     def _use_direct(self, array, nbytes: int) -> bool:
-        if self._direct is None or type(array) is not np.ndarray or array.dtype not in DIRECT_DTYPES:
+        """Whether ``array`` takes the direct path (true also for a sub-group that has not mapped its
+        segment yet: the op then calls :meth:`_connect_lazy` first)."""
+        if ((self._direct is None and not self._direct_lazy) or type(array) is not np.ndarray
+                or array.dtype not in DIRECT_DTYPES):
             return False
         force = self._force_algo
         if force:    # an algorithm forced for measurements/tests: "direct", or a plan
@@ -293,17 +314,43 @@ class GlooBackend(PlanExecutor, Backend):
         if op in DIRECT_OPS and self._size > 1 and (op == "barrier" or array.size):
             # the same tests as the collectives below
             if op == "barrier":
-                if self._direct is not None and (not self._force_algo or "direct" in self._force_algo):
+                if self._has_direct() and (not self._force_algo or "direct" in self._force_algo):
                     return "direct"
             elif self._use_direct(array, array.nbytes):
                 return "direct"
         return super().chosen_algorithm(op, array, root)
+
+    def _has_direct(self) -> bool:
+        return self._direct is not None or self._direct_lazy
 
     def _check_transport(self, info: OpInfo) -> None:
         # another group of this process (sharing the transport) failed: the world fails too, as it
         # would over the transport
         if getattr(self._t, "_abort", None) is not None:
             raise self._t._abort_error(info)
+        if self._direct is None:
+            self._connect_lazy(info)
+
+    def _connect_lazy(self, info: OpInfo) -> None:
+        """Map this sub-group's segment (every member runs this at the same collective: the group's
+        first one that takes the direct path, which the same tests decide on every rank)."""
+        from neural_arch.distributed.comm.algorithms.shm_direct import DirectCollectives
+        from neural_arch.distributed.comm.transport.shm_segment import ShmSegment
+        from neural_arch.distributed.errors import RendezvousError
+
+        # one key namespace per creation path (the world's is "gloo/direct"): never shared
+        prefix = "gloo/direct/g" + ".".join(str(i) for i in self._path)
+        try:
+            t = self._t     # every rank of the job on this host competes for its cores, not only ours
+            local = 1 + sum(1 for p in range(t.size) if p != t.rank and t.peer_kind(p) == "shm")
+            seg = ShmSegment.connect(self._store, self._rank, self._size, info.deadline,
+                                     names=self.group_ranks, prefix=prefix, local_ranks=local)
+        except RendezvousError as exc:
+            raise RendezvousError(f"{info.describe()} on group {self.group_ranks}: {exc}") from None
+        self._direct = DirectCollectives(seg)
+        self._direct_lazy = False
+        self._direct_always = direct_for_every_size(self._size)
+        self._segments.append(self._direct)
 
     def _allreduce(self, array, op: ReduceOp, info: OpInfo) -> None:
         # the latency-critical path: the checks of _use_direct/_check_transport inlined
@@ -358,7 +405,7 @@ class GlooBackend(PlanExecutor, Backend):
         super()._reduce_scatter(output, input, op, info)
 
     def _barrier(self, info: OpInfo) -> None:
-        if self._direct is not None and (not self._force_algo or "direct" in self._force_algo):
+        if self._has_direct() and (not self._force_algo or "direct" in self._force_algo):
             self._check_transport(info)
             self._direct.barrier(info)
             return
@@ -372,18 +419,33 @@ class GlooBackend(PlanExecutor, Backend):
         path = self._path + (self._children,)
         if self._rank not in ranks:
             return None
+        peers = [self._peers[r] for r in ranks]
+        # No I/O here: a same-host group maps its segment at its first direct collective
+        lazy = self._store is not None and _direct_possible(self._t, peers, self._peers[self._rank])
         return GlooBackend(self._t, ranks.index(self._rank), len(ranks), self.timeout,
                            group_ranks=[self.group_ranks[r] for r in ranks], debug=self.debug,
-                           peers=[self._peers[r] for r in ranks], path=path, owns_transport=False)
+                           peers=peers, path=path, owns_transport=False, store=self._store,
+                           lazy_direct=lazy, segments=self._segments)
 
     def _shutdown(self) -> None:
         self._buffers.clear()
         self._compiled_plans.clear()
+        self._direct_lazy = False
         if self._direct is not None:
+            try:
+                self._segments.remove(self._direct)
+            except ValueError:
+                pass
             self._direct.close()
             self._direct = None
-        if self._owns_transport and self._t is not None:
-            self._t.close()
+        if self._owns_transport:
+            # the world goes last (destroy_process_group shuts sub-groups first); a sub-group left
+            # open by hand loses its segment with the transport
+            for direct in list(self._segments):
+                direct.close()
+            self._segments.clear()
+            if self._t is not None:
+                self._t.close()
 
     def transport_kinds(self) -> Dict[int, str]:
         """``{group rank: "shm" | "tcp"}`` for every peer (useful to check what ``auto`` picked)."""
@@ -397,15 +459,26 @@ def _connect_direct(store, transport, rank: int, size: int, timeout: float, grou
     import time
 
     from neural_arch.distributed.comm.algorithms.shm_direct import DirectCollectives
-    from neural_arch.distributed.comm.transport.shm_segment import ShmSegment, direct_supported
+    from neural_arch.distributed.comm.transport.shm_segment import ShmSegment
 
-    if not config.get(DIRECT_ENV) or not direct_supported():
-        return None
-    if any(transport.peer_kind(p) != "shm" for p in range(size) if p != rank):
+    if not _direct_possible(transport, range(size), rank):
         return None
     names = list(group_ranks) if group_ranks is not None else list(range(size))
     seg = ShmSegment.connect(store, rank, size, time.monotonic() + timeout, names=names)
     return DirectCollectives(seg)
+
+
+def _direct_possible(transport, peers, me: int) -> bool:
+    """Whether a group of the transport ranks ``peers`` (``me`` among them) can run the direct
+    collectives: more than one rank, every other one a shared-memory link, the machine supports
+    it, and ``NEURAL_ARCH_GLOO_DIRECT`` is not 0. Every member decides the same (link kinds are
+    symmetric, the environment agrees across ranks)."""
+    from neural_arch.distributed.comm.transport.shm_segment import direct_supported
+
+    others = [p for p in peers if p != me]
+    if not others or transport is None or not config.get(DIRECT_ENV) or not direct_supported():
+        return False
+    return all(transport.peer_kind(p) == "shm" for p in others)
 
 
 def _bytes(array: np.ndarray) -> np.ndarray:

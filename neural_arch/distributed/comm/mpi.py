@@ -26,7 +26,10 @@ was a third of a 1 KiB all_reduce. Their init is collective and they match only 
 the cache holds only (bytes, dtype, op) keys that every rank agreed on (one tiny check the first
 time a key is seen) and each request works on a staging buffer of the backend's own; a cache keyed
 by the caller's buffer address would hit on one rank and miss on another, i.e. call a collective on
-some ranks only (see ``MPIBackend._new_persistent``).
+some ranks only (see ``MPIBackend._new_persistent``). Larger ones are ``Iallreduce`` on the
+caller's array + one ``Waitany``, not the blocking ``MPI_Allreduce``: on busy cores (2 ranks, load
+11-15 on 2 cores) MPICH 5's blocking all_reduce took 2.5-37x as long at 64-256 KiB, in 5 of 5 runs
+(``MPIBackend.create``'s ``blocking_collectives=True`` opts in to it, with a job abort at the deadline).
 
 **Timeout and abort policy.** MPI cannot cancel a started collective: after a timeout the
 request is still pending inside MPI, its buffer still in use, and the communicator unusable.
@@ -35,7 +38,9 @@ error says the process must exit, and (3) when a process whose MPI group failed 
 module calls ``MPI.COMM_WORLD.Abort(1)`` from an ``atexit`` hook, because ``MPI_Finalize``
 would wait for the pending operation forever and the peers stuck in it would never return.
 We do not abort *inside* the failing call: the caller gets the exception first, to log it or
-save a checkpoint. (A rank that *dies* is handled by ``mpiexec``, which ends the whole job.)
+save a checkpoint -- except with ``blocking_collectives=True``, where the watchdog aborts the job at
+the deadline of a blocking call (no error can reach its caller). (A rank that *dies* is handled by
+``mpiexec``, which ends the whole job.) The policy's code: :mod:`.mpi_failure`.
 
 Reductions: ``ReduceOp`` maps to MPI's ops (AVG = SUM, then divide); float16 and bfloat16 are
 reduced **in float32 on the host** (MPI has no half or bfloat16 type): each rank widens its array
@@ -60,14 +65,12 @@ import atexit
 import contextlib
 import importlib.util
 import os
-import sys
 import threading
 import time
 
 import numpy as np
 
 from neural_arch.backend import to_device_like, to_host
-
 from neural_arch.distributed import config
 from neural_arch.distributed.comm.backend import (
     SUPPORTED_DTYPES,
@@ -75,7 +78,16 @@ from neural_arch.distributed.comm.backend import (
     finish_average,
     is_bfloat16,
 )
-from neural_arch.distributed.comm.mpi_progress import DeadlinePassed, Presence, Watchdog, where
+from neural_arch.distributed.comm.mpi_failure import (  # noqa: F401 - _mpi, _BROKEN: this module's names too
+    _BROKEN,
+    ABORT_OUTPUT_GRACE_S,
+    MPI_Init_did_not_finish_within_the_rendezvous_timeout,
+    _abort_if_broken,
+    _mpi,
+    abort_job,
+    timeout_message,
+)
+from neural_arch.distributed.comm.mpi_progress import DeadlinePassed, Presence, Watchdog
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp
 from neural_arch.distributed.errors import CollectiveTimeoutError, DistributedError
 
@@ -97,65 +109,12 @@ PERSISTENT_MAX_BYTES = 2 << 10
 _PERSISTENT_ENTRIES = 256
 _OP_CODES = {"sum": 1, "avg": 2, "max": 3, "min": 4, "product": 5}
 
-_BROKEN: list[str] = []      # descriptions of MPI operations that timed out in this process
 _ATEXIT_INSTALLED = False
 
 
-def _mpi(timeout: float | None = None):
-    """``mpi4py.MPI``, imported (which runs MPI_Init) under a watchdog.
-
-    MPI_Init blocks until every rank of the ``mpiexec`` job has called it: one rank that starts late
-    (or never) would hang the others there, far past any rendezvous timeout, in C code that no Python
-    thread can interrupt. So the first import runs under ``faulthandler``'s C-level watchdog: after
-    ``timeout`` seconds (default ``NEURAL_ARCH_RENDEZVOUS_TIMEOUT``, else 60) it prints the stack --
-    whose innermost frame is named ``MPI_Init_did_not_finish_within_the_rendezvous_timeout`` -- and
-    exits the process with status 1, which makes ``mpiexec`` end the job.
-    """
-    MPI = sys.modules.get("mpi4py.MPI")
-    if MPI is not None:
-        return MPI
-    if timeout is None:
-        timeout = config.get("NEURAL_ARCH_RENDEZVOUS_TIMEOUT")
-    return MPI_Init_did_not_finish_within_the_rendezvous_timeout(timeout)
-
-
-def MPI_Init_did_not_finish_within_the_rendezvous_timeout(timeout: float):
-    """Named for the watchdog's stack dump: this frame on top means a rank never reached MPI_Init."""
-    import faulthandler
-
-    sys.stderr.flush()
-    faulthandler.dump_traceback_later(max(1.0, float(timeout)), exit=True)
-    try:
-        from mpi4py import MPI  # initialises MPI on first import (mpi4py's default: THREAD_MULTIPLE)
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-    return MPI
-
-
-# Seconds between flushing our output and MPI_Abort. Why: on Abort, MPICH's hydra kills the job as
-# soon as its proxy handles the abort request, and the proxy does not first drain the rank's
-# stdout/stderr pipes: 2 runs in 20 lost everything the aborting rank printed (its traceback,
-# this module's message, even lines flushed seconds earlier). Output already in the pipe is
-# forwarded within milliseconds once the proxy gets to it, so a short pause makes it arrive.
 # How long a wait polls MPI_Test before it starts sleeping (seconds). Polling keeps small
 # collectives near raw mpi4py's latency; sleeping afterwards keeps oversubscribed ranks fair.
 _SPIN_S = config.get("NEURAL_ARCH_MPI_SPIN_S")
-ABORT_OUTPUT_GRACE_S = 0.5
-
-
-def _abort_if_broken() -> None:
-    """atexit: a pending MPI operation would make MPI_Finalize hang; end the whole job instead."""
-    if not _BROKEN:
-        return
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed or replaced stream must not stop the abort
-            stream.flush()
-    sys.stderr.write(f"neural_arch MPI backend: {_BROKEN[0]} never completed; aborting the MPI job "
-                     "(MPI cannot cancel a started collective, and MPI_Finalize would hang)\n")
-    with contextlib.suppress(Exception):
-        sys.stderr.flush()
-    time.sleep(ABORT_OUTPUT_GRACE_S)
-    _mpi().COMM_WORLD.Abort(1)
 
 
 def _bytes(a):
@@ -176,7 +135,7 @@ class MPIBackend(Backend):
     devices = ("cpu", "cuda")
 
     def __init__(self, comm, timeout: float = 300.0, group_ranks=None, debug=None, presence=None,
-                 watchdog=None):
+                 watchdog=None, blocking_collectives: bool = False):
         super().__init__(comm.Get_rank(), comm.Get_size(), timeout, group_ranks, debug)
         MPI = _mpi()
         self.comm = comm
@@ -197,6 +156,8 @@ class MPIBackend(Backend):
         self.transport = "mpi"
         #: (bytes, dtype.num, op value) -> (persistent all_reduce request, its staging buffer)
         self._persistent: dict = {}
+        #: all_reduces above PERSISTENT_MAX_BYTES call the blocking MPI_Allreduce (see create())
+        self._blocking = bool(blocking_collectives)
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -206,12 +167,22 @@ class MPIBackend(Backend):
 
     @classmethod
     def create(cls, store=None, rank: int | None = None, world_size: int | None = None,
-               timeout: float = 300.0, rendezvous_timeout: float | None = None, **options) -> MPIBackend:
+               timeout: float = 300.0, rendezvous_timeout: float | None = None,
+               blocking_collectives: bool = False, **options) -> MPIBackend:
         """The world communicator. MPI decides rank and size; explicit ones must agree.
 
         ``store`` is unused (MPI has its own rendezvous). Every rank must call this: it first
-        waits (up to ``rendezvous_timeout``) for all ranks in a nonblocking barrier, then
+        waits (up to ``rendezvous_timeout``) for all ranks in a nonblocking collective, then
         duplicates ``COMM_WORLD`` so our traffic never matches the user's own MPI messages.
+
+        ``blocking_collectives=True`` (``init_process_group("mpi", blocking_collectives=True)``;
+        every rank must pass the same value, which the rendezvous checks): every all_reduce above
+        ``PERSISTENT_MAX_BYTES`` calls the blocking ``MPI_Allreduce`` -- no nonblocking schedule
+        built per call -- and a rank whose call passes its deadline **aborts the whole MPI job** from
+        the watchdog thread, printing the CollectiveTimeoutError's message (op, sequence number,
+        missing ranks): a blocking call cannot return an error to its caller. Off by default: it
+        turns timeouts into job aborts, and MPICH 5's blocking all_reduce degrades badly on busy
+        cores (module docstring); compare with ``benchmarks/bench_mpi_backend.py --probes``.
         """
         global _ATEXIT_INSTALLED
         MPI = _mpi(rendezvous_timeout if rendezvous_timeout is not None else None)
@@ -231,9 +202,20 @@ class MPIBackend(Backend):
         probe = cls(world, timeout)
         info = OpInfo("rendezvous (mpi barrier)", 0, list(range(world.Get_size())), world.Get_rank(),
                       deadline=time.monotonic() + wait)
-        probe._poll([world.Ibarrier()], info)
-        backend = cls(world.Dup(), timeout)
-        if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
+        # the barrier is a MAX of (flag, -flag): equal everywhere iff every rank chose the same mode
+        # (blocking and nonblocking collectives never match each other: mixed ranks would hang)
+        flag = int(bool(blocking_collectives))
+        agreed = np.array([flag, -flag], np.int64)
+        probe._poll([world.Iallreduce(MPI.IN_PLACE, agreed, MPI.MAX)], info)
+        if int(agreed[0]) != -int(agreed[1]):
+            raise ValueError("backend 'mpi': blocking_collectives differs across ranks; pass the same value on "
+                             "every rank (blocking and nonblocking MPI collectives never match each other)")
+        threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+        if flag and not threaded:
+            raise NotImplementedError("blocking_collectives=True needs MPI_THREAD_MULTIPLE (its deadline watchdog "
+                                      "runs beside the blocked call); this MPI library gave a lower thread level")
+        backend = cls(world.Dup(), timeout, blocking_collectives=bool(flag))
+        if threaded:
             private = world.Dup()       # presence queries (tags 1, 2) and wake-ups (tags >= 100)
             interval = min(_WATCHDOG_S, max(0.005, float(timeout) / 40))
             backend._watchdog = Watchdog(MPI, private, interval)
@@ -267,6 +249,15 @@ class MPIBackend(Backend):
             watchdog.wait(requests, info, status)
         except DeadlinePassed:
             raise self._timeout(info, time.monotonic() - (info.deadline - self.timeout), peer) from None
+        except self._MPI.Exception as exc:
+            raise self._mpi_failed(info, exc) from None
+
+    def _wait_one(self, request, info: OpInfo) -> None:
+        """:meth:`_wait` for one request of a collective, with the watchdog (the hot paths)."""
+        try:
+            self._watchdog.wait_one(request, info)
+        except DeadlinePassed:
+            raise self._timeout(info, time.monotonic() - (info.deadline - self.timeout), None) from None
         except self._MPI.Exception as exc:
             raise self._mpi_failed(info, exc) from None
 
@@ -314,24 +305,8 @@ class MPIBackend(Backend):
         tail = ("MPI cannot cancel a started operation: this process group is unusable now and the MPI "
                 "job is aborted when this process exits. Check that every rank calls the same "
                 "collectives in the same order, or raise init_process_group(timeout=...).")
-        if peer is not None:
-            exc = info.timeout_error([self.global_rank(peer)], waited)
-            return CollectiveTimeoutError(f"{exc} {tail}")
-        group = list(info.group_ranks)
-        others = [r for r in group if r != info.rank]
-        answers = self._presence.ask(others) if self._presence is not None else {}
-        if not answers:
-            return CollectiveTimeoutError(
-                f"{info.describe()} on group {group} timed out after {waited:.1f} s on rank {info.rank}: some of "
-                f"ranks {others} did not arrive (MPI does not report which; rank {info.rank} was waiting). {tail}")
-        mine = where(info)
-        waiting = [info.rank] + [r for r in others if mine in (answers.get(r) or "")]
-        missing = [r for r in others if r not in waiting]
-        doing = "; ".join(f"rank {r} is {answers[r]}" if answers.get(r) else
-                          f"rank {r} did not answer (dead, or not making MPI progress)" for r in missing)
-        return CollectiveTimeoutError(
-            f"{info.describe()} on group {group} timed out after {waited:.1f} s on rank {info.rank}: ranks "
-            f"{missing} did not arrive; ranks {sorted(waiting)} were waiting ({doing}). {tail}")
+        return CollectiveTimeoutError(timeout_message(
+            info, waited, self._presence, tail, None if peer is None else self.global_rank(peer)))
 
     # -- staging (CuPy without CUDA-aware MPI) and reduction dtypes --------------------------------
     def _host(self, a):
@@ -380,10 +355,12 @@ class MPIBackend(Backend):
                     flat = array if array.ndim == 1 else array.reshape(-1)
                     stage[...] = flat
                     req.Start()
-                    watchdog.wait([req], info)
+                    watchdog.wait_one(req, info)
                     flat[...] = stage
+                elif self._blocking:
+                    self._blocking_allreduce(array, op, info)
                 else:
-                    watchdog.wait([self.comm.Iallreduce(self._IN_PLACE, array, self._ops[op._value_])], info)
+                    watchdog.wait_one(self.comm.Iallreduce(self._IN_PLACE, array, self._ops[op._value_]), info)
             except DeadlinePassed:      # what _wait does, inlined
                 raise self._timeout(info, time.monotonic() - (info.deadline - self.timeout), None) from None
             except self._MPI.Exception as exc:
@@ -404,6 +381,8 @@ class MPIBackend(Backend):
             req.Start()
             self._wait([req], info)
             to_device_like(stage, red, out=red)
+        elif self._blocking:
+            self._blocking_allreduce(red, op, info)
         else:
             with self._mpi_lock:
                 req = self.comm.Iallreduce(self._IN_PLACE, red, self._ops[op._value_])
@@ -412,6 +391,29 @@ class MPIBackend(Backend):
             finish_average(red, self._size)
         self._store(host, red)
         self._back(array, host)
+
+    def _blocking_allreduce(self, array, op: ReduceOp, info: OpInfo) -> None:
+        """``MPI_Allreduce`` in place under the watchdog, which aborts the job at the deadline (create())."""
+        watchdog = self._watchdog
+        slot = watchdog.begin_blocking(info, self._abort_blocked)
+        try:
+            self.comm.Allreduce(self._IN_PLACE, array, self._ops[op._value_])
+        except self._MPI.Exception as exc:
+            raise self._mpi_failed(info, exc) from None
+        finally:
+            watchdog.end_blocking(slot)
+
+    def _abort_blocked(self, info: OpInfo, still_blocked) -> None:
+        """The watchdog thread, at the deadline of a blocking call: name the late ranks, then abort the job."""
+        tail = ("A blocking MPI call cannot be interrupted (blocking_collectives=True), so the MPI job is "
+                "aborted. Check that every rank calls the same collectives in the same order, or raise "
+                "init_process_group(timeout=...).")
+        try:
+            message = timeout_message(info, time.monotonic() - (info.deadline - self.timeout), self._presence, tail)
+        except Exception as exc:  # noqa: BLE001 - asking the peers failed: abort all the same, never hang
+            message = f"{info.describe()} on group {list(info.group_ranks)} timed out ({exc!r}). {tail}"
+        if still_blocked():              # (it may have completed while the peers were asked)
+            abort_job(message)
 
     def _new_persistent(self, nbytes: int, dtype, op: ReduceOp, info: OpInfo) -> tuple | None:
         """The persistent all_reduce of (``nbytes``, ``dtype``, ``op``) and its staging buffer, created
@@ -482,7 +484,7 @@ class MPIBackend(Backend):
 
     def _broadcast(self, array, root: int, info: OpInfo) -> None:
         if array.__class__ is np.ndarray and self._watchdog is not None and array.dtype in _NATIVE:
-            self._wait([self.comm.Ibcast(array, root)], info)
+            self._wait_one(self.comm.Ibcast(array, root), info)
             return
         host = self._host(array)
         with self._mpi_lock:
@@ -493,7 +495,7 @@ class MPIBackend(Backend):
     def _allgather(self, output, input, info: OpInfo) -> None:
         if (input.__class__ is np.ndarray and output.__class__ is np.ndarray and self._watchdog is not None
                 and input.dtype in _NATIVE):
-            self._wait([self.comm.Iallgather(input, output)], info)
+            self._wait_one(self.comm.Iallgather(input, output), info)
             return
         host_in, host_out = self._host(input), self._host(output)
         with self._mpi_lock:
@@ -580,7 +582,7 @@ class MPIBackend(Backend):
         if not member:
             return None
         return MPIBackend(sub, self.timeout, [self.group_ranks[r] for r in ranks], self.debug, self._presence,
-                          self._watchdog)
+                          self._watchdog, self._blocking)
 
     def _shutdown(self) -> None:
         if self._fatal is None and not _BROKEN:

@@ -20,6 +20,10 @@ The timed-out operation itself is still pending inside MPI (MPI cannot cancel a 
 collective): the backend marks the group failed and aborts the job at exit, as before
 (docs/fault_tolerance.md).
 
+A thread inside a *blocking* MPI call (``blocking_collectives=True``) registers with
+:meth:`Watchdog.begin_blocking` instead: no wake-up can end that call, so at its deadline the
+watchdog hands the op to the backend, which names the late ranks and aborts the job.
+
 This needs ``MPI_THREAD_MULTIPLE`` (the watchdog calls MPI while the waiter is inside MPI);
 below it the backend falls back to polling (``MPIBackend._poll``).
 
@@ -66,7 +70,7 @@ class DeadlinePassed(Exception):
 class _Slot:
     """One waiting thread's wake-up request and what it waits on right now."""
 
-    __slots__ = ("buf", "fired", "info", "pair", "req", "tag")
+    __slots__ = ("abort", "buf", "fired", "info", "pair", "req", "tag")
 
     def __init__(self, comm, me: int, tag: int):
         self.tag = tag
@@ -74,6 +78,7 @@ class _Slot:
         self.req = comm.Irecv(self.buf, me, tag)
         self.info: OpInfo | None = None      # the op this thread waits in (None: not waiting)
         self.fired: OpInfo | None = None     # the op the watchdog last woke this thread for
+        self.abort = None                     # set while the thread is in a *blocking* MPI call
         self.pair = [None, self.req]          # reused request list for the one-request case
 
 
@@ -134,6 +139,38 @@ class Watchdog:
             if n == 1:
                 reqs[0] = None   # do not keep the op's request (and its buffer) alive
 
+    def wait_one(self, request, info: OpInfo) -> None:
+        """:meth:`wait` for a single request: the hot path of every collective, without the list."""
+        slot = getattr(self._local, "slot", None) or self._slot()
+        reqs = slot.pair
+        reqs[0] = request
+        slot.info = info
+        try:
+            while self._waitany(reqs) != 0:
+                # the wake-up: re-arm it, then decide whether it was meant for this op
+                slot.req = reqs[1] = self.comm.Irecv(slot.buf, self.me, slot.tag)
+                if slot.fired is info:
+                    raise DeadlinePassed(info.describe())
+                # else: a late wake-up for an earlier op that completed as the watchdog fired
+        finally:
+            slot.info = None
+            reqs[0] = None   # do not keep the op's request (and its buffer) alive
+
+    def begin_blocking(self, info: OpInfo, on_deadline) -> _Slot:
+        """This thread enters a *blocking* MPI call for ``info``, which no wake-up can end: at the
+        deadline the watchdog calls ``on_deadline(info, still_blocked)`` instead (in its own thread;
+        ``still_blocked()`` says whether the call is still running, e.g. to abort the job). Pair with
+        :meth:`end_blocking`. Peers' presence queries see the op as with :meth:`wait`."""
+        slot = getattr(self._local, "slot", None) or self._slot()
+        slot.abort = on_deadline
+        slot.info = info
+        return slot
+
+    @staticmethod
+    def end_blocking(slot: _Slot) -> None:
+        slot.info = None     # first: from here on the watchdog leaves this slot alone
+        slot.abort = None
+
     def active(self) -> list[OpInfo]:
         """The operations threads of this process wait in right now (for :class:`Presence`)."""
         return [info for info in (s.info for s in self._slots) if info is not None]
@@ -149,6 +186,10 @@ class Watchdog:
                     info = slot.info
                     if info is not None and now >= info.deadline and slot.fired is not info:
                         slot.fired = info
+                        on_deadline = slot.abort
+                        if on_deadline is not None:    # a blocking call: no wake-up can end it
+                            on_deadline(info, lambda slot=slot, info=info: slot.info is info)
+                            continue
                         sends.append(self.comm.Isend(one, self.me, slot.tag))
                 if sends:
                     sends = [r for r in sends if not r.Test()]

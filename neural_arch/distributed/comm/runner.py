@@ -11,6 +11,8 @@ lanes and its failure state, and runs each operation the same way:
 * with ``NEURAL_ARCH_DISTRIBUTED_DEBUG=DETAIL`` it first compares the op's fingerprint across ranks
   (``_debug_check``, through the backend's ``_allgather``);
 * when someone listens, the op is one ``"collective"`` profiler span (:mod:`.spans`);
+* while it runs, the op sits in the backend's slot (``_op_now``, or ``_p2p_now`` for point-to-point
+  ops), where the stall inspector finds it (``spans.in_flight``) without any per-op record;
 * an op that fails once data may have moved **poisons** the group (``_failed``): every later op
   here fails naming that first failure, and ``_poison_peers`` (the backend's) tells the other ranks.
 
@@ -37,6 +39,7 @@ import numpy as np
 from neural_arch.distributed import config
 from neural_arch.distributed.comm import spans as _spans
 from neural_arch.distributed.comm.debug import (
+    _P2P_NAMES,
     FINGERPRINT_LEN,
     OP_CODES,
     describe_fingerprint,
@@ -83,7 +86,7 @@ class OpRunner(abc.ABC):
         self.group_ranks: list[int] = list(group_ranks) if group_ranks is not None else list(range(size))
         self._global_rank = self.group_ranks[rank]
         self._cpu = "cpu" in getattr(self, "devices", ())   # moves NumPy arrays (asked on every call)
-        self.debug = debug_mode_from_env() if debug is None else bool(debug)
+        self._debug = debug_mode_from_env() if debug is None else bool(debug)
         self._seq = 0
         self._p2p_seq = 0
         # collectives run in order on one lane; async point-to-point ops on one lane per
@@ -93,6 +96,30 @@ class OpRunner(abc.ABC):
         self._lock = threading.Lock()
         self._closed = False
         self._fatal: BaseException | None = None
+        # The op running now, for the stall inspector (spans.in_flight reads these when it looks):
+        # collectives run one at a time per group, so one slot; point-to-point ops one per lane.
+        self._op_now: OpInfo | None = None
+        self._p2p_now: dict = {}
+        _spans.register(self)
+        self._refresh_fast()
+
+    # -- the fused synchronous path's one test ----------------------------------------------------
+    @property
+    def debug(self) -> bool:
+        """``NEURAL_ARCH_DISTRIBUTED_DEBUG=DETAIL`` for this group: compare every collective across ranks."""
+        return self._debug
+
+    @debug.setter
+    def debug(self, on: bool) -> None:
+        self._debug = bool(on)
+        self._refresh_fast()
+
+    def _refresh_fast(self) -> None:
+        # What the fused synchronous path (Backend.allreduce) needs and that changes rarely, folded
+        # into one attribute: host arrays, a group of two or more, no debug mode, healthy and open.
+        # Recomputed wherever one of them changes (debug's setter, _failed, shutdown).
+        self._fast = (self._cpu and self._size > 1 and not self._debug and not self._closed
+                      and self._fatal is None)
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -150,16 +177,30 @@ class OpRunner(abc.ABC):
         span = None
         if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
             span = _spans.begin(self, info, "default" if lane is self._lane else lane.name)
+        collective = lane is self._lane
+        if collective:
+            self._op_now = info
+        else:
+            self._p2p_now[id(info)] = info
         try:
-            if self.debug and info.name in OP_CODES:
+            if self._debug and info.name in OP_CODES:
                 self._debug_check(info)
             result = fn()
         except BaseException as exc:
+            self._op_done(info, collective)
             self._failed(info, exc, span)
             raise
+        self._op_done(info, collective)
         if span is not None:
             _spans.end(span, info)
         return Work.completed(result, info)
+
+    def _op_done(self, info: OpInfo, collective: bool) -> None:
+        """Empty the op's slot (see ``__init__``)."""
+        if collective:
+            self._op_now = None
+        else:
+            self._p2p_now.pop(id(info), None)
 
     def _check_usable(self, info: OpInfo) -> None:
         if self._closed:
@@ -190,14 +231,21 @@ class OpRunner(abc.ABC):
         span = None
         if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
             span = _spans.begin(self, info, _spans.lane_label(threading.current_thread().name))
+        collective = info.name not in _P2P_NAMES
+        if collective:
+            self._op_now = info
+        else:
+            self._p2p_now[id(info)] = info
         try:
-            if self.debug and info.name in OP_CODES:
+            if self._debug and info.name in OP_CODES:
                 self._debug_check(info)
             result = fn()
         except BaseException as exc:  # noqa: BLE001 - stored, raised by Work.wait()
+            self._op_done(info, collective)
             self._failed(info, exc, span)
             work._set_exception(exc)
         else:
+            self._op_done(info, collective)
             if span is not None:
                 _spans.end(span, info)
             work._set_result(result)
@@ -212,6 +260,7 @@ class OpRunner(abc.ABC):
             _spans.fail(span, exc)
         if self._fatal is None:
             self._fatal = exc
+            self._fast = False
             try:
                 self._poison_peers(info, exc)
             except Exception as poison_exc:  # noqa: BLE001 - best effort: the local error matters more

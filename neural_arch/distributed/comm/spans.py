@@ -14,6 +14,12 @@ ranks), ``size``, ``rank``, ``bytes`` (this rank's buffer), ``dtype``, ``shape``
 ``algorithm``/``transport`` if the backend stored them in ``info.extra``, or ``error`` when the
 op failed.
 
+**Operations in flight** are visible without any span: every backend registers itself in
+:data:`RUNNERS` and keeps the op it is running in a slot (``_op_now`` for its collectives, which run
+one at a time; ``_p2p_now`` for point-to-point ops, one per lane). Writing a slot costs two attribute
+stores per op, always on; :func:`in_flight` reads them only when someone asks -- the stall
+inspector, every few moments -- so watching for stalls costs a collective nothing per call.
+
 Example::
 
     >>> from neural_arch.distributed.comm.local import LocalBackend
@@ -29,12 +35,17 @@ Example::
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from neural_arch.distributed.comm.work import OpInfo
 from neural_arch.profiler import events
 
-__all__ = ["begin", "end", "fail", "lane_label", "observed"]
+__all__ = ["RUNNERS", "begin", "end", "fail", "in_flight", "lane_label", "observed", "register"]
+
+#: every live backend of this process (an ``OpRunner`` registers itself at construction)
+RUNNERS: weakref.WeakSet = weakref.WeakSet()
 
 _ITEMSIZE: dict = {"bfloat16": 2}
 
@@ -42,6 +53,45 @@ _ITEMSIZE: dict = {"bfloat16": 2}
 def observed() -> bool:
     """Whether anyone listens (the backend inlines this test on its hot path)."""
     return bool(events.OBSERVERS or events.BEGIN_OBSERVERS or events.END_OBSERVERS)
+
+
+def register(runner) -> None:
+    """Make ``runner``'s op slots visible to :func:`in_flight` (``OpRunner.__init__`` calls it)."""
+    RUNNERS.add(runner)
+
+
+def in_flight() -> list:
+    """``[(backend, OpInfo), ...]``: every operation running on this process right now.
+
+    Read from another thread (the stall inspector's) while the producers run: each slot is read
+    once, so a pair is a consistent snapshot of an op that was running at that moment (it may have
+    finished since). ``OpInfo.deadline - backend.timeout`` is when it started (``time.monotonic``).
+
+    >>> from neural_arch.distributed.comm.local import LocalBackend
+    >>> from neural_arch.distributed.comm.work import OpInfo
+    >>> b = LocalBackend()
+    >>> b._op_now = OpInfo("all_reduce", 7)        # what a backend does while an op runs
+    >>> [(i.name, i.seq) for r, i in in_flight() if r is b]
+    [('all_reduce', 7)]
+    >>> b._op_now = None
+    """
+    for _ in range(3):           # a backend created meanwhile changes the set under iteration: retry
+        try:
+            runners = list(RUNNERS)
+            break
+        except RuntimeError:
+            continue
+    else:
+        return []
+    out = []
+    for runner in runners:
+        info = runner.__dict__.get("_op_now")
+        if info is not None:
+            out.append((runner, info))
+        p2p = runner.__dict__.get("_p2p_now")
+        if p2p:
+            out.extend((runner, i) for i in list(p2p.values()))
+    return out
 
 
 def lane_label(thread_name: str) -> str:

@@ -25,6 +25,15 @@ from neural_arch.distributed.errors import CollectiveTimeoutError
 
 _log = logging.getLogger("neural_arch.distributed")
 _perf_counter = time.perf_counter
+_MAIN_THREAD = threading.main_thread().ident
+
+#: How many :meth:`Work.wait` calls the main thread is blocked in right now (0, or 1). The main
+#: thread is where training computes; while it is blocked waiting for communication nobody in this
+#: process needs the GIL or the core, so a progress thread may spin in its waits instead of
+#: sleeping on a futex and paying a wake-up per chunk barrier (``ShmSegment._wait`` reads this).
+#: Only the main thread writes it, so it needs no lock; readers may see a stale value, which only
+#: costs a spin phase more or less.
+main_thread_waiting = 0
 
 
 class ReduceOp(enum.Enum):
@@ -148,6 +157,19 @@ class OpInfo:
         )
 
 
+def _blocking_wait(event: threading.Event, timeout: float | None) -> bool:
+    """``event.wait(timeout)``, counted in :data:`main_thread_waiting` when on the main thread
+    (uncounted again however the wait ends: a KeyboardInterrupt or timeout included)."""
+    global main_thread_waiting
+    if threading.get_ident() != _MAIN_THREAD:
+        return event.wait(timeout)
+    main_thread_waiting += 1
+    try:
+        return event.wait(timeout)
+    finally:
+        main_thread_waiting -= 1
+
+
 class Work:
     """Handle of one (possibly asynchronous) operation.
 
@@ -215,7 +237,7 @@ class Work:
                     if self._event is None:
                         self._event = threading.Event()
                     event = self._event
-            if event is not None and not event.wait(timeout):
+            if event is not None and not _blocking_wait(event, timeout):
                 what = self.info.describe() if self.info else "operation"
                 raise CollectiveTimeoutError(f"Work.wait(timeout={timeout}) expired before {what} completed")
         if self._exc is not None:

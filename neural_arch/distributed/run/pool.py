@@ -221,14 +221,18 @@ class RankPool:
                 self._conns[rank] = conn
                 self._pids[rank] = pid
 
-    def close(self) -> None:
-        """Stop every rank (politely, then SIGKILL) and reap them. Safe to call twice."""
-        for conn in self._conns.values():
-            try:
-                conn.send(("stop",))
-            except (OSError, ValueError):
-                pass
-        deadline = time.monotonic() + 3.0
+    def close(self, graceful: bool = True) -> None:
+        """Stop every rank (politely, then SIGKILL) and reap them. Safe to call twice.
+
+        ``graceful=False`` skips the polite stop: after a timeout a hung rank never reads it, and
+        waiting 3 s for it would only delay the SIGKILL."""
+        if graceful:
+            for conn in self._conns.values():
+                try:
+                    conn.send(("stop",))
+                except (OSError, ValueError):
+                    pass
+        deadline = time.monotonic() + (3.0 if graceful else 0.0)
         for proc in self._procs:
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))
@@ -314,11 +318,11 @@ class RankPool:
                 results[rank] = RankResult(rank, False, error=f"cannot reach rank: {exc}", exc_type="BrokenPipe")
         deadline = time.monotonic() + timeout
         waiting = {conn: rank for rank, conn in self._conns.items() if rank not in results}
-        broken = False
+        broken = timed_out = False
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
-                broken = True
+                broken = timed_out = True
                 for rank in sorted(waiting.values()):
                     results[rank] = RankResult(rank, False, error=f"no answer within {timeout:.0f} s "
                                                "(hung, or stuck in a collective another rank never joined)",
@@ -342,7 +346,7 @@ class RankPool:
                 deadline = min(deadline, time.monotonic() + failure_grace)
         if broken:
             log = self._log_tail()
-            self.close()
+            self.close(graceful=not timed_out)
             for r in results.values():
                 if not r.ok and r.traceback is None:
                     r.traceback = log

@@ -22,7 +22,7 @@ Every rank of a group on one host maps one :class:`~neural_arch.distributed.comm
 
 When the direct path is used (:func:`choose`): the table :data:`ALGORITHMS` below, keyed by world
 size and byte count, measured with ``benchmarks/bench_collectives.py`` (see the numbers there). Ops
-and dtypes outside it (all_to_all, gather, scatter, CuPy arrays, sub-groups) use the plans.
+and dtypes outside it (all_to_all, gather, scatter, CuPy arrays, sub-groups spanning hosts) use the plans.
 
 Example (the selection table, as data and as text)::
 
@@ -161,16 +161,21 @@ class DirectCollectives:
         seg.announce(parity, info.wire, nbytes, root)
         ufunc = _REDUCE[op]
         if nbytes <= seg.small:
-            mine, slots = self._small_views(flat.dtype, flat.size)[parity]
+            # the latency path: per-call Python and NumPy overhead is the cost here, so the views come
+            # from one dict lookup and every ufunc gets ``out`` positionally (a keyword costs ~0.1 us)
+            views = self._views.get((flat.dtype, flat.size))
+            if views is None:
+                views = self._small_views(flat.dtype, flat.size)
+            mine, slots = views[parity]
             mine[...] = flat            # (cheaper than np.copyto for a few KiB)
             seg.barrier(info)
             seg.check_words(parity, info)
             # every rank folds all slots in rank order: the same operations, the same bits everywhere
-            ufunc(slots[0], slots[1], out=flat)
+            ufunc(slots[0], slots[1], flat)
             for r in range(2, self.size):
-                ufunc(flat, slots[r], out=flat)
+                ufunc(flat, slots[r], flat)
             if op is _AVG:
-                np.true_divide(flat, self.size, out=flat)
+                np.true_divide(flat, self.size, flat)
             return
         self._all_reduce_large(flat, ufunc, op is _AVG, parity, info)
 

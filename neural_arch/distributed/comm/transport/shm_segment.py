@@ -20,9 +20,10 @@ Barrier: rank r stores ``arrive[r] = e`` (its e-th barrier) and waits until ever
 -- one counter per rank, written only by its owner, so no atomic read-modify-write is needed
 (Python has none). On x86 (TSO) a rank's data stores are seen before its ``arrive`` store, and the
 waiter's loads are not reordered either, so the slots are complete once the epochs are. A waiter
-spins (only when the host has a core per local rank, and only on the main thread: a spinning
-progress thread would hold the GIL that backward needs), then sleeps on a futex (``gen``) that the
-rank which sees the barrier complete wakes. Waits are sliced: every slice checks the deadline, the
+spins (only when the host has a core per local rank, and only on the main thread or while the main
+thread is blocked in ``Work.wait``: a progress thread spinning while backward runs would hold the
+GIL that backward needs), then sleeps on a futex (``gen``) that the rank which sees the barrier
+complete wakes. Waits are sliced: every slice checks the deadline, the
 group's poison flag and, every ~0.1 s, whether the missing ranks' processes are alive
 (``os.kill(pid, 0)`` and ``/proc``), so a dead, stopped or diverged peer is an error on every rank.
 
@@ -48,6 +49,7 @@ import threading
 import time
 
 from neural_arch.distributed import config
+from neural_arch.distributed.comm import work as _work
 from neural_arch.distributed.comm.debug import describe_wire
 from neural_arch.distributed.comm.transport.shm import _ring_dir, clean_stale_rings, pid_alive
 from neural_arch.distributed.errors import (
@@ -73,8 +75,9 @@ CHUNK_ENV = "NEURAL_ARCH_SHM_CHUNK_BYTES"
 _MAIN_THREAD = threading.main_thread().ident
 _LIVENESS_EVERY = 0.1                 # seconds between pid checks of the ranks not yet arrived
 _SLICE_S = 2e-3                       # longest futex sleep: the deadline/poison/pid checks run this often
-# Waiting, when every local rank has a core and on the main thread only (a spinning progress thread
-# would hold the GIL that backward needs): spin ``_SPIN_S``, then call sched_yield() in a loop for
+# Waiting, when every local rank has a core, on the main thread or on a progress thread while the
+# main thread is blocked waiting for communication (a progress thread spinning while the main thread
+# computes would hold the GIL that backward needs): spin ``_SPIN_S``, then call sched_yield() in a loop for
 # ``_YIELD_S`` (the core goes to whoever is runnable, the peer included, without a futex sleep and
 # wake-up), then sleep on the futex. Otherwise straight to the futex.
 # Measured on the shared 2-core box (load 7-8 from other jobs), 2 ranks, 1 KiB / 256 KiB all_reduce,
@@ -205,9 +208,12 @@ class ShmSegment:
     # -- rendezvous -----------------------------------------------------------------------------------
     @classmethod
     def connect(cls, store, rank: int, size: int, deadline: float, names=None, prefix: str = "gloo/direct",
-                chunk: int | None = None, small: int = SMALL_BYTES) -> "ShmSegment":
+                chunk: int | None = None, small: int = SMALL_BYTES, local_ranks: int | None = None) -> "ShmSegment":
         """Rank 0 creates and publishes the segment; everyone maps it, writes its pid, and waits for the
-        others; then rank 0 unlinks the file (every mapping keeps the memory alive)."""
+        others; then rank 0 unlinks the file (every mapping keeps the memory alive).
+
+        ``local_ranks``: the ranks of this job on this host (default ``size``); a sub-group's segment
+        passes the host's count, so its spin decision sees every rank that competes for the cores."""
         from neural_arch.distributed.rendezvous.store import StoreTimeoutError
 
         names = list(range(size)) if names is None else list(names)
@@ -252,7 +258,7 @@ class ShmSegment:
                     mm = mmap.mmap(fd, os.fstat(fd).st_size)
                 finally:
                     os.close(fd)
-            seg = cls(mm, rank, size, names)
+            seg = cls(mm, rank, size, names, local_ranks)
             seg._q[seg._pid_idx[rank]] = os.getpid()
             store.set(f"{prefix}/attached/{rank}", b"1")
             wait([f"{prefix}/attached/{r}" for r in range(size)], "mapped the segment")
@@ -386,55 +392,37 @@ class ShmSegment:
         q = self._q
         return [r for r, i in enumerate(self._arrive) if q[i] < e]
 
-    def _wait(self, e: int, info) -> None:
-        q, arrive, poison_idx = self._q, self._arrive, self._poison_idx
-        clock = time.monotonic
-        start = clock()
-        main = threading.get_ident() == _MAIN_THREAD
-        if main and self._check_load:
-            if start - self._load_at > 0.5:
-                self._load_at = start
+    def _may_spin(self, on_main: bool, now: float) -> bool:
+        """Whether this wait may spin and yield now: on the main thread, or on another thread while
+        the main thread is blocked waiting for communication (then nobody needs the GIL for compute),
+        and only while the host is not busy (see the module docstring)."""
+        if not (on_main or _work.main_thread_waiting):
+            return False
+        if self._check_load:
+            if now - self._load_at > 0.5:
+                self._load_at = now
                 try:
                     self._load_ok = os.getloadavg()[0] < self._busy_load
                 except OSError:
                     self._load_ok = True
-            main = self._load_ok
-        spin = self.spin_s if main else 0.0
-        if spin:
-            end = start + spin
-            n = 0
-            while True:
-                for i in arrive:
-                    if q[i] < e:
-                        break
-                else:
-                    self._finish(e, info)
-                    return
-                if q[poison_idx]:
-                    raise self._poison_error(info)
-                n += 1
-                if not n & 31 and clock() >= end:
-                    break
-        if self.yield_s and main:
-            # give the core to whoever is runnable here (the peer, maybe) without paying a futex
-            # sleep and wake-up; the deadline is far beyond this phase, the poison flag is checked
-            end = clock() + self.yield_s
-            sched_yield = os.sched_yield
-            while True:
-                for i in arrive:
-                    if q[i] < e:
-                        break
-                else:
-                    self._finish(e, info)
-                    return
-                if q[poison_idx]:
-                    raise self._poison_error(info)
-                sched_yield()
-                if clock() >= end:
-                    break
+            return self._load_ok
+        return True
+
+    def _wait(self, e: int, info) -> None:
+        q, arrive, poison_idx = self._q, self._arrive, self._poison_idx
+        clock = time.monotonic
+        start = clock()
+        on_main = threading.get_ident() == _MAIN_THREAD
+        spun = False
         last_check = start
         gen, futex, addr, target = self._gen, self._futex, self._gen_addr, e & _GEN_MASK
         while True:
+            if not spun and (self.spin_s or self.yield_s) and self._may_spin(on_main, clock()):
+                # Once per wait: on a progress thread this starts only when (or once) the main thread
+                # blocks for communication, and stops as soon as it no longer does.
+                spun = True
+                if self._spin_then_yield(e, info, on_main):
+                    return
             q[self._my_sleep] = 1
             for i in arrive:
                 if q[i] < e:
@@ -465,3 +453,46 @@ class ShmSegment:
                             f"or was killed -- look at rank {self.names[r]}'s log first")
                 if now >= info.deadline:
                     raise info.timeout_error([self.names[r] for r in missing], now - start)
+
+    def _spin_then_yield(self, e: int, info, on_main: bool) -> bool:
+        """Spin ``spin_s``, then sched_yield() for ``yield_s`` while the barrier is open; True when it
+        completed. Off the main thread both phases end early once the main thread stops waiting
+        (it wants the GIL back). The deadline lies far beyond both phases; poison is checked."""
+        q, arrive, poison_idx = self._q, self._arrive, self._poison_idx
+        clock = time.monotonic
+        watch = _work if not on_main else None
+        if self.spin_s:
+            end = clock() + self.spin_s
+            n = 0
+            while True:
+                for i in arrive:
+                    if q[i] < e:
+                        break
+                else:
+                    self._finish(e, info)
+                    return True
+                if q[poison_idx]:
+                    raise self._poison_error(info)
+                n += 1
+                if not n & 31 and (clock() >= end or (watch is not None and not watch.main_thread_waiting)):
+                    break
+        if self.yield_s:
+            # give the core to whoever is runnable here (the peer, maybe) without paying a futex
+            # sleep and wake-up
+            end = clock() + self.yield_s
+            sched_yield = os.sched_yield
+            while True:
+                for i in arrive:
+                    if q[i] < e:
+                        break
+                else:
+                    self._finish(e, info)
+                    return True
+                if q[poison_idx]:
+                    raise self._poison_error(info)
+                if watch is not None and not watch.main_thread_waiting:
+                    break
+                sched_yield()
+                if clock() >= end:
+                    break
+        return False

@@ -95,7 +95,8 @@ class DistributedDataParallel(Module):
 
     Args:
         module: the model (same architecture on every rank).
-        bucket_cap_mb: bucket size in MB (``bucket_size_mb``, seed 003's spelling, also works).
+        bucket_cap_mb: bucket size in MB (``bucket_size_mb``, seed 003's spelling, also works); as in
+            torch a bucket closes once it holds that much, so a large parameter ends the bucket it joins.
             Smaller buckets start communicating earlier; larger ones make fewer calls.
         find_unused_parameters: allow parameters that get no gradient in some iterations (they
             are reduced as zeros; parameters unused on every rank keep their ``.grad``). Costs one
@@ -103,7 +104,8 @@ class DistributedDataParallel(Module):
         broadcast_buffers: broadcast buffers from rank 0 at every forward (no-op without buffers).
         gradient_as_bucket_view: make ``.grad.data`` views into the buckets (saves a copy and memory).
         process_group: the group to average over (default: the world).
-        first_bucket_mb: size of the first bucket (1 MB, like torch): starts the first all-reduce early.
+        first_bucket_mb: the first bucket closes at this size (1 MB, like torch): starts the first
+            all-reduce early.
         device_ids, output_device: accepted for torch compatibility and ignored.
 
     Example::

@@ -22,9 +22,14 @@ multiple of the shard-group size; every rank keeps only its slice (a ``flat_para
    views of the shard: no gathered copy, as torch);
 3. **step**: the optimizer updates each rank's slice in the master dtype.
 
-Peak memory per rank is then about the sharded state (parameters, gradients, optimizer state
-over N), plus at most two units' gathered parameters (``limit_all_gathers``: the unit in
-backward and the root or the prefetched unit), one parameter's gradient, and the activations.
+Memory of gathered parameters (host arrays, see :mod:`.storage`): after forward every gather
+buffer gives its memory back while the graph's views of it live on (torch's resharding,
+``storage.resize_(0)``; the root's too: it is re-gathered at its pre-backward like any unit),
+and during a unit's backward the pages under each parameter go as soon as its gradient is final
+(a unit that ran once: nothing in this backward reads that parameter again). Peak memory per
+rank is then about the sharded state (parameters, gradients, optimizer state over N), plus in
+forward the root and one block (the root's forward encloses the blocks'), in backward one unit
+(two with ``BACKWARD_PRE``: the prefetched one), one parameter's gradient, and the activations.
 
 Prefetching (``FULL_SHARD``/``HYBRID_SHARD``):
 
@@ -222,7 +227,8 @@ class FullyShardedDataParallel(FSDPStateDictMixin, Module):
         self._reducer = OwnerGradReducer(
             [u.params for u in self._units], shard_group, self._on_grad_shard,
             reduce_dtype=None if reduce_dtype is None else np.dtype(reduce_dtype),
-            scatter=sharded, replicate_group=replicate_group, on_ready=self._on_unit_grads_ready)
+            scatter=sharded, replicate_group=replicate_group, on_ready=self._on_unit_grads_ready,
+            on_final=self._on_param_final)
         if self._reducer.layouts and any(a.padded_numel != u.layout.padded_numel
                                          for a, u in zip(self._reducer.layouts, self._units)):
             raise AssertionError("FSDP: reducer and unit layouts disagree")  # pragma: no cover
@@ -323,6 +329,7 @@ class FullyShardedDataParallel(FSDPStateDictMixin, Module):
             self._bwd_armed = True
             queue_outermost_callback(self._end_backward)
         unit, buf = call.unit, call.buf
+        self._release_enclosing(call)  # first: the parent's buffer goes before this one is filled
         if buf.holder is not unit:
             if not self._evict_for(buf, call):
                 who = buf.holder.name or "<root>"
@@ -338,7 +345,6 @@ class FullyShardedDataParallel(FSDPStateDictMixin, Module):
                 unit.gather_into(buf)
         buf.call = call
         unit.bind(buf)  # a recomputation (activation checkpointing) reads the parameters
-        self._release_enclosing(call)
         if self.backward_prefetch is BackwardPrefetch.BACKWARD_PRE:
             self._prefetch_after(call)
 
@@ -400,6 +406,21 @@ class FullyShardedDataParallel(FSDPStateDictMixin, Module):
         elif not unit.reshard_after_forward:
             unit.free()  # SHARD_GRAD_OP / NO_SHARD keep parameters gathered until their backward is over
 
+    def _on_param_final(self, i: int, k: int) -> None:
+        """Parameter ``k`` of unit ``i`` has its final gradient: if the unit ran once this
+        iteration, no node of this backward reads that parameter again, so the pages of the
+        gathered buffer under it are given back now, before its gradient is reduced (the
+        buffer shrinks as the unit's backward proceeds; see :mod:`.storage`). A unit called
+        twice keeps its values: the other call's backward (or recomputation) reads them."""
+        unit = self._units[i]
+        buf = unit.bound
+        if not unit.pooled or buf is None or buf.holder is not unit or buf.work is not None:
+            return
+        if sum(1 for c in self._order if c.unit is unit) != 1:
+            return
+        off = int(unit.layout.offsets[k])
+        buf.release_range(off, off + int(unit.layout.sizes[k]))
+
     def _end_backward(self) -> None:
         self._bwd_armed = False
         self._reset_generation()
@@ -453,7 +474,11 @@ class FullyShardedDataParallel(FSDPStateDictMixin, Module):
                 self._reset_generation()  # no backward will follow (eval, no_grad): drop buffers
             else:
                 for b in self._pool.buffers():
-                    b.drop_if_unviewed()  # e.g. every unit checkpointed: backward gathers afresh
+                    # nobody holds a buffer now, and every unit re-gathers into its buffer before
+                    # its backward reads it: free it (every unit checkpointed: no view is left) or
+                    # give its memory back under the graph's views (torch's resharding)
+                    if not b.drop_if_unviewed():
+                        b.release_storage()
 
     def train(self, mode: bool = True) -> FullyShardedDataParallel:
         super().train(mode)

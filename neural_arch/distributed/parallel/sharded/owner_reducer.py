@@ -66,10 +66,14 @@ class OwnerGradReducer(BucketGradHooks):
         scatter: False all-reduces instead (``on_shard`` then gets the full padded flat gradient).
         replicate_group: also average the shards over this group at the end (``HYBRID_SHARD``).
         on_ready: ``on_ready(bucket_index)`` when a bucket's gradients are all final (during backward).
+        on_final: ``on_final(bucket_index, position)`` when a parameter's gradient is final for
+            the first time in a backward, before it is reduced (FSDP frees the parameter's
+            gathered values there: nothing in this backward reads them any more).
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, on_final=None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.on_final = on_final
         # only the pieces a rank owns are added to its shard, but every rank joins every reduce
         self._pieces = [[owner_pieces(lay, k) for k in range(len(b))] for lay, b in zip(self.layouts, self.buckets)]
 
@@ -92,13 +96,16 @@ class OwnerGradReducer(BucketGradHooks):
             self._armed = True
             queue_outermost_callback(self._finish)
         i, k = self._where[id(p)]
+        first = id(p) not in self._seen
+        if first and self.on_final is not None:
+            self.on_final(i, k)
         if p.grad is not None:
             g = p.grad.data
             p.grad = None  # ours from here on: reduced in place, then dropped
             self._reduce(i, k, g)
         # A second final gradient in one backward (a parameter used in two activation-checkpointed
         # calls: each recomputation is a nested backward) was just reduced and added as well.
-        if id(p) not in self._seen:
+        if first:
             self._seen.add(id(p))
             self._pending[i] -= 1
             if self._pending[i] == 0 and self.on_ready is not None:

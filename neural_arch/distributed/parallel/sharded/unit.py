@@ -17,6 +17,8 @@ exactly when they are read. The engine runs nodes in reverse creation order, so 
 unit's nodes all run before any node of a unit that ran earlier in forward: the buffer is never
 needed by two units at once as long as units that are live together in forward get different
 buffers (the pool's rule). See :mod:`.fsdp` for the hooks and the checks that enforce it.
+Host buffers live in :mod:`.storage` mappings, so that between a unit's forward and its
+re-gather their memory can be given back under the views (torch's ``storage.resize_(0)``).
 """
 
 from __future__ import annotations
@@ -27,10 +29,17 @@ import numpy as np
 
 from neural_arch import backend as _backend
 from neural_arch.core.tensor import Tensor
+from neural_arch.distributed.parallel.sharded import storage as _storage
 from neural_arch.distributed.parallel.sharded.flat import FlatLayout
 from neural_arch.nn.parameter import Parameter
 
 __all__ = ["FlatParamUnit", "GatherBuffer", "GatherPool"]
+
+
+def _new_array(numel: int, dtype, xp):
+    # host buffers come from mmap so that their memory can be given back under live views
+    return _storage.empty(numel, dtype) if xp is np else xp.empty(numel, dtype=dtype)
+
 
 class GatherBuffer:
     """A flat array that holds one unit's gathered parameters at a time.
@@ -63,6 +72,19 @@ class GatherBuffer:
         self.array = None
         return True
 
+    def release_storage(self) -> bool:
+        """Give the array's memory back while the graph's views of it live on (torch's
+        ``storage.resize_(0)``): only when nobody holds it, i.e. whoever reads it next gathers
+        into it first (see :mod:`.storage`). False if it cannot (CuPy, a small array)."""
+        if self.array is None or self.holder is not None or self.work is not None:
+            return False
+        return _storage.release(self.array)
+
+    def release_range(self, start: int, stop: int) -> int:
+        """Give back the memory under elements ``[start, stop)`` (whole pages) while the holder
+        keeps the rest: their values are dead (see ``FullyShardedDataParallel._on_param_final``)."""
+        return 0 if self.array is None else _storage.release_range(self.array, start, stop)
+
     def wait(self) -> None:
         if self.work is not None:
             work, self.work = self.work, None
@@ -90,11 +112,11 @@ class GatherPool:
         for i, b in enumerate(bufs):
             if b.holder is None and b.work is None and not any(b is e for e in exclude):
                 if b.array is None:
-                    b.array = xp.empty(numel, dtype=dtype)
+                    b.array = _new_array(numel, dtype, xp)
                 elif b.array.size < numel:
-                    b = bufs[i] = GatherBuffer(xp.empty(numel, dtype=dtype))
+                    b = bufs[i] = GatherBuffer(_new_array(numel, dtype, xp))
                 return b
-        b = GatherBuffer(xp.empty(numel, dtype=dtype))
+        b = GatherBuffer(_new_array(numel, dtype, xp))
         bufs.append(b)
         return b
 
@@ -183,7 +205,8 @@ class FlatParamUnit:
             raise RuntimeError(f"FSDP unit {self.name or '<root>'}: its gather buffer was re-allocated "
                                "smaller by another unit whose saved views still use it")
         if buf.array is None:  # dropped while nothing viewed it: no saved view can need this one
-            buf.array = _backend.get_array_module(shard).empty(self.layout.padded_numel, dtype=dtype)
+            buf.array = _new_array(self.layout.padded_numel, dtype, _backend.get_array_module(shard))
+        _storage.restore(buf.array)  # its memory may have been given back after forward
         out = buf.array[:self.layout.padded_numel].reshape(self.group.size(), self.layout.shard_size)
         work = self.group.backend.allgather(out, shard, async_op=async_op)
         if async_op:
@@ -201,6 +224,7 @@ class FlatParamUnit:
                                    "smaller by another unit whose saved views still use it")
             buf.array = stage.array if stage.array.size == n else stage.array[:n].copy()
         else:
+            _storage.restore(buf.array)
             buf.array[:n] = stage.array[:n]
         stage.array = None
         buf.holder = self

@@ -1,0 +1,68 @@
+"""``init_process_group("mpi", blocking_collectives=True)`` under a real ``mpiexec``, in one job:
+ranks that disagree on the mode are refused on every rank; blocking all_reduces (sync on one rank,
+async on the other) match NumPy; a rank that never arrives makes the waiting rank's watchdog abort
+the whole job at the deadline, naming the op, its sequence number and the missing rank."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from neural_arch.distributed.testing import mpiexec_path
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(60)]
+
+_SCRIPT = """
+import time, numpy as np
+import neural_arch.distributed as dist
+from neural_arch.distributed.comm.mpi import MPIBackend, PERSISTENT_MAX_BYTES
+from mpi4py import MPI
+rank = MPI.COMM_WORLD.Get_rank()
+try:
+    MPIBackend.create(None, timeout=20, blocking_collectives=(rank == 0))
+    refused = "no error"
+except ValueError as exc:
+    refused = str(exc)
+dist.init_process_group(timeout=1.5, blocking_collectives=True)
+rng = np.random.default_rng(3)
+results = [refused]
+for n in (5, PERSISTENT_MAX_BYTES // 8 + 1, 70000):
+    data = rng.standard_normal((2, n))
+    mine = data[rank].copy()
+    work = dist.all_reduce(mine, async_op=(rank == 1))   # sync and async ranks must still match
+    if rank == 1:
+        work.wait()
+    results.append(bool(np.array_equal(mine, data[0] + data[1])))
+open(f"result_{rank}.txt", "w").write(repr(results))
+if rank == 0:
+    dist.all_reduce(np.ones(1000))           # rank 1 never joins: the watchdog aborts the job
+    print("RETURNED", flush=True)
+else:
+    time.sleep(30)
+"""
+
+
+def test_blocking_collectives_agree_match_numpy_and_abort_the_job_at_the_deadline(tmp_path):
+    script = tmp_path / "blocking.py"
+    script.write_text(_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    for var in ("NEURAL_ARCH_BACKEND", "MASTER_ADDR", "RANK", "WORLD_SIZE"):
+        env.pop(var, None)
+    start = time.monotonic()
+    out = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, str(script)], env=env, timeout=50,
+                         check=False, capture_output=True, text=True, cwd=tmp_path)
+    elapsed = time.monotonic() - start
+    text = out.stdout + out.stderr
+    for r in (0, 1):
+        refused, *matched = eval((tmp_path / f"result_{r}.txt").read_text())
+        assert "blocking_collectives differs across ranks" in refused, text
+        assert matched == [True, True, True], text
+    assert out.returncode != 0 and "RETURNED" not in text, text
+    assert "CollectiveTimeoutError: all_reduce #4 (shape (1000,), float64)" in out.stderr, text
+    assert "ranks [1] did not arrive" in out.stderr and "aborting the MPI job" in out.stderr, text
+    # not a speed assertion: the abort must come long before rank 1 wakes up (30 s)
+    assert elapsed < 25, (elapsed, text)
