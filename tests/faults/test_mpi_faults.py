@@ -29,7 +29,11 @@ _LATE = textwrap.dedent("""
 def test_a_late_rank_cannot_hold_mpi_init_past_the_rendezvous_timeout(tmp_path):
     script = tmp_path / "late.py"
     script.write_text(_LATE)
-    env = dict(os.environ, NEURAL_ARCH_RENDEZVOUS_TIMEOUT="2",
+    # 5 s, not less: the watchdog also times loading libmpi, and a rank that gives up before it
+    # reaches the process manager (a cold page cache on a fresh install took > 2 s) exits as a
+    # plain process, which mpiexec does not treat as a failed MPI job -- the test would then wait
+    # for the late rank instead of checking our watchdog
+    env = dict(os.environ, NEURAL_ARCH_RENDEZVOUS_TIMEOUT="5",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     t0 = time.monotonic()
     proc = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, str(script)], env=env,
