@@ -145,9 +145,25 @@ def train_run(cfg: dict):
             "stages": [st.stage_index for st in stages]}
 
 
-def fault_run(mode: str, victim: int = 1, timeout: float = 4.0):
+def _hang_until_others_report(seconds: float, done_dir, others) -> None:
+    """A hung stage: touch no group for up to ``seconds``, ending early once every other rank has
+    reported its error (a file per rank in ``done_dir``) -- they must still detect the hang by
+    their own timeout, but the test need not wait out the whole sleep."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if done_dir is not None and all(os.path.exists(os.path.join(done_dir, f"done-{r}")) for r in others):
+            return
+        time.sleep(0.05)
+
+
+def _report_done(done_dir, rank: int) -> None:
+    if done_dir is not None:
+        open(os.path.join(done_dir, f"done-{rank}"), "w").close()
+
+
+def fault_run(mode: str, victim: int = 1, timeout: float = 4.0, done_dir: str | None = None):
     """A 3-stage 1F1B pipeline whose stage ``victim`` dies (``"die"``) or hangs (``"hang"``) in step 2.
-    Returns the error text seen on this rank."""
+    Returns the error text seen on this rank (``done_dir``: see :func:`_hang_until_others_report`)."""
     dist, *_ = _imports()
     from neural_arch.distributed import pipeline as pl
 
@@ -162,12 +178,15 @@ def fault_run(mode: str, victim: int = 1, timeout: float = 4.0):
         if step == 1 and rank == victim:
             if mode == "die":
                 os._exit(3)
-            time.sleep(timeout + 6)
+            _hang_until_others_report(timeout + 6, done_dir, [r for r in range(world) if r != rank])
             return "slept"
         try:
             schedule.step(*((X,) if rank == 0 else ()), target=y if rank == world - 1 else None)
         except Exception as exc:  # noqa: BLE001 - the test inspects it
-            return f"{type(exc).__name__}: {exc} [after {time.monotonic() - t0:.1f}s]"
+            text = f"{type(exc).__name__}: {exc} [after {time.monotonic() - t0:.1f}s]"
+            _report_done(done_dir, rank)
+            return text
+    _report_done(done_dir, rank)
     return "no error"
 
 
@@ -251,10 +270,12 @@ def zb_vs_1f1b_run(kind: str, m: int, steps: int = 2):
     return {"bitwise": same, "deferred": deferred}
 
 
-def culprit_run(mode: str, victim: int, timeout: float = 4.0, schedule: str = "1f1b"):
+def culprit_run(mode: str, victim: int, timeout: float = 4.0, schedule: str = "1f1b",
+                done_dir: str | None = None):
     """``world`` stages; in step 2 stage ``victim`` raises in the forward of micro-batch 2
     (``"raise"``), exits (``"die"``) or sleeps past the timeout (``"hang"``). Returns the error
-    text this rank saw (with its notes) and how long its failing step took."""
+    text this rank saw (with its notes) and how long its failing step took (``done_dir``: see
+    :func:`_hang_until_others_report`)."""
     dist, *_ = _imports()
     from neural_arch.distributed import pipeline as pl
 
@@ -269,7 +290,7 @@ def culprit_run(mode: str, victim: int, timeout: float = 4.0, schedule: str = "1
             if mode == "die":
                 os._exit(3)
             if mode == "hang":
-                time.sleep(timeout + 8)
+                _hang_until_others_report(timeout + 8, done_dir, [r for r in range(world) if r != rank])
                 return "slept"
             calls = []
 
@@ -283,5 +304,8 @@ def culprit_run(mode: str, victim: int, timeout: float = 4.0, schedule: str = "1
             sched.step(*((X,) if rank == 0 else ()), target=y if rank == world - 1 else None)
         except Exception as exc:  # noqa: BLE001 - the test inspects it
             notes = " ".join(getattr(exc, "__notes__", []))
-            return f"{type(exc).__name__}: {exc} {notes} [after {time.monotonic() - t0:.1f}s]"
+            text = f"{type(exc).__name__}: {exc} {notes} [after {time.monotonic() - t0:.1f}s]"
+            _report_done(done_dir, rank)
+            return text
+    _report_done(done_dir, rank)
     return "no error"

@@ -24,8 +24,8 @@ def _seconds(text: str) -> float:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode, schedule", [("raise", "1f1b"), ("raise", "zbh1"), ("die", "1f1b"),
                                             ("hang", "1f1b")])
-def test_failed_stage_is_named_on_every_rank(mode, schedule):
-    results = run_ranks(fns.culprit_run, 4, args=(mode, 3, TIMEOUT, schedule), timeout=90)
+def test_failed_stage_is_named_on_every_rank(mode, schedule, tmp_path):
+    results = run_ranks(fns.culprit_run, 4, args=(mode, 3, TIMEOUT, schedule, str(tmp_path)), timeout=90)
     victim = results[3]
     if mode == "die":
         assert not victim.ok and victim.exitcode == 3

@@ -12,8 +12,8 @@ from neural_arch.distributed.testing import run_ranks
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", ["die", "hang"])
-def test_dead_stage_is_named_on_every_other_stage(mode):
-    results = run_ranks(fns.fault_run, 3, args=(mode, 1, 4.0), timeout=60)
+def test_dead_stage_is_named_on_every_other_stage(mode, tmp_path):
+    results = run_ranks(fns.fault_run, 3, args=(mode, 1, 4.0, str(tmp_path)), timeout=60)
     victim = results[1]
     if mode == "die":
         assert not victim.ok and victim.exitcode == 3
