@@ -300,8 +300,7 @@ class GlooBackend(PlanExecutor, Backend):
     def _use_direct(self, array, nbytes: int) -> bool:
         """Whether ``array`` takes the direct path (true also for a sub-group that has not mapped its
         segment yet: the op then calls :meth:`_connect_lazy` first)."""
-        if ((self._direct is None and not self._direct_lazy) or type(array) is not np.ndarray
-                or array.dtype not in DIRECT_DTYPES):
+        if not self._has_direct() or type(array) is not np.ndarray or array.dtype not in DIRECT_DTYPES:
             return False
         force = self._force_algo
         if force:    # an algorithm forced for measurements/tests: "direct", or a plan
@@ -323,7 +322,9 @@ class GlooBackend(PlanExecutor, Backend):
     def _has_direct(self) -> bool:
         return self._direct is not None or self._direct_lazy
 
-    def _check_transport(self, info: OpInfo) -> None:
+    def _prepare_direct(self, info: OpInfo) -> None:
+        """Before a direct collective: fail if another group of this process broke the shared
+        transport, and map this sub-group's segment if it has none yet (:meth:`_connect_lazy`)."""
         # another group of this process (sharing the transport) failed: the world fails too, as it
         # would over the transport
         if getattr(self._t, "_abort", None) is not None:
@@ -353,7 +354,7 @@ class GlooBackend(PlanExecutor, Backend):
         self._segments.append(self._direct)
 
     def _allreduce(self, array, op: ReduceOp, info: OpInfo) -> None:
-        # the latency-critical path: the checks of _use_direct/_check_transport inlined
+        # the latency-critical path: the checks of _use_direct/_prepare_direct inlined
         if (self._direct_always and not self._force_algo and type(array) is np.ndarray
                 and array.dtype in DIRECT_DTYPES):
             if self._t._abort is not None:
@@ -362,7 +363,7 @@ class GlooBackend(PlanExecutor, Backend):
                 self._direct.all_reduce(array if array.ndim == 1 else array.reshape(-1), op, info)
             return
         if self._use_direct(array, array.nbytes):
-            self._check_transport(info)
+            self._prepare_direct(info)
             if array.size:
                 self._direct.all_reduce(array.reshape(-1), op, info)
             return
@@ -370,7 +371,7 @@ class GlooBackend(PlanExecutor, Backend):
 
     def _reduce(self, array, root: int, op: ReduceOp, info: OpInfo) -> None:
         if self._use_direct(array, array.nbytes):
-            self._check_transport(info)
+            self._prepare_direct(info)
             if array.size:
                 flat = array.reshape(-1)
                 buf = flat if self._rank == root else np.copy(flat)   # non-roots keep their input
@@ -380,7 +381,7 @@ class GlooBackend(PlanExecutor, Backend):
 
     def _broadcast(self, array, root: int, info: OpInfo) -> None:
         if self._use_direct(array, array.nbytes):
-            self._check_transport(info)
+            self._prepare_direct(info)
             if array.size:
                 self._direct.broadcast(array.reshape(-1), root, info)
             return
@@ -388,7 +389,7 @@ class GlooBackend(PlanExecutor, Backend):
 
     def _allgather(self, output, input, info: OpInfo) -> None:
         if self._use_direct(input, input.nbytes) and type(output) is np.ndarray:
-            self._check_transport(info)
+            self._prepare_direct(info)
             if input.size:
                 self._direct.all_gather(output.reshape(-1), input.reshape(-1), info)
             else:
@@ -398,7 +399,7 @@ class GlooBackend(PlanExecutor, Backend):
 
     def _reduce_scatter(self, output, input, op: ReduceOp, info: OpInfo) -> None:
         if self._use_direct(input, input.nbytes) and type(output) is np.ndarray:
-            self._check_transport(info)
+            self._prepare_direct(info)
             if output.size:
                 self._direct.reduce_scatter(output.reshape(-1), input.reshape(-1), op, info)
             return
@@ -406,7 +407,7 @@ class GlooBackend(PlanExecutor, Backend):
 
     def _barrier(self, info: OpInfo) -> None:
         if self._has_direct() and (not self._force_algo or "direct" in self._force_algo):
-            self._check_transport(info)
+            self._prepare_direct(info)
             self._direct.barrier(info)
             return
         super()._barrier(info)

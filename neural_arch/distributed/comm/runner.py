@@ -178,10 +178,7 @@ class OpRunner(abc.ABC):
         if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
             span = _spans.begin(self, info, "default" if lane is self._lane else lane.name)
         collective = lane is self._lane
-        if collective:
-            self._op_now = info
-        else:
-            self._p2p_now[id(info)] = info
+        self._op_start(info, collective)
         try:
             if self._debug and info.name in OP_CODES:
                 self._debug_check(info)
@@ -194,6 +191,13 @@ class OpRunner(abc.ABC):
         if span is not None:
             _spans.end(span, info)
         return Work.completed(result, info)
+
+    def _op_start(self, info: OpInfo, collective: bool) -> None:
+        """Put the op in its slot, where the stall inspector looks (see ``__init__``)."""
+        if collective:
+            self._op_now = info
+        else:
+            self._p2p_now[id(info)] = info
 
     def _op_done(self, info: OpInfo, collective: bool) -> None:
         """Empty the op's slot (see ``__init__``)."""
@@ -232,10 +236,7 @@ class OpRunner(abc.ABC):
         if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
             span = _spans.begin(self, info, _spans.lane_label(threading.current_thread().name))
         collective = info.name not in _P2P_NAMES
-        if collective:
-            self._op_now = info
-        else:
-            self._p2p_now[id(info)] = info
+        self._op_start(info, collective)
         try:
             if self._debug and info.name in OP_CODES:
                 self._debug_check(info)
