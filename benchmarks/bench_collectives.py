@@ -27,13 +27,15 @@ Usage::
         --sizes 1K,16K,64K,256K,1M --ranks 3                      # algorithm crossover
     python benchmarks/bench_collectives.py --hierarchical          # 2 simulated hosts x 2 ranks
 
-``--hierarchical``: all_reduce over 2 "hosts" on this machine (``NEURAL_ARCH_HOST_ID`` per host: shared
-memory inside a host, TCP across), flat (the world's gloo all_reduce) vs the hierarchical leader and
-2-D forms (``algorithms/hierarchical.py``) vs ``dist.all_reduce`` (auto selection) vs the reference
-(``leader-rings``, ``2d-rings``: the forms with the host group on the ring plans, as before sub-groups
-mapped the direct shared-memory segment), interleaved in one
-launch (every repetition runs each contender in turn, so load swings hit all alike), 1 KiB - 64 MiB;
-writes ``bench_collectives_hierarchical.{json,md,png}``.
+``--hierarchical``: all_reduce over 2 "hosts" on this machine (``NEURAL_ARCH_HOST_ID``: shm inside a host,
+TCP across): flat (the world's gloo all_reduce) vs the leader and 2-D forms (``algorithms/hierarchical.py``,
+pipelined from 2 pieces up; ``--pipeline-chunk`` sets the piece) vs ``dist.all_reduce`` (auto) vs
+``x-serial`` (form x unpipelined) and ``x-rings`` (host group on ring plans), interleaved in one launch,
+1 KiB - 64 MiB; writes ``bench_collectives_hierarchical.{json,md,png}``. ``--link-gbit R``: the run moves
+into a private network namespace (``unshare --net``, root) whose loopback a token bucket (``tc ... tbf``)
+limits to R Gbit/s, both directions of both cross-host flows in one queue: a full-duplex NIC of R/2 Gbit/s
+per host. A hierarchical form moves 2(H-1)/H of the buffer across each host's link, the flat ring
+2(HP-1)/(HP) (H hosts x P ranks): link-bound, the speed-up is at most (HP-1)/(P(H-1)), 1.5x at 2 x 2.
 
 Writes ``benchmarks/results/bench_collectives[_<N>ranks].json``, ``.md`` (the tables in markdown,
 with the command and the machine) and ``.png`` (bus bandwidth vs size per contender); 2 ranks keep the
@@ -275,160 +277,6 @@ def _plot(payload, path) -> None:
     plt.close(fig)
 
 
-# -- --hierarchical: flat vs the hierarchical forms on simulated hosts ------------------------------------
-HIER_CONTENDERS = ("flat", "leader", "2d", "auto")
-#: the references: the same forms with the host group's steps forced onto the ring plans (messages
-#: over the shm rings), as sub-groups ran before they got the direct shared-memory segment
-HIER_REFERENCES = ("leader-rings", "2d-rings")
-
-
-def hierarchical_worker(args) -> None:
-    """One rank of ``--hierarchical``: host ``rank // per_host``; every contender on the same buffer,
-    interleaved per repetition; prints {contender: {size: median seconds}}."""
-    import numpy as np
-
-    per_host = args.ranks // args.hosts
-    os.environ.update(RANK=str(args.rank), WORLD_SIZE=str(args.ranks), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=os.environ["BENCH_PORT"], NEURAL_ARCH_HOST_ID=f"host{args.rank // per_host}")
-    import neural_arch.distributed as dist
-    from neural_arch.distributed.algorithms.hierarchical import hierarchical_all_reduce, host_groups
-    from neural_arch.distributed.algorithms.hierarchical_auto import all_reduce_algorithm
-
-    dist.init_process_group("gloo", timeout=300)
-    world = dist.get_default_group().backend
-    intra = host_groups().intra.backend                     # collective: build the groups before timing
-
-    def on_rings(algorithm):
-        def run(x):
-            with intra.forced_algorithm("ring"):
-                hierarchical_all_reduce(x, algorithm=algorithm)
-        return run
-
-    fns = {"flat": lambda x: world.allreduce(x),
-           "leader": lambda x: hierarchical_all_reduce(x, algorithm="leader"),
-           "2d": lambda x: hierarchical_all_reduce(x, algorithm="2d"),
-           "auto": lambda x: dist.all_reduce(x),
-           "leader-rings": on_rings("leader"), "2d-rings": on_rings("2d")}
-    results = {k: {} for k in fns}
-    chosen = {}
-    for nbytes in [int(s) for s in args.size_list.split(",")]:
-        x = np.zeros(max(1, nbytes // 4), np.float32)       # zeros: repeated sums never overflow
-        chosen[str(nbytes)] = all_reduce_algorithm(x)
-        inner, reps = _plan(nbytes, args.quick)
-        for fn in fns.values():
-            for _ in range(min(inner, 10) + 2):            # warm-up: plans, scratch, page faults
-                fn(x)
-        times = {k: [] for k in fns}
-        for _ in range(reps):
-            for kind, fn in fns.items():
-                world.barrier()
-                t0 = time.perf_counter()
-                for _ in range(inner):
-                    fn(x)
-                times[kind].append((time.perf_counter() - t0) / inner)
-        for kind in fns:
-            results[kind][str(nbytes)] = statistics.median(times[kind])
-    world.barrier()
-    print(json.dumps({"rank": args.rank, "results": results, "auto_chose": chosen}), flush=True)
-    dist.destroy_process_group()
-
-
-def run_hierarchical(args, sizes) -> dict:
-    me = os.path.abspath(__file__)
-    env = thread_env(1)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env["BENCH_PORT"] = str(free_port())
-    env.pop("NEURAL_ARCH_HIERARCHICAL", None)              # "auto" means the default selection
-    common = ["--worker", "hierarchical", "--ranks", str(args.ranks), "--hosts", str(args.hosts),
-              "--size-list", ",".join(map(str, sizes))] + (["--quick"] if args.quick else [])
-    commands = [([sys.executable, me, "--rank", str(r)] + common, env) for r in range(args.ranks)]
-    outs = run_processes(commands, args.timeout, "hierarchical")
-    reports = [r for out, _ in outs for r in json_lines(out)]
-    if len(reports) != args.ranks:
-        raise RuntimeError(f"hierarchical: {len(reports)} of {args.ranks} ranks reported; stderr:\n{outs[0][1][-2000:]}")
-    merged = {k: {b: max(r["results"][k][b] for r in reports) for b in reports[0]["results"][k]}
-              for k in reports[0]["results"]}
-    return {"results": merged, "auto_chose": reports[0]["auto_chose"]}
-
-
-def render_hierarchical(payload) -> str:
-    n, rows = payload["ranks"], []
-    res = payload["results"]
-    for nbytes in payload["sizes"]:
-        b = str(nbytes)
-        flat = res["flat"][b]
-        row = [_label(nbytes)] + [f"{res[k][b] * 1e6:.0f} us / {busbw('all_reduce', nbytes, res[k][b], n):.2f}"
-                                  for k in HIER_CONTENDERS]
-        refs = [k for k in HIER_REFERENCES if k in res]     # (older result files lack them)
-        row += [f"{flat / res[k][b]:.2f}x" for k in ("leader", "2d", "auto") + tuple(refs)]
-        rows.append(row + [payload["auto_chose"][b]])
-    head = (["size"] + list(HIER_CONTENDERS) + ["flat/leader", "flat/2d", "flat/auto"]
-            + [f"flat/{k}" for k in HIER_REFERENCES if k in res] + ["auto chose"])
-    return (f"all_reduce, {payload['hosts']} simulated hosts x {n // payload['hosts']} ranks (shm inside a host, "
-            "TCP across), float32: slowest rank's median latency / bus bandwidth (GB/s); >1x: faster than flat; "
-            "x-rings: form x with the host group on the ring plans instead of the direct segment\n"
-            + format_table(rows, head))
-
-
-def _plot_hierarchical(payload, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    sizes = payload["sizes"]
-    for i, kind in enumerate(HIER_CONTENDERS):
-        ts = [payload["results"][kind][str(b)] for b in sizes]
-        ax1.plot(sizes, [t * 1e3 for t in ts], marker="o", label=kind, color=f"C{i}")
-        if kind != "flat":
-            ax2.plot(sizes, [payload["results"]["flat"][str(b)] / t for b, t in zip(sizes, ts)], marker="o", label=kind,
-                     color=f"C{i}")
-    ax2.axhline(1.5, color="grey", linestyle="--", linewidth=1, label="goal 1.5x")
-    ax2.axhline(1.0, color="black", linewidth=0.5)
-    for ax, ylabel in ((ax1, "median latency (ms)"), (ax2, "speed-up over flat")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("message size (bytes)")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    ax1.set_yscale("log")
-    ax1.set_title(f"all_reduce, {payload['hosts']} hosts x {payload['ranks'] // payload['hosts']} ranks")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def hierarchical_main(args, argv, sizes) -> None:
-    import platform
-
-    if args.ranks % args.hosts or args.ranks // args.hosts < 2:
-        raise SystemExit(f"--hierarchical: --ranks {args.ranks} must be a multiple of --hosts {args.hosts}, "
-                         "with at least 2 ranks per host")
-    payload = {"ranks": args.ranks, "hosts": args.hosts, "sizes": sizes,
-               "command": "python " + " ".join([os.path.relpath(__file__, ROOT)] + (argv or sys.argv[1:]))}
-    t0 = time.monotonic()
-    payload.update(run_hierarchical(args, sizes))
-    cores = os.cpu_count() or 1
-    payload["machine"] = (f"{args.ranks} ranks on {cores} cores"
-                          + (" (oversubscribed)" if args.ranks > cores else "")
-                          + f", {platform.machine()}; load average at the end {os.getloadavg()[0]:.1f}; "
-                          f"{time.monotonic() - t0:.0f} s")
-    table = render_hierarchical(payload)
-    print(table)
-    out = args.out or os.path.join(HERE, "results", "bench_collectives_hierarchical.json")
-    print(f"\nwrote {write_json(out, payload)}")
-    md = os.path.splitext(out)[0] + ".md"
-    with open(md, "w") as f:
-        f.write(f"# bench_collectives --hierarchical\n\nCommand: `{payload['command']}`\n\n"
-                f"Machine: {payload['machine']}.\n\n{table}\n")
-    print(f"wrote {md}")
-    if not args.no_plot:
-        png = os.path.splitext(out)[0] + ".png"
-        _plot_hierarchical(payload, png)
-        print(f"wrote {png}")
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a short sweep (5 sizes, fewer repetitions)")
@@ -443,12 +291,18 @@ def main(argv=None) -> None:
     ap.add_argument("--hierarchical", action="store_true", help="all_reduce on simulated hosts: flat vs the "
                     "hierarchical forms (default 4 ranks on --hosts 2)")
     ap.add_argument("--hosts", type=int, default=2, help="simulated hosts of --hierarchical")
+    ap.add_argument("--link-gbit", type=float, default=0.0, help="--hierarchical across an emulated link of "
+                    "this many Gbit/s (a rate-limited loopback in a private network namespace; root)")
+    ap.add_argument("--pipeline-chunk", default="", help="--hierarchical: piece size of the pipelined forms "
+                    "(e.g. 512K; default hierarchical_pipeline.PIPELINE_CHUNK_BYTES)")
     # worker mode (internal)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--size-list", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker == "hierarchical":
+        from benchmarks.collectives_hierarchical import hierarchical_worker
+
         return hierarchical_worker(args)
     if args.worker:
         return worker(args)
@@ -458,6 +312,8 @@ def main(argv=None) -> None:
     if args.hierarchical:
         if "--ranks" not in (argv if argv is not None else sys.argv[1:]):
             args.ranks = 4
+        from benchmarks.collectives_hierarchical import hierarchical_main
+
         return hierarchical_main(args, argv, sizes)
     ops = args.ops.split(",")
     payload = {"ranks": args.ranks, "ops": ops, "sizes": sizes, "results": {}, "skipped": {},

@@ -36,7 +36,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
-HOOKS = ("allreduce", "fp16", "bf16", "powersgd-r1", "powersgd-r4", "topk-10%", "topk-1%")
+HOOKS = ("allreduce", "fp16", "bf16", "powersgd-r1", "powersgd-r4", "topk-10%", "topk-1%:spread=0",
+         "topk-1%:spread=1")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -92,7 +93,8 @@ def make_hook(name: str, counter):
         return powerSGD_hook.PowerSGDState(counter, matrix_approximation_rank=rank, start_powerSGD_iter=10), \
             powerSGD_hook.powerSGD_hook
     if name.startswith("topk-"):
-        # "topk-1%" (TopKState's defaults) or with overrides: "topk-1%:warmup_iters=0:momentum=0.9"
+        # "topk-1%" (TopKState's defaults) or with overrides: "topk-1%:warmup_iters=0:momentum=0.9",
+        # "topk-1%:spread=1" (spread delivery, no warm-up)
         pct, *opts = name[len("topk-"):].split(":")
         kwargs = {}
         for opt in opts:
@@ -252,7 +254,8 @@ def worker(args) -> dict:
                               "step_ms": statistics.median(r["step_ms"] for r in runs),
                               "mean_bytes_per_step": statistics.fmean(r["mean_bytes_per_step"] for r in runs)})
         dist.barrier()
-        out["gpt"].append(gpt_matrices_run(name, args.gpt_steps))
+        if args.gpt_steps:
+            out["gpt"].append(gpt_matrices_run(name, args.gpt_steps))
     dist.destroy_process_group()
     return out
 
@@ -295,7 +298,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--seeds", type=int, default=3, help="digits runs per hook (seeds 0..N-1); accuracy is their mean")
-    ap.add_argument("--gpt-steps", type=int, default=8)
+    ap.add_argument("--gpt-steps", type=int, default=8, help="0: skip the GPT workload (accuracy runs only)")
     ap.add_argument("--hooks", default=",".join(HOOKS))
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "bench_compression.json"))
@@ -323,9 +326,9 @@ def main(argv=None) -> int:
     t1 = format_table(rows, ["hook", "bytes/step/rank (steady)", "vs all-reduce", "bytes/step/rank (mean over training)",
                              "vs all-reduce", "step ms", "step vs all-reduce", f"held-out acc % (mean of {args.seeds})",
                              "acc - all-reduce (points)", "per seed (points)"])
-    gbase = next(g for g in res["gpt"] if g["hook"] == "allreduce")
+    gbase = next((g for g in res["gpt"] if g["hook"] == "allreduce"), None)
     rows2 = []
-    for g in res["gpt"]:
+    for g in res["gpt"] if gbase else []:
         rows2.append([g["hook"], g["matrices"], g["bytes"], round(g["bytes"] / gbase["bytes"], 4),
                       f"1/{gbase['bytes'] / g['bytes']:.1f}" if g["bytes"] else "-", round(g["ddp_step_ms"], 1),
                       round(g["ddp_step_ms"] / gbase["ddp_step_ms"], 2)])
@@ -334,7 +337,8 @@ def main(argv=None) -> int:
     note = "" if res["bf16"] == "ok" else f"\n(bf16 row left out: the backend does not all-reduce bfloat16: {res['bf16']})"
     print(f"\ndigits MLP 64-128-128-10, {args.epochs} epochs, {args.ranks} ranks ({args.backend}), seeds 0-{args.seeds - 1}"
           f"{note}\n\n{t1}")
-    print(f"\nGPT (n_embd 256, 2 layers) weight matrices, one backward's gradients (steady state)\n\n{t2}")
+    if rows2:
+        print(f"\nGPT (n_embd 256, 2 layers) weight matrices, one backward's gradients (steady state)\n\n{t2}")
     path = write_json(args.out, {"benchmark": "bench_compression", "command": " ".join(sys.argv),
                                  "load_average_end": list(os.getloadavg()), **res, "tables": [t1, t2]})
     print(f"\nwritten to {path}")

@@ -26,6 +26,9 @@ and the real direct engine alone, its peer always arrived already. No peer proce
 scheduler: the numbers that stay put on a loaded machine when comparing two versions of the comm
 layer. ``--overhead --against DIR`` runs the same in another checkout (the version before a change:
 ``mkdir DIR && git archive HEAD | tar -x -C DIR``) and in this one, alternating, and prints both.
+``--against DIR`` without ``--overhead`` does that for the multi-process latencies: ``--repeat`` jobs of
+each tree, alternating, each job timing its own MPICH in the same rounds; it prints the median over jobs
+of each tree's ratio to MPICH (the ratio, not the latency, is what stays comparable under load).
 
 Usage::
 
@@ -35,6 +38,7 @@ Usage::
     python benchmarks/bench_small_messages.py --backends gloo+mpi4py   # gloo vs raw MPICH, same rounds
     python benchmarks/bench_small_messages.py --overhead               # the Python path alone
     python benchmarks/bench_small_messages.py --overhead --against /tmp/before --repeat 6
+    python benchmarks/bench_small_messages.py --backends gloo+mpi4py --against /tmp/before --repeat 6
 """
 
 from __future__ import annotations
@@ -305,6 +309,53 @@ def against(args) -> dict:
     return {"trees": trees, "runs": runs}
 
 
+def against_latency(args) -> dict:
+    """The multi-process benchmark with this tree's library and with ``--against DIR``'s, ``--repeat`` jobs of
+    each, alternating: {tree: {kind: [merged results per job]}} (the worker puts ``BENCH_LIB_ROOT`` first)."""
+    trees = {"before": os.path.abspath(args.against), "after": ROOT}
+    runs: dict = {name: {} for name in trees}
+    saved = os.environ.get("BENCH_LIB_ROOT")
+    try:
+        for i in range(args.repeat):
+            for name, tree in (trees.items() if i % 2 == 0 else reversed(trees.items())):
+                os.environ["BENCH_LIB_ROOT"] = tree
+                for kind in args.backends.split(","):
+                    reports = run_backend(kind, args)
+                    merged = {key: max(r["results"][key] for r in reports) for key in reports[0]["results"]}
+                    runs[name].setdefault(kind, []).append(merged)
+            print(f"job pair {i + 1}/{args.repeat} done", flush=True)
+    finally:
+        if saved is None:
+            os.environ.pop("BENCH_LIB_ROOT", None)
+        else:
+            os.environ["BENCH_LIB_ROOT"] = saved
+    return {"trees": trees, "runs": runs}
+
+
+def _print_against_latency(result, args) -> None:
+    med = statistics.median
+    for kind in args.backends.split(","):
+        before, after = result["runs"]["before"].get(kind), result["runs"]["after"].get(kind)
+        if not before or not after:
+            continue
+        raw = all(f"mpi4py:{s}" in m for s in args.sizes for m in before + after)
+        rows = []
+        for s in args.sizes:
+            row = [_label(s)]
+            for runs in (before, after):
+                for path in ("tensor", "backend"):
+                    key = f"{path}:{s}"
+                    if raw:    # the median over jobs of each job's ratio to its own MPICH
+                        row.append(f"{med([m[key] / m[f'mpi4py:{s}'] for m in runs]):.2f}")
+                    else:
+                        row.append(f"{med([m[key] for m in runs]) * 1e6:.2f}")
+            rows.append(row)
+        unit = "ratio to MPICH (same job)" if raw else f"{args.stat} latency us"
+        print(f"\nall_reduce on {kind}, {args.ranks} rank(s), float32, {unit}: median over {args.repeat} "
+              f"alternating jobs per tree (before: {result['trees']['before']})")
+        print(format_table(rows, ["size", "tensor before", "backend before", "tensor after", "backend after"]))
+
+
 # -- the orchestrator --------------------------------------------------------------------------------
 def run_backend(kind: str, args) -> list[dict]:
     me = os.path.abspath(__file__)
@@ -350,8 +401,8 @@ def main(argv=None) -> None:
     ap.add_argument("--overhead", action="store_true",
                     help="time only the Python around the shm engine, in one process (see above)")
     ap.add_argument("--against", default=None, metavar="DIR",
-                    help="with --overhead: compare with another checkout (e.g. `git archive HEAD` unpacked "
-                         "in DIR), alternating runs of the two")
+                    help="compare with another checkout (e.g. `git archive HEAD` unpacked in DIR), alternating "
+                         "runs of the two: the --overhead rows, or (without it) the multi-process latencies")
     ap.add_argument("--repeat", type=int, default=6, help="with --against: runs of each tree")
     args = ap.parse_args(argv)
     args.sizes = [int(s) for s in args.size_list.split(",")]
@@ -366,13 +417,25 @@ def main(argv=None) -> None:
             b, a = runs["before"].get(label), runs["after"].get(label)
             mb = statistics.median(b) if b else None
             ma = statistics.median(a) if a else None
+            # the least disturbed run too: on a shared machine runs are bimodal (a core of its own or not)
+            lb, la = (min(b) if b else None), (min(a) if a else None)
             rows.append([label, f"{mb * 1e6:.2f}" if mb else "-", f"{ma * 1e6:.2f}" if ma else "-",
-                         f"{ma / mb:.2f}" if ma and mb else "-"])
-        print(f"1 KiB float32 all_reduce, CPU us per call: median over {args.repeat} alternating runs of "
+                         f"{ma / mb:.2f}" if ma and mb else "-", f"{lb * 1e6:.2f}" if lb else "-",
+                         f"{la * 1e6:.2f}" if la else "-", f"{la / lb:.2f}" if la and lb else "-"])
+        print(f"1 KiB float32 all_reduce, CPU us per call: median (and min) over {args.repeat} alternating runs of "
               f"the median of {args.rounds} rounds (before: {result['trees']['before']})")
-        print(format_table(rows, ["path", "before", "after", "after/before"]))
+        print(format_table(rows, ["path", "before", "after", "after/before", "min before", "min after",
+                                  "min after/before"]))
         out = args.out.replace("bench_small_messages.json", "bench_small_messages_overhead_ab.json")
         print(f"\nwrote {write_json(out, dict(result, rounds=args.rounds, repeat=args.repeat))}")
+        return None
+    if args.against:
+        result = against_latency(args)
+        _print_against_latency(result, args)
+        out = args.out.replace("bench_small_messages.json", "bench_small_messages_ab.json")
+        payload = dict(result, rounds=args.rounds, repeat=args.repeat, ranks=args.ranks, sizes=args.sizes,
+                       command="python " + " ".join([os.path.relpath(__file__, ROOT)] + (argv or sys.argv[1:])))
+        print(f"\nwrote {write_json(out, payload)}")
         return None
     if args.overhead:
         result = overhead(args)

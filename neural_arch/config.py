@@ -61,6 +61,7 @@ VARIABLES: tuple[EnvVar, ...] = (
     _v("GLOO_DIRECT", bool, True, "user", "0 turns the direct shared-memory collectives off (ring/tree over messages)"),
     _v("GLOO_ALGO", str, None, "user", "force gloo algorithms (comma list, e.g. ring, direct): benchmarks and tests"),
     _v("HIERARCHICAL", str, "auto", "user", "auto / 1 / 0: all_reduce of gloo groups spanning hosts goes hierarchical (auto: from 1 MiB; 1: always; 0: never)"),
+    _v("HIERARCHICAL_PIPELINE_BYTES", int, 1 << 20, "user", "piece size of the pipelined hierarchical all-reduce on gloo (0: its steps one after the other, e.g. on a fast network where CPU is the bottleneck; messages under two pieces are never pipelined)"),
     _v("GLOO_SEGMENT_BYTES", int, 512 * 1024, "user", "pipeline segment of the ring algorithms"),
     _v("SHM_RING_BYTES", int, None, "user", "size of each shared-memory ring"),
     _v("SHM_CHUNK_BYTES", int, None, "user", "pipeline chunk per rank slot of the direct shared-memory collectives (default 1 MiB, halved while /dev/shm is small)"),

@@ -203,3 +203,61 @@ def host_group_paths(seed: int):
             intra.allgather(ag, x[:7].copy())
         res[algo] = a.tobytes() + rs.tobytes() + ag.tobytes()
     return paths, intra._direct is not None, cross._direct is None, res["direct"] == res["ring"]
+
+
+def pipelined(dtype: str, shape: tuple, op: str, seed: int, algorithm: str, chunk_bytes: int):
+    """The pipelined form (pieces of ``chunk_bytes``) vs the same form unpipelined (chunk 0) vs flat, on
+    the same per-rank arrays: (bitwise equal to unpipelined, max abs difference from flat, pieces cut,
+    cross-host all_reduces this rank ran in the pipelined call). MPI groups never pipeline (both runs
+    then take the unpipelined path: still equal, one cross-host all_reduce)."""
+    dist = _world()
+    from neural_arch.distributed.algorithms.hierarchical import hierarchical_all_reduce
+    from neural_arch.distributed.algorithms.hierarchical_pipeline import pieces
+
+    rng = np.random.default_rng(seed * 10 + dist.get_rank())
+    dt = np.dtype(dtype)
+    x = (rng.normal(size=shape) if dt.kind == "f" else rng.integers(-1000, 1000, size=shape)).astype(dt)
+    flat, serial, piped = x.copy(), x.copy(), x.copy()
+    flat_all_reduce(dist, flat, op)
+    hierarchical_all_reduce(serial, op=op, algorithm=algorithm, pipeline_chunk_bytes=0)
+    out, spans = _record_spans(lambda: hierarchical_all_reduce(piped, op=op, algorithm=algorithm,
+                                                               pipeline_chunk_bytes=chunk_bytes))
+    assert out is piped
+    crossings = sum(1 for name, ranks in spans if name == "all_reduce" and len(ranks) == 2 and ranks[0] // 2 != ranks[1] // 2)
+    diff = float(np.max(np.abs(flat.astype(np.float64) - piped.astype(np.float64)))) if flat.size else 0.0
+    align = 2 if algorithm == "2d" else 1
+    return serial.tobytes() == piped.tobytes(), diff, len(pieces(x.size, dt.itemsize, chunk_bytes, align)), crossings
+
+
+def pipeline_failure(bad_rank: int, bad_piece: int, algorithm: str):
+    """One rank's cross-host transfer of one piece raises (an injected fault on its progress thread):
+    what every rank's call raises (type name, message) and how long it took; whether an async op is
+    still queued on this rank's cross-host group afterwards. Leaves the world poisoned: run last."""
+    import time
+
+    dist = _world()
+    from neural_arch.distributed.algorithms.hierarchical import hierarchical_all_reduce, host_groups
+
+    hg = host_groups()
+    cross = (hg.cross if algorithm == "2d" else hg.inter)
+    backend = None if cross is dist.GroupMember.NON_GROUP_MEMBER else cross.backend
+    calls = [0]
+    if backend is not None and dist.get_rank() == bad_rank:
+        real = backend._allreduce
+
+        def faulty(array, op, info):
+            calls[0] += 1
+            if calls[0] == bad_piece + 1:
+                raise RuntimeError(f"injected fault in piece {bad_piece}")
+            return real(array, op, info)
+        backend._allreduce = faulty
+    x = np.ones(1 << 14, np.float64)          # 128 KiB in pieces of 8 KiB: 16 pieces
+    t0 = time.monotonic()
+    try:
+        hierarchical_all_reduce(x, algorithm=algorithm, pipeline_chunk_bytes=8 << 10)
+        outcome = ("no error", "")
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        outcome = (type(exc).__name__, str(exc))
+    took = time.monotonic() - t0
+    pending = backend._lane.pending if backend is not None else 0
+    return outcome, took, pending

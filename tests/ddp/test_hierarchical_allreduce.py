@@ -77,6 +77,47 @@ def test_two_d_matches_flat_within_rounding(pool, dtype, shape, op, tol):
         assert diff <= tol
 
 
+@pytest.mark.parametrize("algorithm", ["2d", "leader"])
+@pytest.mark.parametrize("dtype,shape,op,chunk", [
+    ("int64", (4099,), "sum", 1 << 10),     # 32 pieces of 128 elements, the last takes 3 more (2-D: padded)
+    ("int32", (37, 29), "max", 200),        # 1073 elements: pieces of 50, not a multiple of anything
+    ("int64", (1 << 12,), "sum", 1 << 14),  # exactly 2 pieces of 1024 elements
+    ("int8", (301,), "product", 16),
+    ("float64", (5003,), "sum", 1 << 11),   # floats: bitwise too (2 x 2: every step adds two numbers)
+    ("float64", (3001,), "avg", 1 << 10),
+    ("float32", (2049,), "sum", 1 << 12),
+])
+def test_pipelined_forms_equal_unpipelined_bitwise(pool, algorithm, dtype, shape, op, chunk):
+    for rank, (same, diff, cut, crossings) in enumerate(pool.run(fns.pipelined, dtype, shape, op, 5, algorithm, chunk)):
+        assert same and cut >= 2
+        leads = algorithm == "2d" or rank in (0, 2)       # who talks across hosts
+        assert crossings == ((cut if pool.backend == "gloo" else 1) if leads else 0)   # MPI: never pipelined
+        assert diff <= (1e-4 if dtype == "float32" else 1e-11 if dtype == "float64" else 0)
+
+
+@pytest.mark.parametrize("algorithm", ["2d", "leader"])
+def test_pipeline_of_one_piece_is_the_unpipelined_form(pool, algorithm):
+    # 1500 bytes with 1 KiB pieces: one piece (the last absorbs the remainder) -> the plain form
+    for same, diff, cut, crossings in pool.run(fns.pipelined, "int64", (187,), "sum", 6, algorithm, 1 << 10):
+        assert same and diff == 0 and cut == 1 and crossings <= 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("algorithm,bad_rank", [("2d", 3), ("leader", 2)])
+def test_a_failing_piece_raises_on_every_rank_and_leaves_nothing_running(algorithm, bad_rank):
+    """A cross-host transfer of piece 3 fails on one rank's progress thread: every rank's call raises
+    (the failing one with the fault, the others because the group was poisoned) well within the
+    timeout, and no transfer is left queued. Own ranks: the fault poisons their world."""
+    from neural_arch.distributed.testing import run_ranks
+
+    results = run_ranks(fns.pipeline_failure, 4, args=(bad_rank, 3, algorithm), timeout=45.0, init=False)
+    for r in results:
+        assert r.ok, r
+        (kind, message), took, pending = r.value
+        assert kind != "no error" and took < 20 and pending == 0, (r.rank, kind, message, took)
+    assert "injected fault in piece 3" in results[bad_rank].value[0][1]
+
+
 def _ran(spans):
     return sorted({name for name, _ in spans})
 
@@ -92,7 +133,10 @@ def test_all_reduce_goes_hierarchical_by_itself_on_groups_spanning_hosts(pool):
         assert ok0 and ok1 and ok2
         assert c0 == "flat" and s0 == [("all_reduce", (0, 1, 2, 3))]
         host, cross = (0, 1) if rank < 2 else (2, 3), (rank % 2, rank % 2 + 2)
-        assert c1 == "2d" and s1[-3:] == [("reduce_scatter", host), ("all_reduce", cross), ("all_gather", host)]
+        # 2 MiB: two pipelined pieces of 1 MiB, each reduce-scattered in the host, all-reduced across, gathered
+        steps = sorted(span for span in s1 if span[1] != (0, 1, 2, 3))     # (the layout's all-gather: world)
+        assert c1 == "2d" and s1[-1] == ("all_gather", host)
+        assert steps == sorted([("reduce_scatter", host), ("all_reduce", cross), ("all_gather", host)] * 2)
         assert c2 == "flat"
     # sub-group over hosts of 2 and 1 ranks: the leader form (the 2-D one needs equal hosts)
     for rank, rows in enumerate(pool.run(fns.auto, "auto", (0, 1, 2), (1 << 18 | 1,), "float64")):
@@ -101,7 +145,9 @@ def test_all_reduce_goes_hierarchical_by_itself_on_groups_spanning_hosts(pool):
             continue
         chosen, spans, ok = rows[0]
         assert ok and chosen == "leader"
-        assert _ran(spans[-3:]) == (["all_reduce", "broadcast", "reduce"] if rank in (0, 2) else ["broadcast", "reduce"])
+        steps = [span for span in spans if span[1] != (0, 1, 2)]        # (the layout's all-gather)
+        assert _ran(steps) == (["all_reduce", "broadcast", "reduce"] if rank in (0, 2) else ["broadcast", "reduce"])
+        assert len(steps) == (6 if rank in (0, 2) else 4)                # 2 MiB: two pipelined pieces
     # a sub-group on one host stays flat at every size
     for rank, rows in enumerate(pool.run(fns.auto, "auto", (2, 3), (1 << 18,), "int32")):
         if rows is not None:

@@ -49,6 +49,13 @@ def test_format_schedule_one_line_per_stage():
                                  "iterations 40-: top 1%"]
 
 
+def test_default_warmup_is_off_with_spread_delivery():
+    # spread delivery trains best without warm-up (docs/benchmarks.md); plain delivery keeps 150
+    assert TopKState(ratio=0.01, spread=True).schedule == [Stage(0, None, 0.01)]
+    assert [s.ratio for s in TopKState(ratio=0.01, spread=False).schedule] == [0.25, 0.0625, 0.015625, 0.01]
+    assert TopKState(ratio=0.01, spread=True, warmup_iters=30).schedule[0] == Stage(0, 10, 0.25)
+
+
 @pytest.mark.parametrize("bad", [{"ratio": 0.0}, {"ratio": 1.5}, {"momentum": 1.0}, {"warmup_factor": 1.0},
                                  {"warmup_iters": -1}])
 def test_bad_arguments_say_what_is_allowed(bad):

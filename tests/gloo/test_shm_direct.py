@@ -160,3 +160,61 @@ def test_stale_segment_of_a_dead_creator_is_removed(tmp_path):
     alive.write_bytes(b"\0" * 64)
     removed = clean_stale_rings(str(tmp_path))
     assert str(stale) in removed and not stale.exists() and alive.exists()
+
+
+def _two_segments():
+    """Rank 0's and rank 1's ShmSegment over one anonymous mapping (one process, no waiting)."""
+    import mmap
+
+    from neural_arch.distributed.comm.transport import shm_segment as S
+
+    nbytes = S.ShmSegment.nbytes_for(2, 4096, S.SMALL_BYTES)
+    mm = mmap.mmap(-1, nbytes)
+    hdr = memoryview(mm).cast("q")
+    hdr[0], hdr[1], hdr[2], hdr[3] = S._MAGIC, 2, 4096, S.SMALL_BYTES
+    hdr.release()
+    return S.ShmSegment(mm, 0, 2, [3, 7]), S.ShmSegment(mm, 1, 2, [3, 7])
+
+
+def test_sync_checks_words_names_both_sides_and_fails_on_poison():
+    """ShmSegment.sync (words + barrier + check in one call: the small path) against a peer that has
+    already arrived: equal words pass; a different byte count or root is a CollectiveMismatchError naming
+    the op, each rank's side and the root; a poisoned group is a GroupPoisonedError naming the first failure."""
+    import time
+
+    from neural_arch.distributed.comm.debug import wire_word
+    from neural_arch.distributed.comm.transport.shm_segment import pack_words
+    from neural_arch.distributed.comm.work import OpInfo
+    from neural_arch.distributed.errors import CollectiveMismatchError, GroupPoisonedError
+
+    mine, peer = _two_segments()
+    info = OpInfo("broadcast", 9, [3, 7], 3, (16,), "float32", 0, None, time.monotonic() + 5, wire=None)
+    word = info.wire
+    check = wire_word("debug check of broadcast", 9, None, None)   # >= 2**63: stored unsigned, as it is
+    assert word == wire_word("broadcast", 9, "float32", None) and check >= 1 << 63
+    peer.announce(0, check, 0, -1)
+    peer.announce(1, word, 64, 1)
+    peer._q[peer._my_arrive] = 2                         # the peer arrived at barriers 1 and 2
+    mine.sync(0, check, pack_words(0, -1), info)         # same op, bytes and root: passes
+    with pytest.raises(CollectiveMismatchError) as err:
+        mine.sync(1, word, pack_words(64, 0), info)
+    text = str(err.value)
+    assert "broadcast #9" in text and "rank 3: broadcast #9 float32 (64 bytes) root 0" in text, text
+    assert "rank 7: broadcast #9 float32 (64 bytes) root 1" in text, text
+    peer.poison("rank 7 saw a bad frame")
+    peer._q[peer._my_arrive] = 3
+    with pytest.raises(GroupPoisonedError, match="rank 7 saw a bad frame"):
+        mine.sync(0, word, pack_words(64, 0), info)
+    mine.close(), peer.close()
+
+
+def test_fused_all_reduce_builds_the_same_check_word_as_wire_word():
+    """Backend.allreduce's fused path builds the OpInfo's wire word from a table; it must equal the
+    word every other path computes (ranks on different paths compare them)."""
+    from neural_arch.distributed.comm.backend import _FAST
+    from neural_arch.distributed.comm.debug import _SEQ_MASK, wire_word
+
+    for op, table in _FAST.items():
+        for name, base in table.values():
+            for seq in (1, 12345, (1 << 48) + 7):
+                assert base | (seq & _SEQ_MASK) == wire_word("all_reduce", seq, name, op._value_)

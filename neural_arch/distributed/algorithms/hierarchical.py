@@ -20,7 +20,9 @@ reduction-order rounding for floats. Uneven sizes are fine (the 2-D form pads th
 2-D form needs the same number of ranks on every host, the leader form does not. On gloo the
 host group's steps run on the direct shared-memory collectives (the host group maps its own
 segment at its first collective: :mod:`neural_arch.distributed.comm.gloo`), the cross-host step
-on the message plans over TCP.
+on the message plans over TCP. Large messages are pipelined: pieces of
+:data:`.hierarchical_pipeline.PIPELINE_CHUNK_BYTES` cross the network while the host works on their
+neighbours (:mod:`.hierarchical_pipeline`).
 :func:`host_groups` builds the groups from the host each rank runs on (the transport's notion of
 "same host", which ``NEURAL_ARCH_HOST_ID`` overrides, so one machine can play several hosts in
 tests). ``dist.all_reduce`` picks a form by itself on groups spanning hosts
@@ -43,6 +45,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from neural_arch.distributed.algorithms.hierarchical_pipeline import (
+    pipelines,
+    run_leader_pipelined,
+    run_two_d_pipelined,
+)
 from neural_arch.distributed.comm.transport.engine import host_identity
 from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.process_group import GroupMember, ProcessGroup
@@ -170,23 +177,30 @@ def host_groups(group=None, *, refresh: bool = False) -> HostGroups:
 
 
 # -- the two forms on backends (arrays, group ranks): shared by the explicit API and dist.all_reduce ---
-def run_leader(array, op: ReduceOp, intra, inter) -> None:
+def run_leader(array, op: ReduceOp, intra, inter, chunk_bytes=None) -> None:
     """The leader form on ``array`` (contiguous, in place): ``intra``/``inter`` are backends,
-    ``inter`` None on ranks that do not lead their host. ``op`` is a wire op (no AVG)."""
+    ``inter`` None on ranks that do not lead their host. ``op`` is a wire op (no AVG).
+    ``chunk_bytes``: pipeline piece size (None: :data:`.hierarchical_pipeline.PIPELINE_CHUNK_BYTES`;
+    0: the three steps one after the other); see :mod:`.hierarchical_pipeline`."""
+    if pipelines(intra, array, chunk_bytes):
+        return run_leader_pipelined(array, op, intra, inter, chunk_bytes)
     intra.reduce(array, root=0, op=op)
     if inter is not None:
         inter.allreduce(array, op)
     intra.broadcast(array, root=0)
 
 
-def run_two_d(array, op: ReduceOp, intra, cross) -> None:
+def run_two_d(array, op: ReduceOp, intra, cross, chunk_bytes=None) -> None:
     """The 2-D form on ``array`` (contiguous, in place): ``intra`` is this host's backend (every
     host of the same size), ``cross`` the backend of the ranks with this local rank on every host.
+    ``chunk_bytes``: as in :func:`run_leader` (large messages go through :mod:`.hierarchical_pipeline`).
 
     The flat buffer is cut in ``intra.size`` slices of ``ceil(n / size)`` elements; when ``n`` is
     not a multiple the input is padded in a scratch copy (the padding's reduction is thrown away,
     so its values do not matter; zeros keep float sums quiet).
     """
+    if pipelines(intra, array, chunk_bytes):
+        return run_two_d_pipelined(array, op, intra, cross, chunk_bytes)
     flat = array.reshape(-1)
     n, local = flat.size, intra.size
     if n == 0:
@@ -231,7 +245,7 @@ def _usable(group) -> bool:
 
 
 def hierarchical_all_reduce(tensor, op=ReduceOp.SUM, intra_node_group=None, inter_node_group=None, *,
-                            algorithm: str = "auto", cross_node_group=None):
+                            algorithm: str = "auto", cross_node_group=None, pipeline_chunk_bytes=None):
     """All-reduce ``tensor`` (a Tensor or a contiguous array) in place in three steps (see the module
     docstring) and return it, like ``all_reduce``.
 
@@ -242,7 +256,9 @@ def hierarchical_all_reduce(tensor, op=ReduceOp.SUM, intra_node_group=None, inte
     ``GroupMember.NON_GROUP_MEMBER`` elsewhere); ``cross_node_group`` (2-D form): the ranks with
     this rank's local rank on every host. With all omitted they come from :func:`host_groups`.
     The intra groups must partition the world (and have one size, for the 2-D form).
-    ``ReduceOp.AVG`` sums and divides by the number of ranks.
+    ``ReduceOp.AVG`` sums and divides by the number of ranks. ``pipeline_chunk_bytes``: messages of
+    two pieces or more overlap the host and cross-host steps of neighbouring pieces of this size
+    (:mod:`.hierarchical_pipeline`, gloo only; None: its default; 0: never).
     """
     from neural_arch.distributed.resolve import _buf
 
@@ -273,7 +289,7 @@ def hierarchical_all_reduce(tensor, op=ReduceOp.SUM, intra_node_group=None, inte
                              "ranks on every host and the group of each local rank across hosts "
                              "(host_groups().cross); use algorithm='leader'")
         total = intra_node_group.size() * cross_node_group.size()
-        run_two_d(array, wire, intra_node_group.backend, cross_node_group.backend)
+        run_two_d(array, wire, intra_node_group.backend, cross_node_group.backend, pipeline_chunk_bytes)
     else:
         leader = intra_node_group.rank() == 0
         if leader and not _usable(inter_node_group):
@@ -286,7 +302,8 @@ def hierarchical_all_reduce(tensor, op=ReduceOp.SUM, intra_node_group=None, inte
         from neural_arch.distributed import groups as _groups
 
         total = _groups.get_world_size()
-        run_leader(array, wire, intra_node_group.backend, inter_node_group.backend if leader else None)
+        run_leader(array, wire, intra_node_group.backend, inter_node_group.backend if leader else None,
+                   pipeline_chunk_bytes)
     if avg:
         array /= array.dtype.type(total)
     return tensor

@@ -37,6 +37,8 @@ hand): a flat ring over 2 hosts x 2 ranks pushes 1.5 N bytes per all_reduce thro
 network interface, both hierarchical forms N (2 (H - 1) / H N for H hosts), so a job bound by its
 network gets up to 1.5x from them; the 2-D form also spreads that traffic over every local rank's
 connection instead of one leader's, which matters when one Python process cannot fill the link.
+Both forms pipeline large messages (:mod:`.hierarchical_pipeline`): the shared-memory steps of one
+piece overlap the network transfer of the next, so the link does not idle while the host works.
 
 Example (every rank of 2 hosts x 2 ranks)::
 

@@ -26,6 +26,7 @@ Example (two ranks that both hold a replicated 2 MiB matrix; pure data, no proce
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -54,28 +55,58 @@ def describe(state_dict):
     """(array items, object items, plan) of this rank's state dict.
 
     ``arrays``: {(key, region key): (host array, Region)}; ``plan``: {"arrays": [(key, path, global
-    shape, dtype str, region json)], "objects": {key: (path, encoded value)}} (JSON-able).
+    shape, dtype str, region json)], "objects": {key: (path, encoded value)}, "signature": the same
+    layout as nested tuples (for :func:`_layout_digest`)}.
     """
-    arrays, objects, plan_arrays = {}, {}, []
+    arrays, objects, plan_arrays, signature = {}, {}, [], []
     for key, path, leaf in flatten_state_dict(state_dict):
         if is_array_leaf(leaf):
             if isinstance(leaf, ShardedArray):
                 local = to_host(leaf.local)
                 region = Region.of(leaf)
+                rkey, rjson = region.key(), region.to_json()
             else:
                 local = to_host(leaf)
-                region = Region.of(local)
-            arrays[(key, region.key())] = (local, region)
-            plan_arrays.append((key, path, list(region.global_shape), local.dtype.str, region.to_json()))
+                region, rkey = _whole(local.shape)
+                rjson = {"offsets": [0] * len(region.sizes), "sizes": list(region.sizes)}  # fresh: callers may keep it
+            arrays[(key, rkey)] = (local, region)
+            plan_arrays.append((key, path, list(region.global_shape), local.dtype.str, rjson))
+            # the same facts, immutable: what _layout_digest compares (nobody can change it later)
+            signature.append((key, tuple(path), region.global_shape, local.dtype.str, rkey))
         else:
             objects[key] = (path, encode_object(leaf))
-    return arrays, objects, {"arrays": plan_arrays, "objects": objects}
+    signature = (tuple(signature), tuple(sorted(objects)))
+    return arrays, objects, {"arrays": plan_arrays, "objects": objects, "signature": signature}
+
+
+@functools.lru_cache(maxsize=4096)
+def _whole(shape: tuple) -> tuple[Region, tuple]:
+    # A whole array's region depends only on its shape (Region is frozen): async_save describes
+    # the same leaves at every save, and rebuilding them was a visible part of its blocked time.
+    shape = tuple(int(s) for s in shape)
+    region = Region(shape, (0,) * len(shape), shape)
+    return region, region.key()
+
+
+_last_digest: tuple = (None, b"")  # (signature, digest) of the last layout hashed; replaced whole
 
 
 def _layout_digest(plan: dict) -> bytes:
-    """What the plan depends on: the array descriptions and which plain keys this rank has."""
+    """What the plan depends on: the array descriptions and which plain keys this rank has.
+
+    ``describe``'s immutable ``signature`` of the same facts is compared with the last one
+    first: equal tuples mean equal JSON, and comparing costs a fraction of encoding and hashing
+    (async_save's caller waits for this at every save).
+    """
+    global _last_digest
+    signature, last = plan.get("signature"), _last_digest  # one read: another thread may replace it
+    if signature is not None and signature == last[0]:
+        return last[1]
     text = json.dumps([plan["arrays"], sorted(plan["objects"])], separators=(",", ":"), default=str)
-    return hashlib.blake2b(text.encode(), digest_size=_DIGEST).digest()
+    digest = hashlib.blake2b(text.encode(), digest_size=_DIGEST).digest()
+    if signature is not None:
+        _last_digest = (signature, digest)
+    return digest
 
 
 def make_plan(plans: list[dict]):
@@ -235,7 +266,7 @@ class PlanCache:
             from neural_arch.distributed.collectives import all_gather_object
 
             plans = [None] * world
-            all_gather_object(plans, plan, group=pg)
+            all_gather_object(plans, {"arrays": plan["arrays"], "objects": plan["objects"]}, group=pg)
         else:
             plans = [plan]
         entries, owners, objects = make_plan(plans)

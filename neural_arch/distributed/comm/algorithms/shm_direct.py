@@ -14,7 +14,10 @@ Every rank of a group on one host maps one :class:`~neural_arch.distributed.comm
   the next op's first.
 * **reduce_scatter / all_gather / broadcast / reduce / barrier** work the same way.
 * **Small messages** (<= ``SMALL_BYTES`` per rank) take a latency path: slots indexed by the op's
-  parity, one barrier, then every rank reduces the whole (tiny) buffer itself in rank order.
+  parity, one barrier, then every rank reduces the whole (tiny) buffer itself in rank order. Two
+  slot sets suffice: a rank that writes op k+2's set (op k's) has passed op k+1's barrier, which
+  every rank reached only after reading op k's. The op words, the barrier and their check are one
+  call (``ShmSegment.sync``): at this size the Python calls are the cost.
 * **Mismatch**: each op writes its op word (``comm.debug.wire_word``: kind, dtype, reduce op,
   sequence number), byte count and root into its control line before the first barrier and compares
   all ranks' after it -- a different op, dtype, size, root or order is a CollectiveMismatchError on
@@ -37,6 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from neural_arch.distributed.comm.algorithms import executor as _executor
+from neural_arch.distributed.comm.transport.shm_segment import _AUX_BITS, pack_words
 from neural_arch.distributed.comm.work import ReduceOp
 
 # (world size or None for "any other") -> list of (up to this many bytes, algorithm), first match
@@ -101,9 +105,13 @@ class DirectCollectives:
         self.seg = seg
         self.size, self.rank = seg.size, seg.rank
         self._views: dict = {}
+        self._reduce_views: dict = {}      # dtype -> {elements: _reduce_plan}
+        self._small_bytes = seg.small
+        self._sync = seg.sync       # bound once: the small path's one segment call per op
 
     def close(self) -> None:
         self._views.clear()
+        self._reduce_views.clear()
         self.seg.close()
 
     # -- views into the segment, cached per dtype -----------------------------------------------------
@@ -132,11 +140,17 @@ class DirectCollectives:
             v = self._views[key] = (slots, res)
         return v
 
-    def _begin(self, info, nbytes: int, aux: int = -1) -> int:
+    def _next_parity(self) -> int:
+        """This op's parity (which set of small slots and op words it uses); counts the op."""
         seg = self.seg
         parity = seg.ops & 1
         seg.ops += 1
-        seg.announce(parity, info.wire, nbytes, aux)
+        return parity
+
+    def _begin(self, info, nbytes: int, aux: int = -1) -> int:
+        """A multi-barrier op: count it and publish its words (checked after its first barrier)."""
+        parity = self._next_parity()
+        self.seg.announce(parity, info.wire, nbytes, aux)
         return parity
 
     # -- all_reduce / reduce ------------------------------------------------------------------------------
@@ -147,36 +161,47 @@ class DirectCollectives:
         if v is None:
             if len(self._views) > 256:      # many distinct sizes: start over rather than grow
                 self._views.clear()
+                self._reduce_views.clear()
             v = tuple((sl[self.rank, :m], tuple(sl[r, :m] for r in range(self.size)))
                       for sl in self._small(dtype))
             self._views[key] = v
         return v
 
+    def _reduce_plan(self, dtype, m: int):
+        """[parity] -> (my slot[:m], slot 0, slot 1, the other slots): the small all_reduce's views,
+        cached per dtype then element count (two lookups without building a key tuple)."""
+        v = self._small_views(dtype, m)
+        plan = tuple((mine, slots[0], slots[1], slots[2:]) for mine, slots in v)
+        self._reduce_views.setdefault(dtype, {})[m] = plan
+        return plan
+
     def all_reduce(self, flat: np.ndarray, op: ReduceOp, info, root: int = -1) -> None:
         """In place on every rank (``root >= 0``: a reduce; only the caller decides what to keep)."""
         seg = self.seg
         nbytes = flat.nbytes
-        parity = seg.ops & 1
-        seg.ops += 1
-        seg.announce(parity, info.wire, nbytes, root)
+        ops = seg.ops
+        seg.ops = ops + 1
+        parity = ops & 1
         ufunc = _REDUCE[op]
-        if nbytes <= seg.small:
+        if nbytes <= self._small_bytes:
             # the latency path: per-call Python and NumPy overhead is the cost here, so the views come
-            # from one dict lookup and every ufunc gets ``out`` positionally (a keyword costs ~0.1 us)
-            views = self._views.get((flat.dtype, flat.size))
-            if views is None:
-                views = self._small_views(flat.dtype, flat.size)
-            mine, slots = views[parity]
+            # from two dict lookups (no key tuple), the segment is called once (sync: words, barrier,
+            # check) and every ufunc gets ``out`` positionally (a keyword costs ~0.1 us)
+            plan = self._reduce_views.get(flat.dtype)
+            plan = plan.get(flat.size) if plan is not None else None
+            if plan is None:
+                plan = self._reduce_plan(flat.dtype, flat.size)
+            mine, first, second, rest = plan[parity]
             mine[...] = flat            # (cheaper than np.copyto for a few KiB)
-            seg.barrier(info)
-            seg.check_words(parity, info)
+            self._sync(parity, info.wire, (nbytes << _AUX_BITS) | (root + 1), info)   # pack_words, inline
             # every rank folds all slots in rank order: the same operations, the same bits everywhere
-            ufunc(slots[0], slots[1], flat)
-            for r in range(2, self.size):
-                ufunc(flat, slots[r], flat)
+            ufunc(first, second, flat)
+            for slot in rest:
+                ufunc(flat, slot, flat)
             if op is _AVG:
                 np.true_divide(flat, self.size, flat)
             return
+        seg.announce(parity, info.wire, nbytes, root)
         self._all_reduce_large(flat, ufunc, op is _AVG, parity, info)
 
     def _all_reduce_large(self, flat, ufunc, avg: bool, parity: int, info) -> None:
@@ -235,16 +260,15 @@ class DirectCollectives:
     def reduce_scatter(self, out: np.ndarray, inp: np.ndarray, op: ReduceOp, info) -> None:
         """``out`` (m elements) = the reduction of block ``rank`` of every rank's ``inp`` (n*m elements)."""
         seg, n, me = self.seg, self.size, self.rank
-        parity = self._begin(info, inp.nbytes)
         ufunc = _REDUCE[op]
         avg = op is ReduceOp.AVG
         m = out.size
         blocks = inp.reshape(n, m)
         if inp.nbytes <= seg.small:
+            parity = self._next_parity()
             mine, slots = self._small_views(inp.dtype, inp.size)[parity]
             np.copyto(mine, inp)
-            seg.barrier(info)
-            seg.check_words(parity, info)
+            self._sync(parity, info.wire, pack_words(inp.nbytes, -1), info)
             lo, hi = me * m, (me + 1) * m
             ufunc(slots[0][lo:hi], slots[1][lo:hi], out=out)
             for r in range(2, n):
@@ -252,6 +276,7 @@ class DirectCollectives:
             if avg:
                 np.true_divide(out, n, out=out)
             return
+        parity = self._begin(info, inp.nbytes)
         slots, _ = self._large(inp.dtype)
         per = max(1, slots[0].shape[1] // n)     # elements of each destination block per chunk
         k = -(-m // per)
@@ -288,16 +313,16 @@ class DirectCollectives:
     def all_gather(self, out: np.ndarray, inp: np.ndarray, info) -> None:
         """``out`` viewed as (n, m) gets every rank's ``inp`` (m elements) in rank order."""
         seg, n, me = self.seg, self.size, self.rank
-        parity = self._begin(info, inp.nbytes)
         m = inp.size
         rows = out.reshape(n, m)
         if inp.nbytes <= seg.small:
+            parity = self._next_parity()
             slots = self._small(inp.dtype)[parity]
             np.copyto(slots[me, :m], inp)
-            seg.barrier(info)
-            seg.check_words(parity, info)
+            self._sync(parity, info.wire, pack_words(inp.nbytes, -1), info)
             np.copyto(rows, slots[:, :m])
             return
+        parity = self._begin(info, inp.nbytes)
         slots, _ = self._large(inp.dtype)
         per = slots[0].shape[1]
         k = -(-m // per)
@@ -321,17 +346,17 @@ class DirectCollectives:
     # -- broadcast ------------------------------------------------------------------------------------------------
     def broadcast(self, flat: np.ndarray, root: int, info) -> None:
         seg, me = self.seg, self.rank
-        parity = self._begin(info, flat.nbytes, root)
         if flat.nbytes <= seg.small:
+            parity = self._next_parity()
             slots = self._small(flat.dtype)[parity]
             m = flat.size
             if me == root:
                 np.copyto(slots[root, :m], flat)
-            seg.barrier(info)
-            seg.check_words(parity, info)
+            self._sync(parity, info.wire, pack_words(flat.nbytes, root), info)
             if me != root:
                 np.copyto(flat, slots[root, :m])
             return
+        parity = self._begin(info, flat.nbytes, root)
         _, res = self._large(flat.dtype)
         per = res[0].size
         total = flat.size
@@ -356,6 +381,4 @@ class DirectCollectives:
 
     # -- barrier ----------------------------------------------------------------------------------------------------
     def barrier(self, info) -> None:
-        parity = self._begin(info, 0)
-        self.seg.barrier(info)
-        self.seg.check_words(parity, info)
+        self._sync(self._next_parity(), info.wire, pack_words(0, -1), info)

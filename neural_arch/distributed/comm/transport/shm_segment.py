@@ -11,6 +11,7 @@ Layout (every rank-written field on its own cache line, so writers never false-s
     0                 header: magic, world size, chunk bytes, small bytes, poisoned-by (rank + 1)
     64                gen   i32: futex word, the last completed barrier epoch (sleepers wait on it)
     128 + 128 r       rank r's control lines: arrive epoch, sleeping flag, pid | op words by parity
+                      (per parity: the op's check word, then ``nbytes << 20 | root + 1``)
     ...               rank r's failure text (512 bytes each)
     ...               small area: [parity 2][rank n][SMALL bytes]  (latency path, one barrier per op)
     ...               large area: [buffer 2][rank n][CHUNK bytes]  (pipelined chunks)
@@ -30,10 +31,15 @@ group's poison flag and, every ~0.1 s, whether the missing ranks' processes are 
 The file is named ``na-<pid>-<hex>-coll`` in ``/dev/shm`` and unlinked as soon as every rank mapped
 it (a SIGKILL before that is cleaned by the next rendezvous: :func:`.shm.clean_stale_rings`).
 
+A collective with one barrier (every small-message op) calls :meth:`ShmSegment.sync`: its op words,
+the barrier and the cross-rank comparison of the words in one Python call (about half the CPU of the
+three separate calls: ``benchmarks/bench_small_messages.py --overhead``).
+
 Example::
 
     seg = ShmSegment.connect(store, rank, size, deadline=time.monotonic() + 30, names=[0, 1])
     seg.barrier(info)          # info: the op's OpInfo (deadline, name and number for errors)
+    seg.sync(seg.ops & 1, info.wire, pack_words(nbytes, -1), info)   # words + barrier + check
     seg.close()
 """
 
@@ -59,7 +65,7 @@ from neural_arch.distributed.errors import (
     RendezvousError,
 )
 
-__all__ = ["ShmSegment", "direct_supported", "SMALL_BYTES", "default_chunk_bytes", "SPIN_ENV"]
+__all__ = ["ShmSegment", "direct_supported", "SMALL_BYTES", "default_chunk_bytes", "pack_words", "SPIN_ENV"]
 
 _MAGIC = 0x6E612D636F6C6C31          # "na-coll1"
 _HDR = 0
@@ -95,6 +101,22 @@ _SLICE_S = 2e-3                       # longest futex sleep: the deadline/poison
 _SPIN_S = 20e-6
 _YIELD_S = 20e-3
 _GEN_MASK = 0x7FFFFFFF
+_POLL = range(8)                      # arrival checks before a wait sets up its spin/yield/sleep phases
+#: an op's second check word is ``nbytes << _AUX_BITS | (root + 1)``: one store and one compare per rank
+#: for the byte count and the root (roots below 2**20; byte counts from 2**44 up wrap, still equal
+#: across ranks that agree)
+_AUX_BITS = 20
+_AUX_MASK = (1 << _AUX_BITS) - 1
+_U64 = (1 << 64) - 1
+
+
+def pack_words(nbytes: int, aux: int) -> int:
+    """An op's second check word: its byte count and root (``aux``, -1 for none) in one unsigned word.
+
+    >>> pack_words(1024, -1) >> 20, (pack_words(1024, 3) & 0xFFFFF) - 1
+    (1024, 3)
+    """
+    return ((nbytes << _AUX_BITS) | (aux + 1)) & _U64
 
 
 def direct_supported() -> bool:
@@ -164,6 +186,8 @@ class ShmSegment:
         #: group rank -> global rank (for error messages)
         self.names = list(names)
         self._q = memoryview(mm).cast("q")   # 8-byte words: plain aligned loads/stores
+        # the op words through an unsigned view: a check word (up to 2**64) is stored as it is
+        self._u = memoryview(mm).cast("Q")
         q = self._q
         if q[_HDR // 8] != _MAGIC or q[_HDR // 8 + 1] != size:
             raise RendezvousError(f"the shared-memory segment does not belong to this group of {size} "
@@ -175,9 +199,14 @@ class ShmSegment:
         self._sleep = [i + 1 for i in self._arrive]
         self._pid_idx = [i + 2 for i in self._arrive]
         self._words = [(_CTL + r * _CTL_BYTES + 64) // 8 for r in range(size)]
-        self._word_bases = [[i + 3 * p for i in self._words] for p in (0, 1)]
+        self._word_bases = [[i + 2 * p for i in self._words] for p in (0, 1)]
+        self._my_words = [bases[rank] for bases in self._word_bases]
+        self._other_words = [[i for r, i in enumerate(bases) if r != rank] for bases in self._word_bases]
         self._my_arrive = self._arrive[rank]
         self._my_sleep = self._sleep[rank]
+        # the other ranks' arrive and sleep words (this rank's own need no check: it is here, awake)
+        self._other_arrive = [i for r, i in enumerate(self._arrive) if r != rank]
+        self._other_sleep = [i for r, i in enumerate(self._sleep) if r != rank]
         reasons = _CTL + size * _CTL_BYTES
         self._reason_off = [reasons + r * _REASON_BYTES for r in range(size)]
         self.small_off = reasons + size * _REASON_BYTES
@@ -283,6 +312,7 @@ class ShmSegment:
             return
         self._closed = True
         self._q.release()
+        self._u.release()
         del self._gen
         try:
             self.mm.close()
@@ -295,35 +325,69 @@ class ShmSegment:
 
     # -- op words: what each rank is about to run (compared at the op's first barrier) -------------------
     def announce(self, parity: int, word: int, nbytes: int, aux: int) -> None:
-        i = self._word_bases[parity][self.rank]
-        q = self._q
-        q[i] = word - (1 << 64) if word >= 1 << 63 else word
-        q[i + 1] = nbytes
-        q[i + 2] = aux
+        """Publish this op's check word, byte count and root (``aux``, -1: none) for :meth:`check_words`."""
+        i = self._my_words[parity]
+        u = self._u
+        u[i] = word
+        u[i + 1] = pack_words(nbytes, aux)
 
     def check_words(self, parity: int, info) -> None:
         """Raise CollectiveMismatchError (on every rank: they all read the same table) unless every
         rank announced the same op word, byte count and root."""
-        q = self._q
-        bases = self._word_bases[parity]
-        i = bases[self.rank]
-        w, nb, aux = q[i], q[i + 1], q[i + 2]
-        for i in bases:
-            if q[i] != w or q[i + 1] != nb or q[i + 2] != aux:
-                break
-        else:
-            return
+        u = self._u
+        i = self._my_words[parity]
+        w, x = u[i], u[i + 1]
+        for i in self._word_bases[parity]:
+            if u[i] != w or u[i + 1] != x:
+                self._mismatch(parity, info)
+
+    def _mismatch(self, parity: int, info) -> None:
+        u = self._u
         rows = []
         for r in range(self.size):
-            i = self._words[r] + 3 * parity
-            word, nbytes, aux = q[i] & ((1 << 64) - 1), q[i + 1], q[i + 2]
-            text = describe_wire(word, nbytes)
+            i = self._word_bases[parity][r]
+            word, extra = u[i], u[i + 1]
+            text = describe_wire(word, extra >> _AUX_BITS)
+            aux = (extra & _AUX_MASK) - 1
             if aux >= 0:
                 text += f" root {aux}"
             rows.append(f"rank {self.names[r]}: {text}")
         raise CollectiveMismatchError(
             f"{info.describe()} differs across ranks of group {self.names}: {'; '.join(rows)}. Every rank must "
             "call the same collectives, with the same shapes, dtypes, reduce ops and roots, in the same order.")
+
+    def sync(self, parity: int, word: int, extra: int, info) -> None:
+        """:meth:`announce`, :meth:`barrier` and :meth:`check_words` in one call (``extra``:
+        :func:`pack_words`): what an op with a single barrier runs -- the small-message path, where
+        the Python calls themselves are the cost. Same failures as the three (timeout, dead peer,
+        poison, mismatch)."""
+        u, q = self._u, self._q
+        i = self._my_words[parity]
+        u[i] = word
+        u[i + 1] = extra
+        e = self._epoch + 1
+        self._epoch = e
+        q[self._my_arrive] = e        # after the words (x86 keeps the order): arrived means announced
+        others = self._other_arrive
+        for _ in _POLL:                # _wait's short poll, inline: ranks in step pass here
+            for i in others:
+                if q[i] < e:
+                    break
+            else:
+                for i in self._other_sleep:   # _complete, inline
+                    if q[i]:
+                        self._gen.value = e & _GEN_MASK
+                        self._futex.wake(self._gen_addr)
+                        break
+                if q[self._poison_idx]:
+                    # everyone had arrived -- but a rank may have given up on this very op since
+                    raise self._poison_error(info)
+                break
+        else:
+            self._wait(e, info)
+        for i in self._other_words[parity]:
+            if u[i] != word or u[i + 1] != extra:
+                self._mismatch(parity, info)
 
     # -- failure ------------------------------------------------------------------------------------------
     def poison(self, why: str) -> None:
@@ -361,7 +425,7 @@ class ShmSegment:
         self._epoch = e
         q = self._q
         q[self._my_arrive] = e
-        for i in self._arrive:
+        for i in self._other_arrive:
             if q[i] < e:
                 break
         else:
@@ -410,6 +474,17 @@ class ShmSegment:
 
     def _wait(self, e: int, info) -> None:
         q, arrive, poison_idx = self._q, self._arrive, self._poison_idx
+        # A short poll first: ranks in step (a loop of small collectives on an idle host) arrive within
+        # a microsecond or so of each other, less than setting up the wait below costs. Eight rounds
+        # of loads (~1 us), so it needs none of the spin rules below.
+        others = self._other_arrive
+        for _ in _POLL:
+            for i in others:
+                if q[i] < e:
+                    break
+            else:
+                self._finish(e, info)
+                return
         clock = time.monotonic
         start = clock()
         on_main = threading.get_ident() == _MAIN_THREAD
@@ -458,7 +533,7 @@ class ShmSegment:
         """Spin ``spin_s``, then sched_yield() for ``yield_s`` while the barrier is open; True when it
         completed. Off the main thread both phases end early once the main thread stops waiting
         (it wants the GIL back). The deadline lies far beyond both phases; poison is checked."""
-        q, arrive, poison_idx = self._q, self._arrive, self._poison_idx
+        q, arrive, poison_idx = self._q, self._other_arrive, self._poison_idx   # (this rank is here)
         clock = time.monotonic
         watch = _work if not on_main else None
         if self.spin_s:

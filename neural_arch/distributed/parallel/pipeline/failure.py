@@ -37,8 +37,11 @@ _log = logging.getLogger(__name__)
 _steps: dict[tuple, int] = {}  # (generation, group ranks) -> steps started on this rank
 #: the longest a failed rank waits for the other ranks' records
 LOOKUP_WAIT_S = 4.0
-#: the chain of waits is taken as complete when its end has not moved for this long
-SETTLE_S = 0.75
+#: the chain of waits is taken as complete when its end has not moved for this long. Ranks whose
+#: waits time out together (a hung stage two hops away) write their records within milliseconds on
+#: an idle host, but 0.75 s was too short on a loaded one: a neighbour still writing was named as
+#: the culprit.
+SETTLE_S = 2.0
 
 
 def _store():
