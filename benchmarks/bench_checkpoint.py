@@ -120,9 +120,13 @@ def _read_placed(path: str, out: np.ndarray) -> None:
             f.readinto(view[at:at + BLOCK])
 
 
-def _write_dd_file(path: str, nbytes: int) -> None:
-    """``nbytes`` of incompressible bytes, fsynced (a reference file for cold reads)."""
-    block = np.random.default_rng(1).integers(0, 256, BLOCK, dtype=np.uint8).tobytes()
+def _incompressible_block(seed: int = 0) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, BLOCK, dtype=np.uint8).tobytes()
+
+
+def _write_dd_file(path: str, nbytes: int, block: bytes | None = None) -> None:
+    """``nbytes`` of incompressible bytes (``block`` repeated), written dd-style and fsynced."""
+    block = _incompressible_block(1) if block is None else block
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         left = nbytes
@@ -140,20 +144,13 @@ def disk_speed(directory: str, nbytes: int, repeat: int = 3) -> dict:
     16 MiB buffer: a load must put every byte in its own place, which costs memory bandwidth
     that dd's number does not include (a reference, not the goal's denominator).
     """
-    block = np.random.default_rng(0).integers(0, 256, BLOCK, dtype=np.uint8).tobytes()  # incompressible
+    block = _incompressible_block(0)          # made before the timing starts
     path = os.path.join(directory, "dd.bin")
     placed = np.ones(nbytes, dtype=np.uint8)
     w, rc, rw, rp = [], [], [], []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            left = nbytes
-            while left > 0:
-                left -= os.write(fd, block[:min(left, BLOCK)])
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _write_dd_file(path, nbytes, block)
         w.append(nbytes / (time.perf_counter() - t0) / 1e9)
         drop_file_cache(path)
         t0 = time.perf_counter()

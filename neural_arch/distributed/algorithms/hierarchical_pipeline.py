@@ -73,7 +73,7 @@ def pieces(n: int, itemsize: int, chunk_bytes: int, align: int = 1) -> list[tupl
 def pipelines(backend, array, chunk_bytes) -> bool:
     """Whether ``array`` goes through the pipelined forms on ``backend``'s host group (pure: the
     same answer on every rank, which holds the same size and dtype)."""
-    chunk = PIPELINE_CHUNK_BYTES if chunk_bytes is None else int(chunk_bytes)
+    chunk = _chunk(chunk_bytes)
     return chunk > 0 and getattr(backend, "name", None) == "gloo" and array.nbytes >= 2 * chunk
 
 

@@ -65,7 +65,7 @@ from neural_arch.distributed.errors import (
     RendezvousError,
 )
 
-__all__ = ["ShmSegment", "direct_supported", "SMALL_BYTES", "default_chunk_bytes", "pack_words", "SPIN_ENV"]
+__all__ = ["SMALL_BYTES", "SPIN_ENV", "ShmSegment", "default_chunk_bytes", "direct_supported", "pack_words"]
 
 _MAGIC = 0x6E612D636F6C6C31          # "na-coll1"
 _HDR = 0
@@ -237,7 +237,7 @@ class ShmSegment:
     # -- rendezvous -----------------------------------------------------------------------------------
     @classmethod
     def connect(cls, store, rank: int, size: int, deadline: float, names=None, prefix: str = "gloo/direct",
-                chunk: int | None = None, small: int = SMALL_BYTES, local_ranks: int | None = None) -> "ShmSegment":
+                chunk: int | None = None, small: int = SMALL_BYTES, local_ranks: int | None = None) -> ShmSegment:
         """Rank 0 creates and publishes the segment; everyone maps it, writes its pid, and waits for the
         others; then rank 0 unlinks the file (every mapping keeps the memory alive).
 
@@ -368,23 +368,19 @@ class ShmSegment:
         e = self._epoch + 1
         self._epoch = e
         q[self._my_arrive] = e        # after the words (x86 keeps the order): arrived means announced
-        others = self._other_arrive
-        for _ in _POLL:                # _wait's short poll, inline: ranks in step pass here
-            for i in others:
-                if q[i] < e:
-                    break
-            else:
-                for i in self._other_sleep:   # _complete, inline
-                    if q[i]:
-                        self._gen.value = e & _GEN_MASK
-                        self._futex.wake(self._gen_addr)
-                        break
-                if q[self._poison_idx]:
-                    # everyone had arrived -- but a rank may have given up on this very op since
-                    raise self._poison_error(info)
+        for i in self._other_arrive:
+            if q[i] < e:
+                self._wait(e, info)    # (it polls briefly before setting up its wait)
                 break
         else:
-            self._wait(e, info)
+            for i in self._other_sleep:   # _complete, inline
+                if q[i]:
+                    self._gen.value = e & _GEN_MASK
+                    self._futex.wake(self._gen_addr)
+                    break
+            if q[self._poison_idx]:
+                # everyone had arrived -- but a rank may have given up on this very op since
+                raise self._poison_error(info)
         for i in self._other_words[parity]:
             if u[i] != word or u[i + 1] != extra:
                 self._mismatch(parity, info)
