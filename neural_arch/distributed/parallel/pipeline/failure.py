@@ -37,11 +37,8 @@ _log = logging.getLogger(__name__)
 _steps: dict[tuple, int] = {}  # (generation, group ranks) -> steps started on this rank
 #: the longest a failed rank waits for the other ranks' records
 LOOKUP_WAIT_S = 4.0
-#: the chain of waits is taken as complete when its end has not moved for this long. Ranks whose
-#: waits time out together (a hung stage two hops away) write their records within milliseconds on
-#: an idle host, but 0.75 s was too short on a loaded one: a neighbour still writing was named as
-#: the culprit.
-SETTLE_S = 2.0
+#: the chain of waits is taken as complete when its end has not moved for this long
+SETTLE_S = 0.75
 
 
 def _store():
@@ -139,8 +136,11 @@ def culprit(group, step: int, global_rank: int, wait_s: float | None = None) -> 
                 return own
             found = _follow(store, base, global_rank)
             now = time.monotonic()
-            if found is not None and _read(store, base, found[0]) is not None:
+            end = _read(store, base, found[0]) if found is not None else None
+            if end is not None and end["kind"] == "self":
                 return found  # the culprit recorded itself: final
+            # (a record that appeared since _follow read "none" is a wait-for edge of a neighbour
+            # that was still writing: the chain goes on past it, so look again)
             if found != last:
                 last, since = found, now
             elif found is not None and now - since >= SETTLE_S:
