@@ -2,7 +2,8 @@
 """What observability costs: DDP step time with the profiler off and on, and the seam's per-call cost.
 
 Two ranks (gloo, real processes on this host, one BLAS thread each) train the digits MLP
-(64-256-256-10, batch 64 per rank, SGD, ``bucket_cap_mb=0.1``: two buckets) with
+(64-256-256-10 by default, ``--hidden`` sets the width; batch 64 per rank, SGD,
+``bucket_cap_mb=0.1``) with
 ``record_function`` around forward / backward / optimizer step. Modes, run in the **same
 processes**, interleaved in blocks of ``--steps`` steps for ``--rounds`` rounds (load from other
 processes hits every mode alike):
@@ -24,6 +25,7 @@ listening, with a recorder; the stall inspector no longer listens to spans, so i
 
     python benchmarks/bench_profiler.py                 # table + benchmarks/results/bench_profiler.json
     python benchmarks/bench_profiler.py --steps 20 --rounds 8
+    python benchmarks/bench_profiler.py --hidden 1024      # a longer step (~10x)
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ def _noop(span) -> None:
     """A subscriber that records nothing."""
 
 
-def rank_main(steps: int, rounds: int, seed: int = 0):
+def rank_main(steps: int, rounds: int, seed: int = 0, hidden: int = 256):
     """On every rank: interleaved blocks of each mode; returns {mode: [step seconds]}."""
     import numpy as np
 
@@ -62,7 +64,7 @@ def rank_main(steps: int, rounds: int, seed: int = 0):
     manual_seed(seed)
     X, y, _, _ = load_digits()
     rng = np.random.default_rng(seed + dist.get_rank())
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    model = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10))
     ddp = dist.DistributedDataParallel(model, bucket_cap_mb=0.1)
     opt = optim.SGD(ddp.parameters(), lr=0.01)
 
@@ -142,13 +144,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--hidden", type=int, default=256, help="hidden width of the MLP (default 256: a ~2 ms step, "
+                   "where per-span costs weigh most; 1024 gives a ~10x longer step)")
     p.add_argument("--out", default=os.path.join(HERE, "results", "bench_profiler.json"))
     args = p.parse_args(argv)
     os.environ.update({k: v for k, v in thread_env(1).items() if k.endswith("THREADS")})
     from neural_arch.distributed.testing import RankPool
 
     with RankPool(2, backend="gloo", timeout=900.0) as pool:
-        results = pool.run(rank_main, args.steps, args.rounds, timeout=900)
+        results = pool.run(rank_main, args.steps, args.rounds, 0, args.hidden, timeout=900)
     rows, data = [], {}
 
     def block_medians(mode):  # per round: the median step of this mode's block, both ranks pooled
@@ -168,14 +172,15 @@ def main(argv=None) -> int:
         rows.append([mode, f"{statistics.median(med) * 1e3:.2f}", f"{100.0 * (ratio - 1.0):+.1f}%",
                      f"{statistics.median(cpu) * 1e3:.2f}", f"{100.0 * (cpu_ratio - 1.0):+.1f}%",
                      results[0]["spans"][mode] // max(1, args.steps * args.rounds)])
-    print("\nDDP step time, 2 ranks (gloo), digits MLP 64-256-256-10, batch 64/rank; median over both ranks")
+    print(f"\nDDP step time, 2 ranks (gloo), digits MLP 64-{args.hidden}-{args.hidden}-10, batch 64/rank; "
+          "median over both ranks")
     print_table(rows, ["mode", "step ms (median of blocks)", "overhead vs off (paired per round)",
                        "CPU ms/step (2 ranks)", "CPU overhead (paired)", "spans/step (rank 0)"])
     seam = seam_costs()
     print("\nevents.begin + events.end, per pair, one process")
     print_table([[k, f"{v:.0f}"] for k, v in seam.items()], ["listening", "ns"])
     path = write_json(args.out, {"modes": data, "seam_ns_per_span": seam, "steps": args.steps,
-                                 "rounds": args.rounds, "load_average": os.getloadavg()})
+                                 "rounds": args.rounds, "hidden": args.hidden, "load_average": os.getloadavg()})
     print(f"\nwritten: {path}")
     return 0
 

@@ -199,7 +199,9 @@ def hierarchical_main(args, argv, sizes) -> None:
                           f"{time.monotonic() - t0:.0f} s")
     table = render_hierarchical(payload)
     print(table)
-    suffix = f"_link{args.link_gbit:g}gbit" if args.link_gbit else ""
+    # 2 hosts x 2 ranks keeps the plain name; any other layout names itself (e.g. _2x4)
+    suffix = "" if (args.hosts, args.ranks) == (2, 4) else f"_{args.hosts}x{args.ranks // args.hosts}"
+    suffix += f"_link{args.link_gbit:g}gbit" if args.link_gbit else ""
     suffix += f"_chunk{args.pipeline_chunk}" if args.pipeline_chunk else ""
     out = args.out or os.path.join(HERE, "results", f"bench_collectives_hierarchical{suffix}.json")
     print(f"\nwrote {write_json(out, payload)}")

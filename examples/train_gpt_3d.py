@@ -9,11 +9,12 @@ Start it any way::
 
     python -m neural_arch.distributed.launcher --nproc_per_node 4 examples/train_gpt_3d.py --pp 2 --dp 2
     mpiexec -n 2 python examples/train_gpt_3d.py --pp 2 --schedule interleaved --virtual 2
+    mpiexec -n 2 python examples/train_gpt_3d.py --pp 2 --schedule zbv    # 4 stages in a V
     python -m neural_arch.distributed.launcher --nproc_per_node 4 examples/train_gpt_3d.py --pp 2 --tp 2
     python examples/train_gpt_3d.py            # one process: pp = dp = tp = 1
 
 Options: ``--pp``, ``--dp`` (default: what is left of the world), ``--tp``, ``--microbatches``,
-``--microbatch-size``, ``--schedule {gpipe,1f1b,interleaved,zbh1}``, ``--virtual``, ``--steps``,
+``--microbatch-size``, ``--schedule {gpipe,1f1b,interleaved,zbh1,zbv}``, ``--virtual``, ``--steps``,
 ``--lr``, ``--n-layer``, ``--n-embd``, ``--seed``, and ``--verify``: train in float64 and also a
 single-process reference on the global batch, then print the largest parameter difference.
 """
@@ -39,7 +40,10 @@ from neural_arch.data import make_token_sequences
 from neural_arch.distributed import pipeline as pl
 
 SCHEDULES = {"gpipe": pl.ScheduleGPipe, "1f1b": pl.Schedule1F1B, "interleaved": pl.ScheduleInterleaved1F1B,
-             "zbh1": pl.ScheduleZBH1}
+             "zbh1": pl.ScheduleZBH1, "zbv": pl.ScheduleZBVZeroBubble}
+#: schedules that run several stages per rank: interleaved (stage s on rank s % pp) and ZB-V
+#: (rank r holds stages r and 2 pp - 1 - r: the first and the last stage, so the loss, on rank 0)
+MULTI_STAGE = {"interleaved": "loop", "zbv": "v"}
 
 
 def parse_args(argv=None):
@@ -125,7 +129,7 @@ def main(argv=None) -> int:
     dist.init_process_group()
     world, rank = dist.get_world_size(), dist.get_rank()
     pp, dp, tp = sizes(args, world)
-    v = args.virtual if args.schedule == "interleaved" else 1
+    v = {"interleaved": args.virtual, "zbv": 2}.get(args.schedule, 1)
     pp_group, dp_group, tp_group, d, s = make_groups(pp, dp, tp)
 
     model = build_model(args)
@@ -135,9 +139,9 @@ def main(argv=None) -> int:
         parallelize_gpt(model, tp_group, loss_parallel=False)  # logits gathered: the plain loss works
     pipe = pl.pipeline(model, num_stages=pp * v, balance="layers")
     stages = [pipe.build_stage(i, group=pp_group, dp_group=dp_group if dp > 1 else None)
-              for i in pl.stage_indices(s, pp, v)]
+              for i in pl.stage_indices(s, pp, v, style=MULTI_STAGE.get(args.schedule, "loop"))]
     schedule_cls = SCHEDULES[args.schedule]
-    schedule = schedule_cls(stages if args.schedule == "interleaved" else stages[0], args.microbatches,
+    schedule = schedule_cls(stages if args.schedule in MULTI_STAGE else stages[0], args.microbatches,
                             loss_fn=lm_loss)
     opt = optim.AdamW([p for st in stages for p in st.submodule.parameters()], lr=args.lr, weight_decay=0.01)
     has_first, has_last = any(st.is_first for st in stages), any(st.is_last for st in stages)

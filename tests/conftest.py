@@ -3,7 +3,8 @@
 * hypothesis: the "ci" profile (default) is deterministic (``derandomize``) with no deadline,
   so a run on a loaded 2-core machine neither flakes nor times out; ``HYPOTHESIS_PROFILE=dev``
   explores more and randomly.
-* markers ``mpi`` and ``gpu`` skip cleanly, with the reason, where mpiexec or a GPU is missing.
+* markers ``mpi`` and ``gpu`` skip cleanly, with the reason, where mpiexec or a GPU is missing
+  (the one owner of that skip: tests that start a script under mpiexec use ``run_mpiexec`` and the marker).
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def _mpi_skip_reason():
-    from neural_arch.distributed.testing import mpiexec_path
+    from neural_arch.distributed.testing import MPI_MISSING, mpiexec_path
 
-    return None if mpiexec_path() else "mpi4py/mpiexec not installed: pip install 'neural_arch[mpi]'"
+    return None if mpiexec_path() else MPI_MISSING
 
 
 def _gpu_skip_reason():

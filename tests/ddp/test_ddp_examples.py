@@ -1,6 +1,7 @@
 """The DDP examples and the seed 001/002 templates run unchanged under the launcher and mpiexec.
 
-Each run is a subprocess with a hard timeout (a hang fails the test instead of stalling the suite).
+Each run is a subprocess with a hard timeout (a hang fails the test instead of stalling the suite;
+under mpiexec, run_mpiexec kills the whole job).
 """
 
 import os
@@ -15,14 +16,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 pytestmark = [pytest.mark.timeout(200), pytest.mark.slow]
 
 
+ONE_THREAD = dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1")
+
+
 def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[var] = "1"
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(var, None)  # a clean start, whatever the outer environment holds
-    return env
+    from neural_arch.distributed.testing import script_env
+
+    return script_env(ONE_THREAD)  # a clean start, whatever the outer environment holds
 
 
 def _command(how: str, script: str, *args):
@@ -33,23 +33,20 @@ def _command(how: str, script: str, *args):
         # A free port: the default 29500 may be taken by another job on this machine.
         return [sys.executable, "-m", "neural_arch.distributed.launcher", "--nproc_per_node", "2",
                 "--master_port", str(free_port()), path, *args]
-    if how == "mpiexec":
-        from neural_arch.distributed.testing import mpiexec_path
-
-        return [mpiexec_path(), "-n", "2", sys.executable, path, *args]
     return [sys.executable, path, *args]
 
 
 def _run(how, script, *args, timeout=150):
-    env = _env()
     if how == "mpiexec":
-        from neural_arch.distributed.testing import free_port
+        from neural_arch.distributed.testing import free_port, run_mpiexec
 
         # mpiexec still selects the mpi backend; a script asking for gloo (seed 001) rendezvous
         # here instead of on the default port 29500, which another job may hold.
-        env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
-    proc = subprocess.run(_command(how, script, *args), check=False, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+        env = dict(ONE_THREAD, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        proc = run_mpiexec(os.path.join(REPO, script), 2, args=args, env=env, cwd=REPO, timeout=timeout)
+    else:
+        proc = subprocess.run(_command(how, script, *args), check=False, cwd=REPO, env=_env(), capture_output=True,
+                              text=True, timeout=timeout)
     assert proc.returncode == 0, f"{how} {script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout, proc.stderr
 

@@ -21,7 +21,7 @@ def _run(contenders: str, tmp_path) -> dict:
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, BENCH, "--quick", "--contenders", contenders, "--ops", "all_reduce,broadcast",
                            "--sizes", "1K", "--no-plot", "--timeout", "90", "--out", str(out)],
-                          capture_output=True, text=True, timeout=150, cwd=ROOT)
+                          check=False, capture_output=True, text=True, timeout=150, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(out.read_text())
 
@@ -37,12 +37,7 @@ def test_gloo_contenders_report(tmp_path):
 
 @pytest.mark.mpi
 @pytest.mark.timeout(180)
-def test_mpi_contenders_report_once_per_rank(tmp_path):
-    from neural_arch.distributed.testing import mpiexec_path
-
-    if mpiexec_path() is None:
-        pytest.skip("mpiexec not found")
-    pytest.importorskip("mpi4py")
+def test_mpi_contenders_report_once_per_rank(tmp_path):  # the mpi marker skips it without mpi4py/mpiexec
     payload = _run("mpi,mpi4py", tmp_path)
     assert payload["skipped"] == {}, payload["skipped"]
     for kind in ("mpi", "mpi4py"):

@@ -3,14 +3,13 @@ and ``init_process_group()`` picks the backend from the environment each time.""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 
 import pytest
 
-from neural_arch.distributed.testing import free_port, mpiexec_path
+from neural_arch.distributed.testing import free_port, run_mpiexec, script_env
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -25,16 +24,15 @@ with open(f"result_{dist.get_rank()}.txt", "w") as f:
 dist.destroy_process_group()
 """
 
-_JOB_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-             "NEURAL_ARCH_BACKEND", "NEURAL_ARCH_AUTH_TOKEN", "NEURAL_ARCH_TIMEOUT")
+def _found(tmp_path):
+    records = "\n".join(p.read_text() for p in sorted(tmp_path.glob("result_*.txt")))
+    return sorted(re.findall(r"RESULT (\w+) (\d) (\d) ([\d.]+)", records))
 
 
 def _run(cmd, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in _JOB_VARS}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    out = subprocess.run(cmd, env=env, cwd=tmp_path, timeout=80, capture_output=True, text=True, check=False)
-    records = "\n".join(p.read_text() for p in sorted(tmp_path.glob("result_*.txt")))
-    return sorted(re.findall(r"RESULT (\w+) (\d) (\d) ([\d.]+)", records)), out
+    # script_env: no job variables from whatever started pytest, so the script sees only its launcher.
+    out = subprocess.run(cmd, env=script_env(), cwd=tmp_path, timeout=80, capture_output=True, text=True, check=False)
+    return _found(tmp_path), out
 
 
 @pytest.fixture
@@ -58,5 +56,5 @@ def test_under_the_launcher_it_is_gloo(script, tmp_path):
 
 @pytest.mark.mpi
 def test_under_mpiexec_it_is_mpi(script, tmp_path):
-    found, out = _run([mpiexec_path(), "-n", "2", sys.executable, script], tmp_path)
-    assert found == [("mpi", "0", "2", "3.0"), ("mpi", "1", "2", "3.0")], out.stdout + out.stderr
+    out = run_mpiexec(script, 2, cwd=tmp_path, timeout=80)
+    assert _found(tmp_path) == [("mpi", "0", "2", "3.0"), ("mpi", "1", "2", "3.0")], out.output

@@ -130,11 +130,9 @@ def test_mpi_world_is_decided_by_mpi():
 @pytest.mark.timeout(60)
 def test_gloo_reads_rank_and_world_from_mpiexec(tmp_path):
     """One script under mpiexec with NEURAL_ARCH_BACKEND=gloo: ranks come from PMI_* variables."""
-    import os
-    import subprocess
-    import sys
+    import re
 
-    from neural_arch.distributed.testing import free_port, mpiexec_path
+    from neural_arch.distributed.testing import free_port, run_mpiexec
 
     script = tmp_path / "job.py"
     script.write_text(
@@ -145,16 +143,11 @@ def test_gloo_reads_rank_and_world_from_mpiexec(tmp_path):
         "open(f'result_{dist.get_rank()}.txt', 'w').write("
         "f'RESULT {dist.get_backend()} {dist.get_rank()} {dist.get_world_size()} {a.tolist()}')\n"
         "dist.destroy_process_group()\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
-    env.update(NEURAL_ARCH_BACKEND="gloo", MASTER_PORT=str(free_port()),
-               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    out = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, str(script)], env=env, timeout=50, check=False,
-                         capture_output=True, text=True, cwd=tmp_path)
-    import re
-
+    out = run_mpiexec(script, 2, env={"NEURAL_ARCH_BACKEND": "gloo", "MASTER_PORT": str(free_port())},
+                      timeout=50, cwd=tmp_path)
     records = "\n".join(p.read_text() for p in sorted(tmp_path.glob("result_*.txt")))
     ranks = sorted(re.findall(r"RESULT gloo (\d) 2 \[3\.0, 3\.0\]", records))
-    assert ranks == ["0", "1"], out.stdout + out.stderr
+    assert ranks == ["0", "1"], out.output
 
 
 @pytest.mark.parametrize("kind", ["tcp", "file"])
@@ -187,25 +180,15 @@ else:
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
 def test_mpi_timeout_then_exit_aborts_instead_of_hanging(tmp_path):
-    import os
-    import subprocess
-    import sys
-    import time
-
-    from neural_arch.distributed.testing import mpiexec_path
+    from neural_arch.distributed.testing import run_mpiexec
 
     script = tmp_path / "abort.py"
     script.write_text(_ABORT_SCRIPT)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    for var in ("NEURAL_ARCH_BACKEND", "MASTER_ADDR", "RANK", "WORLD_SIZE"):
-        env.pop(var, None)
-    start = time.monotonic()
-    out = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, str(script)], env=env, timeout=45, check=False,
-                         capture_output=True, text=True)
+    out = run_mpiexec(script, 2, timeout=45)
     assert "CAUGHT True" in out.stdout, out.stdout + out.stderr
     assert out.returncode != 0 and "aborting the MPI job" in out.stderr, out.stdout + out.stderr
     assert "CollectiveTimeoutError: all_reduce #" in out.stderr, out.stdout + out.stderr
-    assert time.monotonic() - start < 30
+    assert out.elapsed < 30, (out.elapsed, out.output)
 
 
 @pytest.mark.parametrize("backend", ["gloo", pytest.param("mpi", marks=pytest.mark.mpi)])

@@ -3,15 +3,11 @@ MPI_Init past the rendezvous timeout."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
-import time
 
 import pytest
 
-from neural_arch.distributed.testing import mpiexec_path
+from neural_arch.distributed.testing import run_mpiexec
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(60)]
 
@@ -33,13 +29,8 @@ def test_a_late_rank_cannot_hold_mpi_init_past_the_rendezvous_timeout(tmp_path):
     # reaches the process manager (a cold page cache on a fresh install took > 2 s) exits as a
     # plain process, which mpiexec does not treat as a failed MPI job -- the test would then wait
     # for the late rank instead of checking our watchdog
-    env = dict(os.environ, NEURAL_ARCH_RENDEZVOUS_TIMEOUT="5",
-               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    t0 = time.monotonic()
-    proc = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, str(script)], env=env,
-                          capture_output=True, text=True, timeout=50, check=False)
-    elapsed = time.monotonic() - t0
-    out = proc.stdout + proc.stderr
+    proc = run_mpiexec(script, 2, env={"NEURAL_ARCH_RENDEZVOUS_TIMEOUT": "5"}, timeout=50)
+    elapsed, out = proc.elapsed, proc.output
     assert proc.returncode != 0, out
     assert "initialised" not in out, out
     assert "MPI_Init_did_not_finish_within_the_rendezvous_timeout" in out, out

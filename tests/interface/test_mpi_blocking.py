@@ -5,14 +5,9 @@ the whole job at the deadline, naming the op, its sequence number and the missin
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-
 import pytest
 
-from neural_arch.distributed.testing import mpiexec_path
+from neural_arch.distributed.testing import run_mpiexec
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(60)]
 
@@ -49,14 +44,8 @@ else:
 def test_blocking_collectives_agree_match_numpy_and_abort_the_job_at_the_deadline(tmp_path):
     script = tmp_path / "blocking.py"
     script.write_text(_SCRIPT)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    for var in ("NEURAL_ARCH_BACKEND", "MASTER_ADDR", "RANK", "WORLD_SIZE"):
-        env.pop(var, None)
-    start = time.monotonic()
-    out = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, str(script)], env=env, timeout=50,
-                         check=False, capture_output=True, text=True, cwd=tmp_path)
-    elapsed = time.monotonic() - start
-    text = out.stdout + out.stderr
+    out = run_mpiexec(script, 2, timeout=50, cwd=tmp_path)
+    elapsed, text = out.elapsed, out.output
     for r in (0, 1):
         refused, *matched = eval((tmp_path / f"result_{r}.txt").read_text())
         assert "blocking_collectives differs across ranks" in refused, text

@@ -150,24 +150,19 @@ def test_slurm_ntasks_per_node_and_master_overrides():
     assert (info["local_world_size"], info["master_addr"], info["master_port"]) == (2, "10.0.0.9", 4000)
 
 
+@pytest.mark.mpi
 def test_real_mpiexec_environment_is_detected(tmp_path):
-    import shutil
-    import subprocess
-    import sys
-
-    if shutil.which("mpiexec") is None:
-        pytest.skip("mpiexec not installed")
-    code = ("import json,os,sys;sys.path.insert(0, os.environ['ROOT']);"
-            "from neural_arch.distributed.run.env import detect_launch_env as d;print(json.dumps(d()))")
     import json
-    import os
 
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    env["ROOT"] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-c", code], env=env, timeout=60,
-                         capture_output=True, text=True, check=True).stdout
-    infos = sorted((json.loads(line) for line in out.splitlines() if line.startswith("{")),
-                   key=lambda i: i["rank"])
+    from neural_arch.distributed.testing import run_mpiexec
+
+    # One file per rank: mpiexec forwards the ranks' pipes in chunks, so a shared stdout can split
+    # a line (with PYTHONUNBUFFERED=1 the two ranks' JSON lines used to interleave).
+    code = ("import json; from neural_arch.distributed.run.env import detect_launch_env as d; info = d()\n"
+            "open(f\"info_{info['rank']}.json\", 'w').write(json.dumps(info))")
+    done = run_mpiexec(["-c", code], 2, cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.output
+    infos = sorted((json.loads(p.read_text()) for p in tmp_path.glob("info_*.json")), key=lambda i: i["rank"])
     assert [(i["rank"], i["world_size"], i["local_rank"], i["source"]) for i in infos] == [
         (0, 2, 0, "mpiexec"), (1, 2, 1, "mpiexec")]
 

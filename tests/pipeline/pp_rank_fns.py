@@ -72,7 +72,8 @@ def make_opt(name: str, params):
 
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
-             "zbh1": "ScheduleZBH1"}
+             "zbh1": "ScheduleZBH1", "zbv": "ScheduleZBVZeroBubble"}
+MULTI_STAGE = {"interleaved", "zbv"}  # schedules that take a list of this rank's stages
 
 
 def setup_groups(pp: int):
@@ -107,11 +108,12 @@ def train_run(cfg: dict):
         for p in model.parameters():
             p.data += 0.1
     pipe = pl.pipeline(model, num_stages=pp * v, balance=cfg.get("balance", "params"))
+    style = "v" if cfg["schedule"] == "zbv" else "loop"
     stages = [pipe.build_stage(i, group=pp_group, dp_group=dp_group if dp > 1 else None)
-              for i in pl.stage_indices(s, pp, v)]
+              for i in pl.stage_indices(s, pp, v, style=style)]
     cls = getattr(pl, SCHEDULES[cfg["schedule"]])
     lf = loss_fn(kind)
-    schedule = cls(stages if cfg["schedule"] == "interleaved" else stages[0], m, loss_fn=lf)
+    schedule = cls(stages if cfg["schedule"] in MULTI_STAGE else stages[0], m, loss_fn=lf)
     params = [p for st in stages for p in st.submodule.parameters()]
     named = {n: p for st in stages for n, p in st.submodule.named_parameters()}
     ref_named = dict(ref.named_parameters())
@@ -142,7 +144,9 @@ def train_run(cfg: dict):
     moved = max(float(np.abs(p.data - q.data).max()) for p, q in zip(ref.parameters(), build_model(
         kind, layers=cfg.get("layers", 8)).parameters()))
     return {"grad": grad_diff, "param": param_diff, "loss": loss_diff, "moved": moved, "nparams": len(named),
-            "stages": [st.stage_index for st in stages]}
+            "stages": [st.stage_index for st in stages],
+            # final parameters by name, to compare two schedules bitwise across placements
+            "final": {n: p.data.tobytes() for n, p in named.items()} if cfg.get("final") else None}
 
 
 def _hang_until_others_report(seconds: float, done_dir, others) -> None:
@@ -309,3 +313,27 @@ def culprit_run(mode: str, victim: int, timeout: float = 4.0, schedule: str = "1
             return text
     _report_done(done_dir, rank)
     return "no error"
+
+
+def zbv_errors_run():
+    """The errors ZB-V raises before any I/O: stages not in a V, one stage, V stages given to
+    interleaved 1F1B. Returns ``{case: error text}`` on this rank."""
+    dist, *_ = _imports()
+    from neural_arch.distributed import pipeline as pl
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pipe = pl.pipeline(build_model("mlp", layers=2 * world), num_stages=2 * world)
+    loop = [pipe.build_stage(i) for i in pl.stage_indices(rank, world, 2)]
+    v = [pipe.build_stage(i) for i in pl.stage_indices(rank, world, 2, style="v")]
+    cases = {"loop stages to ZB-V": lambda: pl.ScheduleZBVZeroBubble(loop, 4, loss_fn=loss_fn("mlp")),
+             "one stage to ZB-V": lambda: pl.ScheduleZBVZeroBubble(v[0], 4, loss_fn=loss_fn("mlp")),
+             "three stages to ZB-V": lambda: pl.ScheduleZBVZeroBubble(v + v[:1], 4, loss_fn=loss_fn("mlp")),
+             "V stages to interleaved": lambda: pl.ScheduleInterleaved1F1B(v, 4, loss_fn=loss_fn("mlp"))}
+    out = {}
+    for name, make in cases.items():
+        try:
+            make()
+            out[name] = "no error"
+        except ValueError as exc:
+            out[name] = str(exc)
+    return out

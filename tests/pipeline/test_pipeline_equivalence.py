@@ -1,5 +1,5 @@
 """Pipeline parallelism equals single-process training on the global batch (float64, <= 1e-10):
-a deep MLP Sequential and a GPT, 2 and 4 stages, GPipe / 1F1B / interleaved 1F1B, gloo and MPI,
+a deep MLP Sequential and a GPT, 2 and 4 stages, GPipe / 1F1B / interleaved 1F1B / ZB-V, gloo and MPI,
 and pp=2 x dp=2 on 4 ranks. Gradients are compared after the first step and parameters after
 every step. Ranks are real processes (one RankPool per world size, fed every case)."""
 
@@ -33,7 +33,7 @@ def _check(results, cfg):
 
 
 @pytest.mark.parametrize("kind", ["mlp", "gpt"])
-@pytest.mark.parametrize("schedule, v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)])
+@pytest.mark.parametrize("schedule, v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zbv", 2)])
 def test_pipeline_matches_single_process(pool, kind, schedule, v):
     world = pool.world_size
     if pool.backend == "mpi" and kind == "gpt" and schedule != "1f1b":
@@ -45,11 +45,12 @@ def test_pipeline_matches_single_process(pool, kind, schedule, v):
     assert sorted(s for r in results for s in r["stages"]) == list(range(world * v))
 
 
-@pytest.mark.parametrize("kind, schedule", [("mlp", "1f1b"), ("gpt", "gpipe"), ("mlp", "interleaved")])
+@pytest.mark.parametrize("kind, schedule", [("mlp", "1f1b"), ("gpt", "gpipe"), ("mlp", "interleaved"),
+                                            ("gpt", "zbv")])
 def test_pipeline_times_data_parallel(pool, kind, schedule):
     if pool.world_size != 4:
         pytest.skip("pp=2 x dp=2 needs 4 ranks")
-    cfg = {"kind": kind, "pp": 2, "v": 2 if schedule == "interleaved" else 1, "m": 2, "schedule": schedule,
+    cfg = {"kind": kind, "pp": 2, "v": 2 if schedule in fns.MULTI_STAGE else 1, "m": 2, "schedule": schedule,
            "steps": 3}
     _check(pool.run(fns.train_run, cfg), cfg)
 
@@ -71,3 +72,33 @@ def test_batch_not_divisible_is_a_clear_error(pool):
         pytest.skip("one case is enough")
     results = pool.run(fns.bad_batch_run)
     assert "multiple of 3" in results[0]
+
+
+def test_zbv_one_rank_and_bitwise_interleaved(pool):
+    """ZB-V on one pipeline rank (both stages local; pp=1 x dp=world) equals single-process
+    training; on ``world`` ranks it gives bitwise the parameters of interleaved 1F1B on the same
+    2p stages (the split backward and the V placement change no arithmetic)."""
+    if pool.backend != "gloo":
+        pytest.skip("gloo covers it")
+    world = pool.world_size
+    cfg = {"kind": "mlp", "pp": 1, "v": 2, "m": 2, "schedule": "zbv", "layers": 4}
+    _check(pool.run(fns.train_run, cfg), cfg)
+    finals = {}
+    for schedule in ("interleaved", "zbv"):
+        cfg = {"kind": "gpt", "pp": world, "v": 2, "m": 2 * world, "schedule": schedule, "opt": "adam",
+               "steps": 2, "final": True}
+        finals[schedule] = {n: b for r in pool.run(fns.train_run, cfg) for n, b in r["final"].items()}
+    assert finals["zbv"].keys() == finals["interleaved"].keys() and finals["zbv"]
+    assert [n for n in finals["zbv"] if finals["zbv"][n] != finals["interleaved"][n]] == []
+
+
+def test_zbv_placement_errors_name_what_to_pass(pool):
+    if pool.backend != "gloo" or pool.world_size != 2:
+        pytest.skip("one case is enough")
+    for rank, errors in enumerate(pool.run(fns.zbv_errors_run)):
+        assert "do not follow the 'v' placement" in errors["loop stages to ZB-V"], errors
+        assert f"style='v') = [{rank}, {3 - rank}]" in errors["loop stages to ZB-V"]
+        assert "a list of this rank's 2 stages" in errors["one stage to ZB-V"]
+        assert "exactly 2 stages per rank (V placement), got 3" in errors["three stages to ZB-V"]
+        if rank == 0:  # rank 1's V stages (1, 2) are not interleaved's (1, 3); rank 0's (0, 3) neither
+            assert "do not follow the 'loop' placement" in errors["V stages to interleaved"], errors

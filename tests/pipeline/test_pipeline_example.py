@@ -15,22 +15,22 @@ SCRIPT = os.path.join(REPO, "examples", "train_gpt_3d.py")
 pytestmark = [pytest.mark.timeout(200), pytest.mark.slow]
 
 
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[var] = "1"
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(var, None)
-    return env
+ONE_THREAD = dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1")
 
 
-def _run(cmd):
-    proc = subprocess.run(cmd, check=False, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=150)
+def _check(cmd, proc):
     assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     match = re.search(r"verify: max \|pipeline - single process\| over all parameters = (\S+)", proc.stdout)
     assert match, proc.stdout[-3000:]
     return float(match.group(1)), proc.stdout
+
+
+def _run(cmd):
+    from neural_arch.distributed.testing import script_env
+
+    proc = subprocess.run(cmd, check=False, cwd=REPO, env=script_env(ONE_THREAD), capture_output=True, text=True,
+                          timeout=150)
+    return _check(cmd, proc)
 
 
 @pytest.mark.parametrize("flags, nproc", [
@@ -53,11 +53,13 @@ def test_launcher_runs_and_matches_single_process(flags, nproc):
     (2, ["--pp", "2", "--schedule", "interleaved", "--n-layer", "4"], "Interleaved1F1B"),
     (4, ["--pp", "4", "--schedule", "1f1b", "--n-layer", "4"], "1F1B"),
     (4, ["--pp", "2", "--tp", "2", "--n-layer", "2"], "tp=2"),
-], ids=["pp2-interleaved", "pp4-1f1b", "pp2xtp2"])
+    (2, ["--pp", "2", "--schedule", "zbv", "--n-layer", "4"], "ZB-V"),
+], ids=["pp2-interleaved", "pp4-1f1b", "pp2xtp2", "pp2-zbv"])
 def test_mpiexec_matches_single_process(n, flags, shown):
-    from neural_arch.distributed.testing import mpiexec_path
+    from neural_arch.distributed.testing import run_mpiexec
 
-    cmd = [mpiexec_path(), "-n", str(n), sys.executable, SCRIPT, *flags, "--steps", "3", "--n-embd", "16", "--verify"]
-    diff, out = _run(cmd)
+    proc = run_mpiexec(SCRIPT, n, args=[*flags, "--steps", "3", "--n-embd", "16", "--verify"], env=ONE_THREAD,
+                       cwd=REPO, timeout=150)
+    diff, out = _check(proc.args, proc)
     assert diff <= 1e-10, out[-2000:]
     assert shown in out

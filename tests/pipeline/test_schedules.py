@@ -119,6 +119,13 @@ def test_interleaved_places_stages_round_robin():
     assert Action("SEND_B", 0, 3, 0) in plan.for_rank(1)
 
 
+def test_consecutive_stages_on_one_rank_hand_over_locally():
+    # one rank, two chunks: stage 0 -> stage 1 never leaves the rank (no SEND/RECV to itself)
+    plan = interleaved_1f1b_plan(1, 2, 2)
+    assert plan.for_rank(0) == tuple(plan.compute(0))
+    assert len(simulate(plan).events) == 8
+
+
 def test_schedule_classes_build_plans():
     assert ScheduleGPipe(4).plan(2) == gpipe_plan(2, 4)
     assert Schedule1F1B(4).plan(3) == one_f_one_b_plan(3, 4)

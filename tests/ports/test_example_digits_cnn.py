@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from neural_arch.distributed.testing import mpiexec_path
+from neural_arch.distributed.testing import run_mpiexec, script_env
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_digits_cnn_ddp.py")
 pytestmark = pytest.mark.timeout(180)
@@ -25,10 +25,10 @@ def test_cnn_with_sync_batchnorm_learns_digits(tmp_path, how):
     args = [os.path.abspath(EXAMPLE), "--no-progress", "--checkpoint", str(tmp_path / "c.npz")]
     if how == "launcher":
         cmd = [sys.executable, "-m", "neural_arch.distributed.launcher", "--standalone", "--nproc_per_node", "2"]
+        done = subprocess.run(cmd + args, check=False, capture_output=True, text=True, timeout=170, cwd=tmp_path,
+                              stdin=subprocess.DEVNULL, env=script_env())
     else:
-        cmd = [mpiexec_path(), "-n", "2", sys.executable]
-    done = subprocess.run(cmd + args, check=False, capture_output=True, text=True, timeout=170, cwd=tmp_path,
-                          stdin=subprocess.DEVNULL)
+        done = run_mpiexec(args[0], 2, args=args[1:], timeout=170, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "2 rank(s)" in done.stdout
     assert _accuracy(done.stdout) >= 0.97

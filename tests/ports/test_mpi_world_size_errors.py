@@ -1,11 +1,8 @@
 """Under mpiexec, MPI decides rank and world size: a contradicting world_size is a clear error at
 init, and it never suggests an impossible `mpiexec -n 0`."""
-import subprocess
-import sys
-
 import pytest
 
-from neural_arch.distributed.testing import mpiexec_path
+from neural_arch.distributed.testing import run_mpiexec
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(90)]
 
@@ -22,8 +19,7 @@ for world_size in (3, 0):
 def test_wrong_world_size_under_mpiexec_names_both_values(tmp_path):
     script = tmp_path / "ws.py"
     script.write_text(SCRIPT)
-    done = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, str(script)], capture_output=True,
-                          text=True, timeout=80, stdin=subprocess.DEVNULL)
+    done = run_mpiexec(script, 2, timeout=80)
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout  # two ranks print at once: count messages, lines may be joined
     assert out.count("world_size=3 but MPI started 2 processes") == 2, out

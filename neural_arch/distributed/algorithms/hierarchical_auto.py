@@ -32,11 +32,13 @@ flat). Read at a group's first ``all_reduce``. Stays flat under ``auto``:
 * groups with one rank per host, and groups whose transport is TCP everywhere on one host (the host
   keys then show one host).
 
-Why it should pay between real machines (a model, not a measurement: no second machine was at
-hand): a flat ring over 2 hosts x 2 ranks pushes 1.5 N bytes per all_reduce through each host's
-network interface, both hierarchical forms N (2 (H - 1) / H N for H hosts), so a job bound by its
-network gets up to 1.5x from them; the 2-D form also spreads that traffic over every local rank's
-connection instead of one leader's, which matters when one Python process cannot fill the link.
+Why it pays between real machines: a flat ring over 2 hosts x 2 ranks pushes 1.5 N bytes per
+all_reduce through each host's network interface, both hierarchical forms N (2 (H - 1) / H N for H
+hosts), so a job bound by its network gets up to 1.5x from them ((HP - 1) / (P (H - 1)) for H hosts
+x P ranks); the 2-D form also spreads that traffic over every local rank's connection instead of
+one leader's, which matters when one Python process cannot fill the link. Measured with simulated
+hosts behind an emulated 1 Gbit/s link (``bench_collectives.py --hierarchical --link-gbit 1``, see
+docs/benchmarks.md): 1.45-1.49x at 2 x 2 and 1.62-1.73x at 2 x 4 from 1 MiB up.
 Both forms pipeline large messages (:mod:`.hierarchical_pipeline`): the shared-memory steps of one
 piece overlap the network transfer of the next, so the link does not idle while the host works.
 

@@ -126,23 +126,28 @@ def _transport(backend) -> str | None:
 def begin(backend, info: OpInfo, lane: str):
     """Start the span of ``info`` on ``backend`` (a ``Pending``, or None when nobody listens).
 
-    The span's details are built only when read (a recorder emitting it, the stall inspector
-    reporting a long wait): the stall inspector, on by default, then costs every collective only
-    the ``Pending`` record and two observer calls.
+    The span's details are built only when read (a recorder exporting it, metrics summing bytes,
+    the stall inspector reporting a long wait), not on the thread running the op: a collective
+    pays for the ``Pending`` record, a closure and the observer calls. What never changes for the
+    group is taken now, once per backend, so that reading the details after the group was
+    destroyed still names its transport.
     """
+    static = backend.__dict__.get("_span_static") or _static(backend)
     # positional arguments: a keyword call costs a dict on every collective
-    return events.begin(info.name, "collective", lane, None, lambda: _args(backend, info))
+    return events.begin(info.name, "collective", lane, None, lambda: _args(static, info))
 
 
-def _args(backend, info: OpInfo) -> dict:
-    # What never changes for a group (its ranks, size, backend and transport) is built once per backend.
-    static = backend.__dict__.get("_span_static")
-    if static is None:
-        static = {"group": list(backend.group_ranks), "size": backend.size, "backend": backend.name}
-        transport = _transport(backend)
-        if transport:
-            static["transport"] = transport
-        backend._span_static = static
+def _static(backend) -> dict:
+    """What never changes for a group (its ranks, size, backend and transport), cached on the backend."""
+    static = {"group": list(backend.group_ranks), "size": backend.size, "backend": backend.name}
+    transport = _transport(backend)
+    if transport:
+        static["transport"] = transport
+    backend._span_static = static
+    return static
+
+
+def _args(static: dict, info: OpInfo) -> dict:
     shape, dtype = info.shape, info.dtype
     args = {"op": info.name, "seq": info.seq, "rank": info.rank,
             "bytes": _nbytes(shape, dtype) if shape is not None and dtype is not None else 0,

@@ -9,8 +9,9 @@ module                 what
 ``p2p``                tags per edge, the once-per-step shape header, ``PipelineError``
 ``executor``           runs one rank's action list (isend/irecv overlap, timeouts)
 ``runtime``            ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B`` (torch names),
-                       ``ScheduleZBH1`` (zero bubble)
+                       ``ScheduleZBH1``, ``ScheduleZBVZeroBubble`` (zero bubble)
 ``zero_bubble``        ZB-H1 as data: ``zero_bubble_plan(p, m)``, ``zero_bubble_theory``
+``zero_bubble_v``      ZB-V as data (two stages per rank in a V): ``zero_bubble_v_plan(p, m)``
 ``weight_grad``        split backward: Linear weight gradients deferred from ``B`` to ``W``
 ``failure``            every rank's error names the failed stage (store records + poison)
 =====================  ===========================================================================
@@ -31,6 +32,7 @@ from neural_arch.distributed.parallel.pipeline.runtime import (
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
     ScheduleZBH1,
+    ScheduleZBVZeroBubble,
     stage_indices,
 )
 from neural_arch.distributed.parallel.pipeline.schedules import (
@@ -43,15 +45,18 @@ from neural_arch.distributed.parallel.pipeline.schedules import (
     format_actions,
     format_schedule,
     format_timeline,
+    generate_stage_to_rank_mapping,
     gpipe_plan,
     interleaved_1f1b_plan,
     one_f_one_b_plan,
     simulate,
+    stage_to_rank,
     theoretical_bubble,
 )
 from neural_arch.distributed.parallel.pipeline.split import GPTStage, Pipe, pipeline
 from neural_arch.distributed.parallel.pipeline.stage import PipelineStage
 from neural_arch.distributed.parallel.pipeline.zero_bubble import zero_bubble_plan, zero_bubble_theory
+from neural_arch.distributed.parallel.pipeline.zero_bubble_v import zero_bubble_v_plan, zero_bubble_v_theory
 
 __all__ = [
     "Action",
@@ -67,18 +72,23 @@ __all__ = [
     "ScheduleGPipe",
     "ScheduleInterleaved1F1B",
     "ScheduleZBH1",
+    "ScheduleZBVZeroBubble",
     "Simulation",
     "bubble_fraction",
     "format_actions",
     "format_schedule",
     "format_timeline",
+    "generate_stage_to_rank_mapping",
     "gpipe_plan",
     "interleaved_1f1b_plan",
     "one_f_one_b_plan",
     "pipeline",
     "simulate",
     "stage_indices",
+    "stage_to_rank",
     "theoretical_bubble",
     "zero_bubble_plan",
     "zero_bubble_theory",
+    "zero_bubble_v_plan",
+    "zero_bubble_v_theory",
 ]

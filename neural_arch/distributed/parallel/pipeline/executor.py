@@ -9,6 +9,10 @@ For every action of :class:`~neural_arch.distributed.parallel.pipeline.schedules
   waited for (with the backend's timeout) before :func:`execute` returns.
 
 * ``W`` (zero-bubble schedules) adds one micro-batch's deferred weight gradients.
+* two consecutive stages on this rank (ZB-V's stages ``p-1`` and ``p``; interleaved on one rank)
+  hand over locally: the plan has no SEND/RECV between them, the ``F`` of the later stage takes
+  a copy of the earlier one's output and the ``B`` of the earlier stage takes the later one's
+  input gradient -- the same arrays a message would carry, so results do not depend on placement.
 
 A failed or timed-out send/receive raises :class:`~.p2p.PipelineError` naming this stage, the
 peer stage and both global ranks; it is prefixed with the stage that caused the failure, which
@@ -206,6 +210,14 @@ def _post_recv_activation(st: _Step, a: Action) -> None:
 
 
 def _take(st: _Step, kind: str, a: Action) -> np.ndarray:
+    src = a.stage - 1 if kind == F else a.stage + 1
+    if src in st.stages:  # local hand-off: the neighbouring stage ran on this rank, earlier in the list
+        try:
+            # a copy, as a message would deliver: the two stages never share a buffer
+            return st.outputs.pop((kind, a.microbatch, src)).copy()
+        except KeyError:
+            raise ValueError(f"the schedule runs {a} before {kind}{a.microbatch}@s{src}, whose output it takes "
+                             "over on this rank; run the neighbouring stage first") from None
     try:
         work, buf, describe = st.recvs.pop((kind, a.microbatch, a.stage))
     except KeyError:

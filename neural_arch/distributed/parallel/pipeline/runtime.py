@@ -1,5 +1,5 @@
 """The schedule classes users call: ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``,
-``ScheduleZBH1`` (zero bubble).
+``ScheduleZBH1`` and ``ScheduleZBVZeroBubble`` (zero bubble).
 
 Each is two things (torch's names, torch's ``step`` API):
 
@@ -11,6 +11,9 @@ Each is two things (torch's names, torch's ``step`` API):
   each micro-batch's loss is scaled by ``1/n_microbatches`` before its backward, so the
   gradients accumulated over the step equal those of the mean loss over the whole batch and
   one optimizer step equals a full-batch step.
+
+ZB-V puts the first and the last stage on rank 0 (V placement), so there, as in torch, one call
+takes both: ``step(x, target=y, losses=[])`` on rank 0 and ``step()`` on every other rank.
 
 Example (two ranks)::
 
@@ -37,9 +40,11 @@ from neural_arch.distributed.parallel.pipeline.schedules import (
     gpipe_plan,
     interleaved_1f1b_plan,
     one_f_one_b_plan,
+    stage_to_rank,
 )
 from neural_arch.distributed.parallel.pipeline.stage import PipelineStage
 from neural_arch.distributed.parallel.pipeline.zero_bubble import zero_bubble_plan
+from neural_arch.distributed.parallel.pipeline.zero_bubble_v import zero_bubble_v_plan
 
 
 def _split(batch, m: int, what: str) -> list:
@@ -55,6 +60,9 @@ def _split(batch, m: int, what: str) -> list:
 
 class PipelineSchedule:
     """Base of the schedule classes (see the module docstring)."""
+
+    #: how stage indices map to ranks: "loop" (stage s on rank s % p) or "v" (ZB-V)
+    placement = "loop"
 
     def __init__(self, stage_or_n_microbatches, n_microbatches: int | None = None,
                  loss_fn: Callable | None = None, scale_grads: bool = True, virtual_stages: int = 1):
@@ -111,6 +119,16 @@ class PipelineSchedule:
         if len(self.stages) != self.virtual_stages:
             raise ValueError(f"{type(self).__name__}: this rank must hold {self.virtual_stages} stage(s), got "
                              f"{len(self.stages)}")
+        rank = self.stages[0].group.rank()
+        want = list(stage_indices(rank, size, self.virtual_stages, style=self.placement))
+        got = [s.stage_index for s in self.stages]
+        if sorted(got) != sorted(want):
+            raise ValueError(f"{type(self).__name__}: stages={got} on group rank {rank} do not follow the "
+                             f"{self.placement!r} placement; pass the stages "
+                             f"stage_indices({rank}, {size}, {self.virtual_stages}, style={self.placement!r}) = {want}")
+        mapping = {i: stage_to_rank(i, size, expected, self.placement) for i in range(expected)}
+        for s in self.stages:
+            s.stage_index_to_group_rank = dict(mapping)
 
     # -- run -------------------------------------------------------------------------------------------
     def step(self, *args, target=None, losses: list | None = None, **kwargs):
@@ -207,9 +225,60 @@ class ScheduleZBH1(PipelineSchedule):
         return zero_bubble_plan(num_ranks, self.n_microbatches)
 
 
-def stage_indices(rank: int, num_ranks: int, virtual_stages: int = 1) -> Sequence[int]:
-    """The stage indices pipeline rank ``rank`` holds: ``rank, rank + p, ...`` (``virtual_stages`` of them)."""
+class ScheduleZBVZeroBubble(PipelineSchedule):
+    """ZB-V (torch's name): two stages per rank in a V -- rank r holds stages ``r`` and ``2p-1-r`` --
+    each backward split into ``B`` and ``W`` as in ZB-H1; 1F1B's peak activation memory, half of
+    ZB-H1's bubble at equal work (:mod:`.zero_bubble_v`).
+
+    Run: ``ScheduleZBVZeroBubble([stage_r, stage_2p_1_r], n_microbatches, loss_fn)`` (build the
+    stages ``stage_indices(rank, p, 2, style="v")`` of a model cut into ``2p`` stages); then
+    ``step(x, target=y, losses=[])`` on rank 0, which holds the first *and* the last stage, and
+    ``step()`` elsewhere. Plan: ``ScheduleZBVZeroBubble(m).plan(num_stages=p)``.
+
+    ``costs=(f, b, w)`` (keyword, not in torch): the measured relative durations of a stage's F, B
+    and W as small ints; the plan is then built for them (the default V is bubble-free only for
+    equal costs). Pass the same value on every rank.
+    """
+
+    placement = "v"
+
+    def __init__(self, stages_or_n_microbatches, n_microbatches: int | None = None,
+                 loss_fn: Callable | None = None, scale_grads: bool = True, *,
+                 costs: tuple[int, int, int] = (1, 1, 1)):
+        zero_bubble_v_plan(1, 1, costs)  # checks costs now, in the caller, before any step
+        self.costs = tuple(costs)
+        if isinstance(stages_or_n_microbatches, PipelineStage):
+            # a wrong count of stages (one instead of two): ValueError, like the list case below
+            raise ValueError("ScheduleZBVZeroBubble: stages must be a list of this rank's 2 stages "  # noqa: TRY004
+                             "[stage r, stage 2p-1-r] (V placement), got one PipelineStage; build them with "
+                             "stage_indices(rank, p, 2, style='v')")
+        if isinstance(stages_or_n_microbatches, (list, tuple)) and len(stages_or_n_microbatches) != 2:
+            raise ValueError(f"ScheduleZBVZeroBubble: stages must hold exactly 2 stages per rank (V placement), got "
+                             f"{len(stages_or_n_microbatches)}; pass the stages stage_indices(rank, p, 2, style='v')")
+        super().__init__(stages_or_n_microbatches, n_microbatches, loss_fn, scale_grads, virtual_stages=2)
+
+    def _build(self, num_ranks: int) -> PipelinePlan:
+        return zero_bubble_v_plan(num_ranks, self.n_microbatches, self.costs)
+
+
+def stage_indices(rank: int, num_ranks: int, virtual_stages: int = 1, style: str = "loop") -> Sequence[int]:
+    """The stage indices pipeline rank ``rank`` holds.
+
+    ``style="loop"``: ``rank, rank + p, ...`` (``virtual_stages`` of them; GPipe, 1F1B, interleaved,
+    ZB-H1). ``style="v"`` (``ScheduleZBVZeroBubble``, ``virtual_stages=2``): ``rank, 2p-1-rank``.
+
+    >>> stage_indices(0, 2, 2), stage_indices(0, 2, 2, style="v")
+    ([0, 2], [0, 3])
+    """
+    if style == "v":
+        if virtual_stages != 2:
+            raise ValueError(f"stage_indices(style='v'): the V placement holds exactly 2 stages per rank; pass "
+                             f"virtual_stages=2, got {virtual_stages!r}")
+        return [rank, 2 * num_ranks - 1 - rank]
+    if style != "loop":
+        raise ValueError(f"stage_indices(): style={style!r} must be 'loop' or 'v'")
     return [rank + k * num_ranks for k in range(virtual_stages)]
 
 
-__all__ = ["PipelineSchedule", "Schedule1F1B", "ScheduleGPipe", "ScheduleInterleaved1F1B", "ScheduleZBH1", "stage_indices"]
+__all__ = ["PipelineSchedule", "Schedule1F1B", "ScheduleGPipe", "ScheduleInterleaved1F1B", "ScheduleZBH1",
+           "ScheduleZBVZeroBubble", "stage_indices"]

@@ -18,7 +18,11 @@ builder                            order on rank r of p (m micro-batches)       
                                    interleaved order; m a multiple of p
 =================================  =================================================  ==================
 
-Stages are numbered ``0 .. p*v-1``; stage ``s`` lives on rank ``s % p`` (chunk ``s // p``).
+Stages are numbered ``0 .. p*v-1``. The ``"loop"`` placement puts stage ``s`` on rank ``s % p``
+(chunk ``s // p``); the ``"v"`` placement of ZB-V (:mod:`.zero_bubble_v`, v = 2) puts stages ``r``
+and ``2p-1-r`` on rank r, so the first and the last stage share rank 0 and stages ``p-1`` and
+``p`` share rank ``p-1`` (see :func:`stage_to_rank`). Two consecutive stages on one rank hand
+the activation (and its gradient) over locally: no SEND/RECV.
 
 Example::
 
@@ -79,6 +83,7 @@ class PipelinePlan:
     n_microbatches: int
     virtual_stages: int
     by_rank: tuple[tuple[Action, ...], ...]
+    placement: str = "loop"  # "loop" (stage s on rank s % p) or "v" (see stage_to_rank)
 
     @property
     def num_stages(self) -> int:
@@ -92,10 +97,44 @@ class PipelinePlan:
         return [a for a in self.by_rank[rank] if a.kind in COMPUTE]
 
     def stage_rank(self, stage: int) -> int:
-        return stage % self.num_ranks
+        return stage_to_rank(stage, self.num_ranks, self.num_stages, self.placement)
 
     def __len__(self) -> int:
         return sum(len(actions) for actions in self.by_rank)
+
+
+# -- placement -----------------------------------------------------------------------------------
+
+PLACEMENTS = ("loop", "v")
+
+
+def stage_to_rank(stage: int, num_ranks: int, num_stages: int, style: str = "loop") -> int:
+    """The pipeline rank that runs ``stage`` of ``num_stages`` on ``num_ranks`` ranks.
+
+    ``"loop"`` (GPipe, 1F1B, interleaved): ``stage % num_ranks``. ``"v"`` (ZB-V, two stages per
+    rank): stage ``s < p`` on rank ``s``, stage ``s >= p`` on rank ``2p-1-s`` -- down the ranks
+    and back up, like torch's ``generate_stage_to_rank_mapping(..., style="v")``.
+
+    >>> [stage_to_rank(s, 3, 6, "v") for s in range(6)]
+    [0, 1, 2, 2, 1, 0]
+    """
+    if style == "loop":
+        return stage % num_ranks
+    if style == "v":
+        if num_stages != 2 * num_ranks:
+            raise ValueError(f"the V placement needs exactly 2 stages per rank: num_stages={num_stages} on "
+                             f"{num_ranks} ranks; pass num_stages={2 * num_ranks}")
+        return stage if stage < num_ranks else num_stages - 1 - stage
+    raise ValueError(f"placement style={style!r} must be one of {PLACEMENTS}")
+
+
+def generate_stage_to_rank_mapping(num_ranks: int, num_stages: int, style: str = "loop") -> dict[int, int]:
+    """torch's name: ``{stage: rank}`` for every stage (see :func:`stage_to_rank`).
+
+    >>> generate_stage_to_rank_mapping(2, 4, style="v")
+    {0: 0, 1: 1, 2: 1, 3: 0}
+    """
+    return {s: stage_to_rank(s, num_ranks, num_stages, style) for s in range(num_stages)}
 
 
 # -- builders ------------------------------------------------------------------------------------
@@ -109,36 +148,45 @@ def _check(num_ranks: int, n_microbatches: int, virtual_stages: int = 1) -> None
 
 
 def with_communication(name: str, compute: Sequence[Sequence[Action]], num_ranks: int, n_microbatches: int,
-                       virtual_stages: int = 1) -> PipelinePlan:
+                       virtual_stages: int = 1, placement: str = "loop") -> PipelinePlan:
     """Insert RECV before and SEND after each compute action that needs one (torch's lowering).
 
-    ``compute[r]`` lists rank r's F/B actions. A forward of stage s > 0 first receives its input
+    ``compute[r]`` lists rank r's F/B/W actions. A forward of stage s > 0 first receives its input
     from stage s-1; a forward of stage s < S-1 then sends its output to stage s+1. A backward of
     stage s < S-1 first receives its output's gradient from stage s+1; a backward of stage s > 0
-    then sends its input's gradient to stage s-1.
+    then sends its input's gradient to stage s-1. When the neighbouring stage lives on the same
+    rank (``placement``, see :func:`stage_to_rank`) nothing is sent: the executor hands the
+    array over locally.
     """
-    last = num_ranks * virtual_stages - 1
+    num_stages = num_ranks * virtual_stages
+    last = num_stages - 1
+
+    def rank_of(stage: int) -> int:
+        return stage_to_rank(stage, num_ranks, num_stages, placement)
+
     by_rank = []
     for actions in compute:
         out: list[Action] = []
         for a in actions:
-            s = a.stage
+            s, me = a.stage, rank_of(a.stage)
+            prev = rank_of(s - 1) if s > 0 else me
+            nxt = rank_of(s + 1) if s < last else me
             if a.kind == F:
-                if s > 0:
-                    out.append(Action(RECV_F, a.microbatch, s, (s - 1) % num_ranks))
+                if prev != me:
+                    out.append(Action(RECV_F, a.microbatch, s, prev))
                 out.append(a)
-                if s < last:
-                    out.append(Action(SEND_F, a.microbatch, s, (s + 1) % num_ranks))
+                if nxt != me:
+                    out.append(Action(SEND_F, a.microbatch, s, nxt))
             elif a.kind == B:
-                if s < last:
-                    out.append(Action(RECV_B, a.microbatch, s, (s + 1) % num_ranks))
+                if nxt != me:
+                    out.append(Action(RECV_B, a.microbatch, s, nxt))
                 out.append(a)
-                if s > 0:
-                    out.append(Action(SEND_B, a.microbatch, s, (s - 1) % num_ranks))
+                if prev != me:
+                    out.append(Action(SEND_B, a.microbatch, s, prev))
             else:
                 out.append(a)
         by_rank.append(tuple(out))
-    return PipelinePlan(name, num_ranks, n_microbatches, virtual_stages, tuple(by_rank))
+    return PipelinePlan(name, num_ranks, n_microbatches, virtual_stages, tuple(by_rank), placement)
 
 
 def gpipe_plan(num_stages: int, n_microbatches: int) -> PipelinePlan:
@@ -306,6 +354,10 @@ def simulate(plan: PipelinePlan, f_time: float = 1.0, b_time: float = 1.0, comm_
                     clock[r] = max(clock[r], t)
                 else:
                     key = (a.microbatch, a.stage)
+                    local = _local_input(plan, r, a)
+                    if local is not None and (local[1], local[0]) not in (forwards if a.kind == F else backwards):
+                        raise DeadlockError(f"rank {r}: {a} runs before {a.kind}{a.microbatch}@s{local[0]}, whose "
+                                            "output it takes over on this rank")
                     if a.kind == B and key not in forwards:
                         raise DeadlockError(f"rank {r}: {a} runs before F{a.microbatch}@s{a.stage}")
                     if a.kind == W and key not in backwards:
@@ -334,6 +386,14 @@ def simulate(plan: PipelinePlan, f_time: float = 1.0, b_time: float = 1.0, comm_
         raise DeadlockError(f"messages sent but never received: {leftover}")
     makespan = max((e.end for e in events), default=0.0)
     return Simulation(plan, tuple(events), makespan, tuple(most))
+
+
+def _local_input(plan: PipelinePlan, rank: int, a: Action) -> tuple[int, int] | None:
+    """(stage, micro-batch) whose output ``a`` takes over on the same rank (no message), or None."""
+    src = a.stage - 1 if a.kind == F else a.stage + 1 if a.kind == B else -1
+    if not 0 <= src < plan.num_stages or plan.stage_rank(src) != rank:
+        return None
+    return src, a.microbatch
 
 
 def theoretical_bubble(num_ranks: int, n_microbatches: int, virtual_stages: int = 1) -> float:
@@ -400,10 +460,12 @@ __all__ = [
     "format_actions",
     "format_schedule",
     "format_timeline",
+    "generate_stage_to_rank_mapping",
     "gpipe_plan",
     "interleaved_1f1b_plan",
     "one_f_one_b_plan",
     "simulate",
+    "stage_to_rank",
     "theoretical_bubble",
     "with_communication",
 ]

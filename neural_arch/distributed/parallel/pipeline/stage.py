@@ -40,13 +40,15 @@ def _resolve(group, what: str) -> ProcessGroup:
 
 
 class PipelineStage:
-    """Stage ``stage_index`` of ``num_stages``, run by group rank ``stage_index % group.size()``.
+    """Stage ``stage_index`` of ``num_stages``, run by group rank ``stage_index % group.size()``
+    (or, for ZB-V's two stages per rank, by rank ``r`` for stages ``r`` and ``2*size-1-r``).
 
     Args:
         submodule: the stage's layers (a ``Module`` whose ``forward`` takes one tensor and
             returns one tensor; :func:`pipeline` builds these).
         stage_index, num_stages: position in the pipeline. ``num_stages`` may be a multiple of
-            the group size (interleaved schedules: stage s runs on group rank ``s % size``).
+            the group size (interleaved schedules: stage s runs on group rank ``s % size``;
+            ``ScheduleZBVZeroBubble``: ``num_stages = 2 * size``, V placement).
         device: accepted for torch compatibility; arrays stay where the submodule's are.
         group: the pipeline group (default: the world); its ranks, in order, hold the stages.
         dp_group: optional data-parallel group of replicas of *this* stage.
@@ -65,18 +67,23 @@ class PipelineStage:
         if num_stages % size:
             raise ValueError(f"PipelineStage: num_stages={num_stages} must be a multiple of the pipeline group's "
                              f"size ({size}); stage s runs on group rank s % {size}")
-        if stage_index % size != self.group.rank():
+        rank = self.group.rank()
+        # stage s runs on group rank s % size ("loop"), or, with two stages per rank, in ZB-V's
+        # "v" placement (ranks r and 2*size-1-r): the schedule that runs the stage picks which
+        v_rank = stage_index if stage_index < size else num_stages - 1 - stage_index
+        if stage_index % size != rank and not (num_stages == 2 * size and v_rank == rank):
+            v_hint = f" (ZB-V: {rank} and {2 * size - 1 - rank})" if num_stages == 2 * size else ""
             raise ValueError(f"PipelineStage: stage {stage_index} belongs on group rank {stage_index % size}, but "
-                             f"this process is group rank {self.group.rank()} of {self.group.ranks}; build stage "
-                             f"{self.group.rank()} (or {self.group.rank()} + k*{size}) here")
+                             f"this process is group rank {rank} of {self.group.ranks}; build stage "
+                             f"{rank} (or {rank} + k*{size}){v_hint} here")
         self.submodule = submodule
         self.stage_index = stage_index
         self.num_stages = num_stages
         self.device = device
         self.is_first = stage_index == 0
         self.is_last = stage_index == num_stages - 1
-        self.prev_rank = (stage_index - 1) % size  # group ranks of the neighbouring stages
-        self.next_rank = (stage_index + 1) % size
+        #: torch's name: stage index -> group rank; the ZB-V schedule sets the "v" placement
+        self.stage_index_to_group_rank = {s: s % size for s in range(num_stages)}
         # micro-batch -> (input leaf or None, output tensor, loss or None)
         self._cache: dict[int, tuple[Tensor | None, Tensor, Tensor | None]] = {}
         # micro-batch -> deferred weight gradients (split backward), from its forward to its W
@@ -84,6 +91,16 @@ class PipelineStage:
         self.dp_group = None if dp_group is None else _resolve(dp_group, "dp_group")
         if self.dp_group is not None and self.dp_group.size() > 1:
             self._broadcast_parameters()
+
+    @property
+    def prev_rank(self) -> int:
+        """Group rank of the previous stage (this rank itself for a local hand-off)."""
+        return self.stage_index_to_group_rank[(self.stage_index - 1) % self.num_stages]
+
+    @property
+    def next_rank(self) -> int:
+        """Group rank of the next stage."""
+        return self.stage_index_to_group_rank[(self.stage_index + 1) % self.num_stages]
 
     # -- compute ------------------------------------------------------------------------------------
     def forward_one_chunk(self, microbatch: int, inputs, target=None, loss_fn=None,
