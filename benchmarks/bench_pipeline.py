@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Pipeline schedules measured: bubble fraction from the executor's own event times vs theory, and
-peak activation memory per stage, GPipe vs 1F1B vs interleaved 1F1B vs zero-bubble ZB-H1 and ZB-V.
+peak activation memory per stage, GPipe vs 1F1B vs interleaved 1F1B vs zero-bubble ZB-H1, ZB-V and
+interleaved zero bubble (izb, v=2, loop placement like interleaved 1F1B).
 
 Model: a Sequential of ``4 p`` ``Linear(W, W)`` + ``Tanh`` pairs, float64, split evenly into
 ``p`` stages (``2 p`` chunks for interleaved v=2: the same model and work per rank); a fixed micro-batch of ``--mb`` rows, so per-micro-batch compute is constant
 and the theory applies: bubble = (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v m+p-1) interleaved,
-(p-1)/(3m+p-1) for ZB-H1 and (p-1)/(6m+p-1) for ZB-V (unit F, B, W; m >= p; ZB-V cuts the model
+(p-1)/(3m+p-1) for ZB-H1, (p-1)/(3vm+p-1) for izb and (p-1)/(6m+p-1) for ZB-V (unit F, B, W; m >= p; ZB-V cuts the model
 into ``2 p`` stages placed in a V, rank r holding stages r and 2p-1-r). "simulated" runs the very plan in the schedule
 simulator with this run's measured mean F, B and W durations (for fused schedules B = B + W).
 Ranks are real processes on one machine (gloo, shared memory / loopback); the executor records
@@ -57,9 +58,10 @@ def worker(p: int, m: int, schedule: str, v: int, width: int, mb: int, steps: in
     style = "v" if schedule.startswith("zbv") else "loop"  # ZB-V: rank r holds stages r and 2p-1-r
     stages = [pipe.build_stage(i) for i in pl.stage_indices(rank, p, v, style=style)]
     cls = {"gpipe": pl.ScheduleGPipe, "1f1b": pl.Schedule1F1B, "interleaved": pl.ScheduleInterleaved1F1B,
-           "zbh1": pl.ScheduleZBH1, "zbv": pl.ScheduleZBVZeroBubble, "zbv_costs": pl.ScheduleZBVZeroBubble}[schedule]
+           "zbh1": pl.ScheduleZBH1, "zbv": pl.ScheduleZBVZeroBubble, "zbv_costs": pl.ScheduleZBVZeroBubble,
+           "izb": pl.ScheduleInterleavedZeroBubble}[schedule]
     extra = {"costs": tuple(costs)} if schedule.startswith("zbv") else {}
-    sched = cls(stages if schedule in ("interleaved", "zbv", "zbv_costs") else stages[0], m,
+    sched = cls(stages if schedule in ("interleaved", "zbv", "zbv_costs", "izb") else stages[0], m,
                 loss_fn=lambda out, y: F.mse_loss(out, y), **extra)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(m * mb, width))
@@ -97,7 +99,8 @@ def simulated_bubble(p: int, m: int, schedule: str, v: int, mean: dict, costs=(1
 
     plan = {"gpipe": lambda: pl.gpipe_plan(p, m), "1f1b": lambda: pl.one_f_one_b_plan(p, m),
             "interleaved": lambda: pl.interleaved_1f1b_plan(p, m, v),
-            "zbh1": lambda: pl.zero_bubble_plan(p, m), "zbv": lambda: pl.zero_bubble_v_plan(p, m), "zbv_costs": lambda: pl.zero_bubble_v_plan(p, m, costs)}[schedule]()
+            "zbh1": lambda: pl.zero_bubble_plan(p, m), "zbv": lambda: pl.zero_bubble_v_plan(p, m), "zbv_costs": lambda: pl.zero_bubble_v_plan(p, m, costs),
+            "izb": lambda: pl.interleaved_zero_bubble_plan(p, m, v)}[schedule]()
     # simulate() takes a rank's whole F (B, W) time and divides by v for each chunk
     return pl.simulate(plan, mean["F"] * v, mean["B"] * v, w_time=mean["W"] * v).bubble_fraction
 
@@ -110,7 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--width", type=int, default=384)
     ap.add_argument("--mb", type=int, default=64, help="rows per micro-batch")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--schedules", default="", help="comma list (gpipe,1f1b,interleaved,zbh1,zbv,zbv_costs; "
+    ap.add_argument("--schedules", default="", help="comma list (gpipe,1f1b,interleaved,zbh1,zbv,zbv_costs,izb; "
                     "zbv_costs takes F:B:W from the zbh1 run); default all")
     ap.add_argument("--quick", action="store_true", help="tiny sweep (smoke test)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "bench_pipeline.json"))
@@ -122,6 +125,9 @@ def main(argv=None) -> int:
     from benchmarks.bench_pipeline import worker as importable_worker  # pickled by reference in the ranks
     from neural_arch.distributed.parallel.pipeline.schedules import theoretical_bubble
     from neural_arch.distributed.parallel.pipeline.zero_bubble import zero_bubble_theory
+    from neural_arch.distributed.parallel.pipeline.zero_bubble_interleaved import (
+        interleaved_zero_bubble_theory,
+    )
     from neural_arch.distributed.parallel.pipeline.zero_bubble_v import zero_bubble_v_theory
     from neural_arch.distributed.testing import RankPool
 
@@ -133,7 +139,7 @@ def main(argv=None) -> int:
             for m in [int(s) for s in args.microbatches.split(",")]:
                 costs = (1, 1, 1)
                 for schedule, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zbh1", 1), ("zbv", 2),
-                                    ("zbv_costs", 2)):
+                                    ("zbv_costs", 2), ("izb", 2)):
                     if args.schedules and schedule not in args.schedules.split(","):
                         continue
                     if schedule == "interleaved" and m % p:
@@ -141,7 +147,8 @@ def main(argv=None) -> int:
                     t0 = time.perf_counter()
                     res = pool.run(importable_worker, p, m, schedule, v, args.width, args.mb, args.steps, costs)
                     theory = (zero_bubble_theory(p, m) if schedule == "zbh1" else zero_bubble_v_theory(p, m)
-                              if schedule.startswith("zbv") else theoretical_bubble(p, m, v))
+                              if schedule.startswith("zbv") else interleaved_zero_bubble_theory(p, m, v)
+                              if schedule == "izb" else theoretical_bubble(p, m, v))
                     sim = simulated_bubble(p, m, schedule, v, res[0]["mean_s"], costs)
                     if schedule == "zbh1":  # ZB-V with costs=: F:B:W measured here, in steps of half the smallest
                         unit = min(res[0]["mean_s"].values()) / 2

@@ -10,11 +10,12 @@ Start it any way::
     python -m neural_arch.distributed.launcher --nproc_per_node 4 examples/train_gpt_3d.py --pp 2 --dp 2
     mpiexec -n 2 python examples/train_gpt_3d.py --pp 2 --schedule interleaved --virtual 2
     mpiexec -n 2 python examples/train_gpt_3d.py --pp 2 --schedule zbv    # 4 stages in a V
+    mpiexec -n 2 python examples/train_gpt_3d.py --pp 2 --schedule izb --virtual 2  # interleaved zero bubble
     python -m neural_arch.distributed.launcher --nproc_per_node 4 examples/train_gpt_3d.py --pp 2 --tp 2
     python examples/train_gpt_3d.py            # one process: pp = dp = tp = 1
 
 Options: ``--pp``, ``--dp`` (default: what is left of the world), ``--tp``, ``--microbatches``,
-``--microbatch-size``, ``--schedule {gpipe,1f1b,interleaved,zbh1,zbv}``, ``--virtual``, ``--steps``,
+``--microbatch-size``, ``--schedule {gpipe,1f1b,interleaved,zbh1,zbv,izb}``, ``--virtual``, ``--steps``,
 ``--lr``, ``--n-layer``, ``--n-embd``, ``--seed``, and ``--verify``: train in float64 and also a
 single-process reference on the global batch, then print the largest parameter difference.
 """
@@ -40,10 +41,11 @@ from neural_arch.data import make_token_sequences
 from neural_arch.distributed import pipeline as pl
 
 SCHEDULES = {"gpipe": pl.ScheduleGPipe, "1f1b": pl.Schedule1F1B, "interleaved": pl.ScheduleInterleaved1F1B,
-             "zbh1": pl.ScheduleZBH1, "zbv": pl.ScheduleZBVZeroBubble}
-#: schedules that run several stages per rank: interleaved (stage s on rank s % pp) and ZB-V
-#: (rank r holds stages r and 2 pp - 1 - r: the first and the last stage, so the loss, on rank 0)
-MULTI_STAGE = {"interleaved": "loop", "zbv": "v"}
+             "zbh1": pl.ScheduleZBH1, "zbv": pl.ScheduleZBVZeroBubble, "izb": pl.ScheduleInterleavedZeroBubble}
+#: schedules that run several stages per rank: interleaved 1F1B and interleaved zero bubble (stage s
+#: on rank s % pp) and ZB-V (rank r holds stages r and 2 pp - 1 - r: the first and the last stage,
+#: so the loss, on rank 0)
+MULTI_STAGE = {"interleaved": "loop", "izb": "loop", "zbv": "v"}
 
 
 def parse_args(argv=None):
@@ -54,7 +56,7 @@ def parse_args(argv=None):
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--microbatch-size", type=int, default=4)
     p.add_argument("--schedule", choices=sorted(SCHEDULES), default="1f1b")
-    p.add_argument("--virtual", type=int, default=2, help="stages per rank for --schedule interleaved")
+    p.add_argument("--virtual", type=int, default=2, help="stages per rank for --schedule interleaved or izb")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--vocab", type=int, default=16)
@@ -129,7 +131,7 @@ def main(argv=None) -> int:
     dist.init_process_group()
     world, rank = dist.get_world_size(), dist.get_rank()
     pp, dp, tp = sizes(args, world)
-    v = {"interleaved": args.virtual, "zbv": 2}.get(args.schedule, 1)
+    v = {"interleaved": args.virtual, "izb": args.virtual, "zbv": 2}.get(args.schedule, 1)
     pp_group, dp_group, tp_group, d, s = make_groups(pp, dp, tp)
 
     model = build_model(args)

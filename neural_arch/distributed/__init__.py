@@ -62,7 +62,7 @@ _export("data.elastic_sampler", "ElasticDistributedSampler")
 _export("subgroups", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group")
 _export("device_mesh", "DeviceMesh", "init_device_mesh")
 _export("parallel.pipeline", "PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
-        "ScheduleZBH1", "ScheduleZBVZeroBubble")
+        "ScheduleInterleavedZeroBubble", "ScheduleZBH1", "ScheduleZBVZeroBubble")
 _export("algorithms.communication_optimizer", "CommunicationOptimizer")
 _export("algorithms.hierarchical", "hierarchical_all_reduce", "host_groups")
 _export("algorithms.hierarchical_auto", "all_reduce_algorithm")

@@ -129,7 +129,7 @@ class Pending:
     that waits long enough to be reported, or when a recorder emits the span.
     """
 
-    __slots__ = ("name", "category", "start", "lane", "_args", "_make")
+    __slots__ = ("_args", "_make", "category", "lane", "name", "start")
 
     def __init__(self, name: str, category: str, start: float, lane: str = "main", args: dict | None = None,
                  make_args: Callable[[], dict] | None = None) -> None:

@@ -57,13 +57,14 @@ def pool(request):
         yield p
 
 
-# Variables by which a launcher, mpiexec or SLURM describe a job: in-process tests of
-# init_process_group() must not inherit them from whatever started pytest.
-JOB_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-            "NEURAL_ARCH_BACKEND", "NEURAL_ARCH_AUTH_TOKEN", "NEURAL_ARCH_TIMEOUT", "NEURAL_ARCH_READY_DIR",
-            "NEURAL_ARCH_DISTRIBUTED_DEBUG", "NEURAL_ARCH_RENDEZVOUS_TIMEOUT", "PMI_RANK", "PMI_SIZE", "PMIX_RANK",
-            "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID",
-            "SLURM_STEP_ID", "PMI_KVSNAME", "PMIX_NAMESPACE")
+def _job_vars() -> list:
+    """Variables by which a launcher, mpiexec or SLURM describe a job (the harness's one list, plus
+    the MPI identity variables set right now): in-process tests of init_process_group() must not
+    inherit them from whatever started pytest."""
+    from neural_arch.distributed.run.env import MPI_ENV_PREFIXES
+    from neural_arch.distributed.testing import LAUNCHER_VARS
+
+    return [*LAUNCHER_VARS, *(k for k in os.environ if k.startswith(MPI_ENV_PREFIXES))]
 
 
 @pytest.fixture
@@ -71,7 +72,7 @@ def clean_job_env(monkeypatch):
     """No job variables, and no process group left behind by a test (use with ``usefixtures``)."""
     import neural_arch.distributed as dist
 
-    for var in JOB_VARS:
+    for var in _job_vars():
         monkeypatch.delenv(var, raising=False)
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -72,8 +72,8 @@ def make_opt(name: str, params):
 
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
-             "zbh1": "ScheduleZBH1", "zbv": "ScheduleZBVZeroBubble"}
-MULTI_STAGE = {"interleaved", "zbv"}  # schedules that take a list of this rank's stages
+             "zbh1": "ScheduleZBH1", "zbv": "ScheduleZBVZeroBubble", "izb": "ScheduleInterleavedZeroBubble"}
+MULTI_STAGE = {"interleaved", "zbv", "izb"}  # schedules that take a list of this rank's stages
 
 
 def setup_groups(pp: int):

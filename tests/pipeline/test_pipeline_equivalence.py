@@ -1,5 +1,6 @@
 """Pipeline parallelism equals single-process training on the global batch (float64, <= 1e-10):
-a deep MLP Sequential and a GPT, 2 and 4 stages, GPipe / 1F1B / interleaved 1F1B / ZB-V, gloo and MPI,
+a deep MLP Sequential and a GPT, 2 and 4 stages, GPipe / 1F1B / interleaved 1F1B / ZB-V / interleaved
+zero bubble (IZB), gloo and MPI,
 and pp=2 x dp=2 on 4 ranks. Gradients are compared after the first step and parameters after
 every step. Ranks are real processes (one RankPool per world size, fed every case)."""
 
@@ -33,11 +34,13 @@ def _check(results, cfg):
 
 
 @pytest.mark.parametrize("kind", ["mlp", "gpt"])
-@pytest.mark.parametrize("schedule, v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zbv", 2)])
+@pytest.mark.parametrize("schedule, v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zbv", 2), ("izb", 2)])
 def test_pipeline_matches_single_process(pool, kind, schedule, v):
     world = pool.world_size
     if pool.backend == "mpi" and kind == "gpt" and schedule != "1f1b":
         pytest.skip("MPI: one GPT schedule is enough (the MLP covers the others)")
+    if schedule == "izb" and pool.backend == "mpi":
+        pytest.skip("MPI: the executor path of IZB is interleaved's and ZB-V's, covered above")
     cfg = {"kind": kind, "pp": world, "v": v, "m": 2 * world, "schedule": schedule,
            "opt": "adam" if kind == "gpt" else "sgd", "steps": 3}
     results = pool.run(fns.train_run, cfg)
@@ -60,6 +63,9 @@ def test_uneven_balance_and_odd_microbatches(pool):
         pytest.skip("gloo covers it")
     cfg = {"kind": "mlp", "pp": pool.world_size, "m": 3, "schedule": "1f1b", "balance": "layers", "layers": 5}
     _check(pool.run(fns.train_run, cfg), cfg)
+    # IZB takes any n_microbatches (interleaved 1F1B needs a multiple of p): m=3 on 2 and 4 ranks
+    cfg = {"kind": "mlp", "pp": pool.world_size, "v": 2, "m": 3, "schedule": "izb", "layers": 8}
+    _check(pool.run(fns.train_run, cfg), cfg)
 
 
 def test_shape_header_is_sent_every_step(pool):
@@ -74,22 +80,24 @@ def test_batch_not_divisible_is_a_clear_error(pool):
     assert "multiple of 3" in results[0]
 
 
-def test_zbv_one_rank_and_bitwise_interleaved(pool):
-    """ZB-V on one pipeline rank (both stages local; pp=1 x dp=world) equals single-process
-    training; on ``world`` ranks it gives bitwise the parameters of interleaved 1F1B on the same
-    2p stages (the split backward and the V placement change no arithmetic)."""
+def test_zero_bubble_one_rank_and_bitwise_interleaved(pool):
+    """ZB-V and IZB on one pipeline rank (every stage local; pp=1 x dp=world) equal single-process
+    training; on ``world`` ranks they give bitwise the parameters of interleaved 1F1B on the same
+    2p stages (the split backward, the V placement and the order change no arithmetic)."""
     if pool.backend != "gloo":
         pytest.skip("gloo covers it")
     world = pool.world_size
-    cfg = {"kind": "mlp", "pp": 1, "v": 2, "m": 2, "schedule": "zbv", "layers": 4}
-    _check(pool.run(fns.train_run, cfg), cfg)
+    for schedule in ("zbv", "izb"):
+        cfg = {"kind": "mlp", "pp": 1, "v": 2, "m": 2, "schedule": schedule, "layers": 4}
+        _check(pool.run(fns.train_run, cfg), cfg)
     finals = {}
-    for schedule in ("interleaved", "zbv"):
+    for schedule in ("interleaved", "zbv", "izb"):
         cfg = {"kind": "gpt", "pp": world, "v": 2, "m": 2 * world, "schedule": schedule, "opt": "adam",
                "steps": 2, "final": True}
         finals[schedule] = {n: b for r in pool.run(fns.train_run, cfg) for n, b in r["final"].items()}
-    assert finals["zbv"].keys() == finals["interleaved"].keys() and finals["zbv"]
-    assert [n for n in finals["zbv"] if finals["zbv"][n] != finals["interleaved"][n]] == []
+    for schedule in ("zbv", "izb"):
+        assert finals[schedule].keys() == finals["interleaved"].keys() and finals[schedule]
+        assert [n for n in finals[schedule] if finals[schedule][n] != finals["interleaved"][n]] == [], schedule
 
 
 def test_zbv_placement_errors_name_what_to_pass(pool):

@@ -1,4 +1,5 @@
-"""``examples/train_gpt_3d.py`` runs unchanged under the launcher (pp=2 x dp=2, pp=2 x tp=2, and
+"""``examples/train_gpt_3d.py`` runs unchanged under the launcher (pp=2 x dp=2 with interleaved zero
+bubble, pp=2 x tp=2, and
 pp=2 x dp=2 x tp=2 on 8 ranks with the zero-bubble schedule) and
 mpiexec (pp=2 interleaved, pp=4 1F1B, pp=2 x tp=2), and its ``--verify`` mode finds it equal to single-process training
 (float64, <= 1e-10). Each run is a subprocess with a hard timeout."""
@@ -34,15 +35,15 @@ def _run(cmd):
 
 
 @pytest.mark.parametrize("flags, nproc", [
-    (["--pp", "2", "--dp", "2"], 4),
+    (["--pp", "2", "--dp", "2", "--schedule", "izb", "--virtual", "2", "--n-layer", "4"], 4),  # 4 stages x 2
     (["--pp", "2", "--tp", "2", "--schedule", "gpipe"], 4),
     (["--pp", "2", "--dp", "2", "--tp", "2", "--schedule", "zbh1"], 8),   # 3-D, zero bubble, oversubscribed
-], ids=["pp2xdp2", "pp2xtp2", "pp2xdp2xtp2-zbh1"])
+], ids=["pp2xdp2-izb", "pp2xtp2", "pp2xdp2xtp2-zbh1"])
 def test_launcher_runs_and_matches_single_process(flags, nproc):
     from neural_arch.distributed.testing import free_port
 
     cmd = [sys.executable, "-m", "neural_arch.distributed.launcher", "--nproc_per_node", str(nproc), "--master_port",
-           str(free_port()), SCRIPT, *flags, "--steps", "3", "--n-layer", "2", "--n-embd", "16", "--verify"]
+           str(free_port()), SCRIPT, "--n-layer", "2", *flags, "--steps", "3", "--n-embd", "16", "--verify"]
     diff, out = _run(cmd)
     assert diff <= 1e-10, out[-2000:]
     assert "step    2  loss" in out

@@ -304,7 +304,7 @@ def detect_launch_env(environ: Mapping[str, str] | None = None) -> dict | None:
 # --------------------------------------------------------------------------- starting ranks
 # A launcher started by mpiexec/srun must not pass its own MPI identity on: the ranks would take it
 # for theirs (detect_launch_env; MPI_Init through PMI_FD).
-_MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "OMPI_COMM_WORLD_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
+MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "OMPI_COMM_WORLD_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
 # Per-launch variables that must not leak from an outer job into the ranks of an inner one.
 _PER_LAUNCH = ("NEURAL_ARCH_READY_DIR", "NEURAL_ARCH_PARENT_PID", "RANK", "LOCAL_RANK")
 
@@ -348,7 +348,7 @@ def rank_env(base: Mapping[str, str] | None = None, *, rank: int | None, world_s
     ('1', '1', '2', '127.0.0.1')
     """
     env = {k: v for k, v in (os.environ if base is None else base).items()
-           if not k.startswith(_MPI_ENV_PREFIXES) and k not in _PER_LAUNCH}
+           if not k.startswith(MPI_ENV_PREFIXES) and k not in _PER_LAUNCH}
     local_world_size = world_size if local_world_size is None else local_world_size
     env.update({
         "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(local_world_size),

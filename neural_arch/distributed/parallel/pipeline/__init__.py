@@ -1,20 +1,21 @@
 """Pipeline parallelism: split a model into stages, run micro-batches through them by a schedule.
 
-=====================  ===========================================================================
-module                 what
-=====================  ===========================================================================
-``schedules``          schedules as data: ``Action`` records per rank, builders, simulation, time-lines
-``split``              ``pipeline(module, split_points | num_stages, balance)`` -> ``Pipe`` of stages
-``stage``              ``PipelineStage``: one stage's forward/backward per micro-batch (+ dp averaging)
-``p2p``                tags per edge, the once-per-step shape header, ``PipelineError``
-``executor``           runs one rank's action list (isend/irecv overlap, timeouts)
-``runtime``            ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B`` (torch names),
-                       ``ScheduleZBH1``, ``ScheduleZBVZeroBubble`` (zero bubble)
-``zero_bubble``        ZB-H1 as data: ``zero_bubble_plan(p, m)``, ``zero_bubble_theory``
-``zero_bubble_v``      ZB-V as data (two stages per rank in a V): ``zero_bubble_v_plan(p, m)``
-``weight_grad``        split backward: Linear weight gradients deferred from ``B`` to ``W``
-``failure``            every rank's error names the failed stage (store records + poison)
-=====================  ===========================================================================
+===========================  ===========================================================================
+module                       what
+===========================  ===========================================================================
+``schedules``                schedules as data: ``Action`` records per rank, builders, simulation, time-lines
+``split``                    ``pipeline(module, split_points | num_stages, balance)`` -> ``Pipe`` of stages
+``stage``                    ``PipelineStage``: one stage's forward/backward per micro-batch (+ dp averaging)
+``p2p``                      tags per edge, the once-per-step shape header, ``PipelineError``
+``executor``                 runs one rank's action list (isend/irecv overlap, timeouts)
+``runtime``                  ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B`` (torch names),
+                             ``ScheduleZBH1``, ``ScheduleInterleavedZeroBubble``, ``ScheduleZBVZeroBubble``
+``zero_bubble``              ZB-H1 as data: ``zero_bubble_plan(p, m)``; the list scheduler ZB-V, IZB share
+``zero_bubble_v``            ZB-V as data (two stages per rank in a V): ``zero_bubble_v_plan(p, m)``
+``zero_bubble_interleaved``  interleaved zero bubble as data (loop placement, v per rank)
+``weight_grad``              split backward: Linear weight gradients deferred from ``B`` to ``W``
+``failure``                  every rank's error names the failed stage (store records + poison)
+===========================  ===========================================================================
 
 Example (2 ranks; see ``examples/train_gpt_3d.py``)::
 
@@ -31,6 +32,7 @@ from neural_arch.distributed.parallel.pipeline.runtime import (
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
     ScheduleZBH1,
     ScheduleZBVZeroBubble,
     stage_indices,
@@ -56,6 +58,10 @@ from neural_arch.distributed.parallel.pipeline.schedules import (
 from neural_arch.distributed.parallel.pipeline.split import GPTStage, Pipe, pipeline
 from neural_arch.distributed.parallel.pipeline.stage import PipelineStage
 from neural_arch.distributed.parallel.pipeline.zero_bubble import zero_bubble_plan, zero_bubble_theory
+from neural_arch.distributed.parallel.pipeline.zero_bubble_interleaved import (
+    interleaved_zero_bubble_plan,
+    interleaved_zero_bubble_theory,
+)
 from neural_arch.distributed.parallel.pipeline.zero_bubble_v import zero_bubble_v_plan, zero_bubble_v_theory
 
 __all__ = [
@@ -71,6 +77,7 @@ __all__ = [
     "Schedule1F1B",
     "ScheduleGPipe",
     "ScheduleInterleaved1F1B",
+    "ScheduleInterleavedZeroBubble",
     "ScheduleZBH1",
     "ScheduleZBVZeroBubble",
     "Simulation",
@@ -81,6 +88,8 @@ __all__ = [
     "generate_stage_to_rank_mapping",
     "gpipe_plan",
     "interleaved_1f1b_plan",
+    "interleaved_zero_bubble_plan",
+    "interleaved_zero_bubble_theory",
     "one_f_one_b_plan",
     "pipeline",
     "simulate",

@@ -1,5 +1,5 @@
 """The schedule classes users call: ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``,
-``ScheduleZBH1`` and ``ScheduleZBVZeroBubble`` (zero bubble).
+``ScheduleZBH1``, ``ScheduleInterleavedZeroBubble`` and ``ScheduleZBVZeroBubble`` (zero bubble).
 
 Each is two things (torch's names, torch's ``step`` API):
 
@@ -43,7 +43,8 @@ from neural_arch.distributed.parallel.pipeline.schedules import (
     stage_to_rank,
 )
 from neural_arch.distributed.parallel.pipeline.stage import PipelineStage
-from neural_arch.distributed.parallel.pipeline.zero_bubble import zero_bubble_plan
+from neural_arch.distributed.parallel.pipeline.zero_bubble import check_costs, zero_bubble_plan
+from neural_arch.distributed.parallel.pipeline.zero_bubble_interleaved import interleaved_zero_bubble_plan
 from neural_arch.distributed.parallel.pipeline.zero_bubble_v import zero_bubble_v_plan
 
 
@@ -189,12 +190,10 @@ class Schedule1F1B(PipelineSchedule):
         return one_f_one_b_plan(num_ranks, self.n_microbatches)
 
 
-class ScheduleInterleaved1F1B(PipelineSchedule):
-    """Interleaved 1F1B: each rank holds ``virtual_stages`` stages (``s, s+p, ...``).
-
-    Run: ``ScheduleInterleaved1F1B([stage_r, stage_r_plus_p, ...], n_microbatches, loss_fn)``;
-    plan: ``ScheduleInterleaved1F1B(n_microbatches, virtual_stages).plan(num_stages)``.
-    """
+class _LoopMultiStage(PipelineSchedule):
+    """Constructor shared by the loop-placement multi-stage schedules (interleaved 1F1B, interleaved
+    zero bubble): ``cls(stages, n_microbatches, loss_fn)`` runs, ``cls(n_microbatches,
+    virtual_stages)`` is a plan builder; v is the number of stages passed."""
 
     def __init__(self, stages_or_n_microbatches, n_microbatches_or_virtual: int | None = None,
                  loss_fn: Callable | None = None, scale_grads: bool = True):
@@ -204,12 +203,45 @@ class ScheduleInterleaved1F1B(PipelineSchedule):
             super().__init__(stages, n_microbatches_or_virtual, loss_fn, scale_grads, virtual_stages=v)
         else:
             v = 1 if n_microbatches_or_virtual is None else n_microbatches_or_virtual
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"ScheduleInterleaved1F1B: virtual_stages must be a positive int, got {v!r}")
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{type(self).__name__}: virtual_stages must be a positive int, got {v!r}")
             super().__init__(stages_or_n_microbatches, None, loss_fn, scale_grads, virtual_stages=v)
+
+
+class ScheduleInterleaved1F1B(_LoopMultiStage):
+    """Interleaved 1F1B: each rank holds ``virtual_stages`` stages (``s, s+p, ...``).
+
+    Run: ``ScheduleInterleaved1F1B([stage_r, stage_r_plus_p, ...], n_microbatches, loss_fn)``;
+    plan: ``ScheduleInterleaved1F1B(n_microbatches, virtual_stages).plan(num_stages)``.
+    """
 
     def _build(self, num_ranks: int) -> PipelinePlan:
         return interleaved_1f1b_plan(num_ranks, self.n_microbatches, self.virtual_stages)
+
+
+class ScheduleInterleavedZeroBubble(_LoopMultiStage):
+    """Interleaved zero bubble (torch's name): interleaved 1F1B's loop placement -- rank r holds
+    stages ``r, r+p, ...`` -- with each backward split into ``B`` (input gradient) and ``W`` (weight
+    gradients, deferred into idle slots); interleaved 1F1B's peak activation memory, a smaller bubble
+    (about a third of it when F, B and W take equal time), any ``n_microbatches >= 1``
+    (:mod:`.zero_bubble_interleaved`).
+    Same gradients as interleaved 1F1B on the same stages, bitwise.
+
+    Run: ``ScheduleInterleavedZeroBubble([stage_r, stage_r_plus_p, ...], n_microbatches, loss_fn)``
+    (the stages ``stage_indices(rank, p, v)``); ``step(x)`` on rank 0, ``step(target=y)`` on rank
+    p-1. Plan: ``ScheduleInterleavedZeroBubble(n_microbatches, virtual_stages).plan(num_stages=p)``.
+    ``costs=(f, b, w)`` (keyword, not in torch): relative F, B, W durations as small ints, the same
+    on every rank, as for :class:`ScheduleZBVZeroBubble`.
+    """
+
+    def __init__(self, stages_or_n_microbatches, n_microbatches_or_virtual: int | None = None,
+                 loss_fn: Callable | None = None, scale_grads: bool = True, *,
+                 costs: tuple[int, int, int] = (1, 1, 1)):
+        self.costs = check_costs(costs)  # in the caller, before any step
+        super().__init__(stages_or_n_microbatches, n_microbatches_or_virtual, loss_fn, scale_grads)
+
+    def _build(self, num_ranks: int) -> PipelinePlan:
+        return interleaved_zero_bubble_plan(num_ranks, self.n_microbatches, self.virtual_stages, self.costs)
 
 
 class ScheduleZBH1(PipelineSchedule):
@@ -245,8 +277,7 @@ class ScheduleZBVZeroBubble(PipelineSchedule):
     def __init__(self, stages_or_n_microbatches, n_microbatches: int | None = None,
                  loss_fn: Callable | None = None, scale_grads: bool = True, *,
                  costs: tuple[int, int, int] = (1, 1, 1)):
-        zero_bubble_v_plan(1, 1, costs)  # checks costs now, in the caller, before any step
-        self.costs = tuple(costs)
+        self.costs = check_costs(costs)  # in the caller, before any step
         if isinstance(stages_or_n_microbatches, PipelineStage):
             # a wrong count of stages (one instead of two): ValueError, like the list case below
             raise ValueError("ScheduleZBVZeroBubble: stages must be a list of this rank's 2 stages "  # noqa: TRY004
@@ -265,7 +296,8 @@ def stage_indices(rank: int, num_ranks: int, virtual_stages: int = 1, style: str
     """The stage indices pipeline rank ``rank`` holds.
 
     ``style="loop"``: ``rank, rank + p, ...`` (``virtual_stages`` of them; GPipe, 1F1B, interleaved,
-    ZB-H1). ``style="v"`` (``ScheduleZBVZeroBubble``, ``virtual_stages=2``): ``rank, 2p-1-rank``.
+    ZB-H1, interleaved zero bubble). ``style="v"`` (``ScheduleZBVZeroBubble``,
+    ``virtual_stages=2``): ``rank, 2p-1-rank``.
 
     >>> stage_indices(0, 2, 2), stage_indices(0, 2, 2, style="v")
     ([0, 2], [0, 3])
@@ -280,5 +312,5 @@ def stage_indices(rank: int, num_ranks: int, virtual_stages: int = 1, style: str
     return [rank + k * num_ranks for k in range(virtual_stages)]
 
 
-__all__ = ["PipelineSchedule", "Schedule1F1B", "ScheduleGPipe", "ScheduleInterleaved1F1B", "ScheduleZBH1",
-           "ScheduleZBVZeroBubble", "stage_indices"]
+__all__ = ["PipelineSchedule", "Schedule1F1B", "ScheduleGPipe", "ScheduleInterleaved1F1B",
+           "ScheduleInterleavedZeroBubble", "ScheduleZBH1", "ScheduleZBVZeroBubble", "stage_indices"]

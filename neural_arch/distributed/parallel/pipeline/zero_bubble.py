@@ -18,6 +18,12 @@ allowance, as in the paper's ZB-H1).
 With unit costs the bubble is ``(p-1)/(3m+p-1)`` for ``m >= p`` -- a third of 1F1B's idle
 time ``3(p-1)`` (1F1B runs ``B`` and ``W`` as one action of cost 2).
 
+This module also holds :func:`list_schedule`, the time-stepped list scheduler that ZB-V
+(:mod:`.zero_bubble_v`) and interleaved zero bubble (:mod:`.zero_bubble_interleaved`) share: the
+engine owns dependencies, micro-batch order and the time steps, and each schedule passes only
+its placement and a small priority ``policy`` (ZB-H1 keeps its own loop: it inserts ``W``'s into
+1F1B's fixed F/B order rather than choosing F/B actions).
+
 Example::
 
     >>> from neural_arch.distributed.parallel.pipeline.zero_bubble import zero_bubble_plan
@@ -28,8 +34,12 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 from neural_arch.distributed.parallel.pipeline.schedules import (
     Action,
+    B,
     F,
     PipelinePlan,
     W,
@@ -106,6 +116,106 @@ def zero_bubble_plan(num_stages: int, n_microbatches: int) -> PipelinePlan:
     return with_communication("ZB-H1", out, p, m)
 
 
+class RankView(NamedTuple):
+    """What a list-scheduler policy sees of one free rank at one time step (see :func:`list_schedule`).
+
+    ``alive``: stage micro-batches between their ``F`` and their ``W`` on this rank; ``forward`` /
+    ``backward``: the chunks (0 .. v-1, the rank's stages in increasing order) whose next ``F`` /
+    ``B`` could start now; ``next_b``: per chunk, the micro-batch its next ``B`` is;
+    ``weights``: ``(chunk, micro-batch)`` whose ``B`` ran and ``W`` did not, oldest first.
+    """
+
+    alive: int
+    forward: tuple[int, ...]
+    backward: tuple[int, ...]
+    next_b: tuple[int, ...]
+    weights: tuple[tuple[int, int], ...]
+
+
+def check_costs(costs) -> tuple[int, int, int]:
+    """``costs`` as a tuple of 3 positive ints (relative F, B, W durations), or ValueError."""
+    if (not isinstance(costs, (tuple, list)) or len(costs) != 3
+            or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in costs)):
+        raise ValueError(f"costs={costs!r} must be 3 positive ints, the relative durations of F, B and W, "
+                         "e.g. costs=(2, 1, 1) when a forward takes twice a B or a W")
+    return tuple(costs)
+
+
+def list_schedule(name: str, stages_of: list[tuple[int, ...]], n_microbatches: int, costs: tuple[int, int, int],
+                  policy: Callable[[RankView], tuple[str, int] | None], virtual_stages: int,
+                  placement: str) -> PipelinePlan:
+    """The list scheduler shared by ZB-V and interleaved zero bubble: walk all ranks in unit time steps
+    (F, B, W of one stage take ``costs``); whenever a rank is free, ask ``policy`` which action to
+    run -- ``(kind, chunk)`` -- or None to idle one step.
+
+    ``stages_of[r]`` are rank r's stages in increasing order (chunk c is ``stages_of[r][c]``). The
+    engine owns the dependencies (an ``F`` after the previous stage's ``F``, a ``B`` after its own
+    ``F`` and the next stage's ``B``, a ``W`` after its ``B``) and keeps every stage's micro-batches
+    in increasing order within each kind; the policy owns priorities and the memory bound. The plan
+    records the order only, so it runs deadlock-free whatever the real durations are.
+
+    >>> plan = list_schedule("one rank", [(0,)], 2, (1, 1, 1),
+    ...                      lambda v: (B, 0) if v.backward else (F, 0) if v.forward else (W, 0), 1, "loop")
+    >>> [str(a) for a in plan.compute(0)]
+    ['F0@s0', 'B0@s0', 'F1@s0', 'B1@s0', 'W0@s0', 'W1@s0']
+    """
+    p, m, v = len(stages_of), n_microbatches, virtual_stages
+    cost = dict(zip((F, B, W), costs))
+    last = p * v - 1
+    busy = [0] * p                                   # per rank: time its running action ends
+    nxt = {k: [[0] * v for _ in range(p)] for k in (F, B, W)}  # kind -> rank -> chunk -> next micro-batch
+    f_end: dict[tuple[int, int], int] = {}           # (stage, micro-batch) -> end time of its F
+    b_end: dict[tuple[int, int], int] = {}
+    w_queue: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+    out: list[list[Action]] = [[] for _ in range(p)]
+
+    def f_ready(r: int, c: int, t: int) -> bool:
+        s, i = stages_of[r][c], nxt[F][r][c]
+        if i >= m:
+            return False
+        done = 0 if s == 0 else f_end.get((s - 1, i))
+        return done is not None and done <= t
+
+    def b_ready(r: int, c: int, t: int) -> bool:
+        s, i = stages_of[r][c], nxt[B][r][c]
+        if i >= nxt[F][r][c] or f_end[(s, i)] > t:
+            return False
+        done = f_end[(s, i)] if s == last else b_end.get((s + 1, i))
+        return done is not None and done <= t
+
+    remaining, t = 3 * p * v * m, 0
+    while remaining:
+        for r in range(p):
+            if busy[r] > t:
+                continue
+            view = RankView(sum(nxt[F][r][c] - nxt[W][r][c] for c in range(v)),
+                            tuple(c for c in range(v) if f_ready(r, c, t)),
+                            tuple(c for c in range(v) if b_ready(r, c, t)), tuple(nxt[B][r]), tuple(w_queue[r]))
+            choice = policy(view)
+            if choice is None:
+                continue
+            kind, c = choice
+            runnable = {F: view.forward, B: view.backward, W: [w[0] for w in view.weights]}[kind]
+            if c not in runnable:  # a policy bug, not a user error: say so rather than build a wrong plan
+                raise RuntimeError(f"{name}: the policy chose {kind} on chunk {c} of rank {r}, which cannot run now")
+            s, i = stages_of[r][c], nxt[kind][r][c]
+            nxt[kind][r][c] += 1
+            out[r].append(Action(kind, i, s))
+            busy[r] = t + cost[kind]
+            remaining -= 1
+            if kind == F:
+                f_end[(s, i)] = busy[r]
+            elif kind == B:
+                b_end[(s, i)] = busy[r]
+                w_queue[r].append((c, i))
+            else:
+                w_queue[r].remove((c, i))
+        t += 1
+        if t > 12 * p * v * m * max(costs) + 8:  # a policy that starves itself: a clear error, not a hang
+            raise RuntimeError(f"{name}: the list scheduler stopped making progress (p={p}, m={m}, v={v})")
+    return with_communication(name, out, p, m, virtual_stages=v, placement=placement)
+
+
 def zero_bubble_theory(num_ranks: int, n_microbatches: int) -> float:
     """ZB-H1's idle share with unit F, B and W: ``(p-1)/(3m+p-1)`` (valid for ``m >= p``).
 
@@ -115,4 +225,4 @@ def zero_bubble_theory(num_ranks: int, n_microbatches: int) -> float:
     return (p - 1) / (3 * m + p - 1)
 
 
-__all__ = ["zero_bubble_plan", "zero_bubble_theory"]
+__all__ = ["RankView", "check_costs", "list_schedule", "zero_bubble_plan", "zero_bubble_theory"]

@@ -8,8 +8,8 @@ both the first stage and the last one (the loss), and rank ``p-1`` holds stages 
 split into ``B`` (input gradient, on the critical path) and ``W`` (weight gradient, deferred).
 
 How the plan is built (a pure function of ``p``, ``m`` and the relative costs, default
-F = B = W = 1 per stage): a list scheduler walks all ranks in unit time steps and, whenever a
-rank is free, runs the first of
+F = B = W = 1 per stage): a list scheduler (:func:`.zero_bubble.list_schedule`) walks all
+ranks in unit time steps and, whenever a rank is free, runs the first of
 
 1. the oldest pending ``W`` if the rank is within one slot of the memory bound below;
 2. a ready ``F``, chunk 1 before chunk 0 (the forward wave runs ahead, as in the paper's V);
@@ -51,15 +51,8 @@ Example::
 
 from __future__ import annotations
 
-from neural_arch.distributed.parallel.pipeline.schedules import (
-    Action,
-    B,
-    F,
-    PipelinePlan,
-    W,
-    _check,
-    with_communication,
-)
+from neural_arch.distributed.parallel.pipeline.schedules import B, F, PipelinePlan, W, _check
+from neural_arch.distributed.parallel.pipeline.zero_bubble import RankView, check_costs, list_schedule
 
 
 def zero_bubble_v_plan(num_stages: int, n_microbatches: int, costs: tuple[int, int, int] = (1, 1, 1)) -> PipelinePlan:
@@ -72,80 +65,23 @@ def zero_bubble_v_plan(num_stages: int, n_microbatches: int, costs: tuple[int, i
     their ``F`` and their ``W`` on any rank.
     """
     _check(num_stages, n_microbatches)
-    if (not isinstance(costs, (tuple, list)) or len(costs) != 3
-            or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in costs)):
-        raise ValueError(f"costs={costs!r} must be 3 positive ints, the relative durations of F, B and W, "
-                         "e.g. costs=(2, 1, 1) when a forward takes twice a B or a W")
-    p, m = num_stages, n_microbatches
-    cost = dict(zip((F, B, W), costs))
-    busy = [0] * p                                  # per rank: time its running action ends
-    last = 2 * p - 1
+    costs = check_costs(costs)
+    p = num_stages
     limit = 2 * p
-    chunks = [(r, last - r) for r in range(p)]      # rank -> (chunk-0 stage, chunk-1 stage)
-    nxt = {k: [[0, 0] for _ in range(p)] for k in (F, B, W)}  # kind -> rank -> chunk -> next micro-batch
-    f_end: dict[tuple[int, int], int] = {}          # (stage, micro-batch) -> end time of its F
-    b_end: dict[tuple[int, int], int] = {}
-    w_queue: list[list[tuple[int, int]]] = [[] for _ in range(p)]  # per rank: (chunk, mb) with B done, W not
-    out: list[list[Action]] = [[] for _ in range(p)]
 
-    def b_ready(r: int, c: int, t: int) -> bool:
-        s, i = chunks[r][c], nxt[B][r][c]
-        if i >= nxt[F][r][c] or f_end[(s, i)] > t:
-            return False
-        if s == last:
-            return True
-        done = b_end.get((s + 1, i))
-        return done is not None and done <= t
+    def policy(rank: RankView):  # chunk 0 is stage r (down the V), chunk 1 stage 2p-1-r (back up)
+        if rank.weights and rank.alive >= limit - 1:
+            return W, rank.weights[0][0]          # free memory before the bound blocks a forward
+        if 1 in rank.forward and rank.alive < limit:
+            return F, 1
+        if 0 in rank.forward and rank.alive < limit - 1:
+            return F, 0                           # keeps one slot for chunk 1: no deadlock
+        if rank.backward:
+            return B, min(rank.backward, key=lambda c: rank.next_b[c])
+        return (W, rank.weights[0][0]) if rank.weights else None
 
-    def f_ready(r: int, c: int, t: int) -> bool:
-        s, i = chunks[r][c], nxt[F][r][c]
-        if i >= m:
-            return False
-        if s == 0:
-            return True
-        done = f_end.get((s - 1, i))
-        return done is not None and done <= t
-
-    total = 6 * p * m
-    t = 0
-    while sum(len(o) for o in out) < total:
-        for r in range(p):
-            if busy[r] > t:
-                continue
-            alive = sum(nxt[F][r][c] - nxt[W][r][c] for c in (0, 1))
-            ready_b = [c for c in (0, 1) if b_ready(r, c, t)]
-            if w_queue[r] and alive >= limit - 1:
-                choice = (W, w_queue[r][0][0])     # free memory before the bound blocks a forward
-            elif f_ready(r, 1, t) and alive < limit:
-                choice = (F, 1)
-            elif f_ready(r, 0, t) and alive < limit - 1:
-                choice = (F, 0)                    # keeps one slot for chunk 1: no deadlock
-            elif ready_b:
-                choice = (B, min(ready_b, key=lambda c: nxt[B][r][c]))
-            elif w_queue[r]:
-                choice = (W, w_queue[r][0][0])
-            else:
-                choice = None
-            if choice is None:
-                continue
-            kind, c = choice
-            s = chunks[r][c]
-            i = nxt[kind][r][c]
-            nxt[kind][r][c] += 1
-            out[r].append(Action(kind, i, s))
-            busy[r] = t + cost[kind]
-            if kind == F:
-                f_end[(s, i)] = busy[r]
-            elif kind == B:
-                b_end[(s, i)] = busy[r]
-                w_queue[r].append((c, i))
-            else:
-                w_queue[r].pop(0)
-        t += 1
-        if t > 4 * total * max(costs) + 8:  # cannot happen with the reserved chunk-1 slot; a clear error, not a hang
-            raise RuntimeError(f"zero_bubble_v_plan({p}, {m}): the list scheduler stopped making progress")
-    name = "ZB-V" if tuple(costs) == (1, 1, 1) else f"ZB-V(costs={tuple(costs)})"
-    return with_communication(name, out, p, m, virtual_stages=2, placement="v")
+    name = "ZB-V" if costs == (1, 1, 1) else f"ZB-V(costs={costs})"
+    return list_schedule(name, [(r, 2 * p - 1 - r) for r in range(p)], n_microbatches, costs, policy, 2, "v")
 
 
 def zero_bubble_v_theory(num_ranks: int, n_microbatches: int) -> float:
