@@ -85,23 +85,25 @@ class Span:
     (0.5, 3, True)
     """
 
-    __slots__ = ("_args", "_more", "_pending", "category", "end", "lane", "name", "start")
+    __slots__ = ("_args", "_source", "category", "end", "lane", "name", "start")
 
     def __init__(self, name: str, category: str, start: float, end: float, lane: str = "main",
                  args: dict[str, Any] | None = None) -> None:
         self.name, self.category, self.start, self.end, self.lane = name, category, start, end, lane
         self._args = {} if args is None else args
-        self._pending = self._more = None
+        self._source = None
 
     @property
     def args(self) -> dict[str, Any]:
         args = self._args
         if args is None:             # ended by end(): the started span's details, plus the end's
-            args = self._pending.args
-            if self._more:
-                args = {**args, **self._more}
-            self._args = args
-            self._pending = self._more = None
+            source = self._source    # one read: (the started span, the end's extra details)
+            if source is None:       # another thread built them between our two reads
+                return self._args
+            pending, more = source
+            args = {**pending.args, **more} if more else pending.args
+            self._args = args        # first, then drop the source (a reader in between finds _args)
+            self._source = None
         return args
 
     @property
@@ -177,7 +179,7 @@ def end(pending: Pending | None, **more_args: Any) -> None:
     if not OBSERVERS:
         return
     span = Span(pending.name, pending.category, pending.start, now(), pending.lane)
-    span._args, span._pending, span._more = None, pending, more_args   # details built when read
+    span._args, span._source = None, (pending, more_args)   # details built when read
     emit(span)
 
 

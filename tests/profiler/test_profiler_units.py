@@ -49,6 +49,24 @@ def test_end_observers_see_the_pending_and_span_subscribers_the_span():
     assert [s.name for s in spans] == ["b"]
 
 
+def test_span_details_are_built_once_when_first_read_and_merge_the_end_extras():
+    built, spans = [], []
+    events.subscribe(spans.append)
+    try:
+        tok = events.begin("all_reduce", "collective", "comm", None,
+                           lambda: built.append(1) or {"seq": 4, "algorithm": "?"})
+        events.end(tok, algorithm="ring")
+    finally:
+        events.unsubscribe(spans.append)
+    (span,) = spans
+    assert built == []                       # not on the producer's thread
+    assert span.args == {"seq": 4, "algorithm": "ring"} and built == [1]  # the end's value wins
+    assert span.args is span.args and built == [1]                     # built once
+    assert span == events.Span("all_reduce", "collective", span.start, span.end, "comm",
+                               {"seq": 4, "algorithm": "ring"})
+    assert "algorithm': 'ring'" in repr(span) and span.duration >= 0
+
+
 def test_record_function_categories_lanes_and_decorator():
     @record_function("optimizer.step")
     def step():
