@@ -41,7 +41,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from neural_arch.distributed.run.env import MPI_ENV_PREFIXES, free_port, package_root
+from neural_arch.distributed.run.env import MPI_ENV_PREFIXES, free_port, set_python_path
 from neural_arch.distributed.run.pool import RankFailure, RankPool, RankResult, mpiexec_path
 
 __all__ = ["LAUNCHER_VARS", "MPI_MISSING", "MpiexecResult", "MpiexecTimeout", "RankFailure", "RankPool",
@@ -103,10 +103,7 @@ def script_env(overrides: Mapping[str, str | None] | None = None,
     """
     env = {k: v for k, v in (os.environ if base is None else base).items()
            if k not in LAUNCHER_VARS and not k.startswith(MPI_ENV_PREFIXES)}
-    paths = [package_root(), *(p for p in sys.path if p and os.path.isdir(p)),
-             *env.get("PYTHONPATH", "").split(os.pathsep)]
-    seen: set = set()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p and not (p in seen or seen.add(p)))
+    set_python_path(env, [p for p in sys.path if p and os.path.isdir(p)])
     for var in _BLAS_THREADS:
         env.setdefault(var, "1")
     for key, value in (overrides or {}).items():

@@ -41,11 +41,12 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 __all__ = [
     "derive_job_token", "detect_launch_env", "expand_hostlist", "free_port", "install_parent_death_watch",
-    "is_torchelastic_launched", "launched_by_mpiexec", "parse_tasks_per_node", "rank_env", "report_ready", "setting",
+    "is_torchelastic_launched", "launched_by_mpiexec", "parse_tasks_per_node", "rank_env", "report_ready",
+    "set_python_path", "setting",
 ]
 
 DEFAULT_MASTER_PORT = 29500
@@ -364,10 +365,21 @@ def rank_env(base: Mapping[str, str] | None = None, *, rank: int | None, world_s
     if parent_pid is not None:
         env["NEURAL_ARCH_PARENT_PID"] = str(parent_pid)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    paths = [package_root(), *python_path, *env.get("PYTHONPATH", "").split(os.pathsep)]
+    set_python_path(env, python_path)
+    return env
+
+
+def set_python_path(env: dict, extra: Sequence[str] = ()) -> None:
+    """``env["PYTHONPATH"]`` = this package's folder, ``extra``, then the entries ``env`` had, each once
+    (what every process we start needs to import the same neural_arch).
+
+    >>> env = {"PYTHONPATH": "/b"}
+    >>> set_python_path(env, ["/a", "/b"]); env["PYTHONPATH"].split(os.pathsep)[1:]
+    ['/a', '/b']
+    """
+    paths = [package_root(), *extra, *env.get("PYTHONPATH", "").split(os.pathsep)]
     seen: set = set()
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p and not (p in seen or seen.add(p)))
-    return env
 
 
 def is_torchelastic_launched(environ: Mapping[str, str] | None = None) -> bool:

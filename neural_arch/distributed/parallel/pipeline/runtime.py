@@ -37,6 +37,7 @@ from neural_arch.distributed.parallel.pipeline.schedules import (
     Event,
     PipelinePlan,
     format_schedule,
+    generate_stage_to_rank_mapping,
     gpipe_plan,
     interleaved_1f1b_plan,
     one_f_one_b_plan,
@@ -127,9 +128,8 @@ class PipelineSchedule:
             raise ValueError(f"{type(self).__name__}: stages={got} on group rank {rank} do not follow the "
                              f"{self.placement!r} placement; pass the stages "
                              f"stage_indices({rank}, {size}, {self.virtual_stages}, style={self.placement!r}) = {want}")
-        mapping = {i: stage_to_rank(i, size, expected, self.placement) for i in range(expected)}
         for s in self.stages:
-            s.stage_index_to_group_rank = dict(mapping)
+            s.stage_index_to_group_rank = generate_stage_to_rank_mapping(size, expected, self.placement)
 
     # -- run -------------------------------------------------------------------------------------------
     def step(self, *args, target=None, losses: list | None = None, **kwargs):
@@ -302,14 +302,11 @@ def stage_indices(rank: int, num_ranks: int, virtual_stages: int = 1, style: str
     >>> stage_indices(0, 2, 2), stage_indices(0, 2, 2, style="v")
     ([0, 2], [0, 3])
     """
-    if style == "v":
-        if virtual_stages != 2:
-            raise ValueError(f"stage_indices(style='v'): the V placement holds exactly 2 stages per rank; pass "
-                             f"virtual_stages=2, got {virtual_stages!r}")
-        return [rank, 2 * num_ranks - 1 - rank]
-    if style != "loop":
-        raise ValueError(f"stage_indices(): style={style!r} must be 'loop' or 'v'")
-    return [rank + k * num_ranks for k in range(virtual_stages)]
+    if style == "v" and virtual_stages != 2:
+        raise ValueError(f"stage_indices(style='v'): the V placement holds exactly 2 stages per rank; pass "
+                         f"virtual_stages=2, got {virtual_stages!r}")
+    num_stages = num_ranks * virtual_stages   # the inverse of the one placement rule, stage_to_rank
+    return [s for s in range(num_stages) if stage_to_rank(s, num_ranks, num_stages, style) == rank]
 
 
 __all__ = ["PipelineSchedule", "Schedule1F1B", "ScheduleGPipe", "ScheduleInterleaved1F1B",

@@ -23,6 +23,7 @@ import numpy as np
 from neural_arch.core.tensor import Tensor
 from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.groups import get_default_group
+from neural_arch.distributed.parallel.pipeline.schedules import generate_stage_to_rank_mapping, stage_to_rank
 from neural_arch.distributed.parallel.pipeline.weight_grad import WeightGradStash, defer_linear_weight_grads
 from neural_arch.distributed.process_group import GroupMember, ProcessGroup
 from neural_arch.nn.module import Module
@@ -70,8 +71,8 @@ class PipelineStage:
         rank = self.group.rank()
         # stage s runs on group rank s % size ("loop"), or, with two stages per rank, in ZB-V's
         # "v" placement (ranks r and 2*size-1-r): the schedule that runs the stage picks which
-        v_rank = stage_index if stage_index < size else num_stages - 1 - stage_index
-        if stage_index % size != rank and not (num_stages == 2 * size and v_rank == rank):
+        in_v = num_stages == 2 * size and stage_to_rank(stage_index, size, num_stages, "v") == rank
+        if stage_to_rank(stage_index, size, num_stages) != rank and not in_v:
             v_hint = f" (ZB-V: {rank} and {2 * size - 1 - rank})" if num_stages == 2 * size else ""
             raise ValueError(f"PipelineStage: stage {stage_index} belongs on group rank {stage_index % size}, but "
                              f"this process is group rank {rank} of {self.group.ranks}; build stage "
@@ -83,7 +84,7 @@ class PipelineStage:
         self.is_first = stage_index == 0
         self.is_last = stage_index == num_stages - 1
         #: torch's name: stage index -> group rank; the ZB-V schedule sets the "v" placement
-        self.stage_index_to_group_rank = {s: s % size for s in range(num_stages)}
+        self.stage_index_to_group_rank = generate_stage_to_rank_mapping(size, num_stages)
         # micro-batch -> (input leaf or None, output tensor, loss or None)
         self._cache: dict[int, tuple[Tensor | None, Tensor, Tensor | None]] = {}
         # micro-batch -> deferred weight gradients (split backward), from its forward to its W
