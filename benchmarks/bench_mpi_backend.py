@@ -17,7 +17,10 @@ backend's watchdog wait does, without any Python around it), ``persistent`` = a 
 ``Allreduce_init`` request on a staging buffer, ``Start`` + the same ``Waitany`` + two copies (what
 the backend does up to ``PERSISTENT_MAX_BYTES``), ``blocking`` = the backend created with
 ``blocking_collectives=True`` (all_reduces above ``PERSISTENT_MAX_BYTES`` call the blocking
-``MPI_Allreduce``; a deadline aborts the job).
+``MPI_Allreduce``; a deadline aborts the job), ``pairwise`` (2 ranks) = ``Irecv`` + ``Isend`` of the whole
+buffer on a duplicate communicator, two ``Waitany`` and one ``np.add`` (the algorithm the backend runs
+for 2-rank all_reduces of ``PAIRWISE_MIN_BYTES`` .. ``PAIRWISE_MAX_BYTES``), ``unpaired`` (2 ranks) = the
+backend created with ``pairwise_max_bytes=0`` (MPICH's Iallreduce at every size).
 
 Usage::
 
@@ -30,9 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 
@@ -41,6 +42,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from benchmarks._common import format_table, thread_env, write_json
+from neural_arch.distributed.testing import run_mpiexec
 
 SIZES = [1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22]
 
@@ -87,9 +89,25 @@ def worker(args) -> None:
             while MPI.Request.Waitany(pair) != 0:
                 pass
             x[...] = stage
+        pair_comm, peer, scratch = comm.Dup(), comm.Get_rank() ^ 1, {}
+        trio = [None, None, wake]
+
+        def pairwise(x, out):
+            # what the backend does for 2-rank all_reduces of 16 KiB-4 MiB: one whole-buffer exchange + one add
+            other = scratch.get(x.nbytes)
+            if other is None:
+                other = scratch[x.nbytes] = np.empty_like(x)
+            trio[0], trio[1] = pair_comm.Irecv(other, peer, 0), pair_comm.Isend(x, peer, 0)
+            MPI.Request.Waitany(trio)
+            MPI.Request.Waitany(trio)
+            np.add(x, other, out=x)
         blocking = MPIBackend.create(None, timeout=120, blocking_collectives=True)
         probes = {"nb-wait": lambda x, out: comm.Iallreduce(MPI.IN_PLACE, x).Wait(), "nb-waitany": nb_waitany,
                   "persistent": persistent_waitany, "blocking": lambda x, out: blocking.allreduce(x)}
+        if world == 2:
+            probes["pairwise"] = pairwise
+            unpaired = MPIBackend.create(None, timeout=120, pairwise_max_bytes=0)
+            probes["unpaired"] = lambda x, out: unpaired.allreduce(x)
     else:
         probes = {}
     times: dict = {}
@@ -121,8 +139,11 @@ def worker(args) -> None:
     backend.shutdown()
     if probes:
         blocking.shutdown()
+        if world == 2:
+            unpaired.shutdown()
         wake.Cancel()
         wake.Wait()
+        pair_comm.Free()
         for req, _stage in persistent.values():
             req.Free()
     if comm.Get_rank() == 0:
@@ -147,13 +168,12 @@ def main(argv=None) -> None:
     args.sizes = [int(s) for s in args.size_list.split(",")]
     if args.worker:
         return worker(args)
-    mpiexec = shutil.which("mpiexec") or os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    env = thread_env(1)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [mpiexec, "-n", str(args.ranks), sys.executable, os.path.abspath(__file__), "--worker",
-           "--ops", args.ops, "--rounds", str(args.rounds), "--size-list", args.size_list, "--stat", args.stat]
-    cmd += ["--probes"] if args.probes else []
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout, check=False)
+    # run_mpiexec: a clean environment (one BLAS thread per rank) and, past --timeout, the whole job
+    # reaped (mpiexec, its proxy and every rank), not only mpiexec
+    worker_args = ["--worker", "--ops", args.ops, "--rounds", args.rounds, "--size-list", args.size_list,
+                   "--stat", args.stat] + (["--probes"] if args.probes else [])
+    proc = run_mpiexec(os.path.abspath(__file__), args.ranks, args=worker_args, env=thread_env(1, base={}),
+                       timeout=args.timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"mpiexec failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -171,14 +191,22 @@ def main(argv=None) -> None:
         print(f"\n{op}, {args.ranks} ranks, float32, interleaved rounds: slowest rank's {args.stat}")
         print(format_table(rows, ["size", "mpi backend us", "raw mpi4py us", "speed vs raw", "latency vs raw"]))
         if args.probes and op == "all_reduce":
-            rows = [[_label(n)] + [f"{result['results'][f'{op}:{n}:{k}'] * 1e6:.1f}" for k in
-                                   ("mpi", "blocking", "persistent", "nb-waitany", "nb-wait", "mpi4py")]
+            probe_names = ["mpi", "blocking", "persistent", "nb-waitany", "nb-wait", "mpi4py"]
+            headers = ["size", "mpi backend", "blocking backend", "persistent+copies", "Iallreduce+Waitany",
+                       "Iallreduce+Wait", "Allreduce"]
+            if args.ranks == 2:
+                probe_names[1:1] = ["unpaired"]
+                headers[2:2] = ["backend, pairwise off"]
+                probe_names.insert(4, "pairwise")
+                headers.insert(5, "exchange+add")
+            rows = [[_label(n)] + [f"{result['results'][f'{op}:{n}:{k}'] * 1e6:.1f}" for k in probe_names]
                     + [f"{result['results'][f'{op}:{n}:mpi4py'] / result['results'][f'{op}:{n}:nb-wait']:.2f}x"]
                     for n in args.sizes]
-            print("\nwhere the time goes (us): the backend, the backend with blocking_collectives=True, a "
-                  "persistent request, its wait alone, MPICH's nonblocking collective, the blocking one")
-            print(format_table(rows, ["size", "mpi backend", "blocking backend", "persistent+copies", "Iallreduce+Waitany",
-                                      "Iallreduce+Wait", "Allreduce", "nonblocking speed vs blocking"]))
+            print("\nwhere the time goes (us): the backend, (2 ranks) the backend without the pairwise exchange, "
+                  "the backend with blocking_collectives=True, a persistent request, (2 ranks) the pairwise "
+                  "exchange + add alone, MPICH's nonblocking collective with the backend's wait and with Wait, "
+                  "the blocking one")
+            print(format_table(rows, headers + ["nonblocking speed vs blocking"]))
     print(f"\nload average (1 min) at the end: {payload['loadavg_1min']:.1f}")
     print(f"\nwrote {write_json(args.out, payload)}")
 

@@ -42,3 +42,18 @@ def test_mpi_contenders_report_once_per_rank(tmp_path):  # the mpi marker skips 
     assert payload["skipped"] == {}, payload["skipped"]
     for kind in ("mpi", "mpi4py"):
         assert payload["results"][kind]["all_reduce"]["1024"] > 0
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(180)
+def test_mpi_backend_benchmark_reports_every_contender(tmp_path):
+    """bench_mpi_backend.py: the backend, raw mpi4py and the probes, interleaved in one mpiexec job."""
+    out = tmp_path / "mpi_backend.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_mpi_backend.py"), "--rounds", "2",
+                           "--size-list", "1024,4096", "--probes", "--timeout", "90", "--out", str(out)],
+                          check=False, capture_output=True, text=True, timeout=150, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(out.read_text())["results"]
+    for size in (1024, 4096):
+        for name in ("mpi", "mpi4py", "nb-wait", "nb-waitany", "persistent", "blocking", "pairwise", "unpaired"):
+            assert results[f"all_reduce:{size}:{name}"] > 0, (size, name)

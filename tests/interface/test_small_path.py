@@ -74,6 +74,40 @@ def test_sync_call_returns_a_finished_work_with_the_array():
     assert seen == [work]
 
 
+def test_the_fused_path_reuses_its_opinfo_only_while_nobody_else_holds_it(monkeypatch):
+    import neural_arch.distributed.comm.backend as backend_module
+
+    built = []
+
+    class Counted(OpInfo):
+        __slots__ = ()
+
+        def __init__(self, *args, **kwargs):
+            built.append(args[1])                 # the sequence number it was built for
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(backend_module, "OpInfo", Counted)
+    b = Echo()
+    x32, x64 = np.ones(4, np.float32), np.ones(3)
+    first = b.allreduce(x32)
+    second = b.allreduce(x64, ReduceOp.MAX)       # the first Work holds op 1's OpInfo: a new one
+    assert built == [1, 2] and first.info is not second.info
+    assert (first.info.seq, first.info.dtype, first.info.reduce_op, first.info.shape) == (1, "float32", "sum", (4,))
+    assert (second.info.seq, second.info.dtype, second.info.reduce_op, second.info.shape) == (2, "float64", "max", (3,))
+    assert second.wait() is True and second.exception() is None and second.result() is x64
+    del first, second
+    b.allreduce(x32)                              # Works dropped at once: op 2's OpInfo becomes op 3's...
+    b.allreduce(x64, ReduceOp.MIN, False, False)  # ...and op 4's
+    assert built == [1, 2]
+    info = b._fast_info                           # renewed field by field, wire word included
+    assert (info.seq, info.dtype, info.reduce_op, info.shape) == (4, "float64", "min", (3,))
+    assert info.wire == wire_word("all_reduce", 4, "float64", "min") and info.deadline > time.monotonic()
+    held = [info]                                 # kept (as a recorded span or the stall inspector keeps it)
+    del info
+    b.allreduce(x32)
+    assert built == [1, 2, 5] and held[0].seq == 4 and b._fast_info.seq == 5
+
+
 def test_validation_errors_come_first_and_use_no_sequence_number():
     b = Echo()
     ro = np.ones(3)

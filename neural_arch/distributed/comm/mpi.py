@@ -3,7 +3,8 @@
 Every primitive maps to one MPI call on the array's own buffer (never mpi4py's lowercase,
 pickling methods): ``Iallreduce`` with ``MPI.IN_PLACE``, ``Ibcast``, ``Ireduce``,
 ``Iallgather``, ``Igather``, ``Iscatter``, ``Ireduce_scatter_block``, ``Ialltoall``,
-``Isend``/``Irecv`` with tags, ``Ibarrier``. Sub-groups are ``Comm.Split`` communicators.
+``Isend``/``Irecv`` with tags, ``Ibarrier`` -- except a two-rank all_reduce of 16-512 KiB, which is
+one ``Irecv`` + ``Isend`` pair (below). Sub-groups are ``Comm.Split`` communicators.
 
 Why the nonblocking variants: a blocking MPI call cannot be interrupted, so a rank that never
 arrives would hang its peers forever. Each call here starts the nonblocking operation and waits
@@ -26,10 +27,14 @@ was a third of a 1 KiB all_reduce. Their init is collective and they match only 
 the cache holds only (bytes, dtype, op) keys that every rank agreed on (one tiny check the first
 time a key is seen) and each request works on a staging buffer of the backend's own; a cache keyed
 by the caller's buffer address would hit on one rank and miss on another, i.e. call a collective on
-some ranks only (see ``MPIBackend._new_persistent``). Larger ones are ``Iallreduce`` on the
-caller's array + one ``Waitany``, not the blocking ``MPI_Allreduce``: on busy cores (2 ranks, load
-11-15 on 2 cores) MPICH 5's blocking all_reduce took 2.5-37x as long at 64-256 KiB, in 5 of 5 runs
-(``MPIBackend.create``'s ``blocking_collectives=True`` opts in to it, with a job abort at the deadline).
+some ranks only (see ``MPIBackend._new_persistent``). On two ranks, all_reduces of 16-512 KiB are one
+exchange of the whole buffer (``Irecv`` + ``Isend`` on a private duplicate communicator, one
+``Waitany``) and one NumPy reduction in rank order, the same bits on both ranks: MPICH's nonblocking
+all_reduce takes two steps there (``PAIRWISE_MIN_BYTES``; ``bench_mpi_backend.py --probes``).
+Others are ``Iallreduce`` on the caller's array + one ``Waitany``, not the blocking ``MPI_Allreduce``:
+on busy cores (2 ranks, load 11-15 on 2 cores) MPICH 5's blocking all_reduce took 2.5-37x as long at
+64-256 KiB, in 5 of 5 runs (``MPIBackend.create``'s ``blocking_collectives=True`` opts in to it, with
+a job abort at the deadline).
 
 **Timeout and abort policy.** MPI cannot cancel a started collective: after a timeout the
 request is still pending inside MPI, its buffer still in use, and the communicator unusable.
@@ -72,6 +77,7 @@ import numpy as np
 
 from neural_arch.backend import to_device_like, to_host
 from neural_arch.distributed import config
+from neural_arch.distributed.comm.algorithms.executor import _UFUNCS as _REDUCE
 from neural_arch.distributed.comm.backend import (
     SUPPORTED_DTYPES,
     Backend,
@@ -107,6 +113,21 @@ _WATCHDOG_S = config.get("NEURAL_ARCH_MPI_WATCHDOG_S")
 # all_reduce differently), so only the smallest messages take it.
 PERSISTENT_MAX_BYTES = 2 << 10
 _PERSISTENT_ENTRIES = 256
+
+# Two-rank all_reduces of PAIRWISE_MIN_BYTES .. PAIRWISE_MAX_BYTES are one exchange of the whole buffer
+# (Irecv + Isend on a private duplicate communicator, one Waitany) and one NumPy reduction, in rank
+# order on both ranks (MPIBackend._pairwise_allreduce). MPICH's nonblocking all_reduce takes two steps
+# there (reduce-scatter, then all-gather: its rule for every power-of-two count above 2 KiB). Measured
+# with raw mpi4py (2 ranks, MPICH 5.0.2, 31 interleaved rounds, quiet machine, three runs), exchange +
+# add against Iallreduce + Waitany: 10.1-11.2 vs 11.8-12.7 us at 16 KiB, 18.7-19.4 vs 21.4-22.1 at 64
+# KiB, 51-52 vs 56-57 at 256 KiB. It loses at 8-12 KiB (a whole-buffer message crosses MPICH's eager
+# limit before Iallreduce's halves do). From 1 MiB it moves and reduces twice Iallreduce's bytes per
+# rank: 18% faster on a quiet machine, 8-31% slower at 1-4 MiB when memory bandwidth is contended (the
+# same run, benchmarks/bench_mpi_backend.py --probes), so the default window ends at 512 KiB, where it
+# won in both states. NEURAL_ARCH_MPI_PAIRWISE_MAX_BYTES / create(pairwise_max_bytes=) move the end.
+PAIRWISE_MIN_BYTES = 16 << 10
+PAIRWISE_MAX_BYTES = config.get("NEURAL_ARCH_MPI_PAIRWISE_MAX_BYTES", {})   # the default (512 KiB)
+_PAIRWISE_VIEWS = 256       # cached scratch views (one per size and dtype) before the cache starts over
 _OP_CODES = {"sum": 1, "avg": 2, "max": 3, "min": 4, "product": 5}
 
 _ATEXIT_INSTALLED = False
@@ -158,6 +179,13 @@ class MPIBackend(Backend):
         self._persistent: dict = {}
         #: all_reduces above PERSISTENT_MAX_BYTES call the blocking MPI_Allreduce (see create())
         self._blocking = bool(blocking_collectives)
+        #: two-rank groups: the pairwise exchange's communicator and size window (_enable_pairwise)
+        self._pair_comm = None
+        self._pair_min, self._pair_max = 1 << 62, 0          # (empty window: off)
+        self._pair_buf: np.ndarray | None = None             # scratch for the peer's buffer
+        self._pair_views: dict = {}                           # (bytes, dtype.num) -> view of _pair_buf
+        self._pair_status = None
+        self._pair_limit = 0                                  # the agreed pairwise_max_bytes, for sub-groups
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -168,7 +196,8 @@ class MPIBackend(Backend):
     @classmethod
     def create(cls, store=None, rank: int | None = None, world_size: int | None = None,
                timeout: float = 300.0, rendezvous_timeout: float | None = None,
-               blocking_collectives: bool = False, **options) -> MPIBackend:
+               blocking_collectives: bool = False, pairwise_max_bytes: int | None = None,
+               **options) -> MPIBackend:
         """The world communicator. MPI decides rank and size; explicit ones must agree.
 
         ``store`` is unused (MPI has its own rendezvous). Every rank must call this: it first
@@ -183,6 +212,10 @@ class MPIBackend(Backend):
         missing ranks): a blocking call cannot return an error to its caller. Off by default: it
         turns timeouts into job aborts, and MPICH 5's blocking all_reduce degrades badly on busy
         cores (module docstring); compare with ``benchmarks/bench_mpi_backend.py --probes``.
+
+        ``pairwise_max_bytes`` (default ``NEURAL_ARCH_MPI_PAIRWISE_MAX_BYTES``, 512 KiB; 0 turns it off;
+        checked equal on every rank at the rendezvous): on two ranks, all_reduces of
+        ``PAIRWISE_MIN_BYTES`` up to this many bytes are one exchange (``_pairwise_allreduce``).
         """
         global _ATEXIT_INSTALLED
         MPI = _mpi(rendezvous_timeout if rendezvous_timeout is not None else None)
@@ -205,11 +238,20 @@ class MPIBackend(Backend):
         # the barrier is a MAX of (flag, -flag): equal everywhere iff every rank chose the same mode
         # (blocking and nonblocking collectives never match each other: mixed ranks would hang)
         flag = int(bool(blocking_collectives))
-        agreed = np.array([flag, -flag], np.int64)
+        pair_max = int(config.get("NEURAL_ARCH_MPI_PAIRWISE_MAX_BYTES") if pairwise_max_bytes is None
+                       else pairwise_max_bytes)
+        if pair_max < 0:
+            raise ValueError(f"backend 'mpi': pairwise_max_bytes={pair_max} must be >= 0 (0 turns the pairwise "
+                             "all_reduce off)")
+        agreed = np.array([flag, -flag, pair_max, -pair_max], np.int64)
         probe._poll([world.Iallreduce(MPI.IN_PLACE, agreed, MPI.MAX)], info)
         if int(agreed[0]) != -int(agreed[1]):
             raise ValueError("backend 'mpi': blocking_collectives differs across ranks; pass the same value on "
                              "every rank (blocking and nonblocking MPI collectives never match each other)")
+        if int(agreed[2]) != -int(agreed[3]):
+            raise ValueError("backend 'mpi': pairwise_max_bytes (NEURAL_ARCH_MPI_PAIRWISE_MAX_BYTES) differs across "
+                             "ranks; set the same value on every rank (a pairwise exchange never matches an "
+                             "Iallreduce)")
         threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
         if flag and not threaded:
             raise NotImplementedError("blocking_collectives=True needs MPI_THREAD_MULTIPLE (its deadline watchdog "
@@ -221,6 +263,7 @@ class MPIBackend(Backend):
             backend._watchdog = Watchdog(MPI, private, interval)
             backend._presence = Presence(MPI, private, backend._watchdog)
             backend._owns_presence = True
+            backend._enable_pairwise(pair_max)
             # Before MPI_Finalize (mpi4py's own atexit hook, registered earlier, so run later):
             # the threads' posted receives would otherwise be reported as leaked by UCX.
             atexit.register(backend._stop_helpers)
@@ -357,6 +400,9 @@ class MPIBackend(Backend):
                     req.Start()
                     watchdog.wait_one(req, info)
                     flat[...] = stage
+                elif self._pair_min <= nbytes <= self._pair_max:
+                    self._pairwise_allreduce(array if array.ndim == 1 else array.reshape(-1), op, info)
+                    return
                 elif self._blocking:
                     self._blocking_allreduce(array, op, info)
                 else:
@@ -381,6 +427,13 @@ class MPIBackend(Backend):
             req.Start()
             self._wait([req], info)
             to_device_like(stage, red, out=red)
+        elif self._pair_min <= red.nbytes <= self._pair_max and red.__class__ is np.ndarray:
+            # (the decision the hot path makes for the same bytes; a CUDA-aware CuPy buffer keeps
+            # Iallreduce, so a job mixing it with host arrays on one MPI group gets a timeout error)
+            self._pairwise_allreduce(red, op, info)
+            self._store(host, red)
+            self._back(array, host)
+            return
         elif self._blocking:
             self._blocking_allreduce(red, op, info)
         else:
@@ -402,6 +455,66 @@ class MPIBackend(Backend):
             raise self._mpi_failed(info, exc) from None
         finally:
             watchdog.end_blocking(slot)
+
+    def _enable_pairwise(self, max_bytes: int) -> None:
+        """Two-rank groups with the watchdog and nonblocking collectives: all_reduces of
+        ``PAIRWISE_MIN_BYTES`` .. ``PAIRWISE_MAX_BYTES`` become one exchange (:meth:`_pairwise_allreduce`)
+        on a duplicate of the group's communicator, so its messages never meet the user's own
+        point-to-point traffic on this group. Collective (``Comm.Dup``): called where every member
+        builds the backend, which depends only on the group size and the MPI library's thread level
+        and options (the same on every rank, so every rank makes the same choice at every op)."""
+        self._pair_limit = int(max_bytes)
+        if self._size != 2 or self._watchdog is None or self._blocking or max_bytes < PAIRWISE_MIN_BYTES:
+            return
+        self._pair_comm = self.comm.Dup()
+        self._pair_status = self._MPI.Status()
+        self._peer, self._BYTE = 1 - self._rank, self._MPI.BYTE
+        self._pair_min, self._pair_max = PAIRWISE_MIN_BYTES, int(max_bytes)
+
+    def _pairwise_allreduce(self, flat, op: ReduceOp, info: OpInfo) -> None:
+        """A two-rank all_reduce of the flat NumPy array ``flat``, in place: each rank sends its whole
+        buffer to the other and receives the peer's (both posted before either waits, so neither can
+        block the other), then both apply ``op`` to (rank 0's, rank 1's) in that order -- the same
+        operation on the same operands, so both ranks hold the same bits (also for MAX of +0.0 and
+        -0.0, where the operand order decides). A peer whose buffer has another size is an error on
+        both ranks: MPI's truncation error on the smaller side, the byte count check on the larger."""
+        key = (flat.nbytes, flat.dtype.num)
+        other = self._pair_views.get(key)
+        if other is None:
+            other = self._pair_scratch(flat, key)
+        peer = self._peer
+        comm, status = self._pair_comm, self._pair_status
+        try:
+            self._watchdog.wait_two(comm.Irecv(other, peer, 0), comm.Isend(flat, peer, 0), info, status)
+        except DeadlinePassed:
+            raise self._timeout(info, time.monotonic() - (info.deadline - self.timeout), None) from None
+        except self._MPI.Exception as exc:
+            raise self._mpi_failed(info, exc) from None
+        got = status.Get_count(self._BYTE)
+        if got != flat.nbytes:
+            raise DistributedError(f"{info.describe()} on group {list(info.group_ranks)}: rank "
+                                   f"{self.global_rank(peer)} sent {got} bytes but this rank's array holds "
+                                   f"{flat.nbytes}; every rank must pass the same shape and dtype")
+        ufunc = _REDUCE[op]
+        if self._rank == 0:
+            ufunc(flat, other, out=flat)
+        else:
+            ufunc(other, flat, out=flat)
+        if op is _AVG:
+            finish_average(flat, 2)
+
+    def _pair_scratch(self, flat, key):
+        """A view, shaped like ``flat``, of the scratch buffer that receives the peer's data."""
+        nbytes = flat.nbytes
+        buf = self._pair_buf
+        if buf is None or buf.nbytes < nbytes or len(self._pair_views) >= _PAIRWISE_VIEWS:
+            if buf is None or buf.nbytes < nbytes:
+                # grow geometrically (DDP's buckets come in a few sizes), never past the window
+                size = max(nbytes, min(2 * (0 if buf is None else buf.nbytes), self._pair_max))
+                self._pair_buf = buf = np.empty(size, np.uint8)
+            self._pair_views.clear()
+        view = self._pair_views[key] = buf[:nbytes].view(flat.dtype)
+        return view
 
     def _abort_blocked(self, info: OpInfo, still_blocked) -> None:
         """The watchdog thread, at the deadline of a blocking call: name the late ranks, then abort the job."""
@@ -581,8 +694,10 @@ class MPIBackend(Backend):
             sub = self.comm.Split(0 if member else MPI.UNDEFINED, ranks.index(self._rank) if member else 0)
         if not member:
             return None
-        return MPIBackend(sub, self.timeout, [self.group_ranks[r] for r in ranks], self.debug, self._presence,
-                          self._watchdog, self._blocking)
+        backend = MPIBackend(sub, self.timeout, [self.group_ranks[r] for r in ranks], self.debug, self._presence,
+                             self._watchdog, self._blocking)
+        backend._enable_pairwise(self._pair_limit)   # (collective over the sub-group's members: all are here)
+        return backend
 
     def _shutdown(self) -> None:
         if self._fatal is None and not _BROKEN:
@@ -593,6 +708,8 @@ class MPIBackend(Backend):
         if self._fatal is None and not _BROKEN and self.comm != self._MPI.COMM_WORLD:
             try:
                 with self._mpi_lock:
+                    if self._pair_comm is not None:
+                        self._pair_comm.Free()
                     self.comm.Free()
             except self._MPI.Exception:
                 pass

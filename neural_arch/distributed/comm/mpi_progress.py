@@ -70,7 +70,7 @@ class DeadlinePassed(Exception):
 class _Slot:
     """One waiting thread's wake-up request and what it waits on right now."""
 
-    __slots__ = ("abort", "buf", "fired", "info", "pair", "req", "tag")
+    __slots__ = ("abort", "buf", "fired", "info", "pair", "req", "tag", "trio")
 
     def __init__(self, comm, me: int, tag: int):
         self.tag = tag
@@ -79,7 +79,13 @@ class _Slot:
         self.info: OpInfo | None = None      # the op this thread waits in (None: not waiting)
         self.fired: OpInfo | None = None     # the op the watchdog last woke this thread for
         self.abort = None                     # set while the thread is in a *blocking* MPI call
-        self.pair = [None, self.req]          # reused request list for the one-request case
+        self.pair = [None, self.req]          # reused request lists for the one- and two-request cases
+        self.trio = [None, None, self.req]
+
+    def rearm(self, comm, me: int):
+        """Post a new wake-up receive after one completed (everywhere the lists above hold it)."""
+        self.req = self.pair[1] = self.trio[2] = comm.Irecv(self.buf, me, self.tag)
+        return self.req
 
 
 class Watchdog:
@@ -127,10 +133,7 @@ class Watchdog:
                     remaining -= 1
                     continue
                 # the wake-up: re-arm it, then decide whether it was meant for this op
-                slot.req = self.comm.Irecv(slot.buf, self.me, slot.tag)
-                reqs[n] = slot.req
-                if n != 1:
-                    slot.pair[1] = slot.req
+                reqs[n] = slot.rearm(self.comm, self.me)
                 if slot.fired is info:
                     raise DeadlinePassed(info.describe())
                 # else: a late wake-up for an earlier op that completed as the watchdog fired
@@ -148,13 +151,37 @@ class Watchdog:
         try:
             while self._waitany(reqs) != 0:
                 # the wake-up: re-arm it, then decide whether it was meant for this op
-                slot.req = reqs[1] = self.comm.Irecv(slot.buf, self.me, slot.tag)
+                slot.rearm(self.comm, self.me)
                 if slot.fired is info:
                     raise DeadlinePassed(info.describe())
                 # else: a late wake-up for an earlier op that completed as the watchdog fired
         finally:
             slot.info = None
             reqs[0] = None   # do not keep the op's request (and its buffer) alive
+
+    def wait_two(self, first, second, info: OpInfo, status) -> None:
+        """:meth:`wait` for two requests (an exchange's receive and send) without building a list;
+        ``status`` receives ``first``'s status."""
+        slot = getattr(self._local, "slot", None) or self._slot()
+        reqs = slot.trio
+        reqs[0] = first
+        reqs[1] = second
+        slot.info = info
+        fill, remaining = status, 2
+        try:
+            while remaining:
+                index = self._waitany(reqs, fill)
+                if index != 2:
+                    remaining -= 1
+                    if index == 0:
+                        fill = None      # first's status is in: a later completion must not overwrite it
+                    continue
+                slot.rearm(self.comm, self.me)          # the wake-up, as in wait()
+                if slot.fired is info:
+                    raise DeadlinePassed(info.describe())
+        finally:
+            slot.info = None
+            reqs[0] = reqs[1] = None
 
     def begin_blocking(self, info: OpInfo, on_deadline) -> _Slot:
         """This thread enters a *blocking* MPI call for ``info``, which no wake-up can end: at the

@@ -99,6 +99,8 @@ class OpRunner(abc.ABC):
         # The op running now, for the stall inspector (spans.in_flight reads these when it looks):
         # collectives run one at a time per group, so one slot; point-to-point ops one per lane.
         self._op_now: OpInfo | None = None
+        #: the fused all_reduce path's OpInfo, reused while nobody else holds it (Backend.allreduce)
+        self._fast_info: OpInfo | None = None
         self._p2p_now: dict = {}
         _spans.register(self)
         self._refresh_fast()
