@@ -221,7 +221,8 @@ class Work:
 
     @classmethod
     def completed(cls, result: Any = None, info: OpInfo | None = None) -> Work:
-        """A handle that is already done (world of one, or a synchronous fast path)."""
+        """A handle that is already done (world of one, or a synchronous fast path): always the done
+        subclass below, whatever class it is called on."""
         # no __init__ call and four stores, not eight: this is on every synchronous collective
         work = _new_object(_CompletedWork)
         work.info = info
