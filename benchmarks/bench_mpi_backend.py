@@ -93,7 +93,7 @@ def worker(args) -> None:
         trio = [None, None, wake]
 
         def pairwise(x, out):
-            # what the backend does for 2-rank all_reduces of 16 KiB-4 MiB: one whole-buffer exchange + one add
+            # what the backend does for 2-rank all_reduces of 16-512 KiB: one whole-buffer exchange + one add
             other = scratch.get(x.nbytes)
             if other is None:
                 other = scratch[x.nbytes] = np.empty_like(x)
