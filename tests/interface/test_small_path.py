@@ -254,7 +254,7 @@ def persistent_all_reduces():
     bytes, dtype and op); more kinds than the cache holds (it starts over), sizes on both sides of
     the threshold, native and widened (float16) dtypes: every result matches NumPy on every rank."""
     import neural_arch.distributed as dist
-    from neural_arch.distributed.comm import mpi as M
+    from neural_arch.distributed.comm import mpi_allreduce as M   # (where the persistent cache lives)
     from neural_arch.distributed.groups import _resolve_group
 
     backend = _resolve_group(None, "test").backend

@@ -27,7 +27,7 @@ was a third of a 1 KiB all_reduce. Their init is collective and they match only 
 the cache holds only (bytes, dtype, op) keys that every rank agreed on (one tiny check the first
 time a key is seen) and each request works on a staging buffer of the backend's own; a cache keyed
 by the caller's buffer address would hit on one rank and miss on another, i.e. call a collective on
-some ranks only (see ``MPIBackend._new_persistent``). On two ranks, all_reduces of 16-512 KiB are one
+some ranks only (see :mod:`.mpi_allreduce`). On two ranks, all_reduces of 16-512 KiB are one
 exchange of the whole buffer (``Irecv`` + ``Isend`` on a private duplicate communicator, one
 ``Waitany``) and one NumPy reduction in rank order, the same bits on both ranks: MPICH's nonblocking
 all_reduce takes two steps there (``PAIRWISE_MIN_BYTES``; ``bench_mpi_backend.py --probes``).
@@ -77,12 +77,17 @@ import numpy as np
 
 from neural_arch.backend import to_device_like, to_host
 from neural_arch.distributed import config
-from neural_arch.distributed.comm.algorithms.executor import _UFUNCS as _REDUCE
 from neural_arch.distributed.comm.backend import (
     SUPPORTED_DTYPES,
     Backend,
     finish_average,
     is_bfloat16,
+)
+from neural_arch.distributed.comm.mpi_allreduce import (  # noqa: F401 - the window constants: this module's names too
+    PAIRWISE_MAX_BYTES,
+    PAIRWISE_MIN_BYTES,
+    PERSISTENT_MAX_BYTES,
+    AllReduceStrategies,
 )
 from neural_arch.distributed.comm.mpi_failure import (  # noqa: F401 - _mpi, _BROKEN: this module's names too
     _BROKEN,
@@ -105,31 +110,6 @@ _NATIVE = frozenset(d for d in SUPPORTED_DTYPES if d.kind in "fiu" and d != np.f
 # arrives at most this late). Scaled down for short timeouts, see MPIBackend.create.
 _WATCHDOG_S = config.get("NEURAL_ARCH_MPI_WATCHDOG_S")
 
-# all_reduces of 1 .. this many bytes run as persistent collectives on a staging buffer (see
-# MPIBackend._new_persistent), at most _PERSISTENT_ENTRIES (bytes, dtype, op) kinds at a time.
-# Measured (2 ranks, MPICH 5.0, raw mpi4py, 41 interleaved rounds, two runs): Start + Waitany with
-# the two copies beat Iallreduce + Waitany in 31-34 of 41 rounds at 1 KiB (median 4.8-5.2 vs 6.8-7.7
-# us), broke even at 4 KiB and lost at 16-64 KiB (12-23 of 41; MPICH schedules a persistent
-# all_reduce differently), so only the smallest messages take it.
-PERSISTENT_MAX_BYTES = 2 << 10
-_PERSISTENT_ENTRIES = 256
-
-# Two-rank all_reduces of PAIRWISE_MIN_BYTES .. PAIRWISE_MAX_BYTES are one exchange of the whole buffer
-# (Irecv + Isend on a private duplicate communicator, one Waitany) and one NumPy reduction, in rank
-# order on both ranks (MPIBackend._pairwise_allreduce). MPICH's nonblocking all_reduce takes two steps
-# there (reduce-scatter, then all-gather: its rule for every power-of-two count above 2 KiB). Measured
-# with raw mpi4py (2 ranks, MPICH 5.0.2, 31 interleaved rounds, quiet machine, three runs), exchange +
-# add against Iallreduce + Waitany: 10.1-11.2 vs 11.8-12.7 us at 16 KiB, 18.7-19.4 vs 21.4-22.1 at 64
-# KiB, 51-52 vs 56-57 at 256 KiB. It loses at 8-12 KiB (a whole-buffer message crosses MPICH's eager
-# limit before Iallreduce's halves do). From 1 MiB it moves and reduces twice Iallreduce's bytes per
-# rank: 18% faster on a quiet machine, 8-31% slower at 1-4 MiB when memory bandwidth is contended (the
-# same run, benchmarks/bench_mpi_backend.py --probes), so the default window ends at 512 KiB, where it
-# won in both states. NEURAL_ARCH_MPI_PAIRWISE_MAX_BYTES / create(pairwise_max_bytes=) move the end.
-PAIRWISE_MIN_BYTES = 16 << 10
-PAIRWISE_MAX_BYTES = config.get("NEURAL_ARCH_MPI_PAIRWISE_MAX_BYTES", {})   # the default (512 KiB)
-_PAIRWISE_VIEWS = 256       # cached scratch views (one per size and dtype) before the cache starts over
-_OP_CODES = {"sum": 1, "avg": 2, "max": 3, "min": 4, "product": 5}
-
 _ATEXIT_INSTALLED = False
 
 
@@ -149,7 +129,7 @@ def _cupy():
     return cupy
 
 
-class MPIBackend(Backend):
+class MPIBackend(AllReduceStrategies, Backend):
     """One MPI communicator (``COMM_WORLD``'s duplicate, or a ``Split`` of it)."""
 
     name = "mpi"
@@ -175,17 +155,9 @@ class MPIBackend(Backend):
         # keyed by the op's value: hashing an Enum member costs ~0.4 us on every collective
         self._ops = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "product": MPI.PROD}
         self.transport = "mpi"
-        #: (bytes, dtype.num, op value) -> (persistent all_reduce request, its staging buffer)
-        self._persistent: dict = {}
         #: all_reduces above PERSISTENT_MAX_BYTES call the blocking MPI_Allreduce (see create())
         self._blocking = bool(blocking_collectives)
-        #: two-rank groups: the pairwise exchange's communicator and size window (_enable_pairwise)
-        self._pair_comm = None
-        self._pair_min, self._pair_max = 1 << 62, 0          # (empty window: off)
-        self._pair_buf: np.ndarray | None = None             # scratch for the peer's buffer
-        self._pair_views: dict = {}                           # (bytes, dtype.num) -> view of _pair_buf
-        self._pair_status = None
-        self._pair_limit = 0                                  # the agreed pairwise_max_bytes, for sub-groups
+        self._init_allreduce_strategies()
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -456,66 +428,6 @@ class MPIBackend(Backend):
         finally:
             watchdog.end_blocking(slot)
 
-    def _enable_pairwise(self, max_bytes: int) -> None:
-        """Two-rank groups with the watchdog and nonblocking collectives: all_reduces of
-        ``PAIRWISE_MIN_BYTES`` .. ``PAIRWISE_MAX_BYTES`` become one exchange (:meth:`_pairwise_allreduce`)
-        on a duplicate of the group's communicator, so its messages never meet the user's own
-        point-to-point traffic on this group. Collective (``Comm.Dup``): called where every member
-        builds the backend, which depends only on the group size and the MPI library's thread level
-        and options (the same on every rank, so every rank makes the same choice at every op)."""
-        self._pair_limit = int(max_bytes)
-        if self._size != 2 or self._watchdog is None or self._blocking or max_bytes < PAIRWISE_MIN_BYTES:
-            return
-        self._pair_comm = self.comm.Dup()
-        self._pair_status = self._MPI.Status()
-        self._peer, self._BYTE = 1 - self._rank, self._MPI.BYTE
-        self._pair_min, self._pair_max = PAIRWISE_MIN_BYTES, int(max_bytes)
-
-    def _pairwise_allreduce(self, flat, op: ReduceOp, info: OpInfo) -> None:
-        """A two-rank all_reduce of the flat NumPy array ``flat``, in place: each rank sends its whole
-        buffer to the other and receives the peer's (both posted before either waits, so neither can
-        block the other), then both apply ``op`` to (rank 0's, rank 1's) in that order -- the same
-        operation on the same operands, so both ranks hold the same bits (also for MAX of +0.0 and
-        -0.0, where the operand order decides). A peer whose buffer has another size is an error on
-        both ranks: MPI's truncation error on the smaller side, the byte count check on the larger."""
-        key = (flat.nbytes, flat.dtype.num)
-        other = self._pair_views.get(key)
-        if other is None:
-            other = self._pair_scratch(flat, key)
-        peer = self._peer
-        comm, status = self._pair_comm, self._pair_status
-        try:
-            self._watchdog.wait_two(comm.Irecv(other, peer, 0), comm.Isend(flat, peer, 0), info, status)
-        except DeadlinePassed:
-            raise self._timeout(info, time.monotonic() - (info.deadline - self.timeout), None) from None
-        except self._MPI.Exception as exc:
-            raise self._mpi_failed(info, exc) from None
-        got = status.Get_count(self._BYTE)
-        if got != flat.nbytes:
-            raise DistributedError(f"{info.describe()} on group {list(info.group_ranks)}: rank "
-                                   f"{self.global_rank(peer)} sent {got} bytes but this rank's array holds "
-                                   f"{flat.nbytes}; every rank must pass the same shape and dtype")
-        ufunc = _REDUCE[op]
-        if self._rank == 0:
-            ufunc(flat, other, out=flat)
-        else:
-            ufunc(other, flat, out=flat)
-        if op is _AVG:
-            finish_average(flat, 2)
-
-    def _pair_scratch(self, flat, key):
-        """A view, shaped like ``flat``, of the scratch buffer that receives the peer's data."""
-        nbytes = flat.nbytes
-        buf = self._pair_buf
-        if buf is None or buf.nbytes < nbytes or len(self._pair_views) >= _PAIRWISE_VIEWS:
-            if buf is None or buf.nbytes < nbytes:
-                # grow geometrically (DDP's buckets come in a few sizes), never past the window
-                size = max(nbytes, min(2 * (0 if buf is None else buf.nbytes), self._pair_max))
-                self._pair_buf = buf = np.empty(size, np.uint8)
-            self._pair_views.clear()
-        view = self._pair_views[key] = buf[:nbytes].view(flat.dtype)
-        return view
-
     def _abort_blocked(self, info: OpInfo, still_blocked) -> None:
         """The watchdog thread, at the deadline of a blocking call: name the late ranks, then abort the job."""
         tail = ("A blocking MPI call cannot be interrupted (blocking_collectives=True), so the MPI job is "
@@ -527,47 +439,6 @@ class MPIBackend(Backend):
             message = f"{info.describe()} on group {list(info.group_ranks)} timed out ({exc!r}). {tail}"
         if still_blocked():              # (it may have completed while the peers were asked)
             abort_job(message)
-
-    def _new_persistent(self, nbytes: int, dtype, op: ReduceOp, info: OpInfo) -> tuple | None:
-        """The persistent all_reduce of (``nbytes``, ``dtype``, ``op``) and its staging buffer, created
-        and cached once every rank agreed on them; None (use ``Iallreduce`` this time) when not.
-
-        Why: small all_reduces run as ``Start`` + wait on a persistent request (``MPI_Allreduce_init``
-        once), so no schedule is built per call (see ``PERSISTENT_MAX_BYTES`` for the measurements).
-
-        Persistent collectives match only persistent ones, and their init is a collective call: every
-        rank must take the persistent path at the same ops and create each request at the same op.
-        So the cache holds only keys that every rank *agreed* on at one op: a key seen for the first
-        time is checked with one tiny all_reduce (MAX of the key's code and of its negation: equal
-        everywhere iff every rank has the same key), whose result every rank reads the same way.
-        Ranks whose ops disagree (a dtype mismatch, which MPI itself reduces silently) keep using
-        ``Iallreduce`` for that op and check again next time, so their caches never diverge.
-        Requests work on a staging buffer of their own, never on the caller's array (whose address
-        differs across ranks and calls): two copies of at most ``PERSISTENT_MAX_BYTES``.
-        Only with the watchdog (MPI_THREAD_MULTIPLE): no lock around the calls.
-        """
-        code = (nbytes << 16) | (dtype.num << 4) | _OP_CODES[op._value_]
-        check = np.array([code, -code], np.int64)
-        self._wait([self.comm.Iallreduce(self._IN_PLACE, check, self._MPI.MAX)], info)
-        if int(check[0]) != code or int(check[1]) != -code:
-            return None
-        if len(self._persistent) >= _PERSISTENT_ENTRIES:
-            # oldest first: the agreed keys, and so this decision, are the same on every rank
-            req, _stage = self._persistent.pop(next(iter(self._persistent)))
-            req.Free()
-        stage = np.zeros(nbytes // dtype.itemsize, dtype)
-        entry = (self.comm.Allreduce_init(self._IN_PLACE, stage, self._ops[op._value_]), stage)
-        self._persistent[(nbytes, dtype.num, op._value_)] = entry
-        return entry
-
-    def _free_persistent(self) -> None:
-        """Free the cached persistent requests (all inactive: ops on a group run one at a time)."""
-        for req, _stage in self._persistent.values():
-            try:
-                req.Free()
-            except self._MPI.Exception:   # pragma: no cover - best effort
-                pass
-        self._persistent.clear()
 
     def _reduce(self, array, root: int, op: ReduceOp, info: OpInfo) -> None:
         host = self._host(array)

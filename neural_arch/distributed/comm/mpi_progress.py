@@ -115,22 +115,29 @@ class Watchdog:
 
     def wait(self, requests: list, info: OpInfo, status=None) -> None:
         """Block (GIL released) until every request completed; raise :class:`DeadlinePassed` at
-        ``info.deadline`` (an MPI error propagates as ``MPI.Exception``)."""
+        ``info.deadline`` (an MPI error propagates as ``MPI.Exception``). ``status``, if given,
+        receives ``requests[0]``'s status (a receive's byte count)."""
         slot = getattr(self._local, "slot", None) or self._slot()
         n = len(requests)
-        if n == 1:
+        if n == 1:                      # reused lists for one and two requests (no list per call)
             reqs = slot.pair
             reqs[0] = requests[0]
+        elif n == 2:
+            reqs = slot.trio
+            reqs[0], reqs[1] = requests
         else:
             reqs = list(requests)
             reqs.append(slot.req)
         slot.info = info
+        fill = status
         try:
             remaining = n
             while remaining:
-                index = self._waitany(reqs, status)
+                index = self._waitany(reqs, fill)
                 if index != n:
                     remaining -= 1
+                    if index == 0:
+                        fill = None     # requests[0]'s status is in: a later completion must not overwrite it
                     continue
                 # the wake-up: re-arm it, then decide whether it was meant for this op
                 reqs[n] = slot.rearm(self.comm, self.me)
@@ -139,8 +146,8 @@ class Watchdog:
                 # else: a late wake-up for an earlier op that completed as the watchdog fired
         finally:
             slot.info = None
-            if n == 1:
-                reqs[0] = None   # do not keep the op's request (and its buffer) alive
+            if n <= 2:
+                reqs[:n] = (None,) * n  # do not keep the op's requests (and their buffers) alive
 
     def wait_one(self, request, info: OpInfo) -> None:
         """:meth:`wait` for a single request: the hot path of every collective, without the list."""
@@ -158,30 +165,6 @@ class Watchdog:
         finally:
             slot.info = None
             reqs[0] = None   # do not keep the op's request (and its buffer) alive
-
-    def wait_two(self, first, second, info: OpInfo, status) -> None:
-        """:meth:`wait` for two requests (an exchange's receive and send) without building a list;
-        ``status`` receives ``first``'s status."""
-        slot = getattr(self._local, "slot", None) or self._slot()
-        reqs = slot.trio
-        reqs[0] = first
-        reqs[1] = second
-        slot.info = info
-        fill, remaining = status, 2
-        try:
-            while remaining:
-                index = self._waitany(reqs, fill)
-                if index != 2:
-                    remaining -= 1
-                    if index == 0:
-                        fill = None      # first's status is in: a later completion must not overwrite it
-                    continue
-                slot.rearm(self.comm, self.me)          # the wake-up, as in wait()
-                if slot.fired is info:
-                    raise DeadlinePassed(info.describe())
-        finally:
-            slot.info = None
-            reqs[0] = reqs[1] = None
 
     def begin_blocking(self, info: OpInfo, on_deadline) -> _Slot:
         """This thread enters a *blocking* MPI call for ``info``, which no wake-up can end: at the

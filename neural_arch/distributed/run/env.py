@@ -550,16 +550,6 @@ def _poll_parent(parent_pid: int, sig: int, interval: float, grace: float,
     os._exit(128 + int(sig))
 
 
-def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
-
-
 def install_parent_death_watch(parent_pid: int | None = None, sig: int = signal.SIGTERM,
                                poll_interval: float = 0.5, grace: float = 10.0,
                                kill_group: bool = False) -> bool:
@@ -587,7 +577,9 @@ def install_parent_death_watch(parent_pid: int | None = None, sig: int = signal.
     if parent_pid is None or parent_pid <= 1:
         return False
     if os.getppid() != parent_pid:
-        if _pid_exists(parent_pid):
+        import psutil  # (here: this rare branch must not slow every rank's start)
+
+        if psutil.pid_exists(parent_pid):
             # We are not the launcher's direct child (a process a rank started inherited the
             # variable): the launcher is not our parent, so there is nothing to watch.
             return False
