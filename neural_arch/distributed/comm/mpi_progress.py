@@ -146,8 +146,10 @@ class Watchdog:
                 # else: a late wake-up for an earlier op that completed as the watchdog fired
         finally:
             slot.info = None
-            if n <= 2:
-                reqs[:n] = (None,) * n  # do not keep the op's requests (and their buffers) alive
+            if n <= 2:                  # do not keep the op's requests (and their buffers) alive
+                reqs[0] = None
+                if n == 2:
+                    reqs[1] = None
 
     def wait_one(self, request, info: OpInfo) -> None:
         """:meth:`wait` for a single request: the hot path of every collective, without the list."""
