@@ -262,19 +262,22 @@ class MPIBackend(AllReduceStrategies, Backend):
             return
         try:
             watchdog.wait(requests, info, status)
-        except DeadlinePassed:
-            raise self._timeout(info, time.monotonic() - (info.deadline - self.timeout), peer) from None
-        except self._MPI.Exception as exc:
-            raise self._mpi_failed(info, exc) from None
+        except (DeadlinePassed, self._MPI.Exception) as exc:
+            raise self._wait_failed(info, exc, peer) from None
 
     def _wait_one(self, request, info: OpInfo) -> None:
         """:meth:`_wait` for one request of a collective, with the watchdog (the hot paths)."""
         try:
             self._watchdog.wait_one(request, info)
-        except DeadlinePassed:
-            raise self._timeout(info, time.monotonic() - (info.deadline - self.timeout), None) from None
-        except self._MPI.Exception as exc:
-            raise self._mpi_failed(info, exc) from None
+        except (DeadlinePassed, self._MPI.Exception) as exc:
+            raise self._wait_failed(info, exc) from None
+
+    def _wait_failed(self, info: OpInfo, exc: BaseException, peer: int | None = None) -> DistributedError:
+        """The error a watchdog wait for ``info`` ended with, for its caller: the deadline passed
+        (``DeadlinePassed``: a CollectiveTimeoutError naming the late ranks) or MPI failed."""
+        if isinstance(exc, DeadlinePassed):
+            return self._timeout(info, time.monotonic() - (info.deadline - self.timeout), peer)
+        return self._mpi_failed(info, exc)
 
     def _mpi_failed(self, info: OpInfo, exc) -> DistributedError:
         return DistributedError(f"{info.describe()} on group {list(info.group_ranks)} failed inside "
@@ -379,10 +382,8 @@ class MPIBackend(AllReduceStrategies, Backend):
                     self._blocking_allreduce(array, op, info)
                 else:
                     watchdog.wait_one(self.comm.Iallreduce(self._IN_PLACE, array, self._ops[op._value_]), info)
-            except DeadlinePassed:      # what _wait does, inlined
-                raise self._timeout(info, time.monotonic() - (info.deadline - self.timeout), None) from None
-            except self._MPI.Exception as exc:
-                raise self._mpi_failed(info, exc) from None
+            except (DeadlinePassed, self._MPI.Exception) as exc:      # what _wait does, inlined
+                raise self._wait_failed(info, exc) from None
             if op is _AVG:
                 finish_average(array, self._size)
             return

@@ -25,6 +25,7 @@ import numpy as np
 from neural_arch.distributed import config
 from neural_arch.distributed.comm.algorithms.executor import _UFUNCS as _REDUCE
 from neural_arch.distributed.comm.backend import finish_average
+from neural_arch.distributed.comm.mpi_progress import DeadlinePassed
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp
 from neural_arch.distributed.errors import DistributedError
 
@@ -68,7 +69,8 @@ class AllReduceStrategies:
     _size: int
     _watchdog: object
     _blocking: bool
-    _wait: object          # MPIBackend._wait(requests, info, status=): the watchdog wait, errors named
+    _wait: object          # MPIBackend._wait(requests, info): wait with the watchdog, errors named
+    _wait_failed: object   # MPIBackend._wait_failed(info, exc): the error a watchdog wait ended with
 
     def _init_allreduce_strategies(self) -> None:
         #: (bytes, dtype.num, op value) -> (persistent all_reduce request, its staging buffer)
@@ -149,7 +151,10 @@ class AllReduceStrategies:
             other = self._pair_scratch(flat, key)
         peer = 1 - self._rank
         comm, status = self._pair_comm, self._pair_status
-        self._wait([comm.Irecv(other, peer, 0), comm.Isend(flat, peer, 0)], info, status=status)  # (the Irecv's)
+        try:   # (the watchdog itself, not _wait: this is a hot path; status: the Irecv's)
+            self._watchdog.wait([comm.Irecv(other, peer, 0), comm.Isend(flat, peer, 0)], info, status)
+        except (DeadlinePassed, self._MPI.Exception) as exc:
+            raise self._wait_failed(info, exc) from None
         got = status.Get_count(self._MPI.BYTE)
         if got != flat.nbytes:
             raise DistributedError(f"{info.describe()} on group {list(info.group_ranks)}: rank "
