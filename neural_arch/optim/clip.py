@@ -17,6 +17,15 @@ Example::
     5.0
     >>> np.round(p.grad.data, 3).tolist()
     [0.6, 0.8]
+
+Sharded gradients (FSDP's flat shards, ZeRO-2's bucket shards) carry ``_flat_shard`` (a
+``FlatShard``, set by the sharding wrapper: ``optim`` does not import ``distributed``): the norm
+is then the *global* one, as torch's on DTensor parameters: each rank's partial sum of
+``|g|**norm_type`` over sharded gradients is summed over the shard group (one small all-reduce
+per group; every rank must call, as with ``FSDP.clip_grad_norm_``), and added to the local part
+of unsharded (replicated) gradients. A parameter whose gradient lives in such a shard instead
+(FSDP's original parameters; ZeRO-2's) carries ``_grad_elsewhere``, a sentence saying what to clip
+instead: clipping it with no gradient raises that sentence rather than returning a norm of 0.
 """
 
 from __future__ import annotations
@@ -51,17 +60,69 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     Returns the total norm *before* clipping: a Python float for NumPy gradients, a 0-d Tensor on
     the gradients' device for device (CuPy) gradients, computed without any host synchronisation
     (``error_if_nonfinite=True`` has to read it: one sync). ``norm_type`` may be ``inf``. The
-    scale is ``min(1, max_norm / (total + 1e-6))``, like torch.
+    scale is ``min(1, max_norm / (total + 1e-6))``, like torch. Sharded gradients (FSDP, ZeRO-2)
+    give the global norm over their ranks (a collective; a Python float), see the module docstring.
     """
-    grads = _grads(parameters)
+    params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
     max_norm, norm_type = float(max_norm), float(norm_type)
-    if not grads:
-        return 0.0
     if norm_type <= 0:
         raise ValueError(f"clip_grad_norm_: norm_type must be > 0 or inf, got {norm_type}")
+    for i, p in enumerate(params):
+        elsewhere = getattr(p, "_grad_elsewhere", None) if p.grad is None else None
+        if elsewhere:
+            raise RuntimeError(f"clip_grad_norm_: parameter {i} (shape {tuple(p.shape)}) has no .grad: {elsewhere}")
+    if any(getattr(p, "_flat_shard", None) is not None and p._flat_shard.group is not None for p in params):
+        return _clip_sharded(params, max_norm, norm_type, error_if_nonfinite)
+    grads = [p.grad.data for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
     if all(type(g) is np.ndarray for g in grads):
         return _clip_host(grads, max_norm, norm_type, error_if_nonfinite)
     return _clip_device(grads, max_norm, norm_type, error_if_nonfinite)
+
+
+def _norm_part(g, norm_type: float) -> float:
+    """This gradient's share of the total: ``max |g|`` (inf) or ``sum |g|**norm_type``."""
+    if not g.size:
+        return 0.0
+    xp = _backend.get_array_module(g)
+    if math.isinf(norm_type):
+        return float(xp.abs(g).max())
+    f = g.ravel()
+    if f.dtype != xp.result_type(f.dtype, np.float32):
+        f = f.astype(np.float32)  # float16 squares overflow at 256
+    if norm_type == 2.0:
+        return float(xp.vdot(f, f))
+    return float((xp.abs(f) ** norm_type).sum())
+
+
+def _clip_sharded(params, max_norm: float, norm_type: float, error_if_nonfinite: bool) -> float:
+    """Global norm: sharded parts summed over their shard groups, unsharded parts added locally.
+
+    Every rank joins each group's all-reduce, with or without gradients of its own (the groups
+    come from the parameters, in their order: the same on every rank)."""
+    inf = math.isinf(norm_type)
+    local, groups = 0.0, {}
+    for p in params:
+        part = _norm_part(p.grad.data, norm_type) if p.grad is not None else 0.0
+        fs = getattr(p, "_flat_shard", None)
+        if fs is not None and fs.group is not None:
+            entry = groups.setdefault(id(fs.group), [fs, 0.0])
+            entry[1] = max(entry[1], part) if inf else entry[1] + part
+        else:
+            local = max(local, part) if inf else local + part
+    for fs, part in groups.values():
+        reduced = fs.all_reduce_norm(part, "max" if inf else "sum")
+        local = max(local, reduced) if inf else local + reduced
+    total = local if inf else local ** (1.0 / norm_type)
+    if error_if_nonfinite and not math.isfinite(total):
+        raise _nonfinite_error(total)
+    coef = max_norm / (total + 1e-6)
+    if coef < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.data *= coef
+    return total
 
 
 def _clip_host(grads, max_norm: float, norm_type: float, error_if_nonfinite: bool) -> float:

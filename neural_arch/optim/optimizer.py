@@ -48,6 +48,20 @@ def _host_copy(value):
     return copy.deepcopy(value)
 
 
+def _check_state_shapes(index: int, p, values: dict) -> None:
+    """Every state array (not 0-d) must have its parameter's shape: a shard of another layout
+    (FSDP/ZeRO, another world size) would otherwise load without a word and train wrongly."""
+    for name, value in values.items():
+        if not (isinstance(value, np.ndarray) or _backend.is_device_array(value)) or value.ndim == 0:
+            continue
+        if tuple(value.shape) != tuple(p.shape):
+            raise ValueError(
+                f"load_state_dict: state {name!r} of parameter {index} has shape {tuple(value.shape)} but the "
+                f"parameter has shape {tuple(p.shape)}; the state dict was made for another layout (an FSDP or "
+                "ZeRO shard, another world size?). Save and load sharded optimizers with "
+                "neural_arch.distributed.checkpoint.state_dict.get_optimizer_state_dict / set_optimizer_state_dict")
+
+
 class ParamState:
     """``optimizer.state``: a dict keyed by parameter *identity*.
 
@@ -192,7 +206,11 @@ class Optimizer:
         return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore hyper-parameters and per-parameter state saved by :meth:`state_dict`."""
+        """Restore hyper-parameters and per-parameter state saved by :meth:`state_dict`.
+
+        Raises ``ValueError`` (before changing anything) when a state array's shape is not its
+        parameter's, e.g. FSDP shards saved on another world size.
+        """
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(
@@ -208,6 +226,11 @@ class Optimizer:
                 )
             for i, p in zip(saved["params"], group["params"]):
                 by_index[i] = p
+        for key, values in state_dict["state"].items():
+            if int(key) not in by_index:
+                raise ValueError(f"load_state_dict: the state dict has state for parameter {key}, but its "
+                                 f"param_groups list parameters {sorted(by_index)} only")
+            _check_state_shapes(int(key), by_index[int(key)], values)
         self.state = ParamState()
         for key, values in state_dict["state"].items():
             p = by_index[int(key)]

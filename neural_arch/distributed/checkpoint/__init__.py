@@ -3,12 +3,19 @@
 Names and semantics follow ``torch.distributed.checkpoint`` (DCP)::
 
     import neural_arch.distributed.checkpoint as dcp
+    from neural_arch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    state = {"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3}
+    model_sd, optim_sd = get_state_dict(model, opt)           # by parameter name; FSDP/ZeRO: ShardedArrays
+    state = {"model": model_sd, "optim": optim_sd, "epoch": 3}
     dcp.save(state, checkpoint_id="ckpt/step_100")           # collective; atomic
     fut = dcp.async_save(state, checkpoint_id="ckpt/step_200")  # returns at once; fut.result() later
     dcp.load(state, checkpoint_id="ckpt/step_100")            # in place, into *this* layout
-    model.load_state_dict(state["model"]); opt.load_state_dict(state["optim"])
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+``model.state_dict()`` / ``opt.state_dict()`` work too for replicated training (one process,
+DDP, FSDP's full model state dict), but not for a sharded optimizer: under FSDP or ZeRO-2 its
+state arrays are each rank's shard under the same key and shape, and ``save`` refuses them (it
+checks that whatever several ranks hold is equal on all of them, see below).
 
 What is stored: one safetensors file per rank that owns data (each chunk a tensor of its own) and
 one JSON ``.metadata``: for every dotted key (nested dicts are flattened: ``optim.state.0.exp_avg``)
@@ -22,12 +29,16 @@ The contract for parallel layouts (what a strategy puts in its state dict)
 -------------------------------------------------------------------------
 
 * **Replicated** (DDP, a single process): a plain array. Every rank holding it has the whole
-  array; it is written once: a big one (>= 256 KiB) as row blocks, one per rank holding it, the
+  array, the *same* array: ``save`` compares a CRC-32 of it over the ranks holding it (one small
+  all-gather per save) and raises :class:`CheckpointError` naming the leaf and the ranks when
+  they differ, before writing anything (plain values and identical ``ShardedArray`` regions held
+  by several ranks are checked alike). It is written once: a big one (>= 256 KiB) as row blocks, one per rank holding it, the
   others whole, each by the holder with the fewest bytes to write so far (see ``plan``).
 * **Box shards** (tensor parallel): ``ShardedArray(local, global_shape, offsets)``: ``local`` is
   ``global[offsets[0]:offsets[0]+local.shape[0], ...]``; the same key on every rank, pieces tile the
   global array exactly (a key may be absent on ranks that hold no piece of it).
-* **Flat shards** (FSDP / ZeRO): give **each parameter** (and each optimizer-state array) as
+* **Flat shards** (FSDP / ZeRO-2; what ``state_dict.get_state_dict`` gives for them): give
+  **each parameter** (and each optimizer-state array) as
   ``ShardedArray(piece_1d, global_shape=param.shape, flat_offset=k)``: ``piece_1d`` is the part of
   this rank's flat shard that falls inside that parameter, i.e. elements ``k .. k+len-1`` of
   ``param.reshape(-1)`` (C order). Padding is never saved; a rank whose shard does not touch a

@@ -7,7 +7,9 @@ Save, on every rank of the group (a collective):
    distinct chunk gets one writer (big replicated arrays split into row blocks over their
    holders, bytes balanced), after checking that all ranks agree on shapes/dtypes and that the
    chunks tile each array. While no rank's layout changes, the exchange is one small all-gather
-   of digests and the last plan is reused;
+   of digests and the last plan is reused. Then every piece several ranks hold (written once)
+   is compared over them by CRC-32 (one more small all-gather; :class:`_ReplicaCheck`): a
+   difference raises on every rank, naming the leaves, before anything is written;
 3. each rank streams its chunks into one safetensors file (one pass: a CRC-32 per block computed
    as each block is written, no serialized copy; see ``chunkio``) and a manifest (atomic, fsynced);
 4. rank 0 waits for every manifest, writes ``.metadata`` last (atomic rename + directory fsync):
@@ -24,6 +26,7 @@ straight into the destination arrays, checking each block's CRC (no collective).
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import threading
@@ -33,7 +36,12 @@ from concurrent.futures import Future
 import numpy as np
 
 from neural_arch import backend as _backend
-from neural_arch.distributed.checkpoint.chunkio import ChunkReader, verify_file, write_data_file
+from neural_arch.distributed.checkpoint.chunkio import (
+    ChunkReader,
+    _crc32,  # the fastest CRC-32 installed (isal, zlib-ng, zlib)
+    verify_file,
+    write_data_file,
+)
 from neural_arch.distributed.checkpoint.flatten import (
     decode_object,
     flatten_state_dict,
@@ -151,22 +159,108 @@ def _commit(directory: str, uid: str, world: int, entries: dict, objects: dict, 
 
 
 def read_json(path: str) -> dict:
-    import json
-
     with open(path, "rb") as f:
         return json.loads(f.read())
 
 
+class _ReplicaCheck:
+    """Pieces that several ranks hold (a plain array, a plain value, or the same ``ShardedArray``
+    region) are written once, by one of them: so they must be equal on every rank holding them,
+    or the checkpoint silently keeps one rank's values (FSDP's ``optimizer.state_dict()`` holds
+    each rank's shard of Adam's moments under the same key and shape on every rank).
+
+    Which pieces are shared is worked out once per plan (one ``all_gather_object`` of the piece
+    names when the plan was not reused); every save then sends one CRC-32 per shared piece (one
+    small all-gather) and compares. A difference raises :class:`CheckpointError` on every rank,
+    naming the leaves and the ranks, before anything is written.
+    """
+
+    def __init__(self) -> None:
+        self._last = None  # (group, plan entries object, {piece: slot}, [(name, holders)])
+
+    def _slots(self, pg, entries, arrays: dict, objects: dict):
+        last = self._last
+        if last is not None and last[0] is pg and last[1] is entries:
+            return last[2], last[3]  # the plan was reused: every rank's pieces are unchanged
+        from neural_arch.distributed.collectives import all_gather_object
+
+        mine = [("a", key, rkey) for key, rkey in arrays] + [("o", key, None) for key in objects]
+        every = [None] * pg.backend.size
+        all_gather_object(every, mine, group=pg)
+        holders: dict = {}
+        for r, pieces in enumerate(every):
+            for piece in pieces:
+                holders.setdefault(piece, []).append(r)
+        shared = sorted((p for p, ranks in holders.items() if len(ranks) > 1), key=repr)
+        slots = {p: i for i, p in enumerate(shared)}
+        names = [(repr(p[1]) if p[0] == "o" else f"{p[1]!r} {_region_text(p[2])}", holders[p]) for p in shared]
+        self._last = (pg, entries, slots, names)
+        return slots, names
+
+    def check(self, pg, rank: int, world: int, entries, arrays: dict, objects: dict) -> None:
+        if world < 2:
+            return
+        slots, names = self._slots(pg, entries, arrays, objects)
+        if not slots:
+            return
+        held = 1 << 32  # bit 32 marks "this rank holds the piece"; the CRC-32 is below it
+        mine = np.zeros(len(slots), dtype=np.int64)
+        for (key, rkey), (local, _) in arrays.items():
+            i = slots.get(("a", key, rkey))
+            if i is not None:
+                mine[i] = held | _crc32(memoryview(np.ascontiguousarray(local)).cast("B"))
+        for key, (_, value) in objects.items():
+            i = slots.get(("o", key, None))
+            if i is not None:
+                text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
+                mine[i] = held | _crc32(text)
+        table = np.empty((world, len(slots)), dtype=np.int64)
+        pg.backend.allgather(table, mine)
+        bad = []
+        for i, (name, ranks) in enumerate(names):
+            values = {}
+            for r in ranks:
+                values.setdefault(int(table[r, i]), []).append(r)
+            if len(values) > 1:
+                bad.append(f"{name} (" + " vs ".join(f"ranks {g}" for g in values.values()) + ")")
+        if bad:
+            shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            what = "1 leaf is" if len(bad) == 1 else f"{len(bad)} leaves are"
+            raise CheckpointError(
+                f"save: {what} held by several ranks (the same key and region), so treated as replicated and "
+                f"written once, but the values differ between ranks: {shown}. "
+                "The checkpoint would keep one rank's values: nothing was written. A sharded model or optimizer "
+                "(FSDP, ZeRO) must "
+                "give its shards as ShardedArray: save get_state_dict(model, optimizer) from "
+                "neural_arch.distributed.checkpoint.state_dict (or FSDP.optim_state_dict) instead of "
+                "optimizer.state_dict(); a value that really differs per rank needs a per-rank key; replicas "
+                "that drift apart (BatchNorm running statistics under DDP, which DDP's next forward replaces by "
+                "rank 0's) need a broadcast from rank 0 before saving")
+
+
+def _region_text(rkey) -> str:
+    if rkey[0] == "flat":
+        return f"(flat elements {rkey[1]}..{rkey[1] + rkey[2] - 1})"
+    if not any(rkey[1]):
+        return "(whole)"  # a plain array, or a ShardedArray box covering all of it
+    return f"(box at {list(rkey[1])}, size {list(rkey[2])})"
+
+
+_replicas = _ReplicaCheck()
+
+
 def _prepare(state_dict, checkpoint_id, process_group, while_waiting=None):
     """Describe, agree on the plan (``while_waiting(arrays, rank, owners)`` overlaps the exchange
-    when the cached plan applies: see ``PlanCache.exchange``), create the directory."""
+    when the cached plan applies: see ``PlanCache.exchange``), check that what several ranks
+    hold is equal on all of them, create the directory."""
     if not isinstance(checkpoint_id, (str, os.PathLike)):
         raise TypeError(f"checkpoint_id must be a directory path, got {checkpoint_id!r}")
     directory = os.fspath(checkpoint_id)
     pg, rank, world = _group_info(process_group)
-    arrays, _, plan = describe(state_dict)
+    arrays, my_objects, plan = describe(state_dict)
     early_fn = None if while_waiting is None else (lambda owners: while_waiting(arrays, rank, owners))
     uid, entries, owners, objects, early = _plans.exchange(pg, rank, world, plan, early_fn)
+    _replicas.check(pg, rank, world, entries, arrays, my_objects)
     os.makedirs(directory, exist_ok=True)
     return directory, pg, rank, world, uid, arrays, entries, owners, objects, early
 

@@ -24,7 +24,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["FlatLayout"]
+from neural_arch.distributed.comm.work import ReduceOp
+
+__all__ = ["FlatLayout", "FlatShard"]
 
 
 class FlatLayout:
@@ -64,6 +66,62 @@ class FlatLayout:
         """``[start, stop)`` of ``rank``'s shard in the padded flat buffer."""
         return rank * self.shard_size, (rank + 1) * self.shard_size
 
+    def shard_pieces(self, rank: int) -> list[tuple[int, int, int, int]]:
+        """What ``rank``'s shard holds: ``[(k, start, at, length)]``: elements ``[start, start+length)``
+        of tensor ``k`` (C-order flattened) are elements ``[at, at+length)`` of the shard. Padding
+        is in no piece; a tensor the shard does not touch is left out.
+
+        >>> FlatLayout([(2, 3), (4,)], world_size=4).shard_pieces(1)   # shard = flat[3:6]
+        [(0, 3, 0, 3)]
+        >>> FlatLayout([(2, 3), (4,)], world_size=4).shard_pieces(2)   # flat[6:9]
+        [(1, 0, 0, 3)]
+        """
+        lo, hi = self.shard_range(rank)
+        out = []
+        for k, (off, n) in enumerate(zip(self.offsets, self.sizes)):
+            a, b = max(lo, int(off)), min(hi, int(off) + n)
+            if a < b:
+                out.append((k, a - int(off), a - lo, b - a))
+        return out
+
     def __repr__(self) -> str:
         return (f"FlatLayout(tensors={len(self.shapes)}, numel={self.numel}, "
                 f"shard_size={self.shard_size} x {self.world_size})")
+
+
+class FlatShard:
+    """What a flat shard Parameter (FSDP's ``flat_param``, ZeRO-2's bucket shard) stands for.
+
+    Attached to the shard as ``shard._flat_shard``; read, without importing ``distributed``, by
+    :func:`neural_arch.optim.clip_grad_norm_` (the norm of sharded gradients is a sum over the
+    ranks) and by :mod:`neural_arch.distributed.checkpoint.state_dict` (each original parameter's
+    part of the shard, so optimizer state is saved under the parameters' own names).
+
+    * ``params``: the original parameters laid end to end in the flat buffer (the same list on every rank);
+    * ``pieces``: ``[(param, start, at, length)]``: elements ``[start, start+length)`` of
+      ``param.reshape(-1)`` are elements ``[at, at+length)`` of this rank's shard;
+    * ``group``: the process group the buffer is split over (None: this rank holds all of it).
+
+    Example::
+
+        fs = fsdp.parameters().__next__()._flat_shard
+        [(p.shape, start, length) for p, start, _, length in fs.pieces]
+    """
+
+    __slots__ = ("group", "params", "pieces")
+
+    def __init__(self, params: list, layout: FlatLayout, rank: int, group) -> None:
+        self.params = list(params)
+        self.pieces = [(self.params[k], start, at, n) for k, start, at, n in layout.shard_pieces(rank)]
+        self.group = group if group is not None and group.size() > 1 else None
+
+    def all_reduce_norm(self, value: float, op: str) -> float:
+        """``value`` summed (``op="sum"``) or maxed (``"max"``) over ``group``: a collective."""
+        if self.group is None:
+            return float(value)
+        buf = np.array([value], dtype=np.float64)
+        self.group.backend.allreduce(buf, ReduceOp.SUM if op == "sum" else ReduceOp.MAX)
+        return float(buf[0])
+
+    def __repr__(self) -> str:
+        return f"FlatShard({len(self.pieces)} of {len(self.params)} parameters, split={self.group is not None})"

@@ -74,19 +74,21 @@ Example::
     loss = F.cross_entropy(fsdp(x), y); loss.backward()
     fsdp.clip_grad_norm_(1.0); opt.step(); opt.zero_grad()
     full = fsdp.state_dict()     # a collective: original parameter names, full values
+    # checkpoint and resume on any world size (opt.state_dict() holds this rank's shards only):
+    from neural_arch.distributed.checkpoint.state_dict import get_state_dict
+    model_sd, optim_sd = get_state_dict(fsdp, opt)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id="ckpt/step_100")
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 
 from neural_arch import backend as _backend
 from neural_arch.core import autograd as _ag
 from neural_arch.core.tensor import Tensor, is_backward_running, no_grad
-from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.groups import _resolve_group
 from neural_arch.distributed.parallel.sharded.api import (
     BackwardPrefetch,
@@ -488,26 +490,14 @@ class FullyShardedDataParallel(FSDPStateDictMixin, Module):
     # ------------------------------------------------------------------ gradients
     @no_grad()
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> float:
-        """Clip the gradients of all shards by their *global* norm (a collective); returns the norm."""
-        max_norm, norm_type = float(max_norm), float(norm_type)
-        grads = [u.flat_param.grad.data for u in self._units if u.flat_param.grad is not None]
-        sharded = self.sharding_strategy is not ShardingStrategy.NO_SHARD
-        if math.isinf(norm_type):
-            local = max([float(abs(g).max()) for g in grads if g.size] or [0.0])
-            op = ReduceOp.MAX
-        else:
-            local = sum(float((abs(g.astype(np.float64)) ** norm_type).sum()) for g in grads)
-            op = ReduceOp.SUM
-        if sharded:
-            buf = np.array([local], dtype=np.float64)
-            self.process_group.backend.allreduce(buf, op)
-            local = float(buf[0])
-        total = local if math.isinf(norm_type) else local ** (1.0 / norm_type)
-        coef = max_norm / (total + 1e-6)
-        if coef < 1.0:
-            for g in grads:
-                g *= coef
-        return total
+        """Clip the gradients of all shards by their *global* norm (a collective); returns the norm.
+
+        The same as ``nn.utils.clip_grad_norm_(fsdp.parameters(), max_norm, norm_type)``, which
+        totals the sharded gradients over the shard group (each flat shard says how: ``_flat_shard``).
+        """
+        from neural_arch.optim.clip import clip_grad_norm_
+
+        return float(clip_grad_norm_(list(self.parameters()), max_norm, norm_type))
 
     def no_sync(self):
         raise NotImplementedError("FullyShardedDataParallel.no_sync() is not implemented: call backward on "

@@ -3,7 +3,9 @@
 A mixin of :class:`~neural_arch.distributed.parallel.sharded.fsdp.FullyShardedDataParallel`
 (it reads ``self.module``, ``self._units`` and ``self._state_dict_type``), kept apart because
 checkpointing is a concept of its own: torch's ``state_dict_type`` context, ``state_dict``,
-``load_state_dict`` and ``summon_full_params``.
+``load_state_dict``, ``summon_full_params``, and the optimizer's ``optim_state_dict`` /
+``optim_state_dict_to_load`` (which defer to :mod:`neural_arch.distributed.checkpoint.state_dict`:
+the optimizer's state under the model's parameter names, each rank's part of it as a ``ShardedArray``).
 
 Example::
 
@@ -44,6 +46,44 @@ class FSDPStateDictMixin:
         finally:
             for m, p in zip(fsdps, prev):
                 m._state_dict_type = p
+
+    @staticmethod
+    def optim_state_dict(model, optim, optim_state_dict=None, group=None) -> dict:
+        """torch's ``FSDP.optim_state_dict``: ``optim``'s state under the model's parameter names.
+
+        Under ``FULL_STATE_DICT`` (the default) every array is whole, on every rank (a collective);
+        under ``SHARDED_STATE_DICT`` each rank's part is a flat ``ShardedArray`` (for ``dcp.save``).
+        The same as :func:`neural_arch.distributed.checkpoint.state_dict.get_optimizer_state_dict`.
+
+        Example::
+
+            with FSDP.state_dict_type(fsdp, StateDictType.SHARDED_STATE_DICT):
+                dcp.save({"model": fsdp.state_dict(), "optim": FSDP.optim_state_dict(fsdp, opt)}, path)
+        """
+        from neural_arch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        del optim_state_dict, group  # accepted for torch compatibility: the state is read from ``optim``
+        full = getattr(model, "_state_dict_type", StateDictType.FULL_STATE_DICT) is StateDictType.FULL_STATE_DICT
+        return get_optimizer_state_dict(model, optim, options=StateDictOptions(full_state_dict=full))
+
+    @staticmethod
+    def optim_state_dict_to_load(model, optim, optim_state_dict, is_named_optimizer: bool = False,
+                                 load_directly: bool = False, group=None) -> dict:
+        """torch's ``FSDP.optim_state_dict_to_load``: ``optim_state_dict`` (from
+        :meth:`optim_state_dict` on any world size, whole or sharded) as this rank's
+        ``optim.load_state_dict`` input. It is loaded into ``optim`` on the way (``load_directly``
+        is always true here); loading the result again changes nothing.
+
+        Example::
+
+            osd = FSDP.optim_state_dict_to_load(fsdp, opt, full_osd)
+            opt.load_state_dict(osd)
+        """
+        from neural_arch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        del is_named_optimizer, load_directly, group
+        set_optimizer_state_dict(model, optim, optim_state_dict)
+        return optim.state_dict()
 
     def _names(self):
         names = {}

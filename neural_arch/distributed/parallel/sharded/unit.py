@@ -30,7 +30,7 @@ import numpy as np
 from neural_arch import backend as _backend
 from neural_arch.core.tensor import Tensor
 from neural_arch.distributed.parallel.sharded import storage as _storage
-from neural_arch.distributed.parallel.sharded.flat import FlatLayout
+from neural_arch.distributed.parallel.sharded.flat import FlatLayout, FlatShard
 from neural_arch.nn.parameter import Parameter
 
 __all__ = ["FlatParamUnit", "GatherBuffer", "GatherPool"]
@@ -152,6 +152,13 @@ class FlatParamUnit:
         if self.offload:
             shard = _backend.to_device(shard, "cpu")  # identity for NumPy arrays
         self.flat_param = Parameter(shard)
+        # which parts of which parameters the shard holds: for optimizer state dicts under the
+        # parameters' names, and for clip_grad_norm_'s sum over the ranks
+        self.flat_param._flat_shard = FlatShard(params, layout, shard_rank, group)
+        for p in params:
+            p._grad_elsewhere = ("FullyShardedDataParallel keeps its gradient in a flat shard (its .grad stays "
+                                 "None); clip with fsdp.clip_grad_norm_(max_norm) or "
+                                 "clip_grad_norm_(fsdp.parameters(), max_norm)")
         self.reshard_after_forward = reshard_after_forward
         self._placeholders = [np.broadcast_to(np.zeros((), self.compute_dtype), p.shape) if self.device == "cpu"
                               else xp.broadcast_to(xp.zeros((), self.compute_dtype), p.shape) for p in params]

@@ -40,10 +40,10 @@ from neural_arch import backend as _backend
 from neural_arch.core.tensor import Tensor, no_grad
 from neural_arch.distributed.comm.work import ReduceOp  # noqa: F401  (re-exported for users)
 from neural_arch.distributed.groups import _resolve_group
-from neural_arch.distributed.parallel.sharded.flat import FlatLayout
+from neural_arch.distributed.parallel.sharded.flat import FlatLayout, FlatShard
 from neural_arch.distributed.parallel.sharded.reducer import ShardedGradReducer, plan_buckets
 from neural_arch.nn.parameter import Parameter
-from neural_arch.optim.optimizer import Optimizer
+from neural_arch.optim.optimizer import Optimizer, _check_state_shapes
 
 __all__ = ["ZeroRedundancyOptimizer"]
 
@@ -79,7 +79,10 @@ class ZeroRedundancyOptimizer(Optimizer):
         if stage not in (1, 2):
             raise ValueError(f"ZeroRedundancyOptimizer: stage must be 1 or 2, got {stage!r} "
                              "(stage 3 is FullyShardedDataParallel)")
-        super().__init__(params, dict(defaults))
+        # The inner optimizer's own defaults too (Adam's betas, eps...): the groups then hold every
+        # hyper-parameter, as a plain optimizer's do, and a state dict saved from them loads into one.
+        probe = optimizer_class([Parameter(np.zeros(1))], **defaults)
+        super().__init__(params, dict(probe.defaults))
         self.optimizer_class = optimizer_class
         self.stage = stage
         self.process_group = _resolve_group(process_group, "ZeroRedundancyOptimizer")
@@ -145,6 +148,11 @@ class ZeroRedundancyOptimizer(Optimizer):
             xp = _backend.get_array_module(b[0].data)
             lo, hi = lay.shard_range(self.rank)
             shard = Parameter(lay.flatten([p.data for p in b], xp)[lo:hi].copy())
+            # what the shard holds (state dicts by parameter name; clip_grad_norm_'s global norm)
+            shard._flat_shard = FlatShard(b, lay, self.rank, self.process_group)
+            for p in b:
+                p._grad_elsewhere = ("ZeroRedundancyOptimizer(stage=2) reduce-scatters its gradient into flat "
+                                     "shards (its .grad stays None); clip with opt.clip_grad_norm_(max_norm)")
             self._shards.append(shard)
         self._layouts = [FlatLayout([tuple(p.shape) for p in b], self.world_size) for b in self._buckets]
         local_groups = []
@@ -162,6 +170,15 @@ class ZeroRedundancyOptimizer(Optimizer):
             shard.grad = Tensor._wrap(g.copy())
         else:
             shard.grad.data += g
+
+    def _refresh_shards(self) -> None:
+        """Copy the model's parameters into this rank's master shards: equal to them after every
+        step, unless the parameters were loaded since (``model.load_state_dict``,
+        ``set_model_state_dict``), which must not be undone by the next step."""
+        for shard in self._shards:
+            data = shard.data
+            for p, start, at, n in shard._flat_shard.pieces:
+                data[at:at + n] = p.data.reshape(-1)[start:start + n]
 
     def _gather_shards(self) -> None:
         backend = self.process_group.backend
@@ -185,6 +202,8 @@ class ZeroRedundancyOptimizer(Optimizer):
         """Step the local shard, then bring every rank's parameters up to date."""
         loss = closure() if closure is not None else None
         self._sync_hyperparameters()
+        if self.stage == 2:
+            self._refresh_shards()
         if self.optim is not None:
             self.optim.step()
         if self.stage == 1:
@@ -202,6 +221,20 @@ class ZeroRedundancyOptimizer(Optimizer):
                         s.grad = None
                     else:
                         s.grad.data[...] = 0
+
+    @no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> float:
+        """Clip every gradient by the *global* norm (a collective: every rank calls it); returns the norm.
+
+        Stage 2: the gradients are this rank's flat shards, totalled over the group; stage 1: the
+        model's (already averaged, whole) gradients. Call it between ``backward`` and ``step``::
+
+            loss.backward(); opt.clip_grad_norm_(1.0); opt.step()
+        """
+        from neural_arch.optim.clip import clip_grad_norm_
+
+        params = self._shards if self.stage == 2 else self._all_params
+        return float(clip_grad_norm_(params, max_norm, norm_type))
 
     # ------------------------------------------------------------------ checkpoints
     def _local_state(self) -> dict:
@@ -262,17 +295,26 @@ class ZeroRedundancyOptimizer(Optimizer):
         return self._consolidated
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a full (consolidated or plain-optimizer) state dict; every rank keeps its share."""
+        """Load a full (consolidated or plain-optimizer) state dict; every rank keeps its share.
+
+        Raises ``ValueError`` (before changing anything) when a state array's shape is not its
+        parameter's; for a sharded checkpoint use ``checkpoint.state_dict.set_optimizer_state_dict``.
+        """
         saved = state_dict["param_groups"]
         if len(saved) != len(self.param_groups):
             raise ValueError(f"load_state_dict: the checkpoint has {len(saved)} parameter groups, this "
                              f"optimizer has {len(self.param_groups)}")
+        state = {int(k): v for k, v in state_dict["state"].items()}
+        for i, values in state.items():
+            if not 0 <= i < len(self._all_params):
+                raise ValueError(f"load_state_dict: the state dict has state for parameter {i}, this optimizer has "
+                                 f"{len(self._all_params)} parameters")
+            _check_state_shapes(i, self._all_params[i], values)  # whole parameters' state, as saved
         for full, sg in zip(self.param_groups, saved):
             for k, v in sg.items():
                 if k != "params":
                     full[k] = v
         self._sync_hyperparameters()
-        state = {int(k): v for k, v in state_dict["state"].items()}
         if self.optim is None:
             return
         if self.stage == 1:

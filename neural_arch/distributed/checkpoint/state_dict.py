@@ -1,0 +1,428 @@
+"""State dicts of parallel models and optimizers, by parameter name: torch's ``checkpoint.state_dict``.
+
+``model.state_dict()`` / ``optimizer.state_dict()`` describe *this rank's* objects: under FSDP
+or ZeRO-2 the optimizer's parameters are flat shards, so its state arrays are shards too, of the
+same shape on every rank: saved as they are, a distributed checkpoint would take them for
+replicated arrays (``dcp.save`` now refuses that). These functions give what a checkpoint needs
+instead: every entry under the **unsharded model's parameter names**, a rank's part of a sharded
+array as a flat :class:`~neural_arch.distributed.checkpoint.ShardedArray`, so a save on one
+layout (FSDP on 2 ranks, ZeRO, DDP, one process) resumes exactly on any other::
+
+    import neural_arch.distributed.checkpoint as dcp
+    from neural_arch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(fsdp, opt)
+    dcp.save({"model": model_sd, "optim": optim_sd, "step": step}, checkpoint_id="ckpt/step_100")
+
+    # resume, on any world size: the state dicts of the new layout are the load targets
+    model_sd, optim_sd = get_state_dict(fsdp, opt)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0}
+    dcp.load(state, checkpoint_id="ckpt/step_100")
+    set_state_dict(fsdp, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+The optimizer state dict is ``{"state": {name: {"step": 3, "exp_avg": ...}}, "param_groups":
+[{"lr": ..., "params": [names]}]}``. A fresh optimizer has no state yet: its ``"state"`` is
+empty, and ``dcp.load`` fills it with whole arrays, of which ``set_optimizer_state_dict`` keeps
+this rank's part (unlike torch, no optimizer step is taken to create the state first).
+
+How the shards are known (nothing here imports a parallel strategy): a flat shard parameter
+carries ``_flat_shard`` (FSDP's ``flat_param``, ZeRO-2's bucket shards: which elements of which
+original parameters it holds); a wrapper whose ``state_dict`` is its ``.module``'s (DDP, FSDP)
+is looked through for names; an optimizer wrapper with an inner ``.optim`` (ZeRO) keeps its
+state there (ZeRO-1: each rank saves the state of the parameters it owns).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from neural_arch import backend as _backend
+from neural_arch.distributed.checkpoint.sharded import Region, ShardedArray, copy_overlap
+from neural_arch.nn.module import Module
+from neural_arch.optim.optimizer import Optimizer, ParamState
+
+__all__ = [
+    "StateDictOptions",
+    "get_model_state_dict",
+    "get_optimizer_state_dict",
+    "get_state_dict",
+    "set_model_state_dict",
+    "set_optimizer_state_dict",
+    "set_state_dict",
+]
+
+
+@dataclass
+class StateDictOptions:
+    """torch's options. ``full_state_dict=True``: whole arrays on every rank (a collective)
+    instead of this rank's shards. ``cpu_offload``: accepted (state dicts hold host arrays
+    anyway). ``ignore_frozen_params``: leave parameters with ``requires_grad=False`` out of the
+    model state dict. ``strict``: ``set_*`` raise on missing or unexpected names."""
+
+    full_state_dict: bool = False
+    cpu_offload: bool = False
+    ignore_frozen_params: bool = False
+    keep_submodule_prefixes: bool = True
+    strict: bool = True
+    broadcast_from_rank0: bool = False
+    flatten_optimizer_state_dict: bool = False
+
+
+def _options(options) -> StateDictOptions:
+    options = StateDictOptions() if options is None else options
+    if not isinstance(options, StateDictOptions):
+        raise TypeError(f"options must be a StateDictOptions, got {options!r}")
+    if options.broadcast_from_rank0 or options.flatten_optimizer_state_dict:
+        raise NotImplementedError("StateDictOptions(broadcast_from_rank0=True / flatten_optimizer_state_dict=True) "
+                                  "is not implemented; load with dcp.load on every rank instead")
+    return options
+
+
+# ------------------------------------------------------------------------------------ names
+def _unwrap(model) -> Module:
+    """The module whose parameter names are the model's state-dict names: DDP and FSDP define
+    ``state_dict`` as their ``.module``'s, without a prefix."""
+    if not isinstance(model, Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    while isinstance(model.__dict__.get("module", getattr(model, "module", None)), Module) \
+            and type(model).state_dict is not Module.state_dict:
+        model = model.module
+    return model
+
+
+def _names(inner: Module) -> dict[int, str]:
+    names: dict[int, str] = {}
+    for prefix, sub in inner.named_modules():
+        for n, p in sub._parameters.items():
+            if p is not None and id(p) not in names:
+                names[id(p)] = f"{prefix}.{n}" if prefix else n
+    return names
+
+
+def _segments(p, names: dict) -> list[tuple]:
+    """``[(name, shape, start, at, n, whole)]``: elements ``[start, start+n)`` of the parameter
+    ``name`` (flattened) are elements ``[at, at+n)`` of ``p``'s (flattened) array."""
+    fs = getattr(p, "_flat_shard", None)
+    if fs is None:
+        name = _name_of(p, names)
+        shape = tuple(p.shape)
+        return [(name, shape, 0, 0, math.prod(shape), True)]
+    out = []
+    for orig, start, at, n in fs.pieces:
+        shape = tuple(orig.shape)
+        out.append((_name_of(orig, names), shape, start, at, n, n == math.prod(shape)))
+    return out
+
+
+def _name_of(p, names: dict) -> str:
+    try:
+        return names[id(p)]
+    except KeyError:
+        raise ValueError(f"a parameter of shape {tuple(p.shape)} of the optimizer is not a parameter of the model "
+                         "(pass the model the optimizer was built over)") from None
+
+
+def _group_names(group: dict, names: dict) -> list[str]:
+    out = []
+    for p in group["params"]:
+        fs = getattr(p, "_flat_shard", None)
+        out.extend(_name_of(q, names) for q in (fs.params if fs is not None else [p]))
+    return out
+
+
+def _optimizers(optimizers) -> list:
+    opts = [optimizers] if isinstance(optimizers, Optimizer) else list(optimizers)
+    if not opts or not all(isinstance(o, Optimizer) for o in opts):
+        raise TypeError(f"optimizers must be an Optimizer or a list of them, got {optimizers!r}")
+    return opts
+
+
+def _state_holder(opt):
+    """The optimizer that keeps the state: ZeRO's inner ``.optim`` (None on a rank owning nothing)."""
+    return opt.optim if "optim" in vars(opt) else opt
+
+
+def _is_state_array(value, p) -> bool:
+    return (isinstance(value, np.ndarray) or _backend.is_device_array(value)) and value.ndim > 0 \
+        and tuple(value.shape) == tuple(p.shape)
+
+
+# ------------------------------------------------------------------------------------ model
+def get_model_state_dict(model, *, submodules=None, options: StateDictOptions | None = None) -> dict:
+    """``{name: array}`` for parameters and persistent buffers; a parameter FSDP shards over the
+    ranks is this rank's part of it, a flat ``ShardedArray`` (``full_state_dict=True``: whole).
+
+    Example::
+
+        sd = get_model_state_dict(fsdp)      # {"0.weight": ShardedArray(...), ...}
+    """
+    if submodules is not None:
+        raise NotImplementedError("get_model_state_dict(submodules=...) is not implemented")
+    options = _options(options)
+    inner = _unwrap(model)
+    out: dict = {}
+    sharded = {}
+    for fp in model.parameters():
+        fs = getattr(fp, "_flat_shard", None)
+        if fs is None:
+            continue
+        host = _backend.to_host(fp.data)
+        for orig in fs.params:
+            sharded[id(orig)] = None  # held by a flat shard: this rank may hold none of it
+        for orig, start, at, n in fs.pieces:
+            sharded[id(orig)] = (tuple(orig.shape), start, host[at:at + n])
+    for prefix, sub in inner.named_modules():
+        for n, p in sub._parameters.items():
+            name = f"{prefix}.{n}" if prefix else n
+            if p is None or name in out or (options.ignore_frozen_params and not p.requires_grad):
+                continue
+            if id(p) not in sharded:
+                out[name] = _backend.to_host(p.data).copy()
+            elif sharded[id(p)] is not None:
+                shape, start, piece = sharded[id(p)]
+                out[name] = piece.reshape(shape).copy() if piece.size == math.prod(shape) else \
+                    ShardedArray(piece.copy(), shape, flat_offset=start)
+        for n, b in sub._buffers.items():
+            if b is not None and n not in sub._non_persistent:
+                out[f"{prefix}.{n}" if prefix else n] = _backend.to_host(b.data).copy()
+    return _gather_full(out) if options.full_state_dict else out
+
+
+def set_model_state_dict(model, model_state_dict: dict, *, options: StateDictOptions | None = None):
+    """Load ``model_state_dict`` (from :func:`get_model_state_dict` of any layout, whole arrays or
+    this layout's ``ShardedArray`` parts, e.g. after ``dcp.load``) into ``model``, in place.
+
+    Returns ``(missing_keys, unexpected_keys)``; ``strict`` (default) raises on either.
+    """
+    options = _options(options)
+    inner = _unwrap(model)
+    names = _names(inner)
+    expected = set()
+    filled = set()
+    for fp in model.parameters():  # flat shards: fill this rank's part of every parameter in it
+        fs = getattr(fp, "_flat_shard", None)
+        if fs is None:
+            continue
+        flat = _backend.to_host(fp.data).copy()
+        for orig, start, at, n in fs.pieces:  # a parameter this rank holds none of is not expected
+            name = names[id(orig)]
+            expected.add(name)
+            if name in model_state_dict:
+                _fill_piece(flat[at:at + n], model_state_dict[name], tuple(orig.shape), start, name)
+        for orig in fs.params:
+            filled.add(id(orig))
+        fp.data[...] = _backend.to_device(flat, _backend.device_of(fp.data))
+    targets = {}
+    for prefix, sub in inner.named_modules():
+        for n, t in list(sub._parameters.items()) + [(b, v) for b, v in sub._buffers.items()
+                                                      if b not in sub._non_persistent]:
+            name = f"{prefix}.{n}" if prefix else n
+            if t is None or id(t) in filled:
+                continue
+            targets.setdefault(name, t)
+    expected |= set(targets)
+    missing = sorted(k for k in expected if k not in model_state_dict)
+    unexpected = sorted(k for k in model_state_dict if k not in expected)
+    if options.strict and (missing or unexpected):
+        raise RuntimeError(f"set_model_state_dict(strict=True): missing keys {missing}, unexpected keys {unexpected}")
+    for name, t in targets.items():
+        if name in model_state_dict:
+            value = model_state_dict[name]
+            if isinstance(value, ShardedArray):
+                whole = np.empty(value.global_shape, dtype=value.dtype)
+                _fill_piece(whole.reshape(-1), value, value.global_shape, 0, name)
+                value = whole
+            if tuple(np.shape(value)) != tuple(t.shape):
+                raise RuntimeError(f"set_model_state_dict: {name!r} has shape {tuple(np.shape(value))}, the model's "
+                                   f"is {tuple(t.shape)}")
+            t.data[...] = _backend.to_device(np.asarray(value), _backend.device_of(t.data))
+    return missing, unexpected
+
+
+def _fill_piece(dst: np.ndarray, value, shape: tuple, start: int, name: str) -> None:
+    """Elements ``[start, start + dst.size)`` of the flattened array ``name`` into ``dst``."""
+    if isinstance(value, ShardedArray):
+        if value.global_shape != shape:
+            raise ValueError(f"{name!r} has global shape {value.global_shape} in the state dict but {shape} here")
+        got = copy_overlap(Region.of(value), _backend.to_host(value.local), Region(shape, flat_offset=start,
+                                                                                  flat_size=dst.size), dst)
+        if got != dst.size:
+            region = Region.of(value).to_json()
+            raise ValueError(f"{name!r}: the state dict holds {region} of it, this rank needs flat elements "
+                             f"[{start}, {start + dst.size}); load into the state dict of *this* layout "
+                             "(get_model_state_dict / get_optimizer_state_dict of it) with dcp.load first")
+        return
+    value = _backend.to_host(value)
+    if tuple(value.shape) != shape:
+        raise ValueError(f"{name!r} has shape {tuple(value.shape)} in the state dict but {shape} here")
+    dst[...] = value.reshape(-1)[start:start + dst.size]
+
+
+# ------------------------------------------------------------------------------------ optimizer
+def get_optimizer_state_dict(model, optimizers, *, submodules=None, options: StateDictOptions | None = None) -> dict:
+    """The optimizer state under the model's parameter names, each rank's shard of it as a flat
+    ``ShardedArray`` (FSDP, ZeRO-2), ready for ``dcp.save`` on every rank.
+
+    Example::
+
+        osd = get_optimizer_state_dict(fsdp, opt)
+        osd["state"]["0.weight"]["exp_avg"]          # ShardedArray(..., global_shape=(16, 6), flat_offset=...)
+    """
+    if submodules is not None:
+        raise NotImplementedError("get_optimizer_state_dict(submodules=...) is not implemented")
+    options = _options(options)
+    names = _names(_unwrap(model))
+    state: dict = {}
+    groups: list = []
+    for opt in _optimizers(optimizers):
+        for g in opt.param_groups:
+            groups.append(dict({k: copy.deepcopy(v) for k, v in g.items() if k != "params"},
+                               params=_group_names(g, names)))
+        holder = _state_holder(opt)
+        if holder is None:
+            continue
+        for g in holder.param_groups:
+            for p in g["params"]:
+                st = holder.state.get(p)
+                if st:
+                    _get_param_state(p, st, names, state)
+    out = {"state": state, "param_groups": groups}
+    if options.full_state_dict:
+        out["state"] = _gather_full(state)
+    return out
+
+
+def _get_param_state(p, st: dict, names: dict, state: dict) -> None:
+    for name, shape, start, at, n, whole in _segments(p, names):
+        entry = state.setdefault(name, {})
+        for k, v in st.items():
+            if not _is_state_array(v, p):
+                entry[k] = _backend.to_host(v).copy() if _backend.is_device_array(v) or isinstance(v, np.ndarray) \
+                    else copy.deepcopy(v)
+                continue
+            flat = _backend.to_host(v).reshape(-1)
+            piece = flat[at:at + n]
+            entry[k] = piece.reshape(shape).copy() if whole else ShardedArray(piece.copy(), shape, flat_offset=start)
+
+
+def set_optimizer_state_dict(model, optimizers, optim_state_dict: dict, *,
+                             options: StateDictOptions | None = None) -> None:
+    """Load ``optim_state_dict`` (from :func:`get_optimizer_state_dict` of any layout, after
+    ``dcp.load``) into the optimizer(s): each rank takes its own part of every array.
+
+    Hyper-parameters come from ``param_groups`` (their number and parameter names must match);
+    the state replaces the optimizer's. Raises ``ValueError`` naming the parameter when a part
+    this rank needs is not in the state dict.
+    """
+    options = _options(options)
+    names = _names(_unwrap(model))
+    saved_state = optim_state_dict["state"]
+    saved_groups = list(optim_state_dict["param_groups"])
+    opts = _optimizers(optimizers)
+    mine = [g for opt in opts for g in opt.param_groups]
+    if len(saved_groups) != len(mine):
+        raise ValueError(f"set_optimizer_state_dict: the state dict has {len(saved_groups)} parameter groups, the "
+                         f"optimizer has {len(mine)}; build the optimizer the same way as when saving")
+    for i, (saved, g) in enumerate(zip(saved_groups, mine)):
+        want = set(_group_names(g, names))
+        if options.strict and set(saved.get("params", want)) != want:
+            raise ValueError(f"set_optimizer_state_dict: parameter group {i} holds {sorted(saved['params'])} in the "
+                             f"state dict but {sorted(want)} here")
+    used = set()
+    for opt in opts:
+        holder = _state_holder(opt)
+        if holder is None:
+            continue
+        fresh = ParamState()
+        for g in holder.param_groups:
+            for p in g["params"]:
+                st = _set_param_state(p, names, saved_state, used)
+                if st:
+                    fresh[p] = st
+        holder.state = fresh
+    for saved, g in zip(saved_groups, mine):
+        for k, v in saved.items():
+            if k != "params":
+                g[k] = copy.deepcopy(v)
+    for opt in opts:
+        local = getattr(opt, "_sync_hyperparameters", None)
+        if local is not None:
+            local()  # ZeRO: the inner optimizer's groups follow the outer ones
+
+
+def _set_param_state(p, names: dict, saved_state: dict, used: set) -> dict:
+    segs = _segments(p, names)
+    have = [s for s in segs if s[0] in saved_state]
+    if not have:
+        return {}
+    if len(have) != len(segs):
+        missing = sorted(s[0] for s in segs if s[0] not in saved_state)
+        raise ValueError(f"set_optimizer_state_dict: the state dict has state for {sorted(s[0] for s in have)} but "
+                         f"not for {missing}, which share one flat shard here")
+    device = _backend.device_of(p.data)
+    out: dict = {}
+    for name, shape, start, at, n, _ in segs:
+        used.add(name)
+        for k, v in saved_state[name].items():
+            gshape = v.global_shape if isinstance(v, ShardedArray) else tuple(np.shape(v))
+            if gshape == shape and len(shape) > 0:
+                arr = out.get(k)
+                if arr is None:
+                    arr = out[k] = np.zeros(tuple(p.shape), dtype=np.dtype(v.dtype))  # padding stays zero
+                _fill_piece(arr.reshape(-1)[at:at + n], v, shape, start, f"{name}.{k}")
+            elif k not in out:
+                out[k] = copy.deepcopy(v) if not isinstance(v, np.ndarray) else v.copy()
+    return {k: _backend.to_device(v, device) if isinstance(v, np.ndarray) and v.ndim > 0 else v
+            for k, v in out.items()}
+
+
+# ------------------------------------------------------------------------------------ both
+def get_state_dict(model, optimizers, *, submodules=None, options: StateDictOptions | None = None):
+    """``(get_model_state_dict(model), get_optimizer_state_dict(model, optimizers))``."""
+    return (get_model_state_dict(model, submodules=submodules, options=options),
+            get_optimizer_state_dict(model, optimizers, submodules=submodules, options=options))
+
+
+def set_state_dict(model, optimizers, *, model_state_dict: dict, optim_state_dict: dict,
+                   options: StateDictOptions | None = None):
+    """:func:`set_model_state_dict` then :func:`set_optimizer_state_dict`; returns the model's
+    ``(missing_keys, unexpected_keys)``."""
+    result = set_model_state_dict(model, model_state_dict, options=options)
+    set_optimizer_state_dict(model, optimizers, optim_state_dict, options=options)
+    return result
+
+
+def _gather_full(tree: dict) -> dict:
+    """``tree`` (nested dicts) as every rank's union of them, each ``ShardedArray`` replaced by the
+    whole array assembled from every rank's pieces: one ``all_gather_object`` (pickles: trusted
+    peers only, as every ``*_object`` helper)."""
+    from neural_arch.distributed import groups
+
+    every = [tree]
+    if groups.is_initialized() and groups.get_world_size() > 1:
+        from neural_arch.distributed.collectives import all_gather_object
+
+        every = [None] * groups.get_world_size()
+        all_gather_object(every, tree)
+    return _merge(every)
+
+
+def _merge(trees: list) -> dict:
+    out: dict = {}
+    for key in dict.fromkeys(k for t in trees for k in t):  # first-seen order
+        values = [t[key] for t in trees if key in t]
+        if isinstance(values[0], dict):
+            out[key] = _merge(values)
+        elif any(isinstance(v, ShardedArray) for v in values):
+            pieces = [v for v in values if isinstance(v, ShardedArray)]
+            whole = np.zeros(pieces[0].global_shape, dtype=pieces[0].dtype)
+            for v in pieces:
+                copy_overlap(Region.of(v), _backend.to_host(v.local), Region.of(whole), whole)
+            out[key] = whole
+        else:
+            out[key] = values[0]  # a whole array or a plain value: the same on every rank holding it
+    return out
