@@ -350,8 +350,30 @@ def manual_sync_run():
     return diffs
 
 
+def join_reference(extra_batches_per_rank: int, world: int) -> list:
+    """Single-process training equal to :func:`join_run` on ``world`` ranks: step t averages the gradients
+    of the ranks still training (k_t of them, all on the same batch) over the whole group, so the update
+    is ``k_t / world`` times the batch's gradient; the optimizer is the longest-training rank's, whose
+    parameters every rank takes at the end. Returns the final parameters."""
+    _nn, _optim, F, Tensor, _dist = _imports()
+    model = build_mlp(0, np.float64)       # DDP starts every rank from rank 0's parameters
+    opt = make_opt("sgd", model.parameters())
+    X, y = make_data(64, np.float64)
+    steps = [2 + r * extra_batches_per_rank for r in range(world)]
+    for t in range(max(steps)):
+        sl = slice(4 * t, 4 * t + 4)
+        F.cross_entropy(model(Tensor(X[sl])), y[sl]).backward()
+        active = sum(n > t for n in steps)
+        for p in model.parameters():
+            p.grad.data[...] *= active / world
+        opt.step()
+        opt.zero_grad()
+    return [p.data.copy() for p in model.parameters()]
+
+
 def join_run(extra_batches_per_rank: int, find_unused: bool = False):
-    """Uneven inputs: rank r runs 2 + r * extra batches inside join(); returns a parameter fingerprint."""
+    """Uneven inputs: rank r runs 2 + r * extra batches inside join(); returns a parameter fingerprint
+    and the parameters right after the join block."""
     _nn, _optim, F, Tensor, dist = _imports()
     rank = dist.get_rank()
     model = build_mlp(rank, np.float64)
@@ -367,10 +389,11 @@ def join_run(extra_batches_per_rank: int, find_unused: bool = False):
             opt.step()
             opt.zero_grad()
     fingerprint = float(sum(float(np.sum(p.data * (i + 1))) for i, p in enumerate(model.parameters())))
+    joined = [p.data.copy() for p in model.parameters()]
     # after join, ordinary synchronised training goes on (optimizer state is per rank, as in torch)
     F.cross_entropy(ddp(Tensor(X[:4])), y[:4]).backward()
     opt.step()
-    return fingerprint
+    return fingerprint, joined
 
 
 def mismatch_run():

@@ -34,11 +34,10 @@ def test_host_groups_split_the_world_by_host(pool):
         assert cross == [rank % 2, rank % 2 + 2]   # the 2-D form: same local rank on every host
 
 
+@pytest.mark.cases(lambda p: p["pool"] == "gloo")   # gloo's paths
 def test_host_groups_run_shared_memory_directly_and_cross_host_groups_the_plans(pool):
     """gloo: a host group (all members shared-memory peers) takes the direct segment, equal bitwise to
     its ring plan; the cross-host group (TCP between its members) stays on the plans."""
-    if pool.backend == "mpi":
-        pytest.skip("gloo paths")
     for (intra, cross), mapped, cross_unmapped, equal in pool.run(fns.host_group_paths, 9):
         assert intra == "direct" and cross != "direct" and cross.endswith("allreduce"), (intra, cross)
         assert mapped and cross_unmapped and equal
@@ -160,9 +159,8 @@ def test_all_reduce_goes_hierarchical_by_itself_on_groups_spanning_hosts(pool):
 
 
 @pytest.mark.parametrize("setting,small,large", [("0", "flat", "flat"), ("1", "leader", "2d")])
+@pytest.mark.cases(lambda p: p["pool"] == "gloo")   # MPI groups stay flat whatever the setting
 def test_hierarchical_setting_forces_it_on_or_off(pool, setting, small, large):
-    if pool.backend == "mpi":
-        pytest.skip("MPI groups stay flat whatever the setting")
     for rows in pool.run(fns.auto, setting, (0, 1, 2, 3), (8, 1 << 18), "int64", False):  # 1: simulated hosts too
         assert [(chosen, ok) for chosen, _, ok in rows] == [(small, True), (large, True)]
 

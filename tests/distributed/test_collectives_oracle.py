@@ -198,11 +198,10 @@ def test_async_in_flight(pool, seed, shape, k):
         np.testing.assert_array_equal(last, np.full(2, float(n - 1)))
 
 
+@pytest.mark.cases(lambda p: "pipe" in p["pool"][0])   # only the gloo-pipe-* variants force those algorithms
 def test_pipe_variants_really_run_the_ring_and_chain(pool):
     """Guards the "pipe" variants themselves: if the env names drift, they would silently test
     recursive doubling again."""
-    if "pipe" not in pool.variant:
-        pytest.skip("only the gloo-pipe-* variants force the bandwidth algorithms")
     for seg, used in pool.run(F.algorithms_fn):
         assert seg == 64
         assert used == {"all_reduce": True, "reduce": True, "broadcast": True}, used

@@ -6,6 +6,8 @@ Fault tests start fresh ranks with ``run_ranks``: a rank may SIGKILL itself ther
 
 from __future__ import annotations
 
+import re
+
 import dist_fault_fns as F
 import pytest
 
@@ -73,11 +75,14 @@ def test_killed_peer_gives_a_clear_error_naming_it(env):
     for r in results[:2]:
         assert r.ok, r.traceback
         kind, message, elapsed = r.value
-        # a survivor may learn of the death itself, or from the other survivor's poison message
-        # (GroupPoisonedError naming the first failure: "rank 2 (pid N) died during all_reduce")
-        assert kind in ("PeerFailureError", "CollectiveTimeoutError", "DistributedError", "GroupPoisonedError"), message
-        assert "2" in message and "all_reduce" in message, message
-        assert elapsed < timeout / 2, f"took {elapsed:.1f} s to notice the dead peer: {message}"
+        # a survivor learns of the death itself (its link to rank 2 closes: PeerFailureError), or from
+        # the other survivor's poison message (GroupPoisonedError naming the first failure: "rank 2 (pid N)
+        # died during all_reduce"); never a timeout, which would mean nobody noticed the closed link
+        assert kind in ("PeerFailureError", "GroupPoisonedError"), message
+        assert re.search(r"\brank 2\b", message) and "all_reduce" in message, message
+        # docs/fault_tolerance.md: a closed link is noticed at once (~0.2 s, the victim's own 0.3 s head
+        # start not counted); 2 s is a 10x margin for a loaded 2-core machine, far below the 15 s timeout
+        assert elapsed < 2.0, f"took {elapsed:.1f} s to notice the dead peer: {message}"
 
 
 @pytest.mark.parametrize("backend,env", [("gloo", {"NEURAL_ARCH_GLOO_TRANSPORT": "tcp"}),

@@ -76,9 +76,8 @@ def test_allgather_reduce_scatter_alltoall(pool):
     _run(pool, calls)
 
 
+@pytest.mark.cases(lambda p: p["pool"][0] >= 2)   # point-to-point needs two ranks
 def test_p2p_groups_async_objects(pool):
-    if pool.world_size == 1:
-        pytest.skip("point-to-point needs two ranks")
     calls = [("check_p2p_ring", (7, shape, "float32")) for shape in [(), (0,), (4,), (300000,)]]
     calls += [("check_bool", (1,)), ("check_async_and_objects", ()), ("check_sendrecv_mismatch", ()),
               ("check_groups", ())]

@@ -35,12 +35,12 @@ def _check(results, cfg):
 
 @pytest.mark.parametrize("kind", ["mlp", "gpt"])
 @pytest.mark.parametrize("schedule, v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zbv", 2), ("izb", 2)])
+# MPI: one GPT schedule (the MLP covers the others), and no IZB (its executor path is interleaved's and
+# ZB-V's, covered above)
+@pytest.mark.cases(lambda p: p["pool"][0] == "gloo" or (p["schedule"] != "izb"
+                                                         and (p["kind"] == "mlp" or p["schedule"] == "1f1b")))
 def test_pipeline_matches_single_process(pool, kind, schedule, v):
     world = pool.world_size
-    if pool.backend == "mpi" and kind == "gpt" and schedule != "1f1b":
-        pytest.skip("MPI: one GPT schedule is enough (the MLP covers the others)")
-    if schedule == "izb" and pool.backend == "mpi":
-        pytest.skip("MPI: the executor path of IZB is interleaved's and ZB-V's, covered above")
     cfg = {"kind": kind, "pp": world, "v": v, "m": 2 * world, "schedule": schedule,
            "opt": "adam" if kind == "gpt" else "sgd", "steps": 3}
     results = pool.run(fns.train_run, cfg)
@@ -50,17 +50,15 @@ def test_pipeline_matches_single_process(pool, kind, schedule, v):
 
 @pytest.mark.parametrize("kind, schedule", [("mlp", "1f1b"), ("gpt", "gpipe"), ("mlp", "interleaved"),
                                             ("gpt", "zbv")])
+@pytest.mark.cases(lambda p: p["pool"][1] == 4)   # pp=2 x dp=2 needs 4 ranks
 def test_pipeline_times_data_parallel(pool, kind, schedule):
-    if pool.world_size != 4:
-        pytest.skip("pp=2 x dp=2 needs 4 ranks")
     cfg = {"kind": kind, "pp": 2, "v": 2 if schedule in fns.MULTI_STAGE else 1, "m": 2, "schedule": schedule,
            "steps": 3}
     _check(pool.run(fns.train_run, cfg), cfg)
 
 
+@pytest.mark.cases(lambda p: p["pool"][0] == "gloo")   # the schedule's arithmetic: one backend is enough
 def test_uneven_balance_and_odd_microbatches(pool):
-    if pool.backend != "gloo":
-        pytest.skip("gloo covers it")
     cfg = {"kind": "mlp", "pp": pool.world_size, "m": 3, "schedule": "1f1b", "balance": "layers", "layers": 5}
     _check(pool.run(fns.train_run, cfg), cfg)
     # IZB takes any n_microbatches (interleaved 1F1B needs a multiple of p): m=3 on 2 and 4 ranks
@@ -73,19 +71,17 @@ def test_shape_header_is_sent_every_step(pool):
     assert results[-1] == [2, 2] and all(r == [None, None] for r in results[:-1])
 
 
+@pytest.mark.cases(lambda p: p["pool"] == ("gloo", 2))   # an argument check: one case is enough
 def test_batch_not_divisible_is_a_clear_error(pool):
-    if pool.backend != "gloo" or pool.world_size != 2:
-        pytest.skip("one case is enough")
     results = pool.run(fns.bad_batch_run)
     assert "multiple of 3" in results[0]
 
 
+@pytest.mark.cases(lambda p: p["pool"][0] == "gloo")   # arithmetic, not transport: gloo's pools suffice
 def test_zero_bubble_one_rank_and_bitwise_interleaved(pool):
     """ZB-V and IZB on one pipeline rank (every stage local; pp=1 x dp=world) equal single-process
     training; on ``world`` ranks they give bitwise the parameters of interleaved 1F1B on the same
     2p stages (the split backward, the V placement and the order change no arithmetic)."""
-    if pool.backend != "gloo":
-        pytest.skip("gloo covers it")
     world = pool.world_size
     for schedule in ("zbv", "izb"):
         cfg = {"kind": "mlp", "pp": 1, "v": 2, "m": 2, "schedule": schedule, "layers": 4}
@@ -100,9 +96,8 @@ def test_zero_bubble_one_rank_and_bitwise_interleaved(pool):
         assert [n for n in finals[schedule] if finals[schedule][n] != finals["interleaved"][n]] == [], schedule
 
 
+@pytest.mark.cases(lambda p: p["pool"] == ("gloo", 2))   # argument checks: one case is enough
 def test_zbv_placement_errors_name_what_to_pass(pool):
-    if pool.backend != "gloo" or pool.world_size != 2:
-        pytest.skip("one case is enough")
     for rank, errors in enumerate(pool.run(fns.zbv_errors_run)):
         assert "do not follow the 'v' placement" in errors["loop stages to ZB-V"], errors
         assert f"style='v') = [{rank}, {3 - rank}]" in errors["loop stages to ZB-V"]

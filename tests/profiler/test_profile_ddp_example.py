@@ -43,12 +43,10 @@ def test_profile_ddp_writes_a_merged_trace_with_overlapping_buckets(tmp_path):
         backward = [e for e in mine if e["name"] == "backward"]
         assert len(backward) == 8 and len([e for e in mine if e["name"] == "forward"]) == 8
         coll = [e for e in mine if e["cat"] == "collective"]
-        if not coll:
-            pytest.skip("comm/backend.py does not emit collective spans yet")
+        assert coll, f"rank {rank}: no collective spans in the trace"
         assert all({"seq", "group", "bytes"} <= set(e["args"]) for e in coll)
         buckets = [e for e in mine if e["cat"] == "bucket"]
-        if not buckets:
-            pytest.skip("the DDP reducer does not emit bucket spans yet")
+        assert buckets, f"rank {rank}: the DDP reducer emitted no bucket spans"
         assert len(buckets) >= 8 * 2, "--bucket-cap-mb 0.1 should make several buckets per step"
 
         def inside(e, b):

@@ -109,23 +109,20 @@ def test_tensor_parallel_sketched_model_equals_single_process(pool):
 
 
 @pytest.mark.parametrize("use_mesh", [False, True], ids=["seed-004-groups", "init_device_mesh"])
+@pytest.mark.cases(lambda p: p["pool"][1] == 4)   # hybrid 2 x 2 needs 4 ranks
 def test_hybrid_dp_x_tp_gpt(pool, use_mesh):
-    if pool.world_size != 4:
-        pytest.skip("hybrid 2 x 2 needs 4 ranks")
     for out in pool.run(fns.hybrid_gpt_run, use_mesh):
         assert out["grads"] <= TOL and out["params"] <= TOL, out
 
 
+@pytest.mark.cases(lambda p: p["pool"][1] == 4)   # hybrid 2 x 2 needs 4 ranks
 def test_hybrid_seed_004_sketched_trainer(pool):
-    if pool.world_size != 4:
-        pytest.skip("hybrid 2 x 2 needs 4 ranks")
     for out in pool.run(fns.tp_sketched_run, 0, True):
         assert out["out"] <= TOL and out["grads"] <= TOL and out["params"] <= TOL, out
 
 
+@pytest.mark.cases(lambda p: p["pool"][1] == 2)   # seed 004's DDP example runs on 2 ranks
 def test_seed_004_sketched_model_trains_under_ddp(pool):
-    if pool.world_size != 2:
-        pytest.skip("seed 004's DDP example runs on 2 ranks")
     results = pool.run(fns.sketched_ddp_run)
     for out in results:
         assert out["diff"] <= TOL, out["diff"]

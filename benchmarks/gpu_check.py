@@ -1,0 +1,137 @@
+"""The GPU check: everything that needs a GPU, in one run, with one JSON summary.
+
+CI never has a GPU, so the GPU path is proven only where someone runs this on one. On one GPU it runs,
+each step under its own time limit (the whole check fits in 8 minutes):
+
+1. ``env``        -- the GPU, the driver, CuPy and NCCL as the backend sees them (``missing_requirement``);
+2. ``pytest-gpu`` -- ``pytest -m gpu`` (CuPy ops, the NCCL backend, device dispatch);
+3. ``bench-gpu``  -- ``benchmarks/bench_gpu.py`` against PyTorch on the same GPU (when torch imports);
+4. ``digits-nccl-1`` / ``gpt-nccl-1`` -- both DDP examples with ``--device cuda`` on NCCL in a world of one;
+5. ``digits-gloo-2`` / ``gpt-gloo-2`` -- the same examples on two ranks over gloo with CuPy arrays (one GPU:
+   NCCL refuses two ranks on one device, so the multi-rank run stages through host memory).
+
+Each step records its command, exit code, wall time and the tail of its output; the summary is
+``benchmarks/results/gpu_check.json`` (``--out``). On a machine without a GPU every step reports
+``skipped`` with the reason and the script exits 0, so it is safe anywhere; ``--require-gpu`` makes a
+missing GPU exit 1.
+
+Usage (on the GPU machine)::
+
+    pip install -e '.[dev,examples,gpu]' && python benchmarks/gpu_check.py
+    python benchmarks/gpu_check.py --only pytest-gpu,digits-nccl-1     # a subset
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCH = [sys.executable, "-m", "neural_arch.distributed.launcher", "--standalone"]
+DIGITS = ["examples/train_digits_ddp.py", "--epochs", "3", "--no-progress", "--device", "cuda",
+          "--checkpoint", "/tmp/neural_arch_gpu_check/digits.npz"]
+GPT = ["examples/train_gpt_ddp.py", "--steps", "30", "--device", "cuda"]
+
+#: name -> (command, time limit in seconds): the plan, printable with --plan
+STEPS: dict[str, tuple[list[str], int]] = {
+    "pytest-gpu": ([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"], 210),
+    "bench-gpu": ([sys.executable, "benchmarks/bench_gpu.py", "--batches", "256,4096", "--steps", "20",
+                   "--repeats", "3", "--out", "benchmarks/results/bench_gpu.json"], 90),
+    "digits-nccl-1": ([*LAUNCH, "--nproc_per_node", "1", "--backend", "nccl", *DIGITS], 45),
+    "gpt-nccl-1": ([*LAUNCH, "--nproc_per_node", "1", "--backend", "nccl", *GPT], 45),
+    "digits-gloo-2": ([*LAUNCH, "--nproc_per_node", "2", "--backend", "gloo", *DIGITS], 45),
+    "gpt-gloo-2": ([*LAUNCH, "--nproc_per_node", "2", "--backend", "gloo", *GPT], 45),
+}
+
+
+def environment() -> dict:
+    """What the GPU path sees here; never raises."""
+    from neural_arch.backend import gpu_unavailable_reason
+    from neural_arch.distributed.comm.nccl.backend import missing_requirement
+
+    info = {"python": sys.version.split()[0], "machine": platform.node(), "gpu_missing": gpu_unavailable_reason(),
+            "nccl_missing": missing_requirement()}
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        info["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        info["nvidia_smi"] = f"unavailable: {exc}"
+    try:
+        import cupy
+
+        info["cupy"] = cupy.__version__
+    except Exception as exc:  # noqa: BLE001 -- any import failure is the answer
+        info["cupy"] = f"not importable: {exc}"
+    return info
+
+
+def run_step(name: str, command: list[str], limit: int) -> dict:
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=limit,
+                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        code, out = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        code = "timeout"
+        out = f"{(exc.stdout or b'').decode(errors='replace') if isinstance(exc.stdout, bytes) else exc.stdout or ''}"
+        out += f"\n[gpu_check] {name} passed its {limit} s limit"
+    wall = time.monotonic() - start
+    status = "passed" if code == 0 else "failed"
+    print(f"{name:<15} {status:<7} {wall:7.1f} s   exit {code}", flush=True)
+    return {"step": name, "command": command, "status": status, "exit": code, "wall_s": round(wall, 2),
+            "output_tail": out[-6000:]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "gpu_check.json"))
+    parser.add_argument("--only", default="", help=f"comma-separated subset of {sorted(STEPS)}")
+    parser.add_argument("--plan", action="store_true", help="print the steps and their limits, run nothing")
+    parser.add_argument("--require-gpu", action="store_true", help="exit 1 when there is no usable GPU")
+    args = parser.parse_args(argv)
+
+    chosen = [s for s in args.only.split(",") if s] or list(STEPS)
+    unknown = sorted(set(chosen) - set(STEPS))
+    if unknown:
+        parser.error(f"--only: unknown step(s) {unknown}; choose from {sorted(STEPS)}")
+    if args.plan:
+        for name in chosen:
+            command, limit = STEPS[name]
+            print(f"{name:<15} {limit:4d} s   {' '.join(command)}")
+        print(f"total limit {sum(STEPS[n][1] for n in chosen)} s")
+        return 0
+
+    summary = {"env": environment(), "commit": _commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "steps": []}
+    missing = summary["env"]["gpu_missing"]
+    for name in chosen:
+        if missing:
+            summary["steps"].append({"step": name, "status": "skipped", "reason": f"no GPU: {missing}"})
+            print(f"{name:<15} skipped (no GPU: {missing})")
+            continue
+        summary["steps"].append(run_step(name, *STEPS[name]))
+    failed = [s["step"] for s in summary["steps"] if s["status"] == "failed"]
+    summary["result"] = "no GPU" if missing else ("failed: " + ", ".join(failed) if failed else "passed")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(summary, f, indent=1)
+    print(f"gpu_check: {summary['result']}  ->  {args.out}")
+    return 1 if failed or (missing and args.require_gpu) else 0
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""The leak check itself (tests/leak_check.py): a test that leaves a process or a segment behind fails the run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+LEAKY = textwrap.dedent('''
+    import os, subprocess, sys
+
+    def test_leaves_a_process():
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    def test_leaves_a_segment():
+        with open("/dev/shm/na-{tag}-leak-check", "wb") as f:
+            f.write(b"x")
+''')
+
+
+def test_a_leaked_process_and_segment_fail_the_run_and_are_removed(tmp_path):
+    tag = f"{os.getpid()}-{os.urandom(3).hex()}"
+    (tmp_path / "conftest.py").write_text('import leak_check\n\nleak_check.GRACE_S = 0.3\n'
+                                          'pytest_plugins = ["leak_check"]\n')
+    (tmp_path / "test_leaky.py").write_text(LEAKY.replace("{tag}", tag))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout
+    assert "2 passed" in proc.stdout and "tests left behind" in proc.stdout, proc.stdout
+    assert "time.sleep(60)" in proc.stdout, proc.stdout
+    assert f"/dev/shm/na-{tag}-leak-check" in proc.stdout, proc.stdout
+    assert not os.path.exists(f"/dev/shm/na-{tag}-leak-check")
+
+
+def test_a_clean_run_passes(tmp_path):
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["leak_check"]\n')
+    (tmp_path / "test_clean.py").write_text("def test_nothing():\n    pass\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "left behind" not in proc.stdout, proc.stdout
