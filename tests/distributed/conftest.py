@@ -30,7 +30,7 @@ VARIANTS = {
     "mpi": ("mpi", {}),
 }
 SIZES = {"gloo-tcp": (1, 2, 3, 4, 5), "gloo-shm": (2, 3, 4, 5), "gloo-pipe-tcp": (3,), "gloo-pipe-shm": (4,),
-         "mpi": (2, 3)}
+         "mpi": (1, 2, 3, 4, 5)}
 
 
 def _configs():

@@ -109,15 +109,20 @@ def scatter_fn(seed, shape, dtype, src):
     return out.data
 
 
-def reduce_scatter_fn(seed, shape, dtype, op, torch_form):
-    """``shape`` is this rank's input; dim 0 is divisible by the world size."""
+def reduce_scatter_fn(seed, shape, dtype, op, form):
+    """``shape`` is this rank's input; dim 0 is divisible by the world size. ``form``: "seed" (the seeds'
+    ``reduce_scatter(tensor, op)``), "list" (torch's list of inputs) or "tensor" (``reduce_scatter_tensor``)."""
     r, n = _rank_world()
     mine = global_array(seed, n, shape, dtype)[r].copy()
-    if torch_form:
-        chunk = shape[0] // n
+    chunk = shape[0] // n
+    if form == "list":
         out = Tensor(np.zeros((chunk,) + tuple(shape[1:]), dtype))
         inputs = [Tensor(mine[i * chunk:(i + 1) * chunk].copy()) for i in range(n)]
         assert dist.reduce_scatter(out, inputs, op) is out
+        return out.data
+    if form == "tensor":
+        out = Tensor(np.zeros((chunk,) + tuple(shape[1:]), dtype))
+        dist.reduce_scatter_tensor(out, Tensor(mine), op)
         return out.data
     return dist.reduce_scatter(Tensor(mine), op).data
 
