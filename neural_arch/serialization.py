@@ -7,6 +7,10 @@ in the file's metadata. A state dict therefore opens in any safetensors reader, 
 as entry names. ``load(f)`` rebuilds the object; with ``weights_only=True`` (the default, as in
 torch >= 2.6) it never unpickles anything, so a malicious file cannot run code.
 
+A damaged or crafted file makes ``load`` raise ``ValueError`` ("malformed neural_arch file ..."),
+never a bare ``RecursionError``/``TypeError``: the structure's nesting is bounded (200 levels) and
+its dtypes must be ones ``save`` writes (bool, int/uint 8-64, float16-64, bfloat16, complex).
+
 Objects outside that set (your own classes, sets, functions...) cannot be written that way: then
 ``save`` falls back to pickle, and ``load`` reads such a file only with ``weights_only=False``.
 **Only unpickle files from sources you trust**: a pickle can run arbitrary code while loading.
@@ -160,6 +164,20 @@ def _is_parameter(obj) -> bool:
 
 
 # ============================================================================ decoding
+# The dtypes a file may name (arrays and ``dtype`` values): what ``save`` writes. A name is looked up
+# here, never handed to ``np.dtype`` (which builds structured, object or 2**40-byte void dtypes).
+_LOADABLE_DTYPES = _SAFETENSORS_DTYPES | {"bfloat16", "complex64", "complex128"}
+_MAX_DEPTH = 200  # nesting of a stored object (far more than any state dict; below Python's recursion limit)
+# What a crafted or damaged file can make the decoder raise; all become ``ValueError("malformed ...")``.
+_MALFORMED = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError)
+
+
+def _loadable_dtype(name) -> np.dtype:
+    if not isinstance(name, str) or name not in _LOADABLE_DTYPES:
+        raise ValueError(f"dtype {str(name)[:40]!r} is not one save() writes ({', '.join(sorted(_LOADABLE_DTYPES))})")
+    return _dtypes.as_dtype(name)
+
+
 class _Decoder:
     def __init__(self, get_array, map_location):
         self.get_array = get_array
@@ -170,7 +188,7 @@ class _Decoder:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise TypeError("bad array entry")
         host = self.get_array(entry["name"])
-        dtype = _dtypes.as_dtype(str(entry.get("dtype", host.dtype.name)))
+        dtype = _loadable_dtype(entry.get("dtype", host.dtype.name))
         if dtype.name == "bfloat16":
             host = host.view(dtype)
         elif dtype.kind == "c" and host.ndim and host.shape[-1] == 2:
@@ -179,11 +197,16 @@ class _Decoder:
             raise ValueError(f"{entry['name']}: dtype {host.dtype}, expected {dtype}")
         return _place(host, str(entry.get("device", "cpu")), self.map_location) if place else host
 
-    def decode(self, node):
+    def decode(self, node, depth: int = 0):
         if node is None or isinstance(node, (bool, str, int, float)):
             return node
         if not isinstance(node, dict) or not node:
             raise TypeError(f"unknown node {str(node)[:40]}")
+        if depth > _MAX_DEPTH:
+            raise ValueError(f"the stored object nests deeper than {_MAX_DEPTH} levels")
+        return self._decode(node, depth + 1)
+
+    def _decode(self, node: dict, depth: int):
         if "tensor" in node:
             arr = self.array(node["tensor"])
             if node.get("parameter"):
@@ -210,18 +233,18 @@ class _Decoder:
             return float(node["float"])
         if "complex" in node:
             re, im = node["complex"]
-            return complex(self.decode(re), self.decode(im))
+            return complex(self.decode(re, depth), self.decode(im, depth))
         if "dtype" in node:
-            return _dtypes.as_dtype(str(node["dtype"]))
+            return _loadable_dtype(node["dtype"])
         if "bytes" in node:
             return base64.b64decode(node["bytes"])
         for kind, cls in (("dict", dict), ("odict", OrderedDict)):
             if kind in node:
-                return cls((self.decode(k), self.decode(v)) for k, v in node[kind])
+                return cls((self.decode(k, depth), self.decode(v, depth)) for k, v in node[kind])
         if "list" in node:
-            return [self.decode(v) for v in node["list"]]
+            return [self.decode(v, depth) for v in node["list"]]
         if "tuple" in node:
-            return tuple(self.decode(v) for v in node["tuple"])
+            return tuple(self.decode(v, depth) for v in node["tuple"])
         raise ValueError(f"unknown node kind {sorted(node)[:3]}")
 
 
@@ -326,9 +349,14 @@ def _load_safetensors(data: bytes, map_location):
     meta = (header.get("__metadata__") or {}).get(_META_KEY)
     if meta is None:  # a foreign safetensors file: its entries, by name
         return {k: _place(v, "cpu", map_location) for k, v in arrays.items()}
-    info = json.loads(meta)
-    if info.get("format") != _FORMAT:
-        raise ValueError(f"load: unsupported format {info.get('format')!r} (this version reads {_FORMAT})")
+    try:
+        info = json.loads(meta)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"load: malformed neural_arch file (its structure is not valid JSON: "
+                         f"{type(exc).__name__})") from None
+    if not isinstance(info, dict) or info.get("format") != _FORMAT:
+        found = info.get("format") if isinstance(info, dict) else None
+        raise ValueError(f"load: unsupported format {str(found)[:40]!r} (this version reads {_FORMAT})")
 
     def get(name):
         if name not in arrays:
@@ -336,11 +364,9 @@ def _load_safetensors(data: bytes, map_location):
         return arrays[name]
 
     try:
-        return _Decoder(get, map_location).decode(info["root"])
-    except (ValueError, TypeError, KeyError) as exc:
-        if isinstance(exc, RuntimeError):
-            raise
-        raise ValueError(f"load: malformed neural_arch file ({exc})") from None
+        return _Decoder(get, map_location).decode(info.get("root"))
+    except _MALFORMED as exc:
+        raise ValueError(f"load: malformed neural_arch file ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
 def _place_tree(obj, map_location):

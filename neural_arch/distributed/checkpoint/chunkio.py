@@ -47,6 +47,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import stat
 import struct
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -204,7 +205,10 @@ class ChunkReader:
     how many elements it copied. The checksum of every block it reads is verified in a helper
     thread while the next bytes are read; a corrupt block raises :class:`CheckpointError` from a
     later ``read_into``, from :meth:`finish`, or at the end of the ``with`` block, so use the reader
-    as a context manager (or call ``finish()``) before trusting what it filled.
+    as a context manager (or call ``finish()``) before trusting what it filled. The bytes of a
+    batch that fails its check are zeroed in the target before the error is raised: after the
+    reader is finished, a target holds verified bytes, zeros, or what it held before, never bytes
+    that failed verification (a caller that copies a target elsewhere calls ``finish()`` first).
     """
 
     def __init__(self, directory: str, meta: dict, verify: bool = True):
@@ -213,6 +217,7 @@ class ChunkReader:
         self._checker: ThreadPoolExecutor | None = None
         self._pending: collections.deque = collections.deque()  # (future, bytes, job) in submission order
         self._pending_bytes = 0
+        self._check_sizes()
 
     def finish(self) -> None:
         """Wait for every checksum still being computed; raise the first failure."""
@@ -276,23 +281,48 @@ class ChunkReader:
     def _fd(self, fname: str) -> int:
         fd = self.fds.get(fname)
         if fd is None:
-            from neural_arch.distributed.checkpoint.storage import METADATA_NAME
+            from neural_arch.distributed.checkpoint.storage import METADATA_NAME, open_checkpoint_file
 
             path = os.path.join(self.directory, fname)
             try:
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+                fd, size = open_checkpoint_file(self.directory, fname)  # ours, no link, a regular file
             except FileNotFoundError:
                 raise _error(f"{self.directory!r}: data file {fname} listed in {METADATA_NAME} is missing") from None
-            size, want = os.fstat(fd).st_size, self.meta["files"][fname]["size"]
+            want = self.meta["files"][fname]["size"]
             if size != want:
                 os.close(fd)
                 raise _error(f"{path}: {size} bytes, the metadata says {want}; the file is truncated or was replaced")
             self.fds[fname] = fd
         return fd
 
+    def _check_sizes(self) -> None:
+        """Every data file the metadata lists is a regular file of the size it says, checked with
+        ``lstat`` before a load allocates anything: the metadata's checks bound every array by
+        its chunks' bytes and every chunk by its file's size, so this bounds the allocation by
+        the bytes really on disk (a crafted metadata cannot make a load allocate more)."""
+        from neural_arch.distributed.checkpoint.storage import METADATA_NAME, _plain_name
+
+        for fname, info in self.meta["files"].items():
+            path = os.path.join(self.directory, fname)
+            if not _plain_name(fname):  # read_metadata allows only our own names; a caller's dict, plain ones
+                raise _error(f"{self.directory!r}: {str(fname)[:80]!r} in {METADATA_NAME} is not a file name in the "
+                             "checkpoint directory; the metadata is corrupt or was crafted")
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                raise _error(f"{self.directory!r}: data file {fname} listed in {METADATA_NAME} is missing") from None
+            if not stat.S_ISREG(st.st_mode):
+                raise _error(f"{path} is not a regular file (a symbolic link, device or FIFO); checkpoint files "
+                             "must be regular files in the checkpoint directory")
+            if st.st_size != info["size"]:
+                raise _error(f"{path}: {st.st_size} bytes, the metadata says {info['size']}; the file is truncated "
+                             "or was replaced")
+
     def read_into(self, key: str, entry: dict, chunk: dict, region: Region, target: np.ndarray) -> int:
+        from neural_arch.distributed.checkpoint.storage import metadata_dtype
+
         src = Region.from_json(entry["global_shape"], chunk)
-        itemsize = np.dtype(entry["dtype"]).itemsize
+        itemsize = metadata_dtype(entry["dtype"]).itemsize
         if "digest" in chunk:  # format 1
             return copy_overlap(src, self._read_v1(key, entry, chunk), region, target)
         fname = chunk["file"]
@@ -301,11 +331,16 @@ class ChunkReader:
         if chunk["nbytes"] != src.numel * itemsize:
             raise _error(f"{path}: chunk {chunk['name']!r} of {key!r} is {chunk['nbytes']} bytes, its region needs "
                          f"{src.numel * itemsize}; the metadata is corrupt")
+        if chunk["offset"] + chunk["nbytes"] > self.meta["files"][fname]["size"]:  # == the file's size (_fd)
+            raise _error(f"{path}: chunk {chunk['name']!r} of {key!r} ends past the end of the file; the metadata "
+                         "is corrupt")
         runs = overlap_runs(src, region, _RUN_LIMIT)
         if runs is None:  # many short runs: read the whole chunk, then copy with NumPy indexing
             shape = (src.flat_size,) if src.is_flat else src.sizes
-            scratch = np.empty(shape, dtype=np.dtype(entry["dtype"]))
+            scratch = np.empty(shape, dtype=metadata_dtype(entry["dtype"]))
             self._read(fd, path, key, chunk, [(0, memoryview(scratch.reshape(-1).view(np.uint8)))])
+            if self.verify:
+                self.finish()  # the scratch's checks first: only verified bytes reach the target
             return copy_overlap(src, scratch, region, target)
         if not target.flags.c_contiguous:  # reshape would copy, and the bytes would land in the copy
             raise ValueError("ChunkReader.read_into: the target must be C-contiguous")
@@ -320,10 +355,12 @@ class ChunkReader:
         from neural_arch.distributed.checkpoint.storage import chunk_digest
 
         fname = chunk["file"]
-        self._fd(fname)  # existence and size checks
+        fd = self._fd(fname)  # ours, a regular file (no link followed), of the right size
         path = os.path.join(self.directory, fname)
+        # safetensors opens by name: give it the file already opened and checked where Linux allows
+        opened = f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else path
         try:
-            with safe_open(path, framework="numpy") as handle:
+            with safe_open(opened, framework="numpy") as handle:
                 array = handle.get_tensor(chunk["name"])
         except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
             raise _error(f"{path}: chunk {chunk['name']!r} of {key!r} cannot be read ({exc}); the file is corrupt") from None
@@ -377,7 +414,14 @@ class ChunkReader:
             crcs = chunk["crc32"]
 
             def check(batch, at, _b0=b0, _block=block, _crcs=crcs, _where=where):
-                _check_stream(batch, _b0 + at // _block, _crcs, _block, _where)
+                try:
+                    _check_stream(batch, _b0 + at // _block, _crcs, _block, _where)
+                except BaseException:
+                    # Bytes that failed (or were not reached by) the check do not stay in the
+                    # destination: the batch is zeroed before the error goes up.
+                    for view in batch:
+                        view[:] = bytes(len(view))
+                    raise
             self._read_batched(fd, path, buffers, base + lo, max(1, _IO_BATCH // block) * block, check)
             k = j
 
@@ -399,15 +443,19 @@ def verify_file(directory: str, fname: str, info: dict, chunks: list[dict]) -> N
 
     ``chunks``: the metadata's chunk entries that live in this file (each with ``key`` added).
     """
+    from neural_arch.distributed.checkpoint.storage import open_checkpoint_file
+
     path = os.path.join(directory, fname)
-    if not os.path.exists(path):
-        raise _error(f"{directory!r}: data file {fname} is missing")
-    size = os.path.getsize(path)
+    try:
+        fd, size = open_checkpoint_file(directory, fname)  # ours, no link, a regular file
+    except FileNotFoundError:
+        raise _error(f"{directory!r}: data file {fname} is missing") from None
     if size != info["size"]:
+        os.close(fd)
         raise _error(f"{path}: {size} bytes, the metadata says {info['size']}; the file is truncated or was replaced")
     block = info["block_bytes"]
     buf = bytearray(max(block, 16 << 20) // block * block)
-    with open(path, "rb", buffering=0) as f:
+    with open(fd, "rb", buffering=0) as f:
         first = min((c["offset"] for c in chunks), default=size)
         if _crc32(f.read(first)) != info["header_crc32"]:
             raise _error(f"{path}: the safetensors header fails its checksum; the checkpoint is corrupt")

@@ -3,6 +3,7 @@
 Each checkpoint is a :func:`~neural_arch.distributed.checkpoint.save` directory ``step_<N>``; its
 metrics live in its own metadata, so they become visible atomically with it. A directory without
 ``.metadata`` (a save that crashed) is never listed, never "latest", and is removed by cleanup.
+A ``step_<N>`` that is a symbolic link is not one of ours: never listed, loaded or deleted through.
 
 Example (seed 003's resume / cleanup / best-model tracking)::
 
@@ -68,6 +69,8 @@ class CheckpointManager:
             if not m:
                 continue
             path = os.path.join(self.directory, name)
+            if os.path.islink(path):
+                continue  # not a save's: cleanup would delete inside wherever the link points
             try:
                 meta = read_metadata(path)
             except CheckpointError:
@@ -144,7 +147,8 @@ class CheckpointManager:
             for name in os.listdir(self.directory):  # crashed saves (no metadata) older than the latest
                 m = _STEP_DIR.match(name)
                 path = os.path.join(self.directory, name)
-                if m and int(m.group(1)) < latest_step and not os.path.exists(os.path.join(path, METADATA_NAME)):
+                if m and int(m.group(1)) < latest_step and not os.path.islink(path) \
+                        and not os.path.lexists(os.path.join(path, METADATA_NAME)):
                     removed.append(path)
         for path in removed:
             try:  # un-list it first: a crash during rmtree must not leave a listed, broken checkpoint

@@ -17,17 +17,21 @@ from __future__ import annotations
 
 import atexit
 import os
+import queue
 import secrets
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 from typing import Any
 
@@ -59,13 +63,70 @@ class RankResult:
     exitcode: int | None = None
 
 
+# Seconds one connection to the pool's port has to answer the key challenge. Anyone on this host
+# can connect; a silent client must not hold up the ranks (each handshake runs in its own thread).
+_HANDSHAKE_TIMEOUT = 10.0
+
+
+def _set_io_timeout(sock: socket.socket, seconds: float) -> None:
+    """A kernel deadline (SO_RCVTIMEO/SO_SNDTIMEO) on every blocking read and write of ``sock``.
+
+    ``multiprocessing``'s Connection reads the file descriptor with ``os.read``, so Python's
+    ``settimeout`` (emulated on a non-blocking socket) would not apply; a read past the deadline
+    raises ``BlockingIOError``. ``seconds=0`` removes the deadline.
+    """
+    whole = int(seconds)
+    tv = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+
+
+def _handshake(sock: socket.socket, key: bytes, timeout: float, ready: queue.SimpleQueue, shaking: set) -> None:
+    """Authenticate one connection to the pool's port within ``timeout`` s (both ways, as
+    ``multiprocessing.connection.Listener`` does); put the Connection on ``ready``, or drop it."""
+    conn = None
+    try:
+        sock.setblocking(True)
+        _set_io_timeout(sock, timeout)
+        conn = Connection(os.dup(sock.fileno()))
+        deliver_challenge(conn, key)
+        answer_challenge(conn, key)
+        _set_io_timeout(sock, 0)  # authenticated: later reads wait on wait() with their own deadlines
+    except (OSError, EOFError, AuthenticationError, ValueError):
+        # silent past the deadline, wrong key, garbage, or hung up: not one of our ranks
+        if conn is not None:
+            conn.close()
+        conn = None
+    finally:
+        shaking.discard(sock)
+        sock.close()  # the Connection holds its own descriptor
+    if conn is not None:
+        ready.put(conn)
+
+
 def mpiexec_path() -> str | None:
-    """The ``mpiexec`` to use, or None when MPI is not installed."""
+    """The ``mpiexec`` to use (an absolute path), or None when MPI is not installed.
+
+    First the one next to this interpreter (where the ``mpich`` wheel installs it, so
+    ``venv/bin/python -m pytest`` finds it without an activated venv), then ``mpiexec`` or
+    ``mpirun`` on ``PATH``. ``sys.executable`` is not resolved: a venv's ``python`` is a link
+    to the base interpreter, and the venv's own ``bin`` is where the wheel put ``mpiexec``.
+
+    >>> path = mpiexec_path()
+    >>> path is None or os.path.isabs(path)
+    True
+    """
     try:
         import mpi4py  # noqa: F401
     except ImportError:
         return None
-    return shutil.which("mpiexec") or shutil.which("mpirun")
+    here = os.path.dirname(os.path.abspath(sys.executable))
+    for name in ("mpiexec", "mpirun"):
+        found = shutil.which(name, path=here)
+        if found:
+            return found
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    return os.path.abspath(found) if found else None
 
 
 _LIVE_POOLS: weakref.WeakSet[RankPool] = weakref.WeakSet()
@@ -190,36 +251,65 @@ class RankPool:
             log.close()
 
     def _accept(self, server: socket.socket, key: bytes) -> None:
+        """Take the ranks' connections until every rank said hello, or fail at the start deadline.
+
+        Anyone on this host can reach the port, so a connection is trusted only after the key
+        challenge, and no connection can stall the others: each one's challenge runs in its own
+        thread under a deadline (:func:`_handshake`) while this loop keeps accepting. A client that
+        stays silent, sends garbage or has the wrong key is dropped; only authenticated
+        connections reach ``pending`` (whose first message a rank sends after its init).
+        """
         deadline = time.monotonic() + self.start_timeout
         pending: list[Connection] = []
-        while len(self._conns) < self.world_size:
-            if time.monotonic() > deadline:
-                missing = sorted(set(range(self.world_size)) - set(self._conns))
-                raise RankFailure(f"RankPool: ranks {missing} did not start within {self.start_timeout:.0f} s"
-                                  f"{self._log_tail()}")
-            dead = [p for p in self._procs if p.poll() is not None]
-            if dead and not pending:
-                raise RankFailure(f"RankPool: a rank process exited with code {dead[0].returncode} "
-                                  f"during start-up{self._log_tail()}")
-            try:
-                sock, _ = server.accept()
-            except TimeoutError:
-                sock = None
-            if sock is not None:
-                sock.setblocking(True)
-                conn = Connection(sock.detach())
-                deliver_challenge(conn, key)
-                answer_challenge(conn, key)
-                pending.append(conn)
-            for conn in wait(pending, timeout=0):
-                pending.remove(conn)
-                kind, rank, pid, detail = conn.recv()
-                if kind == "init-error":
-                    raise RankFailure(f"RankPool: rank {rank} failed in init_process_group:\n{detail}",
-                                      [RankResult(rank, False, error="init_process_group failed",
-                                                  exc_type="InitError", traceback=detail)])
-                self._conns[rank] = conn
-                self._pids[rank] = pid
+        ready: queue.SimpleQueue = queue.SimpleQueue()
+        shaking: set[socket.socket] = set()
+        try:
+            while len(self._conns) < self.world_size:
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(self.world_size)) - set(self._conns))
+                    raise RankFailure(f"RankPool: ranks {missing} did not start within {self.start_timeout:.0f} s"
+                                      f"{self._log_tail()}")
+                dead = [p for p in self._procs if p.poll() is not None]
+                if dead and not pending and ready.empty():
+                    raise RankFailure(f"RankPool: a rank process exited with code {dead[0].returncode} "
+                                      f"during start-up{self._log_tail()}")
+                try:
+                    sock, _ = server.accept()
+                except TimeoutError:
+                    sock = None
+                if sock is not None:
+                    shaking.add(sock)
+                    limit = min(_HANDSHAKE_TIMEOUT, max(0.1, deadline - time.monotonic()))
+                    threading.Thread(target=_handshake, args=(sock, key, limit, ready, shaking),
+                                     name="neural_arch-pool-handshake", daemon=True).start()
+                while not ready.empty():
+                    pending.append(ready.get())
+                for conn in wait(pending, timeout=0):
+                    pending.remove(conn)
+                    try:
+                        kind, rank, pid, detail = conn.recv()
+                    except (EOFError, OSError):
+                        conn.close()  # an authenticated rank that died before its hello: the exit check reports it
+                        continue
+                    if kind == "init-error":
+                        conn.close()
+                        raise RankFailure(f"RankPool: rank {rank} failed in init_process_group:\n{detail}",
+                                          [RankResult(rank, False, error="init_process_group failed",
+                                                      exc_type="InitError", traceback=detail)])
+                    self._conns[rank] = conn
+                    self._pids[rank] = pid
+        finally:
+            # Wake handshakes still waiting on a silent client (shutdown ends their blocked read),
+            # and drop connections nobody will use.
+            for sock in list(shaking):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            for conn in pending:
+                conn.close()
+            while not ready.empty():
+                ready.get().close()
 
     def close(self, graceful: bool = True) -> None:
         """Stop every rank (politely, then SIGKILL) and reap them. Safe to call twice.
