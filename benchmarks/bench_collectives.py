@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -208,11 +207,11 @@ def _available(kind: str) -> str:
     try:
         if kind in ("mpi", "mpi4py"):
             import mpi4py  # noqa: F401
-            if not (shutil.which("mpiexec") or os.path.exists(os.path.join(os.path.dirname(sys.executable),
-                                                                             "mpiexec"))):
+
+            from neural_arch.distributed.testing import mpiexec_path
+
+            if not mpiexec_path():
                 return "mpiexec not found"
-            if kind == "mpi" and not os.path.exists(os.path.join(ROOT, "neural_arch/distributed/comm/mpi.py")):
-                return "neural_arch mpi backend missing"
         if kind == "torch":
             import torch  # noqa: F401
     except ImportError as exc:

@@ -57,6 +57,7 @@ from neural_arch.distributed.checkpoint.storage import (
     data_file_name,
     file_sha256,
     fsync_dir,
+    is_checkpoint_file_name,
     manifest_name,
     read_metadata,
     write_json_atomic,
@@ -537,6 +538,7 @@ def _load_leaf(reader, entry, key, path, leaf, root) -> None:
     _fill(reader, entry, target, region, key)
     if writable:
         return
+    reader.finish()   # a temporary target reaches the holder only once its checksums have passed
     if isinstance(holder, np.generic):
         _set_path(root, path, target[()])
     elif isinstance(holder, np.ndarray):
@@ -588,7 +590,10 @@ def remove_orphans(checkpoint_id) -> int:
     except FileNotFoundError:
         return 0
     for name in names:
-        if name.startswith("__") and name not in keep or TMP_MARK in name:  # an interrupted atomic write
+        # only the project's own names: a stale data file, or an interrupted atomic write of one of them
+        base = name.split(TMP_MARK, 1)[0]
+        ours = is_checkpoint_file_name(base) or base == METADATA_NAME
+        if (is_checkpoint_file_name(name) and name not in keep) or (TMP_MARK in name and ours):
             try:
                 os.unlink(os.path.join(directory, name))
                 removed += 1
