@@ -35,13 +35,16 @@ import atexit
 import logging
 import os
 import socket
+import sys
+import time
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from neural_arch.distributed import config
 from neural_arch.distributed.comm import get_backend_class
 from neural_arch.distributed.comm.local import LocalBackend
 from neural_arch.distributed.comm.transport.engine import host_identity as _host_identity  # the transport's "same host"
-from neural_arch.distributed.errors import DistributedError, NotInitializedError
+from neural_arch.distributed.errors import DistributedError, NotInitializedError, RendezvousError
 
 __all__ = [
     "GroupMember",
@@ -69,6 +72,11 @@ log = logging.getLogger("neural_arch.distributed")
 
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_RENDEZVOUS_TIMEOUT = 60.0
+#: A rank still waiting at the rendezvous after this many seconds says what it waits for (and again
+#: every as many seconds): a long rendezvous timeout must not be a long silence.
+WAIT_LOG_S = 30.0
+#: The longest the store's host waits at destroy/exit for the other ranks to leave (see _Leave).
+LEAVE_WAIT_S = 10.0
 
 
 from neural_arch.distributed.comm.registry import installed_backends as _installed_backends
@@ -180,25 +188,32 @@ def init_process_group(backend: str | None = None, init_method: str | None = "en
         # Counted before anything can fail: a retry after a failed rendezvous then uses fresh
         # store keys instead of the half-written ones of the failed attempt.
         generation = _STATE.generation = _STATE.generation + 1
-        token = config.get("NEURAL_ARCH_AUTH_TOKEN", environ) or _derived_job_token(environ)
+        # The token authenticates; the srun/mpiexec job id (public) only keeps two jobs apart.
+        token = config.get("NEURAL_ARCH_AUTH_TOKEN", environ) or None
+        auth = _StoreAuth(token, _derived_job_token(environ), config.get("NEURAL_ARCH_ALLOW_UNAUTHENTICATED", environ))
         launch = _launch_env(environ)
-        layout = None
+        layout = leave = None
 
         if name == "mpi":
+            _refuse_mpi_outside_mpiexec(environ, launch)
             impl = get_backend_class("mpi").create(None, rank, world_size, timeout,
                                                    rendezvous_timeout=rendezvous_timeout, **backend_options)
+            _check_mpi_world(launch, impl)
             rank, world_size = impl.rank, impl.size
             source = "mpi"
         else:
             rank, world_size, source = _resolve_rank_world(rank, world_size, launch, init_method, name)
+            # Checked before the rendezvous, on every rank: a backend that cannot run here (nccl without
+            # CuPy) must give every rank the same clear error -- checked after it, rank 0 raised and took
+            # the store with it, and the others reported a lost store instead. In a world of one it is
+            # still an error (else get_backend() would say "nccl" on a machine without CuPy).
+            _require_available(name)
             if world_size == 1 and store is None:
-                # A world of one needs no rendezvous and no sockets -- but a backend that cannot run
-                # here is still an error (else get_backend() would say "nccl" on a machine without CuPy)
-                _require_available(name)
                 impl = get_backend_class("local").create(None, 0, 1, timeout)
             else:
                 if store is None:
-                    store = _make_store(init_method, rank, world_size, rendezvous_timeout, token, launch)
+                    store = _make_store(init_method, rank, world_size, rendezvous_timeout, auth, launch)
+                leave = _Leave(store, generation, rank, world_size, rendezvous_timeout)
                 impl, layout = _create_backend(name, store, rank, world_size, timeout, rendezvous_timeout,
                                                token, generation, backend_options)
 
@@ -209,7 +224,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = "en
         GroupMember.WORLD = world
         _STATE.info = {"init_method": init_method if source != "mpi" else "mpi", "rank_source": source,
                        "timeout": timeout, "rendezvous_timeout": rendezvous_timeout, "launch": launch,
-                       "layout": layout}
+                       "layout": layout, "leave": leave}
         _mark_ready(environ, rank)
         _start_observability(world)
         if impl.debug:
@@ -262,10 +277,24 @@ def _mark_ready(environ, rank: int) -> None:
 
 
 def _derived_job_token(environ) -> str | None:
-    """A job token derived from mpiexec's/srun's job id (run_env), when the launcher gave none."""
+    """A public id of the mpiexec/srun job (run.env): it keeps two jobs apart, never authenticates."""
     from neural_arch.distributed.run.env import derive_job_token
 
     return derive_job_token(environ)
+
+
+class _StoreAuth(NamedTuple):
+    """Who may join the rendezvous store (docs/security.md): ``token`` (NEURAL_ARCH_AUTH_TOKEN)
+    authenticates; ``job_id`` (the public srun/mpiexec id) only separates jobs; ``allow_open``
+    (NEURAL_ARCH_ALLOW_UNAUTHENTICATED) lets a multi-host job without a token run open.
+
+    >>> _StoreAuth(None, "4242", False).job_id
+    '4242'
+    """
+
+    token: str | None
+    job_id: str | None
+    allow_open: bool
 
 
 def _launch_env(environ) -> dict | None:
@@ -302,8 +331,9 @@ def _resolve_rank_world(rank, world_size, launch, init_method: str, name: str):
     return rank, world_size, source
 
 
-def _make_store(init_method: str, rank: int, world_size: int, timeout: float, token, launch):
-    """Connect to (rank 0: host) the rendezvous store named by ``init_method``; cached per address."""
+def _make_store(init_method: str, rank: int, world_size: int, timeout: float, auth, launch):
+    """Connect to (rank 0: host) the rendezvous store named by ``init_method``; cached per address.
+    ``auth`` (:class:`_StoreAuth`) says who may join; a bare token (str) is accepted too."""
     from neural_arch.distributed.rendezvous.store import FileStore, TCPStore
 
     if init_method.startswith("file://"):
@@ -333,8 +363,11 @@ def _make_store(init_method: str, rank: int, world_size: int, timeout: float, to
         # Rank 0 listens on MASTER_ADDR itself; when that names this host by a non-local name,
         # listen on every interface so the other hosts can reach it.
         bind = host if rank != 0 or _is_loopback(host) else "0.0.0.0"
+        if not isinstance(auth, _StoreAuth):
+            auth = _StoreAuth(auth, None, False)
         store = TCPStore(bind if rank == 0 else host, port, world_size=world_size, is_master=(rank == 0),
-                         timeout=timeout, auth_token=token)
+                         timeout=timeout, auth_token=auth.token, job_id=auth.job_id,
+                         allow_unauthenticated=auth.allow_open)
         _STATE.stores[key] = store
     return store
 
@@ -361,20 +394,190 @@ def _require_available(name: str) -> None:
 
 
 def _create_backend(name, store, rank, world_size, timeout, rendezvous_timeout, token, generation, options):
-    from neural_arch.distributed.rendezvous.store import PrefixStore, store_barrier
+    from neural_arch.distributed.rendezvous.store import PrefixStore
 
-    _require_available(name)
     cls = get_backend_class(name)
     # A fresh key namespace per init: destroy + re-init on the same store must not see old keys.
     scoped = PrefixStore(f"neural_arch/pg{generation}/", store)
     # Each rank publishes its host before the barrier, so after it the whole map is readable:
     # it gives local_rank / local_world_size when the launcher's variables do not.
     scoped.set(f"host/{rank}", _host_identity())
-    store_barrier(scoped, rank, world_size, "init", rendezvous_timeout)
+    _rendezvous_ranks(scoped, rank, world_size, rendezvous_timeout, hosts=bool(getattr(store, "is_master", False)))
     layout = _host_layout([scoped.get(f"host/{r}").decode() for r in range(world_size)], rank)
     if name == "gloo" and token is not None:
         options = dict(options, auth_token=token)
     return cls.create(scoped, rank, world_size, timeout, **options), layout
+
+
+def _rendezvous_ranks(store, rank: int, world_size: int, timeout: float, hosts: bool = False) -> None:
+    """Wait (up to ``timeout``) until ranks ``0..world_size-1`` all arrived with the same world size.
+
+    Each rank sets ``world/{rank}`` to its WORLD_SIZE and also writes ``arrival/{n}`` ("rank size")
+    under a number ``n`` drawn from the ``arrivals`` counter, so a waiting rank sees *every* arrival,
+    also one outside its own range. Raises :class:`RendezvousError`:
+
+    * when two ranks disagree on the world size, on every rank that arrived (instead of one rank
+      naming a "missing" rank that does not exist and another timing out later in the transport):
+      the rank that sees it first publishes the message under ``failed``; the others read it;
+    * at the timeout, naming the ranks that never arrived;
+    * when the store is lost meanwhile, naming them too (rank 0, which hosts it, gave up waiting for
+      them: the missing rank is the culprit, not the store's host).
+
+    The store's host (``hosts``) lingers a moment (at most 2 s) before raising, until the ranks that
+    arrived have read the failure: its exit closes the store.
+
+    Example (two ranks on one store)::
+
+        _rendezvous_ranks(PrefixStore("pg1", store), rank, 2, timeout=60.0)
+        # RendezvousError: rank 1 (WORLD_SIZE=3): ranks disagree on the world size at rendezvous:
+        # rank 0 has WORLD_SIZE=2, rank 1 has WORLD_SIZE=3; ...
+    """
+    store.set(f"world/{rank}", str(world_size))
+    store.set(f"arrival/{store.add('arrivals', 1)}", f"{rank} {world_size}")
+    keys = [f"world/{r}" for r in range(world_size)]
+    seen: dict[int, int] = {rank: world_size}   # rank -> the world size it claims, from the arrivals
+    read = 0
+    start = time.monotonic()
+    deadline, next_log, pause = start + float(timeout), start + WAIT_LOG_S, 0.001
+    try:
+        while True:
+            count = store.add("arrivals", 0)
+            while read < count and store.check([f"arrival/{read + 1}"]):  # numbered, maybe not yet written
+                r, size = (int(v) for v in store.get(f"arrival/{read + 1}").split())
+                seen[r] = size
+                read += 1
+            if store.check(["failed"]):      # another rank saw the problem first: the same story here
+                _rendezvous_failed(store, rank, world_size, seen, store.get("failed").decode(), hosts)
+            problem = _world_disagreement(seen)
+            if problem is None and store.check(keys):
+                seen.update({r: int(store.get(k)) for r, k in enumerate(keys)})  # also read by the host's linger
+                problem = _world_disagreement(seen)
+                if problem is None:
+                    return
+            now = time.monotonic()
+            if problem is None and now >= deadline:
+                arrived = [r for r in range(world_size) if store.check([keys[r]])]
+                missing = [r for r in range(world_size) if r not in arrived]
+                problem = (f"rendezvous 'init' timed out after {float(timeout):.1f} s (rank {rank}'s rendezvous "
+                           f"timeout): ranks {missing} never "
+                           f"arrived ({', '.join(map(str, arrived))} did); check that every rank started and uses "
+                           "the same MASTER_ADDR/MASTER_PORT")
+            if problem is not None:
+                store.compare_set("failed", b"", problem.encode())  # the first rank's story wins
+                _rendezvous_failed(store, rank, world_size, seen, store.get("failed").decode(), hosts)
+            if now >= next_log:
+                next_log += WAIT_LOG_S
+                log.warning("rank %d of %d has waited %.0f s at the rendezvous for ranks %s to arrive "
+                            "(%.0f s left of the rendezvous timeout)", rank, world_size, now - start,
+                            [r for r in range(world_size) if r not in seen], deadline - now)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+    except (ConnectionError, DistributedError) as exc:
+        if isinstance(exc, RendezvousError) and not isinstance(exc, ConnectionError):
+            raise
+        missing = [r for r in range(world_size) if r not in seen]
+        if not missing:
+            raise
+        raise RendezvousError(
+            f"rank {rank} lost the rendezvous store while waiting for ranks {missing}, which never arrived "
+            f"(ranks {sorted(seen)} did): the store's host (rank 0) most likely gave up waiting for them, "
+            f"so look first at why ranks {missing} did not start or reach init_process_group. ({exc})") from exc
+
+
+def _rendezvous_failed(store, rank: int, world_size: int, seen: Mapping[int, int], problem: str, hosts: bool):
+    """Raise ``problem`` on this rank; the store's host first lets the ranks that arrived read it."""
+    store.set(f"told/{rank}", b"1")
+    if hosts:
+        others = [r for r in seen if r != rank]
+        until = time.monotonic() + 2.0
+        while others and time.monotonic() < until and not all(store.check([f"told/{r}"]) for r in others):
+            time.sleep(0.02)
+    raise RendezvousError(f"rank {rank} (WORLD_SIZE={world_size}): {problem}")
+
+
+def _world_disagreement(claims: Mapping[int, int]) -> str | None:
+    """None when every rank in ``claims`` (rank -> world size) claims the same size; else the message."""
+    if len(set(claims.values())) <= 1:
+        return None
+    theirs = ", ".join(f"rank {r} has WORLD_SIZE={s}" for r, s in sorted(claims.items()))
+    return (f"ranks disagree on the world size at rendezvous: {theirs}. Start every rank with the same "
+            "WORLD_SIZE (one launcher per node with the same --nnodes/--nproc_per_node, or the same "
+            "world_size= on every rank)")
+
+
+def _refuse_mpi_outside_mpiexec(environ, launch) -> None:
+    """``init_process_group("mpi")`` in a process that a non-MPI launcher started is an error.
+
+    MPI would make each such process a world of one (``get_world_size() == 1``, every all_reduce
+    returning the rank's own value): silently wrong. Checked before MPI starts.
+    """
+    from neural_arch.distributed.run.env import launched_by_mpiexec
+
+    if launch is not None and launch["world_size"] > 1 and not launched_by_mpiexec(environ):
+        raise DistributedError(_mpi_world_message(launch, "this process was not started by mpiexec, so MPI "
+                                                          "would make every rank a world of one"))
+
+
+def _check_mpi_world(launch, impl) -> None:
+    """MPI's own world must be the one the launcher's RANK/WORLD_SIZE describe."""
+    if launch is not None and launch["source"] != "mpiexec" and \
+            (int(launch["world_size"]), int(launch["rank"])) != (impl.size, impl.rank):
+        raise DistributedError(_mpi_world_message(
+            launch, f"MPI started this process as rank {impl.rank} of {impl.size}"))
+
+
+def _mpi_world_message(launch, why: str) -> str:
+    size = int(launch["world_size"])
+    return (f"init_process_group('mpi'): the {launch['source']} environment says WORLD_SIZE={size}, "
+            f"RANK={launch['rank']}, but {why}. Start MPI jobs with mpiexec (`mpiexec -n {size} python "
+            "script.py`); under the neural_arch launcher or torchrun use backend='gloo' (or 'nccl' on GPUs)")
+
+
+class _Leave:
+    """How a rank leaves the rendezvous store at ``destroy_process_group()`` (or at exit without it).
+
+    Every rank sets ``left/{rank}`` in the group's key space; the rank whose process *hosts* the
+    store (rank 0's TCPStore) then waits, at most ``min(rendezvous_timeout, LEAVE_WAIT_S)``, until every
+    rank has: closing the store while a peer still finishes its own init would fail that peer with a
+    lost-store error after a clean run. A rank of a failed (poisoned) group does not wait: its
+    peers may be dead. Example: ``_STATE.info["leave"](wait=True)``.
+    """
+
+    def __init__(self, store, generation: int, rank: int, world_size: int, timeout: float) -> None:
+        from neural_arch.distributed.rendezvous.store import PrefixStore
+
+        self.store = PrefixStore(f"neural_arch/pg{generation}/", store)  # the backend's key space
+        self.hosts = bool(getattr(store, "is_master", False))
+        self.rank, self.world_size = rank, world_size
+        self.limit = min(float(timeout), LEAVE_WAIT_S)
+        self.done = False
+
+    def __call__(self, wait: bool = True) -> None:
+        from neural_arch.distributed.rendezvous.store import StoreTimeoutError
+
+        if self.done:
+            return
+        self.done = True
+        try:
+            self.store.set(f"left/{self.rank}", b"1")
+            if not (wait and self.hosts):
+                return
+            keys = [f"left/{r}" for r in range(self.world_size)]
+            deadline = time.monotonic() + self.limit
+            while True:
+                try:
+                    self.store.wait(keys, timeout=max(0.0, min(deadline - time.monotonic(), 0.5)))
+                    return
+                except StoreTimeoutError:
+                    if time.monotonic() >= deadline:
+                        break
+            missing = [r for r in range(self.world_size) if not self.store.check([keys[r]])]
+        except (DistributedError, OSError, ValueError) as exc:  # the store is gone: nothing to wait for
+            log.debug("rank %d could not mark its leaving of the rendezvous store: %s", self.rank, exc)
+            return
+        log.warning("rank %d hosts the rendezvous store and closes it now, although ranks %s have not "
+                    "left the group (destroy_process_group() or exit) within %.1f s: they will see a lost "
+                    "store", self.rank, missing, self.limit)
 
 
 def _host_layout(hosts: list[str], rank: int) -> dict[str, int]:
@@ -404,6 +607,10 @@ def destroy_process_group(group=None) -> None:
         _stop_observability()
     with _STATE.lock:
         if group is None or group is GroupMember.WORLD or group is _STATE.world:
+            if _STATE.world is not None:
+                # Before the sockets close: a peer may still be in its init. Called while an exception
+                # propagates (a `finally:`), this rank is failing: no wait then.
+                _leave_world(_STATE.world, failing=sys.exc_info()[0] is not None)
             targets = list(_STATE.groups)
             _STATE.world = None
             _STATE.groups = []
@@ -421,6 +628,26 @@ def destroy_process_group(group=None) -> None:
                 log.warning("shutting down %r failed: %s", pg, exc)
 
 
+def _leave_world(world, failing: bool) -> None:
+    """Mark this rank as gone from the world's store; its host waits for the others (see _Leave),
+    unless this rank is ``failing`` or its group failed: then the peers may be dead or stuck in a
+    collective with us, and closing at once is what makes them fail fast."""
+    leave = _STATE.info.get("leave")
+    if leave is not None:
+        leave(wait=not failing and getattr(world.backend, "_fatal", None) is None)
+
+
+def _leave_at_exit() -> None:
+    """A script that exits without destroy_process_group() still leaves the store cleanly.
+    ``sys.last_value`` is set when the script died of an exception (the launcher's bootstrap sets it too)."""
+    world = _STATE.world
+    if world is not None:
+        try:
+            _leave_world(world, failing=getattr(sys, "last_value", None) is not None)
+        except Exception as exc:  # noqa: BLE001 - exiting anyway
+            log.debug("leaving the rendezvous at exit failed: %s", exc)
+
+
 def _close_stores() -> None:
     for store in list(_STATE.stores.values()):
         try:
@@ -431,6 +658,7 @@ def _close_stores() -> None:
 
 
 atexit.register(_close_stores)
+atexit.register(_leave_at_exit)  # registered last, so it runs first: before the stores close
 
 
 # ---------------------------------------------------------------------------------- groups

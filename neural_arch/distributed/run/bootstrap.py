@@ -14,12 +14,16 @@ is SIGKILLed, (2) reports "started" by creating ``$NEURAL_ARCH_READY_DIR/started
 launcher's ``--start_timeout`` waits for ``rank_{rank}``, written after rendezvous; ``started_``
 only sharpens its message), and (3) runs the user's script exactly as ``python
 script.py args`` would (``__name__ == "__main__"``, ``sys.argv``, ``sys.path[0]`` = script folder),
-or the module as ``python -m`` would.
+or the module as ``python -m`` would. (4) When the script raises, it records the error with the time
+it was caught in ``$NEURAL_ARCH_READY_DIR/error_{rank}.json``: the launcher's summary then names the
+rank whose error came *first* (the cause), not the first rank to exit (often a peer that saw the
+cause as a lost connection).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import runpy
 import sys
@@ -53,6 +57,28 @@ def _report_started(run_env) -> None:
             f.write(str(os.getpid()))
     except OSError:
         pass  # the launcher is gone or its temp dir was removed; the death watch handles the rest
+
+
+def report_error(exc: BaseException, folder: str | None = None) -> None:
+    """Write ``error_{rank}.json`` (rank, wall-clock time, type, message) for the launcher; best effort.
+    (Wall-clock, not monotonic: the records of different processes are compared.)
+
+    Example: ``{"rank": 1, "time": 1732700000.25, "type": "ValueError", "message": "bad shape"}``.
+    """
+    import time
+
+    folder = folder if folder is not None else os.environ.get("NEURAL_ARCH_READY_DIR")
+    if not folder:
+        return
+    record = {"rank": int(os.environ.get("RANK", "0") or 0), "time": time.time(),
+              "type": type(exc).__name__, "message": str(exc)[:2000]}
+    path = os.path.join(folder, f"error_{record['rank']}.json")
+    try:
+        with open(path + ".tmp", "w") as f:
+            json.dump(record, f)
+        os.replace(path + ".tmp", path)  # the launcher never reads half a record
+    except OSError:
+        pass  # the launcher is gone or its folder was removed: the traceback is still printed
 
 
 def _set_path0(folder: str) -> None:
@@ -105,10 +131,17 @@ def _user_frames(tb):
 if __name__ == "__main__":
     try:
         main(sys.argv[1:])
-    except (SystemExit, KeyboardInterrupt):
+    except SystemExit as exc:
+        if exc.code not in (None, 0):  # sys.exit(5) is a failure too: its time orders the summary
+            report_error(exc)
+        raise
+    except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - print like Python would, minus our frames
         import traceback
+
+        report_error(exc)
+        sys.last_value = exc  # as for an uncaught exception: at-exit code knows the script failed
 
         traceback.print_exception(type(exc), exc, _user_frames(exc.__traceback__) or exc.__traceback__)
         sys.stderr.flush()

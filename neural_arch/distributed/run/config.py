@@ -42,7 +42,8 @@ class LaunchConfig:
     node-0 launcher's port for other nodes' launchers; default ``master_port + 1``), ``prefix_output``
     (prefix each line with ``[rank{r}]: ``), ``rdzv_id`` (torchrun's job id, given to the ranks as
     ``TORCHELASTIC_RUN_ID``), ``rdzv_last_call`` (elastic jobs: seconds node 0 keeps a round open
-    for more nodes once ``MIN`` have joined).
+    for more nodes once ``MIN`` have joined), ``wait_log_interval`` (seconds between the lines a
+    launcher prints while it waits for other nodes: what it waits for, and how long is left).
 
     ``nnodes`` is ``N`` or torchrun's ``"MIN:MAX"``; ``N`` means ``N:N``. After validation
     ``nnodes`` holds MAX and ``min_nnodes`` holds MIN. A multi-node job with a range or with
@@ -73,6 +74,7 @@ class LaunchConfig:
     rdzv_id: str | None = None
     rdzv_last_call: float = 1.0
     min_nnodes: int | None = None
+    wait_log_interval: float = 30.0
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
@@ -97,6 +99,8 @@ class LaunchConfig:
         need(float(self.monitor_interval) > 0, "monitor_interval must be > 0 seconds")
         need(float(self.start_timeout) > 0, "start_timeout must be > 0 seconds")
         need(float(self.term_timeout) >= 0, "term_timeout must be >= 0 seconds")
+        need(float(self.wait_log_interval) > 0, "wait_log_interval must be > 0 seconds")
+        self.wait_log_interval = float(self.wait_log_interval)
         need(not (self.standalone and int(self.nnodes) != 1),
              "--standalone is for a single node; drop it or use --nnodes 1")
         need(bool(str(self.backend).strip()), "backend must be a name such as 'gloo' or 'mpi'")
@@ -159,7 +163,7 @@ for _field, _conv in [
     ("master_port", int), ("backend", str), ("max_restarts", int), ("monitor_interval", float),
     ("start_timeout", float), ("log_dir", str), ("standalone", None), ("term_timeout", float),
     ("agent_port", int), ("rdzv_backend", str), ("rdzv_endpoint", str), ("rdzv_id", str),
-    ("rdzv_last_call", float),
+    ("rdzv_last_call", float), ("wait_log_interval", float),
 ]:
     _OPTIONS["--" + _field] = (_field, _conv)
     _OPTIONS["--" + _field.replace("_", "-")] = (_field, _conv)
@@ -188,6 +192,8 @@ options (each multi-word option also accepts dashes: --nproc-per-node):
   --log_dir DIR          also write each rank's output to DIR/rank_{r}.log
   --term_timeout S       grace between SIGTERM and SIGKILL on teardown (default 5)
   --agent_port PORT      node-0 launcher port for the other nodes (default master_port+1)
+  --wait_log_interval S  multi-node: while waiting for the other nodes, say what for every S s
+                         (default 30); node 0 also logs each refused join as it happens
   --rdzv_backend NAME    torchrun's: c10d or static (both mean node 0's store at --rdzv_endpoint)
   --rdzv_endpoint H:P    torchrun's: the rendezvous address = --master_addr H --master_port P
   --rdzv_id ID           torchrun's job id; the ranks see it as TORCHELASTIC_RUN_ID

@@ -21,18 +21,22 @@ import threading
 import time
 from collections.abc import Callable
 
-from neural_arch.distributed.comm.transport.handshake import serve
+from neural_arch.distributed.comm.transport.handshake import HandshakeRefused, serve
 from neural_arch.distributed.errors import DistributedError
 from neural_arch.distributed.run.agent import (
     _HANDSHAKE_S,
     _LEN,
     _MAX_REPLY,
     _PURPOSE,
+    WAIT_LOG_S,
     NodeLayout,
     _connect_and_greet,
+    _Every,
     _recv_exact,
+    _RefusalLog,
     _send_message,
     accept_forever,
+    bind_hint,
     check_join_request,
 )
 
@@ -94,8 +98,9 @@ class ElasticAgentServer:
     nodes stops the round too and joins the next one (torchrun's "new nodes waiting" restart):
     a membership change, which neither uses up a restart nor changes the restart count.
 
-    >>> server = ElasticAgentServer(0, 1, 2, token="abc", last_call=0.0)
-    >>> me = ElasticMember("127.0.0.1", server.port, 0, 2, "abc", timeout=5, nnodes_spec="1:2")
+    >>> token = "5ca1ab1e" * 4
+    >>> server = ElasticAgentServer(0, 1, 2, token=token, last_call=0.0)
+    >>> me = ElasticMember("127.0.0.1", server.port, 0, 2, token, timeout=5, nnodes_spec="1:2")
     >>> msg = me.get(5); (msg["round"], msg["node_rank"], msg["layout"])
     (0, 0, [2])
     >>> me.send({"done": 0}); me.get(5)
@@ -106,13 +111,15 @@ class ElasticAgentServer:
     def __init__(self, port: int, min_nodes: int, max_nodes: int, token: str, host: str = "127.0.0.1",
                  backend: str = "gloo", master_port: int | None = None, max_restarts: int = 0,
                  last_call: float = 1.0, start_timeout: float = 600.0,
-                 log: Callable[[str], None] = lambda message: None) -> None:
+                 log: Callable[[str], None] = lambda message: None, log_interval: float = WAIT_LOG_S) -> None:
         if not token:
             raise ValueError("ElasticAgentServer needs the job token (NEURAL_ARCH_AUTH_TOKEN)")
         if not 1 <= min_nodes <= max_nodes:
             raise ValueError(f"need 1 <= min_nodes <= max_nodes, got {min_nodes}:{max_nodes}")
         self.min_nodes, self.max_nodes, self.max_restarts = int(min_nodes), int(max_nodes), int(max_restarts)
         self.last_call, self.start_timeout, self._log, self._host = float(last_call), float(start_timeout), log, host
+        self._refusals = _RefusalLog(log)
+        self._log_interval = float(log_interval)
         self._key = token.encode()
         self._view = {"nnodes": f"{min_nodes}:{max_nodes}", "backend": str(backend).lower(),
                       "master_port": master_port}
@@ -131,8 +138,9 @@ class ElasticAgentServer:
             self._sock.bind((host, port))
         except OSError as exc:
             self._sock.close()
-            raise RuntimeError(f"node-0 launcher could not listen on agent port {port} ({exc}); free the port "
-                               f"or pass --agent_port to every launcher") from None
+            raise RuntimeError(f"node-0 launcher could not listen on agent port {host}:{port} ({exc})"
+                               f"{bind_hint(exc, host)}; free the port or pass --agent_port to every launcher"
+                               ) from None
         self._sock.listen(64)
         self._sock.settimeout(0.2)
         self.port = self._sock.getsockname()[1]
@@ -164,15 +172,20 @@ class ElasticAgentServer:
         return None
 
     def _accept_loop(self) -> None:
-        accept_forever(self._sock, self._stop, self._handshake, "neural-arch-elastic-hello")
+        accept_forever(self._sock, self._stop, self._handshake, "neural-arch-elastic-hello", log=self._log)
 
-    def _handshake(self, conn: socket.socket) -> None:
+    def _handshake(self, conn: socket.socket, authenticated: Callable[[], None] = lambda: None) -> None:
         try:
             node, extra = serve(conn, self._key, _PURPOSE, time.monotonic() + _HANDSHAKE_S, self._where,
                                 accept=self._check)
-        except (DistributedError, OSError):
+        except HandshakeRefused as exc:
+            self._refusals(conn, exc)  # the joiner was told why; node 0 says so too, as it happens
             conn.close()
             return
+        except (DistributedError, OSError):
+            conn.close()  # a half-open probe or a stalled client
+            return
+        authenticated()  # from here on this member no longer counts against the handshake cap
         conn.settimeout(None)
         _keepalive(conn)
         member = _Member(node, int(json.loads(extra.decode())["nproc_per_node"]), conn, next(self._seq))
@@ -238,6 +251,7 @@ class ElasticAgentServer:
 
     def _form(self, rnd: int, restart: int) -> list[_Member]:
         deadline = time.monotonic() + self.start_timeout
+        every = _Every(self._log_interval)  # a round that cannot form says why while it waits
         last_call_at = None
         survivors_of = set(self.rounds[-1]["nodes"]) if self.rounds else None
         while True:
@@ -254,6 +268,10 @@ class ElasticAgentServer:
                     break
             else:
                 last_call_at = None
+                if every():
+                    self._log(f"round {rnd}: still waiting for nodes: joined {sorted(m.identity for m in members)}, "
+                              f"need node 0 and at least {self.min_nodes} in all ({deadline - now:.0f} s left of "
+                              "the start timeout)")
             if now >= deadline:
                 raise _JobOver(1, self._too_few(rnd, members))
             wake = min(deadline, last_call_at if last_call_at is not None else deadline)
@@ -377,15 +395,18 @@ class ElasticMember:
     def __init__(self, addr: str, port: int, identity: int, nproc_per_node: int, token: str, timeout: float,
                  should_stop: Callable[[], bool] = lambda: False, nnodes_spec: str | None = None,
                  backend: str = "gloo", master_port: int | None = None,
-                 on_message: Callable[[], None] = lambda: None) -> None:
+                 on_message: Callable[[], None] = lambda: None,
+                 log: Callable[[str], None] = lambda message: None, log_interval: float = WAIT_LOG_S) -> None:
         if not token:
             raise RuntimeError("joining node 0 needs NEURAL_ARCH_AUTH_TOKEN: export the same value on "
                                "every node of the job")
         self.where = f"node 0's elastic agent at {addr}:{port}"
         view = {"nnodes": nnodes_spec, "nproc_per_node": int(nproc_per_node), "backend": str(backend).lower(),
                 "master_port": master_port}
+        every = _Every(log_interval)  # a node that cannot reach node 0 says so, not only at the timeout
         self._sock = _connect_and_greet(addr, port, identity, token, view, time.monotonic() + timeout,
-                                        should_stop, self.where)
+                                        should_stop, self.where,
+                                        lambda text: log(f"node {identity}: {text}") if every() else None)
         self._sock.settimeout(None)
         _keepalive(self._sock)
         self._queue: queue.Queue = queue.Queue()

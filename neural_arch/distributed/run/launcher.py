@@ -43,11 +43,18 @@ Behaviour:
   every other rank reads an empty stdin.
 * Output: each line is prefixed ``[rank{r}]: `` (stdout to stdout, stderr to stderr), whole lines
   only. With ``--log_dir`` each rank's raw output is *appended* to ``log_dir/rank_{r}.log``; every
-  attempt starts with a ``==== neural_arch launcher: attempt k ====`` header line.
+  attempt starts with a ``==== neural_arch launcher: attempt k ====`` header line. The folder is
+  created 0700 and refused if another user owns it or may write into it; logs are 0600 and never
+  opened through a symlink.
 * Failure: the first rank to exit non-zero makes the launcher stop the others (SIGTERM to each rank's
   process group, SIGKILL after ``term_timeout`` s). While restarts remain the whole node group is
   started again with ``NEURAL_ARCH_RESTART_COUNT`` increased (a fresh port in ``--standalone`` mode);
-  otherwise the launcher exits with that rank's code (128+N for signal N) after a summary.
+  otherwise the launcher exits with that rank's code (128+N for signal N) after a summary. The
+  summary names the rank whose error came *first* (each rank's uncaught error is recorded with its
+  time) and prints that error: the first rank to *exit* is often a peer that only saw a lost
+  connection (``PeerFailureError``) while another rank held the cause.
+* Started by mpiexec/srun as several tasks of one node (``mpiexec -n 2 python -m ...launcher``): refused
+  at once (exit status 2) with what to do instead, rather than the launchers fighting over the port.
 * Signals: SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to every rank, then the same teardown
   runs and the launcher exits with 128+N. A launcher killed with SIGKILL leaves no orphans: each rank
   leads its own process group and watches its parent (polling every 0.2 s); when the launcher is
@@ -88,6 +95,7 @@ Restart-from-checkpoint pattern for a training script (see ``examples/restart_fr
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -99,15 +107,22 @@ import threading
 import time
 
 from neural_arch.distributed import config
-from neural_arch.distributed.run.agent import NodeAgentServer, NodeLayout, join_node0
+from neural_arch.distributed.run.agent import NodeAgentServer, NodeLayout, _Every, join_node0
 from neural_arch.distributed.run.config import LaunchConfig, parse_command_line
 from neural_arch.distributed.run.elastic_agent import ElasticAgentServer, ElasticMember
-from neural_arch.distributed.run.env import free_port, package_root, rank_env
+from neural_arch.distributed.run.env import (
+    detect_launch_env,
+    free_port,
+    launched_by_mpiexec,
+    package_root,
+    rank_env,
+)
 from neural_arch.distributed.run.procs import (
     Child,
     OutputPump,
     describe_exit,
     exit_status,
+    prepare_log_dir,
     send_signal_all,
     signal_name,
     start_child,
@@ -155,6 +170,7 @@ class DistributedLauncher:
         self.restart_count = 0
         self.last_failure: dict | None = None
         self._node_rank = self.config.node_rank   # elastic jobs: this round's node rank
+        self._errors: list[dict] = []              # the last attempt's error records, oldest first
         self._member: ElasticMember | None = None  # elastic jobs: our connection to node 0's agent
 
     # ------------------------------------------------------------------ signals
@@ -247,6 +263,7 @@ class DistributedLauncher:
         try:
             children = self._start_group(target, args, port, token, ready_dir, pump)
             deadline = time.monotonic() + cfg.start_timeout
+            every = _Every(cfg.wait_log_interval)
             started = False
             while True:
                 # A rank's pipes reach EOF a moment *before* the kernel reports it as exited; poll
@@ -273,9 +290,13 @@ class DistributedLauncher:
                     started = missing is None
                     if not started and time.monotonic() > deadline:
                         raise _StartTimeout(missing)
+                    if not started and every():
+                        _say(f"still waiting: {missing.split('. A script')[0]} ({deadline - time.monotonic():.0f} s left of "
+                             f"--start_timeout {cfg.start_timeout:g})")
         finally:
             grace = cfg.term_timeout
             terminate_all(children, grace=grace, already_signalled=self._signum is not None)
+            self._errors = _read_error_records(ready_dir)
             shutil.rmtree(ready_dir, ignore_errors=True)
 
     # ------------------------------------------------------------------ public entry
@@ -286,13 +307,14 @@ class DistributedLauncher:
         ranks did not start within ``start_timeout``.
         """
         cfg = self.config
+        _refuse_mpi_tasks(cfg)
         if cfg.backend.lower() == "mpi" and cfg.world_size > 1:
             raise ValueError(
                 "--backend mpi: MPI ranks must be started by mpiexec, which this launcher is not; "
                 "its processes would each be an MPI world of one. Run `mpiexec -n "
                 f"{cfg.world_size} python {script} ...` instead, or use --backend gloo here")
         if cfg.log_dir:
-            os.makedirs(cfg.log_dir, exist_ok=True)
+            prepare_log_dir(cfg.log_dir)
         token = config.get("NEURAL_ARCH_AUTH_TOKEN") or None
         if cfg.nnodes > 1 and not token:
             raise ValueError(
@@ -355,9 +377,10 @@ class DistributedLauncher:
         if cfg.node_rank == 0:
             # Listen on master_addr only: the other nodes reach us there, nobody needs more.
             agent = NodeAgentServer(agent_port, cfg.nnodes, cfg.nproc_per_node, token, host=cfg.master_addr,
-                                    backend=cfg.backend, master_port=cfg.master_port)
+                                    backend=cfg.backend, master_port=cfg.master_port,
+                                    log=lambda m: _say(f"node 0: {m}"))
             try:
-                self._layout = agent.wait_layout(cfg.start_timeout, stopping)
+                self._layout = agent.wait_layout(cfg.start_timeout, stopping, log_interval=cfg.wait_log_interval)
             except TimeoutError as exc:
                 agent.close()
                 raise _StartTimeout(f"{exc}: start each missing node's launcher with --node_rank N "
@@ -368,7 +391,7 @@ class DistributedLauncher:
             return token, agent
         self._layout = join_node0(cfg.master_addr, agent_port, cfg.node_rank, cfg.nproc_per_node, token,
                                   cfg.start_timeout, stopping, nnodes=cfg.nnodes, backend=cfg.backend,
-                                  master_port=cfg.master_port)
+                                  master_port=cfg.master_port, log=_say, log_interval=cfg.wait_log_interval)
         return token, None
 
     # ------------------------------------------------------------------ elastic jobs
@@ -383,11 +406,13 @@ class DistributedLauncher:
                 server = ElasticAgentServer(agent_port, cfg.min_nnodes, cfg.nnodes, token, host=cfg.master_addr,
                                             backend=cfg.backend, master_port=cfg.master_port,
                                             max_restarts=cfg.max_restarts, last_call=cfg.rdzv_last_call,
-                                            start_timeout=cfg.start_timeout, log=lambda m: _say(f"agent: {m}"))
+                                            start_timeout=cfg.start_timeout, log=lambda m: _say(f"agent: {m}"),
+                                            log_interval=cfg.wait_log_interval)
             try:
                 member = ElasticMember(cfg.master_addr, agent_port, cfg.node_rank, cfg.nproc_per_node, token,
                                        cfg.start_timeout, stopping, nnodes_spec=cfg.nnodes_spec,
-                                       backend=cfg.backend, master_port=cfg.master_port, on_message=self._wake.set)
+                                       backend=cfg.backend, master_port=cfg.master_port, on_message=self._wake.set,
+                                       log=_say, log_interval=cfg.wait_log_interval)
             except (TimeoutError, InterruptedError, RuntimeError) as exc:
                 if self._signum is not None:
                     return 128 + self._signum
@@ -463,14 +488,76 @@ class DistributedLauncher:
 
     def _summary(self, child: Child, restarts: bool = True) -> str:
         cfg = self.config
+        first = self._errors[0] if self._errors else None
+        own = next((e for e in self._errors if e["rank"] == child.rank), None)
+        # Only against the failed rank's own record: a rank killed by a signal leaves none, and is
+        # then itself the likeliest cause (its peers' errors follow from its death).
+        if own is not None and first is not None and first["rank"] != child.rank:
+            # The first rank to exit is often a peer that saw the cause as a lost connection: name the
+            # rank whose error came first, with its message, and the first exit after it.
+            lines = [f"job failed: rank {first['rank']} raised the first error: {first['type']}: {first['message']}",
+                     (f"  (rank {child.rank}, pid {child.proc.pid}, was the first to exit: "
+                      f"{describe_exit(child.proc.returncode)}{_error_of(self._errors, child.rank)})")]
+            log_path = os.path.join(cfg.log_dir, f"rank_{first['rank']}.log") if cfg.log_dir else None
+            if cfg.max_restarts and restarts:
+                lines.append(f"  restarts used: {self.restart_count} of {cfg.max_restarts}")
+            lines.append(f"  log: {log_path}" if log_path else
+                         (f"  log: its output is above, prefixed with [rank{first['rank']}]:  (use --log_dir to "
+                          "keep one file per rank)"))
+            return "\n".join(lines)
         lines = [(f"job failed: rank {child.rank} (node {child.node_rank}, local rank {child.local_rank},"
-                  f" pid {child.proc.pid}) {describe_exit(child.proc.returncode)}")]
+                  f" pid {child.proc.pid}) {describe_exit(child.proc.returncode)}"
+                  + (f": {own['type']}: {own['message']}" if own is not None and own["type"] != "SystemExit" else ""))]
         if cfg.max_restarts and restarts:
             lines.append(f"  restarts used: {self.restart_count} of {cfg.max_restarts}")
         lines.append(f"  log: {child.log_path}" if child.log_path else
                      "  log: its output is above, prefixed with "
                      f"[rank{child.rank}]:  (use --log_dir to keep one file per rank)")
         return "\n".join(lines)
+
+
+def _read_error_records(folder: str) -> list[dict]:
+    """The ``error_{rank}.json`` records the ranks' bootstrap wrote (see run/bootstrap.py), oldest first."""
+    records = []
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith("error_") and n.endswith(".json")]
+    except OSError:
+        return []
+    for name in names:
+        try:
+            with open(os.path.join(folder, name)) as f:
+                record = json.load(f)
+            records.append({"rank": int(record["rank"]), "time": float(record["time"]),
+                            "type": str(record["type"]), "message": str(record["message"])})
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # half-written by a rank killed meanwhile: the others still tell the story
+    return sorted(records, key=lambda r: (r["time"], r["rank"]))
+
+
+def _error_of(records: list[dict], rank: int) -> str:
+    for record in records:
+        if record["rank"] == rank:
+            return f" with {record['type']}: {record['message'].splitlines()[0] if record['message'] else ''}"
+    return ""
+
+
+def _refuse_mpi_tasks(cfg: LaunchConfig) -> None:
+    """A launcher started by mpiexec/srun as several tasks for one node would start the job several
+    times over (port clashes, "another job key"): refuse it at once, saying what to do instead."""
+    if not launched_by_mpiexec():
+        return
+    try:
+        outer = detect_launch_env()
+    except ValueError:
+        outer = None
+    tasks = int(outer["world_size"]) if outer else 0
+    if tasks > 1 and tasks != cfg.nnodes:
+        raise ValueError(
+            f"this launcher was started by mpiexec/srun as one of {tasks} tasks, but the job has --nnodes "
+            f"{cfg.nnodes}: each task would start the whole node's ranks again. Either let MPI start the "
+            f"ranks (`mpiexec -n {cfg.world_size} python train.py`, backend mpi or gloo) or start one launcher "
+            f"per node (`python -m neural_arch.distributed.launcher --nproc_per_node {cfg.nproc_per_node} "
+            "train.py`; under srun use --ntasks-per-node=1 with --nnodes and --node_rank=$SLURM_NODEID)")
 
 
 class _ChildFailed(Exception):

@@ -7,6 +7,9 @@
   the child *and* anything it spawned (data-loader workers) with one ``killpg``.
 * :func:`terminate_all` is the one teardown path: SIGTERM (or the given signal), a grace period,
   then SIGKILL, then reap. It never waits without a timeout.
+* :func:`prepare_log_dir` / :func:`open_log`: ``--log_dir`` is created ``0700`` and refused when another
+  user owns it or may write into it; each log is opened without following a symlink, mode ``0600``
+  (a rank's output may hold data and paths that are nobody else's business).
 
 Example::
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -32,7 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
-__all__ = ["Child", "OutputPump", "describe_exit", "signal_name", "start_child", "terminate_all"]
+__all__ = ["Child", "OutputPump", "describe_exit", "open_log", "prepare_log_dir", "signal_name", "start_child",
+           "terminate_all"]
 
 
 def signal_name(signum: int) -> str:
@@ -115,6 +120,60 @@ class OutputPump:
         return threads
 
 
+def prepare_log_dir(path: str) -> str:
+    """Create ``path`` (mode 0700) if needed and check that it is safe to write logs into.
+
+    Refused with ``ValueError`` (saying what to do): not a directory, owned by another user, or
+    writable by group or others (they could plant a symlink or read what we write). A symlink to
+    such a directory is refused the same way: the check is on the directory it leads to.
+
+    >>> import tempfile; d = tempfile.mkdtemp()
+    >>> prepare_log_dir(os.path.join(d, "logs")) == os.path.join(d, "logs")
+    True
+    """
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"--log_dir {path!r} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise ValueError(f"--log_dir {path!r} belongs to another user (uid {st.st_uid}); the launcher writes "
+                         "its logs only into a directory you own: pick one of yours")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ValueError(f"--log_dir {path!r} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}), who "
+                         f"could replace a log with a link to one of your files: run `chmod go-w {path}` or "
+                         "pick a directory only you can write")
+    return path
+
+
+def open_log(path: str) -> IO[str]:
+    """Open a rank's log for appending: never through a symlink, created mode 0600, a regular file of
+    ours; ``ValueError`` naming the file otherwise. An existing log is made 0600 too.
+
+    >>> import tempfile; f = open_log(os.path.join(tempfile.mkdtemp(), "rank_0.log"))
+    >>> oct(os.fstat(f.fileno()).st_mode & 0o777); f.close()
+    '0o600'
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise ValueError(f"log file {path!r} is a symbolic link; the launcher does not write through "
+                             "links (someone may aim it at one of your files): remove it") from None
+        raise ValueError(f"cannot open the log file {path!r}: {exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise ValueError(f"log file {path!r} is not a regular file of yours; remove it or pick another --log_dir")
+        os.set_blocking(fd, True)  # O_NONBLOCK only kept a FIFO planted there from blocking the open
+        if stat.S_IMODE(st.st_mode) != 0o600:
+            os.fchmod(fd, 0o600)
+        return os.fdopen(fd, "a", encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 @dataclass
 class Child:
     """One started rank: its process, identity and the threads copying its output."""
@@ -143,7 +202,7 @@ def start_child(cmd: list[str], env: dict, rank: int, pump: OutputPump, local_ra
     log_file = None
     if log_path is not None:
         # Stays open while the rank runs (the pump threads write to it); closed in finish_children.
-        log_file = open(log_path, "a", encoding="utf-8")  # noqa: SIM115
+        log_file = open_log(log_path)
         if header:
             log_file.write(header)
             log_file.flush()
