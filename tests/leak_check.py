@@ -95,6 +95,14 @@ def pytest_runtest_teardown(item, nextitem):
         _LIVE.update(live)
 
 
+def _creator_alive(name: str) -> bool:
+    """neural_arch's segments are named ``na-<creator pid>-...``: one whose creator lives is not a leak yet."""
+    parts = name.split("-")
+    if name.startswith("na-") and len(parts) > 2 and parts[1].isdigit():
+        return psutil.pid_exists(int(parts[1]))
+    return False
+
+
 def _leftover_processes() -> list[psutil.Process]:
     me = psutil.Process()
     deadline = time.monotonic() + GRACE_S
@@ -129,7 +137,7 @@ def pytest_sessionfinish(session, exitstatus):
     mapped = _mapped_files() if new else set()
     for name in sorted(new):
         path = os.path.join(SHM, name)
-        if path in mapped:      # still in use by a live process outside this run (another job)
+        if path in mapped or _creator_alive(name):   # in use by a live process (another job, on its way)
             continue
         leaks.append(f"shared-memory segment {path}")
         with contextlib.suppress(OSError):

@@ -16,13 +16,15 @@ LEAKY = textwrap.dedent('''
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 
     def test_leaves_a_segment():
-        with open("/dev/shm/na-{tag}-leak-check", "wb") as f:
+        with open("/dev/shm/na-{tag}-leak-check", "wb") as f:   # named by a creator that has exited
             f.write(b"x")
 ''')
 
 
 def test_a_leaked_process_and_segment_fail_the_run_and_are_removed(tmp_path):
-    tag = f"{os.getpid()}-{os.urandom(3).hex()}"
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    tag = f"{gone.pid}-{os.urandom(3).hex()}"
     (tmp_path / "conftest.py").write_text('import leak_check\n\nleak_check.GRACE_S = 0.3\n'
                                           'pytest_plugins = ["leak_check"]\n')
     (tmp_path / "test_leaky.py").write_text(LEAKY.replace("{tag}", tag))

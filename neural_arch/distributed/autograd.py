@@ -223,11 +223,22 @@ def reduce_scatter(output_or_input, input_list=None, op=ReduceOp.SUM, group=None
     return _wrap("ReduceScatter", x, out, backward)
 
 
-def all_to_all_single(tensor, group=None) -> Tensor:
-    """Differentiable all-to-all on dim 0: chunk d goes to rank d. Backward: the same exchange
-    (all-to-all is its own adjoint up to the chunk permutation it undoes)."""
+def all_to_all_single(tensor, group=None, *, output_split_sizes=None, input_split_sizes=None) -> Tensor:
+    """Differentiable all-to-all on dim 0: chunk d goes to rank d. Backward: the reverse exchange
+    (all-to-all is its own adjoint up to the chunk permutation it undoes).
+
+    Uneven splits (torch's arguments): ``input_split_sizes[d]`` rows go to rank d and
+    ``output_split_sizes[s]`` rows arrive from rank s (the output has ``sum(output_split_sizes)``
+    rows; zero-length splits are fine). Rank s's ``input_split_sizes[d]`` must equal rank d's
+    ``output_split_sizes[s]`` (checked: every rank raises together). The backward sends the
+    gradient rows back with the two lists swapped.
+
+    >>> out = all_to_all_single(x, output_split_sizes=[1, 3], input_split_sizes=[1, 2])  # doctest: +SKIP
+    """
     x = _tensor(tensor, "all_to_all_single")
     g = _resolve_group(group, "all_to_all_single")
+    if output_split_sizes is not None or input_split_sizes is not None:
+        return _all_to_all_uneven(x, g, output_split_sizes, input_split_sizes)
 
     def exchange(array):
         if array.ndim == 0 or array.shape[0] % g.size():
@@ -241,6 +252,29 @@ def all_to_all_single(tensor, group=None) -> Tensor:
         return out
 
     return _wrap("AllToAll", x, exchange(x.data), exchange)
+
+
+def _all_to_all_uneven(x: Tensor, g, output_split_sizes, input_split_sizes) -> Tensor:
+    from neural_arch.distributed.collectives import all_to_all_single as exchange_rows
+
+    if x.ndim == 0:
+        raise ValueError("all_to_all_single: a 0-d tensor has no rows to split; reshape it to (1,)")
+    n = g.size()
+    if output_split_sizes is None:
+        raise ValueError("all_to_all_single: input_split_sizes needs output_split_sizes too (the rows "
+                         "this rank receives from each rank): the output's length is not known otherwise")
+    out_splits = [int(v) for v in output_split_sizes]
+    in_splits = ([x.shape[0] // n] * n if input_split_sizes is None and x.shape[0] % n == 0
+                 else input_split_sizes)
+
+    def exchange(array, sends, receives):
+        out = _xp(array).empty((sum(int(v) for v in receives),) + tuple(array.shape[1:]), dtype=array.dtype)
+        exchange_rows(out, _xp(array).ascontiguousarray(array), output_split_sizes=receives,
+                      input_split_sizes=sends, group=g)
+        return out
+
+    return _wrap("AllToAllUneven", x, exchange(x.data, in_splits, out_splits),
+                 lambda grad: exchange(grad, out_splits, in_splits))
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None) -> tuple:

@@ -23,6 +23,7 @@ from neural_arch.nn.flatten import Flatten, Unflatten
 from neural_arch.nn.linear import Embedding, Identity, Linear
 from neural_arch.nn.loss import CrossEntropyLoss, MSELoss
 from neural_arch.nn.module import IncompatibleKeys, Module
+from neural_arch.nn.moe import MoE
 from neural_arch.nn.normalization import Dropout, Dropout2d, LayerNorm
 from neural_arch.nn.parameter import Parameter
 from neural_arch.nn.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
@@ -35,7 +36,7 @@ __all__ = [
     "Linear", "Embedding", "Identity", "LayerNorm", "Dropout",
     "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax",
     "Sequential", "ModuleList", "ModuleDict",
-    "MultiheadAttention", "TransformerBlock", "GPT",
+    "MultiheadAttention", "TransformerBlock", "GPT", "MoE",
     "CrossEntropyLoss", "MSELoss", "utils",
     "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "BatchNorm1d", "BatchNorm2d",
     "Dropout2d", "Flatten", "Unflatten",

@@ -30,6 +30,7 @@ from neural_arch.nn.attention import MultiheadAttention
 from neural_arch.nn.container import ModuleList, Sequential
 from neural_arch.nn.linear import Embedding, Linear
 from neural_arch.nn.module import Module
+from neural_arch.nn.moe import MoE
 from neural_arch.nn.normalization import Dropout, LayerNorm
 
 __all__ = ["TransformerBlock", "GPT"]
@@ -42,18 +43,22 @@ class TransformerBlock(Module):
     """
 
     def __init__(self, embed_dim: int, num_heads: int, mlp_ratio: int = 4, dropout: float = 0.0,
-                 causal: bool = True):
+                 causal: bool = True, num_experts: int = 0, moe_kwargs: dict | None = None):
         super().__init__()
         hidden = int(mlp_ratio * embed_dim)
         self.ln1 = LayerNorm(embed_dim)
         self.attn = MultiheadAttention(embed_dim, num_heads, dropout=dropout, causal=causal)
         self.ln2 = LayerNorm(embed_dim)
-        self.mlp = Sequential(OrderedDict(
-            fc1=Linear(embed_dim, hidden),
-            act=GELU(),
-            fc2=Linear(hidden, embed_dim),
-            drop=Dropout(dropout),
-        ))
+        if num_experts:
+            # A mixture of experts in place of the MLP (each expert the same fc1/GELU/fc2 shape).
+            self.mlp = MoE(embed_dim, num_experts, hidden_dim=hidden, **(moe_kwargs or {}))
+        else:
+            self.mlp = Sequential(OrderedDict(
+                fc1=Linear(embed_dim, hidden),
+                act=GELU(),
+                fc2=Linear(hidden, embed_dim),
+                drop=Dropout(dropout),
+            ))
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -68,13 +73,19 @@ class GPT(Module):
         block_size: the longest sequence the position embedding supports.
         n_layer, n_head, n_embd: depth, heads per block, width.
         dropout: dropout after the embeddings, on attention weights and after each residual branch.
+        moe_num_experts: 0 (default) keeps every MLP dense; ``E > 0`` replaces the MLP of every
+            ``moe_every``-th block (blocks ``moe_every - 1``, ``2 * moe_every - 1``, ...: 1 = every
+            block, 2 = every other block as in GShard/Switch) with an ``nn.MoE`` of ``E`` experts.
+        moe_kwargs: more ``nn.MoE`` arguments (``top_k``, ``capacity_factor``, ``aux_loss_coef``,
+            ``z_loss_coef``). Add ``model.aux_loss`` (the sum over the MoE blocks) to the loss.
 
     Initialisation follows GPT-2: weights N(0, 0.02), biases 0, and the two residual output
     projections per block N(0, 0.02 / sqrt(2 * n_layer)) so the residual stream does not grow with depth.
     """
 
     def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int,
-                 dropout: float = 0.0):
+                 dropout: float = 0.0, *, moe_num_experts: int = 0, moe_every: int = 1,
+                 moe_kwargs: dict | None = None):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("block_size", block_size),
                             ("n_layer", n_layer), ("n_head", n_head), ("n_embd", n_embd)):
@@ -85,7 +96,14 @@ class GPT(Module):
         self.tok_emb = Embedding(vocab_size, n_embd)
         self.pos_emb = Embedding(block_size, n_embd)
         self.drop = Dropout(dropout)
-        self.blocks = ModuleList([TransformerBlock(n_embd, n_head, dropout=dropout) for _ in range(n_layer)])
+        if int(moe_num_experts) < 0 or int(moe_every) <= 0:
+            raise ValueError(f"GPT: moe_num_experts ({moe_num_experts}) must be >= 0 and moe_every "
+                             f"({moe_every}) positive")
+        self.moe_num_experts, self.moe_every = int(moe_num_experts), int(moe_every)
+        self.blocks = ModuleList([
+            TransformerBlock(n_embd, n_head, dropout=dropout, moe_kwargs=moe_kwargs,
+                             num_experts=self.moe_num_experts if i % self.moe_every == self.moe_every - 1 else 0)
+            for i in range(n_layer)])
         self.ln_f = LayerNorm(n_embd)
         self.head = Linear(n_embd, vocab_size, bias=False)
         self._init_weights()
@@ -99,7 +117,19 @@ class GPT(Module):
         resid_std = 0.02 / math.sqrt(2 * self.n_layer)
         for block in self.blocks:
             init.normal_(block.attn.out_proj.weight, 0.0, resid_std)
-            init.normal_(block.mlp.fc2.weight, 0.0, resid_std)
+            for mlp in (block.mlp.experts if isinstance(block.mlp, MoE) else [block.mlp]):
+                init.normal_(mlp.fc2.weight, 0.0, resid_std)
+
+    @property
+    def aux_loss(self):
+        """The sum of the MoE blocks' auxiliary losses of the last forward (None without MoE blocks)."""
+        losses = [b.mlp.aux_loss for b in self.blocks if isinstance(b.mlp, MoE) and b.mlp.aux_loss is not None]
+        if not losses:
+            return None
+        total = losses[0]
+        for loss in losses[1:]:
+            total = total + loss
+        return total
 
     def embed(self, idx):
         """Token + position embeddings (then dropout): ``(B, T)`` ids -> ``(B, T, n_embd)``."""
@@ -126,5 +156,6 @@ class GPT(Module):
         return self.logits_from_hidden(x)
 
     def extra_repr(self) -> str:
+        moe = f", moe_num_experts={self.moe_num_experts}, moe_every={self.moe_every}" if self.moe_num_experts else ""
         return (f"vocab_size={self.vocab_size}, block_size={self.block_size}, n_layer={self.n_layer}, "
-                f"n_head={self.n_head}, n_embd={self.n_embd}")
+                f"n_head={self.n_head}, n_embd={self.n_embd}{moe}")

@@ -37,7 +37,11 @@ Warnings (constraints, as in torch):
   ``named_parameters()`` keeps torch's ``"module."`` prefix (it is the Module tree);
 * ``no_sync`` is decided per backward: a backward skips the all-reduce when its forward ran under
   ``no_sync()`` (torch's rule) or when ``no_sync()`` is active while it runs;
-* a world of one has nothing to synchronise: DDP then installs no hooks and adds no work.
+* a world of one has nothing to synchronise: DDP then installs no hooks and adds no work;
+* expert parameters (``param.allreduce = False``, set by ``parallelize_moe``) are not averaged
+  over the group: they are summed over ``param.expert_dp_group`` (the ranks holding the same
+  expert) and divided by the group size, which equals one process on the global batch
+  (:mod:`.expert_grads`); they are left out of ``bucket_plan`` and of the rank-0 broadcast.
 """
 
 from __future__ import annotations
@@ -49,8 +53,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from neural_arch.core.autograd import is_grad_enabled
+from neural_arch.core.autograd import is_grad_enabled, queue_callback
 from neural_arch.distributed.errors import UnusedParametersError
+from neural_arch.distributed.parallel.data_parallel.expert_grads import ExpertGradReducer, is_expert_parameter
 from neural_arch.distributed.parallel.data_parallel.join import Join
 from neural_arch.distributed.parallel.data_parallel.reducer import Reducer, plan_buckets
 from neural_arch.distributed.parallel.data_parallel.replicas import broadcast_arrays
@@ -81,6 +86,13 @@ def no_sync():
         yield
     finally:
         _GLOBAL_NO_SYNC[0] -= 1
+
+
+def _expert_hook(ref) -> None:
+    """Post-accumulate-grad hook body of an expert parameter (``ref``: a weakref to the DDP)."""
+    ddp = ref()
+    if ddp is not None:
+        ddp._expert_grad_ready()
 
 
 def _process_group_backend(process_group):
@@ -135,10 +147,20 @@ class DistributedDataParallel(Module):
         self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
         self.process_group = process_group
         self._backend = _process_group_backend(process_group)
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        if not named:
+        trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not trainable:
             raise ValueError("DistributedDataParallel: the module has no parameter that requires a gradient; "
                              "there is nothing to synchronise (use the module directly)")
+        # Expert parameters (MoE under expert parallelism) differ between ranks by design: they
+        # get their own broadcast and reduction (expert_grads.py), not the buckets.
+        named = [(n, p) for n, p in trainable if not is_expert_parameter(p)]
+        self._expert_param_names = [n for n, p in trainable if is_expert_parameter(p)]
+        self.expert_reducer = ExpertGradReducer([p for _, p in trainable if is_expert_parameter(p)],
+                                                self._backend.size)
+        if not named:
+            raise ValueError("DistributedDataParallel: every trainable parameter is an expert parameter "
+                             "(allreduce=False); wrap a model that also has replicated parameters, or "
+                             "leave DDP out")
         self._param_names = [n for n, _ in named]
         self._params = [p for _, p in named]
         self._no_sync_depth = 0
@@ -178,6 +200,7 @@ class DistributedDataParallel(Module):
                              + ". Build the same model (same layers, sizes and dtype) on every rank.")
         broadcast_arrays([p.data for p in self._params], backend, root=0)
         broadcast_arrays([b.data for _, b in buffers], backend, root=0)
+        self.expert_reducer.broadcast()
 
     def _install_hooks(self) -> None:
         ref = weakref.ref(self)
@@ -187,6 +210,18 @@ class DistributedDataParallel(Module):
                 if ddp is not None:
                     ddp.reducer.on_grad_ready(i, ddp._sync_wanted())
             self._hooks.append(p.register_post_accumulate_grad_hook(hook))
+        for p in self.expert_reducer.params:
+            self._hooks.append(p.register_post_accumulate_grad_hook(lambda param: _expert_hook(ref)))
+
+    def _expert_grad_ready(self) -> None:
+        # The first expert gradient of a synchronised backward queues one end-of-backward
+        # reduction of all of them (after every expert's gradient is final).
+        reducer = self.expert_reducer
+        if not self._sync_wanted():
+            reducer.unsynced = True              # reduced by the next synchronised backward
+        elif not reducer.pending:
+            reducer.pending = True
+            queue_callback(reducer.reduce)
 
     def _sync_wanted(self) -> bool:
         # torch decides at forward time; we also honour a no_sync() active at backward time.
@@ -213,6 +248,7 @@ class DistributedDataParallel(Module):
             # The previous backward raised before its end-of-backward callback ran.
             self.reducer.abandon_backward()
         self._forward_no_sync = self._no_sync_active()
+        self.expert_reducer.pending = False  # a backward that raised never ran its queued reduction
         if self._join is not None:
             self._join.before_forward(will_sync=self.training and is_grad_enabled() and not self._forward_no_sync)
         elif self.broadcast_buffers and self._backend.size > 1:
@@ -266,6 +302,8 @@ class DistributedDataParallel(Module):
         """
         if self._backend.size > 1:
             self.reducer.sync_now()
+            if self.expert_reducer.unsynced:
+                self.expert_reducer.reduce()
 
     def join(self, enable: bool = True, throw_on_early_termination: bool = False):
         """Context manager for uneven inputs: ranks that run out of batches shadow the others.

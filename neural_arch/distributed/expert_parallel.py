@@ -1,0 +1,230 @@
+"""Expert parallelism for :class:`neural_arch.nn.MoE`: experts split over ranks, tokens moved by all-to-all.
+
+``parallelize_moe(moe, ep_group)`` keeps on each rank only its experts (expert ``e`` lives on
+expert-parallel rank ``e // (E / ep)``; ``moe.experts`` then holds those ``E / ep`` experts and
+``moe.placement.expert_ids`` their global indices) and replaces the layer's placement so that:
+
+* every forward first **all-gathers the choice counts** (rank x choice level x expert, a few
+  integers) over the data-parallel group. From that table every rank knows the batch-wide token
+  counts, the capacity decisions (computed on the global batch, see ``nn.MoE``) and every split
+  size of the exchange, so no further count exchange is needed;
+* the kept rows travel to their experts' ranks and back with an uneven ``all_to_all_single``
+  (zero-length splits allowed), differentiable; a rank runs each of its experts once on the rows
+  it received, ordered by source rank then token position: the order one process uses on the
+  batch made of rank 0's tokens, then rank 1's, ..., so the result does not depend on where the
+  experts live;
+* the auxiliary losses use the statistics of the whole data-parallel batch: the sum of router
+  probabilities (and of the squared log-partition for the z-loss) goes through a differentiable
+  all-reduce, the counts come from the table. ``local_aux_loss=True`` keeps Megatron's per-rank
+  statistics instead.
+
+Groups (Megatron's layout, ``ep`` inside ``dp``): a device mesh ``("dp", "ep")`` of shape
+``(world // ep, ep)`` over the data-parallel ranks. ``mesh["ep"]`` (consecutive ranks) is the
+expert-parallel group that shares out the experts; ``mesh["dp"]`` (the ranks with the same
+position in their ep group) is the **expert-data-parallel** group that holds the same experts;
+the whole mesh is the data-parallel group of the replicated parameters (router, attention, ...).
+:func:`expert_parallel_mesh` builds it.
+
+Gradients (with :class:`~neural_arch.distributed.DistributedDataParallel` over the data-parallel
+group): the expert parameters are marked ``param.allreduce = False`` (Megatron's flag) and
+``param.expert_dp_group``; DDP leaves them out of its buckets and, at the end of backward, sums
+them over the expert-data-parallel group and divides by the data-parallel size. That is the
+average the replicated parameters get, because an expert's gradient on one rank already sums
+the contributions of every rank of its ep group (the all-to-all's backward brings them home):
+training equals one process on the global batch.
+
+Example (4 ranks, 2 experts per rank, experts replicated twice)::
+
+    mesh = expert_parallel_mesh(ep_size=2)              # ("dp", "ep") = (2, 2)
+    moe = parallelize_moe(nn.MoE(64, num_experts=4), device_mesh=mesh)
+    model = DistributedDataParallel(model)               # router averaged over 4, experts over 2
+    loss = F.cross_entropy(model(x), y) + moe.aux_loss
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from neural_arch.core.tensor import Tensor
+from neural_arch.distributed.autograd import _wrap
+from neural_arch.distributed.autograd import all_reduce as _all_reduce
+from neural_arch.distributed.comm.backend import _xp
+from neural_arch.distributed.resolve import _resolve_group
+from neural_arch.nn.container import ModuleList
+from neural_arch.nn.module import Module
+from neural_arch.nn.moe import MoE, apply_experts
+
+__all__ = ["ExpertParallelPlacement", "expert_parallel_mesh", "parallelize_moe"]
+
+
+def expert_parallel_mesh(ep_size: int, device_type: str = "cpu"):
+    """The ``("dp", "ep")`` device mesh of shape ``(world // ep_size, ep_size)`` (every rank calls it).
+
+    >>> mesh = expert_parallel_mesh(2)     # doctest: +SKIP  (4 ranks: ep groups [0,1] [2,3])
+    """
+    from neural_arch.distributed.device_mesh import init_device_mesh
+
+    world = _resolve_group(None, "expert_parallel_mesh").size()
+    if ep_size <= 0 or world % ep_size:
+        raise ValueError(f"expert_parallel_mesh: ep_size={ep_size} must divide the world size {world}")
+    return init_device_mesh(device_type, (world // ep_size, ep_size), mesh_dim_names=("dp", "ep"))
+
+
+def _exchange_rows(x: Tensor, sends, receives, chunk: int, group, staging: dict | None = None) -> Tensor:
+    """Differentiable uneven all-to-all whose split sizes are already known on every rank.
+
+    ``chunk`` (the largest split anywhere in the group, the same on every rank) lets it pad and
+    use the equal-split all-to-all without the count exchange of the general op. ``staging`` (a
+    dict the caller keeps) holds the padded send and receive buffers between calls: allocating
+    fresh large buffers costs more than the exchange itself (page faults), and both are dead once
+    the rows are copied out.
+    """
+    n = group.size()
+    staging = {} if staging is None else staging
+
+    def buffer(role, shape, dtype, xp):
+        buf = staging.get(role)
+        if buf is None or buf.shape != shape or buf.dtype != dtype or _xp(buf) is not xp:
+            buf = staging[role] = xp.empty(shape, dtype=dtype)      # the padding is never read
+        return buf
+
+    def move(array, out_rows, in_rows):
+        xp = _xp(array)
+        rest = tuple(array.shape[1:])
+        if n == 1 or chunk == 0:
+            return xp.array(array, copy=True, order="C")
+        shape = (n, chunk) + rest
+        if all(c == chunk for c in out_rows):            # already (n, chunk) rows: no staging copy
+            send = xp.ascontiguousarray(array).reshape(shape)
+        else:
+            send = buffer("send", shape, array.dtype, xp)
+            start = 0
+            for d, c in enumerate(out_rows):
+                send[d, :c] = array[start:start + c]
+                start += c
+        recv = buffer("recv", shape, array.dtype, xp)
+        group.backend.alltoall(recv, send)
+        # a fresh output (the graph keeps it) with only the useful rows
+        return xp.concatenate([recv[s, :c] for s, c in enumerate(in_rows)], axis=0)
+
+    return _wrap("AllToAllExperts", x, move(x.data, sends, receives), lambda g: move(g, receives, sends))
+
+
+class ExpertParallelPlacement:
+    """An ``nn.MoE`` placement: this rank's experts, statistics over ``dp_group`` (see the module doc)."""
+
+    def __init__(self, ep_group, dp_group, num_experts: int, local_aux_loss: bool = False):
+        self.ep, self.dp = ep_group, dp_group
+        size = ep_group.size()
+        if num_experts % size:
+            raise ValueError(f"parallelize_moe: num_experts={num_experts} is not divisible by the expert-"
+                             f"parallel group size {size}; use a multiple of {size} experts or a smaller group")
+        missing = [r for r in ep_group.ranks if r not in dp_group.ranks]
+        if missing:
+            raise ValueError(f"parallelize_moe: ranks {missing} of the expert-parallel group {list(ep_group.ranks)} "
+                             f"are not in the data-parallel group {list(dp_group.ranks)}; ep must lie inside dp")
+        self.per_rank = num_experts // size
+        first = ep_group.rank() * self.per_rank
+        self.expert_ids = tuple(range(first, first + self.per_rank))
+        self.ep_rows = [dp_group.group_rank(r) for r in ep_group.ranks]     # ep member -> table row
+        self.local_aux_loss = bool(local_aux_loss)
+        self._staging: dict = {}          # the exchange's padded buffers, reused between calls
+
+    def count_table(self, local_counts: np.ndarray):
+        n = self.dp.size()
+        local_counts = np.ascontiguousarray(local_counts, dtype=np.int64)
+        if n == 1:
+            return local_counts[None], 0
+        table = np.empty((n,) + local_counts.shape, dtype=np.int64)
+        self.dp.backend.allgather(table, local_counts)
+        return table, self.dp.rank()
+
+    def sum_stats(self, t: Tensor, local: bool) -> Tensor:
+        if local or self.local_aux_loss or self.dp.size() == 1:
+            return t
+        return _all_reduce(t, group=self.dp)
+
+    def run_experts(self, moe: MoE, rows: Tensor, kept: np.ndarray, rank: int) -> Tensor:
+        size, me, per = self.ep.size(), self.ep.rank(), self.per_rank
+        # flows[s, d, l]: rows ep rank s sends to ep rank d for d's l-th expert (known everywhere)
+        flows = kept[self.ep_rows].reshape(size, size, per)
+        sends, receives = flows[me].sum(axis=1), flows[:, me].sum(axis=1)
+        chunk = int(flows.sum(axis=2).max())
+        arrived = _exchange_rows(rows, sends.tolist(), receives.tolist(), chunk, self.ep, self._staging)
+        # Arrived in (source, expert) blocks; the experts want (expert, source): a permutation.
+        block = flows[:, me]                                               # (source, local expert)
+        starts = np.concatenate([[0], np.cumsum(block.reshape(-1))])[:-1].reshape(size, per)
+        perm = np.concatenate([np.arange(starts[s, l], starts[s, l] + block[s, l])
+                               for l in range(per) for s in range(size)] + [np.zeros(0, dtype=np.int64)])
+        perm = perm.astype(np.int64)
+        out = apply_experts(moe.experts, arrived[perm], block.sum(axis=0).tolist())
+        back = out[np.argsort(perm, kind="stable")]
+        return _exchange_rows(back, receives.tolist(), sends.tolist(), chunk, self.ep, self._staging)
+
+
+def parallelize_moe(moe: Module, ep_group=None, *, dp_group=None, expert_dp_group=None, device_mesh=None,
+                    local_aux_loss: bool = False) -> Module:
+    """Split the experts of ``moe`` (an ``nn.MoE``, or any module: every MoE inside it) over ``ep_group``.
+
+    Args:
+        moe: the layer, built identically (same seed) on every rank.
+        ep_group: the expert-parallel group (default: the world, one expert slice per rank).
+        dp_group: the data-parallel group whose whole batch the statistics cover (default: the world).
+        expert_dp_group: the group of ranks holding the same experts (the ranks of ``dp_group`` with
+            this rank's position in their ep group); derived when ``dp_group`` is the world.
+        device_mesh: a ``("dp", "ep")`` mesh (:func:`expert_parallel_mesh`) instead of the groups.
+        local_aux_loss: per-rank auxiliary-loss statistics (Megatron) instead of the global batch's.
+
+    Returns ``moe`` (changed in place). Every rank of ``dp_group`` must run the layer's forward and
+    backward the same number of times (the exchange is collective).
+
+    >>> moe = parallelize_moe(nn.MoE(16, num_experts=4))      # doctest: +SKIP
+    """
+    if device_mesh is not None:
+        if ep_group is not None or dp_group is not None or expert_dp_group is not None:
+            raise ValueError("parallelize_moe: pass device_mesh or the groups, not both")
+        if device_mesh.mesh_dim_names != ("dp", "ep"):
+            raise ValueError(f"parallelize_moe: device_mesh must have mesh_dim_names ('dp', 'ep'), got "
+                             f"{device_mesh.mesh_dim_names}; build it with expert_parallel_mesh(ep_size)")
+        ep_group, expert_dp_group = device_mesh.get_group("ep"), device_mesh.get_group("dp")
+    ep = _resolve_group(ep_group, "parallelize_moe")
+    dp = _resolve_group(dp_group, "parallelize_moe")
+    layers = [moe] if isinstance(moe, MoE) else [m for m in moe.modules() if isinstance(m, MoE)]
+    if not layers:
+        raise TypeError(f"parallelize_moe: {type(moe).__name__} is not an nn.MoE and contains none")
+    done = [layer for layer in layers if isinstance(layer.placement, ExpertParallelPlacement)]
+    if done:
+        raise ValueError(f"parallelize_moe: {len(done)} MoE layer(s) are already expert-parallel; call it once "
+                         "per model")
+    if ep.size() == dp.size():
+        edp = None                                   # every expert lives once: nothing to share
+    elif expert_dp_group is not None:
+        edp = _resolve_group(expert_dp_group, "parallelize_moe")
+    else:
+        edp = _expert_dp_group(ep, dp)
+    for layer in layers:
+        placement = ExpertParallelPlacement(ep, dp, layer.num_experts, local_aux_loss)
+        layer.placement = placement
+        layer.local_aux_loss = bool(local_aux_loss)
+        layer.experts = ModuleList([layer.experts[e] for e in placement.expert_ids])
+        for p in layer.experts.parameters():
+            p.allreduce = False                      # Megatron's flag: not a replicated parameter
+            p.expert_dp_group = edp                  # reduced over these ranks (None: held once)
+    return moe
+
+
+def _expert_dp_group(ep, dp):
+    """The ranks of ``dp`` at this rank's position in their ep group (collective over the world)."""
+    from neural_arch.distributed.subgroups import new_subgroups_by_enumeration
+
+    world = _resolve_group(None, "parallelize_moe")
+    if dp.size() != world.size():
+        raise ValueError("parallelize_moe: with a dp_group smaller than the world, pass expert_dp_group "
+                         "(or a device_mesh) too: it cannot be derived on the other ranks")
+    layouts = world.backend.allgather_object(list(ep.ranks))
+    if any(len(lay) != ep.size() for lay in layouts):
+        raise ValueError("parallelize_moe: the expert-parallel groups have different sizes on different ranks")
+    groups = sorted({tuple(lay) for lay in layouts})
+    by_position = [[g[q] for g in groups] for q in range(ep.size())]
+    mine, _ = new_subgroups_by_enumeration(by_position)
+    return mine

@@ -1,0 +1,80 @@
+"""Expert parallelism: MoE with experts split over ranks (ep = 1, 2, 4; ep < world with
+expert-data-parallel groups) under DDP equals single-process training on the union batch
+(outputs, aux loss, gradients, parameters after 3 Adam steps; float64 <= 1e-10), top-1 and
+top-2, with and without capacity, a rank whose tokens all go elsewhere; the differentiable
+uneven all_to_all_single. Ranks are real processes (one RankPool per module parameter).
+"""
+
+import ep_rank_fns as fns
+import pytest
+
+from neural_arch.distributed.testing import RankPool
+
+pytestmark = pytest.mark.timeout(300)
+
+TOL = 1e-10
+
+
+@pytest.fixture(scope="module", params=[
+    pytest.param(("gloo", 2), id="gloo-2"),
+    pytest.param(("gloo", 4), id="gloo-4"),
+    pytest.param(("mpi", 2), id="mpi-2", marks=pytest.mark.mpi),
+])
+def pool(request):
+    backend, world = request.param
+    with RankPool(world, backend=backend, timeout=120.0) as p:
+        yield p
+
+
+def _check(results, keys=("out", "aux", "grads", "params")):
+    for rank, out in enumerate(results):
+        for key in keys:
+            assert out[key] <= TOL, f"rank {rank}: {key} differs by {out[key]:g}"
+
+
+def test_uneven_all_to_all_single_forward_and_backward(pool):
+    for rank, (dy, dg) in enumerate(pool.run(fns.a2a_uneven_run)):
+        assert dy == 0.0 and dg == 0.0, f"rank {rank}: forward {dy:g}, grad {dg:g}"
+
+
+@pytest.mark.parametrize("top_k, capacity_factor", [(1, None), (2, None), (1, 0.5), (2, 0.6)],
+                         ids=["top1", "top2", "top1-capacity", "top2-capacity"])
+def test_ep_equals_world_matches_single_process(pool, top_k, capacity_factor):
+    n = pool.world_size
+    results = pool.run(fns.ep_train_run, n, top_k, capacity_factor)
+    _check(results)
+    assert [out["ids"] for out in results] == [list(range(r * 4 // n, (r + 1) * 4 // n)) for r in range(n)]
+    assert (results[0]["dropped"] > 0) == (capacity_factor is not None)
+
+
+@pytest.mark.cases(lambda p: p["pool"] == ("gloo", 4))
+@pytest.mark.parametrize("ep_size, how, top_k, capacity_factor", [
+    (2, "mesh", 2, None), (2, "world", 1, 0.5), (1, "mesh", 2, 0.6)],
+    ids=["ep2-mesh-top2", "ep2-groups-top1-capacity", "ep1-top2-capacity"])
+def test_ep_inside_dp_with_expert_data_parallel_groups(pool, ep_size, how, top_k, capacity_factor):
+    results = pool.run(fns.ep_train_run, ep_size, top_k, capacity_factor, how)
+    _check(results)
+    per = 4 // ep_size
+    assert [out["ids"] for out in results] == [list(range((r % ep_size) * per, (r % ep_size + 1) * per))
+                                               for r in range(4)]
+
+
+@pytest.mark.cases(lambda p: p["pool"][0] == "gloo")
+def test_rank_whose_tokens_all_go_elsewhere(pool):
+    n = pool.world_size
+    results = pool.run(fns.ep_train_run, n, 2, None, "world", True)
+    _check(results)
+    assert results[-1]["choices"] == [0, 1]        # the last rank keeps nothing for itself
+
+
+@pytest.mark.cases(lambda p: p["pool"] == ("gloo", 2))
+def test_local_aux_loss_uses_per_rank_statistics(pool):
+    _check(pool.run(fns.ep_train_run, 2, 2, None, "world", False, True, 1), keys=("out", "aux"))
+
+
+@pytest.mark.cases(lambda p: p["pool"][0] == "gloo")
+def test_moe_gpt_under_expert_parallelism_matches_single_process(pool):
+    ep = 2                                             # ep = world on 2 ranks, ep inside dp on 4
+    for rank, out in enumerate(pool.run(fns.gpt_ep_run, ep)):
+        for key in ("logits", "aux", "params"):
+            assert out[key] <= TOL, f"rank {rank}: {key} differs by {out[key]:g}"
