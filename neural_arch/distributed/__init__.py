@@ -18,6 +18,7 @@ module                             names
 ``collectives``                    Tensor collectives, p2p, object collectives
 ``comm`` / ``errors``              ``ReduceOp``, ``Work``, the error classes
 ``parallel.data_parallel``         ``DistributedDataParallel``, ``no_sync``
+``expert_parallel``                ``parallelize_moe``, ``expert_parallel_mesh`` (mixture of experts)
 ``data.sampler``                   ``DistributedSampler``, ``distributed_evaluate``
 ``run.launcher`` / ``run.spawn``   the process launcher, ``launch(fn, nprocs)``
 ``rendezvous.store``               ``TCPStore``, ``FileStore``, ``PrefixStore``
@@ -67,6 +68,7 @@ _export("algorithms.communication_optimizer", "CommunicationOptimizer")
 _export("algorithms.hierarchical", "hierarchical_all_reduce", "host_groups")
 _export("algorithms.hierarchical_auto", "all_reduce_algorithm")
 _export("metrics", "DistributedMetrics")
+_export("expert_parallel", "parallelize_moe", "expert_parallel_mesh")
 
 __all__ = sorted(_LAZY)  # noqa: PLE0605 - built from the table above
 
