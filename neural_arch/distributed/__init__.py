@@ -19,6 +19,7 @@ module                             names
 ``comm`` / ``errors``              ``ReduceOp``, ``Work``, the error classes
 ``parallel.data_parallel``         ``DistributedDataParallel``, ``no_sync``
 ``expert_parallel``                ``parallelize_moe``, ``expert_parallel_mesh`` (mixture of experts)
+``trainer``                        seed 003's ``DistributedTrainer``, ``EnhancedDistributedTrainer``
 ``data.sampler``                   ``DistributedSampler``, ``distributed_evaluate``
 ``run.launcher`` / ``run.spawn``   the process launcher, ``launch(fn, nprocs)``
 ``rendezvous.store``               ``TCPStore``, ``FileStore``, ``PrefixStore``
@@ -69,6 +70,7 @@ _export("algorithms.hierarchical", "hierarchical_all_reduce", "host_groups")
 _export("algorithms.hierarchical_auto", "all_reduce_algorithm")
 _export("metrics", "DistributedMetrics")
 _export("expert_parallel", "parallelize_moe", "expert_parallel_mesh")
+_export("trainer", "DistributedTrainer", "EnhancedDistributedTrainer", "DistributedMonitor")
 
 __all__ = sorted(_LAZY)  # noqa: PLE0605 - built from the table above
 

@@ -1,0 +1,727 @@
+"""``DistributedTrainer``: seed 003's trainer, composed from the project's parts.
+
+Nothing here is a second implementation: the model is wrapped by
+:class:`~neural_arch.distributed.DistributedDataParallel`,
+:class:`~neural_arch.distributed.fsdp.FullyShardedDataParallel` or trained with a
+:class:`~neural_arch.distributed.optim.ZeroRedundancyOptimizer` (the strategy table:
+:mod:`.strategies`); mixed precision is :class:`neural_arch.amp.autocast` (+ ``GradScaler`` /
+``ShardedGradScaler`` for float16); activation checkpointing is
+:func:`neural_arch.utils.checkpoint.apply_activation_checkpointing`; checkpoints are
+:class:`~neural_arch.distributed.checkpoint.CheckpointManager` directories written through the
+distributed checkpoint with shard-aware state dicts
+(:func:`~neural_arch.distributed.checkpoint.state_dict.get_state_dict`), so an FSDP or ZeRO run
+resumes exactly on another world size; timings are :class:`~neural_arch.distributed.metrics.DistributedMetrics`.
+
+One :meth:`~DistributedTrainer.train_step` is one **micro-batch**. With
+``gradient_accumulation_steps=K`` the loss is divided by ``K`` before backward, micro-batches
+``step % K != K - 1`` skip the gradient synchronisation where the strategy can (DDP's
+``no_sync()``), and the window's last one clips, steps the optimizer (through the scaler when
+float16), zeroes the gradients and steps the LR scheduler. ``K`` micro-batches of ``B`` samples
+on ``W`` ranks then equal one single-process step on the ``K*W*B`` samples (tests: float64 <= 1e-10),
+when the criterion is a mean over the batch.
+
+Example (seed 003; any world size, also plain ``python``)::
+
+    trainer = DistributedTrainer(model, strategy="fsdp", gradient_accumulation_steps=4)
+    optimizer = optim.Adam(model.parameters(), lr=1e-3)   # re-pointed at trainer.model's shards
+    for step, batch in enumerate(loader):
+        metrics = trainer.train_step(batch, optimizer, F.cross_entropy, step)
+    trainer.save_checkpoint(epoch=0, optimizer=optimizer, loss=metrics["loss"])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import math
+import sys
+import warnings
+
+import numpy as np
+
+from neural_arch.core.tensor import Tensor
+from neural_arch.distributed.trainer.strategies import resolve_strategy
+from neural_arch.nn.module import Module
+from neural_arch.optim.optimizer import Optimizer
+
+__all__ = ["DistributedTrainer", "EnhancedDistributedTrainer"]
+
+_AMP_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
+
+
+class _ShardGradients:
+    """What a GradScaler sees for ZeRO-2: the flat shards' gradients (``param_groups`` of the inner
+    optimizer, where the reduce-scattered gradients live) and the full ZeRO step (step the shards,
+    then all-gather the parameters)."""
+
+    def __init__(self, zero):
+        self.param_groups = zero.optim.param_groups
+        self._zero = zero
+
+    def step(self, *args, **kwargs):
+        return self._zero.step(*args, **kwargs)
+
+
+class _Forward:
+    """The wrapped model as ``distributed_evaluate`` should call it: it unwraps anything with a
+    ``.module``, which for FSDP would skip the root unit's gather, so this face has none."""
+
+    def __init__(self, model):
+        self._model = model
+
+    def __call__(self, *args):
+        return self._model(*args)
+
+    def parameters(self):
+        return self._model.parameters()
+
+    @property
+    def training(self) -> bool:
+        return self._model.training
+
+    def eval(self):
+        self._model.eval()
+
+    def train(self, mode: bool = True):
+        self._model.train(mode)
+
+
+def _upcast(out):
+    """Low-precision floating outputs as float32, for the criterion: autocast runs losses in
+    float32 by patching ``neural_arch.functional``'s names, which a criterion passed as a function
+    object (``F.cross_entropy`` evaluated before the region) never sees."""
+    if isinstance(out, Tensor):
+        return out.astype(np.float32) if out.dtype.name in ("float16", "bfloat16") else out
+    if isinstance(out, (tuple, list)):
+        return type(out)(_upcast(o) for o in out)
+    if isinstance(out, dict):
+        return {k: _upcast(v) for k, v in out.items()}
+    return out
+
+
+def _with_last(iterable):
+    """``(item, is_last)`` pairs: one item of lookahead, so an epoch's last batch is known."""
+    it = iter(iterable)
+    try:
+        prev = next(it)
+    except StopIteration:
+        return
+    for item in it:
+        yield prev, False
+        prev = item
+    yield prev, True
+
+
+def _amp_dtype(mixed_precision, device: str):
+    if mixed_precision is None or mixed_precision is False:
+        return None
+    if mixed_precision is True:
+        return "float16" if device == "cuda" else "bfloat16"   # torch's defaults per device type
+    name = getattr(mixed_precision, "name", mixed_precision)
+    if isinstance(name, str) and name.lower() in _AMP_DTYPES:
+        return _AMP_DTYPES[name.lower()]
+    raise ValueError(f"DistributedTrainer: mixed_precision={mixed_precision!r}; use False, True (bfloat16 on "
+                     "CPU, float16 on GPU), 'bf16' or 'fp16'")
+
+
+def _default_checkpoint_targets(model) -> list:
+    """Which submodules activation checkpointing wraps: transformer blocks when the model has
+    them, else the model's direct children that own parameters."""
+    from neural_arch.nn import TransformerBlock
+
+    blocks = [m for _, m in model.named_modules() if isinstance(m, TransformerBlock)]
+    if blocks:
+        return blocks
+    return [m for m in model.children() if any(True for _ in m.parameters())]
+
+
+class DistributedTrainer:
+    """Train ``model`` with one of the project's parallel strategies (see the module docstring).
+
+    Args:
+        model: an ``nn.Module`` (the same on every rank).
+        strategy: ``'ddp'``, ``'zero1'``, ``'zero2'``, ``'fsdp'`` or a device-mesh dict ``{"dp": N}``
+            (see :mod:`.strategies`; anything else raises, listing the valid ones).
+        mixed_precision: False, True (bfloat16 on CPU, float16 + a GradScaler on GPU), ``'bf16'``, ``'fp16'``.
+        gradient_accumulation_steps: micro-batches per optimizer step.
+        gradient_clip_val: clip the global gradient norm to this (None: no clipping; the norm is
+            still reported as ``grad_norm``).
+        enable_activation_checkpointing: recompute activations in backward (transformer blocks,
+            else the model's direct children with parameters; see ``checkpoint_targets``).
+        cpu_offload: FSDP's ``CPUOffload(offload_params=True)`` (strategy ``'fsdp'`` only; the
+            identity on CPU-only runs).
+        checkpoint_dir: where :meth:`save_checkpoint` writes ``step_<N>`` checkpoints (None: no checkpoints).
+        log_dir: where :meth:`fit` logs through a :class:`~.monitor.DistributedMonitor` (rank 0).
+        keep_last: checkpoints kept besides the best one.
+        lr_scheduler: stepped once per optimizer step (may also be set later as ``trainer.lr_scheduler``).
+        process_group: the data-parallel group (default: the world).
+        auto_wrap_policy: FSDP units (default: one per ``TransformerBlock`` if any, else one unit).
+        checkpoint_targets: a predicate ``module -> bool`` overriding activation checkpointing's default.
+
+    If no process group is initialised the trainer calls ``init_process_group()`` (a world of
+    one under plain ``python``) and :meth:`close` destroys it again.
+    """
+
+    def __init__(self, model, strategy="ddp", mixed_precision=False, gradient_accumulation_steps: int = 1, *,
+                 gradient_clip_val: float | None = None, enable_activation_checkpointing: bool = False,
+                 cpu_offload: bool = False, checkpoint_dir=None, log_dir=None, keep_last: int | None = 3,
+                 lr_scheduler=None, process_group=None, auto_wrap_policy=None, checkpoint_targets=None):
+        import neural_arch.distributed as dist
+
+        if not isinstance(model, Module):
+            raise TypeError(f"DistributedTrainer(model): expected an nn.Module, got {type(model).__name__}")
+        if isinstance(gradient_accumulation_steps, bool) or not isinstance(gradient_accumulation_steps, int) \
+                or gradient_accumulation_steps < 1:
+            raise ValueError(f"DistributedTrainer: gradient_accumulation_steps must be an int >= 1, "
+                             f"got {gradient_accumulation_steps!r}")
+        if gradient_clip_val is not None and not float(gradient_clip_val) > 0:
+            raise ValueError(f"DistributedTrainer: gradient_clip_val must be > 0 or None, got {gradient_clip_val!r}")
+        self._owns_process_group = not dist.is_initialized()
+        if self._owns_process_group:
+            dist.init_process_group()
+        try:
+            self._setup(model, strategy, mixed_precision, gradient_accumulation_steps, gradient_clip_val,
+                        enable_activation_checkpointing, cpu_offload, checkpoint_dir, log_dir, keep_last,
+                        lr_scheduler, process_group, auto_wrap_policy, checkpoint_targets)
+        except BaseException:
+            self.monitor = None
+            self.close()   # a group this constructor created must not outlive its error
+            raise
+
+    def _setup(self, model, strategy, mixed_precision, gradient_accumulation_steps, gradient_clip_val,
+               enable_activation_checkpointing, cpu_offload, checkpoint_dir, log_dir, keep_last, lr_scheduler,
+               process_group, auto_wrap_policy, checkpoint_targets) -> None:
+        from neural_arch.distributed.groups import _resolve_group
+
+        self.process_group = process_group
+        self._group = _resolve_group(process_group, "DistributedTrainer")
+        self.rank, self.world_size = self._group.rank(), self._group.size()
+        self.strategy = resolve_strategy(strategy, self.world_size)
+        if cpu_offload and self.strategy.name != "fsdp":
+            raise ValueError(f"DistributedTrainer: cpu_offload=True offloads FSDP's parameter shards; it needs "
+                             f"strategy='fsdp', not {self.strategy.name!r}")
+        self.gradient_accumulation_steps = gradient_accumulation_steps
+        self.gradient_clip_val = None if gradient_clip_val is None else float(gradient_clip_val)
+        self.cpu_offload = bool(cpu_offload)
+        self.module = model                       # the bare model (state-dict names)
+        first = next(iter(model.parameters()), None)
+        self.device = "cuda" if first is not None and getattr(first, "device", "cpu") not in (None, "cpu") and \
+            str(first.device).startswith("cuda") else "cpu"
+        self.amp_dtype = _amp_dtype(mixed_precision, self.device)
+        self.mixed_precision = self.amp_dtype is not None
+        if self.mixed_precision and all(p.dtype == np.float64 for p in model.parameters()):
+            warnings.warn("DistributedTrainer: mixed_precision has no effect on a float64 model (autocast leaves "
+                          "float64 alone, as torch's does); build the model in float32", stacklevel=3)
+
+        self.checkpointed_modules: list = []
+        if enable_activation_checkpointing:
+            from neural_arch.utils.checkpoint import checkpoint_wrapper
+
+            targets = ([m for _, m in model.named_modules() if m is not model and checkpoint_targets(m)]
+                       if checkpoint_targets is not None else _default_checkpoint_targets(model))
+            for m in targets:   # before wrapping: FSDP's hooks then run again in the recomputation
+                checkpoint_wrapper(m)
+            self.checkpointed_modules = targets
+        self.model = self._wrap(model, auto_wrap_policy)
+
+        self.scaler = None
+        if self.amp_dtype == "float16":
+            if self.strategy.shards_gradients:
+                from neural_arch.distributed.parallel.sharded import ShardedGradScaler
+
+                self.scaler = ShardedGradScaler(self.device, process_group=process_group)
+            else:
+                from neural_arch.amp import GradScaler
+
+                self.scaler = GradScaler(self.device)   # DDP's gradients are equal on every rank
+        self.lr_scheduler = lr_scheduler
+        self.optimizer = None                     # the last optimizer given (resume uses it)
+        self._effective: dict = {}                # id(user optimizer) -> (user optimizer, what steps)
+
+        from neural_arch.distributed.metrics import DistributedMetrics
+
+        self.metrics = DistributedMetrics(group=process_group)
+        self.global_step = 0                      # optimizer steps (accumulation windows) done
+        self.micro_step = 0                       # train_step calls done
+        self.epoch = 0
+        self.batch_in_epoch = 0                   # micro-batches of the current epoch done (fit)
+        self._open_window = 0                     # micro-batches accumulated since the last step
+        self.checkpoint_manager = None
+        if checkpoint_dir is not None:
+            from neural_arch.distributed.checkpoint import CheckpointManager
+
+            self.checkpoint_manager = CheckpointManager(checkpoint_dir, keep_last=keep_last, best_metric="best",
+                                                        mode="max", process_group=process_group)
+        self.log_dir = log_dir
+        self.monitor = None
+
+    # ------------------------------------------------------------------ wrapping
+    def _wrap(self, model, auto_wrap_policy):
+        name = self.strategy.name
+        if name in ("ddp", "zero1"):
+            from neural_arch.distributed.parallel.data_parallel.ddp import DistributedDataParallel
+
+            return DistributedDataParallel(model, process_group=self.process_group)
+        if name == "fsdp":
+            from neural_arch.distributed.parallel.sharded import CPUOffload, FullyShardedDataParallel
+            from neural_arch.nn import TransformerBlock
+
+            if auto_wrap_policy is None and any(isinstance(m, TransformerBlock) for m in model.modules()):
+                auto_wrap_policy = {TransformerBlock}
+            return FullyShardedDataParallel(model, process_group=self.process_group, auto_wrap_policy=auto_wrap_policy,
+                                            cpu_offload=CPUOffload(offload_params=self.cpu_offload),
+                                            sync_module_states=True)
+        # zero2: the optimizer owns the gradient reduction; the replicas must start equal (as DDP's do)
+        from neural_arch.distributed.parallel.data_parallel.replicas import broadcast_arrays
+
+        if self.world_size > 1:
+            broadcast_arrays([p.data for p in model.parameters()], self._group.backend, root=0)
+            broadcast_arrays([b.data for b in model.buffers() if b is not None], self._group.backend, root=0)
+        return model
+
+    # ------------------------------------------------------------------ the optimizer
+    def _resolve_optimizer(self, optimizer):
+        """The optimizer that actually steps for the user's ``optimizer`` (made once per optimizer)."""
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"DistributedTrainer: optimizer must be an Optimizer, got {type(optimizer).__name__}")
+        self.optimizer = optimizer
+        hit = self._effective.get(id(optimizer))
+        if hit is not None and hit[0] is optimizer:
+            return hit[1]
+        eff = self._make_effective(optimizer)
+        self._effective[id(optimizer)] = (optimizer, eff)
+        return eff
+
+    def _make_effective(self, optimizer):
+        from neural_arch.distributed.parallel.sharded import ZeroRedundancyOptimizer
+
+        mine = [p for g in optimizer.param_groups for p in g["params"]]
+        model_ids = {id(p) for p in self.model.parameters()}
+        orig_ids = {id(p) for p in self.module.parameters()}
+        stage = self.strategy.zero_stage
+        if stage:
+            if isinstance(optimizer, ZeroRedundancyOptimizer):
+                if optimizer.stage != stage:
+                    raise ValueError(f"DistributedTrainer(strategy={self.strategy.name!r}): the optimizer is a "
+                                     f"ZeroRedundancyOptimizer of stage {optimizer.stage}; build it with stage={stage} "
+                                     "or pass a plain optimizer (the trainer shards it)")
+                return optimizer
+            if not all(id(p) in orig_ids for p in mine):
+                raise ValueError("DistributedTrainer: the optimizer holds parameters that are not the model's; "
+                                 "build it over model.parameters()")
+            if len(optimizer.state):
+                raise ValueError(f"DistributedTrainer(strategy={self.strategy.name!r}): the optimizer already has "
+                                 "state, which ZeRO would have to shard; give a fresh optimizer built over "
+                                 "model.parameters() (or a ZeroRedundancyOptimizer) before its first step")
+            groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": list(g["params"])}
+                      for g in optimizer.param_groups]
+            # the user's optimizer stays the face (its param_groups feed the LR scheduler): its
+            # hyper-parameters are copied into the sharded one before every step (_sync_hyper)
+            return ZeroRedundancyOptimizer(groups, type(optimizer), process_group=self.process_group, stage=stage,
+                                           **optimizer.defaults)
+        if all(id(p) in model_ids for p in mine):
+            return optimizer
+        if self.strategy.shards_parameters and all(id(p) in orig_ids for p in mine):
+            if len(optimizer.state) or len(optimizer.param_groups) != 1:
+                raise ValueError("DistributedTrainer(strategy='fsdp'): the optimizer was built over the original "
+                                 "model's parameters and has state or several param groups, so it cannot be "
+                                 "re-pointed at the flat shards; build it over trainer.model.parameters()")
+            # re-point in place: the user's object (and a scheduler holding it) stays valid
+            optimizer.param_groups[0]["params"] = list(self.model.parameters())
+            return optimizer
+        raise ValueError(f"DistributedTrainer(strategy={self.strategy.name!r}): the optimizer holds parameters "
+                         "that are not the model's; build it over trainer.model.parameters()")
+
+    @staticmethod
+    def _sync_hyper(optimizer, eff) -> None:
+        """Copy the user's hyper-parameters (an LR schedule) into the ZeRO optimizer and its inner one."""
+        if eff is optimizer:
+            return
+        for user, zero in zip(optimizer.param_groups, eff.param_groups):
+            zero.update({k: v for k, v in user.items() if k != "params"})
+        # ZeroRedundancyOptimizer.step() copies its param_groups into groups that its inner
+        # optimizer copied at construction (Optimizer.add_param_group copies each dict), so a
+        # schedule would never reach the inner step: write the inner groups too, matched by the
+        # parameter (a ZeRO-2 shard by the first parameter it holds).
+        inner = getattr(eff, "optim", None)
+        if inner is None:
+            return
+        owner = {id(p): g for g in eff.param_groups for p in g["params"]}
+        for group in inner.param_groups:
+            if not group["params"]:
+                continue
+            first = group["params"][0]
+            shard = getattr(first, "_flat_shard", None)
+            src = owner.get(id(shard.params[0] if shard is not None else first))
+            if src is not None:
+                group.update({k: v for k, v in src.items() if k != "params"})
+
+    # ------------------------------------------------------------------ one micro-batch
+    def _no_sync(self):
+        if self.strategy.skips_sync_while_accumulating and self.world_size > 1:
+            return self.model.no_sync()
+        return contextlib.nullcontext()
+
+    def _autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        import neural_arch as na
+        from neural_arch.amp import autocast
+
+        return autocast(self.device, dtype=getattr(na, self.amp_dtype))
+
+    @staticmethod
+    def _split_batch(batch):
+        if isinstance(batch, dict):
+            keys = ("input", "inputs", "x")
+            x = next((batch[k] for k in keys if k in batch), None)
+            y = next((batch[k] for k in ("target", "targets", "labels", "y") if k in batch), None)
+            if x is None or y is None:
+                raise ValueError(f"DistributedTrainer.train_step: a dict batch needs an input key {keys} and a "
+                                 f"target key ('target', 'targets', 'labels', 'y'); got {sorted(batch)}")
+            return x, y
+        if isinstance(batch, (tuple, list)) and len(batch) == 2:
+            return batch[0], batch[1]
+        raise ValueError("DistributedTrainer.train_step: batch must be (inputs, targets) or a dict with input and "
+                         f"target keys, got {type(batch).__name__}")
+
+    def train_step(self, batch, optimizer, criterion, step: int | None = None, *,
+                   end_window: bool | None = None) -> dict:
+        """Run one micro-batch; at an accumulation window's end also clip, step, zero and schedule.
+
+        ``step`` is the micro-batch's index (the seed's ``enumerate(loader)``): the window ends
+        when ``(step + 1) % gradient_accumulation_steps == 0``. None: the trainer counts.
+        ``end_window=True`` ends the window here anyway (the last batch of an epoch: :meth:`fit`
+        does this, so no partial window leaks into the next epoch; its micro-batches keep their
+        ``1/K`` weight, as torch's usual loop and Accelerate do).
+
+        Returns ``{"loss", "compute_time", "communication_time", "step", "lr", "grad_norm",
+        "skipped", "accumulating"}``: ``loss`` as the criterion computed it (not divided by the
+        accumulation steps); ``communication_time`` the seconds collectives ran during this call
+        and ``compute_time`` the rest of its wall time (both from :class:`DistributedMetrics`);
+        ``step`` the optimizer steps done; ``grad_norm`` the global gradient norm before
+        clipping (None while accumulating); ``skipped``: the GradScaler skipped the step (inf/NaN).
+        """
+        eff = self._resolve_optimizer(optimizer)
+        k = self.gradient_accumulation_steps
+        index = self.micro_step if step is None else int(step)
+        last = (index + 1) % k == 0 if end_window is None else bool(end_window)
+        x, y = self._split_batch(batch)
+        if not isinstance(x, Tensor):
+            x = Tensor(np.asarray(x))
+        out = {"grad_norm": None, "skipped": False}
+        with self.metrics.step(samples=int(x.shape[0]) if x.ndim else 1):
+            with (contextlib.nullcontext() if last else self._no_sync()):
+                with self._autocast():
+                    loss = criterion(_upcast(self.model(x)), y)
+                scaled = loss / k if k > 1 else loss
+                if self.scaler is not None:
+                    scaled = self.scaler.scale(scaled)
+                scaled.backward()
+            self._open_window += 1
+            if last:
+                out.update(self._optimizer_step(optimizer, eff))
+        rec = self.metrics.steps[-1] if self.metrics.steps else {}
+        self.micro_step += 1
+        self.batch_in_epoch += 1
+        out.update({
+            "loss": float(loss.item()),
+            "compute_time": float(rec.get("step_time_s", 0.0) - rec.get("exposed_comm_s", 0.0)),
+            "communication_time": float(rec.get("comm_time_s", 0.0)),
+            "step": self.global_step,
+            "lr": float(optimizer.param_groups[0]["lr"]),
+            "accumulating": not last,
+        })
+        return out
+
+    def _clip(self, eff) -> float:
+        limit = self.gradient_clip_val if self.gradient_clip_val is not None else math.inf
+        if self.strategy.zero_stage:
+            return float(eff.clip_grad_norm_(limit))
+        if self.strategy.name == "fsdp":
+            return float(self.model.clip_grad_norm_(limit))
+        from neural_arch.optim.clip import clip_grad_norm_
+
+        return float(clip_grad_norm_(list(self.model.parameters()), limit))
+
+    def _optimizer_step(self, optimizer, eff) -> dict:
+        self._sync_hyper(optimizer, eff)
+        skipped = False
+        if self.scaler is not None:
+            holder = _ShardGradients(eff) if self.strategy.zero_stage == 2 else eff
+            before = self.scaler.get_scale()
+            self.scaler.unscale_(holder)
+            norm = self._clip(eff)
+            self.scaler.step(holder)
+            self.scaler.update()
+            skipped = self.scaler.get_scale() < before   # backed off: inf/NaN somewhere, no step
+        else:
+            norm = self._clip(eff)
+            eff.step()
+        eff.zero_grad()
+        if eff is not optimizer:
+            optimizer.zero_grad()
+        if self.lr_scheduler is not None and not skipped:
+            self.lr_scheduler.step()
+        self.global_step += 1
+        self._open_window = 0
+        return {"grad_norm": norm, "skipped": skipped}
+
+    # ------------------------------------------------------------------ metrics
+    def get_performance_metrics(self) -> dict:
+        """Seed 003's numbers from this rank's :class:`DistributedMetrics` (no collective).
+
+        ``samples_per_second_per_gpu`` is **this rank's** throughput (on CPU a rank is a process,
+        not a GPU); ``communication_overhead_percent`` is the exposed (not overlapped)
+        communication time over the step time. Also ``step_time_s``, ``communication_time_s``,
+        ``steps`` (micro-batches timed), ``optimizer_steps`` and ``world_size``.
+        """
+        s = self.metrics.summary()
+        return {
+            "samples_per_second_per_gpu": float(s.get("samples_per_s", 0.0)),
+            "communication_overhead_percent": float(s.get("comm_overhead_pct", 0.0)),
+            "step_time_s": float(s.get("step_time_s", 0.0)),
+            "communication_time_s": float(s.get("comm_time_s", 0.0)),
+            "steps": int(s.get("steps", 0)),
+            "optimizer_steps": self.global_step,
+            "world_size": self.world_size,
+            "device": self.device,
+        }
+
+    # ------------------------------------------------------------------ checkpoints
+    def _manager(self):
+        if self.checkpoint_manager is None:
+            raise ValueError("DistributedTrainer: no checkpoint_dir was given; pass checkpoint_dir=... to the trainer")
+        return self.checkpoint_manager
+
+    def _state_targets(self, optimizer):
+        from neural_arch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        if optimizer is None:
+            return get_model_state_dict(self.model), None, None
+        eff = self._resolve_optimizer(optimizer)
+        msd, osd = get_state_dict(self.model, eff)
+        return msd, osd, eff
+
+    def save_checkpoint(self, epoch: int, optimizer, loss: float, is_best: bool = False, data_state=None) -> str:
+        """Save model, optimizer, scaler, scheduler, counters, every rank's RNG state and the data
+        position as checkpoint ``step_<global_step>`` (collective; atomic; the last ``keep_last``
+        are kept, and the newest one saved with ``is_best=True`` besides). Returns its path.
+
+        ``data_state``: e.g. an ``ElasticDistributedSampler.state_dict()`` to resume mid-epoch on
+        any world size (saved as given; must be equal on every rank).
+        """
+        from neural_arch.core import rng
+
+        if self._open_window:
+            warnings.warn(f"DistributedTrainer.save_checkpoint: {self._open_window} micro-batch(es) of an open "
+                          "accumulation window are not saved (their gradients are lost on resume); save at a "
+                          "window's end", stacklevel=2)
+        msd, osd, _ = self._state_targets(optimizer)
+        rng_states = self._group.backend.allgather_object(rng.get_generator().bit_generator.state)
+        meta = {
+            "epoch": int(epoch), "global_step": self.global_step, "micro_step": self.micro_step,
+            "batch_in_epoch": self.batch_in_epoch, "loss": float(loss), "world_size": self.world_size,
+            "strategy": self.strategy.name, "rng": rng_states, "data": data_state,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+        }
+        state = {"model": msd, "trainer": json.dumps(meta)}
+        if osd is not None:
+            state["optim"] = osd
+        metrics = {"loss": float(loss)}
+        if is_best:
+            metrics["best"] = float(self.global_step)   # mode="max": the newest best wins
+        mgr = self._manager()
+        mgr.save(state, step=self.global_step, metrics=metrics)
+        return mgr.path(self.global_step)
+
+    def load_checkpoint(self, path="latest", optimizer=None) -> dict | None:
+        """Restore a checkpoint (``"latest"`` in ``checkpoint_dir``, ``"best"``, or a path) saved on
+        any world size and strategy. Restores the model, the optimizer (``optimizer``, else the
+        last one given to :meth:`train_step`), the scaler, the scheduler, the counters, this rank's
+        RNG state (rank ``r`` takes saved rank ``r % saved_world``) and the data position.
+        Returns the saved trainer metadata (``epoch``, ``global_step``, ``batch_in_epoch``, ``loss``,
+        ``data``...), or None when ``"latest"`` finds no checkpoint. Collective."""
+        from neural_arch.core import rng
+        from neural_arch.distributed import checkpoint as dcp
+        from neural_arch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+        if path in ("latest", "best"):
+            mgr = self._manager()
+            found = mgr.latest() if path == "latest" else mgr.best()
+            if found is None:
+                return None
+            path = found[1]
+        optimizer = optimizer if optimizer is not None else self.optimizer
+        msd, osd, eff = self._state_targets(optimizer)
+        state = {"model": msd, "trainer": ""}
+        if osd is not None:
+            state["optim"] = osd
+        dcp.load(state, checkpoint_id=path)
+        if eff is not None:
+            set_state_dict(self.model, eff, model_state_dict=state["model"], optim_state_dict=state["optim"])
+            if eff is not optimizer:   # ZeRO: the user's optimizer is the face the scheduler edits
+                for user, zero in zip(optimizer.param_groups, eff.param_groups):
+                    user.update({k: v for k, v in zero.items() if k != "params"})
+        else:
+            set_model_state_dict(self.model, state["model"])
+        meta = json.loads(state["trainer"])
+        self.global_step, self.micro_step = int(meta["global_step"]), int(meta["micro_step"])
+        self.epoch, self.batch_in_epoch = int(meta["epoch"]), int(meta["batch_in_epoch"])
+        self._open_window = 0
+        states = meta["rng"]
+        rng.get_generator().bit_generator.state = states[self.rank % len(states)]
+        if self.scaler is not None and meta.get("scaler"):
+            self.scaler.load_state_dict(meta["scaler"])
+        if self.lr_scheduler is not None and meta.get("scheduler") is not None:
+            self.lr_scheduler.load_state_dict(meta["scheduler"])
+        if eff is not None and eff is not optimizer:
+            self._sync_hyper(optimizer, eff)
+        meta["path"] = path
+        return meta
+
+    def resume(self, optimizer=None) -> dict | None:
+        """``load_checkpoint("latest")``: the saved metadata, or None when there is nothing to resume."""
+        return self.load_checkpoint("latest", optimizer=optimizer)
+
+    # ------------------------------------------------------------------ a whole run
+    def fit(self, train_loader, epochs: int, eval_loader=None, *, optimizer=None, criterion=None,
+            eval_metric=("loss",), checkpoint_every_epoch: bool = True, progress: bool = True,
+            resume=True) -> dict:
+        """Train ``epochs`` epochs over ``train_loader`` (an iterable of ``(inputs, targets)``
+        batches; its ``sampler.set_epoch(epoch)`` is called when it has one), evaluate on
+        ``eval_loader`` (``(inputs, targets)`` arrays or a dataset, through
+        :func:`~neural_arch.distributed.data.sampler.distributed_evaluate`) after each epoch,
+        save a checkpoint per epoch when ``checkpoint_dir`` was given (the best by eval loss, else
+        train loss), and resume from the latest one first. Rank 0 shows a progress bar (tqdm when
+        installed) and prints a summary. Returns ``{"history": [...], "performance": {...}}``.
+
+        ``resume``: True resumes from the latest checkpoint of ``checkpoint_dir`` (if any), a path
+        from that checkpoint, False starts afresh. A checkpoint taken at an epoch's end resumes
+        at the next epoch (the seed's ``save_checkpoint(epoch, ...)`` after each epoch); one saved
+        mid-epoch with ``data_state={"epoch_complete": False}`` resumes that epoch, skipping its
+        batches already done (same loader order, e.g. a seeded ``DistributedSampler``).
+        """
+        from neural_arch.distributed.data.sampler import distributed_evaluate
+
+        optimizer = optimizer if optimizer is not None else self.optimizer
+        if optimizer is None or criterion is None:
+            raise ValueError("DistributedTrainer.fit: pass optimizer=... and criterion=... (e.g. "
+                             "optim.Adam(model.parameters()), F.cross_entropy)")
+        if self.log_dir is not None and self.monitor is None:
+            from neural_arch.distributed.trainer.monitor import DistributedMonitor
+
+            self.monitor = DistributedMonitor(self.log_dir, rank=self.rank)
+        start_epoch, skip = 0, 0
+        meta = None
+        if resume is not False and resume is not None:
+            if resume is True:
+                meta = self.resume(optimizer) if self.checkpoint_manager is not None else None
+            else:
+                meta = self.load_checkpoint(resume, optimizer=optimizer)
+            if meta is not None:
+                done = meta["data"] is None or meta["data"].get("epoch_complete", True)
+                start_epoch = meta["epoch"] + 1 if done else meta["epoch"]
+                skip = 0 if done else meta["batch_in_epoch"]
+        history, best = [], math.inf
+        found = self.checkpoint_manager.best() if self.checkpoint_manager is not None else None
+        if found is not None:   # a resumed run keeps the earlier best: it must beat that one
+            best = float(found[2].get("loss", math.inf))
+        for epoch in range(start_epoch, int(epochs)):
+            self.epoch = epoch
+            sampler = getattr(train_loader, "sampler", None)
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+            self.batch_in_epoch = skip
+            batches = _with_last(itertools.islice(iter(train_loader), skip, None))
+            skip = 0
+            bar = self._progress(batches, epoch, len(train_loader) if hasattr(train_loader, "__len__") else None,
+                                 progress)
+            losses = []
+            for batch, is_last in bar:
+                index = self.batch_in_epoch
+                m = self.train_step(batch, optimizer, criterion, index,
+                                    end_window=True if is_last else None)
+                losses.append(m["loss"])
+                if self.monitor is not None:
+                    x = self._split_batch(batch)[0]
+                    self.monitor.log_training_step(m["loss"], int(np.shape(x)[0]) if np.ndim(x) else 1,
+                                                   m["compute_time"] + m["communication_time"],
+                                                   m["communication_time"], step=self.micro_step)
+                if hasattr(bar, "set_postfix"):
+                    bar.set_postfix(loss=f"{m['loss']:.4f}", step=m["step"], refresh=False)
+            record = {"epoch": epoch, "train_loss": float(np.mean(losses)) if losses else math.nan,
+                      "optimizer_steps": self.global_step}
+            if eval_loader is not None:
+                model = self.model if self.strategy.name != "fsdp" else _Forward(self.model)
+                metric = list(eval_metric) if isinstance(eval_metric, (list, tuple)) else [eval_metric]
+                record.update({f"eval_{k}": v for k, v in
+                               distributed_evaluate(model, eval_loader, metric, group=self.process_group).items()})
+            history.append(record)
+            score = record.get("eval_loss", record["train_loss"])
+            if self.checkpoint_manager is not None and checkpoint_every_epoch:
+                self.save_checkpoint(epoch, optimizer, score, is_best=score < best, data_state={"epoch_complete": True})
+            best = min(best, score)
+            if self.rank == 0 and progress:
+                print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()),
+                      file=sys.stderr)
+        perf = self.get_performance_metrics()
+        if self.rank == 0 and progress:
+            print(f"Training finished: {len(history)} epoch(s), {self.global_step} optimizer steps, strategy "
+                  f"{self.strategy.name} on {self.world_size} rank(s); {perf['samples_per_second_per_gpu']:.1f} "
+                  f"samples/s per rank, communication overhead {perf['communication_overhead_percent']:.1f}%",
+                  file=sys.stderr)
+        return {"history": history, "performance": perf}
+
+    def _progress(self, batches, epoch: int, total, progress: bool):
+        if self.rank != 0 or not progress:
+            return batches
+        try:
+            from tqdm import tqdm
+        except ImportError:   # the examples extra brings tqdm; without it, the per-epoch line suffices
+            return batches
+        return tqdm(batches, total=total, initial=self.batch_in_epoch, desc=f"epoch {epoch}", file=sys.stderr,
+                    leave=False)
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        """Close the monitor and destroy the process group if the trainer created it."""
+        if self.monitor is not None:
+            self.monitor.close()
+            self.monitor = None
+        if self._owns_process_group:
+            import neural_arch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self._owns_process_group = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class EnhancedDistributedTrainer(DistributedTrainer):
+    """Seed 003's production trainer: the same trainer with the seed's positional order
+    ``(model, strategy, mixed_precision, gradient_accumulation_steps, gradient_clip_val,
+    enable_activation_checkpointing, cpu_offload, checkpoint_dir, log_dir)``.
+
+    Example::
+
+        trainer = EnhancedDistributedTrainer(model, strategy="fsdp", mixed_precision=True,
+                                             gradient_accumulation_steps=4, gradient_clip_val=1.0,
+                                             enable_activation_checkpointing=True,
+                                             checkpoint_dir="./checkpoints", log_dir="./logs")
+    """
+
+    def __init__(self, model, strategy="ddp", mixed_precision=False, gradient_accumulation_steps: int = 1,
+                 gradient_clip_val: float | None = None, enable_activation_checkpointing: bool = False,
+                 cpu_offload: bool = False, checkpoint_dir=None, log_dir=None, **kwargs):
+        super().__init__(model, strategy, mixed_precision, gradient_accumulation_steps,
+                         gradient_clip_val=gradient_clip_val,
+                         enable_activation_checkpointing=enable_activation_checkpointing,
+                         cpu_offload=cpu_offload, checkpoint_dir=checkpoint_dir, log_dir=log_dir, **kwargs)
