@@ -225,8 +225,8 @@ def distributed_evaluate(model, data, metric: str | Callable | Sequence[str | Ca
     All ranks of ``group`` must call it (it is a collective).
 
     Args:
-        model: a ``Module`` or ``DistributedDataParallel`` (its ``.module`` is used: evaluation
-            needs no gradient hooks). Run in eval mode under ``no_grad``; its mode is restored.
+        model: a ``Module``, ``FullyShardedDataParallel`` or ``DistributedDataParallel`` (its
+            ``.module`` is used: evaluation needs no gradient hooks). Run in eval mode under ``no_grad``; its mode is restored.
         data: ``(inputs, targets)`` arrays, or a dataset of ``(input, target)`` items.
         metric: ``"accuracy"``, ``"cross_entropy"`` (alias ``"loss"``), a callable
             ``fn(output_array, target_array) -> per-sample values``, or a list of those.
@@ -243,7 +243,11 @@ def distributed_evaluate(model, data, metric: str | Callable | Sequence[str | Ca
     metrics = _metric_table(metric)
     n, fetch = _split_data(data)
     rank, size = _group_rank_and_size(group)
-    net = getattr(model, "module", model)
+    from neural_arch.distributed.parallel.data_parallel.ddp import DistributedDataParallel
+
+    # DDP only: its forward may broadcast buffers (a collective per batch, and ranks may run different
+    # numbers of batches); FSDP must stay wrapped, or its root unit never gathers its parameters
+    net = model.module if isinstance(model, DistributedDataParallel) else model
     mine = np.arange(rank, n, size, dtype=np.int64)
     totals = np.zeros(1 + len(metrics), dtype=np.float64)  # [count, sum of each metric]
     first = next(iter(net.parameters()), None) if hasattr(net, "parameters") else None

@@ -63,30 +63,6 @@ class _ShardGradients:
         return self._zero.step(*args, **kwargs)
 
 
-class _Forward:
-    """The wrapped model as ``distributed_evaluate`` should call it: it unwraps anything with a
-    ``.module``, which for FSDP would skip the root unit's gather, so this face has none."""
-
-    def __init__(self, model):
-        self._model = model
-
-    def __call__(self, *args):
-        return self._model(*args)
-
-    def parameters(self):
-        return self._model.parameters()
-
-    @property
-    def training(self) -> bool:
-        return self._model.training
-
-    def eval(self):
-        self._model.eval()
-
-    def train(self, mode: bool = True):
-        self._model.train(mode)
-
-
 def _upcast(out):
     """Low-precision floating outputs as float32, for the criterion: autocast runs losses in
     float32 by patching ``neural_arch.functional``'s names, which a criterion passed as a function
@@ -335,27 +311,12 @@ class DistributedTrainer:
 
     @staticmethod
     def _sync_hyper(optimizer, eff) -> None:
-        """Copy the user's hyper-parameters (an LR schedule) into the ZeRO optimizer and its inner one."""
+        """Copy the user's hyper-parameters (an LR schedule) into the ZeRO optimizer (whose step passes
+        them on to its inner optimizer)."""
         if eff is optimizer:
             return
         for user, zero in zip(optimizer.param_groups, eff.param_groups):
             zero.update({k: v for k, v in user.items() if k != "params"})
-        # ZeroRedundancyOptimizer.step() copies its param_groups into groups that its inner
-        # optimizer copied at construction (Optimizer.add_param_group copies each dict), so a
-        # schedule would never reach the inner step: write the inner groups too, matched by the
-        # parameter (a ZeRO-2 shard by the first parameter it holds).
-        inner = getattr(eff, "optim", None)
-        if inner is None:
-            return
-        owner = {id(p): g for g in eff.param_groups for p in g["params"]}
-        for group in inner.param_groups:
-            if not group["params"]:
-                continue
-            first = group["params"][0]
-            shard = getattr(first, "_flat_shard", None)
-            src = owner.get(id(shard.params[0] if shard is not None else first))
-            if src is not None:
-                group.update({k: v for k, v in src.items() if k != "params"})
 
     # ------------------------------------------------------------------ one micro-batch
     def _no_sync(self):
@@ -655,7 +616,7 @@ class DistributedTrainer:
             record = {"epoch": epoch, "train_loss": float(np.mean(losses)) if losses else math.nan,
                       "optimizer_steps": self.global_step}
             if eval_loader is not None:
-                model = self.model if self.strategy.name != "fsdp" else _Forward(self.model)
+                model = self.model
                 metric = list(eval_metric) if isinstance(eval_metric, (list, tuple)) else [eval_metric]
                 record.update({f"eval_{k}": v for k, v in
                                distributed_evaluate(model, eval_loader, metric, group=self.process_group).items()})

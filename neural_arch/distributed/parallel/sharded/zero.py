@@ -117,6 +117,7 @@ class ZeroRedundancyOptimizer(Optimizer):
         self._local_groups = local_groups
         nonempty = [g for g in local_groups if g["params"]]
         self.optim = self.optimizer_class(nonempty, **self.defaults) if nonempty else None
+        self._adopt_inner_groups()
 
     def _broadcast_partitions(self) -> None:
         backend = self.process_group.backend
@@ -161,6 +162,7 @@ class ZeroRedundancyOptimizer(Optimizer):
             local_groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": shards})
         self._local_groups = local_groups
         self.optim = self.optimizer_class([g for g in local_groups if g["params"]], **self.defaults)
+        self._adopt_inner_groups()
         self.reducer = ShardedGradReducer(self._buckets, self.process_group, self._accumulate_shard)
 
     def _accumulate_shard(self, i: int, g) -> None:
@@ -188,6 +190,14 @@ class ZeroRedundancyOptimizer(Optimizer):
             backend.allgather(full, shard.data)
             for p, v in zip(b, lay.views(full.reshape(-1))):
                 p.data[...] = v
+
+    def _adopt_inner_groups(self) -> None:
+        """Point ``_local_groups`` at the inner optimizer's own group dicts (its constructor copies the
+        dicts it is given), so hyper-parameters synced into them reach the real step."""
+        if self.optim is None:
+            return
+        inner = iter(self.optim.param_groups)
+        self._local_groups = [next(inner) if g["params"] else g for g in self._local_groups]
 
     # ------------------------------------------------------------------ Optimizer API
     def _sync_hyperparameters(self) -> None:
