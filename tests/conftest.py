@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 pytest_plugins = ["skip_policy", "leak_check"]
@@ -26,3 +27,20 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def world_of_one(monkeypatch):
+    """A process group of one rank in the pytest process, destroyed afterwards (whatever started pytest
+    -- a launcher, mpiexec -- must not make it a bigger job)."""
+    import neural_arch.distributed as dist
+    from neural_arch.distributed.testing import LAUNCHER_VARS
+
+    for name in LAUNCHER_VARS:
+        monkeypatch.delenv(name, raising=False)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group()
+    yield dist
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -78,3 +78,17 @@ def test_moe_gpt_under_expert_parallelism_matches_single_process(pool):
     for rank, out in enumerate(pool.run(fns.gpt_ep_run, ep)):
         for key in ("logits", "aux", "params"):
             assert out[key] <= TOL, f"rank {rank}: {key} differs by {out[key]:g}"
+
+
+def test_sharding_wrappers_refuse_expert_parameters(world_of_one):
+    """ZeRO and FSDP would shard an expert's parameters as if every rank held the same experts."""
+    import numpy as np
+
+    from neural_arch import nn, optim
+
+    model = nn.Sequential(nn.Linear(2, 2, dtype=np.float64), nn.Linear(2, 2, dtype=np.float64))
+    model[1].weight.allreduce = False          # what parallelize_moe sets on expert parameters
+    with pytest.raises(ValueError, match="ZeroRedundancyOptimizer: 1 parameter.*DistributedDataParallel"):
+        world_of_one.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optim.SGD, lr=0.1)
+    with pytest.raises(ValueError, match="FullyShardedDataParallel: 1 parameter.*expert-parallel"):
+        world_of_one.FullyShardedDataParallel(model)

@@ -88,14 +88,11 @@ def test_flat_layout_pads_to_world():
         assert [v.tolist() for v in lay.views(flat)][2] == 7.0
 
 
-def test_bad_arguments_raise_clear_errors():
-    import neural_arch.distributed as dist
+def test_bad_arguments_raise_clear_errors(world_of_one):
     from neural_arch import optim
     from neural_arch.distributed.fsdp import FSDP
     from neural_arch.distributed.optim import ZeroRedundancyOptimizer
 
-    if not dist.is_initialized():
-        dist.init_process_group()
     model = fns.build(0, np.float64)
     with pytest.raises(TypeError, match="optimizer_class"):
         ZeroRedundancyOptimizer(model.parameters(), "adam", lr=0.1)
@@ -108,14 +105,10 @@ def test_bad_arguments_raise_clear_errors():
 
 
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
-def test_fsdp_on_one_rank_keeps_views_of_the_shard(strategy):
+def test_fsdp_on_one_rank_keeps_views_of_the_shard(strategy, world_of_one):
     # a shard group of one rank: the parameters are views of the flat shard (no gathered copy,
     # torch's switch to NO_SHARD), and training still equals plain training
-    import neural_arch.distributed as dist
-
-    if not dist.is_initialized():
-        dist.init_process_group()
-    assert dist.get_world_size() == 1
+    assert world_of_one.get_world_size() == 1
     diff, extra = fns.equivalence_run({"kind": "fsdp", "strategy": strategy})
     assert diff <= 1e-10 and extra["orig_grads_dropped"] and extra["sharded_roundtrip"] == 0.0
 

@@ -6,26 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import neural_arch.distributed as dist
 from neural_arch import nn, optim
 from neural_arch.core.tensor import Tensor
-from neural_arch.distributed.testing import LAUNCHER_VARS
 from neural_arch.optim.lr_scheduler import StepLR
-
-
-@pytest.fixture
-def world_of_one(monkeypatch):
-    for name in LAUNCHER_VARS:          # whatever started pytest must not make this a bigger job
-        monkeypatch.delenv(name, raising=False)
-    dist.init_process_group()
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("stage", [1, 2])
 def test_a_scheduled_learning_rate_reaches_the_step(world_of_one, stage):
     model = nn.Linear(3, 2, dtype=np.float64)
-    opt = dist.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optim.SGD, lr=1.0, stage=stage)
+    opt = world_of_one.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optim.SGD, lr=1.0, stage=stage)
     StepLR(opt, step_size=1, gamma=0.5).step()          # lr 1.0 -> 0.5
     before = model.weight.data.copy()
     (model(Tensor(np.ones((1, 3)))) * Tensor(np.ones((1, 2)))).sum().backward()

@@ -29,12 +29,24 @@ from neural_arch import backend as _xpmod
 from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.parallel.data_parallel.replicas import broadcast_arrays
 
-__all__ = ["ExpertGradReducer", "is_expert_parameter"]
+__all__ = ["ExpertGradReducer", "is_expert_parameter", "refuse_expert_parameters"]
 
 
 def is_expert_parameter(p) -> bool:
     """True for a parameter DDP must not average over its whole group (``p.allreduce is False``)."""
     return getattr(p, "allreduce", True) is False
+
+
+def refuse_expert_parameters(params, wrapper: str) -> None:
+    """Sharding wrappers (ZeRO, FSDP) treat every parameter as the same on every rank: partitioning or
+    flattening an expert's parameters over ranks that hold other experts would silently mix them, so
+    they refuse (with what to do) until they learn expert-data-parallel groups."""
+    experts = sum(1 for p in params if is_expert_parameter(p))
+    if experts:
+        raise ValueError(f"{wrapper}: {experts} parameter(s) are expert-parallel (parallelize_moe marks them "
+                         "param.allreduce = False: each rank holds different experts), which this wrapper would "
+                         "shard as if every rank held the same ones; wrap the model in DistributedDataParallel "
+                         "instead (it averages each expert over its expert-data-parallel group)")
 
 
 class ExpertGradReducer:

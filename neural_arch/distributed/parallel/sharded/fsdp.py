@@ -90,6 +90,7 @@ from neural_arch import backend as _backend
 from neural_arch.core import autograd as _ag
 from neural_arch.core.tensor import Tensor, is_backward_running, no_grad
 from neural_arch.distributed.groups import _resolve_group
+from neural_arch.distributed.parallel.data_parallel.expert_grads import refuse_expert_parameters
 from neural_arch.distributed.parallel.sharded.api import (
     BackwardPrefetch,
     CPUOffload,
@@ -165,6 +166,7 @@ class FullyShardedDataParallel(FSDPStateDictMixin, Module):
             raise TypeError(f"FullyShardedDataParallel(module): expected an nn.Module, got {type(module).__name__}")
         if ignored_modules:
             raise NotImplementedError("FullyShardedDataParallel(ignored_modules=...) is not implemented")
+        refuse_expert_parameters(module.parameters(), "FullyShardedDataParallel")
         strategy = sharding_strategy or ShardingStrategy.FULL_SHARD
         if not isinstance(strategy, ShardingStrategy):
             raise TypeError(f"sharding_strategy must be a ShardingStrategy (e.g. ShardingStrategy.FULL_SHARD), "

@@ -40,6 +40,7 @@ from neural_arch import backend as _backend
 from neural_arch.core.tensor import Tensor, no_grad
 from neural_arch.distributed.comm.work import ReduceOp  # noqa: F401  (re-exported for users)
 from neural_arch.distributed.groups import _resolve_group
+from neural_arch.distributed.parallel.data_parallel.expert_grads import refuse_expert_parameters
 from neural_arch.distributed.parallel.sharded.flat import FlatLayout, FlatShard
 from neural_arch.distributed.parallel.sharded.reducer import ShardedGradReducer, plan_buckets
 from neural_arch.nn.parameter import Parameter
@@ -89,6 +90,7 @@ class ZeroRedundancyOptimizer(Optimizer):
         self.world_size = self.process_group.size()
         self.rank = self.process_group.rank()
         self._all_params = [p for g in self.param_groups for p in g["params"]]
+        refuse_expert_parameters(self._all_params, "ZeroRedundancyOptimizer")
         self._index = {id(p): i for i, p in enumerate(self._all_params)}
         self._consolidated = None
         if stage == 1:
