@@ -53,6 +53,7 @@ VARIABLES: tuple[EnvVar, ...] = (
     _v("TIMEOUT", float, 300.0, "user", "seconds a collective may wait before it fails (init_process_group's timeout)"),
     _v("RENDEZVOUS_TIMEOUT", float, 60.0, "user", "seconds every rank has to reach the rendezvous (and MPI_Init)"),
     _v("AUTH_TOKEN", str, None, "user", "job secret: authenticates store, TCP mesh and node agents (docs/security.md)"),
+    _v("ALLOW_UNAUTHENTICATED", bool, False, "user", "1 on every rank lets a multi-host job without NEURAL_ARCH_AUTH_TOKEN run its store and TCP mesh open to anyone who can reach the ports (trusted networks only; docs/security.md)"),
     _v("HOST_ID", str, None, "user", "overrides host identity (split one machine into 'hosts'; containers without shared /dev/shm)"),
     _v("BIND_ADDR", str, None, "user", "address the gloo TCP transport listens on"),
     _v("DISTRIBUTED_DEBUG", str, "OFF", "user", "OFF / INFO / DETAIL: DETAIL checks every collective across ranks first"),
@@ -73,6 +74,7 @@ VARIABLES: tuple[EnvVar, ...] = (
     _v("MPI_WATCHDOG_S", float, 0.1, "user", "poll interval of the MPI timeout watchdog"),
     _v("MPI_SPIN_S", float, 0.001, "user", "spin of MPI nonblocking waits before sleeping"),
     _v("MPI_PAIRWISE_MAX_BYTES", int, 512 << 10, "user", "2-rank MPI groups: all_reduces of 16 KiB up to this many bytes are one whole-buffer exchange + a NumPy reduction instead of MPICH's Iallreduce (0: off; every rank must agree)"),
+    _v("MPI_ABORT_ON_EXCEPTION", bool, True, "user", "an uncaught exception on one rank of an MPI job calls MPI_Abort once the MPI backend is up, so the other ranks end at once instead of waiting out their timeout (0: off)"),
     # -- observability -----------------------------------------------------------------------------
     _v("TIMELINE", str, None, "user", "directory: every rank records a Chrome trace, rank 0 merges them"),
     _v("STALL_WARNING_S", float, 60.0, "user", "warn (naming the missing ranks) when a collective waits this long; 0 = off"),

@@ -79,26 +79,28 @@ def test_job_token_derived_from_the_job_id_when_none_is_given(monkeypatch):
         seen = _capture_store_token(monkeypatch)
         with pytest.raises(RuntimeError, match="stop here"):
             dist.init_process_group("gloo", init_method="tcp://127.0.0.1:1", world_size=2, rank=0)
-        assert isinstance(seen["token"], str) and len(seen["token"]) == 32
-        assert seen["token"] == derive_job_token(os.environ)
-        tokens.append(seen["token"])
+        # the job id separates jobs; it is public, so it is never the token (docs/security.md)
+        assert seen["token"].token is None
+        assert isinstance(seen["token"].job_id, str) and len(seen["token"].job_id) == 32
+        assert seen["token"].job_id == derive_job_token(os.environ)
+        tokens.append(seen["token"].job_id)
     assert tokens[0] != tokens[1]
 
 
 def test_explicit_auth_token_wins_over_the_derived_one(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    monkeypatch.setenv("NEURAL_ARCH_AUTH_TOKEN", "secret")
+    monkeypatch.setenv("NEURAL_ARCH_AUTH_TOKEN", "5ec7e7" * 6)
     seen = _capture_store_token(monkeypatch)
     with pytest.raises(RuntimeError, match="stop here"):
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:1", world_size=2, rank=0)
-    assert seen["token"] == "secret"
+    assert seen["token"].token == "5ec7e7" * 6
 
 
 def test_no_job_id_no_token(monkeypatch):
     seen = _capture_store_token(monkeypatch)
     with pytest.raises(RuntimeError, match="stop here"):
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:1", world_size=2, rank=0)
-    assert seen["token"] is None
+    assert seen["token"].token is None and seen["token"].job_id is None
 
 
 # ---------------------------------------------------------------------------------- get_distributed_info

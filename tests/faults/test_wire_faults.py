@@ -100,10 +100,13 @@ def test_a_client_without_the_secret_file_is_told_what_to_do(monkeypatch):
         master.close()
 
 
-def test_an_open_store_says_so_loudly_with_the_fix(caplog):
+def test_an_open_store_needs_the_opt_in_and_then_says_so_loudly_with_the_fix(caplog):
+    # without a token off loopback: a refusal with the fix (it used to run open with a warning)
+    with pytest.raises(AuthenticationError, match="NEURAL_ARCH_AUTH_TOKEN=.*NEURAL_ARCH_ALLOW_UNAUTHENTICATED=1"):
+        TCPStore("0.0.0.0", 0, is_master=True, timeout=5)
     with caplog.at_level(logging.WARNING):
         try:
-            master = TCPStore("0.0.0.0", 0, is_master=True, timeout=5)
+            master = TCPStore("0.0.0.0", 0, is_master=True, timeout=5, allow_unauthenticated=True)
         except Exception as exc:  # noqa: BLE001 - no non-loopback interface here
             pytest.skip(f"cannot listen on 0.0.0.0: {exc}")
         master.close()

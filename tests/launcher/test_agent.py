@@ -56,7 +56,7 @@ def test_every_node_gets_the_same_layout_with_per_node_process_counts(server):
 @pytest.mark.timeout(20)
 def test_a_wrong_token_is_refused_and_does_not_join(server):
     with pytest.raises(RuntimeError, match="NEURAL_ARCH_AUTH_TOKEN|job key"):
-        join_node0("127.0.0.1", server.port, 1, 2, "not-the-token", timeout=5)
+        join_node0("127.0.0.1", server.port, 1, 2, "not-the-token-" + "cd" * 8, timeout=5)
     assert server.joined() == {0}
 
 
@@ -108,7 +108,7 @@ def test_node0_timing_out_names_the_missing_nodes_and_tells_the_joined_ones(serv
 
 @pytest.mark.timeout(20)
 def test_a_server_that_does_not_know_the_token_is_not_trusted():
-    impostor = NodeAgentServer(0, nnodes=2, nproc_per_node=1, token="another-job", host="127.0.0.1")
+    impostor = NodeAgentServer(0, nnodes=2, nproc_per_node=1, token="another-job-" + "ef" * 8, host="127.0.0.1")
     try:
         with pytest.raises(RuntimeError, match="job key|could not prove"):
             join_node0("127.0.0.1", impostor.port, 1, 1, TOKEN, timeout=5)

@@ -17,6 +17,7 @@ from neural_arch.distributed.errors import AuthenticationError, PeerFailureError
 from neural_arch.distributed.rendezvous.store import FileStore, PrefixStore, StoreTimeoutError, TCPStore, store_barrier
 
 pytestmark = pytest.mark.timeout(90)
+TOKEN = "5ec7e7" * 6  # 36 hex digits: the 128 bits a token needs
 
 # Every worker: announce itself, count, race a compare_set, wait for all, read everyone's key.
 _WORKER = """
@@ -46,9 +47,9 @@ def _check_workers(out, n):
 
 
 def test_tcp_store_across_processes():
-    master = TCPStore("127.0.0.1", 0, world_size=4, is_master=True, timeout=20, auth_token="s3cret")
+    master = TCPStore("127.0.0.1", 0, world_size=4, is_master=True, timeout=20, auth_token=TOKEN)
     try:
-        out = run_ranks(_WORKER, 3, timeout=60, env={"KIND": "tcp", "PORT": str(master.port), "TOKEN": "s3cret"})
+        out = run_ranks(_WORKER, 3, timeout=60, env={"KIND": "tcp", "PORT": str(master.port), "TOKEN": TOKEN})
         _check_workers(out, 3)
         assert master.get("count") == b"6"
         assert master.num_keys() == 3 + 3 + 2  # addr/*, done/*, count, leader
@@ -110,8 +111,7 @@ def _raw(port):
 def _authed(port, key=None):
     """A raw socket past the handshake (``key`` None: the per-user job secret of a token-less store)."""
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
-    handshake.greet(s, key if key is not None else (lambda kid: handshake.local_job_secret(port, want_id=kid)),
-                    b"store", time.monotonic() + 5)
+    handshake.greet(s, key if key is not None else handshake.local_job_secret(port), b"store", time.monotonic() + 5)
     return s
 
 
@@ -124,13 +124,13 @@ def _reply(sock):
 
 
 def test_auth_rejects_bad_clients_and_keeps_serving():
-    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=5, auth_token=b"tok")
-    good = TCPStore("127.0.0.1", master.port, timeout=5, auth_token=b"tok")
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=5, auth_token=TOKEN.encode())
+    good = TCPStore("127.0.0.1", master.port, timeout=5, auth_token=TOKEN.encode())
     try:
         with pytest.raises(AuthenticationError, match="requires the job key"):
             TCPStore("127.0.0.1", master.port, timeout=5)
-        with pytest.raises(AuthenticationError, match="another job key"):
-            TCPStore("127.0.0.1", master.port, timeout=5, auth_token="wrong")
+        with pytest.raises(AuthenticationError, match="wrong or missing job key"):  # the key id is gone
+            TCPStore("127.0.0.1", master.port, timeout=5, auth_token="0badc0de" * 4)
         # a raw client answering with a zero MAC (what a token-less rank used to send), then a request
         # frame: refused (status 0), closed, never served
         raw = _raw(master.port)

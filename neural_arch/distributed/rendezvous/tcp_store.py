@@ -6,14 +6,26 @@ receives.
 
 Authentication (:mod:`neural_arch.distributed.comm.transport.handshake`, shared with the TCP mesh
 and the node agent): every connection must pass a mutual HMAC-SHA256 challenge before its first
-request. The key is ``auth_token`` (bytes or str, passed explicitly -- the process-group code reads
-``NEURAL_ARCH_AUTH_TOKEN``; the store never reads the environment). Without a token, a master on a
-loopback address makes a random per-job secret in a file only this user can read
-(``local_job_secret``): clients of the same user on this host find it by its key id, other users
-cannot join. Without a token on a non-loopback address no key can be shared: the store runs open
-and says so loudly once, with the line that fixes it. A connection that fails the handshake within
-``HANDSHAKE_TIMEOUT`` (or sends a malformed or oversized frame) is closed and logged; the server keeps
-serving everyone else. Bounded: ``MAX_CONNECTIONS`` clients, ``MAX_WAITERS`` blocking get/wait at once.
+request. The store never reads the environment; the process-group code passes what it read:
+
+* ``auth_token`` (``NEURAL_ARCH_AUTH_TOKEN``, >= 128 bits, stretched with PBKDF2): the key, on any
+  address. Master and clients refuse an open peer.
+* no token, ``host`` on loopback: the master makes a random per-job secret in a file only this user
+  can read (``handshake.local_job_secret``, named by the port); clients read that file and **require**
+  the master to prove it -- an open store or another key on that port (another user's process that
+  took ``MASTER_PORT`` first) is refused. ``job_id`` (srun's/mpiexec's job id, public) is mixed into
+  that key only to keep two jobs of the same user apart; it never authenticates anything.
+* no token, ``host`` not on loopback: no key can be shared, so master and clients refuse to start
+  unless every rank passed ``allow_unauthenticated=True`` (``NEURAL_ARCH_ALLOW_UNAUTHENTICATED=1``):
+  then the store runs open and says so loudly once.
+
+What it survives: a connection that fails the handshake within ``HANDSHAKE_TIMEOUT`` (or sends a
+malformed or oversized frame) is closed and logged, the server keeps serving everyone else; at most
+``MAX_PENDING`` unauthenticated connections at once (and fewer than a quarter of the descriptor
+limit), the rest are closed at once and honest clients retry; an ``accept`` error (``EMFILE`` in a
+connection flood) is waited out, never the end of the server; frames are read in 1 MiB pieces as
+their bytes arrive, within one store-wide ``MEMORY_BUDGET``; a blocking get/wait holds only its own
+connection (the protocol is request-reply), and a get of a present key never waits.
 
 Example::
 
@@ -28,8 +40,11 @@ Example::
 
 from __future__ import annotations
 
-import functools
+import hashlib
+import hmac
 import logging
+import os
+import resource
 import socket
 import struct
 import threading
@@ -37,7 +52,13 @@ import time
 from collections.abc import Sequence
 
 from neural_arch.distributed.comm.transport import handshake
-from neural_arch.distributed.errors import DistributedError, HandshakeError, PeerFailureError, RendezvousError
+from neural_arch.distributed.errors import (
+    AuthenticationError,
+    DistributedError,
+    HandshakeError,
+    PeerFailureError,
+    RendezvousError,
+)
 from neural_arch.distributed.rendezvous.base import BytesLike, Store, StoreTimeoutError, _b, _keys, _to_int
 
 __all__ = ["TCPStore"]
@@ -56,21 +77,51 @@ MAX_ARGS = 1 << 16           # wait()/check() on many keys, never more
 MAX_FRAME = 256 << 20        # one request's payload, all arguments together
 HANDSHAKE_TIMEOUT = 5.0      # a connection that does not finish the handshake in time is dropped
 MAX_CONNECTIONS = 4096       # clients at once (each holds a thread); more are refused
-MAX_WAITERS = 2048           # blocking get/wait requests at once; more get an error, not a thread each
+MAX_WAITERS = MAX_CONNECTIONS  # one blocking get/wait per connection (request-reply), never a global pool
+MAX_PENDING = 256            # connections still in the handshake (unauthenticated) at once
+MEMORY_BUDGET = 1 << 30      # bytes of request frames all connections may buffer at once...
+_FREE = 64 << 10             # ...beyond the first 64 KiB of each frame (rendezvous traffic never waits on it)
+_PIECE = 1 << 20             # a frame's bytes are read (and buffered) this much at a time
 
 OP_SET, OP_GET, OP_ADD, OP_CAS, OP_WAIT, OP_CHECK, OP_DELETE, OP_NUMKEYS = range(1, 9)
 ST_OK, ST_TIMEOUT, ST_ERROR, ST_CLOSED = 0, 1, 2, 3
 _WORKERS_KEY = "\x00workers"  # internal: counts connected clients (wait_for_workers)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
+class _Budget:
+    """Bytes of request frames buffered by every connection together: a client announcing huge
+    frames gets its connection closed, never the store's memory."""
+
+    def __init__(self, limit: int):
+        self.limit, self.used, self.lock = limit, 0, threading.Lock()
+
+    def take(self, n: int) -> None:
+        with self.lock:
+            if self.used + n > self.limit:
+                raise ValueError(f"the store already buffers {self.used} bytes of requests (budget "
+                                 f"{self.limit}); a request of more cannot be read now")
+            self.used += n
+
+    def give(self, n: int) -> None:
+        with self.lock:
+            self.used -= n
+
+
+def _recv_exact(sock: socket.socket, n: int, charge=None) -> bytes:
+    """``n`` bytes, buffered in pieces as they arrive (never ``n`` announced bytes up front);
+    ``charge(k)`` is called before each piece of up to ``k`` bytes is read (it may refuse), and
+    ``charge(-unused)`` after it, for the part of ``k`` that did not arrive."""
+    buf = bytearray()
+    while len(buf) < n:
+        k = min(_PIECE, n - len(buf))
+        if charge is not None:
+            charge(k)
+        chunk = sock.recv(k)
+        if charge is not None and len(chunk) < k:
+            charge(len(chunk) - k)
+        if not chunk:
             raise ConnectionError("connection closed by the other side")
-        got += k
+        buf += chunk
     return bytes(buf)
 
 
@@ -82,18 +133,34 @@ def _write_frame(sock: socket.socket, code: int, args: Sequence[bytes]) -> None:
     sock.sendall(b"".join(parts))
 
 
-def _read_frame(sock: socket.socket) -> tuple[int, list[bytes]]:
-    """Read one frame; ``ValueError`` on a malformed or oversized one (the caller drops the peer)."""
+def _read_frame(sock: socket.socket, budget: _Budget | None = None,
+                held: list | None = None) -> tuple[int, list[bytes]]:
+    """Read one frame; ``ValueError`` on a malformed or oversized one (the caller drops the peer).
+    The server passes its ``budget`` (charged beyond the frame's first ``_FREE`` bytes) and a list
+    ``held`` of what it took (to give back once the request is answered)."""
     code, nargs = _HDR.unpack(_recv_exact(sock, _HDR.size))
     if nargs > MAX_ARGS:
         raise ValueError(f"frame announces {nargs} arguments (max {MAX_ARGS})")
+    buffered = 0
+
+    def charge(k: int) -> None:   # k < 0: a refund
+        nonlocal buffered
+        over = max(0, buffered + k - _FREE) - max(0, buffered - _FREE)
+        if over > 0 and budget is not None:
+            budget.take(over)
+        elif over < 0 and budget is not None:
+            budget.give(-over)
+        buffered += k
+        if over and held is not None:
+            held.append(over)
+
     args, total = [], 0
     for _ in range(nargs):
         (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
         total += n
         if total > MAX_FRAME:
             raise ValueError(f"frame payload exceeds {MAX_FRAME} bytes")
-        args.append(_recv_exact(sock, n))
+        args.append(_recv_exact(sock, n, charge))
     return code, args
 
 
@@ -104,7 +171,6 @@ class _State:
         self.data: dict[str, bytes] = {}
         self.cond = threading.Condition()
         self.closed = False
-        self.waiters = 0
 
     def _wait_for(self, keys: list[str], timeout: float) -> list[str]:
         """Wait until every key exists; return the missing ones (empty on success)."""
@@ -127,16 +193,10 @@ class _State:
         if op in (OP_GET, OP_WAIT):
             keys = [a.decode() for a in args[:-1]]
             (timeout_ms,) = _U64.unpack(args[-1])
-            with self.cond:
-                if self.waiters >= MAX_WAITERS:
-                    raise ValueError(f"the store already serves {MAX_WAITERS} blocking get/wait requests; "
-                                     "retry later (is a client flooding it?)")
-                self.waiters += 1
-            try:
-                missing = self._wait_for(keys, timeout_ms / 1000.0)
-            finally:
-                with self.cond:
-                    self.waiters -= 1
+            # No global count of waiters: a blocking request holds only its own connection's thread
+            # (one request at a time per connection), so one client's many waits cannot make another
+            # client's get fail -- least of all a get of a key that is already there.
+            missing = self._wait_for(keys, timeout_ms / 1000.0)
             if missing and self.closed:
                 return ST_CLOSED, []
             if missing:
@@ -175,10 +235,14 @@ class _State:
 
 
 class _Server:
-    """Threaded TCP server: one accept thread, one thread per connection (few clients, long-lived)."""
+    """Threaded TCP server: one accept thread, one thread per connection (few clients, long-lived).
 
-    def __init__(self, host: str, port: int, token: bytes | None, state: _State):
-        self.state, self.token, self.host = state, token, host
+    ``key`` is the handshake key (None: open, on the caller's explicit opt-in); ``job_id`` scopes a
+    per-user job secret (see :func:`_job_scoped`)."""
+
+    def __init__(self, host: str, port: int, key: bytes | None, state: _State, job_id: str | None = None,
+                 open_ok: bool = False):
+        self.state, self.key, self.host = state, key, host
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -188,57 +252,103 @@ class _Server:
             self.sock.close()
             raise DistributedError(
                 f"the rendezvous store cannot listen on {host}:{port} ({exc}); pick a free MASTER_PORT "
-                "or check that MASTER_ADDR is an address of this host") from exc
+                "or check that MASTER_ADDR is an address of this host (another process, maybe another "
+                "user's, may hold that port)") from exc
         self.sock.listen(128)
         self.port = self.sock.getsockname()[1]
-        self.secret_file = False
-        if self.token is None:
-            if _is_loopback(host):
-                # every client is on this host: a per-job secret only this user can read
-                self.token = handshake.local_job_secret(self.port, create=True)
-                self.secret_file = True
-            else:
-                handshake.warn_open(f"the rendezvous store on {host}:{self.port}")
+        self.secret: bytes | None = None
+        if self.key is None and not open_ok:
+            # every client is on this host: a per-job secret only this user can read
+            try:
+                self.secret = handshake.local_job_secret(self.port, create=True)
+            except BaseException:
+                self.sock.close()
+                raise
+            self.key = _job_scoped(self.secret, job_id)
+        elif self.key is None:
+            handshake.warn_open(f"the rendezvous store on {host}:{self.port}")
+        # Descriptors are the scarce resource in a connection flood: stay well below the limit.
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        soft = soft if soft != resource.RLIM_INFINITY else 1 << 20
+        self.max_pending = max(4, min(MAX_PENDING, soft // 4))
+        self.max_conns = max(8, min(MAX_CONNECTIONS, soft * 3 // 4))
+        self.pending = 0
+        self.budget = _Budget(MEMORY_BUDGET)
         self.conns: set = set()
         self.lock = threading.Lock()
+        self._last_warning = 0.0
         self.thread = threading.Thread(target=self._accept_loop, name="na-store-accept", daemon=True)
         self.thread.start()
 
+    def _warn(self, msg: str, *args) -> None:
+        """At most one warning a second: a flood must not flood the log too."""
+        now = time.monotonic()
+        if now - self._last_warning >= 1.0:
+            self._last_warning = now
+            log.warning(msg, *args)
+
     def _accept_loop(self) -> None:
+        delay = 0.01
         while not self.state.closed:
             try:
                 conn, addr = self.sock.accept()
-            except OSError:
-                return  # listening socket closed
-            if len(self.conns) >= MAX_CONNECTIONS:
-                log.warning("store: refused a connection from %s: %d clients already", addr, MAX_CONNECTIONS)
+            except OSError as exc:
+                if self.state.closed:
+                    return  # listening socket closed
+                # EMFILE/ENFILE/ENOBUFS (a connection flood), ECONNABORTED...: wait, keep accepting --
+                # returning here would lock every later rank out for good
+                self._warn("store on %s:%d: accept failed (%s); retrying in %.2f s", self.host, self.port, exc, delay)
+                time.sleep(delay)
+                delay = min(2 * delay, 0.5)
+                continue
+            delay = 0.01
+            with self.lock:
+                refuse = (f"{self.pending} connections are still in the handshake" if self.pending >= self.max_pending
+                          else f"{len(self.conns)} clients already" if len(self.conns) >= self.max_conns else None)
+                if refuse is None:
+                    self.pending += 1
+                    self.conns.add(conn)
+            if refuse is not None:
+                self._warn("store: refused a connection from %s: %s (a flood?)", addr, refuse)
                 conn.close()
                 continue
-            threading.Thread(target=self._serve, args=(conn, addr), name="na-store-conn", daemon=True).start()
+            try:
+                threading.Thread(target=self._serve, args=(conn, addr), name="na-store-conn", daemon=True).start()
+            except RuntimeError as exc:  # cannot start a thread: the same as EMFILE, shed this one
+                with self.lock:
+                    self.pending -= 1
+                    self.conns.discard(conn)
+                conn.close()
+                self._warn("store: dropped a connection from %s: %s", addr, exc)
 
     def _serve(self, conn: socket.socket, addr) -> None:
-        with self.lock:
-            self.conns.add(conn)
         try:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
-                handshake.serve(conn, self.token, _PURPOSE, time.monotonic() + HANDSHAKE_TIMEOUT,
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                handshake.serve(conn, self.key, _PURPOSE, time.monotonic() + HANDSHAKE_TIMEOUT,
                                 where=f"store {self.host}:{self.port} (client {addr})")
             except (HandshakeError, handshake.HandshakeRefused) as exc:
                 log.warning("store: dropped a connection: %s", exc)
                 return
+            finally:
+                with self.lock:
+                    self.pending -= 1
             conn.settimeout(None)
             while not self.state.closed:
-                op, args = _read_frame(conn)
+                held: list[int] = []
                 try:
-                    status, out = self.state.handle(op, args)
-                except (ValueError, IndexError, UnicodeDecodeError, struct.error) as exc:
-                    status, out = ST_ERROR, [str(exc).encode()]
+                    op, args = _read_frame(conn, self.budget, held)
+                    try:
+                        status, out = self.state.handle(op, args)
+                    except (ValueError, IndexError, UnicodeDecodeError, struct.error) as exc:
+                        status, out = ST_ERROR, [str(exc).encode()]
+                finally:
+                    self.budget.give(sum(held))
                 _write_frame(conn, status, out)
         except (TimeoutError, ConnectionError, OSError, handshake.AuthenticationError):
             pass  # the client went away (normal at shutdown) or never authenticated
         except (ValueError, struct.error) as exc:
-            log.warning("store: closed the connection from %s after a malformed frame: %s", addr, exc)
+            log.warning("store: closed the connection from %s after a malformed or oversized frame: %s", addr, exc)
         finally:
             with self.lock:
                 self.conns.discard(conn)
@@ -260,8 +370,8 @@ class _Server:
                 c.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        if self.secret_file:
-            handshake.forget_local_job_secret(self.port, self.token)
+        if self.secret is not None:
+            handshake.forget_local_job_secret(self.port, self.secret)
 
 
 class TCPStore(Store):
@@ -271,6 +381,11 @@ class TCPStore(Store):
     (``"0.0.0.0"`` to accept remote workers); ``port=0`` picks a free port, read it from ``.port``.
     ``timeout`` bounds connecting and every blocking ``get``/``wait``. ``wait_for_workers=True``
     makes the master's constructor wait until ``world_size - 1`` workers connected.
+
+    Who may connect (module docstring): ``auth_token`` (the same on every rank, >= 128 bits); else,
+    on a loopback ``host``, processes of this user on this host (``job_id``: a public job id that
+    keeps two jobs of the same user apart); else nobody unless every rank passes
+    ``allow_unauthenticated=True`` (then anyone who can reach the port: trusted networks only).
 
     Thread-safe: one request at a time per client object (a blocking ``get``/``wait`` holds the
     connection until it returns), so a thread that must not queue behind another's long ``wait``
@@ -285,22 +400,34 @@ class TCPStore(Store):
     """
 
     def __init__(self, host: str, port: int, world_size: int | None = None, is_master: bool = False,
-                 timeout: float = 300.0, auth_token: BytesLike | None = None, wait_for_workers: bool = False):
+                 timeout: float = 300.0, auth_token: BytesLike | None = None, wait_for_workers: bool = False,
+                 job_id: str | None = None, allow_unauthenticated: bool = False):
         self.host, self.world_size, self.is_master = host, world_size, is_master
         self.timeout = float(timeout)
-        self._token = None if auth_token is None or auth_token == "" else _b(auth_token)
-        #: the key every connection of this job proves (the token, or the per-user job secret, or
-        #: None when the store runs open): the TCP mesh derives its own key from it
-        self.job_secret: bytes | None = self._token
+        token = None if auth_token is None or auth_token == "" else _b(auth_token)
+        # checked (>= 128 bits) and stretched here, once: a weak token fails this constructor, with the fix
+        self._key = handshake.job_key(token) if token is not None else None
+        self._job_id = job_id or None
+        self._open_ok = self._key is None and not _is_loopback(host)
+        if self._open_ok and not allow_unauthenticated:
+            raise AuthenticationError(
+                f"the rendezvous store at {host}:{port} would run WITHOUT authentication: there is no "
+                "NEURAL_ARCH_AUTH_TOKEN and the address is not on loopback, so the ranks cannot share the "
+                "per-user secret of a one-host job (an srun/mpiexec job id is public: it does not count). "
+                f"Fix: {handshake.FIX_LINE}; or, on a network you trust, set {handshake.OPEN_OPT_IN} on "
+                "every rank")
+        #: the key every connection of this job proves (the stretched token, or the per-user job
+        #: secret, or None when the store runs open): the TCP mesh derives its own key from it
+        self.job_secret: bytes | None = self._key
         self._lock = threading.Lock()  # one request at a time on the shared socket
         self._sock: socket.socket | None = None
         self._server: _Server | None = None
         self._state: _State | None = None
         if is_master:
             self._state = _State()
-            self._server = _Server(host, port, self._token, self._state)
+            self._server = _Server(host, port, self._key, self._state, self._job_id, self._open_ok)
             self.port = self._server.port
-            self.job_secret = self._server.token
+            self.job_secret = self._server.key
             if wait_for_workers and world_size and world_size > 1:
                 self._wait_for_workers(world_size - 1)
         else:
@@ -323,7 +450,12 @@ class TCPStore(Store):
 
     # -- connection -----------------------------------------------------------------------------
     def _connect(self) -> None:
-        deadline, delay, last = time.monotonic() + self.timeout, 0.01, None
+        where = f"the rendezvous store at {self.host}:{self.port} (connecting client)"
+        # No token on loopback: the key is the per-user secret, read once the server asked for a key
+        # (it writes the file before it answers anyone) -- and required: an open server is refused.
+        key = self._key if self._key is not None or self._open_ok else self._local_key
+        start = time.monotonic()
+        deadline, delay, last = start + self.timeout, 0.01, None
         while True:
             try:
                 sock = socket.create_connection((self.host, self.port), timeout=max(0.1, deadline - time.monotonic()))
@@ -339,17 +471,41 @@ class TCPStore(Store):
                 continue
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                key = self._token if self._token is not None else functools.partial(
-                    _local_secret, self.port)
-                where = f"the rendezvous store at {self.host}:{self.port} (connecting client)"
-                self.job_secret = handshake.greet(sock, key, _PURPOSE, time.monotonic() + HANDSHAKE_TIMEOUT,
-                                                  where=where)
+                # a handshake gets HANDSHAKE_TIMEOUT, retries end at our deadline (if later)
+                until = min(max(deadline, start + HANDSHAKE_TIMEOUT), time.monotonic() + HANDSHAKE_TIMEOUT)
+                self.job_secret = handshake.greet(sock, key, _PURPOSE, until, where=where,
+                                                  require_key=not self._open_ok)
                 sock.settimeout(None)
+            except (handshake.NotAnEndpointError, handshake.AuthenticationError):
+                sock.close()
+                raise
+            except HandshakeError as exc:
+                # closed or stalled before the handshake ended: a busy server sheds connections in a
+                # flood (or is shutting down); retry until our deadline like a server not up yet
+                sock.close()
+                if time.monotonic() + delay > deadline:
+                    raise
+                last = exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+                continue
             except BaseException:
                 sock.close()
                 raise
             self._sock = sock
             return
+
+    def _local_key(self) -> bytes:
+        """The per-user job secret of this port (scoped by ``job_id``), or a sentence saying why not."""
+        secret = handshake.local_job_secret(self.port)
+        if secret is None:
+            raise AuthenticationError(
+                f"the rendezvous store at {self.host}:{self.port} requires the job key: this rank has no "
+                f"NEURAL_ARCH_AUTH_TOKEN and cannot read the per-user job secret "
+                f"{os.path.join(handshake.secret_dir(), f'store-{self.port}.key')} (ranks without a token "
+                "must run as the same user on the same host as rank 0, with the same XDG_RUNTIME_DIR; if "
+                f"rank 0 has a token, give every rank the same one). {handshake.FIX_LINE}")
+        return _job_scoped(secret, self._job_id)
 
     def _request(self, op: int, args: list[bytes], wait_s: float = 0.0) -> tuple[int, list[bytes]]:
         if self._state is not None:  # the master talks to its own dictionary directly
@@ -426,8 +582,13 @@ class TCPStore(Store):
         return f"TCPStore({self.host}:{self.port}, master={self.is_master})"
 
 
-def _local_secret(port: int, kid: bytes) -> bytes | None:
-    return handshake.local_job_secret(port, want_id=kid)
+def _job_scoped(secret: bytes, job_id: str | None) -> bytes:
+    """The store key of a per-user secret: the secret itself, or (in an srun/mpiexec job) an HMAC of
+    the job id under it, so that a rank of another job of this user on the same port is refused.
+    The job id is public: it separates jobs, the secret authenticates."""
+    if not job_id:
+        return secret
+    return hmac.new(secret, b"neural_arch-job|" + job_id.encode(), hashlib.sha256).digest()
 
 
 def _is_loopback(host: str) -> bool:

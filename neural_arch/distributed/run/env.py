@@ -434,16 +434,18 @@ _JOB_ID_SOURCES = (
 
 
 def derive_job_token(environ: Mapping[str, str] | None = None) -> str | None:
-    """A token shared by all processes of one ``mpiexec``/``srun`` job, or None.
+    """A public id shared by all processes of one ``mpiexec``/``srun`` job, or None.
 
-    Gloo jobs started by mpiexec or srun have no launcher to hand out ``NEURAL_ARCH_AUTH_TOKEN``;
-    this derives one (sha256) from the per-job id those launchers put in every rank's environment:
+    Derived (sha256) from the per-job id those launchers put in every rank's environment:
     ``SLURM_JOB_ID`` + ``SLURM_STEP_ID``, ``PMI_KVSNAME``, ``PMIX_NAMESPACE``, or Open MPI's
     ``OMPI_MCA_orte_ess_jobid`` / ``OMPI_MCA_ess_base_jobid`` (first found wins).
 
-    It only keeps *concurrent jobs apart* (two jobs on the same ports reject each other). It is
-    **not a secret**: any local user can read these ids (``ps e``, ``squeue``) and compute it.
-    Export ``NEURAL_ARCH_AUTH_TOKEN`` yourself when peers must be authenticated.
+    It only keeps *concurrent jobs apart*: the rendezvous store mixes it into the per-user secret of
+    a one-host job, so a rank of another job of the same user on the same port is refused. It is
+    **not a secret** and never authenticates anything: any local user can read these ids (``ps e``,
+    ``squeue``; SLURM's are sequential) and compute it. One-host jobs are authenticated by the
+    per-user secret; multi-host jobs need ``NEURAL_ARCH_AUTH_TOKEN`` exported on every rank
+    (docs/security.md).
 
     >>> derive_job_token({}) is None
     True
