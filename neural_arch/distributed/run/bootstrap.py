@@ -67,7 +67,7 @@ def report_error(exc: BaseException, folder: str | None = None) -> None:
     """
     import time
 
-    folder = folder if folder is not None else os.environ.get("NEURAL_ARCH_READY_DIR")
+    folder = folder if folder is not None else run_env.setting("NEURAL_ARCH_READY_DIR")
     if not folder:
         return
     record = {"rank": int(os.environ.get("RANK", "0") or 0), "time": time.time(),
