@@ -67,7 +67,9 @@ def report_error(exc: BaseException, folder: str | None = None) -> None:
     """
     import time
 
-    folder = folder if folder is not None else run_env.setting("NEURAL_ARCH_READY_DIR")
+    if folder is None:   # the settings table main() loaded (or loads now), as _report_started reads it
+        run_env = sys.modules.get("_neural_arch_bootstrap_run_env") or _load_run_env()
+        folder = run_env.setting("NEURAL_ARCH_READY_DIR")
     if not folder:
         return
     record = {"rank": int(os.environ.get("RANK", "0") or 0), "time": time.time(),
