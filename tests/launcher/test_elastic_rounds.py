@@ -157,7 +157,7 @@ def test_a_disagreeing_or_duplicate_joiner_is_refused_without_failing_the_job():
         with pytest.raises(RuntimeError, match="node_rank 0 is already connected"):
             member(srv, 0)
         with pytest.raises(RuntimeError, match="job key|could not prove"):
-            ElasticMember("127.0.0.1", srv.port, 1, 1, "wrong-token", timeout=3, nnodes_spec="1:2")
+            ElasticMember("127.0.0.1", srv.port, 1, 1, "0e1f" * 10, timeout=3, nnodes_spec="1:2")
         assert expect(zero, "round")["layout"] == [1]
         zero.send({"done": 0})
         expect(zero, "finished")

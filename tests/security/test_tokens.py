@@ -58,6 +58,23 @@ def test_a_short_token_is_refused_with_how_to_make_one(monkeypatch):
     assert handshake.token_bits(TOKEN) >= handshake.MIN_TOKEN_BITS
 
 
+def test_the_launcher_refuses_a_weak_token_before_starting_anything(tmp_path):
+    """The launcher checks NEURAL_ARCH_AUTH_TOKEN first: no rank starts (and no multi-node join retries
+    until its timeout) with a token every rank would refuse."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "started"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    env = dict(os.environ, NEURAL_ARCH_AUTH_TOKEN="123456")
+    proc = subprocess.run([sys.executable, "-m", "neural_arch.distributed.launcher", "--standalone",
+                           "--nproc_per_node", "2", str(script)], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode != 0 and "too weak" in proc.stderr and "token_hex(16)" in proc.stderr, proc.stderr
+    assert not marker.exists()
+
+
 # The attacker: one unauthenticated connection, then guesses tested offline against what it saw --
 # the key id of the hello (old), or the MAC of a refusal (status 0 over nonces it knows), with the
 # token as key or stretched. A dictionary in which the job's token happens to be.

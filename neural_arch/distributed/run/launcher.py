@@ -107,6 +107,7 @@ import threading
 import time
 
 from neural_arch.distributed import config
+from neural_arch.distributed.comm.transport import handshake
 from neural_arch.distributed.run.agent import NodeAgentServer, NodeLayout, _Every, join_node0
 from neural_arch.distributed.run.config import LaunchConfig, parse_command_line
 from neural_arch.distributed.run.elastic_agent import ElasticAgentServer, ElasticMember
@@ -316,6 +317,8 @@ class DistributedLauncher:
         if cfg.log_dir:
             prepare_log_dir(cfg.log_dir)
         token = config.get("NEURAL_ARCH_AUTH_TOKEN") or None
+        if token:
+            handshake.job_key(token)   # a weak token is refused here, before any rank or node starts
         if cfg.nnodes > 1 and not token:
             raise ValueError(
                 "a multi-node job needs the same NEURAL_ARCH_AUTH_TOKEN on every node (the launchers "
