@@ -25,7 +25,9 @@ so while an autocast region is active those names point at casting wrappers (ins
 first enter, removed on the last exit; the wrappers read the innermost region's settings at
 call time, so nesting and ``enabled=False`` work). Ops called as Tensor methods or operators
 (``a @ b``) are not covered; a dispatch hook inside the core would cover them (asked of the
-core's owner).
+core's owner). Nor is a function object taken before the region: ``criterion = F.cross_entropy``
+evaluated outside ``autocast`` keeps the unwrapped function, so call ``F.cross_entropy(...)`` inside
+the region (or upcast the outputs first, as ``DistributedTrainer`` does).
 
 Example::
 
