@@ -94,3 +94,8 @@ __all__ = [
     "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "pad", "dropout2d", "batch_norm",
     "amax", "amin", "argmax", "argmin", "maximum", "minimum", "std",
 ]
+
+# ---- attention (issue 31): blockwise, online-softmax scaled dot-product attention ----------------
+from .core.ops_attention import scaled_dot_product_attention
+
+__all__ += ["scaled_dot_product_attention"]

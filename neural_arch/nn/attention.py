@@ -16,8 +16,6 @@ Example::
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from neural_arch import backend as _backend
@@ -47,6 +45,9 @@ class MultiheadAttention(Module):
         embed_dim: model width C; must be divisible by ``num_heads``.
         num_heads: number of heads H (head size D = C / H).
         dropout: dropout on the attention weights and on the output projection.
+            Attention is :func:`neural_arch.functional.scaled_dot_product_attention` (blockwise:
+            no (T, T) matrix is kept); set ``attention_fn`` to a function with its signature
+            (e.g. ring attention) to replace it.
         causal: if True (the default) position t attends only to positions <= t.
         bias: whether the four projections have biases.
     """
@@ -68,14 +69,9 @@ class MultiheadAttention(Module):
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias, dtype=dtype)
         self.attn_dropout = Dropout(dropout)
         self.resid_dropout = Dropout(dropout)
-        self._masks: dict = {}  # (T, dtype, device) -> additive mask; cheap to rebuild, so not a buffer
-
-    def _mask(self, t: int, dtype, device) -> Tensor:
-        key = (t, np.dtype(dtype).str, str(device))
-        mask = self._masks.get(key)
-        if mask is None:
-            mask = self._masks[key] = Tensor(causal_mask(t, dtype, device), device=device)
-        return mask
+        # Who computes attention: None = F.scaled_dot_product_attention; context parallelism sets
+        # ring or Ulysses attention here (same signature), so the module itself stays unchanged.
+        self.attention_fn = None
 
     def forward(self, x):
         x = x if isinstance(x, Tensor) else Tensor(x)
@@ -89,13 +85,11 @@ class MultiheadAttention(Module):
         h = q.shape[-1] // d  # local heads: fewer than num_heads when the projections are sharded
         # (B, T, H*D) -> (B, H, T, D)
         q = q.reshape(b, t, h, d).permute(0, 2, 1, 3)
-        k = k.reshape(b, t, h, d).permute(0, 2, 3, 1)  # (B, H, D, T): ready for q @ k
+        k = k.reshape(b, t, h, d).permute(0, 2, 1, 3)
         v = v.reshape(b, t, h, d).permute(0, 2, 1, 3)
-        scores = F.matmul(q, k) * (1.0 / math.sqrt(d))  # (B, H, T, T)
-        if self.causal:
-            scores = scores + self._mask(t, scores.dtype, x.device)
-        weights = self.attn_dropout(F.softmax(scores, axis=-1))
-        y = F.matmul(weights, v)  # (B, H, T, D)
+        p = self.attn_dropout.p if self.training else 0.0
+        attend = getattr(self, "attention_fn", None) or F.scaled_dot_product_attention  # older pickles lack it
+        y = attend(q, k, v, dropout_p=p, is_causal=self.causal)  # (B, H, T, D), blockwise
         y = y.permute(0, 2, 1, 3).reshape(b, t, h * d)
         return self.resid_dropout(self.out_proj(y))
 
