@@ -20,6 +20,8 @@ MODULES = [
     "neural_arch.core.ops_reduce",
     "neural_arch.core.ops_shape",
     "neural_arch.core.ops_nn",
+    "neural_arch.core.ops_attention",
+    "neural_arch.nn.moe",
     "neural_arch.core.ops_activation",
     "neural_arch.core.ops_loss",
     "neural_arch.core.rng",
