@@ -15,12 +15,18 @@ time goes): ``nb-wait`` = raw ``Iallreduce(...).Wait()`` (MPICH's nonblocking co
 ``nb-waitany`` = raw ``Iallreduce`` + ``MPI.Request.Waitany([req, wake-up Irecv])`` (what the
 backend's watchdog wait does, without any Python around it), ``persistent`` = a persistent
 ``Allreduce_init`` request on a staging buffer, ``Start`` + the same ``Waitany`` + two copies (what
-the backend does up to ``PERSISTENT_MAX_BYTES``), ``blocking`` = the backend created with
-``blocking_collectives=True`` (all_reduces above ``PERSISTENT_MAX_BYTES`` call the blocking
+the backend did up to ``PERSISTENT_MAX_BYTES`` before the call check carried small all_reduces),
+``blocking`` = the backend created with ``blocking_collectives=True`` (all_reduces above 2 KiB call the blocking
 ``MPI_Allreduce``; a deadline aborts the job), ``pairwise`` (2 ranks) = ``Irecv`` + ``Isend`` of the whole
 buffer on a duplicate communicator, two ``Waitany`` and one ``np.add`` (the algorithm the backend runs
 for 2-rank all_reduces of ``PAIRWISE_MIN_BYTES`` .. ``PAIRWISE_MAX_BYTES``), ``unpaired`` (2 ranks) = the
-backend created with ``pairwise_max_bytes=0`` (MPICH's Iallreduce at every size).
+backend created with ``pairwise_max_bytes=0`` (MPICH's Iallreduce at every size), ``check`` = the call
+check alone (``comm/mpi_check.py``: header into this rank's slot, ``Start`` of the persistent allgather of
+the fixed-size slots, the same ``Waitany``, the header comparison): what the always-on mismatch guard adds
+to every collective above the inline size (all_reduces up to 2 KiB ride inside it instead).
+
+The guard against today's code: run this file once from the tree with the guard and once from a tree
+without it (e.g. ``git archive`` of the commit before), alternating, and compare the ``mpi`` column.
 
 Usage::
 
@@ -76,9 +82,22 @@ def worker(args) -> None:
             while MPI.Request.Waitany(pair) != 0:
                 pass
         persistent: dict = {}
+        from neural_arch.distributed.comm.mpi_check import CallCheck
+        from neural_arch.distributed.comm.work import OpInfo
+
+        check = CallCheck(MPI, comm, persistent=True)
+        check_info = OpInfo("all_reduce", 1, list(range(world)), comm.Get_rank(), (1,), "float32", None, "sum")
+
+        def check_only(x, out):
+            # the guard every collective above the inline size starts with
+            pair[0] = check.stamp(check_info, x.nbytes)
+            while MPI.Request.Waitany(pair) != 0:
+                pass
+            if not check.agreed():
+                raise RuntimeError("the ranks disagree")
 
         def persistent_waitany(x, out):
-            # what the backend does for the smallest all_reduces: a persistent request on a staging buffer
+            # what the backend did for the smallest all_reduces before the call check: a persistent request
             if x.nbytes not in persistent:
                 stage = np.zeros_like(x)
                 persistent[x.nbytes] = (comm.Allreduce_init(MPI.IN_PLACE, stage, MPI.SUM), stage)
@@ -103,7 +122,8 @@ def worker(args) -> None:
             np.add(x, other, out=x)
         blocking = MPIBackend.create(None, timeout=120, blocking_collectives=True)
         probes = {"nb-wait": lambda x, out: comm.Iallreduce(MPI.IN_PLACE, x).Wait(), "nb-waitany": nb_waitany,
-                  "persistent": persistent_waitany, "blocking": lambda x, out: blocking.allreduce(x)}
+                  "persistent": persistent_waitany, "blocking": lambda x, out: blocking.allreduce(x),
+                  "check": check_only}
         if world == 2:
             probes["pairwise"] = pairwise
             unpaired = MPIBackend.create(None, timeout=120, pairwise_max_bytes=0)
@@ -146,6 +166,7 @@ def worker(args) -> None:
         pair_comm.Free()
         for req, _stage in persistent.values():
             req.Free()
+        check.free()
     if comm.Get_rank() == 0:
         merged = {k: max(r[k] for r in reports) for k in medians}
         print(json.dumps({"ranks": world, "results": merged}), flush=True)
@@ -191,14 +212,14 @@ def main(argv=None) -> None:
         print(f"\n{op}, {args.ranks} ranks, float32, interleaved rounds: slowest rank's {args.stat}")
         print(format_table(rows, ["size", "mpi backend us", "raw mpi4py us", "speed vs raw", "latency vs raw"]))
         if args.probes and op == "all_reduce":
-            probe_names = ["mpi", "blocking", "persistent", "nb-waitany", "nb-wait", "mpi4py"]
-            headers = ["size", "mpi backend", "blocking backend", "persistent+copies", "Iallreduce+Waitany",
-                       "Iallreduce+Wait", "Allreduce"]
+            probe_names = ["mpi", "blocking", "check", "persistent", "nb-waitany", "nb-wait", "mpi4py"]
+            headers = ["size", "mpi backend", "blocking backend", "call check alone", "persistent+copies",
+                       "Iallreduce+Waitany", "Iallreduce+Wait", "Allreduce"]
             if args.ranks == 2:
                 probe_names[1:1] = ["unpaired"]
                 headers[2:2] = ["backend, pairwise off"]
-                probe_names.insert(4, "pairwise")
-                headers.insert(5, "exchange+add")
+                probe_names.insert(5, "pairwise")
+                headers.insert(6, "exchange+add")
             rows = [[_label(n)] + [f"{result['results'][f'{op}:{n}:{k}'] * 1e6:.1f}" for k in probe_names]
                     + [f"{result['results'][f'{op}:{n}:mpi4py'] / result['results'][f'{op}:{n}:nb-wait']:.2f}x"]
                     for n in args.sizes]

@@ -25,8 +25,9 @@ Example (``init_process_group`` starts one when the hook is in place; by hand)::
     ...
     inspector.stop()
 
-MPI jobs have no rendezvous store: there the warning names the op and how long it waited only. A
-point-to-point ``send``/``recv`` that waits names its peer.
+MPI jobs have no rendezvous store: there the inspector asks the MPI backend's presence threads what
+each rank is doing (the same answers a timeout error quotes). A point-to-point ``send``/``recv`` that
+waits names its peer (and, under MPI, says that a blocking send of a large message waits for its recv).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from neural_arch.distributed import config
 from neural_arch.distributed.comm import spans as _spans
 from neural_arch.distributed.comm.debug import _P2P_NAMES
+from neural_arch.distributed.comm.mpi_progress import where  # how an MPI rank words its op (no mpi4py)
 
 __all__ = [
     "DEFAULT_WARNING_S",
@@ -165,19 +167,19 @@ class StallInspector:
             if entry is None or entry[0] is not info:
                 # started when its deadline was set (deadline = start + timeout); never later than now
                 begun = info.deadline - runner.timeout
-                entry = [info, min(begun, t), False, 0]
+                entry = [info, min(begun, t), False, 0, runner]
             live[id(info)] = entry
         self._open = live                     # finished ops are forgotten
         made = []
         for entry in live.values():
-            info, begun, published, warned = entry
+            info, begun, published, warned, runner = entry
             age = t - begun
             if not published and age >= self.warning_s / 2:
                 self._publish(info)
                 entry[2] = True
             if age >= self.warning_s * (warned + 1):
                 entry[3] = warned + 1
-                report = self._report(info, age)
+                report = self._report(info, age, runner)
                 self.reports.append(report)
                 made.append(report)
                 _log.warning("%s", report.message)
@@ -192,7 +194,7 @@ class StallInspector:
             return
         self.store.set(self._key(list(info.group_ranks), self.rank), f"{int(info.seq)} {info.name}")
 
-    def _report(self, info, age: float) -> StallReport:
+    def _report(self, info, age: float, runner=None) -> StallReport:
         group = [int(r) for r in info.group_ranks]
         seq = int(info.seq)
         head = (f"rank {self.rank}: {info.name} #{seq} of group {group} has waited {age:.1f} s "
@@ -202,12 +204,15 @@ class StallInspector:
             role = "receiver" if info.name == "send" else "sender"
             message = (f"{head}: waiting for rank {peer}, the {role}; it is slow, stuck, or did not post the "
                        f"matching {'recv' if info.name == 'send' else 'send'} (look at its log/stack)")
+            if info.name == "send" and getattr(runner, "name", None) == "mpi":
+                message += (". Under MPI a blocking send of a large message returns only once the receiver posted "
+                            "its recv (unlike gloo): ranks that both send before they recv deadlock; use isend() + "
+                            "irecv() or batch_isend_irecv()")
             missing = [peer] if peer is not None else []
             return StallReport(self.rank, info.name, seq, group, age, missing, [self.rank], {}, message)
         missing, waiting, last_seen = [], [], {}
         if self.store is None:
-            why = "no rendezvous store to ask the other ranks (mpi backend)"
-            return StallReport(self.rank, info.name, seq, group, age, [], [], {}, f"{head}; {why}")
+            return self._report_by_presence(info, age, runner, head, group, seq)
         self._publish(info)  # refresh: this rank is certainly waiting here
         for r in group:
             key = self._key(group, r)
@@ -223,6 +228,29 @@ class StallInspector:
                    f"; ranks {waiting} are waiting here. A rank that has not arrived is slow, stuck outside "
                    "collectives, or took a different code path (look at its log/stack)")
         return StallReport(self.rank, info.name, seq, group, age, missing, waiting, last_seen, message)
+
+    def _report_by_presence(self, info, age: float, runner, head: str, group: list[int], seq: int) -> StallReport:
+        """No rendezvous store (an MPI job): ask the other ranks' presence threads what they are doing
+        (the MPI backend's ``Presence``), which names the ranks that are not in this op."""
+        presence = getattr(runner, "_presence", None)
+        others = [r for r in group if r != self.rank]
+        answers = presence.ask(others) if presence is not None else {}
+        if not answers:
+            why = "no rendezvous store to ask the other ranks (mpi backend)"
+            return StallReport(self.rank, info.name, seq, group, age, [], [], {}, f"{head}; {why}")
+        mine = where(info)
+        waiting = [self.rank] + [r for r in others if mine in (answers.get(r) or "")]
+        missing = [r for r in others if r not in waiting]
+        last_seen = {r: answers[r] or "did not answer" for r in missing}
+        seen = "; ".join(f"rank {r} is {last_seen[r]}" for r in missing)
+        if not missing:
+            message = (f"{head}: every rank of the group is waiting in it (ranks {sorted(waiting)}), none is missing: "
+                       "MPI makes no progress on it (a rank blocked inside MPI elsewhere?) or it is only slow")
+            return StallReport(self.rank, info.name, seq, group, age, [], sorted(waiting), {}, message)
+        message = (f"{head}: ranks {missing} have not arrived" + (f" ({seen})" if seen else "") +
+                   f"; ranks {sorted(waiting)} are waiting here. A rank that has not arrived is slow, stuck outside "
+                   "collectives, or took a different code path (look at its log/stack)")
+        return StallReport(self.rank, info.name, seq, group, age, missing, sorted(waiting), last_seen, message)
 
 
 _INSPECTOR: StallInspector | None = None

@@ -4,8 +4,8 @@ and ``benchmarks/bench_faults.py``.
 Variants: ``gloo-tcp``, ``gloo-shm`` (the gloo backend over each transport) and ``mpi`` (a real
 ``mpiexec``). ``EXPECT[case][variant]`` is ``(first, next)``: what the faulty call and the correct
 all_reduce after it must give on **every** rank (``"error"``: any exception; a class name: that
-class; ``"ok"``: returns). MPI's silent mismatches are MPI's documented behaviour (see
-docs/fault_tolerance.md): run with ``NEURAL_ARCH_DISTRIBUTED_DEBUG=DETAIL`` to check them there.
+class; ``"ok"``: returns). Cases without an MPI entry are MPI's documented behaviour
+(docs/fault_tolerance.md).
 """
 
 from __future__ import annotations
@@ -21,14 +21,12 @@ _POISON = ("error", "GroupPoisonedError")
 EXPECT = {
     # validated at the call: only the faulty rank raises, nothing moved, the group goes on
     "readonly": {"gloo": ("ValueError@0", "ok"), "mpi": ("ValueError@0", "ok")},
-    # checked by every frame's header (op, sequence number, dtype, bytes): an error on every rank, and
-    # the group is poisoned on every rank
-    "dtype": {"gloo": _POISON, "mpi": ("ok", "ok")},          # MPI: silent (reinterprets the bytes)
-    # MPI (not run: documented in docs/fault_tolerance.md): a size or op-order mismatch is a
-    # truncation error on some ranks and a hang-until-timeout on others, or silent; the failed
-    # rank cannot tell its peers, and a timed-out MPI op can only end with the process (Abort)
-    "size": {"gloo": _POISON},
-    "op_order": {"gloo": _POISON},
+    # checked by every frame's header (gloo) or by the call check every MPI collective starts with
+    # (comm/mpi_check.py: op, sequence number, dtype, bytes, root): an error on every rank, and the
+    # group is poisoned on every rank
+    "dtype": {"gloo": _POISON, "mpi": _POISON},
+    "size": {"gloo": _POISON, "mpi": _POISON},
+    "op_order": {"gloo": _POISON, "mpi": _POISON},
     "p2p_size": {"gloo": ("ValueError@1", "GroupPoisonedError")},
     # rank 0's reduction fails after bytes moved. Over the plans rank 1 already holds its result; on
     # the direct shared-memory path (gloo-shm) rank 0 owned half of it, so rank 1 fails too, with a

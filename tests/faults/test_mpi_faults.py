@@ -1,5 +1,5 @@
 """MPI-specific faults under a real ``mpiexec``: a rank that starts late cannot hold the others in
-MPI_Init past the rendezvous timeout."""
+MPI_Init past the rendezvous timeout, and the ranks that wait say why in one line first."""
 
 from __future__ import annotations
 
@@ -34,4 +34,7 @@ def test_a_late_rank_cannot_hold_mpi_init_past_the_rendezvous_timeout(tmp_path):
     assert proc.returncode != 0, out
     assert "initialised" not in out, out
     assert "MPI_Init_did_not_finish_within_the_rendezvous_timeout" in out, out
+    # the cause in one line, before faulthandler's dump
+    cause = "MPI_Init did not finish within 5 s on rank 0 (NEURAL_ARCH_RENDEZVOUS_TIMEOUT): another rank"
+    assert cause in out and out.index(cause) < out.index("Timeout ("), out
     assert elapsed < 25, (elapsed, out)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # work.py reads the check word from here: a runtime import ba
 FINGERPRINT_LEN = 16
 OP_CODES = {name: i for i, name in enumerate(
     ["all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter", "reduce_scatter",
-     "all_to_all", "barrier", "broadcast_object", "all_gather_object"])}
+     "all_to_all", "barrier", "broadcast_object", "all_gather_object", "new_group"])}
 _DTYPES = ("bool", "float16", "float32", "float64", "int32", "int64", "int8", "uint8", "bfloat16")
 
 _DTYPE_CODES = {name: i + 1 for i, name in enumerate(_DTYPES)}

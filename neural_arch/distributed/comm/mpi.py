@@ -1,10 +1,18 @@
 """The MPI backend: mpi4py's buffer API on NumPy arrays, made interruptible.
 
-Every primitive maps to one MPI call on the array's own buffer (never mpi4py's lowercase,
-pickling methods): ``Iallreduce`` with ``MPI.IN_PLACE``, ``Ibcast``, ``Ireduce``,
-``Iallgather``, ``Igather``, ``Iscatter``, ``Ireduce_scatter_block``, ``Ialltoall``,
-``Isend``/``Irecv`` with tags, ``Ibarrier`` -- except a two-rank all_reduce of 16-512 KiB, which is
-one ``Irecv`` + ``Isend`` pair (below). Sub-groups are ``Comm.Split`` communicators.
+Every collective first runs the **call check** (:mod:`.mpi_check`): one persistent allgather of
+fixed-size slots in which every rank states what it called (op kind, sequence number, dtype, reduce
+op, byte count, root). MPI itself never compares these -- two ranks whose all_reduce buffers differ
+in size both returned, one with values from MPICH's scratch memory -- so without it a mismatch was
+silently wrong; with it, a mismatch is a :class:`CollectiveMismatchError` on every rank before any
+data moves. Collectives of up to 2 KiB (all_reduce, broadcast, all_gather, reduce_scatter; less on
+groups above 8 ranks) ride inside the check: one MPI operation in all. Larger ones then map to one
+MPI call on the array's own buffer (never mpi4py's lowercase, pickling methods): ``Iallreduce`` with
+``MPI.IN_PLACE``, ``Ibcast``, ``Ireduce``, ``Iallgather``, ``Igather``, ``Iscatter``,
+``Ireduce_scatter_block``, ``Ialltoall`` -- except a two-rank all_reduce of 16-512 KiB, which is one
+``Irecv`` + ``Isend`` pair (below). ``Isend``/``Irecv`` with tags carry point-to-point messages (the
+receiver checks the byte count). A barrier is the check alone. Sub-groups are ``Comm.Split``
+communicators.
 
 Why the nonblocking variants: a blocking MPI call cannot be interrupted, so a rank that never
 arrives would hang its peers forever. Each call here starts the nonblocking operation and waits
@@ -21,13 +29,12 @@ doing?"; the timeout error then reads "ranks [2] did not arrive; ranks [0, 1] we
 
 Speed (``benchmarks/bench_collectives.py --contenders mpi,mpi4py``, ``bench_small_messages.py``):
 float32/float64/integer reductions pass the caller's array itself to MPI (no reshape, no copy,
-no lock under THREAD_MULTIPLE). All_reduces of up to ``PERSISTENT_MAX_BYTES`` run as persistent
-collectives (``MPI_Allreduce_init`` once, ``Start`` per call): building MPICH's nonblocking schedule
-was a third of a 1 KiB all_reduce. Their init is collective and they match only persistent calls, so
-the cache holds only (bytes, dtype, op) keys that every rank agreed on (one tiny check the first
-time a key is seen) and each request works on a staging buffer of the backend's own; a cache keyed
-by the caller's buffer address would hit on one rank and miss on another, i.e. call a collective on
-some ranks only (see :mod:`.mpi_allreduce`). On two ranks, all_reduces of 16-512 KiB are one
+no lock under THREAD_MULTIPLE). The call check is a persistent collective (``MPI_Allgather_init``
+once per group, ``Start`` per call): building MPICH's nonblocking schedule was a third of a 1 KiB
+all_reduce. What the check costs (``bench_mpi_backend.py --probes``, its ``check`` column; against
+the code before it, docs/benchmarks.md): about a microsecond on a 1 KiB all_reduce, which rides
+inside it, and one small allgather on larger collectives; a broadcast becomes synchronising (the
+root hears from every rank before it returns). On two ranks, all_reduces of 16-512 KiB are one
 exchange of the whole buffer (``Irecv`` + ``Isend`` on a private duplicate communicator, one
 ``Waitany``) and one NumPy reduction in rank order, the same bits on both ranks: MPICH's nonblocking
 all_reduce takes two steps there (``PAIRWISE_MIN_BYTES``; ``bench_mpi_backend.py --probes``).
@@ -72,6 +79,7 @@ import importlib.util
 import os
 import threading
 import time
+import zlib
 
 import numpy as np
 
@@ -84,11 +92,13 @@ from neural_arch.distributed.comm.backend import (
     is_bfloat16,
 )
 from neural_arch.distributed.comm.mpi_allreduce import (  # noqa: F401 - the window constants: this module's names too
+    _UFUNC,
     PAIRWISE_MAX_BYTES,
     PAIRWISE_MIN_BYTES,
     PERSISTENT_MAX_BYTES,
     AllReduceStrategies,
 )
+from neural_arch.distributed.comm.mpi_check import DATA_FOLLOWS, DATA_INLINE, DATA_PAIRWISE, CallCheck
 from neural_arch.distributed.comm.mpi_failure import (  # noqa: F401 - _mpi, _BROKEN: this module's names too
     _BROKEN,
     ABORT_OUTPUT_GRACE_S,
@@ -96,6 +106,7 @@ from neural_arch.distributed.comm.mpi_failure import (  # noqa: F401 - _mpi, _BR
     _abort_if_broken,
     _mpi,
     abort_job,
+    abort_on_uncaught_exception,
     timeout_message,
 )
 from neural_arch.distributed.comm.mpi_progress import DeadlinePassed, Presence, Watchdog
@@ -121,6 +132,12 @@ _SPIN_S = config.get("NEURAL_ARCH_MPI_SPIN_S")
 def _bytes(a):
     """A flat uint8 view of a C-contiguous array (0-d and empty arrays included)."""
     return a.reshape(-1).view(np.uint8 if isinstance(a, np.ndarray) else _cupy().uint8)
+
+
+def _ranks_code(ranks) -> int:
+    """A 32-bit code of a new_group's rank list for the call check's header (members that disagree
+    on the list would otherwise build different communicators)."""
+    return zlib.crc32(np.asarray(ranks, np.int64).tobytes())
 
 
 def _cupy():
@@ -155,8 +172,10 @@ class MPIBackend(AllReduceStrategies, Backend):
         # keyed by the op's value: hashing an Enum member costs ~0.4 us on every collective
         self._ops = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "product": MPI.PROD}
         self.transport = "mpi"
-        #: all_reduces above PERSISTENT_MAX_BYTES call the blocking MPI_Allreduce (see create())
+        #: all_reduces the call check does not carry call the blocking MPI_Allreduce (see create())
         self._blocking = bool(blocking_collectives)
+        #: the call check every collective starts with (mpi_check; None only on create()'s probe)
+        self._check: CallCheck | None = None
         self._init_allreduce_strategies()
 
     # -- construction ---------------------------------------------------------------------------
@@ -177,8 +196,8 @@ class MPIBackend(AllReduceStrategies, Backend):
         duplicates ``COMM_WORLD`` so our traffic never matches the user's own MPI messages.
 
         ``blocking_collectives=True`` (``init_process_group("mpi", blocking_collectives=True)``;
-        every rank must pass the same value, which the rendezvous checks): every all_reduce above
-        ``PERSISTENT_MAX_BYTES`` calls the blocking ``MPI_Allreduce`` -- no nonblocking schedule
+        every rank must pass the same value, which the rendezvous checks): every all_reduce larger
+        than the call check carries (2 KiB) calls the blocking ``MPI_Allreduce`` -- no nonblocking schedule
         built per call -- and a rank whose call passes its deadline **aborts the whole MPI job** from
         the watchdog thread, printing the CollectiveTimeoutError's message (op, sequence number,
         missing ranks): a blocking call cannot return an error to its caller. Off by default: it
@@ -203,6 +222,7 @@ class MPIBackend(AllReduceStrategies, Backend):
         if not _ATEXIT_INSTALLED:
             atexit.register(_abort_if_broken)
             _ATEXIT_INSTALLED = True
+        abort_on_uncaught_exception()      # one rank's crash ends the job at once (NEURAL_ARCH_MPI_ABORT_ON_EXCEPTION)
         wait = float(rendezvous_timeout if rendezvous_timeout is not None else timeout)
         probe = cls(world, timeout)
         info = OpInfo("rendezvous (mpi barrier)", 0, list(range(world.Get_size())), world.Get_rank(),
@@ -229,6 +249,7 @@ class MPIBackend(AllReduceStrategies, Backend):
             raise NotImplementedError("blocking_collectives=True needs MPI_THREAD_MULTIPLE (its deadline watchdog "
                                       "runs beside the blocked call); this MPI library gave a lower thread level")
         backend = cls(world.Dup(), timeout, blocking_collectives=bool(flag))
+        backend._check = CallCheck(MPI, backend.comm, persistent=threaded)
         if threaded:
             private = world.Dup()       # presence queries (tags 1, 2) and wake-ups (tags >= 100)
             interval = min(_WATCHDOG_S, max(0.005, float(timeout) / 40))
@@ -264,6 +285,25 @@ class MPIBackend(AllReduceStrategies, Backend):
             watchdog.wait(requests, info, status)
         except (DeadlinePassed, self._MPI.Exception) as exc:
             raise self._wait_failed(info, exc, peer) from None
+
+    def _agree(self, info: OpInfo, nbytes: int, root: int = -1, mode: int = DATA_FOLLOWS) -> None:
+        """The call check (:mod:`.mpi_check`) for ``info``: exchange every rank's header (and, with
+        ``mode=DATA_INLINE``, the payload already in this rank's slot); raise
+        :class:`CollectiveMismatchError` on every rank when the headers differ. Every collective calls
+        this before its data moves, so ranks never hand MPI mismatched buffers."""
+        check = self._check
+        watchdog = self._watchdog
+        if watchdog is not None:
+            try:
+                watchdog.wait_one(check.stamp(info, nbytes, root, mode), info)
+            except (DeadlinePassed, self._MPI.Exception) as exc:
+                raise self._wait_failed(info, exc) from None
+        else:
+            with self._mpi_lock:
+                req = check.stamp(info, nbytes, root, mode)
+            self._wait([req], info)
+        if not check.agreed():
+            raise check.error(info)
 
     def _wait_one(self, request, info: OpInfo) -> None:
         """:meth:`_wait` for one request of a collective, with the watchdog (the hot paths)."""
@@ -323,8 +363,13 @@ class MPIBackend(AllReduceStrategies, Backend):
         tail = ("MPI cannot cancel a started operation: this process group is unusable now and the MPI "
                 "job is aborted when this process exits. Check that every rank calls the same "
                 "collectives in the same order, or raise init_process_group(timeout=...).")
+        presence = self._presence
+        if presence is not None:
+            # From now on this rank answers "timed out in all_reduce #5 on group [0, 1]": a peer that times
+            # out a moment later in the same op must not hear "idle" (this rank has left the op).
+            presence.timed_out(info)
         return CollectiveTimeoutError(timeout_message(
-            info, waited, self._presence, tail, None if peer is None else self.global_rank(peer)))
+            info, waited, presence, tail, None if peer is None else self.global_rank(peer)))
 
     # -- staging (CuPy without CUDA-aware MPI) and reduction dtypes --------------------------------
     def _host(self, a):
@@ -359,23 +404,17 @@ class MPIBackend(AllReduceStrategies, Backend):
         watchdog = self._watchdog
         if array.__class__ is np.ndarray and watchdog is not None and array.dtype in _NATIVE:
             # The hot path, in one frame (Python right after MPI_Waitany runs with cold caches, so every
-            # call layer counts): a small array goes through its persistent request (_new_persistent),
-            # a larger one is the MPI buffer itself (no view, no lock, no copy).
+            # call layer counts): a small array rides inside the call check (_inline_allreduce), a
+            # larger one is checked first, then is the MPI buffer itself (no view, no lock, no copy).
             nbytes = array.nbytes
+            if nbytes <= self._check.inline_bytes:
+                # the payload rides inside the call check: one MPI operation (_inline_allreduce)
+                self._inline_allreduce(array if array.ndim == 1 else array.reshape(-1), op, info, nbytes)
+                return
+            pairwise = self._pair_min <= nbytes <= self._pair_max
+            self._agree(info, nbytes, -1, DATA_PAIRWISE if pairwise else DATA_FOLLOWS)
             try:
-                entry = None
-                if 0 < nbytes <= PERSISTENT_MAX_BYTES:
-                    dtype = array.dtype
-                    entry = (self._persistent.get((nbytes, dtype.num, op._value_))
-                             or self._new_persistent(nbytes, dtype, op, info))
-                if entry is not None:
-                    req, stage = entry
-                    flat = array if array.ndim == 1 else array.reshape(-1)
-                    stage[...] = flat
-                    req.Start()
-                    watchdog.wait_one(req, info)
-                    flat[...] = stage
-                elif self._pair_min <= nbytes <= self._pair_max:
+                if pairwise:
                     self._pairwise_allreduce(array if array.ndim == 1 else array.reshape(-1), op, info)
                     return
                 elif self._blocking:
@@ -389,20 +428,18 @@ class MPIBackend(AllReduceStrategies, Backend):
             return
         host = self._host(array)
         red = self._reducible(host)
-        entry = None
-        if self._watchdog is not None and 0 < red.nbytes <= PERSISTENT_MAX_BYTES:
-            # the same decision as above on every rank: what counts is (bytes, dtype, op) of the buffer MPI reduces
-            entry = (self._persistent.get((red.nbytes, red.dtype.num, op._value_))
-                     or self._new_persistent(red.nbytes, red.dtype, op, info))
-        if entry is not None:
-            req, stage = entry
-            stage[...] = to_host(red)
-            req.Start()
-            self._wait([req], info)
-            to_device_like(stage, red, out=red)
-        elif self._pair_min <= red.nbytes <= self._pair_max and red.__class__ is np.ndarray:
+        if red.nbytes <= self._check.inline_bytes and red.__class__ is np.ndarray:
+            # (the hot path's decision for the same bytes; the header carries the mode, so a rank whose
+            # CUDA-aware CuPy buffer goes to Iallreduce instead gets a CollectiveMismatchError, not a hang)
+            self._inline_allreduce(red, op, info, host.nbytes)
+            self._store(host, red)
+            self._back(array, host)
+            return
+        pairwise = self._pair_min <= red.nbytes <= self._pair_max and red.__class__ is np.ndarray
+        self._agree(info, host.nbytes, -1, DATA_PAIRWISE if pairwise else DATA_FOLLOWS)
+        if pairwise:
             # (the decision the hot path makes for the same bytes; a CUDA-aware CuPy buffer keeps
-            # Iallreduce, so a job mixing it with host arrays on one MPI group gets a timeout error)
+            # Iallreduce: the header carries the choice, so mixed ranks get a CollectiveMismatchError)
             self._pairwise_allreduce(red, op, info)
             self._store(host, red)
             self._back(array, host)
@@ -442,6 +479,7 @@ class MPIBackend(AllReduceStrategies, Backend):
             abort_job(message)
 
     def _reduce(self, array, root: int, op: ReduceOp, info: OpInfo) -> None:
+        self._agree(info, array.nbytes, root)
         host = self._host(array)
         red = self._reducible(host)
         with self._mpi_lock:
@@ -459,15 +497,40 @@ class MPIBackend(AllReduceStrategies, Backend):
     def _reduce_scatter(self, output, input, op: ReduceOp, info: OpInfo) -> None:
         host_in, host_out = self._host(input), self._host(output)
         red_in, red_out = self._reducible(host_in), self._reducible(host_out)
-        with self._mpi_lock:
-            req = self.comm.Ireduce_scatter_block(red_in, red_out, self._ops[op._value_])
-        self._wait([req], info)
+        if red_in.nbytes <= self._check.inline_bytes and red_in.__class__ is np.ndarray:
+            # inside the call check, like a small all_reduce: every rank reduces its own chunk of the
+            # gathered inputs in rank order
+            mine, rows, _row0, _row1 = self._check.payload(red_in.nbytes, red_in.dtype)
+            mine[...] = red_in
+            self._agree(info, input.nbytes, -1, DATA_INLINE)
+            k = red_out.size
+            _UFUNC[op._value_].reduce(rows[:, self._rank * k:(self._rank + 1) * k], axis=0, out=red_out)
+        else:
+            self._agree(info, input.nbytes)
+            with self._mpi_lock:
+                req = self.comm.Ireduce_scatter_block(red_in, red_out, self._ops[op._value_])
+            self._wait([req], info)
         if op is _AVG:
             finish_average(red_out, self._size)
         self._store(host_out, red_out)
         self._back(output, host_out)
 
     def _broadcast(self, array, root: int, info: OpInfo) -> None:
+        nbytes = array.nbytes
+        if nbytes <= self._check.inline_bytes:
+            # inside the call check: the root's payload rides in its slot, one MPI operation in all (the
+            # check makes a broadcast synchronising: the root hears from every rank before it returns)
+            host = array if array.__class__ is np.ndarray else to_host(array)
+            flat = host.reshape(-1)
+            mine, rows, _row0, _row1 = self._check.payload(nbytes, host.dtype)
+            if self._rank == root:
+                mine[...] = flat
+            self._agree(info, nbytes, root, DATA_INLINE)
+            if self._rank != root:
+                flat[...] = rows[root]
+                self._back(array, host)
+            return
+        self._agree(info, nbytes, root)
         if array.__class__ is np.ndarray and self._watchdog is not None and array.dtype in _NATIVE:
             self._wait_one(self.comm.Ibcast(array, root), info)
             return
@@ -478,6 +541,18 @@ class MPIBackend(AllReduceStrategies, Backend):
         self._back(array, host)
 
     def _allgather(self, output, input, info: OpInfo) -> None:
+        nbytes = input.nbytes
+        if nbytes <= self._check.inline_bytes:
+            # inside the call check: every rank's input rides in its slot, one MPI operation in all
+            host_in = input if input.__class__ is np.ndarray else to_host(input)
+            host_out = output if output.__class__ is np.ndarray else to_host(output)
+            mine, rows, _row0, _row1 = self._check.payload(nbytes, host_in.dtype)
+            mine[...] = host_in.reshape(-1)
+            self._agree(info, nbytes, -1, DATA_INLINE)
+            host_out.reshape(self._size, -1)[...] = rows
+            self._back(output, host_out)
+            return
+        self._agree(info, nbytes)
         if (input.__class__ is np.ndarray and output.__class__ is np.ndarray and self._watchdog is not None
                 and input.dtype in _NATIVE):
             self._wait_one(self.comm.Iallgather(input, output), info)
@@ -489,6 +564,7 @@ class MPIBackend(AllReduceStrategies, Backend):
         self._back(output, host_out)
 
     def _gather(self, output, input, root: int, info: OpInfo) -> None:
+        self._agree(info, input.nbytes, root)
         host_in = self._host(input)
         host_out = self._host(output) if self._rank == root else None
         with self._mpi_lock:
@@ -497,6 +573,7 @@ class MPIBackend(AllReduceStrategies, Backend):
         self._back(output if self._rank == root else None, host_out)
 
     def _scatter(self, output, input, root: int, info: OpInfo) -> None:
+        self._agree(info, output.nbytes, root)
         host_out = self._host(output)
         host_in = self._host(input) if self._rank == root else None
         with self._mpi_lock:
@@ -505,6 +582,7 @@ class MPIBackend(AllReduceStrategies, Backend):
         self._back(output, host_out)
 
     def _alltoall(self, output, input, info: OpInfo) -> None:
+        self._agree(info, input.nbytes)
         host_in, host_out = self._host(input), self._host(output)
         with self._mpi_lock:
             req = self.comm.Ialltoall(_bytes(host_in), _bytes(host_out))
@@ -512,9 +590,7 @@ class MPIBackend(AllReduceStrategies, Backend):
         self._back(output, host_out)
 
     def _barrier(self, info: OpInfo) -> None:
-        with self._mpi_lock:
-            req = self.comm.Ibarrier()
-        self._wait([req], info)
+        self._agree(info, 0)        # an allgather is a barrier: no rank completes it before all started it
 
     def _validate_tag(self, tag: int) -> None:
         super()._validate_tag(tag)
@@ -556,11 +632,13 @@ class MPIBackend(AllReduceStrategies, Backend):
         MPI = self._MPI
         info = OpInfo("new_group", 0, self.group_ranks, self.group_ranks[self._rank],
                       deadline=time.monotonic() + self.timeout)
-        # Comm.Split blocks uninterruptibly: wait for everyone in a nonblocking barrier first,
-        # so a rank that never calls new_group gives a timeout error instead of a hang.
-        with self._mpi_lock:
-            req = self.comm.Ibarrier()
-        self._wait([req], info)
+        # Comm.Split blocks uninterruptibly: wait for everyone in the call check first (a barrier),
+        # so a rank that never calls new_group gives a timeout error instead of a hang, and one in
+        # another collective a CollectiveMismatchError. (The ranks list is hashed into the header:
+        # members that disagree on it would build different communicators.)
+        while self._lane.pending and time.monotonic() < info.deadline:
+            time.sleep(0.001)   # async collectives still queued use the call check: it is this group's, one op at a time
+        self._agree(info, len(ranks), _ranks_code(ranks))
         member = self._rank in ranks
         with self._mpi_lock:
             sub = self.comm.Split(0 if member else MPI.UNDEFINED, ranks.index(self._rank) if member else 0)
@@ -568,12 +646,13 @@ class MPIBackend(AllReduceStrategies, Backend):
             return None
         backend = MPIBackend(sub, self.timeout, [self.group_ranks[r] for r in ranks], self.debug, self._presence,
                              self._watchdog, self._blocking)
+        backend._check = CallCheck(MPI, sub, persistent=self._watchdog is not None)
         backend._enable_pairwise(self._pair_limit)   # (collective over the sub-group's members: all are here)
         return backend
 
     def _shutdown(self) -> None:
-        if self._fatal is None and not _BROKEN:
-            self._free_persistent()    # (after a timeout one may still be active: left to Abort)
+        if self._check is not None and not _BROKEN and not isinstance(self._fatal, CollectiveTimeoutError):
+            self._check.free()         # (after a timeout its request may still be active: left to Abort)
         if self._owns_presence:
             self._stop_helpers()
         # Freeing a communicator with a pending (timed-out) request is erroneous: leave it to Abort.

@@ -1,8 +1,9 @@
-"""The MPI backend's two all_reduce strategies besides MPICH's ``Iallreduce``, as a mixin of
+"""The MPI backend's all_reduce strategies besides MPICH's ``Iallreduce``, as a mixin of
 :class:`~neural_arch.distributed.comm.mpi.MPIBackend`:
 
-* **persistent requests** for the smallest all_reduces (``PERSISTENT_MAX_BYTES``): ``MPI_Allreduce_init``
-  once per (bytes, dtype, op) that every rank agreed on, ``Start`` + one wait per call;
+* **inside the call check** for the smallest all_reduces (up to ``PERSISTENT_MAX_BYTES`` on groups of
+  up to 8 ranks, :func:`~.mpi_check.inline_capacity`): the payload rides in the check's persistent
+  allgather and every rank reduces the gathered slots in rank order (:meth:`_inline_allreduce`);
 * **the pairwise exchange** for two-rank all_reduces of ``PAIRWISE_MIN_BYTES`` up to the agreed
   ``pairwise_max_bytes``: ``Irecv`` + ``Isend`` of the whole buffer on a private duplicate
   communicator, one ``Waitany``, one NumPy reduction in rank order.
@@ -25,20 +26,21 @@ import numpy as np
 from neural_arch.distributed import config
 from neural_arch.distributed.comm.algorithms.executor import _UFUNCS as _REDUCE
 from neural_arch.distributed.comm.backend import finish_average
+from neural_arch.distributed.comm.mpi_check import DATA_INLINE, INLINE_MAX_BYTES
 from neural_arch.distributed.comm.mpi_progress import DeadlinePassed
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp
 from neural_arch.distributed.errors import DistributedError
 
 _AVG = ReduceOp.AVG
 
-# all_reduces of 1 .. this many bytes run as persistent collectives on a staging buffer (see
-# MPIBackend._new_persistent), at most _PERSISTENT_ENTRIES (bytes, dtype, op) kinds at a time.
-# Measured (2 ranks, MPICH 5.0, raw mpi4py, 41 interleaved rounds, two runs): Start + Waitany with
-# the two copies beat Iallreduce + Waitany in 31-34 of 41 rounds at 1 KiB (median 4.8-5.2 vs 6.8-7.7
-# us), broke even at 4 KiB and lost at 16-64 KiB (12-23 of 41; MPICH schedules a persistent
-# all_reduce differently), so only the smallest messages take it.
-PERSISTENT_MAX_BYTES = 2 << 10
-_PERSISTENT_ENTRIES = 256
+# all_reduces of up to this many bytes ride inside the call check's persistent allgather (mpi_check: the
+# check every collective starts with), on groups of up to 8 ranks (fewer bytes on larger groups:
+# mpi_check.inline_capacity). Why persistent: building MPICH's nonblocking schedule was a third of a
+# 1 KiB all_reduce. Measured before the check existed (2 ranks, MPICH 5.0, raw mpi4py, 41 interleaved
+# rounds, two runs): a persistent Start + Waitany with two copies beat Iallreduce + Waitany in 31-34 of
+# 41 rounds at 1 KiB (median 4.8-5.2 vs 6.8-7.7 us), broke even at 4 KiB and lost at 16-64 KiB, so
+# only the smallest messages take it. (The name is historic: a persistent all_reduce per size did this.)
+PERSISTENT_MAX_BYTES = INLINE_MAX_BYTES
 
 # Two-rank all_reduces of PAIRWISE_MIN_BYTES .. PAIRWISE_MAX_BYTES are one exchange of the whole buffer
 # (Irecv + Isend on a private duplicate communicator, one Waitany) and one NumPy reduction, in rank
@@ -53,12 +55,13 @@ _PERSISTENT_ENTRIES = 256
 # won in both states. NEURAL_ARCH_MPI_PAIRWISE_MAX_BYTES / create(pairwise_max_bytes=) move the end.
 PAIRWISE_MIN_BYTES = 16 << 10
 PAIRWISE_MAX_BYTES = config.get("NEURAL_ARCH_MPI_PAIRWISE_MAX_BYTES", {})   # the default (512 KiB)
+# keyed by the op's value: hashing an Enum member costs ~0.4 us, a tenth of a 1 KiB all_reduce
+_UFUNC = {op._value_: ufunc for op, ufunc in _REDUCE.items()}
 _PAIRWISE_VIEWS = 256       # cached scratch views (one per size and dtype) before the cache starts over
-_OP_CODES = {"sum": 1, "avg": 2, "max": 3, "min": 4, "product": 5}
 
 
 class AllReduceStrategies:
-    """Persistent and pairwise all_reduces for :class:`~neural_arch.distributed.comm.mpi.MPIBackend`,
+    """Inline and pairwise all_reduces for :class:`~neural_arch.distributed.comm.mpi.MPIBackend`,
     which provides the attributes and methods annotated here."""
 
     comm: object
@@ -71,10 +74,10 @@ class AllReduceStrategies:
     _blocking: bool
     _wait: object          # MPIBackend._wait(requests, info): wait with the watchdog, errors named
     _wait_failed: object   # MPIBackend._wait_failed(info, exc): the error a watchdog wait ended with
+    _check: object         # the group's CallCheck (mpi_check)
+    _agree: object         # MPIBackend._agree(info, nbytes, root, mode): the call check, raising on a mismatch
 
     def _init_allreduce_strategies(self) -> None:
-        #: (bytes, dtype.num, op value) -> (persistent all_reduce request, its staging buffer)
-        self._persistent: dict = {}
         #: two-rank groups: the pairwise exchange's communicator and size window (_enable_pairwise)
         self._pair_comm = None
         self._pair_min, self._pair_max = 1 << 62, 0          # (empty window: off)
@@ -83,46 +86,23 @@ class AllReduceStrategies:
         self._pair_status = None
         self._pair_limit = 0                                  # the agreed pairwise_max_bytes, for sub-groups
 
-    def _new_persistent(self, nbytes: int, dtype, op: ReduceOp, info: OpInfo) -> tuple | None:
-        """The persistent all_reduce of (``nbytes``, ``dtype``, ``op``) and its staging buffer, created
-        and cached once every rank agreed on them; None (use ``Iallreduce`` this time) when not.
-
-        Why: small all_reduces run as ``Start`` + wait on a persistent request (``MPI_Allreduce_init``
-        once), so no schedule is built per call (see ``PERSISTENT_MAX_BYTES`` for the measurements).
-
-        Persistent collectives match only persistent ones, and their init is a collective call: every
-        rank must take the persistent path at the same ops and create each request at the same op.
-        So the cache holds only keys that every rank *agreed* on at one op: a key seen for the first
-        time is checked with one tiny all_reduce (MAX of the key's code and of its negation: equal
-        everywhere iff every rank has the same key), whose result every rank reads the same way.
-        Ranks whose ops disagree (a dtype mismatch, which MPI itself reduces silently) keep using
-        ``Iallreduce`` for that op and check again next time, so their caches never diverge.
-        Requests work on a staging buffer of their own, never on the caller's array (whose address
-        differs across ranks and calls): two copies of at most ``PERSISTENT_MAX_BYTES``.
-        Only with the watchdog (MPI_THREAD_MULTIPLE): no lock around the calls.
-        """
-        code = (nbytes << 16) | (dtype.num << 4) | _OP_CODES[op._value_]
-        check = np.array([code, -code], np.int64)
-        self._wait([self.comm.Iallreduce(self._IN_PLACE, check, self._MPI.MAX)], info)
-        if int(check[0]) != code or int(check[1]) != -code:
-            return None
-        if len(self._persistent) >= _PERSISTENT_ENTRIES:
-            # oldest first: the agreed keys, and so this decision, are the same on every rank
-            req, _stage = self._persistent.pop(next(iter(self._persistent)))
-            req.Free()
-        stage = np.zeros(nbytes // dtype.itemsize, dtype)
-        entry = (self.comm.Allreduce_init(self._IN_PLACE, stage, self._ops[op._value_]), stage)
-        self._persistent[(nbytes, dtype.num, op._value_)] = entry
-        return entry
-
-    def _free_persistent(self) -> None:
-        """Free the cached persistent requests (all inactive: ops on a group run one at a time)."""
-        for req, _stage in self._persistent.values():
-            try:
-                req.Free()
-            except self._MPI.Exception:   # pragma: no cover - best effort
-                pass
-        self._persistent.clear()
+    def _inline_allreduce(self, flat, op: ReduceOp, info: OpInfo, nbytes: int) -> None:
+        """All-reduce the flat NumPy array ``flat`` (at most ``self._check.inline_bytes``) inside the call
+        check: the payload goes into this rank's slot, the check's allgather moves every slot, and every
+        rank applies ``op`` to the gathered rows in rank order -- the same operation on the same operands,
+        so every rank holds the same bits. ``nbytes``: the caller's byte count, for the header. One MPI
+        operation in all, with no MPICH schedule built per call; a mismatch raises before any result is
+        written (:meth:`_agree` is the same check without payload)."""
+        mine, rows, row0, row1 = self._check.payload(flat.nbytes, flat.dtype)
+        mine[...] = flat
+        self._agree(info, nbytes, -1, DATA_INLINE)
+        ufunc = _UFUNC[op._value_]
+        if self._size == 2:
+            ufunc(row0, row1, out=flat)
+        else:
+            ufunc.reduce(rows, axis=0, out=flat)
+        if op is _AVG:
+            finish_average(flat, self._size)
 
     def _enable_pairwise(self, max_bytes: int) -> None:
         """Two-rank groups with the watchdog and nonblocking collectives: all_reduces of

@@ -49,7 +49,7 @@ import numpy as np
 
 from neural_arch.distributed.comm.work import OpInfo
 
-__all__ = ["DeadlinePassed", "Presence", "Watchdog", "where"]
+__all__ = ["DeadlinePassed", "Presence", "Watchdog", "describe_op", "where"]
 
 _log = logging.getLogger("neural_arch.distributed")
 _WAKE_TAG0 = 100            # wake-up tags: 100, 101, ... (one per waiting thread)
@@ -57,9 +57,22 @@ _QUERY_TAG, _REPLY_TAG = 1, 2
 _STATUS_LEN = 1024
 
 
+def describe_op(info: OpInfo) -> str:
+    """``all_reduce #5 (shape (4,), float32)``; a point-to-point op names its peer (a global rank), not a
+    root: ``send #2 (shape (4,), float32) to rank 1``."""
+    if info.name not in ("send", "recv"):
+        return info.describe()
+    text = f"{info.name} #{info.seq}"
+    if info.shape is not None:
+        text += f" (shape {tuple(info.shape)}, {info.dtype})"
+    if info.root is not None and 0 <= info.root < len(info.group_ranks):
+        text += f" {'to' if info.name == 'send' else 'from'} rank {info.group_ranks[info.root]}"
+    return text
+
+
 def where(info: OpInfo) -> str:
     """How a rank describes the operation it waits in (peers compare these strings)."""
-    return f"in {info.describe()} on group {list(info.group_ranks)}"
+    return f"in {describe_op(info)} on group {list(info.group_ranks)}"
 
 
 class DeadlinePassed(Exception):
@@ -239,6 +252,9 @@ class Presence:
         self.MPI, self.comm = MPI, comm
         self.watchdog = watchdog
         self._active: dict = {}
+        #: (op, when) of this rank's last timeout: peers that time out a moment later in the same op
+        #: must hear "timed out in all_reduce #5", not "idle" (this rank left the op when it gave up)
+        self._timed_out: tuple | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True, name="neural_arch-mpi-presence")
@@ -252,12 +268,19 @@ class Presence:
         with self._lock:
             self._active.pop(key, None)
 
+    def timed_out(self, info: OpInfo) -> None:
+        """Remember that this rank gave up waiting in ``info`` (answers name it from now on)."""
+        self._timed_out = (info, time.monotonic())
+
     def _snapshot(self) -> bytes:
         with self._lock:
             infos = list(self._active.values())
         if self.watchdog is not None:
             infos += self.watchdog.active()
         text = "; ".join(where(info) for info in infos) or "idle (in no neural_arch operation)"
+        last = self._timed_out
+        if last is not None:
+            text += f"; it timed out {time.monotonic() - last[1]:.1f} s ago {where(last[0])}"
         return text.encode()[:_STATUS_LEN]
 
     def _serve(self) -> None:
