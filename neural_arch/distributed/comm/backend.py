@@ -17,7 +17,10 @@ The public methods (``allreduce``, ``broadcast``, ...) are written once, here:
 
 * they validate their arguments **in the caller**, before any I/O (bad input is a clear
   ``ValueError``/``TypeError`` naming the argument: type, device, dtype, contiguity, shape, a
-  read-only output, the tag range);
+  read-only output, the tag range). A rejected call takes no sequence number (as in torch), so
+  when only one rank's call is rejected, that rank's next call takes the number: a retry with a
+  valid buffer pairs with the peers' call, and any other call fails on every rank, because every
+  frame carries the op's kind, dtype, reduce op, number and byte count (``transport.framing``);
 * an error raised once the operation has started (a peer's bytes did not match, a reduction
   failed, a timeout) **poisons** the group: the peers may be mid-message, so every later operation
   on this rank fails at once naming that first failure (:class:`GroupPoisonedError`), and the
@@ -282,10 +285,11 @@ class Backend(OpRunner):
                     info.reduce_op = op._value_
                     info.deadline = _monotonic() + self.timeout
                     info._wire = fast[1] | (seq & _SEQ_MASK)
+                    info.nbytes = array.nbytes
                 else:
                     info = self._fast_info = OpInfo(
                         "all_reduce", seq, self.group_ranks, self._global_rank, array.shape, fast[0], None,
-                        op._value_, _monotonic() + self.timeout, None, fast[1] | (seq & _SEQ_MASK))
+                        op._value_, _monotonic() + self.timeout, None, fast[1] | (seq & _SEQ_MASK), array.nbytes)
                 span = None
                 if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
                     span = _spans.begin(self, info, "default")   # a profiler, metrics

@@ -345,7 +345,8 @@ class GlooBackend(PlanExecutor, Backend):
             t = self._t     # every rank of the job on this host competes for its cores, not only ours
             local = 1 + sum(1 for p in range(t.size) if p != t.rank and t.peer_kind(p) == "shm")
             seg = ShmSegment.connect(self._store, self._rank, self._size, info.deadline,
-                                     names=self.group_ranks, prefix=prefix, local_ranks=local)
+                                     names=self.group_ranks, prefix=prefix, local_ranks=local,
+                                     pids=_peer_pids(t, self._peers))
         except RendezvousError as exc:
             raise RendezvousError(f"{info.describe()} on group {self.group_ranks}: {exc}") from None
         self._direct = DirectCollectives(seg)
@@ -465,8 +466,20 @@ def _connect_direct(store, transport, rank: int, size: int, timeout: float, grou
     if not _direct_possible(transport, range(size), rank):
         return None
     names = list(group_ranks) if group_ranks is not None else list(range(size))
-    seg = ShmSegment.connect(store, rank, size, time.monotonic() + timeout, names=names)
+    seg = ShmSegment.connect(store, rank, size, time.monotonic() + timeout, names=names,
+                             pids=_peer_pids(transport, range(size)))
     return DirectCollectives(seg)
+
+
+def _peer_pids(transport, peers) -> dict[int, int]:
+    """``{group rank: pid}`` of the members that are shared-memory peers of ``transport`` (their links
+    know the pid): the segment's set-up watches them, so a member that dies there is named at once."""
+    out = {}
+    for i, p in enumerate(peers):
+        pid = getattr(transport.links.get(p), "pid", None) if hasattr(transport, "links") else None
+        if pid:
+            out[i] = pid
+    return out
 
 
 def _direct_possible(transport, peers, me: int) -> bool:

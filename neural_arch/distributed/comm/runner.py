@@ -154,10 +154,13 @@ class OpRunner(abc.ABC):
         red = None if op is None else op._value_   # _value_: Enum's .value is a slow descriptor
         if array is None:
             shape = dtype = None
+            nbytes = 0
         else:
             shape, dtype = array.shape, _dtype_name(array.dtype)
+            # point-to-point: 0 (unchecked in the frames; the backend's own header checks the sizes)
+            nbytes = 0 if p2p else array.nbytes
         return OpInfo(name, seq, self.group_ranks, self._global_rank, shape, dtype, root, red,
-                      _INF, None, None)   # wire=None: computed when a transport first reads it
+                      _INF, None, None, nbytes)   # wire=None: computed when a transport first reads it
 
     def _run(self, info: OpInfo, fn: Callable[[], Any], async_op: bool,
              lane: SerialLane | None = None) -> Work:

@@ -81,6 +81,7 @@ class OpInfo:
         "dtype",
         "group_ranks",
         "name",
+        "nbytes",
         "rank",
         "reduce_op",
         "root",
@@ -91,7 +92,7 @@ class OpInfo:
     def __init__(self, name: str, seq: int, group_ranks: Sequence[int] = (), rank: int = 0,
                  shape: tuple | None = None, dtype: str | None = None, root: int | None = None,
                  reduce_op: str | None = None, deadline: float = float("inf"), extra: dict | None = None,
-                 wire: int | None = 0):
+                 wire: int | None = 0, nbytes: int = 0):
         self.name = name
         self.seq = seq
         self.group_ranks = group_ranks
@@ -103,6 +104,11 @@ class OpInfo:
         self.deadline = deadline
         self._extra = extra
         self._wire = wire
+        #: this op's byte count on this rank (its argument's, as ``Backend._new_info`` sets it), which
+        #: every transport frame of the op carries beside :attr:`wire`: ranks whose calls at one
+        #: sequence number differ only in size see an error, not a neighbour's segment as their
+        #: buffer. 0: not checked (point-to-point messages, whose own header checks shape and dtype)
+        self.nbytes = nbytes
 
     @property
     def wire(self) -> int:

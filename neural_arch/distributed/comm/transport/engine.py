@@ -11,7 +11,8 @@ The collective algorithms (``gloo.py``) only ever call this small interface::
 
 How it works. Each peer has a *link* (:mod:`.links`): a pair of byte streams (a TCP socket, or
 two shared-memory rings) with non-blocking ``write_some``/``read_some``. On top of a stream every message is a
-16-byte frame header ``(channel u64, nbytes u64)`` followed by the payload. There is **no
+32-byte frame header ``(channel, nbytes, check word, op bytes)`` followed by the payload (see
+:mod:`.framing`: the receiver compares all four with its own op's, so ranks that disagree get an error). There is **no
 background thread**: the thread that waits drives the I/O itself (the latency-critical path never
 hops threads), and every wait also pumps every pending ``isend``, so pipelined exchanges cannot
 stall each other. A receiver reads the payload straight into the destination buffer when the frame
@@ -43,7 +44,7 @@ Example (two processes, after a store rendezvous)::
 from __future__ import annotations
 
 import abc
-import dataclasses
+import copy
 import os
 import select
 import socket
@@ -57,6 +58,7 @@ from neural_arch.distributed.comm.transport.framing import (  # noqa: F401
     ABORT_CHANNEL,
     CHANNEL_LIMIT,
     FRAME,
+    HEADER,
     Link,
     PeerGone,
     RecvOp,
@@ -86,6 +88,8 @@ _SPIN_S = 200e-6                      # busy-poll this long before sleeping (whe
 _MAX_SLEEP = 1e-3                     # longest nap between polls of a shared-memory ring
 _POLL_SLICE = 0.1                     # longest poll() on sockets before re-checking deadline/liveness
 _DOORBELL_SLICE = 2e-3                # longest sleep on a shared-memory doorbell
+_RENDEZVOUS_SLICE = 0.5               # seconds between "who is still missing" checks of a rendezvous wait
+_POISON_FLUSH_S = 2.0                 # longest a poisoning rank spends finishing its half-sent frames
 
 
 class _Sent:
@@ -117,8 +121,9 @@ class TransportHandle:
     def wait(self, timeout: float | None = None) -> None:
         info = self._info
         if timeout is not None:
-            # OpInfo is a slotted dataclass: replace() copies it with the tighter deadline
-            info = dataclasses.replace(info, deadline=min(info.deadline, time.monotonic() + timeout))
+            # a copy with the tighter deadline (OpInfo is a plain slotted class, not a dataclass)
+            info = copy.copy(info)
+            info.deadline = min(info.deadline, time.monotonic() + timeout)
         self._t._drive([self._op], info)
 
 
@@ -211,6 +216,25 @@ class LinkTransport(Transport):
             self._poisoned = True
             self._abort = (self.rank, self.rank, why)
             self._send_abort()
+            # The failed op may have left a frame half-written (its receive failed first): a peer
+            # that is reading it would wait for the rest until its timeout, and the abort frame
+            # queued behind it would never arrive. Nobody pumps this rank's sends once the op has
+            # raised, so finish them now, briefly.
+            self._flush(_POISON_FLUSH_S)
+
+    def _flush(self, seconds: float) -> None:
+        """Pump every queued send (reading what arrives meanwhile, so two flushing peers cannot
+        block each other) until the queues are empty, a link failed, or ``seconds`` passed."""
+        deadline = time.monotonic() + seconds
+        links = self.links.values()
+        while time.monotonic() < deadline and any(link.send_q and not link.failed for link in links):
+            moved = False
+            for link in links:
+                if link.failed is None:
+                    moved = link.pump_sends() or moved
+                    moved = link.pump_recv(self._drain_op) or moved
+            if not moved:
+                time.sleep(1e-4)
 
     def _send_abort(self) -> None:
         """Tell every other rank (once) that the job is broken, so nobody waits for the full timeout."""
@@ -246,6 +270,13 @@ class LinkTransport(Transport):
             f"cannot complete -- look at rank {dead}'s log first")
 
     def _peer_error(self, link: Link, info: OpInfo) -> PeerFailureError:
+        if self._abort is None:
+            # Before blaming this peer, read what already arrived: a peer that learned of another
+            # rank's death sends every rank an abort frame naming it, then drops its links when its
+            # process ends. Its abort frame is in our stream before the EOF -- but a write to it
+            # fails (EPIPE/reset) without reading that stream, and the abort frame may also sit on
+            # another link. Only when none names a culprit is this peer the first to have failed.
+            self._read_abort_frames()
         if self._abort is not None and self._abort[0] != link.peer:
             # the link broke because its peer gave up after another rank died: name the root cause
             return self._abort_error(info)
@@ -255,6 +286,14 @@ class LinkTransport(Transport):
         return PeerFailureError(
             f"rank {link.peer} failed during {info.describe()} on rank {self.rank} ({link.kind} link: "
             f"{link.failed}); it probably crashed or exited -- look at rank {link.peer}'s log first")
+
+    def _read_abort_frames(self) -> None:
+        """Read every link's already-arrived frames (never blocking): abort frames are recorded by
+        :meth:`_on_abort`, other frames kept aside for their receivers as usual."""
+        for link in self.links.values():
+            if self._abort is not None:
+                return
+            link.pump_recv(self._drain_op)
 
     @staticmethod
     def _channel(channel: int) -> int:
@@ -266,8 +305,8 @@ class LinkTransport(Transport):
         return channel
 
     # -- the interface ---------------------------------------------------------------------------
-    def _queue_send(self, link: Link, view: memoryview, channel: int, check: int = 0) -> SendOp:
-        op = SendOp(link, view, channel, check)
+    def _queue_send(self, link: Link, view: memoryview, channel: int, check: int = 0, op_bytes: int = 0) -> SendOp:
+        op = SendOp(link, view, channel, check, op_bytes)
         with link.lock:
             link.send_q.append(op)
         op.progress()  # start at once: whatever the stream takes now is written here
@@ -279,10 +318,10 @@ class LinkTransport(Transport):
         link = self._link(peer, info)
         view = as_bytes_view(buf)
         channel = self._channel(channel)
-        check = info.wire
-        if link.try_send_frame(channel, view, check):
+        check, op_bytes = info.wire, info.nbytes
+        if link.try_send_frame(channel, view, check, op_bytes):
             return
-        op = self._queue_send(link, view, channel, check)
+        op = self._queue_send(link, view, channel, check, op_bytes)
         if not op.done:
             self._drive([op], info)
 
@@ -290,19 +329,19 @@ class LinkTransport(Transport):
         link = self._link(peer, info)
         view = as_bytes_view(buf)
         channel = self._channel(channel)
-        check = info.wire
-        if link.try_send_frame(channel, view, check):
+        check, op_bytes = info.wire, info.nbytes
+        if link.try_send_frame(channel, view, check, op_bytes):
             return TransportHandle(self, _SENT, info)
-        return TransportHandle(self, self._queue_send(link, view, channel, check), info)
+        return TransportHandle(self, self._queue_send(link, view, channel, check, op_bytes), info)
 
     def recv_into(self, peer: int, buf, channel: int, info: OpInfo) -> None:
         link = self._link(peer, info)
         view = as_bytes_view(buf, writable=True)
         channel = self._channel(channel)
-        check = info.wire
-        if link.try_recv_frame(channel, view, check):
+        check, op_bytes = info.wire, info.nbytes
+        if link.try_recv_frame(channel, view, check, op_bytes):
             return
-        op = RecvOp(link, view, channel, check)
+        op = RecvOp(link, view, channel, check, op_bytes)
         op.progress()  # the message may be stashed, or only partly there
         if op.done:
             op.check()
@@ -315,14 +354,14 @@ class LinkTransport(Transport):
         channel = self._channel(channel)
         slink = self._link(dst, info)
         sview = as_bytes_view(send_buf)
-        check = info.wire
-        if slink.try_send_frame(channel, sview, check):
-            if rlink.try_recv_frame(channel, rview, check):
+        check, op_bytes = info.wire, info.nbytes
+        if slink.try_send_frame(channel, sview, check, op_bytes):
+            if rlink.try_recv_frame(channel, rview, check, op_bytes):
                 return  # small exchange with a peer that is already there
             send = _SENT
         else:
-            send = self._queue_send(slink, sview, channel, check)
-        recv = RecvOp(rlink, rview, channel, check)
+            send = self._queue_send(slink, sview, channel, check, op_bytes)
+        recv = RecvOp(rlink, rview, channel, check, op_bytes)
         recv.progress()
         if send.done and recv.done:
             recv.check()
@@ -333,11 +372,7 @@ class LinkTransport(Transport):
         """Close every link. Messages already sent are delivered (a peer reads them before EOF)."""
         if self._closed:
             return
-        # give pending isends a moment to drain: a peer may still be reading them
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline and any(link.send_q and not link.failed for link in self.links.values()):
-            if not any(link.pump_sends() for link in self.links.values()):
-                time.sleep(1e-4)
+        self._flush(1.0)      # give pending isends a moment to drain: a peer may still be reading them
         self._closed = True
         for link in self.links.values():
             try:
@@ -484,18 +519,34 @@ def machine_identity() -> str:
 
 
 def _gather(store, prefix: str, rank: int, size: int, value: str, deadline: float) -> list[str]:
-    """Publish ``value`` as ``prefix/rank`` and read every rank's; RendezvousError names the absent ones."""
+    """Publish ``value`` as ``prefix/rank`` and read every rank's; RendezvousError names the absent ones.
+
+    The wait is sliced, remembering who was still missing: when the store's host gives up waiting for
+    a rank that never started (its own deadline came first) and closes the store, the error here names
+    that rank -- not the store's host, which only left because of it."""
     from neural_arch.distributed.rendezvous.store import StoreTimeoutError
 
     store.set(f"{prefix}/{rank}", value)
     keys = [f"{prefix}/{r}" for r in range(size)]
-    try:
-        store.wait(keys, timeout=max(0.0, deadline - time.monotonic()))
-    except StoreTimeoutError:
-        missing = [r for r in range(size) if not store.check([keys[r]])]
-        raise RendezvousError(
-            f"transport rendezvous {prefix!r} timed out on rank {rank}: ranks {missing} never arrived; check "
-            "that every rank started and uses the same MASTER_ADDR/MASTER_PORT") from None
+    missing: list[int] = []
+    while True:
+        try:
+            store.wait(keys, timeout=max(0.0, min(_RENDEZVOUS_SLICE, deadline - time.monotonic())))
+            break
+        except StoreTimeoutError:
+            missing = [r for r in range(size) if not store.check([keys[r]])]
+            if time.monotonic() >= deadline:
+                raise RendezvousError(
+                    f"transport rendezvous {prefix!r} timed out on rank {rank}: ranks {missing} never arrived; "
+                    "check that every rank started and uses the same MASTER_ADDR/MASTER_PORT") from None
+        except PeerFailureError as exc:
+            missing = [r for r in missing if r != rank]
+            if not missing:
+                raise
+            raise RendezvousError(
+                f"transport rendezvous {prefix!r} on rank {rank}: ranks {missing} never arrived, and the store "
+                f"went away meanwhile (its host gave up waiting for them, or died: {exc}); look at rank "
+                f"{missing[0]} first -- check that every rank started") from None
     return [store.get(k).decode() for k in keys]
 
 

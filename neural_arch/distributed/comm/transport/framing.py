@@ -5,11 +5,15 @@ peer. Subclasses (``TcpLink``, ``ShmLink``) only provide non-blocking ``write_so
 everything else -- framing, FIFO queues of pending sends, reading a frame straight into the waiting
 receiver's buffer, keeping frames for other channels aside -- lives here, written once.
 
-Frame: 24-byte header ``(channel u64, nbytes u64, check u64)`` then ``nbytes`` of payload. ``check``
-is the sending op's :attr:`OpInfo.wire` word (op kind, dtype, reduce op, sequence number): a receiver
-whose own word or byte count differs gets :class:`FrameMismatchError` (the frame is still consumed,
-so the byte stream stays in step). Channel ``2**63 - 1`` is reserved for abort frames ("rank N
-died" / "group poisoned: stop waiting"). A header announcing more than ``MAX_FRAME_BYTES`` (or an
+Frame: 32-byte header ``(channel u64, nbytes u64, check u64, op_bytes u64)`` then ``nbytes`` of
+payload. ``check`` is the sending op's :attr:`OpInfo.wire` word (op kind, dtype, reduce op, sequence
+number) and ``op_bytes`` its :attr:`OpInfo.nbytes` (the whole op's byte count on the sender, 0 for
+unchecked messages): a receiver whose own word, op byte count or frame byte count differs gets
+:class:`FrameMismatchError` (the frame is still consumed, so the byte stream stays in step). The op
+byte count is what tells a large op's pipelined segment from a small op's whole buffer when the two
+happen to have the same frame size: without it, two ranks whose calls at one sequence number differ
+only in size could exchange a segment for a whole buffer and return mixed data. Channel ``2**63 - 1``
+is reserved for abort frames ("rank N died" / "group poisoned: stop waiting"). A header announcing more than ``MAX_FRAME_BYTES`` (or an
 impossible channel) is a :class:`ProtocolError` that fails the link -- never a ``MemoryError``.
 
 Example (what ``LinkTransport.send`` does)::
@@ -35,6 +39,7 @@ __all__ = [
     "CHANNEL_LIMIT",
     "FRAME",
     "Frame",
+    "HEADER",
     "MAX_FRAME_BYTES",
     "Link",
     "PeerGone",
@@ -44,7 +49,11 @@ __all__ = [
     "as_bytes_view",
 ]
 
-FRAME = struct.Struct("<QQQ")         # channel, nbytes, check word (OpInfo.wire)
+#: the header's first three words: channel, nbytes, check word (OpInfo.wire) -- enough to vet a frame's
+#: announced size before the rest of the header is read
+FRAME = struct.Struct("<QQQ")
+#: the whole header: FRAME, then the op's byte count on the sender (OpInfo.nbytes; 0: unchecked)
+HEADER = struct.Struct("<QQQQ")
 ABORT_CHANNEL = (1 << 63) - 1        # reserved: "a rank died, stop waiting" (payload: "dead_rank|why")
 CHANNEL_LIMIT = ABORT_CHANNEL
 #: largest frame a peer may announce (NEURAL_ARCH_MAX_FRAME_BYTES overrides); larger is a protocol
@@ -107,7 +116,7 @@ class Link:
         self.reader_lock = threading.Lock()          # held by whoever reads from the stream
         self.send_q: collections.deque = collections.deque()
         self.stash: dict[int, collections.deque] = collections.defaultdict(collections.deque)
-        self._hdr = bytearray(FRAME.size)
+        self._hdr = bytearray(HEADER.size)
         self._hdr_view = memoryview(self._hdr)
         self._hdr_got = 0
         self._frame: Frame | None = None          # the frame being read, when it arrived in pieces
@@ -137,18 +146,19 @@ class Link:
         return None
 
     # whole-frame fast paths (optional): all or nothing, so no partial state is ever left behind
-    def try_send_frame(self, channel: int, view: memoryview, check: int = 0) -> bool:
+    def try_send_frame(self, channel: int, view: memoryview, check: int = 0, op_bytes: int = 0) -> bool:
         """Write one whole frame now if the stream takes all of it at once and nothing is queued
         before it; return False (nothing written) otherwise, and the caller queues a SendOp."""
         return False
 
-    def _read_frame(self, channel: int, view: memoryview, check: int = 0) -> bool:
+    def _read_frame(self, channel: int, view: memoryview, check: int = 0, op_bytes: int = 0) -> bool:
         """With ``reader_lock`` held and no frame in progress: read one whole frame straight into
         ``view`` if the next frame is complete, for ``channel``, of ``view``'s size and with the
-        ``check`` word; else False (the general path then reports any mismatch)."""
+        ``check`` word and op byte count ``op_bytes``; else False (the general path then reports any
+        mismatch)."""
         return False
 
-    def try_recv_frame(self, channel: int, view: memoryview, check: int = 0) -> bool:
+    def try_recv_frame(self, channel: int, view: memoryview, check: int = 0, op_bytes: int = 0) -> bool:
         """Receive the next message on ``channel`` now if it is already complete in the stream
         (and none is stashed before it); False (nothing consumed) otherwise."""
         if not self.whole_frames or self.stash.get(channel) or self._frame is not None or self._hdr_got:
@@ -159,7 +169,7 @@ class Link:
             # re-check under the lock: another reader may have stashed a frame meanwhile
             if self.stash.get(channel) or self._frame is not None or self._hdr_got:
                 return False
-            return self._read_frame(channel, view, check)
+            return self._read_frame(channel, view, check, op_bytes)
         except PeerGone as exc:
             self.fail(str(exc) or "connection closed")
             return False
@@ -212,9 +222,10 @@ class Link:
             q = self.stash.get(op.channel)
             if not q:
                 return False
-            check, data = q.popleft()
-        if len(data) != op.view.nbytes or check != op.wire:
-            op.error = _mismatch_error(self.peer, op.channel, len(data), check, op.view.nbytes, op.wire)
+            check, op_bytes, data = q.popleft()
+        if len(data) != op.view.nbytes or check != op.wire or op_bytes != op.op_bytes:
+            op.error = _mismatch_error(self.peer, op.channel, len(data), check, op_bytes,
+                                       op.view.nbytes, op.wire, op.op_bytes)
         elif len(data):
             op.view[:] = data
         op.done = True
@@ -235,23 +246,28 @@ class Link:
                 if frame is None:
                     if self._take_stashed(op):  # another thread may have stashed it meanwhile
                         return True
-                    if not self._hdr_got and self._read_frame(op.channel, op.view, op.wire):
+                    if not self._hdr_got and self._read_frame(op.channel, op.view, op.wire, op.op_bytes):
                         op.done = True       # the whole frame was there: one copy, no state
                         return True
-                    n = self.read_some(self._hdr_view[self._hdr_got:] if self._hdr_got else self._hdr_view)
+                    got = self._hdr_got
+                    n = self.read_some(self._hdr_view[got:] if got else self._hdr_view)
                     if n == 0:
                         return moved
                     moved = True
-                    self._hdr_got += n
-                    if self._hdr_got < FRAME.size:
+                    self._hdr_got = got = got + n
+                    if got < HEADER.size:
+                        if got >= FRAME.size:   # vet the announced size now: a hostile peer may stop here
+                            _check_header(self.peer, *FRAME.unpack_from(self._hdr)[:2])
                         continue
                     self._hdr_got = 0
-                    channel, nbytes, check = FRAME.unpack(self._hdr)
-                    if channel == op.channel and nbytes == op.view.nbytes and check == op.wire:
-                        frame = Frame(channel, op.view, op, None, check)  # straight into the caller's buffer
+                    channel, nbytes, check, op_bytes = HEADER.unpack(self._hdr)
+                    if (channel == op.channel and nbytes == op.view.nbytes and check == op.wire
+                            and op_bytes == op.op_bytes):
+                        frame = Frame(channel, op.view, op, None, check, op_bytes)  # straight into the caller's buffer
                     else:
                         _check_header(self.peer, channel, nbytes)
-                        err = (_mismatch_error(self.peer, channel, nbytes, check, op.view.nbytes, op.wire)
+                        err = (_mismatch_error(self.peer, channel, nbytes, check, op_bytes,
+                                               op.view.nbytes, op.wire, op.op_bytes)
                                if channel == op.channel else None)
                         # kept aside for its own receiver (np.empty: no zero-fill, unlike bytearray);
                         # a mismatched one is consumed too, so the stream stays in step
@@ -260,7 +276,7 @@ class Link:
                         except MemoryError:
                             raise PeerGone(f"protocol error: cannot hold a {nbytes}-byte frame from rank "
                                            f"{self.peer} (out of memory)") from None
-                        frame = Frame(channel, memoryview(spare), op if err else None, err, check)
+                        frame = Frame(channel, memoryview(spare), op if err else None, err, check, op_bytes)
                     self._frame = frame
                 view, got = frame.view, frame.got
                 if got < view.nbytes:
@@ -277,7 +293,7 @@ class Link:
                             self.on_abort(self.peer, bytes(view))
                             continue
                         with self.lock:
-                            self.stash[frame.channel].append((frame.check, view.obj))
+                            self.stash[frame.channel].append((frame.check, frame.op_bytes, view.obj))
                     else:
                         owner.error = frame.error
                         owner.done = True
@@ -300,7 +316,15 @@ def _check_header(peer: int, channel: int, nbytes: int) -> None:
                        "NEURAL_ARCH_MAX_FRAME_BYTES raises it)")
 
 
-def _mismatch_error(peer: int, channel: int, got: int, got_check: int, want: int, want_check: int) -> ValueError:
+def _mismatch_error(peer: int, channel: int, got: int, got_check: int, got_total: int,
+                    want: int, want_check: int, want_total: int) -> ValueError:
+    if got_check == want_check and got_total != want_total:
+        # the same op at the same number, of another size: a pipelined segment of the larger one
+        # may even have the smaller one's frame size, so the op's byte count is what tells them apart
+        return FrameMismatchError(
+            f"rank {peer} sent {describe_wire(got_check)} of {got_total} bytes in all on channel {channel}, but "
+            f"this rank's {describe_wire(want_check)} has {want_total} bytes; every rank must call the same "
+            "collectives, with the same sizes, dtypes and reduce ops, in the same order")
     if got_check == want_check:
         return FrameMismatchError(
             f"message from rank {peer} on channel {channel} has {got} bytes but the receive buffer has {want} "
@@ -317,19 +341,20 @@ class Frame:
     arrived (``got``), the op it completes (``owner``, or None when it is stashed) and the error
     that op gets (a size or check-word mismatch; the frame is consumed anyway)."""
 
-    __slots__ = ("channel", "check", "error", "got", "owner", "view")
+    __slots__ = ("channel", "check", "error", "got", "op_bytes", "owner", "view")
 
-    def __init__(self, channel: int, view: memoryview, owner, error, check: int):
+    def __init__(self, channel: int, view: memoryview, owner, error, check: int, op_bytes: int = 0):
         self.channel, self.view, self.got, self.owner, self.error, self.check = channel, view, 0, owner, error, check
+        self.op_bytes = op_bytes
 
 
 class SendOp:
     __slots__ = ("channel", "done", "link", "pieces", "sent", "total")
 
-    def __init__(self, link: Link, view: memoryview, channel: int, check: int = 0):
+    def __init__(self, link: Link, view: memoryview, channel: int, check: int = 0, op_bytes: int = 0):
         self.link, self.channel, self.done, self.sent = link, channel, False, 0
-        self.total = FRAME.size + view.nbytes
-        self.pieces = [memoryview(FRAME.pack(channel, view.nbytes, check))]
+        self.total = HEADER.size + view.nbytes     # this frame's bytes, header included
+        self.pieces = [memoryview(HEADER.pack(channel, view.nbytes, check, op_bytes))]
         if view.nbytes:
             self.pieces.append(view)
 
@@ -356,11 +381,11 @@ class SendOp:
 
 
 class RecvOp:
-    __slots__ = ("channel", "done", "error", "link", "view", "wire")
+    __slots__ = ("channel", "done", "error", "link", "op_bytes", "view", "wire")
 
-    def __init__(self, link: Link, view: memoryview, channel: int, check: int = 0):
+    def __init__(self, link: Link, view: memoryview, channel: int, check: int = 0, op_bytes: int = 0):
         self.link, self.view, self.channel, self.done, self.error = link, view, channel, False, None
-        self.wire = check
+        self.wire, self.op_bytes = check, op_bytes      # the op's check word and byte count, as in the header
 
     def progress(self) -> bool:
         return self.link.pump_recv(self)

@@ -4,8 +4,13 @@ Each rank creates a file in ``/dev/shm`` for every same-host peer it *sends* to,
 publishes its path in the store; the peer maps it to *read*. Once every peer has attached (a small
 store barrier) the creator unlinks the file, so nothing is left behind even if a rank is killed
 later -- the memory lives exactly as long as the mappings. A rank SIGKILLed *between* creating and
-the barrier leaves its files: the next shm rendezvous on the host removes the files of dead creators
-(:func:`clean_stale_rings`).
+the barrier leaves its files: the survivors notice at once (their waits check the peers' pids) and
+remove the files of dead creators (:func:`clean_stale_rings`) before they raise; every shm
+rendezvous on the host does the same first, for jobs that died entirely.
+
+Space: every file's pages are reserved (``posix_fallocate``) before it is mapped. A nearly full
+``/dev/shm`` (any user can fill it) is then a clear :class:`RendezvousError` at set-up that suggests
+the TCP transport -- not a SIGBUS on every rank at the first write into a page tmpfs cannot supply.
 
 Ring layout (counters on separate cache lines, so writer and reader do not false-share)::
 
@@ -40,6 +45,7 @@ Example::
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import secrets
@@ -47,14 +53,16 @@ import tempfile
 import time
 
 from neural_arch.distributed import config
-from neural_arch.distributed.comm.transport.framing import FRAME, Link, PeerGone
-from neural_arch.distributed.errors import RendezvousError
+from neural_arch.distributed.comm.transport.framing import HEADER, Link, PeerGone
+from neural_arch.distributed.errors import PeerFailureError, RendezvousError
 
-__all__ = ["ShmLink", "connect_shm_links", "default_ring_bytes", "pid_alive"]
+__all__ = ["ShmLink", "connect_shm_links", "create_mapped", "default_ring_bytes", "pid_alive", "wait_for_peers"]
 
 RING_ENV = "NEURAL_ARCH_SHM_RING_BYTES"
+_SETUP_SLICE = 0.2        # seconds between pid checks of the peers a set-up waits for
+_EXIT_GRACE = 0.5         # after a failed set-up: how long a dying peer may take to leave the process table
 _HEAD, _TAIL, _WCLOSED, _WWAIT, _RCLOSED, _RWAIT, _DATA = 0, 64, 128, 136, 192, 200, 256
-_FRAME_SIZE, _pack_into, _unpack_from = FRAME.size, FRAME.pack_into, FRAME.unpack_from
+_FRAME_SIZE, _pack_into, _unpack_from = HEADER.size, HEADER.pack_into, HEADER.unpack_from
 
 
 def _ring_bell(fd: int) -> None:
@@ -105,24 +113,116 @@ def _ring_dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
 
+def create_mapped(path: str, nbytes: int, what: str) -> mmap.mmap:
+    """Create the file ``path`` (it must not exist) of ``nbytes``, **reserve** its pages, and map it.
+
+    Without the reservation a tmpfs file is sparse: on a full ``/dev/shm`` the first store into a
+    page the filesystem cannot supply kills the process with SIGBUS -- on every rank, with no error
+    message. ``posix_fallocate`` makes that an ``ENOSPC`` here, at set-up, turned into a
+    :class:`RendezvousError` that says how much is free and what to do; the file is removed again.
+
+    >>> mm = create_mapped("/dev/shm/na-doc-example", 4096, "a ring")   # doctest: +SKIP
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, nbytes)
+        failure = None
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        except OSError as exc:
+            # a filesystem that cannot reserve (EOPNOTSUPP...) is mapped sparse, as before
+            if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+                failure = exc.strerror
+            elif exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+        if failure is not None:
+            directory = os.path.dirname(path) or "."
+            try:
+                st = os.statvfs(directory)
+                free = f"{st.f_bavail * st.f_frsize / 2**20:.1f} MiB free of {st.f_blocks * st.f_frsize / 2**20:.1f} MiB"
+            except OSError:
+                free = "free space unknown"
+            os.unlink(path)
+            raise RendezvousError(
+                f"cannot reserve {nbytes / 2**20:.1f} MiB in {directory} for {what} ({failure}; {free}): "
+                "shared memory is nearly full (look for large files there, maybe another user's). Free some, "
+                "or use the TCP transport (NEURAL_ARCH_GLOO_TRANSPORT=tcp on every rank); smaller rings "
+                "need less (NEURAL_ARCH_SHM_RING_BYTES)")
+        return mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
+
+
+def wait_for_peers(store, keys: list[str], owners: list, pids: dict, deadline: float, where: str,
+                   what: str, directory: str | None = None) -> None:
+    """``store.wait(keys)`` until ``deadline``, in slices that check the pids of the owners (``owners[i]``
+    sets ``keys[i]``; ``pids``: owner -> pid, where known) still missing: a peer that died during the
+    set-up is an error at once, naming it, instead of at the rendezvous timeout. Either way the files
+    that dead ranks left in the shared-memory directory are removed before the error is raised."""
+    from neural_arch.distributed.rendezvous.store import StoreTimeoutError
+
+    missing: list = []
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            store.wait(keys, timeout=max(0.0, min(_SETUP_SLICE, left)))
+            return
+        except StoreTimeoutError:
+            pass
+        except PeerFailureError as exc:
+            # the store's host left: name whom we were still waiting for, not the host (it may have
+            # given up waiting for them, or be one of them)
+            removed = remove_leftovers(directory, pids.values())
+            if not missing:
+                raise
+            dead = [o for o, _ in missing if pids.get(o) and not pid_alive(pids[o])]
+            raise RendezvousError(
+                f"{where}: the store went away ({exc}) while ranks {[o for o, _ in missing]} had not "
+                f"{what}{' (dead: ' + str(dead) + ')' if dead else ''}"
+                f"{'; removed ' + str(len(removed)) + ' file(s) they left' if removed else ''}; look at rank "
+                f"{(dead or [missing[0][0]])[0]} first") from None
+        missing = [(o, k) for o, k in zip(owners, keys) if not store.check([k])]
+        dead = [o for o, _ in missing if pids.get(o) and not pid_alive(pids[o])]
+        if dead or time.monotonic() >= deadline:
+            removed = clean_stale_rings(directory)
+            cleaned = f"; removed {len(removed)} file(s) left in {directory or _ring_dir()}" if removed else ""
+            if dead:
+                raise RendezvousError(
+                    f"{where}: rank(s) {dead} died (process gone) before they {what}{cleaned}; look at "
+                    f"rank {dead[0]}'s log first")
+            raise RendezvousError(f"{where}: ranks {[o for o, _ in missing]} never {what}{cleaned}; "
+                                  "check that they started")
+
+
 class _Ring:
     """A mapped ring file: counters as ctypes views, data as a memoryview (no copies beyond memcpy)."""
 
     def __init__(self, path: str, create: bool, capacity: int = 0):
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         if create:  # doorbells: named pipes, opened O_RDWR so that open() never blocks
             os.mkfifo(path + ".d", 0o600)
             os.mkfifo(path + ".s", 0o600)
         self.data_fd = os.open(path + ".d", os.O_RDWR | os.O_NONBLOCK)    # writer -> sleeping reader
         self.space_fd = os.open(path + ".s", os.O_RDWR | os.O_NONBLOCK)   # reader -> sleeping writer
-        fd = os.open(path, flags, 0o600)
         try:
             if create:
-                os.ftruncate(fd, _DATA + capacity)
-            size = os.fstat(fd).st_size
-            self.mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+                self.mm = create_mapped(path, _DATA + capacity, "a shared-memory ring")
+            else:
+                fd = os.open(path, os.O_RDWR)
+                try:
+                    self.mm = mmap.mmap(fd, os.fstat(fd).st_size)
+                finally:
+                    os.close(fd)
+        except BaseException:
+            for fd in (self.data_fd, self.space_fd):
+                os.close(fd)
+            if create:
+                for p in (path + ".d", path + ".s"):
+                    try:
+                        os.unlink(p)
+                    except FileNotFoundError:
+                        pass
+            raise
+        size = len(self.mm)
         if create:  # fault the pages in now, not on the first (timed) message
             self.mm[:] = bytes(size)
         self.cap = size - _DATA
@@ -216,7 +316,7 @@ class ShmLink(Link):
             _wake(ring, False)
         return n
 
-    def try_send_frame(self, channel: int, view: memoryview, check: int = 0) -> bool:
+    def try_send_frame(self, channel: int, view: memoryview, check: int = 0, op_bytes: int = 0) -> bool:
         # The small-message fast path: header and payload in one go when the ring has room for
         # both without wrapping (no SendOp, no queue, one publication of ``head``).
         if self.send_q or not self.send_lock.acquire(False):
@@ -234,7 +334,7 @@ class ShmLink(Link):
             if pos + end > cap:
                 return False  # would wrap: the general path splits it
             data = ring.data
-            _pack_into(data, pos, channel, n, check)
+            _pack_into(data, pos, channel, n, check, op_bytes)
             if n:
                 data[pos + _FRAME_SIZE:pos + end] = view
             head += end
@@ -246,7 +346,7 @@ class ShmLink(Link):
         finally:
             self.send_lock.release()
 
-    def _read_frame(self, channel: int, view: memoryview, check: int = 0) -> bool:
+    def _read_frame(self, channel: int, view: memoryview, check: int = 0, op_bytes: int = 0) -> bool:
         ring = self.inp
         tail = self._tail
         n = view.nbytes
@@ -258,7 +358,7 @@ class ShmLink(Link):
         if pos + end > cap:
             return False
         data = ring.data
-        if _unpack_from(data, pos) != (channel, n, check):
+        if _unpack_from(data, pos) != (channel, n, check, op_bytes):
             return False
         if n:
             view[:] = data[pos + _FRAME_SIZE:pos + end]
@@ -360,10 +460,18 @@ def clean_stale_rings(directory: str | None = None) -> list[str]:
     return removed
 
 
+def remove_leftovers(directory: str | None = None, pids=(), grace: float = _EXIT_GRACE) -> list[str]:
+    """After a failed set-up: give the peers ``pids`` up to ``grace`` seconds to finish dying (a killed
+    process closes its sockets -- which is how we may have learned of it -- before it is gone from
+    the process table), then remove the files of every dead creator (:func:`clean_stale_rings`)."""
+    end = time.monotonic() + grace
+    while any(pid_alive(p) for p in pids if p) and time.monotonic() < end:
+        time.sleep(0.01)
+    return clean_stale_rings(directory)
+
+
 def connect_shm_links(store, rank: int, pids: dict[int, int], deadline: float) -> dict[int, ShmLink]:
     """Create our outgoing rings, attach the peers' rings, unlink once everyone attached."""
-    from neural_arch.distributed.rendezvous.store import StoreTimeoutError
-
     clean_stale_rings()
 
     capacity = config.get(RING_ENV) or default_ring_bytes(len(pids))
@@ -375,12 +483,7 @@ def connect_shm_links(store, rank: int, pids: dict[int, int], deadline: float) -
     inps: dict[int, _Ring] = {}
 
     def wait(keys: list[str], what: str) -> None:
-        try:
-            store.wait(keys, timeout=max(0.0, deadline - time.monotonic()))
-        except StoreTimeoutError:
-            missing = [p for p, k in zip(peers, keys) if not store.check([k])]
-            raise RendezvousError(f"shared-memory rendezvous on rank {rank}: ranks {missing} never {what}; "
-                                  "check that they started") from None
+        wait_for_peers(store, keys, peers, pids, deadline, f"shared-memory rendezvous on rank {rank}", what)
 
     try:
         base = os.path.join(_ring_dir(), f"na-{os.getpid()}-{secrets.token_hex(4)}")
@@ -404,6 +507,7 @@ def connect_shm_links(store, rank: int, pids: dict[int, int], deadline: float) -
     except BaseException:
         for ring in list(outs.values()) + list(inps.values()):
             ring.release()
+        remove_leftovers(None, pids.values())   # a peer that died here left its rings: remove them now
         raise
     finally:
         for path in created:  # attached or failed: the files are no longer needed either way

@@ -29,7 +29,9 @@ group's poison flag and, every ~0.1 s, whether the missing ranks' processes are 
 (``os.kill(pid, 0)`` and ``/proc``), so a dead, stopped or diverged peer is an error on every rank.
 
 The file is named ``na-<pid>-<hex>-coll`` in ``/dev/shm`` and unlinked as soon as every rank mapped
-it (a SIGKILL before that is cleaned by the next rendezvous: :func:`.shm.clean_stale_rings`).
+it (a SIGKILL before that is removed by the survivors, whose set-up waits notice the dead rank, and
+by every later rendezvous: :func:`.shm.clean_stale_rings`). Its pages are reserved before it is mapped
+(:func:`.shm.create_mapped`): a full ``/dev/shm`` is an error at set-up, not a SIGBUS.
 
 A collective with one barrier (every small-message op) calls :meth:`ShmSegment.sync`: its op words,
 the barrier and the cross-rank comparison of the words in one Python call (about half the CPU of the
@@ -57,7 +59,14 @@ import time
 from neural_arch.distributed import config
 from neural_arch.distributed.comm import work as _work
 from neural_arch.distributed.comm.debug import describe_wire
-from neural_arch.distributed.comm.transport.shm import _ring_dir, clean_stale_rings, pid_alive
+from neural_arch.distributed.comm.transport.shm import (
+    _ring_dir,
+    clean_stale_rings,
+    create_mapped,
+    pid_alive,
+    remove_leftovers,
+    wait_for_peers,
+)
 from neural_arch.distributed.errors import (
     CollectiveMismatchError,
     GroupPoisonedError,
@@ -237,44 +246,39 @@ class ShmSegment:
     # -- rendezvous -----------------------------------------------------------------------------------
     @classmethod
     def connect(cls, store, rank: int, size: int, deadline: float, names=None, prefix: str = "gloo/direct",
-                chunk: int | None = None, small: int = SMALL_BYTES, local_ranks: int | None = None) -> ShmSegment:
+                chunk: int | None = None, small: int = SMALL_BYTES, local_ranks: int | None = None,
+                pids: dict | None = None, directory: str | None = None) -> ShmSegment:
         """Rank 0 creates and publishes the segment; everyone maps it, writes its pid, and waits for the
         others; then rank 0 unlinks the file (every mapping keeps the memory alive).
 
         ``local_ranks``: the ranks of this job on this host (default ``size``); a sub-group's segment
-        passes the host's count, so its spin decision sees every rank that competes for the cores."""
-        from neural_arch.distributed.rendezvous.store import StoreTimeoutError
-
+        passes the host's count, so its spin decision sees every rank that competes for the cores.
+        ``pids``: group rank -> pid of the members, where known (the transport's shared-memory links
+        know them): a member that dies during the set-up is then an error at once, naming it, and the
+        survivors remove what it left in ``/dev/shm``. ``directory``: where rank 0 creates the file
+        (default ``/dev/shm``)."""
         names = list(range(size)) if names is None else list(names)
+        pids = {names[r]: pid for r, pid in (pids or {}).items()}   # by the names errors use
         path = None
         mm = None
 
-        def wait(keys, what):
-            try:
-                store.wait(keys, timeout=max(0.0, deadline - time.monotonic()))
-            except StoreTimeoutError:
-                missing = [names[i] for i, k in enumerate(keys) if not store.check([k])]
-                raise RendezvousError(f"shared-memory collective rendezvous on rank {names[rank]}: ranks "
-                                      f"{missing} never {what}; check that they started") from None
+        def wait(keys, what, owners):
+            wait_for_peers(store, keys, [names[r] for r in owners], pids, deadline,
+                           f"shared-memory collective rendezvous on rank {names[rank]}", what, directory)
         try:
             if rank == 0:
-                clean_stale_rings()
+                clean_stale_rings(directory)
                 chunk = int(chunk or default_chunk_bytes(size))
                 nbytes = cls.nbytes_for(size, chunk, small)
-                path = os.path.join(_ring_dir(), f"na-{os.getpid()}-{secrets.token_hex(4)}-coll")
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-                try:
-                    os.ftruncate(fd, nbytes)
-                    mm = mmap.mmap(fd, nbytes)
-                finally:
-                    os.close(fd)
+                path = os.path.join(directory or _ring_dir(), f"na-{os.getpid()}-{secrets.token_hex(4)}-coll")
+                mm = create_mapped(path, nbytes, f"the shared-memory segment of group {names}")
                 mm[:] = bytes(nbytes)         # fault the pages in now, not in the first (timed) op
                 hdr = memoryview(mm).cast("q")
                 hdr[0], hdr[1], hdr[2], hdr[3] = _MAGIC, size, chunk, small
                 hdr.release()
                 store.set(f"{prefix}/path", path)
             else:
-                wait([f"{prefix}/path"], "published the segment")
+                wait([f"{prefix}/path"], "published the segment", [0])
                 theirs = store.get(f"{prefix}/path").decode()
                 try:
                     fd = os.open(theirs, os.O_RDWR)
@@ -290,7 +294,7 @@ class ShmSegment:
             seg = cls(mm, rank, size, names, local_ranks)
             seg._q[seg._pid_idx[rank]] = os.getpid()
             store.set(f"{prefix}/attached/{rank}", b"1")
-            wait([f"{prefix}/attached/{r}" for r in range(size)], "mapped the segment")
+            wait([f"{prefix}/attached/{r}" for r in range(size)], "mapped the segment", list(range(size)))
             seg._pids = [int(seg._q[i]) for i in seg._pid_idx]
             return seg
         except BaseException:
@@ -299,6 +303,7 @@ class ShmSegment:
                     mm.close()
                 except BufferError:
                     pass
+            remove_leftovers(directory, pids.values())   # a member that died here left its files: remove them now
             raise
         finally:
             if path is not None:
