@@ -280,7 +280,7 @@ _AUTH = """
 """
 
 
-@pytest.mark.parametrize("token", ["job", None], ids=["token", "torch-style-no-token"])
+@pytest.mark.parametrize("token", ["10b" * 11, None], ids=["token", "torch-style-no-token"])
 def test_unauthenticated_transport_connection_is_rejected(token):
     """A local process that did not rendezvous cannot join the mesh as rank 1 -- with a token, and
     without one (torch-style env://): a zero MAC, a wrong MAC and garbage are refused, and idle
