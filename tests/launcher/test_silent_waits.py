@@ -58,6 +58,26 @@ def test_summary_names_the_rank_whose_error_came_first(write_script, tmp_path):
     assert "rank 1" in summary and "first to exit" in summary and "ConnectionError" in summary, summary
 
 
+KILLED_IN_SHM_SETUP = """
+import os, signal
+# what a rank SIGKILLed between creating its shared-memory ring and the attach barrier leaves
+open(f"/dev/shm/na-{os.getpid()}-{os.environ['RANK']}feed-ring", "wb").close()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_launcher_removes_what_ranks_killed_in_shm_setup_left(write_script, tmp_path):
+    """Every rank died: no survivor cleans /dev/shm, so the launcher does, after the teardown (only
+    files whose creating process is gone)."""
+    import glob
+
+    script = write_script("killed.py", KILLED_IN_SHM_SETUP)
+    before = set(glob.glob("/dev/shm/na-*feed-ring"))
+    res = run_launcher(["--nproc_per_node=2", "--standalone", "--term_timeout=1", script], tmp_path, timeout=40)
+    assert res.returncode != 0, res.stderr
+    assert set(glob.glob("/dev/shm/na-*feed-ring")) - before == set()
+
+
 @pytest.mark.mpi
 def test_a_launcher_started_by_mpiexec_is_refused_with_what_to_do(write_script, tmp_path):
     from neural_arch.distributed.testing import run_mpiexec

@@ -297,6 +297,12 @@ class DistributedLauncher:
         finally:
             grace = cfg.term_timeout
             terminate_all(children, grace=grace, already_signalled=self._signum is not None)
+            if children:
+                # ranks killed during shared-memory set-up leave /dev/shm files that no survivor
+                # removes when every rank died: only files whose creating process is gone
+                from neural_arch.distributed.comm.transport.shm import clean_stale_rings
+
+                clean_stale_rings()
             self._errors = _read_error_records(ready_dir)
             shutil.rmtree(ready_dir, ignore_errors=True)
 
