@@ -60,7 +60,10 @@ __all__ = ["ExpertParallelPlacement", "expert_parallel_mesh", "parallelize_moe"]
 def expert_parallel_mesh(ep_size: int, device_type: str = "cpu"):
     """The ``("dp", "ep")`` device mesh of shape ``(world // ep_size, ep_size)`` (every rank calls it).
 
-    >>> mesh = expert_parallel_mesh(2)     # doctest: +SKIP  (4 ranks: ep groups [0,1] [2,3])
+    Example (on 4 ranks: ep groups [0, 1] and [2, 3], expert-data-parallel groups [0, 2] and [1, 3])::
+
+        mesh = expert_parallel_mesh(2)
+        parallelize_moe(model, device_mesh=mesh)
     """
     from neural_arch.distributed.device_mesh import init_device_mesh
 

@@ -254,6 +254,7 @@ class FakeArray:
     shape = property(lambda self: self._a.shape)
     dtype = property(lambda self: self._a.dtype)
     size = property(lambda self: self._a.size)
+    nbytes = property(lambda self: self._a.nbytes)
     ndim = property(lambda self: self._a.ndim)
     flags = property(lambda self: self._a.flags)
     data = property(lambda self: types.SimpleNamespace(ptr=self._a.__array_interface__["data"][0]))
