@@ -3,7 +3,9 @@
 On NumPy the numbers come from :mod:`tracemalloc`, which NumPy reports its array buffers to:
 tracing starts on the first call here (or :func:`start`), and everything allocated from Python
 while tracing is counted (array buffers dominate in training; small Python objects are counted
-too). Tracing slows allocation a little: call :func:`stop` when done. FSDP's gather buffers
+too). Tracing slows every Python allocation, in all of the program (2-3x for allocation-heavy
+code: the test suite measured a 2.7x slowdown of unrelated tests after one call), until :func:`stop`:
+call it when done measuring. FSDP's gather buffers
 (memory-mapped so that their memory can be given back under live views) report themselves to
 ``tracemalloc`` while resident (:mod:`neural_arch.distributed.parallel.sharded.storage`). On the GPU (``device``
 ``"cuda"``) the numbers are CuPy's default memory pool: bytes in use, and the peak of that

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import tracemalloc
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -44,3 +45,14 @@ def world_of_one(monkeypatch):
     yield dist
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def _stop_allocation_tracing_a_test_started():
+    """``neural_arch.memory`` starts ``tracemalloc`` on first use and leaves it on (the peak counts from
+    then): a test that used it would slow every Python allocation of every later test in this process
+    (2-3x). Stop what the test started."""
+    was_tracing = tracemalloc.is_tracing()
+    yield
+    if not was_tracing and tracemalloc.is_tracing():
+        tracemalloc.stop()
