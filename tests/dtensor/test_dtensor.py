@@ -1,0 +1,68 @@
+"""DTensor (torch.distributed.tensor): placements, distribute_tensor / from_local / to_local /
+full_tensor / redistribute for every transition on each mesh dimension (2x2 mesh, a 1-d mesh of 4,
+1-d sub-meshes), uneven torch.chunk shards (down to zero rows), and gradients against the
+single-process computation in float64 (<= 1e-10). Ranks are real gloo processes (one RankPool).
+"""
+
+import dtensor_rank_fns as fns
+import numpy as np
+import pytest
+
+from neural_arch.distributed.testing import RankPool
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module", params=[4, 3], ids=["gloo-4", "gloo-3"])
+def pool(request):
+    with RankPool(request.param, backend="gloo", timeout=120.0) as p:
+        yield p
+
+
+def test_every_transition_matmul_and_gradients(pool):
+    for rank, bad in enumerate(pool.run(fns.transitions_run, 0)):
+        assert bad == [], f"rank {rank}: {len(bad)} failures, e.g. {bad[:5]}"
+    if pool.world_size != 4:
+        return  # an odd world: 1-d mesh of 3 (chunks 2,2,1 and 1,1,0) only
+    for rank, bad in enumerate(pool.run(fns.matmul_run, 4)):
+        assert bad == [], f"rank {rank}: {len(bad)} failures, e.g. {bad[:5]}"
+    for rank, bad in enumerate(pool.run(fns.partial_grad_run, 1)):
+        assert bad == [], f"rank {rank}: {bad}"
+    for rank, out in enumerate(pool.run(fns.distribute_and_check_run, 2)):
+        assert out["src3"] == 0.0                          # every rank got rank 3's values
+        assert out["inferred"] == (5, 3)                   # run_check sums the uneven shards
+        assert out["torch_rule"] == (8, 3)                 # without it: local * mesh size (torch)
+        assert out["error"] and "global ranks [3]" in out["error"], out["error"]
+
+
+def test_world_of_one(world_of_one):
+    assert fns.transitions_run(3) == []         # every transition is the identity layout on one rank
+    assert fns.matmul_run(5) == []
+
+
+def test_placements_and_errors_name_the_argument(world_of_one):
+    from neural_arch.core.tensor import Tensor
+    from neural_arch.distributed.device_mesh import init_device_mesh
+    from neural_arch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    assert Shard(0).is_shard() and Shard(0).is_shard(0) and not Shard(1).is_shard(0)
+    assert Replicate().is_replicate() and Partial().is_partial("sum") and Partial("avg").reduce_op == "avg"
+    assert Shard(1) == Shard(1) and Shard(0) != Shard(1) and len({Replicate(), Replicate()}) == 1
+    with pytest.raises(ValueError, match="reduce_op"):
+        Partial("max")
+    mesh = init_device_mesh("cpu", (1,))
+    x = Tensor(np.arange(6.0).reshape(2, 3))
+    with pytest.raises(ValueError, match="one placement per mesh dimension"):
+        distribute_tensor(x, mesh, [Shard(0), Shard(1)])
+    with pytest.raises(ValueError, match=r"Shard\(dim=2\) is out of range"):
+        distribute_tensor(x, mesh, [Shard(2)])
+    with pytest.raises(NotImplementedError, match="at most one mesh dimension"):
+        distribute_tensor(x, init_device_mesh("cpu", (1, 1)), [Shard(0), Shard(-2)])
+    with pytest.raises(ValueError, match="torch.chunk sizes"):
+        DTensor.from_local(x, mesh, [Shard(0)], shape=(3, 3))
+    with pytest.raises(ValueError, match="contiguous stride"):
+        DTensor.from_local(x, mesh, [Replicate()], stride=(1, 2))
+    dt = DTensor.from_local(x, mesh, [Replicate()], stride=(3, 1))
+    assert dt.shape == (2, 3) and dt.dtype == np.float64 and dt.stride() == (3, 1) and dt.ndim == 2
+    assert dt.redistribute(mesh, [Replicate()]) is dt and dt.grad is None
+    assert "placements=(Replicate(),)" in repr(dt)
