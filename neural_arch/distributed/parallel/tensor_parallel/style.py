@@ -30,7 +30,6 @@ Example::
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
 
 from neural_arch.distributed.parallel.tensor_parallel.layers import (
     ColumnParallelLinear,
@@ -38,23 +37,12 @@ from neural_arch.distributed.parallel.tensor_parallel.layers import (
     VocabParallelEmbedding,
     resolve_tp_group,
 )
+from neural_arch.distributed.tensor.placement_types import Replicate, Shard  # DTensor's placements
 from neural_arch.nn.linear import Embedding, Linear
 from neural_arch.nn.module import Module
 from neural_arch.nn.sketched import SKLinear
 
 __all__ = ["ColwiseParallel", "ParallelStyle", "Replicate", "RowwiseParallel", "Shard", "parallelize_module"]
-
-
-@dataclass(frozen=True)
-class Shard:
-    """Placement: the tensor is split along ``dim`` across the group."""
-
-    dim: int = -1
-
-
-@dataclass(frozen=True)
-class Replicate:
-    """Placement: every rank holds the whole tensor."""
 
 
 def _is_shard_last(layout) -> bool:
