@@ -38,6 +38,14 @@ def join_in_background(port: int, node: int, nproc: int, token: str = TOKEN, **k
     return out
 
 
+
+def _wait_joined(server, node: int, timeout: float = 10.0) -> None:
+    """Poll until ``node`` has joined (instead of sleeping and hoping it has)."""
+    deadline = time.monotonic() + timeout
+    while node not in server.joined():
+        assert time.monotonic() < deadline, f"node {node} did not join within {timeout} s"
+        time.sleep(0.005)
+
 @pytest.mark.timeout(20)
 def test_listens_on_the_given_address_only(server):
     assert server._sock.getsockname()[0] == "127.0.0.1"
@@ -77,7 +85,7 @@ def test_an_unauthenticated_peer_learns_nothing_and_fails_nothing(server):
 @pytest.mark.timeout(20)
 def test_a_disagreeing_node_fails_every_node_with_the_same_reason(server):
     waiting = join_in_background(server.port, 1, 2, nnodes=3)
-    time.sleep(0.3)  # node 1 is in and waiting for the layout
+    _wait_joined(server, 1)  # node 1 is in and waiting for the layout
     with pytest.raises(RuntimeError, match="nnodes=4 but node 0 has nnodes=3"):
         join_node0("127.0.0.1", server.port, 2, 2, TOKEN, timeout=5, nnodes=4)
     waiting["thread"].join(10)
@@ -89,7 +97,7 @@ def test_a_disagreeing_node_fails_every_node_with_the_same_reason(server):
 @pytest.mark.timeout(20)
 def test_a_node_rank_given_twice_fails_the_job(server):
     first = join_in_background(server.port, 1, 2, nnodes=3)
-    time.sleep(0.3)
+    _wait_joined(server, 1)
     with pytest.raises(RuntimeError, match="node_rank 1 joined twice"):
         join_node0("127.0.0.1", server.port, 1, 2, TOKEN, timeout=5, nnodes=3)
     first["thread"].join(10)
@@ -99,7 +107,7 @@ def test_a_node_rank_given_twice_fails_the_job(server):
 @pytest.mark.timeout(20)
 def test_node0_timing_out_names_the_missing_nodes_and_tells_the_joined_ones(server):
     waiting = join_in_background(server.port, 2, 2, nnodes=3)
-    time.sleep(0.3)
+    _wait_joined(server, 2)
     with pytest.raises(TimeoutError, match="node 1 never joined"):
         server.wait_layout(0.5)
     waiting["thread"].join(10)

@@ -193,6 +193,7 @@ _VICTIM = """
         store.set("victim_ready", b"1")
         time.sleep(120)
     store.wait(["victim_ready"])
+    store.set("rank0_blocking", b"1")
     t0 = time.monotonic()
     try:
         if os.environ["WHAT"] == "send":
@@ -212,12 +213,26 @@ _VICTIM = """
 """
 
 
+def _wait_until_blocked(pid: int, timeout: float = 10.0) -> None:
+    """Poll until every thread of ``pid`` sleeps (state S: blocked in the kernel), not a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if states and all(s == "S" for s in states):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"rank 0 (pid {pid}) never blocked within {timeout} s")
+
+
 @pytest.mark.parametrize("mode,what", [("tcp", "send"), ("shm", "send"), ("tcp", "recv"), ("shm", "recv")])
 def test_peer_killed_is_reported_fast(master, mode, what):
     procs = start_ranks(_VICTIM, 2, env=_env(master, mode, WHAT=what))
     try:
-        master.wait(["victim_ready"], timeout=60)
-        time.sleep(0.5)  # let rank 0 block in its send/recv
+        master.wait(["victim_ready", "rank0_blocking"], timeout=60)
+        _wait_until_blocked(procs[0].pid)  # rank 0 sleeps in its send/recv: the kill finds it blocked
         procs[1].send_signal(signal.SIGKILL)
         procs[1].wait(10)
         rc, results, err = reap(procs[:1], timeout=30)[0]
@@ -388,7 +403,8 @@ def test_failure_is_propagated_to_ranks_not_linked_to_the_dead_one(master, mode)
     procs = start_ranks(_ABORT, 3, env=_env(master, mode))
     try:
         master.wait(["ready/0", "ready/1", "ready/2"], timeout=60)
-        time.sleep(0.5)
+        for p in procs[:2]:
+            _wait_until_blocked(p.pid)   # both survivors wait in their recv
         procs[2].send_signal(signal.SIGKILL)
         procs[2].wait(10)
         out = reap(procs[:2], timeout=30)
