@@ -37,7 +37,6 @@ ALLOWED_SKIP_REASONS: tuple[str, ...] = (
     r"could not import '(tensorboardX|cloudpickle|sklearn|ml_dtypes|isal|zlib_ng|google_crc32c|crc32c)[\w.]*'",
     r"cannot listen on 0\.0\.0\.0",                             # a sandbox without external interfaces
     r"mounting a 1 MiB tmpfs needs root",                      # the full-/dev/shm test (CI runs as root)
-    r"MPI's behaviour, documented in docs/fault_tolerance\.md", # the fault matrix's MPI column
 )
 
 _TRUTHY = {"1", "true", "yes", "on"}
