@@ -172,6 +172,19 @@ def print_table(rows: Iterable[Sequence[Any]], headers: Sequence[str]) -> None:
     print(format_table(rows, headers))
 
 
+def _commit() -> str:
+    """The checked-out commit (with ``+dirty`` when the work tree differs), or why it is unknown."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unknown ({exc})"
+    return head + ("+dirty" if dirty else "")
+
+
 def environment() -> dict:
     """What produced the numbers: interpreter, NumPy and BLAS, machine, time, command line."""
     import numpy as np
@@ -181,6 +194,7 @@ def environment() -> dict:
         "processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
         "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "load_average": os.getloadavg(), "commit": _commit(),
     }
     try:
         from threadpoolctl import threadpool_info

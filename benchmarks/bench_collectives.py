@@ -283,7 +283,9 @@ def main(argv=None) -> None:
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
     ap.add_argument("--sizes", default=None, help="comma list like 1K,64K,1M (default: the sweep)")
-    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per contender")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per contender run")
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved repetitions per size and contender "
+                    "(the median is reported, every repetition kept in the JSON)")
     ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/"
                     "bench_collectives[_<N>ranks].json; the .md and .png go next to it)")
     ap.add_argument("--no-plot", action="store_true")
@@ -315,22 +317,40 @@ def main(argv=None) -> None:
 
         return hierarchical_main(args, argv, sizes)
     ops = args.ops.split(",")
-    payload = {"ranks": args.ranks, "ops": ops, "sizes": sizes, "results": {}, "skipped": {},
+    payload = {"ranks": args.ranks, "ops": ops, "sizes": sizes, "results": {}, "skipped": {}, "samples": {},
+               "repeat": args.repeat,
                "command": "python " + " ".join([os.path.relpath(__file__, ROOT)] + (argv or sys.argv[1:]))}
+    kinds = []
     for kind in args.contenders.split(","):
         why = _available(kind)
         if why:
             print(f"skip {kind}: {why}", flush=True)
             payload["skipped"][kind] = why
-            continue
-        t0 = time.monotonic()
-        try:
-            payload["results"][kind] = run_contender(kind, args, sizes)["results"]
-        except RuntimeError as exc:
-            print(f"FAILED {kind}: {exc}", flush=True)
-            payload["skipped"][kind] = str(exc)[:500]
-            continue
-        print(f"{kind}: done in {time.monotonic() - t0:.0f} s", flush=True)
+        else:
+            kinds.append(kind)
+    # Interleaved, as bench_small_messages does: per repetition and size, every contender runs once,
+    # the order rotating each repetition, so a slow phase of the machine hits them all alike. Every
+    # repetition is kept (``samples``); ``results`` holds their median.
+    samples = payload["samples"]
+    for rep in range(args.repeat):
+        for size in sizes:
+            for kind in kinds[rep % len(kinds):] + kinds[:rep % len(kinds)] if kinds else []:
+                if kind in payload["skipped"]:
+                    continue
+                try:
+                    got = run_contender(kind, args, [size])["results"]
+                except RuntimeError as exc:
+                    print(f"FAILED {kind}: {exc}", flush=True)
+                    payload["skipped"][kind] = str(exc)[:500]
+                    continue
+                for op, by_size in got.items():
+                    for nbytes, seconds in by_size.items():
+                        samples.setdefault(kind, {}).setdefault(op, {}).setdefault(nbytes, []).append(seconds)
+        print(f"repetition {rep + 1} of {args.repeat} done", flush=True)
+    for kind, by_op in samples.items():
+        if kind not in payload["skipped"]:
+            payload["results"][kind] = {op: {n: statistics.median(v) for n, v in by_size.items()}
+                                        for op, by_size in by_op.items()}
 
     if args.out is None:
         suffix = "" if args.ranks == 2 else f"_{args.ranks}ranks"

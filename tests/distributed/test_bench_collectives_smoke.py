@@ -20,7 +20,7 @@ BENCH = os.path.join(ROOT, "benchmarks", "bench_collectives.py")
 def _run(contenders: str, tmp_path) -> dict:
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, BENCH, "--quick", "--contenders", contenders, "--ops", "all_reduce,broadcast",
-                           "--sizes", "1K", "--no-plot", "--timeout", "90", "--out", str(out)],
+                           "--sizes", "1K", "--no-plot", "--timeout", "90", "--repeat", "2", "--out", str(out)],
                           check=False, capture_output=True, text=True, timeout=150, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(out.read_text())
@@ -33,6 +33,8 @@ def test_gloo_contenders_report(tmp_path):
     for kind in ("gloo", "gloo-tcp"):
         assert set(payload["results"][kind]) == {"all_reduce", "broadcast"}
         assert payload["results"][kind]["all_reduce"]["1024"] > 0
+        assert len(payload["samples"][kind]["all_reduce"]["1024"]) == 2   # every interleaved repetition kept
+    assert payload["environment"]["commit"] and len(payload["environment"]["load_average"]) == 3
 
 
 @pytest.mark.mpi
