@@ -192,11 +192,6 @@ def test_autocast_float16_step_on_strict_cuda(strict_cuda):
 
 # ------------------------------------------------------------------------------------------- pipeline
 # Last: a failing pipeline aborts its process group, after which the pool is started afresh.
-@pytest.mark.xfail(strict=True, raises=RankFailure, reason=(
-    "bug: the pipeline executor converts every stage output with np.ascontiguousarray(out.data) "
-    "(neural_arch/distributed/parallel/pipeline/executor.py:128, in execute) -- an implicit host "
-    "conversion: a CuPy activation raises TypeError there, so no pipeline schedule runs on a GPU; next in line: host receive buffers np.empty(shape, dtype) "
-    "(executor.py:115, :207) and the input gradient np.ascontiguousarray(leaf.grad.data) (stage.py:165)"))
 def test_pipeline_1f1b_step_on_device(pool):
     res = pool.run(fns.pp_1f1b_run)
     _assert_equal_and_on_device(res, "Schedule1F1B")

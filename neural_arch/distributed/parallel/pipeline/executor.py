@@ -109,10 +109,10 @@ def execute(actions: Sequence[Action], stages: dict[int, PipelineStage], inputs:
                 raise ValueError(f"the schedule runs stage {a.stage} on this rank, but this rank holds stages "
                                  f"{sorted(stages)}; build the schedule from this rank's stages")
             if a.kind == RECV_F:
-                _post_recv_activation(st, a)
+                _post_recv_activation(st, a, stage.xp)
             elif a.kind == RECV_B:
                 shape, dtype = st.act_shape[a.stage]
-                buf = np.empty(shape, dtype)
+                buf = stage.xp.empty(shape, dtype)   # on the stage's device: no host staging
                 describe = st.describe(a)
                 tag = p2p.edge_tag(a.stage + 1, False)
                 work = p2p.start(lambda buf=buf, a=a, tag=tag: backend.recv(buf, a.peer, tag, async_op=True), describe)
@@ -125,7 +125,7 @@ def execute(actions: Sequence[Action], stages: dict[int, PipelineStage], inputs:
                 if stage.is_last:
                     st.losses[a.microbatch] = stage._cache[a.microbatch][2]
                 else:
-                    arr = np.ascontiguousarray(out.data)
+                    arr = stage.xp.ascontiguousarray(out.data)
                     st.outputs[(F, a.microbatch, a.stage)] = arr
                     st.act_shape[a.stage] = (arr.shape, arr.dtype)
                 if events is not None:
@@ -193,7 +193,7 @@ def _name_culprit(st: _Step, step: int, a: Action | None, exc: Exception) -> Exc
     return None
 
 
-def _post_recv_activation(st: _Step, a: Action) -> None:
+def _post_recv_activation(st: _Step, a: Action, xp=np) -> None:
     backend = st.backend
     tag = p2p.edge_tag(a.stage - 1, True)
     describe = st.describe(a)
@@ -204,7 +204,7 @@ def _post_recv_activation(st: _Step, a: Action) -> None:
         st.meta_seen.add(a.stage)
         st.act_shape[("in", a.stage)] = p2p.decode_meta(meta)
     shape, dtype = st.act_shape[("in", a.stage)]
-    buf = np.empty(shape, dtype)
+    buf = xp.empty(shape, dtype)
     work = p2p.start(lambda: backend.recv(buf, a.peer, tag, async_op=True), describe)
     st.recvs[(F, a.microbatch, a.stage)] = (work, buf, describe)
 

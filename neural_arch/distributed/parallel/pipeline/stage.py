@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from neural_arch import backend as _backend
 from neural_arch.core.tensor import Tensor
 from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.groups import get_default_group
@@ -78,6 +79,10 @@ class PipelineStage:
                              f"this process is group rank {rank} of {self.group.ranks}; build stage "
                              f"{rank} (or {rank} + k*{size}){v_hint} here")
         self.submodule = submodule
+        first = next(iter(submodule.parameters()), None)
+        #: the array module of this stage's parameters (NumPy or CuPy): activations and gradients
+        #: received for it are allocated there, so a stage on a GPU never stages through the host
+        self.xp = _backend.get_array_module(first.data) if first is not None else np
         self.stage_index = stage_index
         self.num_stages = num_stages
         self.device = device
@@ -152,7 +157,9 @@ class PipelineStage:
                                "forward") from None
         if loss is not None:
             if loss.requires_grad:
-                loss.backward(np.asarray(scale, dtype=loss.data.dtype))
+                # scaled on the device (a Python scalar is a kernel argument): seeding backward with a host
+                # array of the scale would copy it to the device every micro-batch
+                (loss * scale if scale != 1.0 else loss).backward()
         elif grad is not None and out.requires_grad:
             out.backward(grad)
         elif self.is_last:
@@ -160,9 +167,10 @@ class PipelineStage:
                                "the schedule and target= to step()")
         if leaf is None or self.is_first:
             return None
+        xp = _backend.get_array_module(leaf.data)
         if leaf.grad is None:  # the stage ignored its input: the previous stage still needs a gradient
-            return np.zeros_like(leaf.data)
-        return np.ascontiguousarray(leaf.grad.data)
+            return xp.zeros_like(leaf.data)
+        return xp.ascontiguousarray(leaf.grad.data)
 
     def backward_weight_one_chunk(self, microbatch: int) -> None:
         """``W`` of a split backward: add ``microbatch``'s deferred Linear weight gradients to ``.grad``.
@@ -187,7 +195,7 @@ class PipelineStage:
     def _broadcast_parameters(self) -> None:
         backend = self.dp_group.backend
         for p in self.submodule.parameters():
-            buf = np.ascontiguousarray(p.data)
+            buf = self.xp.ascontiguousarray(p.data)
             backend.broadcast(buf, 0)
             p.data[...] = buf
 
@@ -199,7 +207,8 @@ class PipelineStage:
         if not params:
             return
         dtype = np.result_type(*[p.data.dtype for p in params])
-        flat = np.concatenate([(p.grad.data if p.grad is not None else np.zeros_like(p.data)).ravel().astype(dtype)
+        xp = self.xp
+        flat = xp.concatenate([(p.grad.data if p.grad is not None else xp.zeros_like(p.data)).ravel().astype(dtype)
                                for p in params])
         self.dp_group.backend.allreduce(flat, ReduceOp.SUM)
         flat /= self.dp_group.size()
