@@ -20,6 +20,7 @@ from neural_arch.nn.batchnorm import BatchNorm1d, BatchNorm2d
 from neural_arch.nn.container import ModuleDict, ModuleList, Sequential
 from neural_arch.nn.conv import Conv2d
 from neural_arch.nn.flatten import Flatten, Unflatten
+from neural_arch.nn.kv_cache import KVCache
 from neural_arch.nn.linear import Embedding, Identity, Linear
 from neural_arch.nn.loss import CrossEntropyLoss, MSELoss
 from neural_arch.nn.module import IncompatibleKeys, Module
@@ -36,7 +37,7 @@ __all__ = [
     "Linear", "Embedding", "Identity", "LayerNorm", "Dropout",
     "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax",
     "Sequential", "ModuleList", "ModuleDict",
-    "MultiheadAttention", "TransformerBlock", "GPT", "MoE",
+    "MultiheadAttention", "TransformerBlock", "GPT", "MoE", "KVCache",
     "CrossEntropyLoss", "MSELoss", "utils",
     "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "BatchNorm1d", "BatchNorm2d",
     "Dropout2d", "Flatten", "Unflatten",

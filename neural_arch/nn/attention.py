@@ -48,7 +48,8 @@ class MultiheadAttention(Module):
             Attention is :func:`neural_arch.functional.scaled_dot_product_attention` (blockwise:
             no (T, T) matrix is kept); set ``attention_fn`` to a function with its signature
             (e.g. ring attention) to replace it.
-        causal: if True (the default) position t attends only to positions <= t.
+        causal: if True (the default) position t attends only to positions <= t (also across a
+            ``kv_cache``: the new queries sit after the cached positions).
         bias: whether the four projections have biases.
     """
 
@@ -73,7 +74,19 @@ class MultiheadAttention(Module):
         # ring or Ulysses attention here (same signature), so the module itself stays unchanged.
         self.attention_fn = None
 
-    def forward(self, x):
+    def forward(self, x, attn_mask=None, kv_cache=None, layer_idx: int = 0):
+        """Attention of ``x`` over itself, or over ``kv_cache``'s keys/values plus its own.
+
+        Args:
+            x: ``(B, T, C)``.
+            attn_mask: optional mask over the keys, broadcastable to ``(B, H, T, S)`` where ``S`` is
+                ``past + T`` (``past`` = positions already in ``kv_cache``): boolean True = attend,
+                or float, added to the scores. It is combined with the causal mask (when ``causal``),
+                not a replacement for it; ``GPT`` passes its padding mask here as ``(B, 1, 1, S)``.
+            kv_cache: a :class:`~neural_arch.nn.kv_cache.KVCache`; this layer's keys and values are
+                appended to slot ``layer_idx`` and the queries (at positions ``past .. past + T - 1``)
+                attend over all of them (incremental decoding).
+        """
         x = x if isinstance(x, Tensor) else Tensor(x)
         if x.ndim != 3:
             raise ValueError(
@@ -89,9 +102,31 @@ class MultiheadAttention(Module):
         v = v.reshape(b, t, h, d).permute(0, 2, 1, 3)
         p = self.attn_dropout.p if self.training else 0.0
         attend = getattr(self, "attention_fn", None) or F.scaled_dot_product_attention  # older pickles lack it
-        y = attend(q, k, v, dropout_p=p, is_causal=self.causal)  # (B, H, T, D), blockwise
+        if attn_mask is None and kv_cache is None:
+            y = attend(q, k, v, dropout_p=p, is_causal=self.causal)  # (B, H, T, D), blockwise
+        else:
+            past = 0
+            if kv_cache is not None:
+                past = kv_cache.get_seq_length(layer_idx)
+                k, v = (Tensor._wrap(a) for a in kv_cache.update(k, v, layer_idx))
+            y = attend(q, k, v, attn_mask=self._mask(attn_mask, t, past, q.data), dropout_p=p)
         y = y.permute(0, 2, 1, 3).reshape(b, t, h * d)
         return self.resid_dropout(self.out_proj(y))
+
+    def _mask(self, attn_mask, t: int, past: int, like):
+        """``attn_mask`` (or None) combined with the causal mask of queries ``past .. past+t-1`` over
+        keys ``0 .. past+t-1`` (``is_causal`` alone is top-left aligned, wrong once a cache holds a past)."""
+        xp = _backend.get_array_module(like)
+        m = attn_mask.data if isinstance(attn_mask, Tensor) else attn_mask
+        m = None if m is None else xp.asarray(m)
+        if not self.causal:
+            return m
+        keep = xp.arange(past + t)[None, :] <= (past + xp.arange(t))[:, None]   # (T, S)
+        if m is None:
+            return keep
+        if m.dtype == bool:
+            return m & keep
+        return xp.where(keep, m.astype(like.dtype), like.dtype.type(-np.inf))
 
     def extra_repr(self) -> str:
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, causal={self.causal}"

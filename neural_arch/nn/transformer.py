@@ -6,6 +6,10 @@
 (``fc1``, ``act``, ``fc2``, ``drop``). A pipeline stage can run ``embed`` → some blocks →
 ``logits_from_hidden`` without touching ``forward``.
 
+``GPT.generate`` decodes autoregressively with a :class:`~neural_arch.nn.kv_cache.KVCache`
+(greedy, or sampling with temperature / top-k / top-p); prompts of different lengths are
+left-padded and described by an ``attention_mask``, positions counted per sequence (HF's way).
+
 Example::
 
     >>> import numpy as np
@@ -23,17 +27,58 @@ from collections import OrderedDict
 import numpy as np
 
 from neural_arch import backend as _backend
+from neural_arch.core.autograd import no_grad
+from neural_arch.core.rng import get_generator
 from neural_arch.core.tensor import Tensor
 from neural_arch.nn import init
 from neural_arch.nn.activation import GELU
 from neural_arch.nn.attention import MultiheadAttention
 from neural_arch.nn.container import ModuleList, Sequential
+from neural_arch.nn.kv_cache import KVCache
 from neural_arch.nn.linear import Embedding, Linear
 from neural_arch.nn.module import Module
 from neural_arch.nn.moe import MoE
 from neural_arch.nn.normalization import Dropout, LayerNorm
 
 __all__ = ["TransformerBlock", "GPT"]
+
+
+def _ids(x):
+    """The array behind token ids given as a Tensor, an array or a (nested) list."""
+    if isinstance(x, Tensor):
+        return x.data
+    return x if hasattr(x, "shape") else np.asarray(x)
+
+
+def _next_token(logits, do_sample: bool, temperature: float, top_k, top_p, gen, xp):
+    """``(B, V)`` last-position logits -> ``(B,)`` int64 token ids (greedy or sampled, HF's order:
+    temperature, then top-k, then top-p)."""
+    if not do_sample:
+        return xp.argmax(logits, axis=-1).astype(np.int64)
+    scores = logits.astype(np.float64) / float(temperature)
+    neg_inf = -np.inf
+    if top_k is not None and int(top_k) < scores.shape[-1]:
+        kth = xp.sort(scores, axis=-1)[:, -int(top_k)][:, None]
+        scores = xp.where(scores < kth, neg_inf, scores)  # ties with the k-th value stay (as torch/HF)
+    if top_p is not None and top_p < 1.0:
+        # HF's TopPLogitsWarper, literally (so boundary cases round the same way): ascending order,
+        # drop the tokens whose cumulative probability is <= 1 - top_p, keep the most likely one
+        order = xp.argsort(scores, axis=-1, kind="stable")
+        sorted_scores = xp.take_along_axis(scores, order, axis=-1)
+        probs = xp.exp(sorted_scores - sorted_scores[:, -1:])
+        probs = probs / probs.sum(axis=-1, keepdims=True)
+        drop_sorted = xp.cumsum(probs, axis=-1) <= 1.0 - float(top_p)
+        drop_sorted[:, -1] = False
+        drop = xp.zeros_like(drop_sorted)
+        drop[xp.arange(drop.shape[0])[:, None], order] = drop_sorted   # back to vocabulary order
+        scores = xp.where(drop, neg_inf, scores)
+    probs = xp.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs = _backend.to_host(probs / probs.sum(axis=-1, keepdims=True))
+    # inverse-CDF sampling with one uniform per row from the given numpy Generator
+    cdf = np.cumsum(probs, axis=-1)
+    u = gen.random(probs.shape[0]) * cdf[:, -1]
+    choice = np.minimum((cdf <= u[:, None]).sum(axis=-1), probs.shape[-1] - 1).astype(np.int64)
+    return xp.asarray(choice)
 
 
 class TransformerBlock(Module):
@@ -60,8 +105,12 @@ class TransformerBlock(Module):
                 drop=Dropout(dropout),
             ))
 
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x, attn_mask=None, kv_cache=None, layer_idx: int = 0):
+        """``attn_mask``, ``kv_cache`` and ``layer_idx`` go to :meth:`MultiheadAttention.forward`."""
+        if attn_mask is None and kv_cache is None:
+            x = x + self.attn(self.ln1(x))
+        else:
+            x = x + self.attn(self.ln1(x), attn_mask=attn_mask, kv_cache=kv_cache, layer_idx=layer_idx)
         return x + self.mlp(self.ln2(x))
 
 
@@ -131,29 +180,176 @@ class GPT(Module):
             total = total + loss
         return total
 
-    def embed(self, idx):
-        """Token + position embeddings (then dropout): ``(B, T)`` ids -> ``(B, T, n_embd)``."""
-        raw = idx.data if isinstance(idx, Tensor) else np.asarray(idx) if not hasattr(idx, "shape") else idx
+    def embed(self, idx, position_ids=None):
+        """Token + position embeddings (then dropout): ``(B, T)`` ids -> ``(B, T, n_embd)``.
+
+        ``position_ids`` (``(T,)`` or ``(B, T)``) defaults to ``0 .. T-1``; :meth:`forward` passes
+        per-sequence positions when it is given an ``attention_mask`` or a ``kv_cache``.
+        """
+        raw = _ids(idx)
         if raw.ndim != 2:
             raise ValueError(f"GPT expects token ids of shape (batch, time), got {tuple(raw.shape)}")
         t = raw.shape[1]
-        if t > self.block_size:
+        xp = _backend.get_array_module(raw)
+        if position_ids is None:
+            if t > self.block_size:
+                raise ValueError(
+                    f"GPT: sequence length {t} exceeds block_size {self.block_size}; "
+                    "crop the input or build the model with a larger block_size"
+                )
+            position_ids = xp.arange(t)
+        elif t and int(position_ids.max()) >= self.block_size:
             raise ValueError(
-                f"GPT: sequence length {t} exceeds block_size {self.block_size}; "
-                "crop the input or build the model with a larger block_size"
+                f"GPT: position {int(position_ids.max())} is past block_size {self.block_size} (positions "
+                f"0 .. {self.block_size - 1} have embeddings); crop the input or build the model with a "
+                "larger block_size"
             )
-        positions = _backend.get_array_module(raw).arange(t)
-        return self.drop(self.tok_emb(raw) + self.pos_emb(positions))
+        return self.drop(self.tok_emb(raw) + self.pos_emb(position_ids))
 
     def logits_from_hidden(self, x):
         """Final LayerNorm and vocabulary projection: ``(B, T, n_embd)`` -> ``(B, T, vocab)``."""
         return self.head(self.ln_f(x))
 
-    def forward(self, idx):
-        x = self.embed(idx)
-        for block in self.blocks:
-            x = block(x)
+    def forward(self, idx, attention_mask=None, kv_cache=None):
+        """Logits ``(B, T, vocab)`` for token ids ``(B, T)``.
+
+        Args:
+            attention_mask: optional ``(B, past + T)`` of 1 (a token) and 0 (padding), covering the
+                cached positions too (Hugging Face's convention). Padded keys are never attended
+                and each sequence's positions count its tokens only: ``position = cumsum(mask) - 1``,
+                so a left-padded prompt gets the same logits as the prompt alone.
+            kv_cache: a :class:`~neural_arch.nn.kv_cache.KVCache` (see :meth:`generate`); ``idx``
+                then holds only the new tokens, at positions after the ``past`` cached ones.
+        """
+        if attention_mask is None and kv_cache is None:
+            x = self.embed(idx)
+            for block in self.blocks:
+                x = block(x)
+            return self.logits_from_hidden(x)
+        raw = _ids(idx)
+        if raw.ndim != 2:
+            raise ValueError(f"GPT expects token ids of shape (batch, time), got {tuple(raw.shape)}")
+        b, t = raw.shape
+        xp = _backend.get_array_module(raw)
+        past = 0 if kv_cache is None else kv_cache.get_seq_length(0)
+        key_mask = None
+        if attention_mask is None:
+            position_ids = past + xp.arange(t)
+        else:
+            am = xp.asarray(_ids(attention_mask))
+            if tuple(am.shape) != (b, past + t):
+                raise ValueError(f"GPT: attention_mask must have shape (batch, past + time) = {(b, past + t)} "
+                                 f"(past = {past} cached positions), got {tuple(am.shape)}")
+            am = am != 0
+            # per-sequence positions: padding does not count (HF's cumsum(mask) - 1; pads get 0, unused)
+            position_ids = xp.maximum(xp.cumsum(am, axis=1) - 1, 0)[:, past:]
+            key_mask = am[:, None, None, :]  # (B, 1, 1, S): broadcast over heads and queries
+        x = self.embed(raw, position_ids)
+        for i, block in enumerate(self.blocks):
+            x = block(x, attn_mask=key_mask, kv_cache=kv_cache, layer_idx=i)
         return self.logits_from_hidden(x)
+
+    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, do_sample: bool = False, eos_token_id=None, *,
+                 attention_mask=None, generator: np.random.Generator | None = None, use_cache: bool = True):
+        """Extend each sequence of ``idx`` ``(B, T)`` by up to ``max_new_tokens`` tokens.
+
+        Greedy (argmax) when ``do_sample`` is False; otherwise samples from
+        ``softmax(logits / temperature)`` after top-k then top-p (nucleus) filtering (Hugging Face's
+        order and semantics: top-k keeps ties with the k-th logit, top-p keeps the smallest set of
+        most likely tokens whose probability reaches ``top_p``, at least one). Draws come from
+        ``generator`` (a ``numpy.random.Generator``) or the global one (``neural_arch.manual_seed``).
+
+        Runs under ``no_grad`` in eval mode (the previous mode is restored) with a
+        :class:`~neural_arch.nn.kv_cache.KVCache`: the prompt is run once, then one token per step,
+        and each step's logits equal those of a full forward over the whole prefix
+        (``use_cache=False`` recomputes them that way).
+
+        Prompts of different lengths: **left-pad** them and pass ``attention_mask`` ``(B, T)``
+        (1 = token, 0 = padding), as with Hugging Face. Padding is never attended and positions are
+        counted per sequence, so a padded prompt generates what it would alone.
+
+        A sequence that emits ``eos_token_id`` (an int or a list of ints) is finished: later
+        positions are filled with (the first) ``eos_token_id``; generation stops once every
+        sequence is finished, so the result may be shorter than ``T + max_new_tokens``.
+
+        Raises ``ValueError`` when ``T + max_new_tokens`` exceeds ``block_size`` (the position
+        embedding has no row for later positions): crop the prompt first, e.g.
+        ``idx[:, -(block_size - max_new_tokens):]``.
+
+        Returns ``(B, T + n)`` token ids, a Tensor if ``idx`` was one, else an array.
+
+        Example::
+
+            >>> import numpy as np
+            >>> from neural_arch import nn
+            >>> model = nn.GPT(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8)
+            >>> model.generate(np.array([[1, 2, 3]]), max_new_tokens=4).shape
+            (1, 7)
+        """
+        raw = _ids(idx)
+        if raw.ndim != 2:
+            raise ValueError(f"GPT.generate: idx must be token ids of shape (batch, time), got {tuple(raw.shape)}")
+        if isinstance(max_new_tokens, bool) or int(max_new_tokens) != max_new_tokens or max_new_tokens < 0:
+            raise ValueError(f"GPT.generate: max_new_tokens must be a non-negative integer, got {max_new_tokens}")
+        b, t = raw.shape
+        max_new_tokens = int(max_new_tokens)
+        if t + max_new_tokens > self.block_size:
+            raise ValueError(
+                f"GPT.generate: the prompt length {t} plus max_new_tokens {max_new_tokens} = "
+                f"{t + max_new_tokens} exceeds block_size {self.block_size}; crop the prompt "
+                f"(idx[:, -(block_size - max_new_tokens):]) or ask for fewer tokens"
+            )
+        if t == 0:
+            raise ValueError("GPT.generate: idx must hold at least one token per sequence")
+        if do_sample:
+            if not temperature > 0:
+                raise ValueError(f"GPT.generate: temperature must be > 0 when sampling, got {temperature}")
+            if top_k is not None and (isinstance(top_k, bool) or int(top_k) != top_k or top_k < 1):
+                raise ValueError(f"GPT.generate: top_k must be a positive integer or None, got {top_k}")
+            if top_p is not None and not 0.0 < top_p <= 1.0:
+                raise ValueError(f"GPT.generate: top_p must be in (0, 1] or None, got {top_p}")
+        xp = _backend.get_array_module(raw)
+        mask = None
+        if attention_mask is not None:
+            mask = xp.asarray(_ids(attention_mask)) != 0
+            if tuple(mask.shape) != (b, t):
+                raise ValueError(f"GPT.generate: attention_mask must have the shape of idx {(b, t)}, "
+                                 f"got {tuple(mask.shape)}")
+            if bool((mask[:, 1:] < mask[:, :-1]).any()) or not bool(mask[:, -1].all()):
+                raise ValueError("GPT.generate: attention_mask must describe LEFT padding (each row zeros "
+                                 "then ones, its last entry 1); pad prompts on the left")
+        eos = None
+        if eos_token_id is not None:
+            eos = xp.asarray(np.atleast_1d(np.asarray(eos_token_id, dtype=np.int64)))
+        gen = generator if generator is not None else get_generator()
+
+        was_training = self.training
+        self.eval()
+        try:
+            with no_grad():
+                out = raw.astype(np.int64)
+                done = xp.zeros(b, dtype=bool)
+                cache = KVCache() if use_cache else None
+                step_ids, step_mask = out, mask
+                for _ in range(max_new_tokens):
+                    if use_cache:
+                        logits = self(step_ids, attention_mask=step_mask, kv_cache=cache)
+                    else:
+                        logits = self(out, attention_mask=step_mask)
+                    nxt = _next_token(logits.data[:, -1, :], do_sample, temperature, top_k, top_p, gen, xp)
+                    if eos is not None:
+                        nxt = xp.where(done, eos[0], nxt)
+                        done = done | xp.isin(nxt, eos)
+                    out = xp.concatenate([out, nxt[:, None]], axis=1)
+                    step_ids = nxt[:, None]
+                    if step_mask is not None:
+                        step_mask = xp.concatenate([step_mask, xp.ones((b, 1), dtype=bool)], axis=1)
+                    if eos is not None and bool(done.all()):
+                        break
+        finally:
+            self.train(was_training)
+        return Tensor(out) if isinstance(idx, Tensor) else out
 
     def extra_repr(self) -> str:
         moe = f", moe_num_experts={self.moe_num_experts}, moe_every={self.moe_every}" if self.moe_num_experts else ""
