@@ -2,7 +2,9 @@
 
 The code cells of a notebook are concatenated, in order, into one script that runs in a fresh
 ``python`` process (no Jupyter needed): the notebooks assert their own claims against NumPy, so
-this also checks that what they teach is still true. Functions a notebook passes to
+this also checks that what they teach is still true. Every notebook draws what it teaches: the
+script saves each figure a cell leaves open (as Jupyter's inline backend displays it) to a PNG,
+and the test asserts at least one was drawn. Functions a notebook passes to
 ``launch`` are defined in the script's ``__main__``; ``cloudpickle`` sends them to the ranks by
 value, as it does from a notebook kernel, so without it the test is skipped.
 """
@@ -21,8 +23,29 @@ REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((REPO / "examples" / "notebooks").glob("*.ipynb"))
 
 
-def notebook_script(path: Path) -> str:
-    """The notebook's code cells joined into one script; IPython magics and shell lines dropped."""
+# Jupyter's inline backend shows every figure still open when a cell ends, then closes it; the
+# script does the same with Agg, saving each one as figure_<n>.png in the working directory.
+_FIGURE_PROLOGUE = """\
+import matplotlib as _mpl
+_mpl.use("Agg")
+import matplotlib.pyplot as _plt
+_FIGURES = [0]
+
+def _flush_figures(*_args, **_kwargs):
+    for _num in _plt.get_fignums():
+        _plt.figure(_num).savefig(f"figure_{_FIGURES[0]}.png", dpi=60)
+        _FIGURES[0] += 1
+    _plt.close("all")
+
+_plt.show = _flush_figures
+"""
+
+
+def notebook_script(path: Path, save_figures: bool = False) -> str:
+    """The notebook's code cells joined into one script; IPython magics and shell lines dropped.
+
+    With ``save_figures`` the script saves every figure a cell leaves open to ``figure_<n>.png``.
+    """
     nb = json.loads(path.read_text(encoding="utf-8"))
     chunks = []
     for i, cell in enumerate(nb["cells"]):
@@ -30,8 +53,10 @@ def notebook_script(path: Path) -> str:
             continue
         src = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
         lines = [ln for ln in src.splitlines() if not ln.lstrip().startswith(("%", "!"))]
+        if save_figures:
+            lines.append("_flush_figures()")
         chunks.append(f"# --- cell {i} ---\n" + "\n".join(lines))
-    return "\n\n".join(chunks) + "\n"
+    return (_FIGURE_PROLOGUE if save_figures else "") + "\n\n".join(chunks) + "\n"
 
 
 def test_notebooks_found():
@@ -54,7 +79,7 @@ def test_notebook_runs(path, tmp_path):
     pytest.importorskip("cloudpickle", reason="notebooks launch functions defined in cells: "
                                               "pip install cloudpickle (or '.[examples]')")
     script = tmp_path / (path.stem + ".py")
-    script.write_text(notebook_script(path), encoding="utf-8")
+    script.write_text(notebook_script(path, save_figures=True), encoding="utf-8")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
@@ -70,3 +95,6 @@ def test_notebook_runs(path, tmp_path):
     assert proc.returncode == 0, (
         f"{path.name} failed (exit code {proc.returncode}); script: {script}\n"
         f"--- stdout (tail) ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
+    figures = sorted(tmp_path.glob("figure_*.png"))
+    assert figures and all(f.stat().st_size > 0 for f in figures), (
+        f"{path.name} drew no figure: every notebook draws what it teaches (matplotlib, plt.show())")
