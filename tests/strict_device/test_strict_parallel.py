@@ -106,11 +106,6 @@ def test_fsdp_clip_grad_norm_step_makes_no_host_wait(pool):
     _assert_no_host_waits(res, "FSDP FULL_SHARD + clip_grad_norm_")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: an FSDP unit without parameters (here the root: every Linear is its own unit) gets a host "
-    "float32 flat_param of padding, not one on the model's device and dtype -- "
-    "neural_arch/distributed/parallel/sharded/unit.py:144-147 (master_dtype = np.float32, "
-    "device = 'cpu', xp = np when `params` is empty)"))
 def test_fsdp_every_parameter_on_device(pool):
     res = _run(pool, "fsdp", fns.fsdp_run)
     for rank, r in enumerate(res):

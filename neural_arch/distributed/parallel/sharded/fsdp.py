@@ -216,10 +216,11 @@ class FullyShardedDataParallel(FSDPStateDictMixin, Module):
         plan = plan_units(module, resolve_policy(auto_wrap_policy))
         self._units: list[FlatParamUnit] = []
         reshard = sharded and strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD)
+        like = next(iter(module.parameters()), None)
         for i, (name, sub, params) in enumerate(plan):
             lay = FlatLayout([tuple(p.shape) for p in params], shard_world)
             unit = FlatParamUnit(name, sub, params, lay, shard_rank, shard_group if sharded else None,
-                                 mp.param_dtype, cpu_offload.offload_params, reshard)
+                                 mp.param_dtype, cpu_offload.offload_params, reshard, like=like)
             unit.pooled = reshard and sharded and bool(params) and all(p.requires_grad for p in params)
             unit.index = i
             self._units.append(unit)

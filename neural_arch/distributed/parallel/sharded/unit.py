@@ -131,7 +131,7 @@ class FlatParamUnit:
     """The flat shard of ``params`` (list of Parameters owned by one wrapped module)."""
 
     def __init__(self, name: str, module, params: list, layout: FlatLayout, shard_rank: int, group,
-                 param_dtype=None, offload: bool = False, reshard_after_forward: bool = True):
+                 param_dtype=None, offload: bool = False, reshard_after_forward: bool = True, like=None):
         self.name = name
         self.module = module
         self.params = params
@@ -141,10 +141,13 @@ class FlatParamUnit:
         if len(dtypes) > 1:
             raise TypeError(f"FSDP unit {name or '<root>'}: parameters have mixed dtypes {sorted(map(str, dtypes))}; "
                             "convert the model to one dtype first (e.g. model.float())")
-        self.master_dtype = params[0].dtype if params else np.dtype(np.float32)
+        # a unit without parameters of its own (a root whose layers are all units) still lives on the
+        # model's device and dtype (``like``: any parameter of the model), not on the host
+        ref = params[0] if params else like
+        self.master_dtype = ref.dtype if ref is not None else np.dtype(np.float32)
         self.compute_dtype = np.dtype(param_dtype) if param_dtype is not None else self.master_dtype
-        self.device = _backend.device_of(params[0].data) if params else "cpu"
-        xp = _backend.get_array_module(params[0].data) if params else np
+        self.device = _backend.device_of(ref.data) if ref is not None else "cpu"
+        xp = _backend.get_array_module(ref.data) if ref is not None else np
         flat = layout.flatten([p.data for p in params], xp, dtype=self.master_dtype)
         lo, hi = layout.shard_range(shard_rank)
         shard = flat[lo:hi].copy()
