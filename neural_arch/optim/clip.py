@@ -61,7 +61,8 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     the gradients' device for device (CuPy) gradients, computed without any host synchronisation
     (``error_if_nonfinite=True`` has to read it: one sync). ``norm_type`` may be ``inf``. The
     scale is ``min(1, max_norm / (total + 1e-6))``, like torch. Sharded gradients (FSDP, ZeRO-2)
-    give the global norm over their ranks (a collective; a Python float), see the module docstring.
+    give the global norm over their ranks (a collective; a Python float on NumPy, a 0-d device Tensor
+    without a host synchronisation on a device), see the module docstring.
     """
     params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
     max_norm, norm_type = float(max_norm), float(norm_type)
@@ -96,11 +97,58 @@ def _norm_part(g, norm_type: float) -> float:
     return float((xp.abs(f) ** norm_type).sum())
 
 
+def _clip_sharded_device(params, xp, max_norm: float, norm_type: float, error_if_nonfinite: bool) -> Tensor:
+    """:func:`_clip_sharded` with every partial norm, the group reductions (1-element device buffers)
+    and the scaling on the device: no host synchronisation (as :func:`_clip_device`)."""
+    inf = math.isinf(norm_type)
+    grads = [p.grad.data for p in params if p.grad is not None]
+    acc = xp.result_type(grads[0].dtype, np.float32)   # float16 squares overflow at 256
+
+    def part_of(g):
+        if not g.size:
+            return xp.zeros((), dtype=acc)
+        f = g.ravel()
+        if f.dtype != acc:
+            f = f.astype(acc)
+        if inf:
+            return xp.abs(f).max()
+        return xp.vdot(f, f) if norm_type == 2.0 else (xp.abs(f) ** norm_type).sum()
+
+    def combine(a, b):
+        return xp.maximum(a, b) if inf else a + b
+
+    local, groups = xp.zeros((), dtype=acc), {}
+    for p in params:
+        part = part_of(p.grad.data) if p.grad is not None else xp.zeros((), dtype=acc)
+        fs = getattr(p, "_flat_shard", None)
+        if fs is not None and fs.group is not None:
+            entry = groups.setdefault(id(fs.group), [fs, xp.zeros((), dtype=acc)])
+            entry[1] = combine(entry[1], part)
+        else:
+            local = combine(local, part)
+    for fs, part in groups.values():
+        local = combine(local, fs.all_reduce_norm(part.reshape(1), "max" if inf else "sum")[0])
+    total = local if inf else local ** (1.0 / norm_type)
+    if error_if_nonfinite:
+        value = float(total)  # the caller asked for the check: one read of the device
+        if not math.isfinite(value):
+            raise _nonfinite_error(value)
+    coef = xp.minimum(max_norm / (total + 1e-6), 1.0)   # always multiply: a branch would need the host
+    for g in grads:
+        g *= coef.astype(g.dtype)
+    return Tensor._wrap(total)
+
+
 def _clip_sharded(params, max_norm: float, norm_type: float, error_if_nonfinite: bool) -> float:
     """Global norm: sharded parts summed over their shard groups, unsharded parts added locally.
 
     Every rank joins each group's all-reduce, with or without gradients of its own (the groups
-    come from the parameters, in their order: the same on every rank)."""
+    come from the parameters, in their order: the same on every rank). Device gradients take
+    :func:`_clip_sharded_device` (no host synchronisation; a 0-d Tensor)."""
+    device = next((p.grad.data for p in params if p.grad is not None and type(p.grad.data) is not np.ndarray), None)
+    if device is not None:
+        return _clip_sharded_device(params, _backend.get_array_module(device), max_norm, norm_type,
+                                    error_if_nonfinite)
     inf = math.isinf(norm_type)
     local, groups = 0.0, {}
     for p in params:

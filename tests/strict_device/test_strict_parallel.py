@@ -95,11 +95,6 @@ def test_fsdp_step_on_device(pool):
     _assert_no_host_waits(res, "FSDP FULL_SHARD")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: FSDP's clip_grad_norm_ reads every gradient's norm part on the host: float(xp.vdot(f, f)) "
-    "in _norm_part (neural_arch/optim/clip.py:95, called per flat shard from _clip_sharded, :107), one "
-    "sync per FSDP unit per step, and scales on the host (`if coef < 1.0`); docs/gpu.md promises "
-    "clip_grad_norm_ without a sync (the unsharded path keeps the norm on the device)"))
 def test_fsdp_clip_grad_norm_step_makes_no_host_wait(pool):
     res = _run(pool, "fsdp-clip", fns.fsdp_run, True)
     _assert_equal_and_on_device(res, "FSDP FULL_SHARD + clip_grad_norm_")

@@ -115,8 +115,14 @@ class FlatShard:
         self.pieces = [(self.params[k], start, at, n) for k, start, at, n in layout.shard_pieces(rank)]
         self.group = group if group is not None and group.size() > 1 else None
 
-    def all_reduce_norm(self, value: float, op: str) -> float:
-        """``value`` summed (``op="sum"``) or maxed (``"max"``) over ``group``: a collective."""
+    def all_reduce_norm(self, value, op: str):
+        """``value`` summed (``op="sum"``) or maxed (``"max"``) over ``group``: a collective. A float
+        gives a float; a 1-element array (a device buffer: no host synchronisation) is reduced in
+        place and returned."""
+        if not isinstance(value, (int, float)):
+            if self.group is not None:
+                self.group.backend.allreduce(value, ReduceOp.SUM if op == "sum" else ReduceOp.MAX)
+            return value
         if self.group is None:
             return float(value)
         buf = np.array([value], dtype=np.float64)

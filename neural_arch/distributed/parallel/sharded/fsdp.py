@@ -492,15 +492,16 @@ class FullyShardedDataParallel(FSDPStateDictMixin, Module):
 
     # ------------------------------------------------------------------ gradients
     @no_grad()
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> float:
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0):
         """Clip the gradients of all shards by their *global* norm (a collective); returns the norm.
 
         The same as ``nn.utils.clip_grad_norm_(fsdp.parameters(), max_norm, norm_type)``, which
-        totals the sharded gradients over the shard group (each flat shard says how: ``_flat_shard``).
+        totals the sharded gradients over the shard group (each flat shard says how: ``_flat_shard``):
+        a Python float on NumPy, a 0-d device Tensor on a device (reading it would synchronise).
         """
         from neural_arch.optim.clip import clip_grad_norm_
 
-        return float(clip_grad_norm_(list(self.parameters()), max_norm, norm_type))
+        return clip_grad_norm_(list(self.parameters()), max_norm, norm_type)
 
     def no_sync(self):
         raise NotImplementedError("FullyShardedDataParallel.no_sync() is not implemented: call backward on "
