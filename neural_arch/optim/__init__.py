@@ -9,27 +9,51 @@ Example::
 """
 
 from neural_arch.optim import lr_scheduler
+from neural_arch.optim.adafactor import Adafactor
+from neural_arch.optim.adagrad import Adagrad
 from neural_arch.optim.adam import Adam, AdamW
 from neural_arch.optim.clip import clip_grad_norm_, clip_grad_value_
+from neural_arch.optim.lamb import LAMB
+from neural_arch.optim.lars import LARS
 from neural_arch.optim.lr_scheduler import (
+    ChainedScheduler,
     CosineAnnealingWarmup,
     CosineWithWarmup,
+    ExponentialLR,
     LambdaLR,
+    LinearLR,
     LRScheduler,
+    MultiStepLR,
+    OneCycleLR,
+    ReduceLROnPlateau,
+    SequentialLR,
     StepLR,
 )
 from neural_arch.optim.optimizer import Optimizer
+from neural_arch.optim.rmsprop import RMSprop
 from neural_arch.optim.sgd import SGD
 
 __all__ = [
+    "LAMB",
+    "LARS",
     "SGD",
+    "Adafactor",
+    "Adagrad",
     "Adam",
     "AdamW",
+    "ChainedScheduler",
     "CosineAnnealingWarmup",
     "CosineWithWarmup",
+    "ExponentialLR",
     "LRScheduler",
     "LambdaLR",
+    "LinearLR",
+    "MultiStepLR",
+    "OneCycleLR",
     "Optimizer",
+    "RMSprop",
+    "ReduceLROnPlateau",
+    "SequentialLR",
     "StepLR",
     "clip_grad_norm_",
     "clip_grad_value_",

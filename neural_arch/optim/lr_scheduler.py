@@ -19,10 +19,13 @@ Example::
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
+from collections import Counter
 
 from neural_arch.optim.optimizer import Optimizer
 
-__all__ = ["CosineAnnealingWarmup", "CosineWithWarmup", "LRScheduler", "LambdaLR", "StepLR"]
+__all__ = ["ChainedScheduler", "CosineAnnealingWarmup", "CosineWithWarmup", "ExponentialLR", "LRScheduler",
+           "LambdaLR", "LinearLR", "MultiStepLR", "OneCycleLR", "ReduceLROnPlateau", "SequentialLR", "StepLR"]
 
 
 class LRScheduler:
@@ -54,10 +57,22 @@ class LRScheduler:
     def get_lr(self) -> list[float]:
         return [self.lr_at(base, self.last_epoch) for base in self.base_lrs]
 
-    def step(self) -> None:
-        """Advance one step and write the new rates into the optimizer."""
-        self.last_epoch += 1
-        self._last_lr = self.get_lr()
+    def _initial_step(self) -> None:
+        self.step()
+
+    def step(self, epoch: int | None = None) -> None:
+        """Advance one step and write the new rates into the optimizer.
+
+        ``step(epoch)`` jumps to ``epoch`` (torch's deprecated form, used by ``SequentialLR``):
+        schedules with a recursive rule then use their closed form.
+        """
+        if epoch is None:
+            self.last_epoch += 1
+            self._last_lr = self.get_lr()
+        else:
+            self.last_epoch = int(epoch)
+            closed = getattr(self, "_get_closed_form_lr", None)
+            self._last_lr = closed() if closed is not None else self.get_lr()
         for group, lr in zip(self.optimizer.param_groups, self._last_lr):
             group["lr"] = lr
 
@@ -130,3 +145,399 @@ class LambdaLR(LRScheduler):
 
     def lr_at(self, base_lr: float, step: int) -> float:
         return base_lr * self.lr_lambda(step)
+
+
+# --------------------------------------------------------------------------------------------
+# torch's chainable schedules. Like torch, these compute each step's rate from the rate now in
+# ``group["lr"]`` (so ``ChainedScheduler`` can compose them multiplicatively) and fall back to a
+# closed form when ``SequentialLR`` restarts them with ``step(0)``.
+
+
+class LinearLR(LRScheduler):
+    """Scale the rate linearly from ``start_factor`` to ``end_factor`` times the base over
+    ``total_iters`` steps, then hold: ``base * (s + (e - s) * min(t, total_iters) / total_iters)``.
+
+    Example::
+
+        >>> from neural_arch import nn, optim
+        >>> opt = optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0)
+        >>> sched = optim.LinearLR(opt, start_factor=0.5, total_iters=2)
+        >>> [sched.get_last_lr()[0] for _ in range(3) if not sched.step()]
+        [0.75, 1.0, 1.0]
+    """
+
+    def __init__(self, optimizer: Optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0,
+                 total_iters: int = 5, last_epoch: int = -1):
+        if not 0 < start_factor <= 1:
+            raise ValueError(f"LinearLR: start_factor must be in (0, 1], got {start_factor}")
+        if not 0 <= end_factor <= 1:
+            raise ValueError(f"LinearLR: end_factor must be in [0, 1], got {end_factor}")
+        self.start_factor, self.end_factor, self.total_iters = start_factor, end_factor, int(total_iters)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        groups = self.optimizer.param_groups
+        if self.last_epoch == 0:
+            return [g["lr"] * self.start_factor for g in groups]
+        if self.last_epoch > self.total_iters:
+            return [g["lr"] for g in groups]
+        ratio = 1.0 + (self.end_factor - self.start_factor) / (
+            self.total_iters * self.start_factor + (self.last_epoch - 1) * (self.end_factor - self.start_factor))
+        return [g["lr"] * ratio for g in groups]
+
+    def _get_closed_form_lr(self) -> list[float]:
+        frac = min(self.total_iters, self.last_epoch) / self.total_iters if self.total_iters else 1.0
+        return [b * (self.start_factor + (self.end_factor - self.start_factor) * frac) for b in self.base_lrs]
+
+
+class MultiStepLR(LRScheduler):
+    """Multiply the rate by ``gamma`` at each milestone step: ``base * gamma ** #{m <= t}``.
+
+    Example::
+
+        >>> from neural_arch import nn, optim
+        >>> opt = optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0)
+        >>> sched = optim.MultiStepLR(opt, milestones=[1, 3], gamma=0.5)
+        >>> [sched.get_last_lr()[0] for _ in range(4) if not sched.step()]
+        [0.5, 0.5, 0.25, 0.25]
+    """
+
+    def __init__(self, optimizer: Optimizer, milestones, gamma: float = 0.1, last_epoch: int = -1):
+        self.milestones = dict(Counter(int(m) for m in milestones))  # a plain dict: state_dict stays picklable anywhere
+        self.gamma = float(gamma)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        times = self.milestones.get(self.last_epoch, 0)
+        return [g["lr"] * self.gamma ** times for g in self.optimizer.param_groups]
+
+    def _get_closed_form_lr(self) -> list[float]:
+        ms = sorted(Counter(self.milestones).elements())
+        return [b * self.gamma ** bisect_right(ms, self.last_epoch) for b in self.base_lrs]
+
+
+class ExponentialLR(LRScheduler):
+    """Multiply the rate by ``gamma`` every step: ``base * gamma ** t``.
+
+    Example::
+
+        >>> from neural_arch import nn, optim
+        >>> opt = optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0)
+        >>> sched = optim.ExponentialLR(opt, gamma=0.5)
+        >>> sched.step(); sched.get_last_lr()
+        [0.5]
+    """
+
+    def __init__(self, optimizer: Optimizer, gamma: float, last_epoch: int = -1):
+        self.gamma = float(gamma)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        if self.last_epoch == 0:
+            return [g["lr"] for g in self.optimizer.param_groups]
+        return [g["lr"] * self.gamma for g in self.optimizer.param_groups]
+
+    def _get_closed_form_lr(self) -> list[float]:
+        return [b * self.gamma ** self.last_epoch for b in self.base_lrs]
+
+
+def _per_group(value, optimizer, name, who):
+    if isinstance(value, (list, tuple)):
+        if len(value) != len(optimizer.param_groups):
+            raise ValueError(f"{who}: expected {len(optimizer.param_groups)} values for {name} (one per "
+                             f"param group), got {len(value)}")
+        return list(value)
+    return [value] * len(optimizer.param_groups)
+
+
+class OneCycleLR(LRScheduler):
+    """The 1cycle policy (Smith & Topin): warm from ``max_lr / div_factor`` up to ``max_lr`` over
+    ``pct_start`` of the steps, then anneal to ``initial_lr / final_div_factor``; momentum (or
+    Adam's beta1) cycles the other way between ``max_momentum`` and ``base_momentum``.
+
+    Call ``step()`` after every batch; ``total_steps`` (or ``epochs * steps_per_epoch``) steps
+    in all, and one more raises. ``three_phase=True`` anneals back to the initial rate before
+    the final decay (fastai's original schedule).
+
+    Example::
+
+        >>> from neural_arch import nn, optim
+        >>> opt = optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1, momentum=0.9)
+        >>> sched = optim.OneCycleLR(opt, max_lr=1.0, total_steps=10)
+        >>> round(sched.get_last_lr()[0], 3), opt.param_groups[0]["momentum"]
+        (0.04, 0.95)
+    """
+
+    def __init__(self, optimizer: Optimizer, max_lr, total_steps: int | None = None,
+                 epochs: int | None = None, steps_per_epoch: int | None = None, pct_start: float = 0.3,
+                 anneal_strategy: str = "cos", cycle_momentum: bool = True, base_momentum=0.85,
+                 max_momentum=0.95, div_factor: float = 25.0, final_div_factor: float = 1e4,
+                 three_phase: bool = False, last_epoch: int = -1):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"OneCycleLR needs an Optimizer, got {type(optimizer).__name__}")
+        if total_steps is not None:
+            if int(total_steps) <= 0:
+                raise ValueError(f"OneCycleLR: total_steps must be a positive integer, got {total_steps}")
+            self.total_steps = int(total_steps)
+        elif epochs is not None and steps_per_epoch is not None:
+            if int(epochs) <= 0 or int(steps_per_epoch) <= 0:
+                raise ValueError(f"OneCycleLR: epochs and steps_per_epoch must be positive integers, got "
+                                 f"{epochs} and {steps_per_epoch}")
+            self.total_steps = int(epochs) * int(steps_per_epoch)
+        else:
+            raise ValueError("OneCycleLR: pass total_steps, or both epochs and steps_per_epoch")
+        if not 0 <= pct_start <= 1:
+            raise ValueError(f"OneCycleLR: pct_start must be in [0, 1], got {pct_start}")
+        if anneal_strategy not in ("cos", "linear"):
+            raise ValueError(f"OneCycleLR: anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}")
+        self.anneal_strategy = anneal_strategy
+        self.cycle_momentum = bool(cycle_momentum)
+        n = self.total_steps
+        if three_phase:
+            self._schedule_phases = [
+                {"end_step": float(pct_start * n) - 1, "start_lr": "initial_lr", "end_lr": "max_lr",
+                 "start_momentum": "max_momentum", "end_momentum": "base_momentum"},
+                {"end_step": float(2 * pct_start * n) - 2, "start_lr": "max_lr", "end_lr": "initial_lr",
+                 "start_momentum": "base_momentum", "end_momentum": "max_momentum"},
+                {"end_step": n - 1, "start_lr": "initial_lr", "end_lr": "min_lr",
+                 "start_momentum": "max_momentum", "end_momentum": "max_momentum"},
+            ]
+        else:
+            self._schedule_phases = [
+                {"end_step": float(pct_start * n) - 1, "start_lr": "initial_lr", "end_lr": "max_lr",
+                 "start_momentum": "max_momentum", "end_momentum": "base_momentum"},
+                {"end_step": n - 1, "start_lr": "max_lr", "end_lr": "min_lr",
+                 "start_momentum": "base_momentum", "end_momentum": "max_momentum"},
+            ]
+        groups = optimizer.param_groups
+        max_lrs = _per_group(max_lr, optimizer, "max_lr", "OneCycleLR")
+        if last_epoch == -1:
+            for group, top in zip(groups, max_lrs):
+                group["initial_lr"] = top / div_factor
+                group["max_lr"] = top
+                group["min_lr"] = group["initial_lr"] / final_div_factor
+        if self.cycle_momentum:
+            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+                raise ValueError(f"OneCycleLR: cycle_momentum=True needs an optimizer with 'momentum' or "
+                                 f"'betas'; {type(optimizer).__name__} has neither (pass cycle_momentum=False)")
+            self.use_beta1 = "betas" in optimizer.defaults
+            tops = _per_group(max_momentum, optimizer, "max_momentum", "OneCycleLR")
+            bases = _per_group(base_momentum, optimizer, "base_momentum", "OneCycleLR")
+            if last_epoch == -1:
+                for group, top, base in zip(groups, tops, bases):
+                    self._set_momentum(group, top)
+                    group["max_momentum"], group["base_momentum"] = top, base
+        super().__init__(optimizer, last_epoch)
+
+    def _set_momentum(self, group, value) -> None:
+        if self.use_beta1:
+            group["betas"] = (value, *group["betas"][1:])
+        else:
+            group["momentum"] = value
+
+    def _anneal(self, start, end, pct):
+        if self.anneal_strategy == "cos":
+            return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
+        return (end - start) * pct + start
+
+    def get_lr(self) -> list[float]:
+        step = self.last_epoch
+        if step > self.total_steps:
+            raise ValueError(f"OneCycleLR: tried to step {step} times, but total_steps is {self.total_steps}; "
+                             "build the scheduler with more steps (or stop stepping it)")
+        lrs = []
+        for group in self.optimizer.param_groups:
+            start = 0.0
+            for i, phase in enumerate(self._schedule_phases):
+                end = phase["end_step"]
+                if step <= end or i == len(self._schedule_phases) - 1:
+                    pct = (step - start) / (end - start)
+                    lr = self._anneal(group[phase["start_lr"]], group[phase["end_lr"]], pct)
+                    if self.cycle_momentum:
+                        mom = self._anneal(group[phase["start_momentum"]], group[phase["end_momentum"]], pct)
+                    break
+                start = phase["end_step"]
+            lrs.append(lr)
+            if self.cycle_momentum:
+                self._set_momentum(group, mom)
+        return lrs
+
+
+class ReduceLROnPlateau(LRScheduler):
+    """Multiply the rate by ``factor`` once ``metrics`` passed to ``step(metrics)`` has not improved
+    for more than ``patience`` steps, then wait ``cooldown`` steps; never below ``min_lr``, and
+    skip changes smaller than ``eps``. ``mode='max'`` for metrics that should grow (accuracy).
+
+    "Improved" is ``a < best * (1 - threshold)`` (``'rel'``) or ``a < best - threshold`` (``'abs'``)
+    in ``min`` mode, and the mirror in ``max`` mode — torch's definitions.
+
+    Example::
+
+        >>> from neural_arch import nn, optim
+        >>> opt = optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0)
+        >>> sched = optim.ReduceLROnPlateau(opt, patience=1, factor=0.5)
+        >>> for loss in [1.0, 1.0, 1.0]:
+        ...     sched.step(loss)
+        >>> sched.get_last_lr()
+        [0.5]
+    """
+
+    def __init__(self, optimizer: Optimizer, mode: str = "min", factor: float = 0.1, patience: int = 10,
+                 threshold: float = 1e-4, threshold_mode: str = "rel", cooldown: int = 0, min_lr=0.0,
+                 eps: float = 1e-8):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"ReduceLROnPlateau needs an Optimizer, got {type(optimizer).__name__}")
+        if factor >= 1.0:
+            raise ValueError(f"ReduceLROnPlateau: factor must be < 1.0, got {factor}")
+        if mode not in ("min", "max"):
+            raise ValueError(f"ReduceLROnPlateau: mode must be 'min' or 'max', got {mode!r}")
+        if threshold_mode not in ("rel", "abs"):
+            raise ValueError(f"ReduceLROnPlateau: threshold_mode must be 'rel' or 'abs', got {threshold_mode!r}")
+        self.optimizer = optimizer
+        self.factor, self.patience, self.threshold = float(factor), int(patience), float(threshold)
+        self.mode, self.threshold_mode, self.cooldown, self.eps = mode, threshold_mode, int(cooldown), float(eps)
+        self.min_lrs = [float(m) for m in _per_group(min_lr, optimizer, "min_lr", "ReduceLROnPlateau")]
+        self.mode_worse = math.inf if mode == "min" else -math.inf
+        self.best = self.mode_worse
+        self.num_bad_epochs = 0
+        self.cooldown_counter = 0
+        self.last_epoch = 0
+        self._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+    def is_better(self, a: float, best: float) -> bool:
+        if self.mode == "min":
+            return a < (best * (1.0 - self.threshold) if self.threshold_mode == "rel" else best - self.threshold)
+        return a > (best * (self.threshold + 1.0) if self.threshold_mode == "rel" else best + self.threshold)
+
+    @property
+    def in_cooldown(self) -> bool:
+        return self.cooldown_counter > 0
+
+    def step(self, metrics, epoch: int | None = None) -> None:
+        """Record one value of the watched metric (a loss, an accuracy) and maybe reduce the rates."""
+        current = float(metrics)
+        self.last_epoch = self.last_epoch + 1 if epoch is None else int(epoch)
+        if self.is_better(current, self.best):
+            self.best = current
+            self.num_bad_epochs = 0
+        else:
+            self.num_bad_epochs += 1
+        if self.in_cooldown:
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0  # bad steps during cooldown do not count
+        if self.num_bad_epochs > self.patience:
+            for group, floor in zip(self.optimizer.param_groups, self.min_lrs):
+                old = float(group["lr"])
+                new = max(old * self.factor, floor)
+                if old - new > self.eps:
+                    group["lr"] = new
+            self.cooldown_counter = self.cooldown
+            self.num_bad_epochs = 0
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        # Like torch: the rates themselves live in the optimizer's state dict.
+        self.__dict__.update(state_dict)
+
+
+class ChainedScheduler(LRScheduler):
+    """Step several chainable schedules together on one optimizer: their factors multiply.
+
+    Example::
+
+        >>> from neural_arch import nn, optim
+        >>> opt = optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0)
+        >>> sched = optim.ChainedScheduler([optim.LinearLR(opt, start_factor=0.5, total_iters=2),
+        ...                                 optim.ExponentialLR(opt, gamma=0.9)])
+        >>> sched.step(); [round(x, 4) for x in sched.get_last_lr()]
+        [0.675]
+    """
+
+    def __init__(self, schedulers, optimizer: Optimizer | None = None):
+        schedulers = list(schedulers)
+        if not schedulers:
+            raise ValueError("ChainedScheduler: pass at least one scheduler")
+        optimizer = optimizer if optimizer is not None else schedulers[0].optimizer
+        for i, s in enumerate(schedulers):
+            if getattr(s, "optimizer", None) is not optimizer:
+                raise ValueError(f"ChainedScheduler: scheduler {i} ({type(s).__name__}) steps another optimizer "
+                                 "than the others; all must share one optimizer")
+        self._schedulers = schedulers
+        self.optimizer = optimizer
+        self._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+    def step(self) -> None:
+        for s in self._schedulers:
+            s.step()
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
+        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state = dict(state_dict)
+        inner = state.pop("_schedulers")
+        self.__dict__.update(state)
+        for s, sd in zip(self._schedulers, inner):
+            s.load_state_dict(sd)
+        # The inner loads each wrote their own last rates; the composite's are the ones in force.
+        for group, lr in zip(self.optimizer.param_groups, self._last_lr):
+            group["lr"] = lr
+
+
+class SequentialLR(LRScheduler):
+    """Run ``schedulers[0]`` until ``milestones[0]``, then ``schedulers[1]`` (restarted at its step 0),
+    and so on — e.g. a ``LinearLR`` warm-up followed by ``ExponentialLR`` decay.
+
+    Example::
+
+        >>> from neural_arch import nn, optim
+        >>> opt = optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0)
+        >>> warm = optim.LinearLR(opt, start_factor=0.5, total_iters=2)
+        >>> decay = optim.ExponentialLR(opt, gamma=0.5)
+        >>> sched = optim.SequentialLR(opt, [warm, decay], milestones=[2])
+        >>> [sched.get_last_lr()[0] for _ in range(4) if not sched.step()]
+        [0.75, 1.0, 0.5, 0.25]
+    """
+
+    def __init__(self, optimizer: Optimizer, schedulers, milestones, last_epoch: int = -1):
+        schedulers = list(schedulers)
+        if not schedulers:
+            raise ValueError("SequentialLR: pass at least one scheduler")
+        for i, s in enumerate(schedulers):
+            if isinstance(s, ReduceLROnPlateau):  # torch raises ValueError here too
+                raise ValueError(  # noqa: TRY004
+                    f"SequentialLR: scheduler {i} is a ReduceLROnPlateau, which steps on a metric "
+                    "and cannot be sequenced; step it yourself")
+            if getattr(s, "optimizer", None) is not optimizer:
+                raise ValueError(f"SequentialLR: scheduler {i} ({type(s).__name__}) steps another optimizer "
+                                 "than the one given")
+        milestones = [int(m) for m in milestones]
+        if len(milestones) != len(schedulers) - 1:
+            raise ValueError(f"SequentialLR: expected {len(schedulers) - 1} milestones for {len(schedulers)} "
+                             f"schedulers, got {len(milestones)}")
+        self._schedulers, self._milestones = schedulers, milestones
+        self.last_epoch = last_epoch + 1
+        self.optimizer = optimizer
+        # Each scheduler's construction already took its step 0; undo them and restart the first.
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"]
+        for s in schedulers:
+            s.last_epoch -= 1
+        schedulers[0]._initial_step()
+        self._last_lr = schedulers[0].get_last_lr()
+
+    def step(self) -> None:
+        self.last_epoch += 1
+        idx = bisect_right(self._milestones, self.last_epoch)
+        scheduler = self._schedulers[idx]
+        if idx > 0 and self._milestones[idx - 1] == self.last_epoch:
+            scheduler.step(0)
+        else:
+            scheduler.step()
+        self._last_lr = scheduler.get_last_lr()
+
+    state_dict = ChainedScheduler.state_dict
+    load_state_dict = ChainedScheduler.load_state_dict
