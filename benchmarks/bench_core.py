@@ -17,6 +17,15 @@ Usage::
     python benchmarks/bench_core.py                       # threads 1 and default, 2 rounds
     python benchmarks/bench_core.py --threads 1 --repeat 30 --json /tmp/core.json
     python benchmarks/bench_core.py --profile             # cProfile of the neural_arch step
+    python benchmarks/bench_core.py --gpt                 # the GPT step vs torch, 1 and 2 threads,
+                                                          # per-op profile, JSON + .txt + .png
+    PYTHONPATH=/path/to/torch python benchmarks/bench_core.py --gpt --malloc-tuned
+
+The GPT benchmark (``--gpt``, issue 37): vocab 256, block 64, 4 layers, 4 heads, width 128
+(``gpt128``) and 512 (``gpt512``), batch 16, AdamW, float32; forward + cross entropy + backward +
+AdamW step, median of 15 steps after 3 warm-up steps per worker, neural_arch and the same
+architecture in PyTorch interleaved (one subprocess per contender, thread count, round), with a
+per-op cProfile table of the neural_arch step (exclusive share per op, forward and backward).
 
 Goal (a target, measured honestly): neural_arch <= 1.15x the hand-written NumPy step and faster
 than torch CPU at the same thread count.
@@ -199,6 +208,367 @@ def profile_neural_arch(repeat: int) -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(15)
 
 
+# ============================================================================ GPT step (issue 37)
+# The model users actually train here: GPT, AdamW, float32, one step = forward + cross entropy +
+# backward + AdamW update. Same architecture in PyTorch (separate q/k/v/out projections with bias,
+# pre-LN blocks, exact GELU, causal SDPA, untied head without bias), same weights and batch.
+GPT_CONFIGS = {
+    "gpt128": {"vocab": 256, "block": 64, "n_layer": 4, "n_head": 4, "n_embd": 128, "batch": 16},
+    "gpt512": {"vocab": 256, "block": 64, "n_layer": 4, "n_head": 4, "n_embd": 512, "batch": 16},
+}
+GPT_IMPLS = ("neural_arch", "torch")
+GPT_LR = 3e-4
+
+
+def _gpt_initial_state(cfg: dict, seed: int = 0):
+    """neural_arch's GPT-2 initialisation (seeded) as a state dict of arrays, plus one batch."""
+    import numpy as np
+
+    import neural_arch as na
+    from neural_arch import nn
+
+    na.manual_seed(seed)
+    model = nn.GPT(cfg["vocab"], cfg["block"], cfg["n_layer"], cfg["n_head"], cfg["n_embd"])
+    state = {k: np.array(getattr(v, "data", v), dtype=np.float32) for k, v in model.state_dict().items()}
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, cfg["vocab"], size=(cfg["batch"], cfg["block"])).astype(np.int64)
+    y = rng.integers(0, cfg["vocab"], size=(cfg["batch"], cfg["block"])).astype(np.int64)
+    return state, x, y
+
+
+def make_neural_arch_gpt_step(cfg, state, x, y):
+    import neural_arch.functional as F
+    from neural_arch import nn, optim
+
+    model = nn.GPT(cfg["vocab"], cfg["block"], cfg["n_layer"], cfg["n_head"], cfg["n_embd"])
+    model.load_state_dict(state)
+    opt = optim.AdamW(model.parameters(), lr=GPT_LR)
+    yflat = y.reshape(-1)
+
+    def step():
+        logits = model(x)
+        loss = F.cross_entropy(logits.reshape(-1, cfg["vocab"]), yflat)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return float(loss.item())
+
+    return step
+
+
+def make_torch_gpt_step(cfg, state, x, y):
+    from collections import OrderedDict
+
+    import torch
+    import torch.nn.functional as TF
+    from torch import nn as tnn
+
+    class Attention(tnn.Module):
+        def __init__(self, c, h):
+            super().__init__()
+            self.h = h
+            self.q_proj, self.k_proj = tnn.Linear(c, c), tnn.Linear(c, c)
+            self.v_proj, self.out_proj = tnn.Linear(c, c), tnn.Linear(c, c)
+
+        def forward(self, x):
+            b, t, c = x.shape
+            q, k, v = (p(x).view(b, t, self.h, c // self.h).transpose(1, 2)
+                       for p in (self.q_proj, self.k_proj, self.v_proj))
+            y = TF.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.out_proj(y.transpose(1, 2).reshape(b, t, c))
+
+    class Block(tnn.Module):
+        def __init__(self, c, h):
+            super().__init__()
+            self.ln1, self.attn, self.ln2 = tnn.LayerNorm(c), Attention(c, h), tnn.LayerNorm(c)
+            self.mlp = tnn.Sequential(OrderedDict(fc1=tnn.Linear(c, 4 * c), act=tnn.GELU(),
+                                                  fc2=tnn.Linear(4 * c, c), drop=tnn.Dropout(0.0)))
+
+        def forward(self, x):
+            x = x + self.attn(self.ln1(x))
+            return x + self.mlp(self.ln2(x))
+
+    class GPT(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            c = cfg["n_embd"]
+            self.tok_emb, self.pos_emb = tnn.Embedding(cfg["vocab"], c), tnn.Embedding(cfg["block"], c)
+            self.drop = tnn.Dropout(0.0)
+            self.blocks = tnn.ModuleList([Block(c, cfg["n_head"]) for _ in range(cfg["n_layer"])])
+            self.ln_f, self.head = tnn.LayerNorm(c), tnn.Linear(c, cfg["vocab"], bias=False)
+
+        def forward(self, idx):
+            pos = torch.arange(idx.shape[1])
+            h = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+            for block in self.blocks:
+                h = block(h)
+            return self.head(self.ln_f(h))
+
+    model = GPT()
+    model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.items()})
+    opt = torch.optim.AdamW(model.parameters(), lr=GPT_LR)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y.reshape(-1))
+
+    def step():
+        loss = TF.cross_entropy(model(xt).reshape(-1, cfg["vocab"]), yt)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return float(loss.item())
+
+    return step
+
+
+GPT_FACTORIES = {"neural_arch": make_neural_arch_gpt_step, "torch": make_torch_gpt_step}
+
+
+def gpt_worker(impl: str, config: str, threads: int | None, repeat: int, warmup: int) -> dict:
+    cfg = GPT_CONFIGS[config]
+    torch_threads = None
+    if impl == "torch":
+        import torch
+
+        if threads is not None:
+            torch.set_num_threads(threads)
+            torch.set_num_interop_threads(1)
+        torch_threads = torch.get_num_threads()
+    state, x, y = _gpt_initial_state(cfg)
+    step = GPT_FACTORIES[impl](cfg, state, x, y)
+    first_loss = step()
+    times, cpu_times = [], []
+
+    def timed():
+        c0, t0 = time.process_time(), time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
+
+    median_time(timed, repeat=repeat, warmup=warmup)
+    return {"impl": impl, "config": config, "threads_requested": threads, "blas_threads": blas_threads(),
+            "torch_threads": torch_threads, "first_loss": first_loss, "times_s": times[warmup:],
+            "cpu_times_s": cpu_times[warmup:]}
+
+
+def _op_label(filename: str, lineno: int, name: str, _cache: dict = {}) -> str | None:  # noqa: B006
+    """The op a profiled function belongs to: ``"gelu fwd"`` for ``ops_*.gelu``, ``"gelu bwd"`` for a
+    closure defined inside it, ``"AdamW step"`` for the optimizer; None for glue and private helpers
+    (their time stays with whoever called them)."""
+    import ast
+
+    norm = filename.replace(os.sep, "/")
+    if "/neural_arch/optim/" in norm:
+        return "AdamW step"
+    base = os.path.basename(norm)
+    if "/neural_arch/core/" not in norm or not base.startswith("ops_"):
+        return None
+    if filename not in _cache:
+        with open(filename) as f:
+            tree = ast.parse(f.read())
+        _cache[filename] = [(n.lineno, n.end_lineno, n.name) for n in tree.body
+                            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for start, end, top in _cache[filename]:
+        if start <= lineno <= end:
+            if top.startswith("_"):
+                return None
+            for suffix, phase in (("_forward", "fwd"), ("_backward", "bwd")):  # attention_forward/_backward
+                if top.endswith(suffix):
+                    return f"{top[: -len(suffix)]} {phase}"
+            return f"{top} fwd" if name == top else f"{top} bwd"
+    return None
+
+
+def gpt_profile(config: str, steps: int) -> dict:
+    """cProfile ``steps`` neural_arch GPT steps; each op's exclusive share of the step (forward and
+    backward separately): its cumulative time minus the time of the other ops it called."""
+    import cProfile
+    import pstats
+
+    cfg = GPT_CONFIGS[config]
+    state, x, y = _gpt_initial_state(cfg)
+    step = make_neural_arch_gpt_step(cfg, state, x, y)
+    for _ in range(3):
+        step()
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    prof.disable()
+    wall = time.perf_counter() - t0
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tottime, cumtime, callers)}
+    labels = {key: _op_label(*key) for key in stats}
+    total = max(ct for (_, _, _, ct, _) in stats.values())  # the outermost call: the steps themselves
+    shares: dict = {}
+    for key, (_, _, _, ct, _) in stats.items():
+        label = labels[key]
+        if label is None:
+            continue
+        shares[label] = shares.get(label, 0.0) + ct
+    # Subtract time spent in *other* labelled ops called from a labelled op (e.g. sdpa -> attention_forward).
+    for callee, (_, _, _, _, callers) in stats.items():
+        lc = labels[callee]
+        if lc is None:
+            continue
+        for caller, (_, _, _, ct_from) in callers.items():
+            lcaller = labels.get(caller)
+            if lcaller is not None and lcaller != lc:
+                shares[lcaller] -= ct_from
+            elif lcaller is not None and lcaller == lc and caller != callee:
+                shares[lcaller] -= ct_from  # same op nested (e.g. a closure calling its op): count once
+    rows = sorted(((k, v) for k, v in shares.items() if v > 0), key=lambda kv: -kv[1])
+    accounted = sum(v for _, v in rows)
+    ops = [{"op": k, "ms_per_step": v / steps * 1e3, "share": v / total} for k, v in rows]
+    ops.append({"op": "other (modules, autograd engine, Python glue)",
+                "ms_per_step": (total - accounted) / steps * 1e3, "share": (total - accounted) / total})
+    return {"config": config, "steps": steps, "blas_threads": blas_threads(),
+            "profiled_ms_per_step": total / steps * 1e3, "wall_ms_per_step_under_profiler": wall / steps * 1e3,
+            "ops": ops}
+
+
+def _gpt_chart(path: str, records: list, profiles: dict) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not importable: no chart", file=sys.stderr)
+        return None
+    groups = sorted({(r["config"], str(r["threads"])) for r in records})
+    impls = [i for i in GPT_IMPLS if any(r["impl"] == i for r in records)]
+    n_prof = len(profiles)
+    fig, axes = plt.subplots(1, 1 + n_prof, figsize=(6 + 5 * n_prof, 4.5))
+    axes = list(axes) if n_prof else [axes]
+    ax = axes[0]
+    width = 0.8 / max(1, len(impls))
+    for j, impl in enumerate(impls):
+        xs, meds, lo, hi = [], [], [], []
+        for i, g in enumerate(groups):
+            rec = next((r for r in records if (r["config"], str(r["threads"])) == g and r["impl"] == impl), None)
+            if rec is None:
+                continue
+            xs.append(i + j * width)
+            meds.append(rec["median_ms"])
+            lo.append(rec["median_ms"] - rec["min_ms"])
+            hi.append(rec["max_ms"] - rec["median_ms"])
+        ax.bar(xs, meds, width, yerr=[lo, hi], capsize=3, label=impl)
+    ax.set_xticks([i + width * (len(impls) - 1) / 2 for i in range(len(groups))])
+    ax.set_xticklabels([f"{c}\n{t} thr" for c, t in groups])
+    ax.set_ylabel("ms per training step (median, min-max)")
+    ax.set_yscale("log")
+    ax.set_title("GPT step: fwd + bwd + AdamW, float32")
+    ax.legend()
+    for ax, (config, prof) in zip(axes[1:], profiles.items()):
+        ops = prof["ops"][:12]
+        ax.barh([o["op"] for o in ops][::-1], [100 * o["share"] for o in ops][::-1])
+        ax.set_xlabel("% of the profiled step")
+        ax.set_title(f"neural_arch per-op profile, {config}, {prof['blas_threads']} thread(s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+# glibc returns freed blocks above the mmap/trim thresholds to the OS, so every fresh activation-sized
+# temporary is page-faulted (and zeroed) again: ~0.7 ms per 2 MiB array. These keep them in the heap.
+MALLOC_TUNED_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+                    "MALLOC_TOP_PAD_": str(1 << 28)}
+
+
+def gpt_main(args) -> dict:
+    import statistics
+
+    if args.malloc_tuned:
+        os.environ.update(MALLOC_TUNED_ENV)  # run_worker's children inherit it (both contenders)
+    configs = [c for c in args.gpt_configs.split(",") if c]
+    impls = list(GPT_IMPLS)
+    torch_note = None
+    if not _torch_available():
+        torch_note = "torch is not importable here: no torch column (install torch into a separate dir and " \
+                     "put it on PYTHONPATH)"
+        print(torch_note, file=sys.stderr)
+        impls.remove("torch")
+    thread_counts = [None if t == "default" else int(t) for t in args.threads.split(",")]
+    script = os.path.abspath(__file__)
+    results: dict = {}
+    for _ in range(args.rounds):  # interleaved: every contender once per round
+        for config in configs:
+            for threads in thread_counts:
+                for impl in impls:
+                    cmd = [script, "--gpt-worker", impl, "--gpt-configs", config, "--repeat", str(args.repeat),
+                           "--warmup", str(args.warmup)]
+                    if threads is not None:
+                        cmd += ["--worker-threads", str(threads)]
+                    out = run_worker(cmd, threads=threads, timeout=1800)
+                    entry = results.setdefault((config, threads, impl), {**out, "times_s": [], "cpu_times_s": []})
+                    entry["times_s"] += out["times_s"]
+                    entry["cpu_times_s"] += out["cpu_times_s"]
+                    print(f"  {config} threads={threads} {impl}: median "
+                          f"{statistics.median(out['times_s']) * 1e3:.1f} ms", file=sys.stderr)
+    records, rows = [], []
+    for config in configs:
+        for threads in thread_counts:
+            torch_med = statistics.median(results[(config, threads, "torch")]["times_s"]) \
+                if "torch" in impls else None
+            for impl in impls:
+                r = results[(config, threads, impl)]
+                wall = statistics.median(r["times_s"])
+                used = r["torch_threads"] if impl == "torch" else r["blas_threads"]
+                rec = {"config": config, **GPT_CONFIGS[config], "impl": impl,
+                       "threads": "default" if threads is None else threads, "threads_used": used,
+                       "median_ms": wall * 1e3, "min_ms": min(r["times_s"]) * 1e3,
+                       "max_ms": max(r["times_s"]) * 1e3,
+                       "cpu_median_ms": statistics.median(r["cpu_times_s"]) * 1e3, "steps": len(r["times_s"]),
+                       "vs_torch": wall / torch_med if torch_med else None, "first_loss": r["first_loss"]}
+                records.append(rec)
+                rows.append([config, impl, rec["threads"], used, f"{rec['median_ms']:.1f}",
+                             f"{rec['min_ms']:.1f}-{rec['max_ms']:.1f}", f"{rec['cpu_median_ms']:.1f}",
+                             "-" if rec["vs_torch"] is None else f"{rec['vs_torch']:.2f}x",
+                             f"{r['first_loss']:.6f}"])
+    lines = ["GPT (vocab 256, block 64, 4 layers, 4 heads, batch 16, AdamW, float32): fwd + bwd + step"
+             + (" [glibc malloc tuned: " + " ".join(f"{k}={v}" for k, v in MALLOC_TUNED_ENV.items()) + "]"
+                if args.malloc_tuned else ""),
+             format_table(rows, ["config", "impl", "threads", "threads used", "median ms", "range ms", "cpu ms",
+                                 "vs torch", "first loss"])]
+    if torch_note:
+        lines.append(f"torch: {torch_note}")
+    profiles = {}
+    if args.gpt_profile_steps:
+        for config in configs:
+            prof = run_worker([script, "--gpt-profile-worker", config, "--repeat", str(args.gpt_profile_steps)],
+                              threads=1, timeout=1800)
+            profiles[config] = prof
+            lines.append(f"\nneural_arch per-op profile, {config}, {prof['blas_threads']} thread "
+                         f"(cProfile, {prof['steps']} steps, {prof['profiled_ms_per_step']:.1f} ms/step under the "
+                         "profiler; exclusive time per op, forward and backward separately)")
+            lines.append(format_table([[o["op"], f"{o['ms_per_step']:.2f}", f"{100 * o['share']:.1f}%"]
+                                       for o in prof["ops"]], ["op", "ms/step", "share"]))
+    text = "\n".join(lines)
+    print(text)
+    payload = {"benchmark": "core_gpt_step", "configs": {c: GPT_CONFIGS[c] for c in configs}, "lr": GPT_LR,
+               "optimizer": "AdamW (weight_decay 0.01)", "dtype": "float32", "repeat": args.repeat,
+               "warmup": args.warmup, "rounds": args.rounds, "torch": torch_note or _torch_version(),
+               "malloc_env": MALLOC_TUNED_ENV if args.malloc_tuned else None,
+               "results": records, "profiles": profiles}
+    if args.json:
+        stem = os.path.splitext(args.json)[0]
+        print(f"wrote {write_json(args.json, payload)}")
+        with open(stem + ".txt", "w") as f:
+            f.write(text + "\n")
+        chart = _gpt_chart(stem + ".png", records, profiles)
+        if chart:
+            print(f"wrote {chart}")
+    return payload
+
+
+def _torch_version() -> str:
+    try:
+        import torch
+
+        return f"torch {torch.__version__}"
+    except ImportError:
+        return "torch not importable"
+
+
 # ---------------------------------------------------------------------------- driver
 def _torch_available() -> bool:
     try:
@@ -222,7 +592,34 @@ def main(argv=None) -> dict:
     parser.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
     parser.add_argument("--worker-threads", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--profile", action="store_true", help="cProfile the neural_arch step and exit")
+    parser.add_argument("--gpt", action="store_true",
+                        help="the GPT benchmark instead of the MLP (default JSON: results/bench_core_gpt.json)")
+    parser.add_argument("--gpt-configs", default="gpt128,gpt512", help="comma-separated: gpt128, gpt512")
+    parser.add_argument("--gpt-profile-steps", type=int, default=5,
+                        help="steps of the per-op neural_arch profile per config (0: no profile)")
+    parser.add_argument("--malloc-tuned", action="store_true",
+                        help="GPT: run every contender with glibc's MALLOC_MMAP_THRESHOLD_/TRIM_THRESHOLD_/TOP_PAD_ "
+                             "raised, so freed activations are reused instead of unmapped and page-faulted again")
+    parser.add_argument("--gpt-worker", choices=GPT_IMPLS, help=argparse.SUPPRESS)
+    parser.add_argument("--gpt-profile-worker", choices=tuple(GPT_CONFIGS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+
+    if args.gpt_worker:
+        print(json.dumps(gpt_worker(args.gpt_worker, args.gpt_configs, args.worker_threads, args.repeat,
+                                    args.warmup)))
+        return {}
+    if args.gpt_profile_worker:
+        print(json.dumps(gpt_profile(args.gpt_profile_worker, args.repeat)))
+        return {}
+    if args.gpt:
+        if args.json == os.path.join(_HERE, "results", "bench_core.json"):
+            args.json = os.path.join(_HERE, "results",
+                                     "bench_core_gpt_malloc_tuned.json" if args.malloc_tuned else "bench_core_gpt.json")
+        if args.threads == "1,default":
+            args.threads = "1,2"
+        if args.repeat == 20:
+            args.repeat = 15
+        return gpt_main(args)
 
     if args.worker:
         print(json.dumps(worker(args.worker, args.worker_threads, args.repeat, args.warmup)))

@@ -119,12 +119,21 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
     xc = xd - mu
     var = (xc * xc).mean(axis=axes, keepdims=True)
     rstd = 1.0 / xp.sqrt(var + eps)
-    xhat = xc * rstd
+    # In place from here (same arithmetic, fewer activation-sized temporaries): xc becomes xhat.
+    xhat = xc
+    if xhat.dtype == rstd.dtype:
+        xhat *= rstd
+    else:
+        xhat = xc * rstd
     wd = weight.data if isinstance(weight, Tensor) else weight
     bd = bias.data if isinstance(bias, Tensor) else bias
     out = xhat * wd if wd is not None else xhat
     if bd is not None:
-        out = out + bd
+        if (wd is not None and getattr(bd, "dtype", None) == out.dtype
+                and tuple(bd.shape) == tuple(out.shape[out.ndim - bd.ndim:])):
+            out += bd  # out is fresh (xhat * wd): xhat, kept for backward, is not touched
+        else:
+            out = out + bd
     out = out.astype(xd.dtype, copy=False)
     wt = weight if isinstance(weight, Tensor) and weight.requires_grad else None
     bt = bias if isinstance(bias, Tensor) and bias.requires_grad else None
@@ -145,8 +154,16 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
         if rx:
             dxhat = g * wd if wd is not None else g
             m1 = dxhat.sum(axis=axes, keepdims=True) / n
-            m2 = (dxhat * xhat).sum(axis=axes, keepdims=True) / n
-            gx = rstd * (dxhat - m1 - xhat * m2)
+            prod = dxhat * xhat
+            m2 = prod.sum(axis=axes, keepdims=True) / n
+            gx = dxhat - m1
+            if prod.dtype == gx.dtype == xp.result_type(xhat, m2, rstd):
+                # rstd * ((dxhat - m1) - xhat * m2), reusing two fresh temporaries
+                xp.multiply(xhat, m2, out=prod)
+                gx -= prod
+                gx *= rstd
+            else:
+                gx = rstd * (gx - xhat * m2)
         return gx, gw, gb
 
     return _result(out, Node(fn, (x if rx else None, wt, bt), "LayerNorm"))

@@ -31,10 +31,29 @@ class ReLU(Module):
 
 
 class GELU(Module):
-    """Gaussian error linear unit (whatever approximation ``F.gelu`` implements)."""
+    """Gaussian error linear unit, as torch's ``nn.GELU(approximate="none" | "tanh")``.
+
+    ``"none"`` is the exact ``x * Phi(x)`` (erf form); ``"tanh"`` is GPT-2's tanh approximation.
+
+    Example::
+
+        >>> import numpy as np
+        >>> round(float(GELU(approximate="tanh")(np.array([1.0])).data[0]), 6)
+        0.841192
+    """
+
+    def __init__(self, approximate: str = "none"):
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"nn.GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
 
     def forward(self, x):
-        return F.gelu(_as_tensor(x))
+        return F.gelu(_as_tensor(x), approximate=self.approximate)
+
+    def extra_repr(self) -> str:
+        # Only the non-default shows (torch always prints it; the repr test pins "GELU()").
+        return "" if self.approximate == "none" else f"approximate={self.approximate!r}"
 
 
 class Tanh(Module):

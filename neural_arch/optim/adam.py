@@ -75,17 +75,25 @@ class Adam(Optimizer):
                         g = g + wd * d
                 m, v = state["exp_avg"], state["exp_avg_sq"]
                 m *= beta1
-                m += (1 - beta1) * g
+                # One temporary for (1-b1)*g, (1-b2)*g*g, the denominator and the update (same
+                # arithmetic as the expression form): Adam is memory-bound.
+                tmp = xp.multiply(g, 1 - beta1)
+                m += tmp
                 v *= beta2
-                v += (1 - beta2) * (g * g)
+                if getattr(tmp, "ndim", 0) > 0:  # 0-d: NumPy gives back a scalar, out= cannot take it
+                    xp.multiply(g, g, out=tmp)
+                    tmp *= 1 - beta2
+                    v += tmp
+                else:
+                    v += (1 - beta2) * (g * g)
                 if amsgrad:
                     vmax = state["max_exp_avg_sq"]
                     xp.maximum(vmax, v, out=vmax)
                     v = vmax
                 bias1 = 1 - beta1**t
                 bias2 = 1 - beta2**t
-                # Reuse one temporary for the denominator and the update: Adam is memory-bound.
-                update = xp.sqrt(v)
+                reuse = getattr(tmp, "ndim", 0) > 0 and tmp.dtype == v.dtype and tmp.shape == v.shape
+                update = xp.sqrt(v, out=tmp) if reuse else xp.sqrt(v)
                 update /= math.sqrt(bias2)
                 update += eps
                 xp.divide(m, update, out=update)
