@@ -167,6 +167,20 @@ FACTORIES = {"numpy": make_numpy_step, "neural_arch": make_neural_arch_step, "to
 
 
 # ---------------------------------------------------------------------------- worker (subprocess)
+
+def _time_steps(step, repeat: int, warmup: int) -> tuple[list, list]:
+    """Wall and CPU seconds of each timed ``step()`` after ``warmup`` untimed ones (median_time runs them)."""
+    times, cpu_times = [], []
+
+    def timed():
+        c0, t0 = time.process_time(), time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
+
+    median_time(timed, repeat=repeat, warmup=warmup)
+    return times[warmup:], cpu_times[warmup:]
+
 def worker(impl: str, threads: int | None, repeat: int, warmup: int) -> dict:
     params, x, y = _initial_state()
     torch_threads = None
@@ -178,18 +192,10 @@ def worker(impl: str, threads: int | None, repeat: int, warmup: int) -> dict:
         torch_threads = torch.get_num_threads()
     step = FACTORIES[impl](params, x, y)
     first_loss = step()
-    times, cpu_times = [], []
-
-    def timed():
-        c0, t0 = time.process_time(), time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-        cpu_times.append(time.process_time() - c0)
-
-    median_time(timed, repeat=repeat, warmup=warmup)
+    times, cpu_times = _time_steps(step, repeat, warmup)
     return {"impl": impl, "threads_requested": threads, "blas_threads": blas_threads(),
-            "torch_threads": torch_threads, "first_loss": first_loss, "times_s": times[warmup:],
-            "cpu_times_s": cpu_times[warmup:]}
+            "torch_threads": torch_threads, "first_loss": first_loss, "times_s": times,
+            "cpu_times_s": cpu_times}
 
 
 def profile_neural_arch(repeat: int) -> None:
@@ -335,18 +341,10 @@ def gpt_worker(impl: str, config: str, threads: int | None, repeat: int, warmup:
     state, x, y = _gpt_initial_state(cfg)
     step = GPT_FACTORIES[impl](cfg, state, x, y)
     first_loss = step()
-    times, cpu_times = [], []
-
-    def timed():
-        c0, t0 = time.process_time(), time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-        cpu_times.append(time.process_time() - c0)
-
-    median_time(timed, repeat=repeat, warmup=warmup)
+    times, cpu_times = _time_steps(step, repeat, warmup)
     return {"impl": impl, "config": config, "threads_requested": threads, "blas_threads": blas_threads(),
-            "torch_threads": torch_threads, "first_loss": first_loss, "times_s": times[warmup:],
-            "cpu_times_s": cpu_times[warmup:]}
+            "torch_threads": torch_threads, "first_loss": first_loss, "times_s": times,
+            "cpu_times_s": cpu_times}
 
 
 def _op_label(filename: str, lineno: int, name: str, _cache: dict = {}) -> str | None:  # noqa: B006
