@@ -25,8 +25,10 @@ __all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "monit
            "recv_object_list", "scatter_object_list", "send_object_list"]
 
 
-def broadcast_object_list(object_list: list[Any], src: int = 0, group=None) -> list[Any]:
-    """Replace ``object_list``'s contents with global rank ``src``'s. Trusted peers only (pickle)."""
+def broadcast_object_list(object_list: list[Any], src: int = 0, group=None, device=None) -> list[Any]:
+    """Replace ``object_list``'s contents with global rank ``src``'s. Trusted peers only (pickle).
+
+    ``device`` is accepted for torch compatibility and ignored (objects travel on the host)."""
     pg = _group(group, "broadcast_object_list")
     if pg is None:
         return None

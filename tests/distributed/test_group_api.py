@@ -71,6 +71,7 @@ def test_world_of_one_without_environment():
     objs = [None]
     assert dist.all_gather_object(objs, {"a": 1}) == [{"a": 1}]
     assert dist.broadcast_object_list([1, "x"]) == [1, "x"]
+    assert dist.broadcast_object_list([2], src=0, group=None, device="cpu") == [2]   # torch's device keyword
     assert dist.gather_object(5) == [5]
     assert dist.scatter_object_list([None], ["only"]) == ["only"]
 
