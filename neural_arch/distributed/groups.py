@@ -37,6 +37,7 @@ import os
 import socket
 import sys
 import time
+import warnings
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -196,6 +197,11 @@ def init_process_group(backend: str | None = None, init_method: str | None = "en
 
         if name == "mpi":
             _refuse_mpi_outside_mpiexec(environ, launch)
+            if rank is not None or world_size is not None:
+                # torch's rule (its MPI tutorial passes rank=0, world_size=0): MPI assigns both
+                warnings.warn(f"init_process_group('mpi'): rank={rank} and world_size={world_size} are ignored; "
+                              "the MPI runtime assigns them (start N ranks with mpiexec -n N)", stacklevel=2)
+                rank = world_size = None
             impl = get_backend_class("mpi").create(None, rank, world_size, timeout,
                                                    rendezvous_timeout=rendezvous_timeout, **backend_options)
             _check_mpi_world(launch, impl)
