@@ -82,27 +82,19 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     return _clip_device(grads, max_norm, norm_type, error_if_nonfinite)
 
 
-def _norm_part(g, norm_type: float) -> float:
-    """This gradient's share of the total: ``max |g|`` (inf) or ``sum |g|**norm_type``."""
-    if not g.size:
-        return 0.0
-    xp = _backend.get_array_module(g)
-    if math.isinf(norm_type):
-        return float(xp.abs(g).max())
-    f = g.ravel()
-    if f.dtype != xp.result_type(f.dtype, np.float32):
-        f = f.astype(np.float32)  # float16 squares overflow at 256
-    if norm_type == 2.0:
-        return float(xp.vdot(f, f))
-    return float((xp.abs(f) ** norm_type).sum())
+def _clip_sharded(params, max_norm: float, norm_type: float, error_if_nonfinite: bool):
+    """Global norm: sharded parts summed over their shard groups, unsharded parts added locally.
 
-
-def _clip_sharded_device(params, xp, max_norm: float, norm_type: float, error_if_nonfinite: bool) -> Tensor:
-    """:func:`_clip_sharded` with every partial norm, the group reductions (1-element device buffers)
-    and the scaling on the device: no host synchronisation (as :func:`_clip_device`)."""
-    inf = math.isinf(norm_type)
+    Every rank joins each group's all-reduce, with or without gradients of its own (the groups
+    come from the parameters, in their order: the same on every rank). Partial norms, the group
+    reductions (1-element buffers) and the scaling stay in the gradients' array module, so device
+    gradients need no host synchronisation (a 0-d Tensor comes back); NumPy gives a Python float."""
     grads = [p.grad.data for p in params if p.grad is not None]
-    acc = xp.result_type(grads[0].dtype, np.float32)   # float16 squares overflow at 256
+    device = next((g for g in grads if type(g) is not np.ndarray), None)
+    xp = _backend.get_array_module(device) if device is not None else np
+    inf = math.isinf(norm_type)
+    # from the parameters, not the gradients: every rank must reduce the same dtype, with or without grads
+    acc = xp.result_type(params[0].dtype, np.float32)   # at least float32: float16 squares overflow at 256
 
     def part_of(g):
         if not g.size:
@@ -127,50 +119,16 @@ def _clip_sharded_device(params, xp, max_norm: float, norm_type: float, error_if
         else:
             local = combine(local, part)
     for fs, part in groups.values():
-        local = combine(local, fs.all_reduce_norm(part.reshape(1), "max" if inf else "sum")[0])
+        local = combine(local, fs.all_reduce_norm(xp.reshape(part, (1,)), "max" if inf else "sum")[0])
     total = local if inf else local ** (1.0 / norm_type)
     if error_if_nonfinite:
-        value = float(total)  # the caller asked for the check: one read of the device
+        value = float(total)  # the caller asked for the check: on a device, one read
         if not math.isfinite(value):
             raise _nonfinite_error(value)
-    coef = xp.minimum(max_norm / (total + 1e-6), 1.0)   # always multiply: a branch would need the host
-    for g in grads:
+    coef = xp.minimum(max_norm / (total + 1e-6), 1.0)   # always multiply (by exactly 1 below the limit):
+    for g in grads:                                      # a branch on the norm would need the host
         g *= coef.astype(g.dtype)
-    return Tensor._wrap(total)
-
-
-def _clip_sharded(params, max_norm: float, norm_type: float, error_if_nonfinite: bool) -> float:
-    """Global norm: sharded parts summed over their shard groups, unsharded parts added locally.
-
-    Every rank joins each group's all-reduce, with or without gradients of its own (the groups
-    come from the parameters, in their order: the same on every rank). Device gradients take
-    :func:`_clip_sharded_device` (no host synchronisation; a 0-d Tensor)."""
-    device = next((p.grad.data for p in params if p.grad is not None and type(p.grad.data) is not np.ndarray), None)
-    if device is not None:
-        return _clip_sharded_device(params, _backend.get_array_module(device), max_norm, norm_type,
-                                    error_if_nonfinite)
-    inf = math.isinf(norm_type)
-    local, groups = 0.0, {}
-    for p in params:
-        part = _norm_part(p.grad.data, norm_type) if p.grad is not None else 0.0
-        fs = getattr(p, "_flat_shard", None)
-        if fs is not None and fs.group is not None:
-            entry = groups.setdefault(id(fs.group), [fs, 0.0])
-            entry[1] = max(entry[1], part) if inf else entry[1] + part
-        else:
-            local = max(local, part) if inf else local + part
-    for fs, part in groups.values():
-        reduced = fs.all_reduce_norm(part, "max" if inf else "sum")
-        local = max(local, reduced) if inf else local + reduced
-    total = local if inf else local ** (1.0 / norm_type)
-    if error_if_nonfinite and not math.isfinite(total):
-        raise _nonfinite_error(total)
-    coef = max_norm / (total + 1e-6)
-    if coef < 1.0:
-        for p in params:
-            if p.grad is not None:
-                p.grad.data *= coef
-    return total
+    return Tensor._wrap(total) if device is not None else float(total)
 
 
 def _clip_host(grads, max_norm: float, norm_type: float, error_if_nonfinite: bool) -> float:
