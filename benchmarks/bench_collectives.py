@@ -95,7 +95,7 @@ def _make_ops(kind: str, rank: int, world: int):
     import numpy as np
 
     if kind.startswith("gloo"):
-        from neural_arch.distributed.comm.gloo import GlooBackend
+        from neural_arch.distributed.comm.gloo.backend import GlooBackend
         from neural_arch.distributed.rendezvous.store import TCPStore
 
         store = TCPStore("127.0.0.1", int(os.environ["BENCH_PORT"]), world_size=world, is_master=rank == 0,
@@ -107,7 +107,7 @@ def _make_ops(kind: str, rank: int, world: int):
         bc = lambda x: b.broadcast(x, 0)
         barrier, close = b.barrier, b.shutdown
     elif kind == "mpi":
-        from neural_arch.distributed.comm.mpi import MPIBackend
+        from neural_arch.distributed.comm.mpi.backend import MPIBackend
 
         b = MPIBackend.create(None, timeout=120)
         ar = lambda x: b.allreduce(x)

@@ -137,7 +137,7 @@ def bf16_supported(backend) -> str:
 
 def digits_run(hook_name: str, epochs: int, seed: int = 0) -> dict:
     import neural_arch.distributed as dist
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import nn, optim
     from neural_arch.core.tensor import Tensor, manual_seed
     from neural_arch.data import DataLoader, TensorDataset, load_digits
@@ -180,10 +180,10 @@ def gpt_matrices_run(hook_name: str, steps: int) -> dict:
     import numpy as np
 
     import neural_arch.distributed as dist
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import nn, optim
     from neural_arch.core.tensor import Tensor, manual_seed
-    from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket
+    from neural_arch.distributed.ddp.comm_hooks import GradBucket
 
     rank = dist.get_rank()
     manual_seed(0)

@@ -243,7 +243,7 @@ def _gpt_initial_state(cfg: dict, seed: int = 0):
 
 
 def make_neural_arch_gpt_step(cfg, state, x, y):
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import nn, optim
 
     model = nn.GPT(cfg["vocab"], cfg["block"], cfg["n_layer"], cfg["n_head"], cfg["n_embd"])

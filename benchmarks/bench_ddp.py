@@ -104,7 +104,7 @@ def worker_neural_arch(args) -> dict:
     import numpy as np
 
     import neural_arch.distributed as dist
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import nn, optim
     from neural_arch.core.tensor import Tensor, manual_seed
 

@@ -131,7 +131,7 @@ def _batch(cfg: dict, rank: int):
 
 
 def _loss(wrapped, x, y, vocab: int):
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch.core.tensor import Tensor
 
     logits = wrapped(Tensor(x))

@@ -100,7 +100,7 @@ def _a2a_rank(sizes_bytes: list, width: int, iters: int):
 def _gpt_rank(cfg: dict, ep: int):
     """On every rank (gloo): tokens/s of the MoE GPT under DDP with experts split ``ep`` ways."""
     import neural_arch.distributed as dist
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import nn, optim
     from neural_arch.core.tensor import manual_seed
     from neural_arch.distributed.expert_parallel import expert_parallel_mesh, parallelize_moe

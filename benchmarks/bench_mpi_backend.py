@@ -61,7 +61,7 @@ def worker(args) -> None:
     import numpy as np
     from mpi4py import MPI
 
-    from neural_arch.distributed.comm.mpi import MPIBackend
+    from neural_arch.distributed.comm.mpi.backend import MPIBackend
 
     backend = MPIBackend.create(None, timeout=120)
     comm = MPI.COMM_WORLD.Dup()
@@ -82,7 +82,7 @@ def worker(args) -> None:
             while MPI.Request.Waitany(pair) != 0:
                 pass
         persistent: dict = {}
-        from neural_arch.distributed.comm.mpi_check import CallCheck
+        from neural_arch.distributed.comm.mpi.check import CallCheck
         from neural_arch.distributed.comm.work import OpInfo
 
         check = CallCheck(MPI, comm, persistent=True)

@@ -44,10 +44,10 @@ def worker(p: int, m: int, schedule: str, v: int, width: int, mb: int, steps: in
     import numpy as np
 
     import neural_arch.distributed as dist
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import nn
     from neural_arch.core.tensor import manual_seed
-    from neural_arch.distributed import pipeline as pl
+    from neural_arch.distributed import pipelining as pl
 
     rank = dist.get_rank()
     manual_seed(0)
@@ -95,7 +95,7 @@ def worker(p: int, m: int, schedule: str, v: int, width: int, mb: int, steps: in
 
 def simulated_bubble(p: int, m: int, schedule: str, v: int, mean: dict, costs=(1, 1, 1)) -> float:
     """The plan's bubble in the schedule simulator with measured mean action durations."""
-    from neural_arch.distributed import pipeline as pl
+    from neural_arch.distributed import pipelining as pl
 
     plan = {"gpipe": lambda: pl.gpipe_plan(p, m), "1f1b": lambda: pl.one_f_one_b_plan(p, m),
             "interleaved": lambda: pl.interleaved_1f1b_plan(p, m, v),
@@ -123,12 +123,12 @@ def main(argv=None) -> int:
 
     from benchmarks._common import format_table, write_json
     from benchmarks.bench_pipeline import worker as importable_worker  # pickled by reference in the ranks
-    from neural_arch.distributed.parallel.pipeline.schedules import theoretical_bubble
-    from neural_arch.distributed.parallel.pipeline.zero_bubble import zero_bubble_theory
-    from neural_arch.distributed.parallel.pipeline.zero_bubble_interleaved import (
+    from neural_arch.distributed.pipelining.schedules import theoretical_bubble
+    from neural_arch.distributed.pipelining.zero_bubble import zero_bubble_theory
+    from neural_arch.distributed.pipelining.zero_bubble_interleaved import (
         interleaved_zero_bubble_theory,
     )
-    from neural_arch.distributed.parallel.pipeline.zero_bubble_v import zero_bubble_v_theory
+    from neural_arch.distributed.pipelining.zero_bubble_v import zero_bubble_v_theory
     from neural_arch.distributed.testing import RankPool
 
     env = {"PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",

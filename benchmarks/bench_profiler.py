@@ -53,7 +53,7 @@ def rank_main(steps: int, rounds: int, seed: int = 0, hidden: int = 256):
     import numpy as np
 
     import neural_arch.distributed as dist
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import nn, optim, profiler
     from neural_arch.core.tensor import Tensor, manual_seed
     from neural_arch.data import load_digits

@@ -157,8 +157,8 @@ def worker(args) -> None:
 # -- the Python path alone -----------------------------------------------------------------------------
 def _stub_backend():
     """A 2-rank GlooBackend whose direct engine reads what the real one reads per op and moves nothing."""
-    from neural_arch.distributed.comm.algorithms.executor import _UFUNCS
-    from neural_arch.distributed.comm.gloo import GlooBackend
+    from neural_arch.distributed.comm.gloo.executor import _UFUNCS
+    from neural_arch.distributed.comm.gloo.backend import GlooBackend
 
     class Segment:
         def poison(self, why):
@@ -209,8 +209,8 @@ def _engine_call():
 
     import numpy as np
 
-    from neural_arch.distributed.comm.algorithms.shm_direct import DirectCollectives
-    from neural_arch.distributed.comm.transport import shm_segment as S
+    from neural_arch.distributed.comm.gloo.shm_direct import DirectCollectives
+    from neural_arch.distributed.comm.gloo.transport import shm_segment as S
     from neural_arch.distributed.comm.work import OpInfo, ReduceOp
 
     try:

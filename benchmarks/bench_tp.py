@@ -39,7 +39,7 @@ def _rank_fn(cfg: dict):
     import neural_arch.distributed as dist
     from neural_arch import nn, optim
     from neural_arch.core.tensor import manual_seed
-    from neural_arch.distributed.tensor_parallel import parallelize_gpt, vocab_parallel_cross_entropy
+    from neural_arch.distributed.tensor.parallel import parallelize_gpt, vocab_parallel_cross_entropy
 
     manual_seed(0)
     model = nn.GPT(vocab_size=cfg["vocab"], block_size=cfg["seq"], n_layer=cfg["n_layer"], n_head=cfg["n_head"],

@@ -36,10 +36,10 @@ def worker(argv) -> int:
     args = p.parse_args(argv)
     import neural_arch.distributed as dist
     import neural_arch.distributed.checkpoint as dcp
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import nn, optim
     from neural_arch.core.tensor import Tensor, manual_seed
-    from neural_arch.distributed.run.elastic import restart_count
+    from neural_arch.distributed.elastic.checkpoint_restart import restart_count
 
     dist.init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()

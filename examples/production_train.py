@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch import nn, optim
 from neural_arch.core.tensor import manual_seed
 from neural_arch.data import DataLoader, TensorDataset, make_classification_data

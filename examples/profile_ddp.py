@@ -25,7 +25,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 import neural_arch.distributed as dist
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch import nn, optim, profiler
 from neural_arch.core.tensor import Tensor, manual_seed
 from neural_arch.data import DataLoader, TensorDataset, load_digits

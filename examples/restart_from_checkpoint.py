@@ -38,11 +38,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import numpy as np
 
 import neural_arch.distributed as dist
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch import nn, optim
 from neural_arch.core.tensor import Tensor, manual_seed
 from neural_arch.data import make_classification_data
-from neural_arch.distributed.run.elastic import (find_latest_checkpoint, remove_interrupted_writes, restart_count,
+from neural_arch.distributed.elastic.checkpoint_restart import (find_latest_checkpoint, remove_interrupted_writes, restart_count,
                                              save_npz_atomic)
 
 N_SAMPLES, N_FEATURES, N_CLASSES = 256, 16, 4

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import numpy as np
 
 import neural_arch.distributed as dist
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch import nn, optim
 from neural_arch.backend import to_device
 from neural_arch.core.tensor import Tensor, manual_seed
@@ -60,7 +60,7 @@ def parse_args(argv=None):
 
 def save_checkpoint(path: str, model, optimizer, meta: dict) -> None:
     """Model state dict + optimizer state in one .npz, written atomically (rank 0 only)."""
-    from neural_arch.distributed.run.elastic import save_npz_atomic
+    from neural_arch.distributed.elastic.checkpoint_restart import save_npz_atomic
 
     from neural_arch.backend import to_host  # GPU arrays come home once, here
 

@@ -47,8 +47,8 @@ import neural_arch.distributed as dist
 from neural_arch import nn, optim
 from neural_arch.core.tensor import Tensor
 from neural_arch.distributed import elastic
-from neural_arch.distributed.data.elastic_sampler import ElasticDistributedSampler
-from neural_arch.distributed.run.elastic import restart_count
+from neural_arch.distributed.elastic.sampler import ElasticDistributedSampler
+from neural_arch.distributed.elastic.checkpoint_restart import restart_count
 
 N_SAMPLES, N_FEATURES, SAMPLER_SEED = 256, 8, 1
 

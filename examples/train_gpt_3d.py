@@ -34,11 +34,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np
 
 import neural_arch.distributed as dist
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch import nn, optim
 from neural_arch.core.tensor import Tensor, manual_seed
 from neural_arch.data import make_token_sequences
-from neural_arch.distributed import pipeline as pl
+from neural_arch.distributed import pipelining as pl
 
 SCHEDULES = {"gpipe": pl.ScheduleGPipe, "1f1b": pl.Schedule1F1B, "interleaved": pl.ScheduleInterleaved1F1B,
              "zbh1": pl.ScheduleZBH1, "zbv": pl.ScheduleZBVZeroBubble, "izb": pl.ScheduleInterleavedZeroBubble}
@@ -118,7 +118,7 @@ def stage_params(stages, tp_group):
     """This rank's parameters by original name, unsharded (an all-gather over tp when tp > 1)."""
     if tp_group is None:
         return {n: p.data for st in stages for n, p in st.submodule.named_parameters()}
-    from neural_arch.distributed.parallel.tensor_parallel.state_dict import full_state_dict
+    from neural_arch.distributed.tensor.parallel.state_dict import full_state_dict
 
     out = {}
     for st in stages:
@@ -136,7 +136,7 @@ def main(argv=None) -> int:
 
     model = build_model(args)
     if tp > 1:
-        from neural_arch.distributed.parallel.tensor_parallel.gpt import parallelize_gpt
+        from neural_arch.distributed.tensor.parallel.gpt import parallelize_gpt
 
         parallelize_gpt(model, tp_group, loss_parallel=False)  # logits gathered: the plain loss works
     pipe = pl.pipeline(model, num_stages=pp * v, balance="layers")

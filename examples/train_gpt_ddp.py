@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np
 
 import neural_arch.distributed as dist
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch import nn, optim
 from neural_arch.backend import to_device, to_host
 from neural_arch.core.tensor import Tensor, manual_seed
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
         print(f"final: validation loss {first:.3f} -> {last:.3f}; {step} steps in {elapsed:.1f} s, "
               f"{step * args.batch_size * world / elapsed:.0f} sequences/s", flush=True)
         if args.checkpoint:
-            from neural_arch.distributed.run.elastic import save_npz_atomic
+            from neural_arch.distributed.elastic.checkpoint_restart import save_npz_atomic
 
             os.makedirs(os.path.dirname(os.path.abspath(args.checkpoint)), exist_ok=True)
             save_npz_atomic(args.checkpoint, **{f"model/{k}": to_host(v) for k, v in ddp.state_dict().items()})

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 import neural_arch.distributed as dist
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch import memory, nn, optim
 from neural_arch.amp import autocast
 from neural_arch.core.tensor import Tensor, manual_seed
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         print(f"final: train loss {first:.3f} -> {float(loss.item()):.3f}; {step} steps in {elapsed:.1f} s; "
               f"peak host memory {peak / 2**20:.1f} MiB on rank 0", flush=True)
         if args.checkpoint:
-            from neural_arch.distributed.run.elastic import save_npz_atomic
+            from neural_arch.distributed.elastic.checkpoint_restart import save_npz_atomic
 
             os.makedirs(os.path.dirname(os.path.abspath(args.checkpoint)), exist_ok=True)
             save_npz_atomic(args.checkpoint, **{f"model/{k}": v for k, v in state.items()})

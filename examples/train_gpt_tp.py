@@ -33,7 +33,7 @@ from neural_arch import nn, optim
 from neural_arch.core.tensor import manual_seed
 from neural_arch.data import make_token_sequences
 from neural_arch.distributed.device_mesh import init_device_mesh
-from neural_arch.distributed.tensor_parallel import (
+from neural_arch.distributed.tensor.parallel import (
     full_state_dict,
     parallelize_gpt,
     vocab_parallel_cross_entropy,

@@ -98,8 +98,9 @@ __all__ = [
     "save", "load", "return_types", "dtype",
     "nn",
     "optim",
-    "functional",
     "data",
+    "amp",
+    "autocast",
     "backend",
 ]
 # The dtype objects (float32, long, bool, ...) are importable by name but left out of __all__ so
@@ -107,7 +108,7 @@ __all__ = [
 
 # Lazily imported subpackages. `distributed` is deliberately absent: it must be imported
 # explicitly (`import neural_arch.distributed as dist`), never as a side effect.
-_LAZY = {"nn", "optim", "functional", "data", "backend", "cuda", "amp", "profiler"}
+_LAZY = {"nn", "optim", "data", "backend", "cuda", "amp", "profiler"}
 
 
 def __getattr__(name: str):
@@ -115,6 +116,11 @@ def __getattr__(name: str):
         module = importlib.import_module(f".{name}", __name__)
         globals()[name] = module
         return module
+    if name == "autocast":  # torch.autocast(device_type, dtype=...): the class of neural_arch.amp
+        from .amp import autocast
+
+        globals()[name] = autocast
+        return autocast
     if name == "bfloat16":  # needs ml_dtypes: imported on first use
         from .core import dtypes as _dtypes
 
@@ -125,4 +131,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(set(globals()) | _LAZY | {"bfloat16"})
+    return sorted(set(globals()) | _LAZY | {"autocast", "bfloat16"})

@@ -7,7 +7,7 @@ too). Tracing slows every Python allocation, in all of the program (2-3x for all
 code: the test suite measured a 2.7x slowdown of unrelated tests after one call), until :func:`stop`:
 call it when done measuring. FSDP's gather buffers
 (memory-mapped so that their memory can be given back under live views) report themselves to
-``tracemalloc`` while resident (:mod:`neural_arch.distributed.parallel.sharded.storage`). On the GPU (``device``
+``tracemalloc`` while resident (:mod:`neural_arch.distributed.fsdp.storage`). On the GPU (``device``
 ``"cuda"``) the numbers are CuPy's default memory pool: bytes in use, and the peak of that
 seen by calls to these functions and by :func:`reset_peak_memory_stats`.
 

@@ -20,7 +20,7 @@ bfloat16, and ``ml_dtypes`` gives a real 2-byte dtype with bfloat16 rounding who
 accumulates in float32 (as GPUs do). CuPy has no bfloat16, so on the GPU use float16
 (``device_type="cuda"`` defaults to float16, ``"cpu"`` to bfloat16, like torch).
 
-How it hooks in: the layers call their ops through ``neural_arch.functional`` (``F.linear``...),
+How it hooks in: the layers call their ops through ``neural_arch.nn.functional`` (``F.linear``...),
 so while an autocast region is active those names point at casting wrappers (installed on the
 first enter, removed on the last exit; the wrappers read the innermost region's settings at
 call time, so nesting and ``enabled=False`` work). Ops called as Tensor methods or operators
@@ -48,7 +48,7 @@ import threading
 
 import numpy as np
 
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch.core import dtypes as _dtypes
 from neural_arch.core.tensor import Tensor
 

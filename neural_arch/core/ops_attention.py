@@ -26,7 +26,7 @@ Conventions (written down because PyTorch's kernels differ among themselves here
 Example::
 
     >>> import numpy as np
-    >>> import neural_arch.functional as F
+    >>> import neural_arch.nn.functional as F
     >>> from neural_arch import Tensor
     >>> q = Tensor(np.ones((2, 4, 6, 8)), requires_grad=True)     # (B, H, T, D)
     >>> out = F.scaled_dot_product_attention(q, q, q, is_causal=True)

@@ -17,11 +17,11 @@ module                             names
 ``groups`` ``subgroups``           process groups, init/destroy, rank queries; new_group and friends
 ``collectives``                    Tensor collectives, p2p, object collectives
 ``comm`` / ``errors``              ``ReduceOp``, ``Work``, the error classes
-``parallel.data_parallel``         ``DistributedDataParallel``, ``no_sync``
+``ddp``                            ``DistributedDataParallel``, ``no_sync``
 ``expert_parallel``                ``parallelize_moe``, ``expert_parallel_mesh`` (mixture of experts)
 ``trainer``                        seed 003's ``DistributedTrainer``, ``EnhancedDistributedTrainer``
 ``data.sampler``                   ``DistributedSampler``, ``distributed_evaluate``
-``run.launcher`` / ``run.spawn``   the process launcher, ``launch(fn, nprocs)``
+``launcher`` / ``run.spawn``       the process launcher, ``launch(fn, nprocs)``
 ``rendezvous.store``               ``TCPStore``, ``FileStore``, ``PrefixStore``
 =================================  ===========================================
 """
@@ -50,20 +50,19 @@ _export("collectives", "barrier", "all_reduce", "broadcast", "reduce", "all_gath
 _export("comm", "ReduceOp", "Work", "DistributedError", "NotInitializedError", "CollectiveTimeoutError",
         "PeerFailureError", "CollectiveMismatchError", "RendezvousError", "AuthenticationError",
         "available_backends", "is_backend_available")
-_export("parallel.data_parallel.ddp", "DistributedDataParallel", "no_sync")
+_export("ddp", "DistributedDataParallel", "no_sync", "SyncBatchNorm")
 _export("data.sampler", "DistributedSampler", "distributed_evaluate")
-_export("run.launcher", "LaunchConfig", "DistributedLauncher", "launch_distributed_training")
+_export("launcher", "LaunchConfig", "DistributedLauncher", "launch_distributed_training")
 _export("run.spawn", "launch", "spawn", "ProcessRaisedException", "ProcessExitedException", "SpawnError")
 _export("run.env", "is_torchelastic_launched")
-_export("parallel.data_parallel.sync_batchnorm", "SyncBatchNorm")
-_export("run.elastic", "find_latest_checkpoint")
+_export("elastic", "find_latest_checkpoint", "ElasticDistributedSampler")
 _export("rendezvous.store", "TCPStore", "FileStore", "PrefixStore")
-_export("parallel.sharded", "FullyShardedDataParallel", "ZeroRedundancyOptimizer", "ShardingStrategy",
-        "CPUOffload", "MixedPrecision", "ShardedGradScaler")
-_export("data.elastic_sampler", "ElasticDistributedSampler")
+_export("fsdp", "FullyShardedDataParallel", "ShardingStrategy", "CPUOffload", "MixedPrecision",
+        "ShardedGradScaler")
+_export("optim", "ZeroRedundancyOptimizer")
 _export("subgroups", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group")
 _export("device_mesh", "DeviceMesh", "init_device_mesh")
-_export("parallel.pipeline", "PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
+_export("pipelining", "PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
         "ScheduleInterleavedZeroBubble", "ScheduleZBH1", "ScheduleZBVZeroBubble")
 _export("algorithms.communication_optimizer", "CommunicationOptimizer")
 _export("algorithms.hierarchical", "hierarchical_all_reduce", "host_groups")

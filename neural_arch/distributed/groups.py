@@ -41,10 +41,10 @@ import warnings
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from neural_arch.distributed import config
+from neural_arch import config
 from neural_arch.distributed.comm import get_backend_class
 from neural_arch.distributed.comm.local import LocalBackend
-from neural_arch.distributed.comm.transport.engine import host_identity as _host_identity  # the transport's "same host"
+from neural_arch.distributed.comm.gloo.transport.engine import host_identity as _host_identity  # the transport's "same host"
 from neural_arch.distributed.errors import DistributedError, NotInitializedError, RendezvousError
 
 __all__ = [

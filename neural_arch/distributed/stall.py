@@ -36,10 +36,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from neural_arch.distributed import config
+from neural_arch import config
 from neural_arch.distributed.comm import spans as _spans
 from neural_arch.distributed.comm.debug import _P2P_NAMES
-from neural_arch.distributed.comm.mpi_progress import where  # how an MPI rank words its op (no mpi4py)
+from neural_arch.distributed.comm.mpi.progress import where  # how an MPI rank words its op (no mpi4py)
 
 __all__ = [
     "DEFAULT_WARNING_S",

@@ -27,7 +27,7 @@ import os
 import socket
 from dataclasses import asdict, dataclass, field
 
-from neural_arch.distributed.comm.transport.engine import host_identity as _host_identity
+from neural_arch.distributed.comm.gloo.transport.engine import host_identity as _host_identity
 
 __all__ = ["RankInfo", "Topology", "discover", "gpus", "interfaces", "local_info", "main", "numa_nodes"]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from neural_arch import backend as _backend
-from neural_arch import functional as F
+from neural_arch.nn import functional as F
 from neural_arch.core.tensor import Tensor
 from neural_arch.nn.linear import Linear
 from neural_arch.nn.module import Module
@@ -45,7 +45,7 @@ class MultiheadAttention(Module):
         embed_dim: model width C; must be divisible by ``num_heads``.
         num_heads: number of heads H (head size D = C / H).
         dropout: dropout on the attention weights and on the output projection.
-            Attention is :func:`neural_arch.functional.scaled_dot_product_attention` (blockwise:
+            Attention is :func:`neural_arch.nn.functional.scaled_dot_product_attention` (blockwise:
             no (T, T) matrix is kept); set ``attention_fn`` to a function with its signature
             (e.g. ring attention) to replace it.
         causal: if True (the default) position t attends only to positions <= t (also across a

@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from neural_arch import functional as F
+from neural_arch.nn import functional as F
 from neural_arch.core.ops_conv import _conv_padding, _pair
 from neural_arch.core.tensor import Tensor
 from neural_arch.nn import init

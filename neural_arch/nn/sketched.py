@@ -41,7 +41,7 @@ import math
 
 import numpy as np
 
-from neural_arch import functional as F
+from neural_arch.nn import functional as F
 from neural_arch.core.tensor import Tensor, get_generator, no_grad
 from neural_arch.nn import init
 from neural_arch.nn.module import Module

@@ -4,7 +4,7 @@ dropout included; seed 002's names; memory statistics."""
 import numpy as np
 import pytest
 
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch import memory, nn
 from neural_arch.core.tensor import Tensor, manual_seed
 from neural_arch.utils.checkpoint import apply_activation_checkpointing, checkpoint, checkpoint_sequential

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import neural_arch as na
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch import nn, optim
 from neural_arch.amp import GradScaler, autocast
 from neural_arch.core.tensor import Tensor

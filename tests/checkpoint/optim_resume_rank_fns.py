@@ -51,7 +51,7 @@ def _setup(kind: str):
 
 
 def _train(model, opt, steps: int, world: int, rank: int) -> float:
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch.core.tensor import Tensor
 
     X, y = batch(world, rank)

@@ -24,7 +24,7 @@ def _cp_group(cp: int):
 
 
 def _naive(q, k, v, causal):
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
 
     s = F.matmul(q, k.transpose(-1, -2)) * (1.0 / np.sqrt(q.shape[-1]))
     if causal:
@@ -130,10 +130,10 @@ def context_manager_case(rotate: str, seed: int = 0):
 def gpt_cp_case(load_balance: bool, algorithm: str = "ring", steps: int = 2, seed: int = 0):
     """GPT trained with context parallelism over the world vs single-process on the whole sequence."""
     import neural_arch.distributed as dist
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import nn, optim
     from neural_arch.core.tensor import manual_seed
-    from neural_arch.distributed.parallel.tensor_parallel.gpt import parallelize_gpt
+    from neural_arch.distributed.tensor.parallel.gpt import parallelize_gpt
     from neural_arch.distributed.tensor.experimental import shard_sequence
 
     cfg = {"vocab_size": 11, "block_size": 8, "n_layer": 2, "n_head": 4, "n_embd": 8}
@@ -174,11 +174,11 @@ def gpt_tp_cp_case(steps: int = 2, seed: int = 0):
     """A 2 (cp) x 2 (tp) mesh: tensor parallelism over "tp", context parallelism over "cp", vs
     single-process training (loss per step and the full parameters after each Adam step)."""
     import neural_arch.distributed as dist
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import nn, optim
     from neural_arch.core.tensor import manual_seed
-    from neural_arch.distributed.parallel.tensor_parallel.gpt import parallelize_gpt
-    from neural_arch.distributed.parallel.tensor_parallel.state_dict import full_state_dict
+    from neural_arch.distributed.tensor.parallel.gpt import parallelize_gpt
+    from neural_arch.distributed.tensor.parallel.state_dict import full_state_dict
     from neural_arch.distributed.tensor.experimental import shard_sequence
 
     cfg = {"vocab_size": 12, "block_size": 8, "n_layer": 1, "n_head": 4, "n_embd": 8}

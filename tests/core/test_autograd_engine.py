@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch.core import queue_callback as core_queue_callback
 from neural_arch.core.tensor import (
     Tensor,

@@ -39,7 +39,7 @@ def test_cpu_helpers():
 
 def test_import_does_not_load_cupy_or_distributed():
     code = (
-        "import sys, neural_arch, neural_arch.core, neural_arch.functional, neural_arch.backend\n"
+        "import sys, neural_arch, neural_arch.core, neural_arch.nn.functional, neural_arch.backend\n"
         "import numpy as np\n"
         "t = neural_arch.Tensor([1.0], requires_grad=True); (t * 2).sum().backward()\n"
         "bad = [m for m in ('cupy', 'neural_arch.distributed') if m in sys.modules]\n"
@@ -89,7 +89,7 @@ def test_check_same_device_message():
 def test_gpu_forward_backward_matches_cpu():
     import cupy as cp
 
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
 
     rng = np.random.default_rng(0)
     xs, ws, bs = rng.standard_normal((8, 5)), rng.standard_normal((3, 5)), rng.standard_normal(3)

@@ -11,7 +11,7 @@ MODULES = [
     "neural_arch",
     "neural_arch.backend",
     "neural_arch.config",
-    "neural_arch.functional",
+    "neural_arch.nn.functional",
     "neural_arch.core",
     "neural_arch.core.autograd",
     "neural_arch.core.tensor",

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch.core import ops_basic as ob
 from neural_arch.core import ops_shape as osh
 

@@ -9,7 +9,7 @@ from core_testutils import check_grad, randn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch.core import ops_norm
 from neural_arch.core.tensor import Tensor, manual_seed
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import neural_arch as na
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch.core.tensor import Tensor, get_generator, manual_seed
 
 
@@ -209,7 +209,7 @@ def test_package_exports():
                  "concatenate", "stack", "split", "chunk", "exp", "log", "sqrt", "abs", "matmul",
                  "sum", "mean", "max", "min", "var"):
         assert callable(getattr(F, name)), name
-    assert na.functional is F
+    assert na.nn.functional is F
 
 
 def test_pickle_and_deepcopy():

@@ -232,7 +232,7 @@ def test_max_min_with_dim_return_values_and_indices():
     assert "return_types.max" in repr(r)
     assert x.min(0).values.tolist() == [1.0, 2.0, 0.0] and x.min(0).indices.tolist() == [0, 1, 1]
     assert x.max(1, keepdim=True).values.shape == (2, 1) and x.max(axis=1, keepdims=True).indices.shape == (2, 1)
-    assert na.functional.max(x, 1).indices.tolist() == [1, 0]
+    assert na.nn.functional.max(x, 1).indices.tolist() == [1, 0]
     assert x.max().item() == 7.0 and x.min().item() == 0.0
     assert x.max(na.full((2, 3), 4.0)).tolist() == [[4, 5, 5], [7, 4, 4]]  # elementwise
     with pytest.raises(TypeError, match="amax"):
@@ -269,7 +269,7 @@ def test_max_min_dim_gradcheck(shape, keepdim, seed, data):
 def test_maximum_minimum_gradcheck(shp, seed):
     sa, sb = shp.input_shapes
     a, b = randn(seed, sa), randn(seed + 7, sb) + 0.01  # no ties: finite differences are smooth
-    check_grad(lambda p, q: na.functional.maximum(p, q), a, b)
+    check_grad(lambda p, q: na.nn.functional.maximum(p, q), a, b)
     check_grad(lambda p, q: p.minimum(q), a, b)
     t = na.tensor([1.0, 2.0], requires_grad=True)
     t.maximum(na.tensor([1.0, 0.0])).sum().backward()

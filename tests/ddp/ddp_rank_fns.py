@@ -17,7 +17,7 @@ import numpy as np
 
 def _imports():
     import neural_arch.distributed as dist
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import nn, optim
     from neural_arch.core.tensor import Tensor
 
@@ -92,7 +92,7 @@ def make_hook(name: str, group):
     sums raw (not pre-scaled) gradients and divides in a ``then`` continuation."""
     from neural_arch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from neural_arch.distributed.comm.work import ReduceOp
-    from neural_arch.distributed.parallel.data_parallel.comm_hooks import then
+    from neural_arch.distributed.ddp.comm_hooks import then
 
     if name == "custom":
         def sum_then_divide(state, bucket):
@@ -140,7 +140,7 @@ def topk_feedback_run(ratio: float, steps: int = 5, kwargs=None):
     Returns (largest error, [(numbers sent, bucket size) per step])."""
     dist = _imports()[4]
     from neural_arch.distributed.algorithms.ddp_comm_hooks.topk_hook import TopKState, topk_hook
-    from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket
+    from neural_arch.distributed.ddp.comm_hooks import GradBucket
 
     rank, world = dist.get_rank(), dist.get_world_size()
     backend = dist.get_default_group().backend
@@ -179,7 +179,7 @@ def topk_feedback_run(ratio: float, steps: int = 5, kwargs=None):
 def hook_calls_run():
     """Record what the comm hook sees: bucket indices, is_last, parameter counts, in call order."""
     _nn, _optim, F, Tensor, dist = _imports()
-    from neural_arch.distributed.parallel.data_parallel.comm_hooks import allreduce_hook
+    from neural_arch.distributed.ddp.comm_hooks import allreduce_hook
 
     model = build_mlp(0, np.float64, sizes=(32, 64, 10))
     # buckets: [2.bias], [2.weight, 0.bias], [0.weight] (a bucket closes once it holds the cap)
@@ -513,7 +513,7 @@ def powersgd_feedback_run(rank_r: int, steps: int = 5):
     == the sum over steps of the true mean gradients. Returns (error, numbers sent, numbers plain)."""
     dist = _imports()[4]
     from neural_arch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
-    from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket
+    from neural_arch.distributed.ddp.comm_hooks import GradBucket
 
     rank, world = dist.get_rank(), dist.get_world_size()
     backend = dist.get_default_group().backend

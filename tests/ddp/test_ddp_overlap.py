@@ -14,8 +14,8 @@ import time
 import pytest
 
 from neural_arch.distributed.comm import work as work_mod
-from neural_arch.distributed.comm.transport import shm_segment
-from neural_arch.distributed.comm.transport.shm_segment import ShmSegment
+from neural_arch.distributed.comm.gloo.transport import shm_segment
+from neural_arch.distributed.comm.gloo.transport.shm_segment import ShmSegment
 from neural_arch.distributed.comm.work import OpInfo, Work
 from neural_arch.distributed.errors import CollectiveTimeoutError, GroupPoisonedError
 from neural_arch.distributed.rendezvous.file_store import FileStore

@@ -19,7 +19,7 @@ from neural_arch.distributed.algorithms.ddp_comm_hooks.topk_hook import (
     topk_hook,
 )
 from neural_arch.distributed.comm.work import Work
-from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket
+from neural_arch.distributed.ddp.comm_hooks import GradBucket
 
 
 def _fresh(n):

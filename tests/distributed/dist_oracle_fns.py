@@ -210,7 +210,7 @@ def async_many_fn(seed, shape, dtype, k):
 def algorithms_fn():
     """After one all_reduce, reduce and broadcast of 100 float64: the segment size the executor
     streams with, and for each collective whether its compiled plan ran pipelined (ring/chain)."""
-    from neural_arch.distributed.comm.algorithms import executor as gloo_algorithms
+    from neural_arch.distributed.comm.gloo import executor as gloo_algorithms
 
     backend = dist.get_default_group().backend
     x = np.ones(100)

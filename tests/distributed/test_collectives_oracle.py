@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes
 
 from neural_arch.config import get as config_get
-from neural_arch.distributed.comm.algorithms.executor import (
+from neural_arch.distributed.comm.gloo.executor import (
     CHAIN_BROADCAST_MIN_BYTES,
     RING_ALLREDUCE_DEFAULT_MIN_BYTES,
     RING_ALLREDUCE_MIN_BYTES,

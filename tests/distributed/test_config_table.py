@@ -1,4 +1,4 @@
-"""The settings table (neural_arch/config.py, re-exported as neural_arch.distributed.config) lists
+"""The settings table (neural_arch/config.py, re-exported as neural_arch.config) lists
 every NEURAL_ARCH_* variable the package reads, only it reads them from the environment,
 docs/configuration.md is its output, and get() types and checks values."""
 import ast
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from neural_arch.distributed import config
+from neural_arch import config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOT_SETTINGS = {"NEURAL_ARCH_PICKLE"}  # a file-format magic string, not an environment variable
@@ -26,7 +26,7 @@ def test_every_variable_the_package_uses_is_in_the_table():
 
 def test_docs_are_the_tables_output():
     text = (ROOT / "docs" / "configuration.md").read_text()
-    assert config.markdown_table() in text, "regenerate: python -m neural_arch.distributed.config"
+    assert config.markdown_table() in text, "regenerate: python -m neural_arch.config"
 
 
 def test_get_types_defaults_and_errors():
@@ -115,7 +115,7 @@ def test_only_the_table_reads_neural_arch_variables():
     reads = environment_reads(trees)
     offenders = sorted({f"{rel}:{line} ({name})" for rel, line, name in reads})
     assert not offenders, ("read these through neural_arch.config.get(name, environ) (or "
-                           f"neural_arch.distributed.config.get): {offenders}")
+                           f"neural_arch.config.get): {offenders}")
 
 
 def test_the_scanner_sees_every_form_of_read():

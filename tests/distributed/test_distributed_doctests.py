@@ -16,7 +16,7 @@ import pytest
 import neural_arch.distributed as dist
 
 #: modules whose import needs an optional runtime (checked by their own GPU/MPI tests)
-NEEDS_OPTIONAL = {"neural_arch.distributed.comm.mpi"}
+NEEDS_OPTIONAL = {"neural_arch.distributed.comm.mpi.backend"}
 
 
 def _modules() -> list[str]:

@@ -24,7 +24,7 @@ def train_with_failure(fail_at: int | None, fail_ranks: tuple, ckpt_dir: str | N
     import neural_arch.distributed as dist
     from neural_arch.core.tensor import Tensor
     from neural_arch.distributed import elastic, groups
-    from neural_arch.distributed.data.elastic_sampler import ElasticDistributedSampler
+    from neural_arch.distributed.elastic.sampler import ElasticDistributedSampler
 
     model, opt, X, Y = _setup()
     sampler = ElasticDistributedSampler(dataset_size=len(X), shuffle=True, seed=3)

@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neural_arch.distributed.data.elastic_sampler import ElasticDistributedSampler
+from neural_arch.distributed.elastic.sampler import ElasticDistributedSampler
 
 
 def _segment(n, world, state, epoch, seed, shuffle, take=None):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from neural_arch.distributed import elastic
-from neural_arch.distributed.data.elastic_sampler import ElasticDistributedSampler
+from neural_arch.distributed.elastic.sampler import ElasticDistributedSampler
 from neural_arch.distributed.testing import RankPool
 
 

@@ -41,7 +41,7 @@ def _batch(world, stranded):
 def ep_train_run(ep_size, top_k, capacity_factor, how="world", stranded=False, local_aux=False, steps=3):
     """Single-process on the union batch vs expert-parallel + DDP: outputs, aux loss, parameters."""
     import neural_arch.distributed as dist
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch.core.tensor import Tensor, manual_seed
     from neural_arch.distributed.expert_parallel import expert_parallel_mesh, parallelize_moe
     from neural_arch.optim import Adam
@@ -168,7 +168,7 @@ def a2a_uneven_run():
 def gpt_ep_run(ep_size, steps=2):
     """A GPT whose every other MLP is an MoE: expert-parallel + DDP vs one process on the union batch."""
     import neural_arch.distributed as dist
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import nn
     from neural_arch.core.tensor import manual_seed
     from neural_arch.distributed.expert_parallel import expert_parallel_mesh, parallelize_moe

@@ -20,7 +20,7 @@ def killed_mid_all_reduce(victim: int, nelems: int, delay_s: float):
     """Every rank joins a warm-up all_reduce, then an all_reduce of ``nelems`` float32 elements;
     ``victim`` SIGKILLs itself ``delay_s`` into it. A survivor returns (error type, message, seconds
     it waited) and then shuts its group down at once."""
-    from neural_arch.distributed.comm.gloo import GlooBackend
+    from neural_arch.distributed.comm.gloo.backend import GlooBackend
     from neural_arch.distributed.rendezvous.store import TCPStore
 
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -46,8 +46,8 @@ def killed_during_shm_setup(victim: int, kill_key: str):
     """Every rank sets up a shared-memory gloo group; ``victim`` SIGKILLs itself right after it stored
     ``kill_key`` (its files exist, its peers have not all mapped them). A survivor returns (error type,
     message, seconds it waited, the dead rank's files still in the shared-memory directory right after)."""
-    from neural_arch.distributed.comm.gloo import GlooBackend
-    from neural_arch.distributed.comm.transport.shm import _ring_dir
+    from neural_arch.distributed.comm.gloo.backend import GlooBackend
+    from neural_arch.distributed.comm.gloo.transport.shm import _ring_dir
     from neural_arch.distributed.rendezvous.store import PrefixStore, TCPStore
 
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -80,7 +80,7 @@ def rendezvous_without(size: int, timeouts: list):
     """Ranks 0..len(timeouts)-1 of a world of ``size`` rendezvous (``GlooBackend.create`` over TCP, rank 0
     hosting the store); the other ranks never start. Rank r gives up after ``timeouts[r]`` seconds, and
     the store's host closes the store when it gives up. Returns (error type, message, seconds)."""
-    from neural_arch.distributed.comm.gloo import GlooBackend
+    from neural_arch.distributed.comm.gloo.backend import GlooBackend
     from neural_arch.distributed.rendezvous.store import TCPStore
 
     rank = int(os.environ["RANK"])

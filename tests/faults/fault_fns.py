@@ -83,7 +83,7 @@ def _reduce_fault(b):
     """Rank 0's reduction fails half way (a stand-in for NumPy's "output array is read-only" during
     the reduction): bytes have moved, peers are mid-exchange."""
     if b.rank == 0 and b.name == "gloo":
-        from neural_arch.distributed.comm.algorithms import executor
+        from neural_arch.distributed.comm.gloo import executor
 
         real = executor._UFUNCS[dist.ReduceOp.SUM]
 

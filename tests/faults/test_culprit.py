@@ -15,7 +15,7 @@ nothing behind.
 import culprit_fns
 import pytest
 
-import neural_arch.distributed.comm.transport.engine  # noqa: F401  (a broken transport must fail, not skip)
+import neural_arch.distributed.comm.gloo.transport.engine  # noqa: F401  (a broken transport must fail, not skip)
 from neural_arch.distributed.testing import RankPool
 
 pytestmark = pytest.mark.timeout(60)

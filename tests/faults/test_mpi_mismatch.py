@@ -180,7 +180,7 @@ def test_an_uncaught_exception_on_one_rank_ends_the_job_at_once(tmp_path):
 def test_the_abort_hook_is_installed_unless_turned_off():
     code = textwrap.dedent("""
         import sys
-        from neural_arch.distributed.comm.mpi_failure import abort_on_uncaught_exception
+        from neural_arch.distributed.comm.mpi.failure import abort_on_uncaught_exception
         before = sys.excepthook
         off = abort_on_uncaught_exception({"NEURAL_ARCH_MPI_ABORT_ON_EXCEPTION": "0"})
         unchanged = sys.excepthook is before

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from neural_arch.distributed.comm.debug import wire_word
-from neural_arch.distributed.comm.transport import handshake
-from neural_arch.distributed.comm.transport.engine import LinkTransport
-from neural_arch.distributed.comm.transport.framing import FRAME
-from neural_arch.distributed.comm.transport.tcp import TcpLink
+from neural_arch.distributed import auth as handshake
+from neural_arch.distributed.comm.gloo.transport.engine import LinkTransport
+from neural_arch.distributed.comm.gloo.transport.framing import FRAME
+from neural_arch.distributed.comm.gloo.transport.tcp import TcpLink
 from neural_arch.distributed.comm.work import OpInfo
 from neural_arch.distributed.errors import AuthenticationError, FrameMismatchError, PeerFailureError
 from neural_arch.distributed.rendezvous.store import TCPStore
@@ -148,7 +148,7 @@ def test_ring_files_of_dead_ranks_are_cleaned_at_the_next_rendezvous(tmp_path):
     import subprocess
     import sys
 
-    from neural_arch.distributed.comm.transport.shm import clean_stale_rings
+    from neural_arch.distributed.comm.gloo.transport.shm import clean_stale_rings
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

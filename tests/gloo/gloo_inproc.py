@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 
-from neural_arch.distributed.comm.gloo import GlooBackend
+from neural_arch.distributed.comm.gloo.backend import GlooBackend
 
 
 class _Hub:

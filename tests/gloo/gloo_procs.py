@@ -18,7 +18,7 @@ _STORE = None
 def backend():
     global _BACKEND, _STORE
     if _BACKEND is None:
-        from neural_arch.distributed.comm.gloo import GlooBackend
+        from neural_arch.distributed.comm.gloo.backend import GlooBackend
         from neural_arch.distributed.rendezvous.store import TCPStore
 
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from gloo_inproc import run_threads
 
-import neural_arch.distributed.comm.transport.engine  # noqa: F401  (a broken transport must fail, not skip)
+import neural_arch.distributed.comm.gloo.transport.engine  # noqa: F401  (a broken transport must fail, not skip)
 from neural_arch.distributed.errors import CollectiveMismatchError
 
 pytestmark = pytest.mark.timeout(60)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from gloo_inproc import run_threads
 
-import neural_arch.distributed.comm.algorithms.executor as GA
+import neural_arch.distributed.comm.gloo.executor as GA
 
 pytestmark = pytest.mark.timeout(60)
 SIZES = [1, 2, 3, 4, 5]
@@ -102,7 +102,7 @@ def test_barrier_and_world_of_one():
 
 @pytest.mark.parametrize("size", SIZES)
 def test_pipelined_ring_and_chain_with_tiny_segments(size, monkeypatch):
-    import neural_arch.distributed.comm.algorithms.executor as GA
+    import neural_arch.distributed.comm.gloo.executor as GA
 
     monkeypatch.setattr(GA, "PIPELINE_SEGMENT_BYTES", 24)           # a few elements per segment
     monkeypatch.setattr(GA, "CHAIN_BROADCAST_MIN_BYTES", 1)

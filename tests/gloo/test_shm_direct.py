@@ -13,8 +13,8 @@ import gloo_procs
 import pytest
 import shm_direct_procs as D
 
-from neural_arch.distributed.comm.algorithms import shm_direct
-from neural_arch.distributed.comm.transport.shm_segment import direct_supported
+from neural_arch.distributed.comm.gloo import shm_direct
+from neural_arch.distributed.comm.gloo.transport.shm_segment import direct_supported
 from neural_arch.distributed.testing import RankPool
 
 pytestmark = [pytest.mark.timeout(90),
@@ -149,7 +149,7 @@ def test_stale_segment_of_a_dead_creator_is_removed(tmp_path):
     import subprocess
     import sys
 
-    from neural_arch.distributed.comm.transport.shm import clean_stale_rings
+    from neural_arch.distributed.comm.gloo.transport.shm import clean_stale_rings
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)
@@ -166,7 +166,7 @@ def _two_segments():
     """Rank 0's and rank 1's ShmSegment over one anonymous mapping (one process, no waiting)."""
     import mmap
 
-    from neural_arch.distributed.comm.transport import shm_segment as S
+    from neural_arch.distributed.comm.gloo.transport import shm_segment as S
 
     nbytes = S.ShmSegment.nbytes_for(2, 4096, S.SMALL_BYTES)
     mm = mmap.mmap(-1, nbytes)
@@ -183,7 +183,7 @@ def test_sync_checks_words_names_both_sides_and_fails_on_poison():
     import time
 
     from neural_arch.distributed.comm.debug import wire_word
-    from neural_arch.distributed.comm.transport.shm_segment import pack_words
+    from neural_arch.distributed.comm.gloo.transport.shm_segment import pack_words
     from neural_arch.distributed.comm.work import OpInfo
     from neural_arch.distributed.errors import CollectiveMismatchError, GroupPoisonedError
 

@@ -19,7 +19,7 @@ import wire_mismatch_procs as W
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import neural_arch.distributed.comm.transport.engine  # noqa: F401  (a broken transport must fail, not skip)
+import neural_arch.distributed.comm.gloo.transport.engine  # noqa: F401  (a broken transport must fail, not skip)
 from neural_arch.distributed.testing import RankPool
 
 pytestmark = pytest.mark.timeout(120)

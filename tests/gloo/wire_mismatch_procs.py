@@ -31,7 +31,7 @@ def _store():
 def _backend(transport: str, fresh: bool):
     """This rank's group over ``transport``; a new one when ``fresh`` (the last one failed)."""
     global _GROUP
-    from neural_arch.distributed.comm.gloo import GlooBackend
+    from neural_arch.distributed.comm.gloo.backend import GlooBackend
     from neural_arch.distributed.rendezvous.store import PrefixStore
 
     if _GROUP is not None and _GROUP[0] == transport and not fresh:

@@ -173,7 +173,7 @@ def test_ddp_mlp_matches_single_process(nccl_ready):
 
 # -- Tensor ops: "cuda" gives what "cpu" gives -----------------------------------------------------
 def _ops():
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     return {
         "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
         "div": lambda a, b: a / (b * b + 1), "matmul": lambda a, b: a @ b.T,

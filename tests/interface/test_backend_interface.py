@@ -254,8 +254,8 @@ def test_registry_knows_every_backend_and_names_the_extra(monkeypatch):
     import sys
 
     # Every backend the factory's table documents resolves (any case) to its Backend subclass.
-    modules = {"gloo": ("neural_arch.distributed.comm.gloo", "GlooBackend"),
-               "mpi": ("neural_arch.distributed.comm.mpi", "MPIBackend"),
+    modules = {"gloo": ("neural_arch.distributed.comm.gloo.backend", "GlooBackend"),
+               "mpi": ("neural_arch.distributed.comm.mpi.backend", "MPIBackend"),
                "nccl": ("neural_arch.distributed.comm.nccl.backend", "NCCLBackend"),
                "local": ("neural_arch.distributed.comm.local", "LocalBackend")}
     for name, (module, cls_name) in modules.items():

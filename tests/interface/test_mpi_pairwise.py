@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.timeout(90)]
 _SCRIPT = """
 import time, numpy as np
 import neural_arch.distributed as dist
-from neural_arch.distributed.comm.mpi import MPIBackend, PAIRWISE_MIN_BYTES, PAIRWISE_MAX_BYTES
+from neural_arch.distributed.comm.mpi.backend import MPIBackend, PAIRWISE_MIN_BYTES, PAIRWISE_MAX_BYTES
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp
 from neural_arch.distributed.groups import _resolve_group
 from mpi4py import MPI

@@ -255,7 +255,7 @@ def persistent_all_reduces():
     inline threshold, native and widened (float16) dtypes, several ops: every result matches NumPy
     on every rank. (Mismatched calls: tests/faults/test_mpi_mismatch.py.)"""
     import neural_arch.distributed as dist
-    from neural_arch.distributed.comm import mpi_allreduce as M
+    from neural_arch.distributed.comm.mpi import allreduce as M
     from neural_arch.distributed.groups import _resolve_group
 
     backend = _resolve_group(None, "test").backend

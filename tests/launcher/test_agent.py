@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from neural_arch.distributed.comm.transport.handshake import greet
+from neural_arch.distributed.auth import greet
 from neural_arch.distributed.run.agent import NodeAgentServer, NodeLayout, join_node0
 
 TOKEN = "s3cret-token-" + "ab" * 8

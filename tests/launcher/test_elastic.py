@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from launcher_helpers import ROOT, kill_pids, pid_alive, wait_for
 
-from neural_arch.distributed.run.elastic import (
+from neural_arch.distributed.elastic.checkpoint_restart import (
     atomic_write_bytes,
     find_latest_checkpoint,
     restart_count,
@@ -100,7 +100,7 @@ def test_watch_is_a_no_op_for_a_process_that_is_not_the_launchers_child():
 
 
 def test_remove_interrupted_writes_deletes_only_temp_files(tmp_path):
-    from neural_arch.distributed.run.elastic import remove_interrupted_writes
+    from neural_arch.distributed.elastic.checkpoint_restart import remove_interrupted_writes
 
     (tmp_path / "step_000006.npz").write_bytes(b"good")
     (tmp_path / "step_000007.npz.tmp-x1y2").write_bytes(b"half")  # a writer killed mid-write

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from neural_arch.distributed.run.elastic_agent import ElasticAgentServer, ElasticMember
+from neural_arch.distributed.elastic.agent import ElasticAgentServer, ElasticMember
 
 TOKEN = "elastic-" + "cd" * 8
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch import Tensor, nn
 from neural_arch.core.tensor import manual_seed, no_grad
 from neural_arch.nn import moe as moe_module

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import neural_arch as na
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch import nn, optim
 
 

@@ -6,7 +6,7 @@ causal, scale, dropout, the returned log-sum-exp, errors; nn.MultiheadAttention 
 import numpy as np
 import pytest
 
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch import Tensor, nn
 from neural_arch.core.rng import manual_seed
 

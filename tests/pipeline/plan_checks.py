@@ -3,7 +3,7 @@ interleaved zero-bubble tests."""
 
 from __future__ import annotations
 
-from neural_arch.distributed.parallel.pipeline.schedules import B, F, PipelinePlan, W
+from neural_arch.distributed.pipelining.schedules import B, F, PipelinePlan, W
 
 
 def assert_split_backward_order(plan: PipelinePlan) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 
 def _imports():
     import neural_arch.distributed as dist
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import nn, optim
     from neural_arch.core.tensor import Tensor, manual_seed
 
@@ -97,7 +97,7 @@ def setup_groups(pp: int):
 
 def train_run(cfg: dict):
     _dist, _F, _nn, _optim, Tensor, _seed = _imports()
-    from neural_arch.distributed import pipeline as pl
+    from neural_arch.distributed import pipelining as pl
 
     kind, pp, v, m = cfg["kind"], cfg["pp"], cfg.get("v", 1), cfg["m"]
     steps, mb_size = cfg.get("steps", 3), cfg.get("mb", 2)
@@ -169,7 +169,7 @@ def fault_run(mode: str, victim: int = 1, timeout: float = 4.0, done_dir: str | 
     """A 3-stage 1F1B pipeline whose stage ``victim`` dies (``"die"``) or hangs (``"hang"``) in step 2.
     Returns the error text seen on this rank (``done_dir``: see :func:`_hang_until_others_report`)."""
     dist, *_ = _imports()
-    from neural_arch.distributed import pipeline as pl
+    from neural_arch.distributed import pipelining as pl
 
     world, rank = dist.get_world_size(), dist.get_rank()
     group = dist.new_group(list(range(world)), timeout=timeout)
@@ -197,7 +197,7 @@ def fault_run(mode: str, victim: int = 1, timeout: float = 4.0, done_dir: str | 
 def plan_shapes_run(kind: str = "gpt"):
     """Shape handshake: a second step with a different batch size still works (new header per step)."""
     dist, *_ = _imports()
-    from neural_arch.distributed import pipeline as pl
+    from neural_arch.distributed import pipelining as pl
 
     rank, world = dist.get_rank(), dist.get_world_size()
     model = build_model(kind, layers=world)
@@ -214,7 +214,7 @@ def plan_shapes_run(kind: str = "gpt"):
 def bad_batch_run():
     """A batch of 4 rows with 3 micro-batches: a clear ValueError on the first stage, before any I/O."""
     dist, *_ = _imports()
-    from neural_arch.distributed import pipeline as pl
+    from neural_arch.distributed import pipelining as pl
 
     rank, world = dist.get_rank(), dist.get_world_size()
     stage = pl.pipeline(build_model("mlp", layers=world), num_stages=world).build_stage(rank)
@@ -234,7 +234,7 @@ def zb_vs_1f1b_run(kind: str, m: int, steps: int = 2):
     gradient and parameter of this rank's stage is bitwise equal after every step; also whether
     the ZB-H1 step really deferred weight gradients (Linear weights had no gradient after B)."""
     dist, _F, _nn, _optim, _Tensor, _seed = _imports()
-    from neural_arch.distributed import pipeline as pl
+    from neural_arch.distributed import pipelining as pl
 
     rank, world = dist.get_rank(), dist.get_world_size()
     runs = {}
@@ -281,7 +281,7 @@ def culprit_run(mode: str, victim: int, timeout: float = 4.0, schedule: str = "1
     text this rank saw (with its notes) and how long its failing step took (``done_dir``: see
     :func:`_hang_until_others_report`)."""
     dist, *_ = _imports()
-    from neural_arch.distributed import pipeline as pl
+    from neural_arch.distributed import pipelining as pl
 
     world, rank = dist.get_world_size(), dist.get_rank()
     group = dist.new_group(list(range(world)), timeout=timeout)
@@ -319,7 +319,7 @@ def zbv_errors_run():
     """The errors ZB-V raises before any I/O: stages not in a V, one stage, V stages given to
     interleaved 1F1B. Returns ``{case: error text}`` on this rank."""
     dist, *_ = _imports()
-    from neural_arch.distributed import pipeline as pl
+    from neural_arch.distributed import pipelining as pl
 
     rank, world = dist.get_rank(), dist.get_world_size()
     pipe = pl.pipeline(build_model("mlp", layers=2 * world), num_stages=2 * world)

@@ -6,7 +6,7 @@ reads, as happens when two neighbours of a hung stage time out together.
 
 import json
 
-from neural_arch.distributed.parallel.pipeline import failure
+from neural_arch.distributed.pipelining import failure
 
 
 class _RacyStore:

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neural_arch.distributed.parallel.pipeline.schedules import B, F, with_communication
-from neural_arch.distributed.pipeline import (
+from neural_arch.distributed.pipelining.schedules import B, F, with_communication
+from neural_arch.distributed.pipelining import (
     Action,
     DeadlockError,
     PipelinePlan,

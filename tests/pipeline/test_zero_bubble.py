@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from plan_checks import assert_split_backward_order
 
 from neural_arch.core.tensor import Tensor
-from neural_arch.distributed.parallel.pipeline.schedules import (
+from neural_arch.distributed.pipelining.schedules import (
     B,
     DeadlockError,
     W,
@@ -27,8 +27,8 @@ from neural_arch.distributed.parallel.pipeline.schedules import (
     simulate,
     theoretical_bubble,
 )
-from neural_arch.distributed.parallel.pipeline.weight_grad import WeightGradStash, defer_linear_weight_grads
-from neural_arch.distributed.parallel.pipeline.zero_bubble import zero_bubble_plan, zero_bubble_theory
+from neural_arch.distributed.pipelining.weight_grad import WeightGradStash, defer_linear_weight_grads
+from neural_arch.distributed.pipelining.zero_bubble import zero_bubble_plan, zero_bubble_theory
 from neural_arch.distributed.testing import RankPool
 from neural_arch.nn.linear import Linear
 

@@ -20,20 +20,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from plan_checks import assert_split_backward_order
 
-from neural_arch.distributed.parallel.pipeline.schedules import (
+from neural_arch.distributed.pipelining.schedules import (
     COMM,
     B,
     interleaved_1f1b_plan,
     simulate,
     theoretical_bubble,
 )
-from neural_arch.distributed.parallel.pipeline.zero_bubble import list_schedule, zero_bubble_plan
-from neural_arch.distributed.parallel.pipeline.zero_bubble_interleaved import (
+from neural_arch.distributed.pipelining.zero_bubble import list_schedule, zero_bubble_plan
+from neural_arch.distributed.pipelining.zero_bubble_interleaved import (
     interleaved_zero_bubble_memory_bound,
     interleaved_zero_bubble_plan,
     interleaved_zero_bubble_theory,
 )
-from neural_arch.distributed.pipeline import ScheduleInterleavedZeroBubble, stage_indices
+from neural_arch.distributed.pipelining import ScheduleInterleavedZeroBubble, stage_indices
 
 
 @pytest.mark.parametrize("p, v", list(itertools.product(range(1, 5), (2, 3))))

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neural_arch.distributed.comm.algorithms import plans as P
+from neural_arch.distributed.comm.gloo import plans as P
 
 SIZES = range(1, 10)
 LENGTHS = [0, 1, 2, 3, 5, 7, 8, 9, 13, 64, 101]

@@ -129,13 +129,13 @@ class _single_process_bn:
         self.layers = [m for m in model.modules() if type(m).__name__ == "SyncBatchNorm"]
 
     def __enter__(self):
-        import neural_arch.distributed.parallel.data_parallel.sync_batchnorm as sbn
+        import neural_arch.distributed.ddp.sync_batchnorm as sbn
 
         self._saved = sbn._group_size
         sbn._group_size = lambda group: 1
 
     def __exit__(self, *exc):
-        import neural_arch.distributed.parallel.data_parallel.sync_batchnorm as sbn
+        import neural_arch.distributed.ddp.sync_batchnorm as sbn
 
         sbn._group_size = self._saved
 

@@ -17,7 +17,7 @@ import pytest
 from security_procs import finish, kill, start
 
 import neural_arch.distributed as dist
-from neural_arch.distributed.comm.transport import handshake
+from neural_arch.distributed import auth as handshake
 from neural_arch.distributed.errors import AuthenticationError, DistributedError
 from neural_arch.distributed.rendezvous.store import TCPStore
 from neural_arch.distributed.run.env import derive_job_token, free_port
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(60)
 # key, so it needs no secret): today's code of this package is all it uses.
 _OPEN_STORE = """
     import socket, threading
-    from neural_arch.distributed.comm.transport import handshake
+    from neural_arch.distributed import auth as handshake
     from neural_arch.distributed.rendezvous import tcp_store as ts
     state = ts._State()
     state.data["weights"] = b"the attacker's numbers"

@@ -17,7 +17,7 @@ import tracemalloc
 import pytest
 from security_procs import kill, start
 
-from neural_arch.distributed.comm.transport import handshake
+from neural_arch.distributed import auth as handshake
 from neural_arch.distributed.rendezvous import tcp_store
 from neural_arch.distributed.rendezvous.store import StoreTimeoutError, TCPStore
 

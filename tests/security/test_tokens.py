@@ -20,7 +20,7 @@ import pytest
 from security_procs import finish, start
 
 import neural_arch.distributed as dist
-from neural_arch.distributed.comm.transport import handshake
+from neural_arch.distributed import auth as handshake
 from neural_arch.distributed.errors import AuthenticationError
 from neural_arch.distributed.rendezvous.store import TCPStore
 

@@ -26,7 +26,7 @@ def _gpt(ckpt: bool):
 
 
 def _loss(model, x, y, twice: bool):
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch.core.tensor import Tensor
 
     def one(xx):
@@ -47,7 +47,7 @@ def reshard_run(cfg):
     import neural_arch.distributed as dist
     from neural_arch import nn, optim
     from neural_arch.distributed.fsdp import FSDP, BackwardPrefetch, ModuleWrapPolicy
-    from neural_arch.distributed.parallel.sharded import storage
+    from neural_arch.distributed.fsdp import storage
 
     storage.MIN_BYTES = 0  # this GPT's buffers are small: map them all, so that freeing is exercised
     if hasattr(mmap, "MADV_DONTNEED"):

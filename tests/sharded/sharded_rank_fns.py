@@ -34,7 +34,7 @@ def data(n: int, dtype, seed: int = 3):
 
 
 def _loss(model, X, y):
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch.core.tensor import Tensor
 
     return F.cross_entropy(model(Tensor(X)), y)

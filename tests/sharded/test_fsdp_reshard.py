@@ -58,7 +58,7 @@ def test_full_shard_reshards_and_matches_single_process(pool, name):
 
 
 def storage_can_release() -> bool:
-    from neural_arch.distributed.parallel.sharded import storage
+    from neural_arch.distributed.fsdp import storage
 
     return storage._CAN_RELEASE
 
@@ -68,8 +68,8 @@ def test_owner_pieces_cover_every_element_once():
     # must tile the flat buffer exactly as the shards do (padding excluded), for odd world sizes too
     import numpy as np
 
-    from neural_arch.distributed.parallel.sharded.flat import FlatLayout
-    from neural_arch.distributed.parallel.sharded.owner_reducer import owner_pieces
+    from neural_arch.distributed.flat_param import FlatLayout
+    from neural_arch.distributed.fsdp.owner_reducer import owner_pieces
 
     shapes = [(5,), (2, 3), (), (7, 1), (1,)]
     for world in (1, 2, 3, 4, 5, 8, 40):

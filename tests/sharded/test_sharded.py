@@ -78,7 +78,7 @@ def test_hybrid_shard_on_four_ranks():
 
 
 def test_flat_layout_pads_to_world():
-    from neural_arch.distributed.parallel.sharded.flat import FlatLayout
+    from neural_arch.distributed.flat_param import FlatLayout
 
     for world in (1, 2, 3, 5):
         lay = FlatLayout([(2, 3), (5,), ()], world)

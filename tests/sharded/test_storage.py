@@ -7,7 +7,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from neural_arch.distributed.parallel.sharded import storage
+from neural_arch.distributed.fsdp import storage
 
 pytestmark = pytest.mark.skipif(not storage._CAN_RELEASE, reason="no mmap.madvise(MADV_DONTNEED) here")
 

@@ -21,7 +21,7 @@ def ddp_on_fake_device(steps: int = 3, per_rank: int = 4):
     import fake_device as fd
 
     import neural_arch.distributed as dist
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import backend, optim
     from neural_arch.core.tensor import Tensor
 

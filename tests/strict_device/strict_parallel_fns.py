@@ -123,7 +123,7 @@ def tp_gpt_run(steps: int = 2):
     import neural_arch.distributed as dist  # noqa: F401  (the group is initialised by the pool)
     from neural_arch import nn, optim
     from neural_arch.core.tensor import manual_seed
-    from neural_arch.distributed.tensor_parallel import parallelize_gpt, vocab_parallel_cross_entropy
+    from neural_arch.distributed.tensor.parallel import parallelize_gpt, vocab_parallel_cross_entropy
 
     def run(device, count):
         manual_seed(0)
@@ -150,10 +150,10 @@ def tp_gpt_run(steps: int = 2):
 def pp_1f1b_run(steps: int = 2, microbatches: int = 4):
     """A 2-stage MLP pipeline (one stage per rank) under ``Schedule1F1B`` + SGD, 2 steps."""
     import neural_arch.distributed as dist
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import nn, optim
     from neural_arch.core.tensor import manual_seed
-    from neural_arch.distributed import pipeline as pl
+    from neural_arch.distributed import pipelining as pl
 
     def run(device, count):
         manual_seed(0)
@@ -215,7 +215,7 @@ def zero_run(stage: int, steps: int = 2):
     DDP's own strict check is test_strict_ddp.py, and its per-step control read would be counted
     against ZeRO here), stage 2 on its own (it reduce-scatters the gradients itself)."""
     import neural_arch.distributed as dist
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import optim
     from neural_arch.core.tensor import Tensor
     from neural_arch.distributed.optim import ZeroRedundancyOptimizer
@@ -244,7 +244,7 @@ def fsdp_run(clip: bool = False, strategy: str = "FULL_SHARD", steps: int = 2):
     ``host_params``: the FSDP parameters that are not on the device (name, shape, dtype)."""
     import fake_device as fd
 
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import nn, optim
     from neural_arch.core.tensor import Tensor
     from neural_arch.distributed.fsdp import FSDP, ShardingStrategy
@@ -290,7 +290,7 @@ def dcp_roundtrip_run(directory: str):
     import fake_device as fd
 
     import neural_arch.distributed as dist
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import optim
     from neural_arch.core.tensor import Tensor
     from neural_arch.distributed import checkpoint as dcp

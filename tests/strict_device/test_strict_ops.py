@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch import backend
 from neural_arch.core.tensor import Tensor
 

@@ -114,7 +114,7 @@ def test_tensor_parallel_gpt_step_equals_numpy(pool):
 
 @pytest.mark.xfail(strict=True, reason=(
     "bug: 8 host syncs per tensor-parallel GPT step: VocabParallelEmbedding.forward checks the index "
-    "range with int(raw.min()) / int(raw.max()) (neural_arch/distributed/parallel/tensor_parallel/"
+    "range with int(raw.min()) / int(raw.max()) (neural_arch/distributed/tensor/parallel/"
     "layers.py:230), vocab_parallel_cross_entropy checks targets with bool(...[valid].any()) (boolean "
     "mask + bool, cross_entropy.py:69) and counts them with int(valid.sum()) (:89), and its backward "
     "indexes with boolean masks rows[mine], local_t[mine], probs[~valid] (:102-103); F.cross_entropy "
@@ -145,7 +145,7 @@ def test_distributed_checkpoint_round_trip(pool, tmp_path_factory):
 
 # ------------------------------------------------------------------------------------------- autocast
 def _autocast_step(device):
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import backend, nn, optim
     from neural_arch.amp import autocast
     from neural_arch.core.tensor import Tensor

@@ -11,7 +11,7 @@ import fake_device as fd
 import numpy as np
 import pytest
 
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch import backend, nn, optim
 from neural_arch.core.tensor import Tensor
 

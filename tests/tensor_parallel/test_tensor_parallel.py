@@ -137,6 +137,6 @@ def test_bad_plan_is_a_clear_error(pool):
 
 def _bad_plan():
     from neural_arch import nn
-    from neural_arch.distributed.tensor_parallel import ColwiseParallel, parallelize_module
+    from neural_arch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
     parallelize_module(nn.Sequential(nn.Linear(4, 4)), None, {"fc_typo": ColwiseParallel()})

@@ -175,10 +175,10 @@ def collective_grad_run(op: str, seed: int = 0):
 # ---------------------------------------------------------------------------------- layers
 def layers_run(seed: int = 0):
     """Column/Row/VocabParallel layers and vocab-parallel CE vs their single-process layers."""
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import nn
     from neural_arch.core.tensor import Tensor, manual_seed
-    from neural_arch.distributed.tensor_parallel import (
+    from neural_arch.distributed.tensor.parallel import (
         ColumnParallelLinear,
         RowParallelLinear,
         VocabParallelEmbedding,
@@ -270,7 +270,7 @@ def _gpt(seed: int, cfg=None):
 
 def _local_slice(ref_array, tp_model, name, group):
     """The slice of a full (single-process) array that ``name`` holds on this rank."""
-    from neural_arch.distributed.parallel.tensor_parallel.state_dict import _shard_specs
+    from neural_arch.distributed.tensor.parallel.state_dict import _shard_specs
 
     spec = _shard_specs(tp_model).get(name)
     if spec is None:
@@ -303,9 +303,9 @@ def _batch(seed: int, rows: int, cfg=None):
 
 def gpt_tp_run(loss_parallel: bool, steps: int = 3, seed: int = 0, sequence_parallel: bool = False):
     """TP GPT over the world vs single-process GPT: logits, every gradient, params after Adam steps."""
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import optim
-    from neural_arch.distributed.tensor_parallel import parallelize_gpt, vocab_parallel_cross_entropy
+    from neural_arch.distributed.tensor.parallel import parallelize_gpt, vocab_parallel_cross_entropy
 
     dist = _dist()
     group = dist.get_default_group()
@@ -344,7 +344,7 @@ def gpt_tp_run(loss_parallel: bool, steps: int = 3, seed: int = 0, sequence_para
 def state_dict_run(seed: int = 0):
     """Full state dict -> TP model -> full state dict round trip; sharded entries; wrapper API."""
     from neural_arch.distributed.model_parallel import TensorParallel
-    from neural_arch.distributed.tensor_parallel import (
+    from neural_arch.distributed.tensor.parallel import (
         ShardedArray,
         full_state_dict,
         load_full_state_dict,
@@ -380,11 +380,11 @@ def state_dict_run(seed: int = 0):
 
 def hybrid_gpt_run(use_mesh: bool, steps: int = 3, seed: int = 0):
     """2 (dp) x 2 (tp): DDP over the dp group of each TP shard vs single-process on the global batch."""
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import optim
     from neural_arch.distributed import DistributedDataParallel as DDP
     from neural_arch.distributed.device_mesh import init_device_mesh
-    from neural_arch.distributed.tensor_parallel import parallelize_gpt, vocab_parallel_cross_entropy
+    from neural_arch.distributed.tensor.parallel import parallelize_gpt, vocab_parallel_cross_entropy
 
     dist = _dist()
     tp_size = 2
@@ -442,7 +442,7 @@ def _seed_sketched_model(nn, SKLinear, dtype=np.float64, sizes=(1024, [512, 256,
 
 def sketched_ddp_run(steps: int = 3, seed: int = 0):
     """Seed 004's sketched model under DDP (per-rank batches) vs single-process on the global batch."""
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import nn, optim
     from neural_arch.core.tensor import Tensor, manual_seed
     from neural_arch.distributed import DistributedDataParallel as DDP
@@ -481,11 +481,11 @@ def tp_sketched_run(seed: int = 0, use_seed_groups: bool = False, steps: int = 2
 
     With ``use_seed_groups`` (4 ranks): seed 004's HybridParallelTrainer layout, DDP over the dp group.
     """
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import nn, optim
     from neural_arch.core.tensor import Tensor, manual_seed
     from neural_arch.distributed import DistributedDataParallel as DDP
-    from neural_arch.distributed.tensor_parallel import TensorParallelModel
+    from neural_arch.distributed.tensor.parallel import TensorParallelModel
     from neural_arch.nn.sketched import SKLinear
 
     dist = _dist()
@@ -540,7 +540,7 @@ def sequence_parallel_block_run(seed: int = 3):
     sequence) must equal the single-process one."""
     from neural_arch import nn
     from neural_arch.core.tensor import Tensor, manual_seed
-    from neural_arch.distributed.tensor_parallel import (
+    from neural_arch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
         SequenceParallel,

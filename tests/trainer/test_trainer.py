@@ -43,7 +43,7 @@ def test_resume_is_bitwise_on_same_world_and_exact_on_another(pool, tmp_path):
             assert r["bitwise"], f"rank {rank} {strategy}: resumed run differs by {r['diff']:g}"
             assert r["rng"] and r["step"] == 2 and r["lr"] == pytest.approx(0.05 * 0.7 ** 4)
     # the 2-rank FSDP and ZeRO-2 checkpoints resume in one process (a DDP trainer, world of one)
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch.distributed.trainer import DistributedTrainer
 
     for strategy in ("fsdp", "zero2"):

@@ -10,7 +10,7 @@ import pytest
 import trainer_rank_fns as fns
 
 import neural_arch.distributed as dist
-import neural_arch.functional as F
+import neural_arch.nn.functional as F
 from neural_arch.distributed.trainer import (
     STRATEGIES,
     DistributedMonitor,

@@ -51,7 +51,7 @@ def make_scheduler(opt):
 def reference(windows: int, world: int, clip=None, k: int = K, amp=None, dtype=np.float64, sgd=False) -> dict:
     """One process, one step per window on the window's ``k*world*B`` rows."""
     import neural_arch as na
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch import optim
     from neural_arch.amp import autocast
     from neural_arch.core.tensor import Tensor
@@ -86,7 +86,7 @@ def _max_diff(a: dict, b: dict) -> float:
 
 
 def train_windows(trainer, opt, X, y, first: int, last: int, k: int = K):
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
 
     out = []
     for w in range(first, last):
@@ -100,7 +100,7 @@ def equivalence(cfg):
     """Every strategy of ``cfg["strategies"]``: K=4 micro-batches per step on this world, against
     one process on the union of each window's micro-batches. Returns per strategy the largest
     parameter difference and what the metrics said."""
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch.core.tensor import Tensor
     from neural_arch.distributed.trainer import DistributedTrainer
 
@@ -183,7 +183,7 @@ def resume(cfg):
 def amp_run(cfg):
     """DDP with bfloat16 autocast (float32 model), K=2, against one process under autocast."""
     import neural_arch as na
-    import neural_arch.functional as F
+    import neural_arch.nn.functional as F
     from neural_arch.amp import autocast
     from neural_arch.core.tensor import Tensor
     from neural_arch.distributed.trainer import DistributedTrainer

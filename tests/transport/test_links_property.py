@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from neural_arch.distributed.errors import CollectiveTimeoutError, PeerFailureError
-from neural_arch.distributed.comm.transport.framing import Link, PeerGone
-from neural_arch.distributed.comm.transport.engine import LinkTransport
+from neural_arch.distributed.comm.gloo.transport.framing import Link, PeerGone
+from neural_arch.distributed.comm.gloo.transport.engine import LinkTransport
 from neural_arch.distributed.comm.work import OpInfo
 
 pytestmark = pytest.mark.timeout(120)
@@ -145,7 +145,7 @@ class _LoopShm:
         import secrets
         import tempfile
 
-        from neural_arch.distributed.comm.transport import shm as S
+        from neural_arch.distributed.comm.gloo.transport import shm as S
 
         class Link(S.ShmLink):
             def read_some(self, view):

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.timeout(60)
 
 _CHILD = r"""
 import json, os, sys, time
-from neural_arch.distributed.comm.transport.shm import _Ring
-from neural_arch.distributed.comm.transport.shm_segment import ShmSegment
+from neural_arch.distributed.comm.gloo.transport.shm import _Ring
+from neural_arch.distributed.comm.gloo.transport.shm_segment import ShmSegment
 from neural_arch.distributed.rendezvous.store import TCPStore
 
 d, out = sys.argv[1], {}

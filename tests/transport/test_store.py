@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from neural_arch.distributed.comm.transport import handshake
+from neural_arch.distributed import auth as handshake
 from transport_procs import run_ranks
 
 from neural_arch.distributed.errors import AuthenticationError, PeerFailureError, RendezvousError

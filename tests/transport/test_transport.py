@@ -140,7 +140,7 @@ def test_messages_larger_than_a_small_shm_ring_stream_through_it(master):
 
 
 def test_default_ring_size_shrinks_with_peers_and_free_space(monkeypatch):
-    from neural_arch.distributed.comm.transport import shm as S
+    from neural_arch.distributed.comm.gloo.transport import shm as S
 
     class Vfs:
         f_frsize = 4096
@@ -275,7 +275,7 @@ def test_deadline_names_the_silent_peer(master, mode):
 
 _AUTH = """
     from transport_rank import connect, info
-    import neural_arch.distributed.comm.transport.tcp as tt
+    import neural_arch.distributed.comm.gloo.transport.tcp as tt
     from neural_arch.distributed.rendezvous.store import TCPStore
     token = os.environ.get("TOKEN") or None
     if rank == 1:  # connect to rank 0 only after the test's rogue clients had their go
@@ -302,7 +302,7 @@ def test_unauthenticated_transport_connection_is_rejected(token):
     connections left open meanwhile do not hold the rendezvous up."""
     import struct
 
-    from neural_arch.distributed.comm.transport import handshake
+    from neural_arch.distributed import auth as handshake
 
     master = TCPStore("127.0.0.1", 0, is_master=True, timeout=60, auth_token=token)
     procs = start_ranks(_AUTH, 2, env=dict(_env(master, "tcp"), TOKEN=token or ""))

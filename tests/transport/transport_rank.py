@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from neural_arch.distributed.comm.transport.engine import connect_transport
+from neural_arch.distributed.comm.gloo.transport.engine import connect_transport
 from neural_arch.distributed.comm.work import OpInfo
 from neural_arch.distributed.rendezvous.store import TCPStore
 

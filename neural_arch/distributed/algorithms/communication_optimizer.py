@@ -18,7 +18,7 @@ steps: what a rank did not send is kept (per ``key``) and added to its next call
 from __future__ import annotations
 
 from neural_arch.distributed.comm.work import ReduceOp
-from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket, hook_backend
+from neural_arch.distributed.ddp.comm_hooks import GradBucket, hook_backend
 
 __all__ = ["CommunicationOptimizer"]
 
@@ -122,7 +122,7 @@ class CommunicationOptimizer:
         """``DistributedDataParallel(module)`` with this configuration's buckets and, when
         ``compression_ratio < 1``, the Top-K comm hook (error feedback per bucket)."""
         from neural_arch.distributed.algorithms.ddp_comm_hooks.topk_hook import TopKState, topk_hook
-        from neural_arch.distributed.parallel.data_parallel.ddp import DistributedDataParallel
+        from neural_arch.distributed.ddp.distributed_data_parallel import DistributedDataParallel
 
         ddp = DistributedDataParallel(module, **{**self.ddp_kwargs(), **ddp_kwargs})
         if self.compression_ratio < 1.0:

@@ -19,7 +19,7 @@ The result is the flat all-reduce's: bitwise for integers (addition is associati
 reduction-order rounding for floats. Uneven sizes are fine (the 2-D form pads the last slice); the
 2-D form needs the same number of ranks on every host, the leader form does not. On gloo the
 host group's steps run on the direct shared-memory collectives (the host group maps its own
-segment at its first collective: :mod:`neural_arch.distributed.comm.gloo`), the cross-host step
+segment at its first collective: :mod:`neural_arch.distributed.comm.gloo.backend`), the cross-host step
 on the message plans over TCP. Large messages are pipelined: pieces of
 :data:`.hierarchical_pipeline.PIPELINE_CHUNK_BYTES` cross the network while the host works on their
 neighbours (:mod:`.hierarchical_pipeline`).
@@ -50,7 +50,7 @@ from neural_arch.distributed.algorithms.hierarchical_pipeline import (
     run_leader_pipelined,
     run_two_d_pipelined,
 )
-from neural_arch.distributed.comm.transport.engine import host_identity
+from neural_arch.distributed.comm.gloo.transport.engine import host_identity
 from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.process_group import GroupMember, ProcessGroup
 

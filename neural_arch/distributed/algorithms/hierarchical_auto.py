@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from neural_arch.distributed import config
+from neural_arch import config
 from neural_arch.distributed.algorithms.hierarchical import (
     choose_algorithm,
     host_key,
@@ -66,7 +66,7 @@ from neural_arch.distributed.algorithms.hierarchical import (
     run_two_d,
     wire_op,
 )
-from neural_arch.distributed.comm.transport.engine import machine_identity
+from neural_arch.distributed.comm.gloo.transport.engine import machine_identity
 from neural_arch.distributed.process_group import FLAT_ALWAYS as _NEVER
 
 __all__ = ["MIN_BYTES", "all_reduce", "all_reduce_algorithm", "min_bytes", "setting"]

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from neural_arch.distributed import config
+from neural_arch import config
 from neural_arch.distributed.comm.work import ReduceOp
 
 __all__ = ["PIPELINE_CHUNK_BYTES", "pieces", "pipelines", "run_leader_pipelined", "run_two_d_pipelined"]

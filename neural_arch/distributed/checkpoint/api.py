@@ -87,7 +87,7 @@ def _group_info(process_group):
 
 
 def _commit_timeout() -> float:
-    from neural_arch.distributed import config
+    from neural_arch import config
 
     return float(config.get("NEURAL_ARCH_TIMEOUT"))
 

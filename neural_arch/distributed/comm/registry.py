@@ -36,8 +36,8 @@ from neural_arch.distributed.comm.work import OpInfo, ReduceOp, Work
 
 # name -> "module:Class", resolved on first use
 _REGISTRY: Dict[str, str] = {
-    "gloo": "neural_arch.distributed.comm.gloo:GlooBackend",
-    "mpi": "neural_arch.distributed.comm.mpi:MPIBackend",
+    "gloo": "neural_arch.distributed.comm.gloo.backend:GlooBackend",
+    "mpi": "neural_arch.distributed.comm.mpi.backend:MPIBackend",
     "nccl": "neural_arch.distributed.comm.nccl.backend:NCCLBackend",
     "local": "neural_arch.distributed.comm.local:LocalBackend",
 }

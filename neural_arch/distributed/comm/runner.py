@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from neural_arch.distributed import config
+from neural_arch import config
 from neural_arch.distributed.comm import spans as _spans
 from neural_arch.distributed.comm.debug import (
     _P2P_NAMES,

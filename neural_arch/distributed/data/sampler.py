@@ -243,7 +243,7 @@ def distributed_evaluate(model, data, metric: str | Callable | Sequence[str | Ca
     metrics = _metric_table(metric)
     n, fetch = _split_data(data)
     rank, size = _group_rank_and_size(group)
-    from neural_arch.distributed.parallel.data_parallel.ddp import DistributedDataParallel
+    from neural_arch.distributed.ddp.distributed_data_parallel import DistributedDataParallel
 
     # DDP only: its forward may broadcast buffers (a collective per batch, and ranks may run different
     # numbers of batches); FSDP must stay wrapped, or its root unit never gathers its parameters

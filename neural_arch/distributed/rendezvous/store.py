@@ -21,7 +21,7 @@ Three stores share one small interface (torch's ``Store`` names and semantics)::
 arrived when it times out.
 
 Authentication: every TCPStore connection passes the one mutual HMAC handshake of
-:mod:`neural_arch.distributed.comm.transport.handshake` (details in :mod:`.tcp_store`).
+:mod:`neural_arch.distributed.auth` (details in :mod:`.tcp_store`).
 
 This module is the public face (the names torch users import); the interface and
 :class:`PrefixStore`/:func:`store_barrier` live in :mod:`.base`, each store in its own module.

@@ -4,7 +4,7 @@ else connects to it, retrying while it is not up yet).
 The wire protocol is length-prefixed binary frames; the store **never unpickles** anything it
 receives.
 
-Authentication (:mod:`neural_arch.distributed.comm.transport.handshake`, shared with the TCP mesh
+Authentication (:mod:`neural_arch.distributed.auth`, shared with the TCP mesh
 and the node agent): every connection must pass a mutual HMAC-SHA256 challenge before its first
 request. The store never reads the environment; the process-group code passes what it read:
 
@@ -51,7 +51,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from neural_arch.distributed.comm.transport import handshake
+from neural_arch.distributed import auth as handshake
 from neural_arch.distributed.errors import (
     AuthenticationError,
     DistributedError,

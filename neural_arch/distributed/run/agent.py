@@ -8,7 +8,7 @@ the launchers use their own side channel:
 * node 0's launcher listens on ``master_addr:agent_port`` (default ``master_port + 1``), on that
   address only;
 * a joining launcher connects and authenticates with the project's one handshake
-  (:mod:`neural_arch.distributed.comm.transport.handshake`, purpose ``b"agent"``: mutual HMAC over
+  (:mod:`neural_arch.distributed.auth`, purpose ``b"agent"``: mutual HMAC over
   ``NEURAL_ARCH_AUTH_TOKEN``, which never crosses the wire), sending its node rank as identity and
   its view of the job (``nnodes``, ``nproc_per_node``, backend, master port) as data;
 * node 0 checks that view: a node that disagrees on the job (another ``--nnodes``, backend or
@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from neural_arch.distributed.comm.transport.handshake import HandshakeRefused, greet, serve
+from neural_arch.distributed.auth import HandshakeRefused, greet, serve
 from neural_arch.distributed.errors import DistributedError
 
 __all__ = ["NodeAgentServer", "NodeLayout", "join_node0", "pending_cap"]

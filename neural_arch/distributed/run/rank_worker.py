@@ -105,7 +105,7 @@ def _export_identity() -> None:
 def main() -> int:
     from multiprocessing.connection import Client
 
-    from neural_arch.distributed import config
+    from neural_arch import config
 
     if config.get("NEURAL_ARCH_POOL_LAUNCHER") != "mpiexec":
         # Under mpiexec our parent is the MPI proxy, which handles teardown.

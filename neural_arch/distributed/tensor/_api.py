@@ -49,7 +49,7 @@ import numpy as np
 
 from neural_arch.core.autograd import Node, is_grad_enabled
 from neural_arch.core.tensor import Tensor
-from neural_arch.distributed.autograd import _allreduce, _copy, _gather_dim, _reduce_scatter_dim
+from neural_arch.distributed.nn.functional import _allreduce, _copy, _gather_dim, _reduce_scatter_dim
 from neural_arch.distributed.comm.backend import _xp
 from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
@@ -400,7 +400,7 @@ class DTensor:
         ``Shard(1) @ Shard(0) -> Partial()``, ``Partial @ Replicate`` / ``Replicate @ Partial ->
         Partial``, ``Replicate @ Replicate -> Replicate``. Other pairs raise: redistribute first.
         """
-        from neural_arch.distributed.autograd import copy_to_tensor_model_parallel_region
+        from neural_arch.distributed.nn.functional import copy_to_tensor_model_parallel_region
 
         if not isinstance(other, DTensor) or other.device_mesh != self.device_mesh:
             raise TypeError("DTensor @: the other operand must be a DTensor on the same mesh")

@@ -65,7 +65,7 @@ class _ShardGradients:
 
 def _upcast(out):
     """Low-precision floating outputs as float32, for the criterion: autocast runs losses in
-    float32 by patching ``neural_arch.functional``'s names, which a criterion passed as a function
+    float32 by patching ``neural_arch.nn.functional``'s names, which a criterion passed as a function
     object (``F.cross_entropy`` evaluated before the region) never sees."""
     if isinstance(out, Tensor):
         return out.astype(np.float32) if out.dtype.name in ("float16", "bfloat16") else out
@@ -204,7 +204,7 @@ class DistributedTrainer:
         self.scaler = None
         if self.amp_dtype == "float16":
             if self.strategy.shards_gradients:
-                from neural_arch.distributed.parallel.sharded import ShardedGradScaler
+                from neural_arch.distributed.fsdp import ShardedGradScaler
 
                 self.scaler = ShardedGradScaler(self.device, process_group=process_group)
             else:
@@ -236,11 +236,11 @@ class DistributedTrainer:
     def _wrap(self, model, auto_wrap_policy):
         name = self.strategy.name
         if name in ("ddp", "zero1"):
-            from neural_arch.distributed.parallel.data_parallel.ddp import DistributedDataParallel
+            from neural_arch.distributed.ddp.distributed_data_parallel import DistributedDataParallel
 
             return DistributedDataParallel(model, process_group=self.process_group)
         if name == "fsdp":
-            from neural_arch.distributed.parallel.sharded import CPUOffload, FullyShardedDataParallel
+            from neural_arch.distributed.fsdp import CPUOffload, FullyShardedDataParallel
             from neural_arch.nn import TransformerBlock
 
             if auto_wrap_policy is None and any(isinstance(m, TransformerBlock) for m in model.modules()):
@@ -249,7 +249,7 @@ class DistributedTrainer:
                                             cpu_offload=CPUOffload(offload_params=self.cpu_offload),
                                             sync_module_states=True)
         # zero2: the optimizer owns the gradient reduction; the replicas must start equal (as DDP's do)
-        from neural_arch.distributed.parallel.data_parallel.replicas import broadcast_arrays
+        from neural_arch.distributed.ddp.replicas import broadcast_arrays
 
         if self.world_size > 1:
             broadcast_arrays([p.data for p in model.parameters()], self._group.backend, root=0)
@@ -270,7 +270,7 @@ class DistributedTrainer:
         return eff
 
     def _make_effective(self, optimizer):
-        from neural_arch.distributed.parallel.sharded import ZeroRedundancyOptimizer
+        from neural_arch.distributed.optim import ZeroRedundancyOptimizer
 
         mine = [p for g in optimizer.param_groups for p in g["params"]]
         model_ids = {id(p) for p in self.model.parameters()}

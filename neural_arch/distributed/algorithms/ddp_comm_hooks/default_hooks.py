@@ -1,7 +1,7 @@
 """The basic DDP comm hooks: plain averaging and float16 / bfloat16 compression on the wire.
 
 Each takes ``(process_group, bucket)``: ``process_group`` is the hook's state (None for the
-default group) and ``bucket`` a :class:`~neural_arch.distributed.parallel.data_parallel.comm_hooks.GradBucket`;
+default group) and ``bucket`` a :class:`~neural_arch.distributed.ddp.comm_hooks.GradBucket`;
 each returns a Work whose ``result()`` is the averaged flat gradient buffer.
 
 Example::
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from neural_arch.distributed.comm.work import ReduceOp, Work
-from neural_arch.distributed.parallel.data_parallel.comm_hooks import (
+from neural_arch.distributed.ddp.comm_hooks import (
     GradBucket,
     allreduce_hook,
     hook_backend,

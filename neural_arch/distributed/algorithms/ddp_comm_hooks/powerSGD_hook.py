@@ -17,7 +17,7 @@ replaced on the wire by two thin factors of rank ``r``::
 The all-reduces of the uncompressed part and of ``P`` are queued when the bucket is handed over
 and run while backward goes on; the ``Q`` all-reduce depends on the averaged ``P``, so it is issued
 when DDP waits for the bucket at the end of backward (in bucket order on every rank: see
-:func:`~neural_arch.distributed.parallel.data_parallel.comm_hooks.deferred`).
+:func:`~neural_arch.distributed.ddp.comm_hooks.deferred`).
 
 Example::
 
@@ -31,7 +31,7 @@ import numpy as np
 
 from neural_arch import backend as _xpmod
 from neural_arch.distributed.comm.work import ReduceOp, Work
-from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket, deferred, hook_backend
+from neural_arch.distributed.ddp.comm_hooks import GradBucket, deferred, hook_backend
 
 __all__ = ["PowerSGDState", "powerSGD_hook"]
 

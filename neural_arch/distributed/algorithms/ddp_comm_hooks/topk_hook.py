@@ -50,7 +50,7 @@ import numpy as np
 
 from neural_arch import backend as _xpmod
 from neural_arch.distributed.comm.work import ReduceOp, Work
-from neural_arch.distributed.parallel.data_parallel.comm_hooks import GradBucket, hook_backend, then
+from neural_arch.distributed.ddp.comm_hooks import GradBucket, hook_backend, then
 
 __all__ = ["Stage", "TopKState", "format_schedule", "spread_delivery", "topk_hook", "topk_schedule"]
 

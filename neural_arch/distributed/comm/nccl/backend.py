@@ -451,7 +451,7 @@ class NCCLBackend(Backend):
 
 def _gpu_owner(device_id: int) -> str:
     """``host|pid|device``: what two ranks must not share (one GPU per process, NCCL's rule)."""
-    from neural_arch.distributed.comm.transport.engine import host_identity  # the one notion of "same host"
+    from neural_arch.distributed.comm.gloo.transport.engine import host_identity  # the one notion of "same host"
 
     return f"{host_identity()}|{os.getpid()}|{device_id}"
 

@@ -96,7 +96,7 @@ def set_rotate_method(rotate_method: str) -> None:
 
 # ---------------------------------------------------------------------------------- layouts
 def _group(group, op: str):
-    from neural_arch.distributed.parallel.tensor_parallel.layers import resolve_tp_group
+    from neural_arch.distributed.tensor.parallel.layers import resolve_tp_group
 
     return resolve_tp_group(group, op)
 
@@ -166,7 +166,7 @@ def unshard_sequence(x_local, seq_dim: int, group=None, load_balance: bool = Tru
     A Tensor goes through the differentiable all-gather (torch semantics: its backward sums the
     gradients of every rank's loss and keeps this rank's share); an array is gathered plainly.
     """
-    from neural_arch.distributed.autograd import _gather_dim, all_gather
+    from neural_arch.distributed.nn.functional import _gather_dim, all_gather
 
     g = _group(group, "unshard_sequence")
     dim = seq_dim % x_local.ndim
@@ -419,7 +419,7 @@ def ulysses_attention(query, key, value, group=None, is_causal: bool = False, *,
 
     >>> out = ulysses_attention(ql, kl, vl, group=cp_group, is_causal=True)  # doctest: +SKIP
     """
-    from neural_arch.distributed.autograd import all_to_all_single
+    from neural_arch.distributed.nn.functional import all_to_all_single
 
     op = "ulysses_attention"
     q, k, v = (_tensor(x, n, op) for x, n in ((query, "query"), (key, "key"), (value, "value")))

@@ -1,0 +1,98 @@
+"""DDP's treatment of expert parameters (mixture-of-experts under expert parallelism).
+
+A parameter marked ``param.allreduce = False`` (Megatron's flag; set by
+:func:`neural_arch.distributed.expert_parallel.parallelize_moe`) is not the same on every rank of
+DDP's group: it belongs to an expert that only some ranks hold. DDP leaves such parameters out of
+its verification, broadcast and buckets and hands them to :class:`ExpertGradReducer`, which
+
+* broadcasts them at construction over ``param.expert_dp_group`` (the ranks holding the same
+  expert; ``None`` when each expert lives on one rank only), from that group's first rank;
+* at the end of each synchronised backward sums their gradients over ``expert_dp_group`` (one
+  flat all-reduce per group and dtype) and divides by DDP's group size.
+
+Why that scale: the replicated parameters get ``(1/W) sum_r grad_r`` (W = DDP's group size). An
+expert's gradient on one rank already sums the contributions of every rank of its expert-parallel
+group (the all-to-all's backward brings them home), so summing over the replicas of the expert and
+dividing by W gives the same ``(1/W) sum_r`` over all ranks: training equals one process on the
+global batch. It requires the expert-parallel and expert-data-parallel groups to lie inside DDP's.
+
+Example::
+
+    reducer = ExpertGradReducer(expert_params, ddp_backend_size=4)
+    reducer.broadcast()                      # at construction
+    reducer.reduce()                         # end of a synchronised backward
+"""
+
+from __future__ import annotations
+
+from neural_arch import backend as _xpmod
+from neural_arch.distributed.comm.work import ReduceOp
+from neural_arch.distributed.ddp.replicas import broadcast_arrays
+
+__all__ = ["ExpertGradReducer", "is_expert_parameter", "refuse_expert_parameters"]
+
+
+def is_expert_parameter(p) -> bool:
+    """True for a parameter DDP must not average over its whole group (``p.allreduce is False``)."""
+    return getattr(p, "allreduce", True) is False
+
+
+def refuse_expert_parameters(params, wrapper: str) -> None:
+    """Sharding wrappers (ZeRO, FSDP) treat every parameter as the same on every rank: partitioning or
+    flattening an expert's parameters over ranks that hold other experts would silently mix them, so
+    they refuse (with what to do) until they learn expert-data-parallel groups."""
+    experts = sum(1 for p in params if is_expert_parameter(p))
+    if experts:
+        raise ValueError(f"{wrapper}: {experts} parameter(s) are expert-parallel (parallelize_moe marks them "
+                         "param.allreduce = False: each rank holds different experts), which this wrapper would "
+                         "shard as if every rank held the same ones; wrap the model in DistributedDataParallel "
+                         "instead (it averages each expert over its expert-data-parallel group)")
+
+
+class ExpertGradReducer:
+    """Broadcasts and reduces the expert parameters of one DDP instance (see the module docstring)."""
+
+    def __init__(self, params: list, world_size: int):
+        self.params = list(params)
+        self.scale = 1.0 / world_size
+        groups: dict[int, tuple] = {}
+        for p in self.params:
+            g = getattr(p, "expert_dp_group", None)
+            groups.setdefault(id(g), (g, []))[1].append(p)
+        self.groups = list(groups.values())       # [(group or None, params)], first-seen order
+        self.pending = False      # a reduction is queued for the end of this backward
+        self.unsynced = False     # gradients accumulated under no_sync() wait for the next sync
+
+    def broadcast(self) -> None:
+        """Make each expert identical on the ranks that hold it (from the group's first rank)."""
+        for group, params in self.groups:
+            if group is not None and group.size() > 1:
+                broadcast_arrays([p.data for p in params], group.backend, root=0)
+
+    def reduce(self) -> None:
+        """Sum over each expert-data-parallel group, divide by DDP's group size (in place on ``.grad``)."""
+        self.pending = self.unsynced = False
+        for group, params in self.groups:
+            by_dtype: dict = {}
+            for p in params:
+                if p.grad is None:     # an expert that got no gradient anywhere still joins the sum
+                    xp = _xpmod.get_array_module(p.data)
+                    p.grad = _zeros_grad(p, xp)
+                by_dtype.setdefault(str(p.grad.data.dtype), []).append(p)
+            for same in by_dtype.values():
+                xp = _xpmod.get_array_module(same[0].grad.data)
+                flat = xp.concatenate([p.grad.data.reshape(-1) for p in same])
+                if group is not None and group.size() > 1:
+                    group.backend.allreduce(flat, ReduceOp.SUM)
+                flat *= flat.dtype.type(self.scale)
+                offset = 0
+                for p in same:
+                    g = p.grad.data
+                    g[...] = flat[offset:offset + g.size].reshape(g.shape)
+                    offset += g.size
+
+
+def _zeros_grad(p, xp):
+    from neural_arch.core.tensor import Tensor
+
+    return Tensor(xp.zeros_like(p.data))

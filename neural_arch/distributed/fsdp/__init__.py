@@ -1,0 +1,45 @@
+"""``neural_arch.distributed.fsdp``: fully sharded data parallelism at torch's path.
+
+Example::
+
+    from neural_arch.distributed.fsdp import (FullyShardedDataParallel as FSDP, ShardingStrategy,
+                                              MixedPrecision, CPUOffload, ModuleWrapPolicy)
+    model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({nn.TransformerBlock}))
+
+=====================  ==========================================================================
+module                 what
+=====================  ==========================================================================
+``owner_reducer``      ``OwnerGradReducer``: each gradient reduced to its owners, no flat copy (FSDP)
+``api``                FSDP's enums, configs and wrap policies (torch's names)
+``unit``               ``FlatParamUnit``: one wrapped module's flat shard, gather/free
+``plan``               which modules become units; shard / replicate groups
+``state_dict``         FSDP's full and sharded state dicts (a mixin)
+``fully_sharded_data_parallel``  ``FullyShardedDataParallel``: the gather/free schedule and its hooks
+``sharded_grad_scaler``  ``ShardedGradScaler``: found-inf agreed over the ranks
+=====================  ==========================================================================
+
+The flat layout (:mod:`neural_arch.distributed.flat_param`) and the gradient buckets
+(:mod:`neural_arch.distributed.bucketing`) are shared with ZeRO
+(:mod:`neural_arch.distributed.optim`).
+"""
+
+from neural_arch.distributed.fsdp.api import (
+    BackwardPrefetch,
+    CPUOffload,
+    MixedPrecision,
+    ModuleWrapPolicy,
+    ShardingStrategy,
+    StateDictType,
+    size_based_auto_wrap_policy,
+    transformer_auto_wrap_policy,
+)
+from neural_arch.distributed.fsdp.fully_sharded_data_parallel import FullyShardedDataParallel
+from neural_arch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+FSDP = FullyShardedDataParallel
+
+__all__ = [
+    "FSDP", "BackwardPrefetch", "CPUOffload", "FullyShardedDataParallel", "MixedPrecision", "ModuleWrapPolicy",
+    "ShardedGradScaler", "ShardingStrategy", "StateDictType", "size_based_auto_wrap_policy",
+    "transformer_auto_wrap_policy",
+]

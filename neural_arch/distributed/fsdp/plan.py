@@ -1,0 +1,101 @@
+"""How FSDP cuts a model into units and which process groups shard them.
+
+``plan_units`` walks the module tree with an ``auto_wrap_policy`` (torch's callable protocol:
+``policy(module=, recurse=, nonwrapped_numel=)``) and returns the units in post-order, the root
+last; each unit owns the parameters not claimed by a unit inside it. ``shard_groups`` resolves
+``process_group`` / ``device_mesh`` / ``NEURAL_ARCH_FSDP_SHARD_SIZE`` into the shard group and,
+for ``HYBRID_SHARD``, the replicate group.
+
+Example::
+
+    >>> from neural_arch import nn
+    >>> from neural_arch.distributed.fsdp.api import ModuleWrapPolicy, resolve_policy
+    >>> m = nn.Sequential(nn.Linear(2, 3), nn.Sequential(nn.Linear(3, 3)))
+    >>> [name for name, _, _ in plan_units(m, resolve_policy(ModuleWrapPolicy({nn.Sequential})))]
+    ['1', '']
+"""
+
+from __future__ import annotations
+
+import os
+
+from neural_arch import config as _config
+from neural_arch.distributed.groups import _resolve_group, new_group
+from neural_arch.distributed.fsdp.api import ShardingStrategy
+
+__all__ = ["hybrid_groups", "plan_units", "shard_groups"]
+
+
+def plan_units(root, policy):
+    """Post-order list of ``(name, module)`` units (root last) and each unit's own parameters."""
+    units: list = []
+    claimed: set = set()
+
+    def own_params(module):
+        out, seen = [], set()
+        for _, p in module.named_parameters():
+            if id(p) not in claimed and id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+        return out
+
+    def visit(name, module):
+        for child_name, child in module.named_children():
+            full = f"{name}.{child_name}" if name else child_name
+            nonwrapped = sum(p.numel() for p in own_params(child))
+            if policy is not None and policy(module=child, recurse=True, nonwrapped_numel=nonwrapped):
+                visit(full, child)
+            nonwrapped = sum(p.numel() for p in own_params(child))
+            if policy is not None and policy(module=child, recurse=False, nonwrapped_numel=nonwrapped):
+                params = own_params(child)
+                claimed.update(id(p) for p in params)
+                units.append((full, child, params))
+
+    visit("", root)
+    params = own_params(root)
+    units.append(("", root, params))
+    return units
+
+
+def hybrid_groups(world_group, shard_size: int):
+    """(shard_group, replicate_group) for consecutive blocks of ``shard_size`` ranks (a collective)."""
+    world = world_group.size()
+    if shard_size < 1 or world % shard_size:
+        raise ValueError(f"HYBRID_SHARD: shard group size {shard_size} does not divide the world size {world}")
+    me = world_group.rank()
+    shard_group = replicate_group = None
+    for start in range(0, world, shard_size):
+        g = new_group(list(range(start, start + shard_size)))
+        if start <= me < start + shard_size:
+            shard_group = g
+    for offset in range(shard_size):
+        g = new_group(list(range(offset, world, shard_size)))
+        if me % shard_size == offset:
+            replicate_group = g
+    return shard_group, replicate_group
+
+
+def shard_groups(process_group, device_mesh, strategy):
+    """``(shard_group, replicate_group)`` FSDP shards over (``replicate_group`` only for ``HYBRID_SHARD``)."""
+    if device_mesh is not None:
+        get = getattr(device_mesh, "get_group", None)
+        if get is None:
+            raise TypeError("device_mesh must have get_group(dim)")
+        if strategy is ShardingStrategy.HYBRID_SHARD:
+            return get(1), get(0)
+        return get(0), None
+    if strategy is ShardingStrategy.HYBRID_SHARD:
+        if isinstance(process_group, tuple):
+            if len(process_group) != 2:
+                raise ValueError("HYBRID_SHARD: process_group must be a pair (shard_group, replicate_group)")
+            return _resolve_group(process_group[0], "FSDP"), _resolve_group(process_group[1], "FSDP")
+        world = _resolve_group(process_group, "FullyShardedDataParallel")
+        # LOCAL_WORLD_SIZE is torchrun's (and our launcher's) variable, not a neural_arch setting
+        size = int(_config.get("NEURAL_ARCH_FSDP_SHARD_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or 0)
+        if not size:
+            raise ValueError("HYBRID_SHARD needs process_group=(shard_group, replicate_group), a 2-D "
+                             "device_mesh, or NEURAL_ARCH_FSDP_SHARD_SIZE / LOCAL_WORLD_SIZE set")
+        return hybrid_groups(world, size)
+    if isinstance(process_group, tuple):
+        raise TypeError(f"a (shard_group, replicate_group) pair is only for HYBRID_SHARD, not {strategy.name}")
+    return _resolve_group(process_group, "FullyShardedDataParallel"), None

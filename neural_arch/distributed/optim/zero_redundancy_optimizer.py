@@ -1,0 +1,358 @@
+"""``ZeroRedundancyOptimizer``: ZeRO stage 1 (torch's semantics) and stage 2 (sharded gradients).
+
+**Stage 1** (the default, torch's ``ZeroRedundancyOptimizer``): whole parameters are partitioned
+over the ranks (largest first, each to the rank holding the fewest elements so far: torch's
+greedy rule). Every rank keeps optimizer state (Adam's two moments...) only for its own
+partition and steps only those parameters; afterwards each rank broadcasts its updated
+parameters (one flat broadcast per owner). Gradients must already be averaged over the ranks:
+wrap the model in ``DistributedDataParallel`` as with torch.
+
+**Stage 2** (``stage=2``, DeepSpeed's ZeRO-2): the optimizer also owns the gradient reduction.
+Parameters are laid out in flat buckets (reverse order); a
+:class:`~neural_arch.distributed.bucketing.ShardedGradReducer` reduce-scatters
+each bucket during backward, so rank ``r`` only ever holds the averaged gradient of its slice
+of every bucket. The rank keeps a master copy of its slices as flat shard parameters, steps
+them with the inner optimizer, and all-gathers the updated slices into the model's parameters.
+Do **not** also wrap the model in DDP with ``stage=2``. Only elementwise optimizers (SGD, Adam,
+AdamW, ...) give single-process results on flat slices; LAMB/LARS-style per-tensor norms do not.
+
+Both stages produce parameters equal to single-process training on the global batch.
+
+Example::
+
+    from neural_arch.distributed.optim import ZeroRedundancyOptimizer
+    ddp = DistributedDataParallel(model)                                   # stage 1: DDP averages
+    opt = ZeroRedundancyOptimizer(ddp.parameters(), optim.Adam, lr=1e-3)
+    ...
+    opt = ZeroRedundancyOptimizer(model.parameters(), optim.Adam, stage=2, lr=1e-3)   # no DDP
+    loss.backward(); opt.step(); opt.zero_grad()
+    opt.consolidate_state_dict(to=0)
+    if rank == 0: save(opt.state_dict())
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from neural_arch import backend as _backend
+from neural_arch.core.tensor import Tensor, no_grad
+from neural_arch.distributed.comm.work import ReduceOp  # noqa: F401  (re-exported for users)
+from neural_arch.distributed.groups import _resolve_group
+from neural_arch.distributed.ddp.expert_grads import refuse_expert_parameters
+from neural_arch.distributed.flat_param import FlatLayout, FlatShard
+from neural_arch.distributed.bucketing import ShardedGradReducer, plan_buckets
+from neural_arch.nn.parameter import Parameter
+from neural_arch.optim.optimizer import Optimizer, _check_state_shapes
+
+__all__ = ["ZeroRedundancyOptimizer"]
+
+
+def _copy_state(value):
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return _backend.to_device(value, "cpu").copy()
+    return value
+
+
+class ZeroRedundancyOptimizer(Optimizer):
+    """ZeRO: optimizer state (stage 1) and gradients (stage 2) sharded over ``process_group``.
+
+    Args:
+        params: parameters or param-group dicts, as for any optimizer (the *full* model).
+        optimizer_class: the inner optimizer, e.g. ``optim.Adam``.
+        process_group: the group to shard over (default: the world).
+        parameters_as_bucket_view: accepted for torch compatibility (no effect here).
+        overlap_with_ddp: not supported (raises ``NotImplementedError``).
+        stage: 1 (torch's ZeRO-1) or 2 (gradients reduce-scattered in flat buckets).
+        bucket_cap_mb: stage 2 bucket size.
+        **defaults: the inner optimizer's hyper-parameters (``lr=...``).
+    """
+
+    def __init__(self, params, optimizer_class, process_group=None, parameters_as_bucket_view: bool = False,
+                 overlap_with_ddp: bool = False, *, stage: int = 1, bucket_cap_mb: float = 25.0, **defaults):
+        if overlap_with_ddp:
+            raise NotImplementedError("ZeroRedundancyOptimizer(overlap_with_ddp=True) is not implemented; "
+                                      "use stage=2, which overlaps the gradient reduce-scatter with backward")
+        if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, Optimizer)):
+            raise TypeError(f"ZeroRedundancyOptimizer: optimizer_class must be an Optimizer subclass "
+                            f"(e.g. optim.Adam), got {optimizer_class!r}")
+        if stage not in (1, 2):
+            raise ValueError(f"ZeroRedundancyOptimizer: stage must be 1 or 2, got {stage!r} "
+                             "(stage 3 is FullyShardedDataParallel)")
+        # The inner optimizer's own defaults too (Adam's betas, eps...): the groups then hold every
+        # hyper-parameter, as a plain optimizer's do, and a state dict saved from them loads into one.
+        probe = optimizer_class([Parameter(np.zeros(1))], **defaults)
+        super().__init__(params, dict(probe.defaults))
+        self.optimizer_class = optimizer_class
+        self.stage = stage
+        self.process_group = _resolve_group(process_group, "ZeroRedundancyOptimizer")
+        self.world_size = self.process_group.size()
+        self.rank = self.process_group.rank()
+        self._all_params = [p for g in self.param_groups for p in g["params"]]
+        refuse_expert_parameters(self._all_params, "ZeroRedundancyOptimizer")
+        self._index = {id(p): i for i, p in enumerate(self._all_params)}
+        self._consolidated = None
+        if stage == 1:
+            self._build_stage1()
+        else:
+            self._build_stage2(bucket_cap_mb)
+
+    # ------------------------------------------------------------------ stage 1
+    def _build_stage1(self) -> None:
+        # torch's greedy partition: per group, largest parameter first to the lightest rank.
+        self.partition: list[list] = [[] for _ in range(self.world_size)]  # rank -> params (model order)
+        owner: dict = {}
+        load = [0] * self.world_size
+        for group in self.param_groups:
+            for p in sorted(group["params"], key=lambda t: -int(np.prod(t.shape))):
+                r = int(np.argmin(load))
+                owner[id(p)] = r
+                load[r] += int(np.prod(p.shape))
+        for p in self._all_params:
+            self.partition[owner[id(p)]].append(p)
+        self._owner = owner
+        local_groups = []
+        for group in self.param_groups:
+            mine = [p for p in group["params"] if owner[id(p)] == self.rank]
+            local_groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": mine})
+        self._local_groups = local_groups
+        nonempty = [g for g in local_groups if g["params"]]
+        self.optim = self.optimizer_class(nonempty, **self.defaults) if nonempty else None
+        self._adopt_inner_groups()
+
+    def _broadcast_partitions(self) -> None:
+        backend = self.process_group.backend
+        for r, params in enumerate(self.partition):
+            if not params:
+                continue
+            lay = FlatLayout([tuple(p.shape) for p in params], 1)
+            xp = _backend.get_array_module(params[0].data)
+            dtypes = {p.dtype for p in params}
+            dtype = params[0].dtype if len(dtypes) == 1 else np.float64
+            flat = lay.flatten([p.data for p in params] if r == self.rank else [None] * len(params), xp, dtype)
+            backend.broadcast(flat, root=r)
+            if r != self.rank:
+                for p, v in zip(params, lay.views(flat)):
+                    p.data[...] = v
+
+    # ------------------------------------------------------------------ stage 2
+    def _build_stage2(self, bucket_cap_mb: float) -> None:
+        if bucket_cap_mb <= 0:
+            raise ValueError(f"ZeroRedundancyOptimizer: bucket_cap_mb must be > 0, got {bucket_cap_mb}")
+        self._buckets, self._bucket_group = [], []
+        for gi, group in enumerate(self.param_groups):
+            for b in plan_buckets(list(reversed(group["params"])), bucket_cap_mb * 2**20):
+                self._buckets.append(b)
+                self._bucket_group.append(gi)
+        self._shards = []
+        for b in self._buckets:
+            lay = FlatLayout([tuple(p.shape) for p in b], self.world_size)
+            xp = _backend.get_array_module(b[0].data)
+            lo, hi = lay.shard_range(self.rank)
+            shard = Parameter(lay.flatten([p.data for p in b], xp)[lo:hi].copy())
+            # what the shard holds (state dicts by parameter name; clip_grad_norm_'s global norm)
+            shard._flat_shard = FlatShard(b, lay, self.rank, self.process_group)
+            for p in b:
+                p._grad_elsewhere = ("ZeroRedundancyOptimizer(stage=2) reduce-scatters its gradient into flat "
+                                     "shards (its .grad stays None); clip with opt.clip_grad_norm_(max_norm)")
+            self._shards.append(shard)
+        self._layouts = [FlatLayout([tuple(p.shape) for p in b], self.world_size) for b in self._buckets]
+        local_groups = []
+        for gi, group in enumerate(self.param_groups):
+            shards = [s for s, g in zip(self._shards, self._bucket_group) if g == gi]
+            local_groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": shards})
+        self._local_groups = local_groups
+        self.optim = self.optimizer_class([g for g in local_groups if g["params"]], **self.defaults)
+        self._adopt_inner_groups()
+        self.reducer = ShardedGradReducer(self._buckets, self.process_group, self._accumulate_shard)
+
+    def _accumulate_shard(self, i: int, g) -> None:
+        shard = self._shards[i]
+        g = g.astype(shard.dtype, copy=False)
+        if shard.grad is None:
+            shard.grad = Tensor._wrap(g.copy())
+        else:
+            shard.grad.data += g
+
+    def _refresh_shards(self) -> None:
+        """Copy the model's parameters into this rank's master shards: equal to them after every
+        step, unless the parameters were loaded since (``model.load_state_dict``,
+        ``set_model_state_dict``), which must not be undone by the next step."""
+        for shard in self._shards:
+            data = shard.data
+            for p, start, at, n in shard._flat_shard.pieces:
+                data[at:at + n] = p.data.reshape(-1)[start:start + n]
+
+    def _gather_shards(self) -> None:
+        backend = self.process_group.backend
+        for b, lay, shard in zip(self._buckets, self._layouts, self._shards):
+            xp = _backend.get_array_module(shard.data)
+            full = xp.empty((self.world_size, lay.shard_size), dtype=shard.dtype)
+            backend.allgather(full, shard.data)
+            for p, v in zip(b, lay.views(full.reshape(-1))):
+                p.data[...] = v
+
+    def _adopt_inner_groups(self) -> None:
+        """Point ``_local_groups`` at the inner optimizer's own group dicts (its constructor copies the
+        dicts it is given), so hyper-parameters synced into them reach the real step."""
+        if self.optim is None:
+            return
+        inner = iter(self.optim.param_groups)
+        self._local_groups = [next(inner) if g["params"] else g for g in self._local_groups]
+
+    # ------------------------------------------------------------------ Optimizer API
+    def _sync_hyperparameters(self) -> None:
+        # LR schedulers edit self.param_groups; the inner optimizer must see the same values.
+        for full, local in zip(self.param_groups, self._local_groups):
+            for k, v in full.items():
+                if k != "params":
+                    local[k] = v
+
+    @no_grad()
+    def step(self, closure=None):
+        """Step the local shard, then bring every rank's parameters up to date."""
+        loss = closure() if closure is not None else None
+        self._sync_hyperparameters()
+        if self.stage == 2:
+            self._refresh_shards()
+        if self.optim is not None:
+            self.optim.step()
+        if self.stage == 1:
+            self._broadcast_partitions()
+        else:
+            self._gather_shards()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        if self.stage == 2:
+            for s in self._shards:
+                if s.grad is not None:
+                    if set_to_none:
+                        s.grad = None
+                    else:
+                        s.grad.data[...] = 0
+
+    @no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> float:
+        """Clip every gradient by the *global* norm (a collective: every rank calls it); returns the norm.
+
+        Stage 2: the gradients are this rank's flat shards, totalled over the group; stage 1: the
+        model's (already averaged, whole) gradients. Call it between ``backward`` and ``step``::
+
+            loss.backward(); opt.clip_grad_norm_(1.0); opt.step()
+        """
+        from neural_arch.optim.clip import clip_grad_norm_
+
+        params = self._shards if self.stage == 2 else self._all_params
+        return float(clip_grad_norm_(params, max_norm, norm_type))
+
+    # ------------------------------------------------------------------ checkpoints
+    def _local_state(self) -> dict:
+        """This rank's state as {global param index: {...}} (stage 1) or {bucket: {...}} (stage 2)."""
+        if self.optim is None:
+            return {}
+        if self.stage == 1:
+            return {self._index[id(p)]: {k: _copy_state(v) for k, v in self.optim.state[p].items()}
+                    for g in self._local_groups for p in g["params"] if p in self.optim.state}
+        return {i: {k: _copy_state(v) for k, v in self.optim.state[s].items()}
+                for i, s in enumerate(self._shards) if s in self.optim.state}
+
+    def consolidate_state_dict(self, to: int = 0) -> None:
+        """Gather every rank's optimizer state on global rank ``to`` (a collective: all ranks call it).
+
+        Afterwards ``state_dict()`` on rank ``to`` returns the full state in the plain optimizer's
+        format (parameter indices of the full model), loadable by ``load_state_dict`` on any
+        world size and by the plain inner optimizer.
+        """
+        from neural_arch.distributed.collectives import gather_object
+
+        root = self.process_group.group_rank(to, "to")
+        pieces = [None] * self.world_size if self.rank == root else None
+        gather_object(self._local_state(), pieces, dst=to, group=self.process_group)
+        if self.rank != root:
+            self._consolidated = None
+            return
+        state: dict = {}
+        if self.stage == 1:
+            for piece in pieces:
+                state.update(piece)
+        else:
+            for i, (b, lay) in enumerate(zip(self._buckets, self._layouts)):
+                per_rank = [piece.get(i, {}) for piece in pieces]
+                if not per_rank[0]:
+                    continue
+                for k, v0 in per_rank[0].items():
+                    if hasattr(v0, "shape") and tuple(v0.shape) == (lay.shard_size,):
+                        flat = np.concatenate([pr[k] for pr in per_rank])
+                        for p, view in zip(b, lay.views(flat)):
+                            state.setdefault(self._index[id(p)], {})[k] = view.copy()
+                    else:
+                        for p in b:
+                            state.setdefault(self._index[id(p)], {})[k] = v0
+        groups = []
+        for g in self.param_groups:
+            entry = {k: v for k, v in g.items() if k != "params"}
+            entry["params"] = [self._index[id(p)] for p in g["params"]]
+            groups.append(entry)
+        self._consolidated = {"state": state, "param_groups": groups}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The consolidated state (on the rank given to :meth:`consolidate_state_dict` only)."""
+        if self._consolidated is None:
+            raise RuntimeError(f"ZeroRedundancyOptimizer.state_dict() on rank {self.rank}: the optimizer "
+                               "state has not been consolidated on this rank; call "
+                               "consolidate_state_dict(to=this_rank) on every rank first")
+        return self._consolidated
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a full (consolidated or plain-optimizer) state dict; every rank keeps its share.
+
+        Raises ``ValueError`` (before changing anything) when a state array's shape is not its
+        parameter's; for a sharded checkpoint use ``checkpoint.state_dict.set_optimizer_state_dict``.
+        """
+        saved = state_dict["param_groups"]
+        if len(saved) != len(self.param_groups):
+            raise ValueError(f"load_state_dict: the checkpoint has {len(saved)} parameter groups, this "
+                             f"optimizer has {len(self.param_groups)}")
+        state = {int(k): v for k, v in state_dict["state"].items()}
+        for i, values in state.items():
+            if not 0 <= i < len(self._all_params):
+                raise ValueError(f"load_state_dict: the state dict has state for parameter {i}, this optimizer has "
+                                 f"{len(self._all_params)} parameters")
+            _check_state_shapes(i, self._all_params[i], values)  # whole parameters' state, as saved
+        for full, sg in zip(self.param_groups, saved):
+            for k, v in sg.items():
+                if k != "params":
+                    full[k] = v
+        self._sync_hyperparameters()
+        if self.optim is None:
+            return
+        if self.stage == 1:
+            for g in self._local_groups:
+                for p in g["params"]:
+                    s = state.get(self._index[id(p)])
+                    if s is not None:
+                        xp = _backend.get_array_module(p.data)
+                        self.optim.state[p] = {k: (xp.asarray(v).copy() if hasattr(v, "shape") else v)
+                                               for k, v in s.items()}
+            return
+        for b, lay, shard in zip(self._buckets, self._layouts, self._shards):
+            per_param = [state.get(self._index[id(p)]) for p in b]
+            if per_param[0] is None:
+                continue
+            xp = _backend.get_array_module(shard.data)
+            lo_hi = lay.shard_range(self.rank)
+            entry = {}
+            for k, v0 in per_param[0].items():
+                if hasattr(v0, "shape") and tuple(v0.shape) == tuple(b[0].shape):
+                    flat = lay.flatten([xp.asarray(s[k]) for s in per_param], xp, dtype=shard.dtype)
+                    entry[k] = flat[lo_hi[0]:lo_hi[1]].copy()
+                else:
+                    entry[k] = v0
+            self.optim.state[shard] = entry
+
+    def __repr__(self) -> str:
+        inner = self.optimizer_class.__name__
+        return f"ZeroRedundancyOptimizer(stage={self.stage}, optimizer_class={inner}, world_size={self.world_size})"

@@ -1,0 +1,161 @@
+"""``parallelize_module`` with torch's ``ColwiseParallel`` / ``RowwiseParallel`` styles.
+
+A *plan* maps module names (``fnmatch`` patterns over dotted names, e.g. ``"blocks.*.mlp.fc1"``)
+to a style; each matching ``nn.Linear`` / ``nn.Embedding`` / ``SKLinear`` is replaced, in place
+and at the same position, by its sharded counterpart holding the same values:
+
+=========================  ====================  =========================================
+style                      on ``nn.Linear``      on ``nn.Embedding``
+=========================  ====================  =========================================
+``ColwiseParallel()``      ColumnParallelLinear  (not supported: NotImplementedError)
+``RowwiseParallel()``      RowParallelLinear     VocabParallelEmbedding (rows = vocabulary)
+=========================  ====================  =========================================
+
+Layouts follow torch: ``ColwiseParallel(output_layouts=Replicate())`` all-gathers its output
+(default ``Shard(-1)``: leave it sharded); ``RowwiseParallel(input_layouts=Replicate())``
+takes a full input and scatters it (default ``Shard(-1)``: the input is already this rank's
+slice). **Sequence parallelism** (activations ``(B, T, C)`` sharded on the sequence, ``Shard(1)``):
+``ColwiseParallel(input_layouts=Shard(1))`` all-gathers the sequence first,
+``RowwiseParallel(output_layouts=Shard(1))`` reduce-scatters its output along it, and
+:class:`~neural_arch.distributed.tensor.parallel.sequence_parallel.SequenceParallel`
+marks the LayerNorm/dropout modules that run on the local positions in between;
+``PrepareModuleInput`` converts a module's input layout (e.g. into the region).
+
+Example::
+
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    parallelize_module(mlp, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+from neural_arch.distributed.tensor.parallel.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    resolve_tp_group,
+)
+from neural_arch.distributed.tensor.placement_types import Replicate, Shard  # DTensor's placements
+from neural_arch.nn.linear import Embedding, Linear
+from neural_arch.nn.module import Module
+from neural_arch.nn.sketched import SKLinear
+
+__all__ = ["ColwiseParallel", "ParallelStyle", "Replicate", "RowwiseParallel", "Shard", "parallelize_module"]
+
+
+def _is_shard_last(layout) -> bool:
+    return isinstance(layout, Shard) and layout.dim in (-1,)
+
+
+def _is_shard_sequence(layout) -> bool:
+    return isinstance(layout, Shard) and layout.dim == 1
+
+
+class ParallelStyle:
+    """Base of the styles: ``apply(module, group) -> sharded module``."""
+
+    def apply(self, module: Module, group) -> Module:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class ColwiseParallel(ParallelStyle):
+    """Shard a Linear's output features (torch's ``ColwiseParallel``)."""
+
+    def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output: bool = True):
+        self.input_layouts = input_layouts or Replicate()
+        self.output_layouts = output_layouts or Shard(-1)
+        if not (isinstance(self.input_layouts, Replicate) or _is_shard_sequence(self.input_layouts)):
+            raise ValueError(f"ColwiseParallel: input_layouts must be Replicate() or Shard(1) (sequence "
+                             f"parallelism), got {self.input_layouts!r}")
+        if not (isinstance(self.output_layouts, Replicate) or _is_shard_last(self.output_layouts)):
+            raise ValueError(f"ColwiseParallel: output_layouts must be Shard(-1) or Replicate(), got "
+                             f"{self.output_layouts!r}")
+        self.use_local_output = use_local_output
+
+    def apply(self, module: Module, group) -> Module:
+        gather = isinstance(self.output_layouts, Replicate)
+        sequence = _is_shard_sequence(self.input_layouts)
+        if isinstance(module, Linear):
+            return ColumnParallelLinear.from_linear(module, group, gather_output=gather, sequence_parallel=sequence)
+        if sequence:
+            raise NotImplementedError(f"ColwiseParallel(input_layouts=Shard(1)) is implemented for nn.Linear, not "
+                                      f"{type(module).__name__}")
+        if isinstance(module, SKLinear):
+            from neural_arch.distributed.tensor.parallel.sketched import TensorParallelSKLinear
+
+            return TensorParallelSKLinear.from_sklinear(module, group, gather_output=gather)
+        if isinstance(module, Embedding):
+            raise NotImplementedError("ColwiseParallel on nn.Embedding (sharding the embedding dim) is not "
+                                      "implemented; use RowwiseParallel() (vocabulary-parallel) instead")
+        raise TypeError(f"ColwiseParallel applies to nn.Linear or SKLinear, not {type(module).__name__}")
+
+    def __repr__(self) -> str:
+        return f"ColwiseParallel(input_layouts={self.input_layouts!r}, output_layouts={self.output_layouts!r})"
+
+
+class RowwiseParallel(ParallelStyle):
+    """Shard a Linear's input features, or an Embedding's rows (torch's ``RowwiseParallel``)."""
+
+    def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output: bool = True):
+        self.input_layouts = input_layouts or Shard(-1)
+        self.output_layouts = output_layouts or Replicate()
+        if not (isinstance(self.output_layouts, Replicate) or _is_shard_sequence(self.output_layouts)):
+            raise ValueError(f"RowwiseParallel: output_layouts must be Replicate() or Shard(1) (sequence "
+                             f"parallelism), got {self.output_layouts!r}")
+        if not (isinstance(self.input_layouts, Replicate) or _is_shard_last(self.input_layouts)):
+            raise ValueError(f"RowwiseParallel: input_layouts must be Shard(-1) or Replicate(), got "
+                             f"{self.input_layouts!r}")
+        self.use_local_output = use_local_output
+
+    def apply(self, module: Module, group) -> Module:
+        sequence = _is_shard_sequence(self.output_layouts)
+        if isinstance(module, Linear):
+            return RowParallelLinear.from_linear(module, group,
+                                                 input_is_parallel=not isinstance(self.input_layouts, Replicate),
+                                                 sequence_parallel=sequence)
+        if sequence:
+            raise NotImplementedError("RowwiseParallel(output_layouts=Shard(1)) is implemented for nn.Linear, "
+                                      f"not {type(module).__name__}")
+        if isinstance(module, Embedding):
+            return VocabParallelEmbedding.from_embedding(module, group)
+        raise TypeError(f"RowwiseParallel applies to nn.Linear or nn.Embedding, not {type(module).__name__}")
+
+    def __repr__(self) -> str:
+        return f"RowwiseParallel(input_layouts={self.input_layouts!r}, output_layouts={self.output_layouts!r})"
+
+
+def parallelize_module(module: Module, device_mesh=None, parallelize_plan=None) -> Module:
+    """Shard ``module`` across ``device_mesh`` (a 1-d DeviceMesh, a ProcessGroup, or None = world).
+
+    ``parallelize_plan`` is a style (applied to ``module`` itself; the sharded module is returned)
+    or a dict ``{pattern: style}`` applied to the matching submodules in place (``module`` is
+    returned). A pattern that matches nothing is an error (a typo would silently leave a layer
+    replicated). Every rank of the group must call it with the same model and plan.
+    """
+    group = resolve_tp_group(device_mesh, "parallelize_module")
+    if parallelize_plan is None:
+        raise ValueError("parallelize_module: parallelize_plan is required (a ParallelStyle or a dict "
+                         "{'name.pattern': ColwiseParallel() | RowwiseParallel()})")
+    if isinstance(parallelize_plan, ParallelStyle):
+        return parallelize_plan.apply(module, group)
+    if not isinstance(parallelize_plan, dict):
+        raise TypeError(f"parallelize_module: parallelize_plan must be a ParallelStyle or a dict, got "
+                        f"{type(parallelize_plan).__name__}")
+    names = [name for name, _ in module.named_modules() if name]
+    for pattern, style in parallelize_plan.items():
+        if not isinstance(style, ParallelStyle):
+            raise TypeError(f"parallelize_module: plan[{pattern!r}] must be a ParallelStyle (ColwiseParallel(), "
+                            f"RowwiseParallel(), SequenceParallel(), PrepareModuleInput(...)), got {style!r}")
+        matches = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        if not matches:
+            raise ValueError(f"parallelize_module: plan key {pattern!r} matches no submodule of "
+                             f"{type(module).__name__}; names look like {names[:6]}")
+        for name in matches:
+            parent_name, _, child = name.rpartition(".")
+            parent = module.get_submodule(parent_name) if parent_name else module
+            # Replace in the registry directly: setattr would move the child to the end of
+            # the ordered registry, and Sequential runs its children in that order.
+            parent._modules[child] = style.apply(parent._modules[child], group)
+    return module
