@@ -11,7 +11,7 @@ bandwidth:
 * broadcast:      busbw = bytes / t
 
 Contenders: ``gloo`` (neural_arch, transport auto: on one host the direct shared-memory
-collectives of ``comm/algorithms/shm_direct.py``), ``gloo-rings`` (the ring/tree plans over the
+collectives of ``comm/gloo/shm_direct.py``), ``gloo-rings`` (the ring/tree plans over the
 shared-memory rings: direct collectives off), ``gloo-tcp`` (TCP forced), ``mpi`` (neural_arch's mpi backend), ``mpi4py`` (raw ``Allreduce(IN_PLACE)`` etc.
 on NumPy buffers), ``torch`` (torch.distributed gloo on CPU, when torch is installed);
 ``gloo-ring`` / ``gloo-rd`` force one all_reduce algorithm, ``gloo-chain`` / ``gloo-tree`` one

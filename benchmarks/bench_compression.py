@@ -183,7 +183,7 @@ def gpt_matrices_run(hook_name: str, steps: int) -> dict:
     import neural_arch.nn.functional as F
     from neural_arch import nn, optim
     from neural_arch.core.tensor import Tensor, manual_seed
-    from neural_arch.distributed.ddp.comm_hooks import GradBucket
+    from neural_arch.distributed.algorithms.ddp_comm_hooks.comm_hook import GradBucket
 
     rank = dist.get_rank()
     manual_seed(0)

@@ -28,11 +28,11 @@ The issue's goals, checked at the end of the run and written to the JSON:
 
 1. FSDP's peak per rank <= DDP's model-state bytes (params + grads + Adam) / N + the largest unit
    (within 10%). FULL_SHARD re-gathers a unit before its backward into the buffer its forward
-   used (the saved views read it; see ``parallel/sharded/unit.py``) and gives that buffer's
-   memory back in between (``parallel/sharded/storage.py``: torch's ``storage.resize_(0)``), and
+   used (the saved views read it; see ``fsdp/unit.py``) and gives that buffer's
+   memory back in between (``fsdp/storage.py``: torch's ``storage.resize_(0)``), and
    during a unit's backward the pages under each parameter as soon as its gradient is final;
    gradients go parameter by parameter to the ranks owning their elements (no unit-sized flat
-   gradient; ``parallel/sharded/owner_reducer.py``). What the bound leaves out and a rank still
+   gradient; ``distributed/fsdp/owner_reducer.py``). What the bound leaves out and a rank still
    holds at the peak: in forward the root unit *and* a block (the root's forward encloses the
    blocks'), in backward one parameter's gradient (plus gloo's copy of it on non-owner ranks),
    the activations, and with ``BACKWARD_PRE`` (torch's default, ``limit_all_gathers=True``) the

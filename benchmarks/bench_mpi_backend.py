@@ -21,7 +21,7 @@ the backend did up to ``PERSISTENT_MAX_BYTES`` before the call check carried sma
 buffer on a duplicate communicator, two ``Waitany`` and one ``np.add`` (the algorithm the backend runs
 for 2-rank all_reduces of ``PAIRWISE_MIN_BYTES`` .. ``PAIRWISE_MAX_BYTES``), ``unpaired`` (2 ranks) = the
 backend created with ``pairwise_max_bytes=0`` (MPICH's Iallreduce at every size), ``check`` = the call
-check alone (``comm/mpi_check.py``: header into this rank's slot, ``Start`` of the persistent allgather of
+check alone (``comm/mpi/check.py``: header into this rank's slot, ``Start`` of the persistent allgather of
 the fixed-size slots, the same ``Waitany``, the header comparison): what the always-on mismatch guard adds
 to every collective above the inline size (all_reduces up to 2 KiB ride inside it instead).
 

@@ -84,7 +84,7 @@ def worker(args) -> None:
 
     import neural_arch.distributed as dist
     from neural_arch.core.tensor import Tensor
-    from neural_arch.distributed.groups import _resolve_group
+    from neural_arch.distributed.resolve import _resolve_group
 
     raw = None
     if args.worker in ("mpi", VERSUS):
@@ -157,8 +157,14 @@ def worker(args) -> None:
 # -- the Python path alone -----------------------------------------------------------------------------
 def _stub_backend():
     """A 2-rank GlooBackend whose direct engine reads what the real one reads per op and moves nothing."""
-    from neural_arch.distributed.comm.gloo.executor import _UFUNCS
+    import numpy as np
+
     from neural_arch.distributed.comm.gloo.backend import GlooBackend
+    from neural_arch.distributed.comm.work import ReduceOp
+
+    # the engine's one table lookup per op, built here so that --against runs trees where the table
+    # lives elsewhere
+    ufuncs = {op: np.add for op in ReduceOp}
 
     class Segment:
         def poison(self, why):
@@ -168,7 +174,7 @@ def _stub_backend():
         seg = Segment()
 
         def all_reduce(self, array, op, info, root=-1):
-            info.wire, _UFUNCS[op]
+            info.wire, ufuncs[op]
 
         def close(self):
             pass

@@ -52,7 +52,7 @@ STEPS: dict[str, tuple[list[str], int]] = {
 def environment() -> dict:
     """What the GPU path sees here; never raises."""
     from neural_arch.backend import gpu_unavailable_reason
-    from neural_arch.distributed.comm.nccl.backend import missing_requirement
+    from neural_arch.distributed.comm.nccl.support import missing_requirement
 
     info = {"python": sys.version.split()[0], "machine": platform.node(), "gpu_missing": gpu_unavailable_reason(),
             "nccl_missing": missing_requirement()}

@@ -42,8 +42,12 @@ import neural_arch.nn.functional as F
 from neural_arch import nn, optim
 from neural_arch.core.tensor import Tensor, manual_seed
 from neural_arch.data import make_classification_data
-from neural_arch.distributed.elastic.checkpoint_restart import (find_latest_checkpoint, remove_interrupted_writes, restart_count,
-                                             save_npz_atomic)
+from neural_arch.distributed import find_latest_checkpoint
+from neural_arch.distributed.elastic.checkpoint_restart import (
+    remove_interrupted_writes,
+    restart_count,
+    save_npz_atomic,
+)
 
 N_SAMPLES, N_FEATURES, N_CLASSES = 256, 16, 4
 

@@ -62,7 +62,14 @@ _cupy_module = None
 
 class Device(NamedTuple):
     """A parsed device: ``type`` is ``"cpu"``, ``"cuda"`` (or a registered type); ``index`` is the
-    device ordinal (cpu: 0)."""
+    device ordinal (cpu: 0).
+
+    Example::
+
+        >>> from neural_arch.backend import Device
+        >>> Device("cuda", 1)
+        Device(type='cuda', index=1)
+    """
 
     type: str
     index: int = 0
@@ -72,7 +79,18 @@ class Device(NamedTuple):
 
 
 class DeviceType(NamedTuple):
-    """A registered array library (see :func:`register_device_type`)."""
+    """A registered array library (see :func:`register_device_type`).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.backend import register_device_type, unregister_device_type
+        >>> kind = register_device_type("fake", xp=np, array_type=np.memmap,
+        ...                             to_host=np.asarray, from_host=lambda a, index: a)
+        >>> kind.name
+        'fake'
+        >>> unregister_device_type("fake")
+    """
 
     name: str
     xp: Any
@@ -102,6 +120,16 @@ def register_device_type(name: str, *, xp, array_type, to_host: Callable[[Any], 
         index_of: ``array -> int``, the device index of an array (default 0).
 
     Returns the :class:`DeviceType`; undo with :func:`unregister_device_type`.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.backend import register_device_type, unregister_device_type, xp_for_device
+        >>> _ = register_device_type("fake", xp=np, array_type=np.memmap,
+        ...                          to_host=np.asarray, from_host=lambda a, index: a)
+        >>> xp_for_device("fake:0") is np
+        True
+        >>> unregister_device_type("fake")
     """
     name = str(name).strip().lower()
     if not name or name == "cpu" or ":" in name:
@@ -118,7 +146,13 @@ def register_device_type(name: str, *, xp, array_type, to_host: Callable[[Any], 
 
 
 def unregister_device_type(name: str) -> None:
-    """Forget a type registered with :func:`register_device_type` (no error when unknown)."""
+    """Forget a type registered with :func:`register_device_type` (no error when unknown).
+
+    Example::
+
+        >>> from neural_arch.backend import unregister_device_type
+        >>> unregister_device_type("never-registered")         # no error
+    """
     dt = _DEVICE_TYPES.pop(str(name).strip().lower(), None)
     if dt is not None:
         for t in dt.array_types:
@@ -211,7 +245,13 @@ def gpu_unavailable_reason() -> str | None:
 
 
 def is_cupy_available() -> bool:
-    """True when CuPy imports and sees at least one CUDA device."""
+    """True when CuPy imports and sees at least one CUDA device.
+
+    Example::
+
+        >>> from neural_arch.backend import is_cupy_available
+        >>> device = "cuda" if is_cupy_available() else "cpu"
+    """
     return gpu_unavailable_reason() is None
 
 
@@ -290,7 +330,15 @@ def get_array_module(x: Any):
 
 
 def is_device_array(x: Any) -> bool:
-    """True for an array that lives on a device: a CuPy array or a registered device type."""
+    """True for an array that lives on a device: a CuPy array or a registered device type.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.backend import is_device_array
+        >>> is_device_array(np.ones(2))
+        False
+    """
     if type(x) is np.ndarray:
         return False
     if _registered_type_of(x) is not None:
@@ -300,7 +348,15 @@ def is_device_array(x: Any) -> bool:
 
 
 def is_array(x: Any) -> bool:
-    """True for a NumPy array (not a NumPy scalar) or a device array (CuPy / registered)."""
+    """True for a NumPy array (not a NumPy scalar) or a device array (CuPy / registered).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.backend import is_array
+        >>> is_array(np.ones(2)), is_array(np.float32(1)), is_array([1, 2])
+        (True, False, False)
+    """
     return isinstance(x, np.ndarray) or is_device_array(x)
 
 
@@ -379,7 +435,14 @@ def to_device_like(host: Any, like: Any, out: Any = None):
 
 
 def xp_for_device(device: Any):
-    """The array module that holds data for ``device`` (``numpy`` for cpu, ``cupy`` for cuda)."""
+    """The array module that holds data for ``device`` (``numpy`` for cpu, ``cupy`` for cuda).
+
+    Example::
+
+        >>> from neural_arch.backend import xp_for_device
+        >>> xp_for_device("cpu").__name__
+        'numpy'
+    """
     dev = parse_device(device)
     if dev.type == "cpu":
         return np
@@ -391,7 +454,15 @@ def xp_for_device(device: Any):
 
 def device_of(array: Any) -> str:
     """``"cpu"`` for NumPy arrays / scalars, ``"cuda:N"`` for CuPy arrays (``"<type>:N"`` for a
-    registered device type); a Tensor's device for a Tensor."""
+    registered device type); a Tensor's device for a Tensor.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.backend import device_of
+        >>> device_of(np.ones(2)), device_of(np.float32(1))
+        ('cpu', 'cpu')
+    """
     if type(array) is np.ndarray or isinstance(array, (np.generic, int, float, bool)):
         return "cpu"
     dt = _registered_type_of(array)
@@ -428,7 +499,14 @@ def to_device(array: Any, device: Any):
 
 
 def check_same_device(a: Any, b: Any, op: str = "op") -> None:
-    """Raise a clear error when two arrays live on different devices."""
+    """Raise a clear error when two arrays live on different devices.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.backend import check_same_device
+        >>> check_same_device(np.ones(2), np.ones(2), "add")       # both on the CPU: no error
+    """
     da, db = device_of(a), device_of(b)
     if da != db:
         raise RuntimeError(

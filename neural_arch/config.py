@@ -11,7 +11,7 @@ settings without an upward import: ``core`` (``NEURAL_ARCH_EAGER_CHECKS``) and `
 (``NEURAL_ARCH_TIMELINE``) must not import ``neural_arch.distributed``, whose
 ``neural_arch.config`` re-exports this module (torch-style import path, and the
 ``python -m`` entry point). The child bootstrap, which starts a rank without importing the
-package, loads this file by path (``run/bootstrap.py``; ``run/env.py``'s ``setting`` reads it).
+package, loads this file by path (``run/bootstrap.py``; ``launch_env.py``'s ``setting`` reads it).
 
 Example::
 
@@ -34,7 +34,15 @@ __all__ = ["VARIABLES", "EnvVar", "get", "markdown_document", "markdown_table"]
 @dataclass(frozen=True)
 class EnvVar:
     """One environment variable: ``kind`` is ``str``, ``int``, ``float`` or ``bool``; ``area`` is
-    who reads it (``user`` settings vs ``internal`` ones the launcher/pool set for their children)."""
+    who reads it (``user`` settings vs ``internal`` ones the launcher/pool set for their children).
+
+    Example::
+
+        >>> from neural_arch import config
+        >>> var = next(v for v in config.VARIABLES if v.name == "NEURAL_ARCH_BACKEND")
+        >>> var.kind.__name__, var.area
+        ('str', 'user')
+    """
 
     name: str
     kind: type
@@ -99,7 +107,16 @@ _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
 def get(name: str, environ: Mapping[str, str] | None = None):
     """The value of ``name`` (typed; its default when unset). Unknown names raise ``KeyError``;
-    a value of the wrong type raises ``ValueError`` naming the variable and what it expects."""
+    a value of the wrong type raises ``ValueError`` naming the variable and what it expects.
+
+    Example::
+
+        >>> from neural_arch import config
+        >>> config.get("NEURAL_ARCH_BACKEND", environ={"NEURAL_ARCH_BACKEND": "gloo"})
+        'gloo'
+        >>> config.get("NEURAL_ARCH_BACKEND", environ={}) is None       # unset: its default
+        True
+    """
     var = _BY_NAME.get(name)
     if var is None:
         raise KeyError(f"{name} is not a neural_arch setting; the settings are listed in "
@@ -122,7 +139,14 @@ def get(name: str, environ: Mapping[str, str] | None = None):
 
 
 def markdown_table() -> str:
-    """The table as Markdown (what ``docs/configuration.md`` holds)."""
+    """The table as Markdown (what ``docs/configuration.md`` holds).
+
+    Example::
+
+        >>> from neural_arch import config
+        >>> config.markdown_table().splitlines()[0]
+        '| variable | type | default | who | what |'
+    """
     rows = ["| variable | type | default | who | what |", "| --- | --- | --- | --- | --- |"]
     for v in VARIABLES:
         default = "-" if v.default is None else repr(v.default)
@@ -142,7 +166,14 @@ for their children.
 
 
 def markdown_document() -> str:
-    """``docs/configuration.md``: a short preamble and :func:`markdown_table`."""
+    """``docs/configuration.md``: a short preamble and :func:`markdown_table`.
+
+    Example::
+
+        >>> from neural_arch import config
+        >>> config.markdown_document().startswith("# ")
+        True
+    """
     return _PREAMBLE + markdown_table()
 
 

@@ -37,13 +37,32 @@ def _is_gpu(device) -> bool:
 
 
 def start() -> None:
-    """Start tracing host allocations (idempotent)."""
+    """Start tracing host allocations (idempotent).
+
+    Example::
+
+        >>> from neural_arch import memory
+        >>> memory.start()
+        >>> memory.stats()["backend"]
+        'tracemalloc'
+        >>> memory.stop()
+    """
     if not tracemalloc.is_tracing():
         tracemalloc.start()
 
 
 def stop() -> None:
-    """Stop tracing host allocations (the numbers reset)."""
+    """Stop tracing host allocations (the numbers reset).
+
+    Example::
+
+        >>> import tracemalloc
+        >>> from neural_arch import memory
+        >>> memory.start()
+        >>> memory.stop()
+        >>> tracemalloc.is_tracing()
+        False
+    """
     if tracemalloc.is_tracing():
         tracemalloc.stop()
 
@@ -59,7 +78,18 @@ def _gpu_used() -> int:
 
 
 def memory_allocated(device=None) -> int:
-    """Bytes held now."""
+    """Bytes held now.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch import memory
+        >>> before = memory.memory_allocated()
+        >>> a = np.ones(1_000_000)
+        >>> memory.memory_allocated() - before >= 8_000_000
+        True
+        >>> memory.stop()
+    """
     if _is_gpu(device):
         return _gpu_used()
     start()
@@ -67,7 +97,19 @@ def memory_allocated(device=None) -> int:
 
 
 def max_memory_allocated(device=None) -> int:
-    """Peak bytes held since the last :func:`reset_peak_memory_stats` (or the start of tracing)."""
+    """Peak bytes held since the last :func:`reset_peak_memory_stats` (or the start of tracing).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch import memory
+        >>> memory.reset_peak_memory_stats()
+        >>> a = np.ones(1_000_000)
+        >>> del a
+        >>> memory.max_memory_allocated() >= 8_000_000 > memory.memory_allocated()
+        True
+        >>> memory.stop()
+    """
     if _is_gpu(device):
         _gpu_used()
         return _gpu_peak
@@ -76,7 +118,16 @@ def max_memory_allocated(device=None) -> int:
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    """Make the peak equal to the current amount."""
+    """Make the peak equal to the current amount.
+
+    Example::
+
+        >>> from neural_arch import memory
+        >>> memory.reset_peak_memory_stats()
+        >>> memory.max_memory_allocated() - memory.memory_allocated() < 100_000
+        True
+        >>> memory.stop()
+    """
     global _gpu_peak
     if _is_gpu(device):
         _gpu_peak = 0
@@ -87,7 +138,15 @@ def reset_peak_memory_stats(device=None) -> None:
 
 
 def stats(device=None) -> dict:
-    """``{"allocated_bytes.all.current": ..., "allocated_bytes.all.peak": ..., "backend": ...}``."""
+    """``{"allocated_bytes.all.current": ..., "allocated_bytes.all.peak": ..., "backend": ...}``.
+
+    Example::
+
+        >>> from neural_arch import memory
+        >>> sorted(memory.stats())
+        ['allocated_bytes.all.current', 'allocated_bytes.all.peak', 'backend']
+        >>> memory.stop()
+    """
     if _is_gpu(device):
         cur = _gpu_used()
         cp = sys.modules.get("cupy")

@@ -63,7 +63,20 @@ _SAFE_TYPES = "Tensors, NumPy/CuPy arrays and scalars, dict/OrderedDict/list/tup
 
 
 class WeightsOnlyUnpicklingError(pickle.UnpicklingError):
-    """``load(weights_only=True)`` met a file that only pickle could read (nothing was unpickled)."""
+    """``load(weights_only=True)`` met a file that only pickle could read (nothing was unpickled).
+
+    Example::
+
+        >>> import io
+        >>> import neural_arch as na
+        >>> buffer = io.BytesIO()
+        >>> na.save({"fn": len}, buffer)                      # a builtin function: only pickle holds it
+        >>> try:
+        ...     na.load(io.BytesIO(buffer.getvalue()))
+        ... except na.serialization.WeightsOnlyUnpicklingError:
+        ...     print("refused")
+        refused
+    """
 
 
 class _Unsupported(Exception):
@@ -275,6 +288,16 @@ def save(obj, f, *, pickle_protocol: int = pickle.DEFAULT_PROTOCOL) -> None:
     Tensors, arrays, numbers, strings, None and dict/list/tuple nests of them go into a
     safetensors file that :func:`load` reads without pickle. Anything else makes the whole file a
     pickle, which only ``load(..., weights_only=False)`` opens (trusted files only).
+
+    Example::
+
+        >>> import os, tempfile
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.pt")
+        >>> na.save(nn.Linear(2, 1).state_dict(), path)
+        >>> sorted(na.load(path))
+        ['bias', 'weight']
     """
     try:
         enc = _Encoder()
@@ -301,6 +324,16 @@ def load(f, map_location=None, weights_only: bool = True, **pickle_load_args):
         weights_only: ``True`` (default) never unpickles: a file that needs pickle raises
             :class:`WeightsOnlyUnpicklingError`. ``False`` also reads pickled files; **it can run
             arbitrary code, so use it only for files you trust**.
+
+    Example::
+
+        >>> import io
+        >>> import neural_arch as na
+        >>> buffer = io.BytesIO()
+        >>> na.save({"w": na.ones(2), "step": 3}, buffer)
+        >>> state = na.load(io.BytesIO(buffer.getvalue()))
+        >>> state["w"].tolist(), state["step"]
+        ([1.0, 1.0], 3)
     """
     data = _read(f)
     if _is_safetensors(data):

@@ -1,4 +1,5 @@
-"""Automatic mixed precision: :class:`autocast` and :class:`GradScaler` (torch's ``torch.amp``).
+"""Automatic mixed precision: :class:`~neural_arch.amp.autocast` and
+:class:`~neural_arch.amp.GradScaler` (torch's ``torch.amp``).
 
 Example::
 

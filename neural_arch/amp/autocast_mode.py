@@ -65,12 +65,31 @@ _ELIGIBLE = ("float16", "bfloat16", "float32")
 
 
 def is_autocast_enabled(device_type: str | None = None) -> bool:
-    """True inside an enabled autocast region."""
+    """True inside an enabled autocast region.
+
+    Example::
+
+        >>> from neural_arch.amp import autocast, is_autocast_enabled
+        >>> with autocast("cpu"):
+        ...     is_autocast_enabled()
+        True
+        >>> is_autocast_enabled()
+        False
+    """
     return bool(_stack) and _stack[-1][0]
 
 
 def get_autocast_dtype(device_type: str = "cpu"):
-    """The lower-precision dtype of the innermost region (None outside autocast)."""
+    """The lower-precision dtype of the innermost region (None outside autocast).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.amp import autocast, get_autocast_dtype
+        >>> with autocast("cpu", dtype=na.bfloat16):
+        ...     get_autocast_dtype("cpu") == na.bfloat16
+        True
+    """
     return _stack[-1][1] if _stack else None
 
 
@@ -122,6 +141,17 @@ class autocast:
         dtype: ``float16`` or ``bfloat16``.
         enabled: False turns autocast off inside an enclosing region.
         cache_enabled: accepted for torch compatibility (casts are not cached).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> from neural_arch.amp import autocast
+        >>> layer = nn.Linear(4, 2)
+        >>> with autocast("cpu", dtype=na.bfloat16):
+        ...     y = layer(na.ones(3, 4))
+        >>> y.dtype == na.bfloat16, layer.weight.dtype
+        (True, dtype('float32'))
     """
 
     def __init__(self, device_type: str = "cpu", dtype=None, enabled: bool = True, cache_enabled=None):

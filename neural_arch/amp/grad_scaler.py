@@ -2,7 +2,7 @@
 
 float16 gradients underflow to zero below ~6e-8; multiplying the loss by a large scale
 (``init_scale=2**16``) keeps them representable. Before the optimizer step the gradients are
-divided by the scale again (:meth:`unscale_`, which you may call yourself before clipping). If
+divided by the scale again (:meth:`GradScaler.unscale_`, which you may call yourself before clipping). If
 any gradient is inf/NaN the step is **skipped** and the scale multiplied by ``backoff_factor``;
 after ``growth_interval`` clean steps in a row it is multiplied by ``growth_factor``.
 
@@ -36,7 +36,21 @@ _READY, _UNSCALED, _STEPPED = 0, 1, 2
 
 
 class GradScaler:
-    """Dynamic loss scaling (see the module docstring). ``enabled=False`` makes every method a pass-through."""
+    """Dynamic loss scaling (see the module docstring). ``enabled=False`` makes every method a pass-through.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn, optim
+        >>> from neural_arch.amp import GradScaler
+        >>> model = nn.Linear(2, 1)
+        >>> opt = optim.SGD(model.parameters(), lr=0.1)
+        >>> scaler = GradScaler(init_scale=1024.0)
+        >>> scaler.scale(model(na.ones(1, 2)).sum()).backward()
+        >>> scaler.step(opt); scaler.update()
+        >>> scaler.get_scale(), model.weight.grad.tolist()        # gradients unscaled before the step
+        (1024.0, [[1.0, 1.0]])
+    """
 
     def __init__(self, device: str = "cpu", init_scale: float = 2.0**16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True,

@@ -10,7 +10,7 @@ Example::
 """
 
 # tensor first: it binds the ops as methods, and the op modules import Tensor from it.
-from .tensor import Tensor, tensor  # noqa: I001
+from .tensor import Tensor  # noqa: I001  (the module stays `core.tensor`; the function is neural_arch.tensor)
 from .autograd import (
     RemovableHandle,
     enable_grad,
@@ -95,7 +95,7 @@ from .ops_norm import (
 from .rng import get_generator, manual_seed
 
 __all__ = [
-    "Tensor", "tensor", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
+    "Tensor", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
     "queue_callback", "is_backward_running", "RemovableHandle", "manual_seed", "get_generator",
     "add", "sub", "mul", "div", "pow", "neg", "matmul", "sum", "mean", "max", "min", "var",
     "reshape", "transpose", "permute", "squeeze", "unsqueeze", "flatten", "broadcast_to",

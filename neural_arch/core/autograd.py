@@ -53,7 +53,18 @@ _grad_enabled = True
 
 
 def is_grad_enabled() -> bool:
-    """True when ops record the graph (the default)."""
+    """True when ops record the graph (the default).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.core import is_grad_enabled
+        >>> is_grad_enabled()
+        True
+        >>> with na.no_grad():
+        ...     is_grad_enabled()
+        False
+    """
     return _grad_enabled
 
 
@@ -110,14 +121,34 @@ class no_grad(_NoArgGradMode):
 
 
 class enable_grad(_NoArgGradMode):
-    """Context manager / decorator that turns graph recording back on inside ``no_grad``."""
+    """Context manager / decorator that turns graph recording back on inside ``no_grad``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.core import enable_grad, is_grad_enabled
+        >>> with na.no_grad():
+        ...     with enable_grad():
+        ...         is_grad_enabled()
+        True
+    """
 
     _mode = True
 
 
 class inference_mode(_GradMode):
     """torch's ``inference_mode``: here the same as :class:`no_grad` (there are no version
-    counters or views to skip); ``inference_mode(False)`` leaves the grad mode as it is."""
+    counters or views to skip); ``inference_mode(False)`` leaves the grad mode as it is.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.core.autograd import inference_mode
+        >>> w = na.ones(2, requires_grad=True)
+        >>> with inference_mode():
+        ...     (w * 2).requires_grad
+        False
+    """
 
     def __new__(cls, mode=True):
         if callable(mode) and not isinstance(mode, bool):
@@ -139,7 +170,17 @@ class inference_mode(_GradMode):
 
 
 class set_grad_enabled(_GradMode):
-    """``set_grad_enabled(False)`` as a context manager (or called plainly) sets grad mode."""
+    """``set_grad_enabled(False)`` as a context manager (or called plainly) sets grad mode.
+
+    Example::
+
+        >>> from neural_arch.core import is_grad_enabled, set_grad_enabled
+        >>> with set_grad_enabled(False):
+        ...     is_grad_enabled()
+        False
+        >>> is_grad_enabled()
+        True
+    """
 
     def __init__(self, mode: bool):
         global _grad_enabled
@@ -170,7 +211,18 @@ _hook_ids = itertools.count()
 
 
 class RemovableHandle:
-    """Returned by hook registration; ``handle.remove()`` unregisters the hook (idempotent)."""
+    """Returned by hook registration; ``handle.remove()`` unregisters the hook (idempotent).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> w = na.ones(2, requires_grad=True)
+        >>> handle = w.register_hook(lambda g: g * 0)
+        >>> handle.remove()
+        >>> (w * 3).sum().backward()
+        >>> w.grad.tolist()
+        [3.0, 3.0]
+    """
 
     __slots__ = ("_store", "_key")
 
@@ -208,7 +260,19 @@ def _callback_stack() -> list:
 
 
 def is_backward_running() -> bool:
-    """True while a backward pass is running in this thread (e.g. inside a gradient hook)."""
+    """True while a backward pass is running in this thread (e.g. inside a gradient hook).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.core import is_backward_running
+        >>> seen = []
+        >>> w = na.ones(2, requires_grad=True)
+        >>> _ = w.register_hook(lambda g: seen.append(is_backward_running()))
+        >>> (w * 3).sum().backward()
+        >>> seen, is_backward_running()
+        ([True], False)
+    """
     return bool(_callback_stack())
 
 
@@ -217,6 +281,17 @@ def queue_callback(fn) -> None:
 
     Only valid while a backward is running (call it from a gradient hook). Callbacks run in the
     order they were queued; DDP uses this to wait for its outstanding all-reduces.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.core import queue_callback
+        >>> done = []
+        >>> w = na.ones(2, requires_grad=True)
+        >>> _ = w.register_hook(lambda g: queue_callback(lambda: done.append("backward finished")))
+        >>> (w * 3).sum().backward()
+        >>> done
+        ['backward finished']
     """
     stack = _callback_stack()
     if not stack:
@@ -254,6 +329,13 @@ class Node:
     ``parents`` holds the input Tensors (``None`` for inputs that need no gradient).
     ``fresh=True`` promises that the arrays ``fn`` returns are newly allocated and not shared with
     each other, so the engine may store them as ``.grad`` (or add into them) without copying.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> y = na.ones(2, requires_grad=True) * 3
+        >>> type(y.grad_fn).__name__, y.grad_fn.name
+        ('Node', 'Mul')
     """
 
     __slots__ = ("fn", "parents", "name", "seq", "fresh", "hooks", "retain", "__weakref__")
@@ -331,6 +413,14 @@ def run_backward(root, grad, retain_graph: bool, make_tensor) -> None:
     """Backpropagate ``grad`` (an array shaped like ``root``) through the graph ending at ``root``.
 
     ``make_tensor(array)`` wraps an array into a (non-grad) Tensor for hooks and ``.grad``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> w = na.ones(2, requires_grad=True)
+        >>> (w * w).sum().backward()          # Tensor.backward calls run_backward
+        >>> w.grad.tolist()
+        [2.0, 2.0]
     """
     global _grad_enabled
     stack = _callback_stack()

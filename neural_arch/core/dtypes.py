@@ -121,6 +121,13 @@ def is_floating_dtype(dtype) -> bool:
     """True for float16/32/64, bfloat16 and complex dtypes: the ones that may carry gradients.
 
     (bfloat16's NumPy ``kind`` is ``'V'``, so ``dtype.kind in 'fc'`` alone would miss it.)
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.core.dtypes import is_floating_dtype
+        >>> is_floating_dtype(np.float32), is_floating_dtype(np.int64)
+        (True, False)
     """
     dt = dtype if type(dtype) is np.dtype else np.dtype(dtype)
     return dt.kind in "fc" or dt.name == "bfloat16"

@@ -6,8 +6,8 @@
 ``randn``, a float ``fill_value``), int64 for integer ones (``arange(5)``, ``randint``, an int
 ``fill_value``), bool for a bool ``fill_value``.
 
-Random numbers are drawn on the host from the global generator (:func:`manual_seed`), then moved
-to ``device``: a seed gives the same numbers on CPU and GPU (what DDP's identical-initial-weights
+Random numbers are drawn on the host from the global generator
+(:func:`~neural_arch.core.manual_seed`), then moved to ``device``: a seed gives the same numbers on CPU and GPU (what DDP's identical-initial-weights
 check relies on), at the price of a host-to-device copy. Pass ``generator=`` (a
 ``numpy.random.Generator``) to use your own stream.
 
@@ -115,17 +115,38 @@ def _no_extra(kwargs, who):
 
 
 def zeros(*size, **kwargs) -> Tensor:
-    """``zeros(*size, dtype=None, device=None, requires_grad=False)``: float32 zeros by default."""
+    """``zeros(*size, dtype=None, device=None, requires_grad=False)``: float32 zeros by default.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.zeros(2, 3).shape, na.zeros((2, 3)).dtype
+        ((2, 3), dtype('float32'))
+    """
     return _make("zeros", size, kwargs, "zeros")
 
 
 def ones(*size, **kwargs) -> Tensor:
-    """``ones(*size, dtype=None, device=None, requires_grad=False)``: float32 ones by default."""
+    """``ones(*size, dtype=None, device=None, requires_grad=False)``: float32 ones by default.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.ones(2, 2).sum().item(), na.ones(2).dtype
+        (4.0, dtype('float32'))
+    """
     return _make("ones", size, kwargs, "ones")
 
 
 def empty(*size, **kwargs) -> Tensor:
-    """``empty(*size, dtype=None, device=None, requires_grad=False)``: uninitialised memory."""
+    """``empty(*size, dtype=None, device=None, requires_grad=False)``: uninitialised memory.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.empty(2, 3).shape
+        (2, 3)
+    """
     return _make("empty", size, kwargs, "empty")
 
 
@@ -148,7 +169,14 @@ def _scalar_dtype(value):
 
 def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = False, **kwargs) -> Tensor:
     """An array of ``size`` filled with ``fill_value``; the dtype follows the value like torch
-    (``full((2,), 1)`` is int64, ``full((2,), 1.0)`` float32)."""
+    (``full((2,), 1)`` is int64, ``full((2,), 1.0)`` float32).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.full((2,), 7).tolist(), na.full((2,), 7).dtype, na.full((2,), 0.5).dtype
+        ([7, 7], dtype('int64'), dtype('float32'))
+    """
     _no_extra(kwargs, "full")
     shape = _size((size,), {}, "full")
     dt = _scalar_dtype(fill_value) if dtype is None else _dtypes.as_dtype(dtype)
@@ -161,7 +189,14 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = Fal
 def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: bool = False,
            **kwargs) -> Tensor:
     """``arange(end)``, ``arange(start, end)``, ``arange(start, end, step)``: int64 when all
-    arguments are integers, else float32 (torch's rule)."""
+    arguments are integers, else float32 (torch's rule).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.arange(3).tolist(), na.arange(0, 1, 0.5).dtype
+        ([0, 1, 2], dtype('float32'))
+    """
     _no_extra(kwargs, "arange")
     if end is None:
         start, end = 0, start
@@ -180,7 +215,14 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: b
 
 def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: bool = False,
              **kwargs) -> Tensor:
-    """``steps`` evenly spaced values from ``start`` to ``end`` inclusive (float32 by default)."""
+    """``steps`` evenly spaced values from ``start`` to ``end`` inclusive (float32 by default).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.linspace(0, 1, 3).tolist()
+        [0.0, 0.5, 1.0]
+    """
     _no_extra(kwargs, "linspace")
     arr = np.linspace(start, end, builtins.int(steps), dtype=np.float64).astype(_float_dtype(dtype))
     return _finish(arr, device, requires_grad)
@@ -188,7 +230,14 @@ def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: 
 
 def eye(n: int, m: int | None = None, *, dtype=None, device=None, requires_grad: bool = False,
         **kwargs) -> Tensor:
-    """The ``n x m`` identity matrix (float32 by default)."""
+    """The ``n x m`` identity matrix (float32 by default).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.eye(2).tolist()
+        [[1.0, 0.0], [0.0, 1.0]]
+    """
     _no_extra(kwargs, "eye")
     return _finish(np.eye(n, m, dtype=_float_dtype(dtype)), device, requires_grad)
 
@@ -212,19 +261,45 @@ def _random(draw, args, kwargs, who: str) -> Tensor:
 
 def randn(*size, **kwargs) -> Tensor:
     """Standard-normal samples: ``randn(*size, generator=None, dtype=None, device=None,
-    requires_grad=False)`` (float32 by default)."""
+    requires_grad=False)`` (float32 by default).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.manual_seed(0)
+        >>> a = na.randn(2, 3)
+        >>> na.manual_seed(0)
+        >>> bool((na.randn(2, 3).data == a.data).all()), a.dtype
+        (True, dtype('float32'))
+    """
     return _random(lambda rng, shape, dt: rng.standard_normal(shape, dtype=dt), size, kwargs, "randn")
 
 
 def rand(*size, **kwargs) -> Tensor:
-    """Uniform samples on ``[0, 1)``, same arguments as :func:`randn`."""
+    """Uniform samples on ``[0, 1)``, same arguments as :func:`randn`.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> x = na.rand(1000)
+        >>> bool((x.data >= 0).all() and (x.data < 1).all())
+        True
+    """
     return _random(lambda rng, shape, dt: rng.random(shape, dtype=dt), size, kwargs, "rand")
 
 
 def randint(*args, size=None, generator=None, dtype=None, device=None, requires_grad: bool = False,
             low=None, high=None, **kwargs) -> Tensor:
     """Integers uniform on ``[low, high)``: ``randint(high, size)`` or ``randint(low, high, size)``
-    (int64 by default, like torch)."""
+    (int64 by default, like torch).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> x = na.randint(0, 10, (100,))
+        >>> x.dtype, bool((x.data >= 0).all() and (x.data < 10).all())
+        (dtype('int64'), True)
+    """
     _no_extra(kwargs, "randint")
     args = list(args)
     if size is None and args and isinstance(args[-1], (tuple, list)):
@@ -244,7 +319,14 @@ def randint(*args, size=None, generator=None, dtype=None, device=None, requires_
 
 def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: bool = False,
              **kwargs) -> Tensor:
-    """A random permutation of ``0 .. n-1`` (int64)."""
+    """A random permutation of ``range(n)``, as int64.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> sorted(na.randperm(4).tolist())
+        [0, 1, 2, 3]
+    """
     _no_extra(kwargs, "randperm")
     rng = get_generator() if generator is None else generator
     dt = _dtypes.int64 if dtype is None else _dtypes.as_dtype(dtype)
@@ -259,26 +341,54 @@ def _like(fn, input, dtype, device, requires_grad, *extra, **kw) -> Tensor:
 
 
 def zeros_like(input, *, dtype=None, device=None, requires_grad: bool = False, **kwargs) -> Tensor:
-    """Zeros with ``input``'s shape, dtype and device (each may be overridden)."""
+    """Zeros with ``input``'s shape, dtype and device (each may be overridden).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.zeros_like(na.ones(2)).tolist()
+        [0.0, 0.0]
+    """
     _no_extra(kwargs, "zeros_like")
     return _like(zeros, input, dtype, device, requires_grad)
 
 
 def ones_like(input, *, dtype=None, device=None, requires_grad: bool = False, **kwargs) -> Tensor:
-    """Ones with ``input``'s shape, dtype and device."""
+    """Ones with ``input``'s shape, dtype and device.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.ones_like(na.zeros(2, 3)).shape
+        (2, 3)
+    """
     _no_extra(kwargs, "ones_like")
     return _like(ones, input, dtype, device, requires_grad)
 
 
 def empty_like(input, *, dtype=None, device=None, requires_grad: bool = False, **kwargs) -> Tensor:
-    """Uninitialised memory with ``input``'s shape, dtype and device."""
+    """Uninitialised memory with ``input``'s shape, dtype and device.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.empty_like(na.ones(2, dtype=na.float64)).dtype
+        dtype('float64')
+    """
     _no_extra(kwargs, "empty_like")
     return _like(empty, input, dtype, device, requires_grad)
 
 
 def full_like(input, fill_value, *, dtype=None, device=None, requires_grad: bool = False,
               **kwargs) -> Tensor:
-    """``fill_value`` everywhere, with ``input``'s shape, dtype and device."""
+    """``fill_value`` everywhere, with ``input``'s shape, dtype and device.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.full_like(na.zeros(2), 3.0).tolist()
+        [3.0, 3.0]
+    """
     _no_extra(kwargs, "full_like")
     ref = input if isinstance(input, Tensor) else Tensor(input)
     return full(ref.shape, fill_value, dtype=ref.dtype if dtype is None else dtype,
@@ -286,20 +396,42 @@ def full_like(input, fill_value, *, dtype=None, device=None, requires_grad: bool
 
 
 def randn_like(input, *, dtype=None, device=None, requires_grad: bool = False, **kwargs) -> Tensor:
-    """Standard-normal samples with ``input``'s shape, dtype and device."""
+    """Standard-normal samples with ``input``'s shape, dtype and device.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.randn_like(na.zeros(2, 3, dtype=na.float64)).dtype
+        dtype('float64')
+    """
     _no_extra(kwargs, "randn_like")
     return _like(randn, input, dtype, device, requires_grad)
 
 
 def rand_like(input, *, dtype=None, device=None, requires_grad: bool = False, **kwargs) -> Tensor:
-    """Uniform ``[0, 1)`` samples with ``input``'s shape, dtype and device."""
+    """Uniform ``[0, 1)`` samples with ``input``'s shape, dtype and device.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.rand_like(na.zeros(2, 3)).shape
+        (2, 3)
+    """
     _no_extra(kwargs, "rand_like")
     return _like(rand, input, dtype, device, requires_grad)
 
 
 def randint_like(input, low, high=None, *, dtype=None, device=None, requires_grad: bool = False,
                  **kwargs) -> Tensor:
-    """Integers on ``[low, high)`` (or ``[0, low)``) with ``input``'s shape, dtype and device."""
+    """Integers on ``[low, high)`` (or ``[0, low)``) with ``input``'s shape, dtype and device.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> x = na.randint_like(na.zeros(5), 3)
+        >>> x.shape, bool((x.data < 3).all())
+        ((5,), True)
+    """
     _no_extra(kwargs, "randint_like")
     if high is None:
         low, high = 0, low
@@ -310,7 +442,18 @@ def randint_like(input, low, high=None, *, dtype=None, device=None, requires_gra
 
 # ----------------------------------------------------------------------------------- misc
 def from_numpy(ndarray: np.ndarray) -> Tensor:
-    """A tensor sharing memory with ``ndarray`` (no copy, dtype kept), like ``torch.from_numpy``."""
+    """A tensor sharing memory with ``ndarray`` (no copy, dtype kept), like ``torch.from_numpy``.
+
+    Example::
+
+        >>> import numpy as np
+        >>> import neural_arch as na
+        >>> a = np.zeros(2)
+        >>> t = na.from_numpy(a)
+        >>> a[0] = 1.0
+        >>> t.tolist(), t.dtype
+        ([1.0, 0.0], dtype('float64'))
+    """
     if not isinstance(ndarray, np.ndarray):
         raise TypeError(f"from_numpy: expected np.ndarray (got {type(ndarray).__name__}); "
                         f"use neural_arch.tensor(data) for other inputs")
@@ -318,7 +461,15 @@ def from_numpy(ndarray: np.ndarray) -> Tensor:
 
 
 def is_tensor(obj) -> bool:
-    """True for :class:`Tensor` (and ``Parameter``) objects."""
+    """True for :class:`~neural_arch.core.tensor.Tensor` (and ``Parameter``) objects.
+
+    Example::
+
+        >>> import numpy as np
+        >>> import neural_arch as na
+        >>> na.is_tensor(na.ones(1)), na.is_tensor(np.ones(1))
+        (True, False)
+    """
     return isinstance(obj, Tensor)
 
 

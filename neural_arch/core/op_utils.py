@@ -51,7 +51,17 @@ def _result(data, node) -> Tensor:
 
 
 def scatter_add(xp, target, idx, values) -> None:
-    """``target[idx] += values`` with repeated indices accumulating (NumPy's ``add.at``)."""
+    """``target[idx] += values`` with repeated indices accumulating (NumPy's ``add.at``).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.core.op_utils import scatter_add
+        >>> target = np.zeros(3)
+        >>> scatter_add(np, target, np.array([0, 0, 2]), np.array([1.0, 1.0, 5.0]))
+        >>> target.tolist()
+        [2.0, 0.0, 5.0]
+    """
     if xp is np:
         np.add.at(target, idx, values)
         return
@@ -104,7 +114,15 @@ def _operand(a: Tensor, b):
 
 
 def unbroadcast(g, shape):
-    """Sum ``g`` down to ``shape`` (undo NumPy broadcasting). No work when shapes already match."""
+    """Sum ``g`` down to ``shape`` (undo NumPy broadcasting). No work when shapes already match.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.core.op_utils import unbroadcast
+        >>> unbroadcast(np.ones((2, 3)), (3,)).tolist()
+        [2.0, 2.0, 2.0]
+    """
     if g.shape == shape:
         return g
     nd = g.ndim - len(shape)

@@ -29,6 +29,14 @@ from .tensor import Tensor
 
 # ============================================================================ elementwise
 def exp(x: Tensor) -> Tensor:
+    """Elementwise ``e ** x``; the gradient is the result itself.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.tensor([0.0]).exp().tolist()
+        [1.0]
+    """
     xd = x.data
     out = _xp(xd).exp(xd)
     if not _needs(x):
@@ -37,6 +45,14 @@ def exp(x: Tensor) -> Tensor:
 
 
 def log(x: Tensor) -> Tensor:
+    """Elementwise natural logarithm; the gradient is ``1 / x``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.tensor([1.0]).log().tolist()
+        [0.0]
+    """
     xd = x.data
     out = _xp(xd).log(xd)
     if not _needs(x):
@@ -45,6 +61,14 @@ def log(x: Tensor) -> Tensor:
 
 
 def sqrt(x: Tensor) -> Tensor:
+    """Elementwise square root; the gradient is ``0.5 / sqrt(x)``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.tensor([4.0, 9.0]).sqrt().tolist()
+        [2.0, 3.0]
+    """
     xd = x.data
     out = _xp(xd).sqrt(xd)
     if not _needs(x):
@@ -53,6 +77,14 @@ def sqrt(x: Tensor) -> Tensor:
 
 
 def abs(x: Tensor) -> Tensor:
+    """Elementwise absolute value; the gradient is ``sign(x)`` (0 at 0).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.tensor([-1.5, 2.0]).abs().tolist()
+        [1.5, 2.0]
+    """
     xd = x.data
     xp = _xp(xd)
     out = xp.abs(xd)
@@ -62,6 +94,14 @@ def abs(x: Tensor) -> Tensor:
 
 
 def tanh(x: Tensor) -> Tensor:
+    """Elementwise hyperbolic tangent; the gradient is ``1 - tanh(x) ** 2``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.tensor([0.0]).tanh().tolist()
+        [0.0]
+    """
     xd = x.data
     out = _xp(xd).tanh(xd)
     if not _needs(x):
@@ -76,6 +116,14 @@ def _sigmoid_array(xp, xd):
 
 
 def sigmoid(x: Tensor) -> Tensor:
+    """Elementwise logistic function ``1 / (1 + exp(-x))``, computed without overflow.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.tensor([0.0]).sigmoid().tolist()
+        [0.5]
+    """
     xd = x.data
     out = _sigmoid_array(_xp(xd), xd)
     if not _needs(x):
@@ -84,6 +132,14 @@ def sigmoid(x: Tensor) -> Tensor:
 
 
 def relu(x: Tensor) -> Tensor:
+    """``max(x, 0)`` elementwise; the gradient is 1 where ``x > 0``, else 0.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.tensor([-1.0, 2.0]).relu().tolist()
+        [0.0, 2.0]
+    """
     xd = x.data
     xp = _xp(xd)
     out = xp.maximum(xd, 0)
@@ -93,6 +149,15 @@ def relu(x: Tensor) -> Tensor:
 
 
 def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
+    """``x`` where positive, ``negative_slope * x`` elsewhere.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> F.leaky_relu(na.tensor([-1.0, 2.0]), 0.5).tolist()
+        [-0.5, 2.0]
+    """
     xd = x.data
     xp = _xp(xd)
     pos = xd > 0
@@ -103,7 +168,15 @@ def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
 
 
 def silu(x: Tensor) -> Tensor:
-    """``x * sigmoid(x)`` (a.k.a. swish)."""
+    """``x * sigmoid(x)`` (a.k.a. swish).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> F.silu(na.tensor([0.0])).tolist()
+        [0.0]
+    """
     xd = x.data
     s = _sigmoid_array(_xp(xd), xd)
     out = xd * s
@@ -215,7 +288,14 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
 
 
 def clip(x: Tensor, min=None, max=None) -> Tensor:
-    """Clamp to ``[min, max]`` (either may be None). Gradient is 1 inside the range, 0 outside."""
+    """Clamp to ``[min, max]`` (either may be None). Gradient is 1 inside the range, 0 outside.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.core.clamp(na.tensor([-2.0, 0.5, 3.0]), min=0.0, max=1.0).tolist()
+        [0.0, 0.5, 1.0]
+    """
     if min is None and max is None:
         raise ValueError("clip: give at least one of min= or max=")
     xd = x.data
@@ -246,7 +326,15 @@ clamp = clip
 
 
 def where(cond, a, b) -> Tensor:
-    """Pick from ``a`` where ``cond`` is true, else ``b`` (broadcasting; a or b may be scalars)."""
+    """Pick from ``a`` where ``cond`` is true, else ``b`` (broadcasting; a or b may be scalars).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> x = na.tensor([-1.0, 2.0])
+        >>> na.core.ops_activation.where(x.data > 0, x, 0.0).tolist()
+        [0.0, 2.0]
+    """
     cd = cond.data if isinstance(cond, Tensor) else cond
     at = a if isinstance(a, Tensor) else None
     bt = b if isinstance(b, Tensor) else None
@@ -276,7 +364,15 @@ def where(cond, a, b) -> Tensor:
 
 # ============================================================================ softmax family
 def softmax(x: Tensor, axis: int = -1, *, dim=None) -> Tensor:
-    """Softmax along ``axis`` (``dim=`` accepted as torch's alias)."""
+    """Softmax along ``axis`` (``dim=`` accepted as torch's alias).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> F.softmax(na.tensor([[0.0, 0.0]]), dim=-1).tolist()
+        [[0.5, 0.5]]
+    """
     if dim is not None:
         axis = dim
     xd = x.data
@@ -299,7 +395,16 @@ def _log_softmax_array(xp, xd, axis):
 
 
 def log_softmax(x: Tensor, axis: int = -1, *, dim=None) -> Tensor:
-    """Log-softmax along ``axis`` (alias ``dim=``), computed stably in one fused op."""
+    """Log-softmax along ``axis`` (alias ``dim=``), computed stably in one fused op.
+
+    Example::
+
+        >>> import numpy as np
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> np.exp(F.log_softmax(na.tensor([[1.0, 1.0]]), dim=-1).data).tolist()
+        [[0.5, 0.5]]
+    """
     if dim is not None:
         axis = dim
     xd = x.data

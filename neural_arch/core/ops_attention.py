@@ -72,6 +72,14 @@ class AttentionMask:
     sharded or reordered sequence works), ``"bool"`` (True = attend) or ``"add"`` (added to scores).
     :meth:`tile` returns ``(skip, keep, add)`` for queries ``[i0, i1)`` x keys ``[j0, j1)``: ``skip``
     when no pair of the tile takes part (it costs nothing), else a boolean ``keep`` and/or an additive array.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.core.ops_attention import AttentionMask
+        >>> mask = AttentionMask("causal", q_pos=np.arange(4), k_pos=np.arange(4))
+        >>> mask.tile(0, 2, 2, 4)[0]              # queries 0-1 never see keys 2-3: the tile is skipped
+        True
     """
 
     __slots__ = ("k_pos", "kind", "mask", "q_pos")
@@ -167,6 +175,16 @@ def attention_forward(q, k, v, scale: float, mask: AttentionMask | None = None,
     one query tile's running max, sum and output stay small); a tile the mask hides entirely is
     never computed (what makes the causal and the load-balanced layouts cheap).
     ``dropout`` is ``None`` or a :class:`_Dropout`. ``q``, ``k``, ``v`` must share their leading dims.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.core.ops_attention import attention_forward
+        >>> q = k = np.ones((1, 4, 8))
+        >>> v = np.arange(4.0).reshape(1, 4, 1) * np.ones(8)
+        >>> out, lse = attention_forward(q, k, v, scale=8 ** -0.5)
+        >>> out[0, :, 0].tolist()                 # equal scores: the mean of the values
+        [1.5, 1.5, 1.5, 1.5]
     """
     xp = _xp(q)
     mask = mask or AttentionMask()
@@ -211,6 +229,16 @@ def attention_backward(q, k, v, out, dout, lse, scale: float, mask: AttentionMas
     keys than these: a ring attention rank passes its global row statistics and one K/V block).
 
     ``delta`` = rowsum(dout * out) may be passed precomputed (it is the same for every block).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.core.ops_attention import attention_backward, attention_forward
+        >>> q = k = v = np.ones((1, 4, 8))
+        >>> out, lse = attention_forward(q, k, v, scale=8 ** -0.5)
+        >>> dq, dk, dv = attention_backward(q, k, v, out, np.ones_like(out), lse, scale=8 ** -0.5)
+        >>> dv.sum(axis=-1).round(6).tolist()     # each key gets a quarter of every query's gradient
+        [[8.0, 8.0, 8.0, 8.0]]
     """
     xp = _xp(q)
     mask = mask or AttentionMask()
@@ -252,6 +280,14 @@ def merge_partial(out, lse, out_b, lse_b):
 
     ``lse = log(exp(lse) + exp(lse_b))`` and each output is weighted by its share of the mass;
     a side with ``lse = -inf`` (saw nothing) contributes nothing.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.core.ops_attention import merge_partial
+        >>> out, lse = merge_partial(np.array([[0.0]]), np.array([0.0]), np.array([[2.0]]), np.array([0.0]))
+        >>> out.tolist(), round(float(lse[0]), 4)  # equal mass on both sides: the mean; lse = log 2
+        ([[1.0]], 0.6931)
     """
     xp = _xp(out)
     new = xp.logaddexp(lse, lse_b)
@@ -304,7 +340,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
 def local_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
                     scale: float | None = None, *, return_lse: bool = False, block_size: int | None = None):
     """:func:`scaled_dot_product_attention` on this process's arrays, never replaced by an override
-    (what context-parallel algorithms call for their local part)."""
+    (what context-parallel algorithms call for their local part).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.core.ops_attention import local_attention
+        >>> q = k = v = np.ones((1, 2, 4, 8), np.float32)
+        >>> local_attention(q, k, v, is_causal=True).shape
+        (1, 2, 4, 8)
+    """
     q, k, v = (_as_tensor(x, n) for x, n in ((query, "query"), (key, "key"), (value, "value")))
     if min(q.ndim, k.ndim, v.ndim) < 2:
         raise ValueError(f"scaled_dot_product_attention: query, key and value need at least 2 dims (..., T, E); "

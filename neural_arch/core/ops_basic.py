@@ -57,6 +57,14 @@ from .tensor import Tensor
 
 # ============================================================================ arithmetic
 def add(a: Tensor, b) -> Tensor:
+    """``a + b`` with NumPy broadcasting; the gradient of each side is summed back to its shape.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> (na.tensor([1.0, 2.0]) + 1).tolist()
+        [2.0, 3.0]
+    """
     bd, bt = _operand(a, b)
     ad = a.data
     out = ad + bd
@@ -72,6 +80,14 @@ def add(a: Tensor, b) -> Tensor:
 
 
 def sub(a: Tensor, b) -> Tensor:
+    """``a - b`` with NumPy broadcasting.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> (na.tensor([1.0, 2.0]) - na.tensor([1.0, 1.0])).tolist()
+        [0.0, 1.0]
+    """
     bd, bt = _operand(a, b)
     ad = a.data
     out = ad - bd
@@ -87,6 +103,14 @@ def sub(a: Tensor, b) -> Tensor:
 
 
 def rsub(a: Tensor, b) -> Tensor:
+    """``b - a`` (what ``number - tensor`` calls).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> (1 - na.tensor([1.0, 2.0])).tolist()
+        [0.0, -1.0]
+    """
     bd, bt = _operand(a, b)
     ad = a.data
     out = bd - ad
@@ -102,6 +126,14 @@ def rsub(a: Tensor, b) -> Tensor:
 
 
 def mul(a: Tensor, b) -> Tensor:
+    """``a * b`` elementwise, with NumPy broadcasting.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> (na.tensor([1.0, 2.0]) * 3).tolist()
+        [3.0, 6.0]
+    """
     bd, bt = _operand(a, b)
     ad = a.data
     out = ad * bd
@@ -120,6 +152,14 @@ def mul(a: Tensor, b) -> Tensor:
 
 
 def div(a: Tensor, b) -> Tensor:
+    """``a / b`` elementwise (true division), with NumPy broadcasting.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> (na.tensor([1.0, 2.0]) / 2).tolist()
+        [0.5, 1.0]
+    """
     bd, bt = _operand(a, b)
     ad = a.data
     out = ad / bd
@@ -139,7 +179,14 @@ def div(a: Tensor, b) -> Tensor:
 
 
 def rdiv(a: Tensor, b) -> Tensor:
-    """``b / a`` for a non-Tensor (or Tensor) ``b``."""
+    """``b / a`` for a non-Tensor (or Tensor) ``b``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> (1 / na.tensor([2.0, 4.0])).tolist()
+        [0.5, 0.25]
+    """
     bd, bt = _operand(a, b)
     ad = a.data
     out = bd / ad
@@ -159,6 +206,14 @@ def rdiv(a: Tensor, b) -> Tensor:
 
 
 def pow(a: Tensor, b) -> Tensor:  # noqa: A001  (mirrors the operator name)
+    """``a ** b`` elementwise (``b`` a number or a Tensor).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> (na.tensor([2.0, 3.0]) ** 2).tolist()
+        [4.0, 9.0]
+    """
     bd, bt = _operand(a, b)
     ad = a.data
     out = ad**bd
@@ -183,7 +238,14 @@ def pow(a: Tensor, b) -> Tensor:  # noqa: A001  (mirrors the operator name)
 
 
 def rpow(a: Tensor, b) -> Tensor:
-    """``b ** a``."""
+    """``b ** a``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> (2 ** na.tensor([1.0, 3.0])).tolist()
+        [2.0, 8.0]
+    """
     bd, bt = _operand(a, b)
     ad = a.data
     out = bd**ad
@@ -202,6 +264,14 @@ def rpow(a: Tensor, b) -> Tensor:
 
 
 def neg(a: Tensor) -> Tensor:
+    """``-a`` elementwise.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> (-na.tensor([1.0, -2.0])).tolist()
+        [-1.0, 2.0]
+    """
     out = -a.data
     if not _needs(a):
         return _result(out, None)
@@ -233,7 +303,14 @@ def _compare_method(name: str, op):
 
 
 def matmul(a: Tensor, b) -> Tensor:
-    """Matrix product with NumPy semantics: batched (broadcast batch dims) and 1-D cases."""
+    """Matrix product with NumPy semantics: batched (broadcast batch dims) and 1-D cases.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> (na.ones(2, 3) @ na.ones(3, 4)).shape
+        (2, 4)
+    """
     if not isinstance(b, Tensor):
         b = Tensor._wrap(_operand(a, b)[0])
     ad, bd = a.data, b.data
@@ -265,6 +342,15 @@ def matmul(a: Tensor, b) -> Tensor:
 
 
 def rmatmul(a: Tensor, b) -> Tensor:
+    """``b @ a`` (what ``array @ tensor`` calls).
+
+    Example::
+
+        >>> import numpy as np
+        >>> import neural_arch as na
+        >>> na.core.ops_basic.rmatmul(na.ones(3, 1), np.ones((2, 3), np.float32)).tolist()
+        [[3.0], [3.0]]
+    """
     b = b if isinstance(b, Tensor) else Tensor._wrap(_operand(a, b)[0])
     return matmul(b, a)
 

@@ -123,6 +123,13 @@ def conv2d(input: Tensor, weight: Tensor, bias=None, stride=1, padding=0, dilati
 
     ``padding`` may be an int, a pair, ``"valid"`` or ``"same"``. Output size per spatial dim:
     ``floor((H + 2 * pad - dilation * (k - 1) - 1) / stride) + 1``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> F.conv2d(na.ones(1, 3, 5, 5), na.ones(4, 3, 3, 3), padding=1).shape
+        (1, 4, 5, 5)
     """
     x = input if isinstance(input, Tensor) else Tensor(input)
     x, unbatched = _as_4d(x, "conv2d")
@@ -231,6 +238,13 @@ def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1,
 
     With ``return_indices=True`` also returns the flat ``h * W + w`` position of each maximum in
     its input plane (int64), like torch.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> F.max_pool2d(na.arange(16).reshape(1, 1, 4, 4).astype(na.float32), 2).tolist()
+        [[[[5.0, 7.0], [13.0, 15.0]]]]
     """
     x = input if isinstance(input, Tensor) else Tensor(input)
     x4, unbatched = _as_4d(x, "max_pool2d")
@@ -271,7 +285,15 @@ def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1,
 def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
                count_include_pad: bool = True, divisor_override=None) -> Tensor:
     """Mean over each window, with torch's divisor rules (``count_include_pad``,
-    ``divisor_override``, windows clipped at the padded border in ``ceil_mode``)."""
+    ``divisor_override``, windows clipped at the padded border in ``ceil_mode``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> F.avg_pool2d(na.arange(16).reshape(1, 1, 4, 4).astype(na.float32), 2).tolist()
+        [[[[2.5, 4.5], [10.5, 12.5]]]]
+    """
     x = input if isinstance(input, Tensor) else Tensor(input)
     x4, unbatched = _as_4d(x, "avg_pool2d")
     xd = x4.data
@@ -323,7 +345,15 @@ def _adaptive_matrix(size: int, out: int, dtype) -> np.ndarray:
 
 def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
     """Average-pool to a fixed ``output_size`` (an int, a pair, ``None`` keeps that dim) using
-    torch's bins. Computed as ``A_h @ x @ A_w.T`` with two small averaging matrices."""
+    torch's bins. Computed as ``A_h @ x @ A_w.T`` with two small averaging matrices.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> F.adaptive_avg_pool2d(na.ones(1, 2, 5, 7), (1, 1)).shape
+        (1, 2, 1, 1)
+    """
     x = input if isinstance(input, Tensor) else Tensor(input)
     x4, unbatched = _as_4d(x, "adaptive_avg_pool2d")
     xd = x4.data
@@ -437,7 +467,16 @@ def _pad_constant(x: Tensor, pairs: dict, value) -> Tensor:
 # ============================================================================ channel dropout
 def dropout2d(input: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     """Zero whole channels with probability ``p`` (one draw per ``(n, c)``), scaling the rest by
-    ``1/(1-p)``. Like torch, ``(N, C, H, W)`` and ``(N, C, L)`` inputs both drop per ``(n, c)``."""
+    ``1/(1-p)``. Like torch, ``(N, C, H, W)`` and ``(N, C, L)`` inputs both drop per ``(n, c)``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> y = F.dropout2d(na.ones(1, 8, 2, 2), p=0.5).data
+        >>> sorted(set(y.reshape(8, 4).std(axis=1).tolist()))    # each channel all kept or all zeroed
+        [0.0]
+    """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability p must be in [0, 1], got {p}")
     x = input if isinstance(input, Tensor) else Tensor(input)

@@ -98,7 +98,14 @@ def _binary(op: str, sym: str, fn, ufunc_name: str):
         return self
 
     method.__name__ = op
-    method.__doc__ = f"``self {sym}= other`` in place (``alpha`` scales ``other`` first); returns self."
+    result = {"+": "3.0", "-": "-1.0", "*": "2.0", "/": "0.5"}[sym]     # 1 {sym}= 1 * 2
+    method.__doc__ = (
+        f"``self {sym}= other`` in place (``alpha`` scales ``other`` first); returns self.\n\n"
+        f"Example::\n\n"
+        f"    >>> import neural_arch as na\n"
+        f"    >>> na.ones(2).{op}(1, alpha=2).tolist()\n"
+        f"    [{result}, {result}]\n"
+    )
     return method
 
 
@@ -121,7 +128,14 @@ def _augmented(name: str, fn, method):
 
 
 def clamp_(self: Tensor, min=None, max=None) -> Tensor:
-    """Clamp into ``[min, max]`` in place; returns self."""
+    """Clamp into ``[min, max]`` in place; returns self.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.tensor([-1.0, 2.0]).clamp_(0.0, 1.0).tolist()
+        [0.0, 1.0]
+    """
     if min is None and max is None:
         raise ValueError("clamp_: give at least one of min= or max=")
     _refuse_graph_tensor(self, "clamp_", "t = t.clamp(min, max)")
@@ -136,14 +150,28 @@ def clamp_(self: Tensor, min=None, max=None) -> Tensor:
 
 
 def zero_(self: Tensor) -> Tensor:
-    """Fill with zeros in place; returns self."""
+    """Fill with zeros in place; returns self.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.ones(2).zero_().tolist()
+        [0.0, 0.0]
+    """
     _refuse_graph_tensor(self, "zero_", "t = neural_arch.zeros_like(t)")
     self.data[...] = 0
     return self
 
 
 def fill_(self: Tensor, value) -> Tensor:
-    """Fill with ``value`` (a number or a one-element tensor) in place; returns self."""
+    """Fill with ``value`` (a number or a one-element tensor) in place; returns self.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.zeros(2).fill_(7).tolist()
+        [7.0, 7.0]
+    """
     _refuse_graph_tensor(self, "fill_", "t = neural_arch.full_like(t, value)")
     self.data[...] = value.data if isinstance(value, Tensor) else value
     return self
@@ -154,6 +182,13 @@ def copy_(self: Tensor, src) -> Tensor:
 
     Differentiable with respect to ``src`` like torch: copying a tensor that requires grad into a
     constant makes the constant a non-leaf whose gradient flows back to ``src``.
+
+    Example::
+
+        >>> import numpy as np
+        >>> import neural_arch as na
+        >>> na.zeros(2).copy_(np.array([1, 2])).tolist()
+        [1.0, 2.0]
     """
     from .ops_shape import astype, broadcast_to, clone, to_device
 

@@ -47,7 +47,19 @@ _TORCH_DTYPE_NAMES = {"float16": "Half", "float32": "Float", "float64": "Double"
 
 class TargetDtypeError(TypeError, RuntimeError):
     """A loss target of the wrong dtype. Both a ``TypeError`` (this project's convention for bad
-    argument types) and a ``RuntimeError`` (what torch raises), so either ``except`` catches it."""
+    argument types) and a ``RuntimeError`` (what torch raises), so either ``except`` catches it.
+
+    Example::
+
+        >>> import numpy as np
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> try:
+        ...     F.cross_entropy(na.zeros(2, 3), np.array([0.0, 1.0]))
+        ... except TypeError as exc:
+        ...     type(exc).__name__
+        'TargetDtypeError'
+    """
 
 
 def _eager_checks(xp) -> bool:
@@ -154,6 +166,14 @@ def cross_entropy(logits: Tensor, target, ignore_index: int = -100, reduction: s
     arrays the check runs on the device and raises when the loss is read (``.item()``,
     ``float()``, ``.numpy()``, ``repr``), so a training step never waits for the GPU.
     ``NEURAL_ARCH_EAGER_CHECKS=1`` checks eagerly on devices too (debugging; one sync per call).
+
+    Example::
+
+        >>> import numpy as np
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> round(F.cross_entropy(na.zeros(2, 4), np.array([0, 3])).item(), 4)      # log(4)
+        1.3863
     """
     if reduction not in _REDUCTIONS:
         raise ValueError(f"cross_entropy: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
@@ -302,7 +322,16 @@ def _cross_entropy_probs(logits: Tensor, tt, td, xp, reduction: str, label_smoot
 
 
 def nll_loss(log_probs: Tensor, target, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
-    """Negative log-likelihood of integer ``target`` under ``log_probs`` of shape (N, C)."""
+    """Negative log-likelihood of integer ``target`` under ``log_probs`` of shape (N, C).
+
+    Example::
+
+        >>> import numpy as np
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> F.nll_loss(na.tensor([[-1.0, -2.0], [-3.0, -4.0]]), np.array([0, 1])).item()
+        2.5
+    """
     xp = _xp(log_probs.data)
     td = _target_array(xp, log_probs.data, target).astype(xp.int64, copy=False)
     valid = td != ignore_index
@@ -319,7 +348,15 @@ def nll_loss(log_probs: Tensor, target, ignore_index: int = -100, reduction: str
 
 
 def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:
-    """Mean squared error (fused; ``target`` may require grad too)."""
+    """Mean squared error (fused; ``target`` may require grad too).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> F.mse_loss(na.tensor([1.0, 3.0]), na.tensor([0.0, 0.0])).item()
+        5.0
+    """
     if reduction not in _REDUCTIONS:
         raise ValueError(f"mse_loss: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
     input = _t(input)

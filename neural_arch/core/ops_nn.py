@@ -50,7 +50,17 @@ from .tensor import Tensor
 # ============================================================================ dropout, embedding
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     """Zero each element with probability ``p`` and scale the rest by ``1/(1-p)`` (inverted
-    dropout). Identity when ``training`` is False or ``p == 0``. Uses the global generator."""
+    dropout). Identity when ``training`` is False or ``p == 0``. Uses the global generator.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> x = na.ones(1000)
+        >>> kept = F.dropout(x, p=0.5).data
+        >>> sorted(set(kept.tolist())), F.dropout(x, p=0.5, training=False) is x
+        ([0.0, 2.0], True)
+    """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability p must be in [0, 1], got {p}")
     if not training or p == 0.0:
@@ -75,6 +85,15 @@ def embedding(indices, weight: Tensor) -> Tensor:
     """Rows of ``weight`` (num_embeddings, dim) picked by integer ``indices`` (any shape).
 
     The weight gradient is a scatter-add, so repeated indices accumulate.
+
+    Example::
+
+        >>> import numpy as np
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> weight = na.arange(6).reshape(3, 2).astype(na.float32)
+        >>> F.embedding(np.array([[2, 0]]), weight).tolist()
+        [[[4.0, 5.0], [0.0, 1.0]]]
     """
     idx = indices.data if isinstance(indices, Tensor) else indices
     wd = weight.data
@@ -103,7 +122,16 @@ def embedding(indices, weight: Tensor) -> Tensor:
 
 # ============================================================================ normalisation
 def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
-    """Normalise over the trailing ``normalized_shape`` dims, then scale/shift (fused op)."""
+    """Normalise over the trailing ``normalized_shape`` dims, then scale/shift (fused op).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> y = F.layer_norm(na.tensor([[1.0, 3.0]]), (2,))
+        >>> [round(v, 3) for v in y.tolist()[0]]
+        [-1.0, 1.0]
+    """
     if isinstance(normalized_shape, (int, np.integer)):
         normalized_shape = (int(normalized_shape),)
     normalized_shape = tuple(normalized_shape)
@@ -174,6 +202,13 @@ def linear(x: Tensor, weight: Tensor, bias=None) -> Tensor:
     """``x @ weight.T + bias`` as one fused op; ``weight`` is (out_features, in_features).
 
     ``x`` may have any number of leading dims (..., in_features).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> F.linear(na.ones(4, 3), na.ones(2, 3), na.zeros(2)).tolist()[0]
+        [3.0, 3.0]
     """
     xd, wd = x.data, weight.data
     if type(xd) is not type(wd):

@@ -70,6 +70,14 @@ def batch_norm_stats(x) -> tuple:
 
     ``var`` is the biased (population) variance, computed in two passes for accuracy. Arrays
     are on ``x``'s device; ``count`` is a Python int.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.core.ops_norm import batch_norm_stats
+        >>> count, mean, var = batch_norm_stats(np.array([[1.0, 0.0], [3.0, 0.0]]))
+        >>> count, mean.tolist(), var.tolist()
+        (2, [2.0, 0.0], [1.0, 0.0])
     """
     xd = _array(x)
     axes = _channel_axes(xd.ndim)
@@ -86,6 +94,15 @@ def batch_norm_gather_stats(counts, means, variances) -> tuple:
     ``(count, mean, var)`` of the union of the ranks' batches (biased variance).
 
     Exact up to rounding: ``var = sum_r n_r * (var_r + (mean_r - mean)^2) / n``.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.core.ops_norm import batch_norm_gather_stats
+        >>> count, mean, var = batch_norm_gather_stats(np.array([2, 2]), np.array([[0.0], [2.0]]),
+        ...                                            np.array([[1.0], [1.0]]))
+        >>> count, mean.tolist(), var.tolist()      # the four values -1, 1, 1, 3
+        (4, [1.0], [2.0])
     """
     xp = _xp(means)
     counts = xp.asarray(counts, dtype=means.dtype).reshape(-1, 1)
@@ -99,6 +116,15 @@ def update_running_stats(running_mean, running_var, mean, var, count: int, momen
     """``running = (1 - momentum) * running + momentum * batch``, in place (Tensors or arrays).
 
     ``running_var`` tracks the *unbiased* variance (``var * n / (n - 1)``), as torch does.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.core.ops_norm import update_running_stats
+        >>> running_mean, running_var = np.zeros(1), np.ones(1)
+        >>> update_running_stats(running_mean, running_var, np.array([1.0]), np.array([1.0]), 2, 0.5)
+        >>> running_mean.tolist()
+        [0.5]
     """
     m = float(momentum)
     if running_mean is not None:
@@ -121,6 +147,15 @@ def batch_norm_elemt(x: Tensor, mean, var, weight=None, bias=None, eps: float = 
     batch of ``n`` elements per channel that includes ``x``, and the backward accounts for that;
     ``reduce_grad`` then turns the local ``(sum_dy, sum_dy_xhat)`` into global sums (see the
     module docstring).
+
+    Example::
+
+        >>> import numpy as np
+        >>> import neural_arch as na
+        >>> from neural_arch.core.ops_norm import batch_norm_elemt
+        >>> x = na.tensor([[1.0], [3.0]])
+        >>> batch_norm_elemt(x, np.array([2.0]), np.array([1.0]), eps=0.0).data.ravel().tolist()
+        [-1.0, 1.0]
     """
     xd = x.data
     xp = _xp(xd)
@@ -171,6 +206,18 @@ def batch_norm(input: Tensor, running_mean, running_var, weight=None, bias=None,
 
     Training: normalise with the batch statistics and, when given, update ``running_mean`` /
     ``running_var`` in place (Tensors or arrays). Eval: normalise with the running statistics.
+
+    Example::
+
+        >>> import numpy as np
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> x = na.tensor([[1.0], [3.0]])
+        >>> mean, var = np.zeros(1, np.float32), np.ones(1, np.float32)
+        >>> [round(v, 3) for v in F.batch_norm(x, mean, var, training=True).data.ravel().tolist()]
+        [-1.0, 1.0]
+        >>> round(float(mean[0]), 4)         # running statistics updated with momentum 0.1
+        0.2
     """
     x = input if isinstance(input, Tensor) else Tensor(input)
     if x.ndim < 2:

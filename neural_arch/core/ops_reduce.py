@@ -40,7 +40,15 @@ def _reduce_args(dim, keepdim, axis, keepdims):
 
 def sum(x: Tensor, dim=None, keepdim: bool = False, *, dtype=None, axis=None,  # noqa: A001
         keepdims=None) -> Tensor:
-    """Sum over ``dim`` (None = all, an int or a tuple); ``axis``/``keepdims`` are NumPy aliases."""
+    """Sum over ``dim`` (None = all, an int or a tuple); ``axis``/``keepdims`` are NumPy aliases.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> x = na.ones(2, 3)
+        >>> x.sum().item(), x.sum(dim=1).tolist()
+        (6.0, [3.0, 3.0])
+    """
     axis, keepdims = _reduce_args(dim, keepdim, axis, keepdims)
     xd = x.data
     out = xd.sum(axis=axis, keepdims=keepdims, dtype=dtype)
@@ -57,7 +65,14 @@ def sum(x: Tensor, dim=None, keepdim: bool = False, *, dtype=None, axis=None,  #
 
 def mean(x: Tensor, dim=None, keepdim: bool = False, *, dtype=None, axis=None, keepdims=None) -> Tensor:
     """Mean over ``dim`` (alias ``axis``). Integer tensors give a float64 mean (NumPy's rule;
-    torch refuses integer means)."""
+    torch refuses integer means).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.tensor([[1.0, 3.0]]).mean(dim=1, keepdim=True).tolist()
+        [[2.0]]
+    """
     axis, keepdims = _reduce_args(dim, keepdim, axis, keepdims)
     xd = x.data
     out = xd.mean(axis=axis, keepdims=keepdims, dtype=dtype)
@@ -92,13 +107,27 @@ def _minmax(x: Tensor, axis, keepdims, which):
 
 def amax(x: Tensor, dim=None, keepdim: bool = False, *, axis=None, keepdims=None) -> Tensor:
     """Maximum over ``dim`` (None = all, an int or a tuple), values only; the gradient is shared
-    equally among tied maxima (torch's ``amax``)."""
+    equally among tied maxima (torch's ``amax``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.tensor([[1.0, 3.0], [4.0, 2.0]]).amax(dim=0).tolist()
+        [4.0, 3.0]
+    """
     axis, keepdims = _reduce_args(dim, keepdim, axis, keepdims)
     return _minmax(x, axis, keepdims, "Max")
 
 
 def amin(x: Tensor, dim=None, keepdim: bool = False, *, axis=None, keepdims=None) -> Tensor:
-    """Minimum over ``dim``, values only; ties share the gradient (torch's ``amin``)."""
+    """Minimum over ``dim``, values only; ties share the gradient (torch's ``amin``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.tensor([[1.0, 3.0], [4.0, 2.0]]).amin(dim=1).tolist()
+        [1.0, 2.0]
+    """
     axis, keepdims = _reduce_args(dim, keepdim, axis, keepdims)
     return _minmax(x, axis, keepdims, "Min")
 
@@ -123,7 +152,15 @@ class _ReturnType(tuple):
 
 
 class return_types:  # lower-case: a namespace named like torch.return_types
-    """The named tuples that ``max(dim)`` / ``min(dim)`` return."""
+    """The named tuples that ``max(dim)`` / ``min(dim)`` return.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> values, indices = na.tensor([[1.0, 3.0]]).max(dim=1)
+        >>> values.tolist(), indices.tolist()
+        ([3.0], [1])
+    """
 
     class max(_ReturnType):
         __slots__ = ()
@@ -181,12 +218,26 @@ def _max_or_min(which: str, elementwise):
 
 
 def maximum(a: Tensor, b) -> Tensor:
-    """Elementwise maximum (broadcasting); a tie sends half the gradient to each side (torch)."""
+    """Elementwise maximum (broadcasting); a tie sends half the gradient to each side (torch).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.core.maximum(na.tensor([1.0, 5.0]), na.tensor([3.0, 2.0])).tolist()
+        [3.0, 5.0]
+    """
     return _elementwise_extreme(a, b, "Maximum")
 
 
 def minimum(a: Tensor, b) -> Tensor:
-    """Elementwise minimum (broadcasting); a tie sends half the gradient to each side (torch)."""
+    """Elementwise minimum (broadcasting); a tie sends half the gradient to each side (torch).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.core.minimum(na.tensor([1.0, 5.0]), na.tensor([3.0, 2.0])).tolist()
+        [1.0, 2.0]
+    """
     return _elementwise_extreme(a, b, "Minimum")
 
 
@@ -225,7 +276,14 @@ over several dims use :func:`amax`.
 min = _max_or_min("Min", minimum)  # noqa: A001
 min.__name__ = "min"
 min.__doc__ = """torch's ``min``: the smallest value, or ``(values, indices)`` along ``dim``,
-or the elementwise :func:`minimum` with another tensor (see :func:`max`)."""
+or the elementwise :func:`minimum` with another tensor (see :func:`max`).
+Example::
+
+    >>> import neural_arch as na
+    >>> x = na.tensor([[1.0, 3.0], [0.0, 2.0]])
+    >>> x.min().item(), x.min(dim=1).indices.tolist()
+    (0.0, [0, 0])
+"""
 
 
 def var(x: Tensor, dim=None, unbiased=None, keepdim: bool = False, *, correction=None, axis=None,
@@ -233,6 +291,12 @@ def var(x: Tensor, dim=None, unbiased=None, keepdim: bool = False, *, correction
     """Variance over ``dim`` with torch's default Bessel correction (divide by ``n - 1``).
 
     ``correction=0`` (or ``unbiased=False``, or NumPy's ``ddof=0``) gives the population variance.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.tensor([1.0, 3.0]).var().item(), na.tensor([1.0, 3.0]).var(unbiased=False).item()
+        (2.0, 1.0)
     """
     axis, keepdims = _reduce_args(dim, keepdim, axis, keepdims)
     given = [c for c in (correction, ddof) if c is not None]
@@ -259,10 +323,21 @@ def var(x: Tensor, dim=None, unbiased=None, keepdim: bool = False, *, correction
 
 def std(x: Tensor, dim=None, unbiased=None, keepdim: bool = False, *, correction=None, axis=None,
         keepdims=None, ddof=None) -> Tensor:
-    """Standard deviation: ``sqrt(var(...))`` with the same arguments (torch's default ``n - 1``)."""
+    """Standard deviation: ``sqrt(var(...))`` with the same arguments (torch's default ``n - 1``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.tensor([1.0, 3.0]).std(correction=0).item()
+        1.0
+    """
     # ``** 0.5`` is Tensor.__pow__, i.e. ops_basic.pow (importing it here would be a cycle)
     return var(x, dim, unbiased, keepdim, correction=correction, axis=axis, keepdims=keepdims,
                ddof=ddof) ** 0.5
+
+
+#: what each index reduction's docstring example prints, for ``[[1.0, 3.0], [4.0, 0.0]]`` along dim 1
+_EXAMPLE_RESULTS = {"argmax": [1, 0], "argmin": [0, 1], "all": [True, False], "any": [True, True]}
 
 
 def _index_reduce(name: str):
@@ -274,7 +349,13 @@ def _index_reduce(name: str):
         return _result(out, None)
 
     op.__name__ = name
-    op.__doc__ = f"torch's ``{name}(dim=None, keepdim=False)`` (``axis``/``keepdims`` aliases); no gradient."
+    op.__doc__ = (
+        f"torch's ``{name}(dim=None, keepdim=False)`` (``axis``/``keepdims`` aliases); no gradient.\n\n"
+        f"Example::\n\n"
+        f"    >>> import neural_arch as na\n"
+        f"    >>> na.tensor([[1.0, 3.0], [4.0, 0.0]]).{name}(dim=1).tolist()\n"
+        f"    {_EXAMPLE_RESULTS[name]}\n"
+    )
     return op
 
 

@@ -31,7 +31,14 @@ def _shape_arg(shape):
 
 
 def reshape(x: Tensor, *shape) -> Tensor:
-    """Reshape (a view when possible). ``x.reshape(2, 3)`` or ``x.reshape((2, 3))``."""
+    """Reshape (a view when possible). ``x.reshape(2, 3)`` or ``x.reshape((2, 3))``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.arange(6).reshape(2, 3).shape
+        (2, 3)
+    """
     shape = _shape_arg(shape)
     xd = x.data
     out = xd.reshape(shape)
@@ -85,7 +92,16 @@ def view(x: Tensor, *shape) -> Tensor:
 
 
 def clone(x: Tensor) -> Tensor:
-    """A copy of the data with the gradient flowing back to ``x`` (torch's ``clone``)."""
+    """A copy of the data with the gradient flowing back to ``x`` (torch's ``clone``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> x = na.ones(2)
+        >>> y = x.clone()
+        >>> y.data is x.data, y.tolist()
+        (False, [1.0, 1.0])
+    """
     xd = x.data
     out = xd.copy()
     if not _needs(x):
@@ -94,7 +110,15 @@ def clone(x: Tensor) -> Tensor:
 
 
 def contiguous(x: Tensor) -> Tensor:
-    """``x`` itself when its data is C-contiguous, else a contiguous differentiable copy."""
+    """``x`` itself when its data is C-contiguous, else a contiguous differentiable copy.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> x = na.ones(2, 3)
+        >>> x.contiguous() is x, x.T.contiguous().data.flags["C_CONTIGUOUS"]
+        (True, True)
+    """
     if x.data.flags.c_contiguous:
         return x
     xd = x.data
@@ -109,6 +133,12 @@ def transpose(x: Tensor, *axes) -> Tensor:
 
     ``transpose(x, d0, d1)`` with exactly two axes on a tensor of more than 2 dims swaps those
     two (torch style).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.ones(2, 3, 4).transpose(2, 0, 1).shape
+        (4, 2, 3)
     """
     axes = _shape_arg(axes)
     xd = x.data
@@ -128,7 +158,14 @@ def transpose(x: Tensor, *axes) -> Tensor:
 
 
 def permute(x: Tensor, *axes) -> Tensor:
-    """Reorder all axes: ``x.permute(2, 0, 1)``."""
+    """Reorder all axes: ``x.permute(2, 0, 1)``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.ones(2, 3, 4).permute(2, 0, 1).shape
+        (4, 2, 3)
+    """
     axes = _shape_arg(axes)
     if len(axes) != x.ndim:
         raise ValueError(f"permute needs {x.ndim} axes for a {x.ndim}-d tensor, got {axes}")
@@ -141,6 +178,14 @@ def permute(x: Tensor, *axes) -> Tensor:
 
 
 def swapaxes(x: Tensor, a: int, b: int) -> Tensor:
+    """Exchange axes ``a`` and ``b`` (a view; torch's ``transpose(a, b)``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.ones(2, 3).swapaxes(0, 1).shape
+        (3, 2)
+    """
     perm = list(range(x.ndim))
     perm[a], perm[b] = perm[b], perm[a]
     return permute(x, *perm)
@@ -150,6 +195,12 @@ def squeeze(x: Tensor, dim=None, *, axis=None) -> Tensor:
     """Drop dimensions of size 1: all of them, or those among ``dim`` (an int or a tuple).
 
     As in torch, naming a dimension whose size is not 1 leaves it alone (NumPy would raise).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.ones(1, 3, 1).squeeze().shape, na.ones(1, 3, 1).squeeze(0).shape
+        ((3,), (3, 1))
     """
     dim = axis if dim is None else dim
     shape = x.shape
@@ -163,7 +214,14 @@ def squeeze(x: Tensor, dim=None, *, axis=None) -> Tensor:
 
 
 def unsqueeze(x: Tensor, dim=None, *, axis=None) -> Tensor:
-    """Insert a dimension of size 1 at ``dim`` (``-1`` appends one, as in torch)."""
+    """Insert a dimension of size 1 at ``dim`` (``-1`` appends one, as in torch).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.ones(3).unsqueeze(0).shape, na.ones(3).unsqueeze(-1).shape
+        ((1, 3), (3, 1))
+    """
     dim = axis if dim is None else dim
     if dim is None:
         raise TypeError("unsqueeze() missing required argument 'dim'")
@@ -171,6 +229,14 @@ def unsqueeze(x: Tensor, dim=None, *, axis=None) -> Tensor:
 
 
 def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    """Merge dims ``start_dim`` to ``end_dim`` (inclusive) into one, as torch's ``flatten``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.ones(2, 3, 4).flatten().shape, na.ones(2, 3, 4).flatten(1).shape
+        ((24,), (2, 12))
+    """
     shape = x.shape
     if not shape:
         return reshape(x, 1)
@@ -182,7 +248,14 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 
 
 def expand(x: Tensor, *sizes) -> Tensor:
-    """torch's ``expand``: broadcast to ``sizes`` (a view); ``-1`` keeps that dimension's size."""
+    """torch's ``expand``: broadcast to ``sizes`` (a view); ``-1`` keeps that dimension's size.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.ones(1, 3).expand(2, -1).shape
+        (2, 3)
+    """
     sizes = tuple(_shape_arg(sizes))
     lead = len(sizes) - x.ndim
     if lead < 0:
@@ -201,6 +274,14 @@ def expand(x: Tensor, *sizes) -> Tensor:
 
 
 def broadcast_to(x: Tensor, shape) -> Tensor:
+    """Broadcast to ``shape`` with NumPy's rules (a view); the gradient is summed back to ``x``'s shape.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.ones(3).broadcast_to((2, 3)).shape
+        (2, 3)
+    """
     xd = x.data
     out = _xp(xd).broadcast_to(xd, tuple(shape))
     if not _needs(x):
@@ -210,7 +291,14 @@ def broadcast_to(x: Tensor, shape) -> Tensor:
 
 
 def astype(x: Tensor, dtype) -> Tensor:
-    """Cast (differentiable between float dtypes; casting to int/bool gives a no-grad tensor)."""
+    """Cast (differentiable between float dtypes; casting to int/bool gives a no-grad tensor).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.ones(2).astype(na.float64).dtype
+        dtype('float64')
+    """
     xd = x.data
     dtype = _dtypes.as_dtype(dtype)
     if dtype.name == "bfloat16" and type(xd) is not np.ndarray:
@@ -225,7 +313,14 @@ def astype(x: Tensor, dtype) -> Tensor:
 
 
 def to_device(x: Tensor, device) -> Tensor:
-    """Move to ``device``; gradients flow back to the source device."""
+    """Move to ``device``; gradients flow back to the source device.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.ones(2).to("cpu").device
+        'cpu'
+    """
     xd = x.data
     out = _backend.to_device(xd, device)
     if out is xd:
@@ -268,7 +363,15 @@ def _convert_index(idx, like=None):
 
 def getitem(x: Tensor, idx) -> Tensor:
     """``x[idx]``: slicing, integer-array and boolean indexing. The gradient is scattered back
-    with ``add.at`` for advanced indices (repeated indices accumulate)."""
+    with ``add.at`` for advanced indices (repeated indices accumulate).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> x = na.arange(6).reshape(2, 3)
+        >>> x[1].tolist(), x[:, 0].tolist()
+        ([3, 4, 5], [0, 3])
+    """
     xd = x.data
     idx = _convert_index(idx, xd)
     out = xd[idx]
@@ -296,6 +399,14 @@ def setitem(x: Tensor, idx, value) -> None:
     Allowed on leaves and constants (like writing ``x.data[idx]``); refused on a tensor that an
     op produced while grad mode is on, because ops that saved it for backward would silently
     compute wrong gradients.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> x = na.zeros(3)
+        >>> x[1] = 5.0
+        >>> x.tolist()
+        [0.0, 5.0, 0.0]
     """
     if x.grad_fn is not None and _ag._grad_enabled:
         raise RuntimeError(
@@ -311,7 +422,14 @@ def setitem(x: Tensor, idx, value) -> None:
 
 # ============================================================================ joining / splitting
 def concatenate(tensors, axis: int = 0, *, dim=None) -> Tensor:
-    """Join tensors along an existing axis (``cat``; ``dim=`` is torch's alias)."""
+    """Join tensors along an existing axis (``cat``; ``dim=`` is torch's alias).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.core.ops_shape.concatenate([na.ones(2), na.zeros(1)]).tolist()
+        [1.0, 1.0, 0.0]
+    """
     if dim is not None:
         axis = dim
     tensors = [t if isinstance(t, Tensor) else Tensor(t) for t in tensors]
@@ -337,7 +455,14 @@ cat = concatenate
 
 
 def stack(tensors, axis: int = 0, *, dim=None) -> Tensor:
-    """Join tensors along a new axis (alias ``dim=``)."""
+    """Join tensors along a new axis (alias ``dim=``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.stack([na.ones(3), na.zeros(3)]).shape
+        (2, 3)
+    """
     if dim is not None:
         axis = dim
     tensors = [t if isinstance(t, Tensor) else Tensor(t) for t in tensors]
@@ -361,7 +486,14 @@ def stack(tensors, axis: int = 0, *, dim=None) -> Tensor:
 
 def split(x: Tensor, split_size_or_sections, axis: int = 0, *, dim=None) -> list:
     """Split into pieces of ``split_size`` (int, last may be smaller) or of the listed sizes
-    (torch semantics; alias ``dim=``)."""
+    (torch semantics; alias ``dim=``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> [p.tolist() for p in na.arange(5).split(2)]
+        [[0, 1], [2, 3], [4]]
+    """
     if dim is not None:
         axis = dim
     n = x.shape[axis]
@@ -385,7 +517,14 @@ def split(x: Tensor, split_size_or_sections, axis: int = 0, *, dim=None) -> list
 
 
 def chunk(x: Tensor, chunks: int, axis: int = 0, *, dim=None) -> list:
-    """Split into ``chunks`` pieces of size ``ceil(n / chunks)`` (torch semantics; alias ``dim=``)."""
+    """Split into ``chunks`` pieces of size ``ceil(n / chunks)`` (torch semantics; alias ``dim=``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> [p.shape for p in na.ones(5, 2).chunk(2)]
+        [(3, 2), (2, 2)]
+    """
     if dim is not None:
         axis = dim
     if chunks <= 0:

@@ -27,6 +27,15 @@ def manual_seed(seed: int) -> None:
 
     Everything drawn afterwards (parameter initialisation, dropout masks, shuffling that uses
     :func:`get_generator`) is deterministic.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.manual_seed(42)
+        >>> first = na.rand(3).tolist()
+        >>> na.manual_seed(42)
+        >>> na.rand(3).tolist() == first
+        True
     """
     global _generator, _seed
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -44,10 +53,28 @@ def manual_seed(seed: int) -> None:
 
 
 def get_generator() -> np.random.Generator:
-    """The global ``numpy.random.Generator`` (replaced by each :func:`manual_seed` call)."""
+    """The global ``numpy.random.Generator`` (replaced by each :func:`manual_seed` call).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.core import get_generator
+        >>> na.manual_seed(0)
+        >>> type(get_generator()).__name__
+        'Generator'
+    """
     return _generator
 
 
 def seed() -> int | None:
-    """The last seed given to :func:`manual_seed` (``None`` if never called)."""
+    """The last seed given to :func:`manual_seed` (``None`` if never called).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.core import rng
+        >>> na.manual_seed(7)
+        >>> rng.seed()
+        7
+    """
     return _seed

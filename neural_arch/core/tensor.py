@@ -91,6 +91,15 @@ class Tensor:
             Only floating-point tensors may require gradients.
         dtype: optional dtype to convert to.
         device: optional ``"cpu"`` / ``"cuda[:N]"`` to place the data on.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.core.tensor import Tensor
+        >>> w = Tensor(np.ones(3), requires_grad=True)
+        >>> (w * 2).sum().backward()
+        >>> w.grad.tolist(), w.dtype
+        ([2.0, 2.0, 2.0], dtype('float64'))
     """
 
     __slots__ = ("data", "_grad", "requires_grad", "grad_fn", "_hooks", "_post_hooks", "__dict__",

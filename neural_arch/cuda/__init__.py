@@ -52,12 +52,25 @@ def _cupy():
 
 
 def is_available() -> bool:
-    """True when CuPy imports and sees at least one CUDA GPU (never raises)."""
+    """True when CuPy imports and sees at least one CUDA GPU (never raises).
+
+    Example::
+
+        >>> from neural_arch import cuda
+        >>> device = "cuda" if cuda.is_available() else "cpu"
+    """
     return _backend.is_cupy_available()
 
 
 def device_count() -> int:
-    """Number of visible CUDA GPUs; 0 without CuPy or a driver (never raises)."""
+    """Number of visible CUDA GPUs; 0 without CuPy or a driver (never raises).
+
+    Example::
+
+        >>> from neural_arch import cuda
+        >>> cuda.device_count() >= 0             # 0 on a machine without a GPU
+        True
+    """
     cp = _backend._try_cupy()
     if cp is None:
         return 0
@@ -86,25 +99,52 @@ def _index(device) -> int:
 
 
 def set_device(device) -> None:
-    """Make ``device`` (an int, ``"cuda:N"``) the current GPU of this thread."""
+    """Make ``device`` (an int, ``"cuda:N"``) the current GPU of this thread.
+
+    Example::
+
+        from neural_arch import cuda
+        cuda.set_device("cuda:1")
+        print(cuda.current_device())       # 1
+    """
     cp = _cupy()
     cp.cuda.Device(_index(device)).use()
 
 
 def current_device() -> int:
-    """The ordinal of this thread's current GPU."""
+    """The ordinal of this thread's current GPU.
+
+    Example::
+
+        >>> from neural_arch import cuda
+        >>> cuda.current_device() if cuda.is_available() else 0
+        0
+    """
     cp = _cupy()
     return int(cp.cuda.runtime.getDevice())
 
 
 def synchronize(device=None) -> None:
-    """Wait until every kernel queued on ``device`` (default: the current GPU) has finished."""
+    """Wait until every kernel queued on ``device`` (default: the current GPU) has finished.
+
+    Example::
+
+        from neural_arch import cuda
+        t0 = time.perf_counter(); y = x @ x; cuda.synchronize()
+        print(time.perf_counter() - t0)   # the matmul's real duration, not its launch
+    """
     cp = _cupy()
     cp.cuda.Device(_index(device)).synchronize()
 
 
 def get_device_name(device=None) -> str:
-    """The GPU's name, e.g. ``"NVIDIA H100 80GB HBM3"``."""
+    """The GPU's name, e.g. ``"NVIDIA H100 80GB HBM3"``.
+
+    Example::
+
+        from neural_arch import cuda
+        print(cuda.get_device_name(0))     # e.g. NVIDIA H100 80GB HBM3
+    """
     cp = _cupy()
     name = cp.cuda.runtime.getDeviceProperties(_index(device))["name"]
     return name.decode() if isinstance(name, bytes) else str(name)
@@ -114,6 +154,11 @@ def manual_seed(seed: int) -> None:
     """Seed the current GPU's random generator (``xp.random`` of CuPy, used by ``dropout`` on GPU).
 
     Silently ignored without CuPy or a GPU, like ``torch.cuda.manual_seed``.
+
+    Example::
+
+        from neural_arch import cuda
+        cuda.manual_seed(1234)             # dropout masks on this GPU repeat from here
     """
     if not is_available():
         return
@@ -122,7 +167,13 @@ def manual_seed(seed: int) -> None:
 
 
 def manual_seed_all(seed: int) -> None:
-    """Seed the random generator of every visible GPU (ignored without CuPy or a GPU)."""
+    """Seed the random generator of every visible GPU (ignored without CuPy or a GPU).
+
+    Example::
+
+        >>> from neural_arch import cuda
+        >>> cuda.manual_seed_all(0)              # a no-op without a GPU
+    """
     if not is_available():
         return
     cp = _backend._try_cupy()
@@ -162,13 +213,26 @@ def _ensure_hook(cp) -> None:
 
 
 def memory_allocated(device=None) -> int:
-    """Bytes of GPU memory held by live arrays on ``device`` (CuPy's default pool, ``used_bytes``)."""
+    """Bytes of GPU memory held by live arrays on ``device`` (CuPy's default pool, ``used_bytes``).
+
+    Example::
+
+        from neural_arch import cuda
+        x = neural_arch.zeros(1024, 1024, device="cuda")
+        print(cuda.memory_allocated())      # at least 4 MiB
+    """
     cp = _cupy()
     return _used_bytes(cp, _index(device))
 
 
 def memory_reserved(device=None) -> int:
-    """Bytes the memory pool holds from CUDA, in use or cached (``total_bytes``)."""
+    """Bytes the memory pool holds from CUDA, in use or cached (``total_bytes``).
+
+    Example::
+
+        from neural_arch import cuda
+        print(cuda.memory_reserved() >= cuda.memory_allocated())   # True
+    """
     cp = _cupy()
     with cp.cuda.Device(_index(device)):
         return int(cp.get_default_memory_pool().total_bytes())
@@ -176,7 +240,15 @@ def memory_reserved(device=None) -> int:
 
 def max_memory_allocated(device=None) -> int:
     """Peak of :func:`memory_allocated` since the last :func:`reset_peak_memory_stats` (see the
-    module docstring: tracked from the first call of either function on)."""
+    module docstring: tracked from the first call of either function on).
+
+    Example::
+
+        from neural_arch import cuda
+        cuda.reset_peak_memory_stats()
+        loss = model(x).sum(); loss.backward()
+        print(cuda.max_memory_allocated() / 2**20, "MiB at the peak")
+    """
     cp = _cupy()
     index = _index(device)
     _ensure_hook(cp)
@@ -187,7 +259,15 @@ def max_memory_allocated(device=None) -> int:
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    """Start peak tracking afresh at the current usage."""
+    """Start peak tracking afresh at the current usage.
+
+    Example::
+
+        from neural_arch import cuda
+        cuda.reset_peak_memory_stats()
+        step()
+        print(cuda.max_memory_allocated())
+    """
     cp = _cupy()
     index = _index(device)
     _ensure_hook(cp)
@@ -195,6 +275,13 @@ def reset_peak_memory_stats(device=None) -> None:
 
 
 def empty_cache() -> None:
-    """Return the memory pool's cached, unused blocks to CUDA."""
+    """Return the memory pool's cached, unused blocks to CUDA.
+
+    Example::
+
+        from neural_arch import cuda
+        cuda.empty_cache()
+        print(cuda.memory_reserved())     # what the pool still holds from CUDA
+    """
     cp = _cupy()
     cp.get_default_memory_pool().free_all_blocks()

@@ -51,7 +51,14 @@ def _cupy():
 
 class GraphedStep:
     """A captured step: call it to replay. ``output`` is what the step returned at capture time
-    (its arrays are overwritten by every replay)."""
+    (its arrays are overwritten by every replay).
+
+    Example::
+
+        graphed = make_graphed_step(step)           # a GraphedStep
+        graphed()                                   # replay
+        print(graphed.output)                       # the captured loss, refreshed by each replay
+    """
 
     def __init__(self, cp, graph, stream, pool, output):
         self._cp = cp
@@ -77,6 +84,17 @@ def make_graphed_step(step_fn, warmup: int = 3) -> GraphedStep:
 
     Raises ``RuntimeError`` without CuPy/a GPU, and whatever CUDA raises when the step does
     something a graph cannot hold (a host synchronisation, a host copy, a new ``cudaMalloc``).
+
+    Example::
+
+        from neural_arch.cuda.graphs import make_graphed_step
+        def step():
+            loss = F.cross_entropy(model(x_static), y_static); loss.backward(); opt.step(); opt.zero_grad()
+            return loss
+        graphed = make_graphed_step(step)          # needs CuPy and a GPU
+        for x, y in batches:
+            x_static.data[...] = x; y_static.data[...] = y   # refill the captured inputs in place
+            graphed()                                 # replays every kernel of the step
     """
     if not callable(step_fn):
         raise TypeError(f"make_graphed_step needs a callable, got {type(step_fn).__name__}")

@@ -66,6 +66,14 @@ def default_collate(batch: list) -> Any:
 
     Samples may be arrays, Tensors, numbers, or tuples/lists/dicts of them; strings are kept as
     lists. Python ints become int64, Python floats float64 (NumPy's defaults), like arrays do.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.data.dataloader import default_collate
+        >>> x, y = default_collate([(np.zeros(3), 0), (np.ones(3), 1)])
+        >>> x.shape, y.tolist()
+        ((2, 3), [0, 1])
     """
     if not batch:
         raise ValueError("default_collate got an empty batch")
@@ -90,6 +98,14 @@ class DataLoader:
             custom ``collate_fn`` always receives the list of samples (it turns the fast path off).
         seed: seed for the shuffling generator (default: drawn from the global generator).
         num_workers: background threads that prefetch batches (0: load in the calling thread).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.data import DataLoader, TensorDataset
+        >>> data = TensorDataset(np.arange(10.0).reshape(5, 2), np.arange(5))
+        >>> [(x.shape, y.tolist()) for x, y in DataLoader(data, batch_size=2)]
+        [((2, 2), [0, 1]), ((2, 2), [2, 3]), ((1, 2), [4])]
     """
 
     def __init__(self, dataset, batch_size: int = 1, shuffle: bool = False,

@@ -26,7 +26,19 @@ __all__ = ["Dataset", "TensorDataset", "Subset"]
 
 
 class Dataset:
-    """Base class for map-style datasets: implement ``__getitem__(index)`` and ``__len__``."""
+    """Base class for map-style datasets: implement ``__getitem__(index)`` and ``__len__``.
+
+    Example::
+
+        >>> from neural_arch.data import Dataset
+        >>> class Squares(Dataset):
+        ...     def __len__(self):
+        ...         return 4
+        ...     def __getitem__(self, index):
+        ...         return index * index
+        >>> [Squares()[i] for i in range(len(Squares()))]
+        [0, 1, 4, 9]
+    """
 
     def __getitem__(self, index):
         raise NotImplementedError(f"{type(self).__name__} must implement __getitem__")
@@ -39,6 +51,14 @@ class TensorDataset(Dataset):
     """Rows of several equally long arrays: item ``i`` is ``tuple(a[i] for a in arrays)``.
 
     Accepts NumPy arrays, CuPy arrays or Tensors (their raw arrays are used; no copy).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.data import TensorDataset
+        >>> data = TensorDataset(np.arange(6).reshape(3, 2), np.array([7, 8, 9]))
+        >>> len(data), data[1][0].tolist(), int(data[1][1])
+        (3, [2, 3], 8)
     """
 
     def __init__(self, *arrays):
@@ -72,7 +92,16 @@ class TensorDataset(Dataset):
 
 
 class Subset(Dataset):
-    """The items of ``dataset`` at ``indices`` (keeps the fast path when the parent has one)."""
+    """The items of ``dataset`` at ``indices`` (keeps the fast path when the parent has one).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.data import Subset, TensorDataset
+        >>> part = Subset(TensorDataset(np.arange(10)), [7, 2])
+        >>> len(part), int(part[0][0])
+        (2, 7)
+    """
 
     def __init__(self, dataset, indices):
         self.dataset = dataset

@@ -27,6 +27,13 @@ def load_digits(test_size: float = 0.2, seed: int = 0, dtype=np.float32):
     proportion) and fixed by ``seed``; with the defaults 1,438 train and 359 test samples.
 
     Raises ImportError when scikit-learn is missing: ``pip install neural_arch[examples]``.
+
+    Example::
+
+        >>> from neural_arch.data.datasets import load_digits
+        >>> X_train, y_train, X_test, y_test = load_digits()       # needs scikit-learn  # doctest: +SKIP
+        >>> X_train.shape, X_test.shape                                                  # doctest: +SKIP
+        ((1438, 64), (359, 64))
     """
     try:
         from sklearn.datasets import load_digits as _sk_load_digits
@@ -58,6 +65,13 @@ def make_classification_data(n_samples: int = 1000, n_features: int = 20, n_clas
 
     Returns ``(X, y)``: ``X`` of shape ``(n_samples, n_features)`` and ``dtype``, ``y`` int64 in
     ``[0, n_classes)``, classes balanced up to one sample. Deterministic for a given ``seed``.
+
+    Example::
+
+        >>> from neural_arch.data.datasets import make_classification_data
+        >>> X, y = make_classification_data(n_samples=100, n_features=5, n_classes=3)
+        >>> X.shape, sorted(set(y.tolist()))
+        ((100, 5), [0, 1, 2])
     """
     if n_samples <= 0 or n_features <= 0 or n_classes < 2:
         raise ValueError(
@@ -84,6 +98,13 @@ def make_token_sequences(n_sequences: int, seq_len: int, vocab_size: int, seed: 
         previous tokens.
         ``"copy"``: a random prefix of length ``k = (seq_len + 1) // 2`` repeated; the second half
         is predictable by attending ``k`` positions back.
+
+    Example::
+
+        >>> from neural_arch.data.datasets import make_token_sequences
+        >>> inputs, targets = make_token_sequences(2, 6, vocab_size=10, task="sum")
+        >>> inputs.shape, bool((targets[:, :-1] == inputs[:, 1:]).all())
+        ((2, 6), True)
     """
     if n_sequences <= 0 or seq_len <= 1 or vocab_size < 2:
         raise ValueError(

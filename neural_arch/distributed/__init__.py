@@ -39,8 +39,9 @@ def _export(module: str, *names: str) -> None:
 
 
 _export("groups", "init_process_group", "destroy_process_group", "is_initialized", "is_available",
-        "get_rank", "get_world_size", "get_backend", "get_distributed_info", "ProcessGroup",
-        "get_default_group", "GroupMember", "get_global_rank", "get_group_rank")
+        "get_rank", "get_world_size", "get_backend", "get_default_group", "get_global_rank", "get_group_rank")
+_export("process_group", "ProcessGroup", "GroupMember")
+_export("info", "get_distributed_info")
 _export("collectives", "barrier", "all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter",
         "reduce_scatter", "all_to_all", "send", "recv", "isend", "irecv", "broadcast_object_list",
         "all_gather_object", "gather_object", "scatter_object_list", "all_to_all_single",
@@ -54,8 +55,9 @@ _export("ddp", "DistributedDataParallel", "no_sync", "SyncBatchNorm")
 _export("data.sampler", "DistributedSampler", "distributed_evaluate")
 _export("launcher", "LaunchConfig", "DistributedLauncher", "launch_distributed_training")
 _export("run.spawn", "launch", "spawn", "ProcessRaisedException", "ProcessExitedException", "SpawnError")
-_export("run.env", "is_torchelastic_launched")
-_export("elastic", "find_latest_checkpoint", "ElasticDistributedSampler")
+_export("launch_env", "is_torchelastic_launched")
+_export("elastic", "ElasticDistributedSampler")
+_export("checkpoint.manager", "find_latest_checkpoint")
 _export("rendezvous.store", "TCPStore", "FileStore", "PrefixStore")
 _export("fsdp", "FullyShardedDataParallel", "ShardingStrategy", "CPUOffload", "MixedPrecision",
         "ShardedGradScaler")
@@ -64,7 +66,7 @@ _export("subgroups", "new_group", "new_subgroups", "new_subgroups_by_enumeration
 _export("device_mesh", "DeviceMesh", "init_device_mesh")
 _export("pipelining", "PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
         "ScheduleInterleavedZeroBubble", "ScheduleZBH1", "ScheduleZBVZeroBubble")
-_export("algorithms.communication_optimizer", "CommunicationOptimizer")
+_export("trainer.communication_optimizer", "CommunicationOptimizer")
 _export("algorithms.hierarchical", "hierarchical_all_reduce", "host_groups")
 _export("algorithms.hierarchical_auto", "all_reduce_algorithm")
 _export("metrics", "DistributedMetrics")

@@ -72,7 +72,7 @@ _SERVER = struct.Struct("!B32sH")
 _MAX_EXTRA = 1 << 16
 MIN_TOKEN_BITS = 128
 _KDF_SALT = b"neural_arch/handshake/v2"   # fixed: every rank must derive the same key from the same token
-_KDF_ROUNDS = 50_000                      # ~15 ms once per process and token (one core of these machines)
+_KDF_ROUNDS = 50_000                      # once per process and token: cheap for a rank, dear for a guesser
 _B64 = frozenset(string.ascii_letters + string.digits + "+/-_=")
 OPEN_OPT_IN = "NEURAL_ARCH_ALLOW_UNAUTHENTICATED=1"
 FIX_LINE = ("export NEURAL_ARCH_AUTH_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(16))') "

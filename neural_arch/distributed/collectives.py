@@ -35,13 +35,12 @@ from typing import Any
 
 import numpy as np
 
+from neural_arch.backend import get_array_module as _xp
 from neural_arch.core.tensor import Tensor
-from neural_arch.distributed.comm.backend import _xp
 from neural_arch.distributed.comm.work import ReduceOp, Work
-from neural_arch.distributed.groups import _resolve_group
 from neural_arch.distributed.process_group import FLAT_ALWAYS as _NEVER
 from neural_arch.distributed.process_group import GroupMember
-from neural_arch.distributed.resolve import _buf, _group  # noqa: F401 - used here and by older imports
+from neural_arch.distributed.resolve import _buf, _group, _resolve_group
 from neural_arch.distributed.state import STATE as _STATE
 
 __all__ = [

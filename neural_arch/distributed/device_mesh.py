@@ -20,12 +20,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from neural_arch.distributed.groups import (
-    GroupMember,
-    ProcessGroup,
-    _resolve_group,
-    new_subgroups_by_enumeration,
-)
+from neural_arch.distributed.process_group import GroupMember, ProcessGroup
+from neural_arch.distributed.resolve import _resolve_group
+from neural_arch.distributed.subgroups import new_subgroups_by_enumeration
 
 __all__ = ["DeviceMesh", "init_device_mesh"]
 
@@ -193,3 +190,18 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int], *,
                          f"{world.size()}; the product of mesh_shape must equal the world size")
     return DeviceMesh(device_type, np.arange(total).reshape(shape), mesh_dim_names)
 
+
+def resolve_group_or_mesh(process_group=None, op: str = "this operation"):
+    """``process_group`` (a ProcessGroup, a 1-d :class:`DeviceMesh`, or None for the world) -> ProcessGroup.
+
+    What every strategy that takes "a group or a mesh dimension" (tensor and context parallelism)
+    calls, so the error for a 2-d mesh reads the same everywhere::
+
+        >>> resolve_group_or_mesh(None, "ring_attention").size()   # doctest: +SKIP
+        4
+    """
+    if isinstance(process_group, DeviceMesh):
+        if process_group.ndim != 1:
+            raise ValueError(f"{op}: pass a 1-d mesh (e.g. mesh['tp']), got {process_group!r}")
+        process_group = process_group.get_group()
+    return _resolve_group(process_group, op)

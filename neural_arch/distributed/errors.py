@@ -34,6 +34,10 @@ class RendezvousError(DistributedError):
     """Ranks did not all reach the rendezvous in time (the message lists the missing ones)."""
 
 
+class StoreTimeoutError(RendezvousError, TimeoutError):
+    """A key did not appear within the store's timeout (the message names it)."""
+
+
 class AuthenticationError(DistributedError):
     """A connection presented no job token, or the wrong one."""
 

@@ -45,10 +45,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from neural_arch.backend import get_array_module as _xp
 from neural_arch.core.tensor import Tensor
 from neural_arch.distributed.nn.functional import _wrap
 from neural_arch.distributed.nn.functional import all_reduce as _all_reduce
-from neural_arch.distributed.comm.backend import _xp
 from neural_arch.distributed.resolve import _resolve_group
 from neural_arch.nn.container import ModuleList
 from neural_arch.nn.module import Module

@@ -44,17 +44,13 @@ from typing import NamedTuple
 from neural_arch import config
 from neural_arch.distributed.comm import get_backend_class
 from neural_arch.distributed.comm.local import LocalBackend
-from neural_arch.distributed.comm.gloo.transport.engine import host_identity as _host_identity  # the transport's "same host"
 from neural_arch.distributed.errors import DistributedError, NotInitializedError, RendezvousError
+from neural_arch.distributed.host import host_identity as _host_identity  # the transport's "same host"
 
 __all__ = [
-    "GroupMember",
-    "GroupMembershipError",
-    "ProcessGroup",
     "destroy_process_group",
     "get_backend",
     "get_default_group",
-    "get_distributed_info",
     "get_global_rank",
     "get_group_rank",
     "get_rank",
@@ -62,11 +58,7 @@ __all__ = [
     "init_process_group",
     "is_available",
     "is_initialized",
-    "new_group",
-    "new_subgroups",
-    "new_subgroups_by_enumeration",
     "select_backend",
-    "split_group",
 ]
 
 log = logging.getLogger("neural_arch.distributed")
@@ -82,13 +74,15 @@ LEAVE_WAIT_S = 10.0
 
 from neural_arch.distributed.comm.registry import installed_backends as _installed_backends
 from neural_arch.distributed.comm.registry import mpi_importable as _mpi_importable
-from neural_arch.distributed.info import get_distributed_info  # noqa: F401 - re-exported
-from neural_arch.distributed.state import STATE
-from neural_arch.distributed.resolve import _resolve_group, _seconds  # noqa: F401 - used here and by callers of groups._resolve_group
-# Sub-groups live in their own module; re-exported here, where they have always been importable.
-from neural_arch.distributed.subgroups import new_group, new_subgroups, new_subgroups_by_enumeration, split_group  # noqa: F401
-from neural_arch.distributed.process_group import GroupMember, GroupMembershipError, ProcessGroup, _NonGroupMember  # noqa: F401
 
+# Sub-groups live in their own module; re-exported here, where they have always been importable.
+from neural_arch.distributed.process_group import (
+    GroupMember,
+    GroupMembershipError,
+    ProcessGroup,
+)
+from neural_arch.distributed.resolve import _resolve_group, _seconds
+from neural_arch.distributed.state import STATE
 
 _STATE = STATE  # the module-level name the rest of this file (and tests) use
 
@@ -105,7 +99,7 @@ def select_backend(environ: Mapping[str, str], mpi_importable: bool | None = Non
         >>> select_backend({})
         'local'
     """
-    from neural_arch.distributed.run.env import detect_launch_env, launched_by_mpiexec
+    from neural_arch.distributed.launch_env import detect_launch_env, launched_by_mpiexec
 
     explicit = (config.get("NEURAL_ARCH_BACKEND", environ) or "").strip().lower()
     if explicit:
@@ -283,8 +277,8 @@ def _mark_ready(environ, rank: int) -> None:
 
 
 def _derived_job_token(environ) -> str | None:
-    """A public id of the mpiexec/srun job (run.env): it keeps two jobs apart, never authenticates."""
-    from neural_arch.distributed.run.env import derive_job_token
+    """A public id of the mpiexec/srun job (launch_env): it keeps two jobs apart, never authenticates."""
+    from neural_arch.distributed.launch_env import derive_job_token
 
     return derive_job_token(environ)
 
@@ -304,7 +298,7 @@ class _StoreAuth(NamedTuple):
 
 
 def _launch_env(environ) -> dict | None:
-    from neural_arch.distributed.run.env import detect_launch_env
+    from neural_arch.distributed.launch_env import detect_launch_env
 
     return detect_launch_env(environ)
 
@@ -517,7 +511,7 @@ def _refuse_mpi_outside_mpiexec(environ, launch) -> None:
     MPI would make each such process a world of one (``get_world_size() == 1``, every all_reduce
     returning the rank's own value): silently wrong. Checked before MPI starts.
     """
-    from neural_arch.distributed.run.env import launched_by_mpiexec
+    from neural_arch.distributed.launch_env import launched_by_mpiexec
 
     if launch is not None and launch["world_size"] > 1 and not launched_by_mpiexec(environ):
         raise DistributedError(_mpi_world_message(launch, "this process was not started by mpiexec, so MPI "
@@ -559,7 +553,7 @@ class _Leave:
         self.done = False
 
     def __call__(self, wait: bool = True) -> None:
-        from neural_arch.distributed.rendezvous.store import StoreTimeoutError
+        from neural_arch.distributed.errors import StoreTimeoutError
 
         if self.done:
             return

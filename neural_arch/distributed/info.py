@@ -16,9 +16,9 @@ import os
 import socket
 from typing import Any
 
-from neural_arch.distributed.comm.backend import debug_mode_from_env
 from neural_arch.distributed.comm.registry import installed_backends
-from neural_arch.distributed.run.env import detect_launch_env
+from neural_arch.distributed.comm.runner import debug_mode_from_env
+from neural_arch.distributed.launch_env import detect_launch_env
 from neural_arch.distributed.state import STATE
 
 
@@ -66,7 +66,7 @@ def get_distributed_info() -> dict[str, Any]:
     return info
 
 
-# Variables with which a launcher states the node layout (run_env guesses one node without them).
+# Variables with which a launcher states the node layout (launch_env guesses one node without them).
 _LOCAL_LAYOUT_VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMIX_LOCAL_SIZE",
                       "SLURM_LOCALID")
 

@@ -69,7 +69,7 @@ Behaviour:
   run different ``--nproc_per_node`` (as with torchrun; ranks are numbered node by node), and a
   node that disagrees about ``--nnodes``, ``--backend`` or ``--master_port``, or repeats a
   ``--node_rank``, fails *every* node at once with the reason. A rank that exits counts as done. **A script that never calls
-  init_process_group** must call ``neural_arch.distributed.run.env.report_ready()`` instead, or
+  init_process_group** must call ``neural_arch.distributed.run.child_env.report_ready()`` instead, or
   get a ``--start_timeout`` longer than its run.
 
 Elastic multi-node jobs (``--nnodes MIN:MAX``, or ``--max_restarts > 0`` with several nodes): node
@@ -84,7 +84,8 @@ restart its ranks in a new round that includes it (a membership change: no resta
 
 Restart-from-checkpoint pattern for a training script (see ``examples/restart_from_checkpoint.py``)::
 
-    from neural_arch.distributed.elastic.checkpoint_restart import find_latest_checkpoint, restart_count, save_npz_atomic
+    from neural_arch.distributed import find_latest_checkpoint
+    from neural_arch.distributed.elastic.checkpoint_restart import restart_count, save_npz_atomic
     ckpt = find_latest_checkpoint("ckpts")            # None on the very first start
     state = load(ckpt) if ckpt else fresh_state()
     for step in range(state.step, total_steps):
@@ -108,16 +109,11 @@ import time
 
 from neural_arch import config
 from neural_arch.distributed import auth as handshake
-from neural_arch.distributed.run.agent import NodeAgentServer, NodeLayout, _Every, join_node0
-from neural_arch.distributed.run.config import LaunchConfig, parse_command_line
 from neural_arch.distributed.elastic.agent import ElasticAgentServer, ElasticMember
-from neural_arch.distributed.run.env import (
-    detect_launch_env,
-    free_port,
-    launched_by_mpiexec,
-    package_root,
-    rank_env,
-)
+from neural_arch.distributed.launch_env import detect_launch_env, launched_by_mpiexec
+from neural_arch.distributed.run.agent import NodeAgentServer, NodeLayout, _Every, join_node0
+from neural_arch.distributed.run.child_env import free_port, package_root, rank_env
+from neural_arch.distributed.run.launch_config import LaunchConfig, parse_command_line
 from neural_arch.distributed.run.procs import (
     Child,
     OutputPump,
@@ -235,7 +231,7 @@ class DistributedLauncher:
         """None when every rank reached rendezvous; otherwise the text naming who is missing.
 
         A rank is ready once ``ready_dir/rank_{r}`` exists (``init_process_group`` writes it,
-        see :func:`run_env.report_ready`) or it has exited; ``started_{r}`` (written by the
+        see :func:`~neural_arch.distributed.run.child_env.report_ready`) or it has exited; ``started_{r}`` (written by the
         bootstrap) tells "never started" from "hangs before its rendezvous".
         """
         cfg = self.config
@@ -254,7 +250,7 @@ class DistributedLauncher:
             text += (f"; of these, {_format_ranks(never)} did not even start (the Python "
                      f"process never reached the launcher's bootstrap)")
         return text + (". A script that never calls init_process_group must call "
-                       "neural_arch.distributed.run.env.report_ready(), or raise --start_timeout")
+                       "neural_arch.distributed.run.child_env.report_ready(), or raise --start_timeout")
 
     def _run_attempt(self, target: str, args: tuple, port: int, token: str, pump: OutputPump) -> int:
         """Run one group to completion. Returns 0, or raises on failure/timeout/signal."""

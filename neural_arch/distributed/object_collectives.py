@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from neural_arch.distributed.resolve import _group
 from neural_arch.distributed.errors import CollectiveTimeoutError
+from neural_arch.distributed.resolve import _group
 
 __all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "monitored_barrier",
            "recv_object_list", "scatter_object_list", "send_object_list"]

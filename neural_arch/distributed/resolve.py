@@ -21,8 +21,8 @@ from datetime import timedelta
 
 import numpy as np
 
+from neural_arch.backend import get_array_module as _xp
 from neural_arch.core.tensor import Tensor
-from neural_arch.distributed.comm.backend import _xp
 from neural_arch.distributed.errors import DistributedError, NotInitializedError
 from neural_arch.distributed.process_group import GroupMember, GroupMembershipError, ProcessGroup
 from neural_arch.distributed.state import STATE as _STATE

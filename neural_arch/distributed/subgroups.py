@@ -17,9 +17,9 @@ import os
 from collections.abc import Sequence
 
 from neural_arch.distributed.errors import DistributedError
+from neural_arch.distributed.process_group import GroupMember, ProcessGroup
 from neural_arch.distributed.resolve import _resolve_group, _seconds
 from neural_arch.distributed.state import STATE as _STATE
-from neural_arch.distributed.process_group import GroupMember, ProcessGroup
 
 __all__ = ["new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group"]
 

@@ -41,7 +41,8 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from neural_arch.distributed.run.env import MPI_ENV_PREFIXES, free_port, set_python_path
+from neural_arch.distributed.launch_env import MPI_ENV_PREFIXES
+from neural_arch.distributed.run.child_env import free_port, set_python_path
 from neural_arch.distributed.run.pool import RankFailure, RankPool, RankResult, mpiexec_path
 
 __all__ = ["LAUNCHER_VARS", "MPI_MISSING", "MpiexecResult", "MpiexecTimeout", "RankFailure", "RankPool",
@@ -73,7 +74,7 @@ MPI_MISSING = "mpi4py/mpiexec not installed: pip install 'neural_arch[mpi]'"
 # Variables by which a launcher, mpiexec or SLURM describe a job, plus the per-job NEURAL_ARCH
 # settings a test must set explicitly: a child script must not inherit them from whatever started
 # pytest (a shell with RANK=3, a pytest run inside a pool rank or an srun step). Variables starting
-# with an MPI identity prefix (PMI_, PMIX_, OMPI_COMM_WORLD_, ...: run.env's list) go too.
+# with an MPI identity prefix (PMI_, PMIX_, OMPI_COMM_WORLD_, ...: launch_env's list) go too.
 LAUNCHER_VARS = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
     "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID",

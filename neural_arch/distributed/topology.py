@@ -27,7 +27,7 @@ import os
 import socket
 from dataclasses import asdict, dataclass, field
 
-from neural_arch.distributed.comm.gloo.transport.engine import host_identity as _host_identity
+from neural_arch.distributed.host import host_identity as _host_identity
 
 __all__ = ["RankInfo", "Topology", "discover", "gpus", "interfaces", "local_info", "main", "numa_nodes"]
 
@@ -250,7 +250,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="print the job's hosts, ranks, cores, NUMA nodes, GPUs and NICs")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = p.parse_args(argv)
-    import neural_arch.distributed as dist
+    from neural_arch.distributed import groups as dist
 
     dist.init_process_group()
     try:

@@ -24,7 +24,15 @@ def _as_tensor(x) -> Tensor:
 
 
 class ReLU(Module):
-    """max(x, 0)."""
+    """max(x, 0).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> nn.ReLU()(na.tensor([-1.0, 2.0])).tolist()
+        [0.0, 2.0]
+    """
 
     def forward(self, x):
         return F.relu(_as_tensor(x))
@@ -57,17 +65,43 @@ class GELU(Module):
 
 
 class Tanh(Module):
+    """Elementwise hyperbolic tangent, as a layer.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> nn.Tanh()(na.tensor([0.0])).tolist()
+        [0.0]
+    """
     def forward(self, x):
         return F.tanh(_as_tensor(x))
 
 
 class Sigmoid(Module):
+    """Elementwise logistic function ``1 / (1 + exp(-x))``, as a layer.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> nn.Sigmoid()(na.tensor([0.0])).tolist()
+        [0.5]
+    """
     def forward(self, x):
         return F.sigmoid(_as_tensor(x))
 
 
 class Softmax(Module):
-    """Softmax over ``axis`` (``dim`` accepted as torch's spelling)."""
+    """Softmax over ``axis`` (``dim`` accepted as torch's spelling).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> nn.Softmax(dim=-1)(na.zeros(1, 4)).tolist()
+        [[0.25, 0.25, 0.25, 0.25]]
+    """
 
     def __init__(self, axis: int = -1, dim: int | None = None):
         super().__init__()
@@ -81,5 +115,15 @@ class Softmax(Module):
 
 
 class LogSoftmax(Softmax):
+    """Log-softmax over ``axis`` (``dim`` accepted as torch's spelling), computed stably in one op.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> y = nn.LogSoftmax(dim=-1)(na.zeros(1, 2))
+        >>> [round(v, 4) for v in y.tolist()[0]]
+        [-0.6931, -0.6931]
+    """
     def forward(self, x):
         return F.log_softmax(_as_tensor(x), axis=self.axis)

@@ -33,7 +33,14 @@ _MASK_VALUE = -1e9
 
 
 def causal_mask(t: int, dtype=np.float32, device="cpu"):
-    """Additive ``(t, t)`` mask: 0 on and below the diagonal, a large negative value above it."""
+    """Additive ``(t, t)`` mask: 0 on and below the diagonal, a large negative value above it.
+
+    Example::
+
+        >>> from neural_arch.nn.attention import causal_mask
+        >>> (causal_mask(3) < 0).astype(int).tolist()
+        [[0, 1, 1], [0, 0, 1], [0, 0, 0]]
+    """
     mask = np.triu(np.full((t, t), _MASK_VALUE, dtype=dtype), k=1)
     return _backend.to_device(mask, device)
 
@@ -51,6 +58,14 @@ class MultiheadAttention(Module):
         causal: if True (the default) position t attends only to positions <= t (also across a
             ``kv_cache``: the new queries sit after the cached positions).
         bias: whether the four projections have biases.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> attn = nn.MultiheadAttention(embed_dim=8, num_heads=2)          # causal by default
+        >>> attn(na.randn(2, 5, 8)).shape
+        (2, 5, 8)
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, causal: bool = True,

@@ -118,12 +118,31 @@ class _BatchNorm(Module):
 
 
 class BatchNorm1d(_BatchNorm):
-    """Batch norm over ``(N, C)`` or ``(N, C, L)`` input (statistics per channel ``C``)."""
+    """Batch norm over ``(N, C)`` or ``(N, C, L)`` input (statistics per channel ``C``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> bn = nn.BatchNorm1d(3)
+        >>> y = bn(na.randn(8, 3))
+        >>> y.shape, bn.running_mean.shape
+        ((8, 3), (3,))
+    """
 
     _expected_dims = (2, 3)
 
 
 class BatchNorm2d(_BatchNorm):
-    """Batch norm over ``(N, C, H, W)`` input (statistics per channel ``C``)."""
+    """Batch norm over ``(N, C, H, W)`` input (statistics per channel ``C``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> bn = nn.BatchNorm2d(4).eval()        # eval: normalise with the running statistics
+        >>> bn(na.ones(2, 4, 3, 3)).shape
+        (2, 4, 3, 3)
+    """
 
     _expected_dims = (4,)

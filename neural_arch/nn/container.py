@@ -95,6 +95,14 @@ class Sequential(_IndexedContainer):
 
     ``Sequential(m1, m2, ...)`` names children "0", "1", ...; ``Sequential(OrderedDict(fc=..., act=...))``
     uses the given names.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        >>> model(na.ones(3, 4)).shape, len(model)
+        ((3, 2), 3)
     """
 
     def __init__(self, *modules):
@@ -118,7 +126,15 @@ class Sequential(_IndexedContainer):
 
 
 class ModuleList(_IndexedContainer):
-    """A list of modules whose parameters are registered (a plain list would hide them)."""
+    """A list of modules whose parameters are registered (a plain list would hide them).
+
+    Example::
+
+        >>> from neural_arch import nn
+        >>> layers = nn.ModuleList([nn.Linear(2, 2) for _ in range(3)])
+        >>> len(layers), len(list(layers.parameters()))
+        (3, 6)
+    """
 
     def __init__(self, modules: Iterable[Module] | None = None):
         super().__init__()
@@ -130,7 +146,15 @@ class ModuleList(_IndexedContainer):
 
 
 class ModuleDict(Module):
-    """An ordered dict of modules (keys must be valid attribute-like names without '.')."""
+    """An ordered dict of modules (keys must be valid attribute-like names without '.').
+
+    Example::
+
+        >>> from neural_arch import nn
+        >>> heads = nn.ModuleDict({"cls": nn.Linear(4, 3), "reg": nn.Linear(4, 1)})
+        >>> list(heads.keys()), [name for name, _ in heads.named_parameters()][:2]
+        (['cls', 'reg'], ['cls.weight', 'cls.bias'])
+    """
 
     def __init__(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]] | None = None):
         super().__init__()

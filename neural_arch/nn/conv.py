@@ -39,6 +39,14 @@ class Conv2d(Module):
     1/sqrt(fan_in)) with ``fan_in = in_channels / groups * kH * kW``, from the seeded generator.
     ``padding`` may be an int, a pair, ``"valid"`` or ``"same"``; ``padding_mode`` ``"zeros"``
     (default), ``"reflect"``, ``"replicate"`` or ``"circular"``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> conv = nn.Conv2d(3, 8, kernel_size=3, padding=1)
+        >>> conv(na.ones(2, 3, 16, 16)).shape, conv.weight.shape
+        ((2, 8, 16, 16), (8, 3, 3, 3))
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,

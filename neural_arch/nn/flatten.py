@@ -19,7 +19,15 @@ __all__ = ["Flatten", "Unflatten"]
 
 
 class Flatten(Module):
-    """Flatten dims ``start_dim .. end_dim`` into one (default: all but the batch dim)."""
+    """Flatten dims ``start_dim`` to ``end_dim`` into one (default: all but the batch dim).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> nn.Flatten()(na.ones(2, 3, 4)).shape
+        (2, 12)
+    """
 
     def __init__(self, start_dim: int = 1, end_dim: int = -1):
         super().__init__()
@@ -34,7 +42,15 @@ class Flatten(Module):
 
 
 class Unflatten(Module):
-    """Expand dim ``dim`` into ``unflattened_size``."""
+    """Expand dim ``dim`` into ``unflattened_size``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> nn.Unflatten(1, (3, 4))(na.ones(2, 12)).shape
+        (2, 3, 4)
+    """
 
     def __init__(self, dim: int, unflattened_size):
         super().__init__()

@@ -63,7 +63,14 @@ def _fans(tensor: Tensor) -> tuple[int, int]:
 
 
 def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
-    """Recommended gain for ``nonlinearity`` (same table as torch)."""
+    """Recommended gain for ``nonlinearity`` (same table as torch).
+
+    Example::
+
+        >>> from neural_arch.nn import init
+        >>> init.calculate_gain("linear"), round(init.calculate_gain("relu"), 4)
+        (1.0, 1.4142)
+    """
     if nonlinearity in ("linear", "identity", "sigmoid") or nonlinearity.startswith("conv"):
         return 1.0
     if nonlinearity == "tanh":
@@ -82,20 +89,44 @@ def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
 
 
 def uniform_(tensor, a: float = 0.0, b: float = 1.0, generator=None):
-    """Fill with U(a, b)."""
+    """Fill with U(a, b).
+
+    Example::
+
+        >>> from neural_arch import nn
+        >>> w = nn.init.uniform_(nn.Linear(4, 4).weight, -0.1, 0.1)
+        >>> bool((abs(w.data) <= 0.1).all())
+        True
+    """
     _check(tensor)
     return _fill(tensor, _rng(generator).uniform(a, b, size=tensor.shape))
 
 
 def normal_(tensor, mean: float = 0.0, std: float = 1.0, generator=None):
-    """Fill with N(mean, std**2)."""
+    """Fill with N(mean, std**2).
+
+    Example::
+
+        >>> from neural_arch import nn
+        >>> w = nn.init.normal_(nn.Linear(100, 100).weight, std=0.02)
+        >>> bool(0.015 < w.data.std() < 0.025)
+        True
+    """
     _check(tensor)
     return _fill(tensor, _rng(generator).normal(mean, std, size=tensor.shape))
 
 
 def trunc_normal_(tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
                   generator=None):
-    """Fill with N(mean, std**2) redrawn until inside [a, b] (absolute bounds, like torch)."""
+    """Fill with N(mean, std**2) redrawn until inside [a, b] (absolute bounds, like torch).
+
+    Example::
+
+        >>> from neural_arch import nn
+        >>> w = nn.init.trunc_normal_(nn.Linear(50, 50).weight, std=1.0, a=-0.5, b=0.5)
+        >>> bool((abs(w.data) <= 0.5).all())
+        True
+    """
     _check(tensor)
     rng = _rng(generator)
     values = rng.normal(mean, std, size=tensor.shape)
@@ -107,28 +138,69 @@ def trunc_normal_(tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, 
 
 
 def constant_(tensor, value: float):
+    """Fill ``tensor`` with ``value`` in place (no gradient recorded); returns it.
+
+    Example::
+
+        >>> from neural_arch import nn
+        >>> nn.init.constant_(nn.Linear(2, 2).bias, 0.5).tolist()
+        [0.5, 0.5]
+    """
     _check(tensor)
     tensor.data[...] = value
     return tensor
 
 
 def zeros_(tensor):
+    """Fill ``tensor`` with zeros in place (no gradient recorded); returns it.
+
+    Example::
+
+        >>> from neural_arch import nn
+        >>> nn.init.zeros_(nn.Linear(2, 2).bias).tolist()
+        [0.0, 0.0]
+    """
     return constant_(tensor, 0.0)
 
 
 def ones_(tensor):
+    """Fill ``tensor`` with ones in place (no gradient recorded); returns it.
+
+    Example::
+
+        >>> from neural_arch import nn
+        >>> nn.init.ones_(nn.Linear(2, 2).bias).tolist()
+        [1.0, 1.0]
+    """
     return constant_(tensor, 1.0)
 
 
 def xavier_uniform_(tensor, gain: float = 1.0, generator=None):
-    """Glorot uniform: U(-b, b) with b = gain * sqrt(6 / (fan_in + fan_out))."""
+    """Glorot uniform: U(-b, b) with b = gain * sqrt(6 / (fan_in + fan_out)).
+
+    Example::
+
+        >>> import math
+        >>> from neural_arch import nn
+        >>> w = nn.init.xavier_uniform_(nn.Linear(30, 20).weight)
+        >>> bool(abs(w.data).max() <= math.sqrt(6 / (30 + 20)))
+        True
+    """
     fan_in, fan_out = _fans(_check(tensor))
     bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
     return uniform_(tensor, -bound, bound, generator)
 
 
 def xavier_normal_(tensor, gain: float = 1.0, generator=None):
-    """Glorot normal: N(0, std**2) with std = gain * sqrt(2 / (fan_in + fan_out))."""
+    """Glorot normal: N(0, std**2) with std = gain * sqrt(2 / (fan_in + fan_out)).
+
+    Example::
+
+        >>> from neural_arch import nn
+        >>> w = nn.init.xavier_normal_(nn.Linear(300, 200).weight)
+        >>> round(float(w.data.std()), 2)          # sqrt(2 / 500)
+        0.06
+    """
     fan_in, fan_out = _fans(_check(tensor))
     return normal_(tensor, 0.0, gain * math.sqrt(2.0 / (fan_in + fan_out)), generator)
 
@@ -143,12 +215,29 @@ def _kaiming_std(tensor, a, mode, nonlinearity) -> float:
 
 def kaiming_uniform_(tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu",
                      generator=None):
-    """He uniform: U(-b, b), b = sqrt(3) * gain / sqrt(fan). ``a=sqrt(5)`` is torch's Linear default."""
+    """He uniform: U(-b, b), b = sqrt(3) * gain / sqrt(fan). ``a=sqrt(5)`` is torch's Linear default.
+
+    Example::
+
+        >>> import math
+        >>> from neural_arch import nn
+        >>> w = nn.init.kaiming_uniform_(nn.Linear(50, 10).weight, nonlinearity="relu")
+        >>> bool(abs(w.data).max() <= math.sqrt(6 / 50))
+        True
+    """
     bound = math.sqrt(3.0) * _kaiming_std(tensor, a, mode, nonlinearity)
     return uniform_(tensor, -bound, bound, generator)
 
 
 def kaiming_normal_(tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu",
                     generator=None):
-    """He normal: N(0, (gain / sqrt(fan))**2)."""
+    """He normal: N(0, (gain / sqrt(fan))**2).
+
+    Example::
+
+        >>> from neural_arch import nn
+        >>> w = nn.init.kaiming_normal_(nn.Linear(200, 300).weight, nonlinearity="relu")
+        >>> round(float(w.data.std()), 1)          # sqrt(2 / fan_in)
+        0.1
+    """
     return normal_(tensor, 0.0, _kaiming_std(tensor, a, mode, nonlinearity), generator)

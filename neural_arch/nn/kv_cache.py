@@ -32,7 +32,18 @@ def _array(x):
 
 
 class KVCache:
-    """Per-layer growing key/value arrays; ``len(cache)`` is the number of layers seen so far."""
+    """Per-layer growing key/value arrays; ``len(cache)`` is the number of layers seen so far.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.nn.kv_cache import KVCache
+        >>> cache = KVCache()
+        >>> k, v = cache.update(np.ones((1, 2, 3, 4)), np.ones((1, 2, 3, 4)), layer_idx=0)
+        >>> k, v = cache.update(np.ones((1, 2, 1, 4)), np.ones((1, 2, 1, 4)), layer_idx=0)
+        >>> k.shape, len(cache), cache.get_seq_length()
+        ((1, 2, 4, 4), 1, 4)
+    """
 
     def __init__(self) -> None:
         self.key_cache: list = []

@@ -31,7 +31,16 @@ def _as_tensor(x) -> Tensor:
 
 
 class Identity(Module):
-    """Returns its input unchanged (a placeholder that keeps module names stable)."""
+    """Returns its input unchanged (a placeholder that keeps module names stable).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> x = na.ones(2)
+        >>> nn.Identity()(x) is x
+        True
+    """
 
     def __init__(self, *args, **kwargs):
         super().__init__()
@@ -45,6 +54,14 @@ class Linear(Module):
 
     Initialised like torch: weight ~ kaiming_uniform(a=sqrt(5)), i.e. U(-1/sqrt(in), 1/sqrt(in)),
     and bias ~ U(-1/sqrt(in), 1/sqrt(in)), drawn from the seeded global generator.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> layer = nn.Linear(4, 2)
+        >>> layer(na.ones(3, 4)).shape, layer.weight.shape, layer.bias.shape
+        ((3, 2), (2, 4), (2,))
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype=np.float32,
@@ -81,6 +98,14 @@ class Embedding(Module):
     """A lookup table: integer indices of any shape -> vectors, ``(*idx.shape, embedding_dim)``.
 
     Initialised N(0, 1) like torch (GPT overrides it with N(0, 0.02)).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch import nn
+        >>> emb = nn.Embedding(10, 3)
+        >>> emb(np.array([[1, 2], [3, 4]])).shape
+        (2, 2, 3)
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, dtype=np.float32, device=None):

@@ -31,6 +31,14 @@ class CrossEntropyLoss(Module):
 
     Extra leading dimensions are flattened, so a language model's ``(B, T, vocab)`` logits and
     ``(B, T)`` targets work directly. Targets equal to ``ignore_index`` contribute nothing.
+
+    Example::
+
+        >>> import numpy as np
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> round(nn.CrossEntropyLoss()(na.zeros(2, 4), np.array([0, 3])).item(), 4)     # log(4)
+        1.3863
     """
 
     def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0):
@@ -58,7 +66,15 @@ class CrossEntropyLoss(Module):
 
 
 class MSELoss(Module):
-    """Mean (or summed) squared error."""
+    """Mean (or summed) squared error.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> nn.MSELoss()(na.tensor([1.0, 3.0]), na.zeros(2)).item()
+        5.0
+    """
 
     def __init__(self, reduction: str = "mean"):
         super().__init__()

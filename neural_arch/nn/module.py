@@ -1,6 +1,6 @@
 """``Module``: the base class of every layer and model.
 
-A module owns parameters (:class:`Parameter`), buffers (non-learnable Tensors such as a causal
+A module owns parameters (:class:`~neural_arch.nn.Parameter`), buffers (non-learnable Tensors such as a causal
 mask) and child modules, each registered by plain attribute assignment, in order. Everything
 that walks a model (optimizers, DDP bucketing, ZeRO sharding, checkpoints) relies on that order
 being deterministic, so it is the registration order, recursively, depth first.
@@ -39,16 +39,22 @@ from neural_arch.nn.parameter import Parameter
 __all__ = ["Module", "IncompatibleKeys"]
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
-IncompatibleKeys.__doc__ = "What ``Module.load_state_dict`` did not match: two lists of names."
+IncompatibleKeys.__doc__ = """What ``Module.load_state_dict`` did not match: two lists of names.
+
+Example::
+
+    >>> from neural_arch import nn
+    >>> model = nn.Linear(2, 2)
+    >>> model.load_state_dict({"weight": model.weight.data}, strict=False).missing_keys
+    ['bias']
+"""
 
 
 def _to_numpy(array) -> np.ndarray:
     """A NumPy copy of a NumPy or CuPy array (checkpoints are always host arrays)."""
     if isinstance(array, np.ndarray):
         return array.copy()
-    if hasattr(array, "get"):  # CuPy: .get() copies device -> host
-        return array.get()
-    return np.array(array, copy=True)
+    return _backend.to_host(array)  # the one host-transfer pair: a device array arrives as a new copy
 
 
 def _assign_array(tensor: Tensor, value, name: str) -> None:
@@ -72,10 +78,24 @@ def _assign_array(tensor: Tensor, value, name: str) -> None:
 
 
 class Module:
-    """Base class for all layers and models; subclasses implement :meth:`forward`.
+    """Base class for all layers and models; subclasses implement :meth:`Module.forward`.
 
     Assign ``Parameter``s, ``Module``s and (via :meth:`register_buffer`) buffers as attributes
     in ``__init__`` after calling ``super().__init__()``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> class Affine(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.scale = nn.Parameter(na.ones(2))
+        ...     def forward(self, x):
+        ...         return x * self.scale
+        >>> model = Affine()
+        >>> model(na.ones(2)).tolist(), list(model.state_dict())
+        ([1.0, 1.0], ['scale'])
     """
 
     def __init__(self) -> None:
@@ -381,6 +401,20 @@ class Module:
 
     # ------------------------------------------------------------------ calling and printing
     def forward(self, *args, **kwargs):
+        """The computation of this module; every subclass defines it, and ``module(x)`` calls it (after
+        the forward pre-hooks, before the forward hooks).
+
+        Example::
+
+            >>> import numpy as np
+            >>> from neural_arch import nn
+            >>> from neural_arch.core.tensor import Tensor
+            >>> class Double(nn.Module):
+            ...     def forward(self, x):
+            ...         return x * 2
+            >>> Double()(Tensor(np.ones(2))).data.tolist()
+            [2.0, 2.0]
+        """
         raise NotImplementedError(f"{type(self).__name__} must implement forward()")
 
     def __call__(self, *args, **kwargs):

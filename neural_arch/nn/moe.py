@@ -97,6 +97,13 @@ class LocalPlacement:
     The three methods are what expert parallelism replaces (composition, not a subclass of
     ``MoE``): ``count_table`` (every rank's choice counts), ``sum_stats`` (a sum over the
     batch's ranks, differentiable) and ``run_experts`` (experts applied to grouped rows).
+
+    Example::
+
+        >>> from neural_arch import nn
+        >>> moe = nn.MoE(embed_dim=8, num_experts=4, top_k=2)
+        >>> type(moe.placement).__name__
+        'LocalPlacement'
     """
 
     expert_ids: tuple | None = None  # None: all experts, in order
@@ -115,7 +122,17 @@ class LocalPlacement:
 
 
 def apply_experts(experts, rows: Tensor, counts) -> Tensor:
-    """Run ``experts[i]`` on the next ``counts[i]`` rows of ``rows``; concatenate the outputs."""
+    """Run ``experts[i]`` on the next ``counts[i]`` rows of ``rows``; concatenate the outputs.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> from neural_arch.nn.moe import apply_experts
+        >>> experts = [nn.Linear(4, 4), nn.Linear(4, 4)]
+        >>> apply_experts(experts, na.ones(5, 4), [3, 2]).shape      # 3 rows to expert 0, 2 to expert 1
+        (5, 4)
+    """
     outs, start = [], 0
     for expert, c in zip(experts, counts):
         outs.append(expert(rows[start:start + c]))     # also on zero rows: every expert in the graph
@@ -173,7 +190,8 @@ class MoE(Module):
             for _ in range(self.num_experts)])
         #: where the experts live and over which ranks statistics are taken (see LocalPlacement)
         self.placement = LocalPlacement()
-        #: False: aux statistics over the whole (data-parallel) batch; True: Megatron's per-rank ones
+        #: whether the aux statistics are each rank's own (Megatron's) rather than the whole
+        #: data-parallel batch's (the default, False)
         self.local_aux_loss = False
         self.aux_loss: Tensor | None = None
         self.tokens_per_expert: np.ndarray | None = None

@@ -23,7 +23,17 @@ __all__ = ["LayerNorm", "Dropout", "Dropout2d"]
 
 
 class LayerNorm(Module):
-    """Normalise over the trailing ``normalized_shape`` dims, then scale and shift (learnable)."""
+    """Normalise over the trailing ``normalized_shape`` dims, then scale and shift (learnable).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> ln = nn.LayerNorm(4)
+        >>> y = ln(na.randn(2, 3, 4))
+        >>> y.shape, bool(abs(y.data.mean(axis=-1)).max() < 1e-5)
+        ((2, 3, 4), True)
+    """
 
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
                  bias: bool = True, dtype=np.float32, device=None):
@@ -55,6 +65,14 @@ class Dropout(Module):
     """Zero each element with probability ``p`` while training, scaling the rest by 1/(1-p).
 
     Identity in ``eval()`` mode. The mask comes from the seeded global generator.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> drop = nn.Dropout(p=0.5)
+        >>> sorted(set(drop(na.ones(1000)).tolist())), drop.eval()(na.ones(2)).tolist()
+        ([0.0, 2.0], [1.0, 1.0])
     """
 
     _op = staticmethod(F.dropout)
@@ -79,6 +97,15 @@ class Dropout(Module):
 
 class Dropout2d(Dropout):
     """Zero whole channels of ``(N, C, H, W)`` (or ``(N, C, L)``) input with probability ``p``
-    while training, scaling the rest by 1/(1-p): one draw per ``(n, c)`` (torch's Dropout2d)."""
+    while training, scaling the rest by 1/(1-p): one draw per ``(n, c)`` (torch's Dropout2d).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> y = nn.Dropout2d(p=0.5)(na.ones(1, 8, 2, 2)).data
+        >>> sorted(set(y.reshape(8, 4).std(axis=1).tolist()))    # each channel all kept or all zeroed
+        [0.0]
+    """
 
     _op = staticmethod(F.dropout2d)

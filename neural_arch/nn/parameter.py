@@ -21,6 +21,14 @@ class Parameter(Tensor):
 
     ``data`` may be a NumPy/CuPy array, a nested list, or a Tensor (its raw array is used, the
     autograd history is dropped: a parameter is always a leaf).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch import nn
+        >>> p = nn.Parameter(np.zeros(3))
+        >>> p.requires_grad, type(p).__name__
+        (True, 'Parameter')
     """
 
     def __init__(self, data, requires_grad: bool = True, dtype=None, device=None):

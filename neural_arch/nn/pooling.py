@@ -25,7 +25,15 @@ def _t(x) -> Tensor:
 
 
 class MaxPool2d(Module):
-    """Max over ``kernel_size`` windows (``stride`` defaults to ``kernel_size``)."""
+    """Max over ``kernel_size`` windows (``stride`` defaults to ``kernel_size``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> nn.MaxPool2d(2)(na.arange(16).reshape(1, 1, 4, 4).astype(na.float32)).tolist()
+        [[[[5.0, 7.0], [13.0, 15.0]]]]
+    """
 
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices: bool = False,
                  ceil_mode: bool = False):
@@ -45,7 +53,15 @@ class MaxPool2d(Module):
 
 
 class AvgPool2d(Module):
-    """Mean over ``kernel_size`` windows (``stride`` defaults to ``kernel_size``)."""
+    """Mean over ``kernel_size`` windows (``stride`` defaults to ``kernel_size``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> nn.AvgPool2d(2)(na.ones(1, 1, 4, 4)).shape
+        (1, 1, 2, 2)
+    """
 
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
                  count_include_pad: bool = True, divisor_override=None):
@@ -65,7 +81,15 @@ class AvgPool2d(Module):
 
 
 class AdaptiveAvgPool2d(Module):
-    """Average-pool to a fixed ``output_size`` whatever the input size (``None`` keeps a dim)."""
+    """Average-pool to a fixed ``output_size`` whatever the input size (``None`` keeps a dim).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> nn.AdaptiveAvgPool2d((1, 1))(na.ones(2, 3, 7, 5)).shape
+        (2, 3, 1, 1)
+    """
 
     def __init__(self, output_size):
         super().__init__()

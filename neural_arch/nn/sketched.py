@@ -63,6 +63,14 @@ class SKLinear(Module):
 
     Attributes: ``weight_u`` (Parameter ``(out, k)``), ``bias`` (``(out,)`` or None) and the buffer
     ``sketch_matrix`` (``(k, in)``). :meth:`dense_weight` returns ``U S`` for checks.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> layer = nn.SKLinear(64, 32, sketch_size=8)
+        >>> layer(na.ones(4, 64)).shape
+        (4, 32)
     """
 
     def __init__(self, in_features: int, out_features: int, sketch_size: int, bias: bool = True,

@@ -85,6 +85,14 @@ class TransformerBlock(Module):
     """``x + attn(ln1(x))`` then ``x + mlp(ln2(x))`` (pre-LN, as in GPT-2).
 
     The MLP is ``fc1`` (C -> mlp_ratio*C), GELU, ``fc2`` (back to C), dropout.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> block = nn.TransformerBlock(embed_dim=16, num_heads=2)
+        >>> block(na.randn(2, 5, 16)).shape
+        (2, 5, 16)
     """
 
     def __init__(self, embed_dim: int, num_heads: int, mlp_ratio: int = 4, dropout: float = 0.0,
@@ -106,7 +114,7 @@ class TransformerBlock(Module):
             ))
 
     def forward(self, x, attn_mask=None, kv_cache=None, layer_idx: int = 0):
-        """``attn_mask``, ``kv_cache`` and ``layer_idx`` go to :meth:`MultiheadAttention.forward`."""
+        """``attn_mask``, ``kv_cache`` and ``layer_idx`` go to :meth:`~neural_arch.nn.MultiheadAttention.forward`."""
         if attn_mask is None and kv_cache is None:
             x = x + self.attn(self.ln1(x))
         else:
@@ -130,6 +138,14 @@ class GPT(Module):
 
     Initialisation follows GPT-2: weights N(0, 0.02), biases 0, and the two residual output
     projections per block N(0, 0.02 / sqrt(2 * n_layer)) so the residual stream does not grow with depth.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch import nn
+        >>> model = nn.GPT(vocab_size=50, block_size=8, n_layer=2, n_head=2, n_embd=16)
+        >>> model(np.zeros((3, 8), dtype=np.int64)).shape
+        (3, 8, 50)
     """
 
     def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int,

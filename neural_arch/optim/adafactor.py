@@ -44,7 +44,20 @@ def _rms(x) -> float:
 
 
 class Adafactor(Optimizer):
-    """Memory-light adaptive optimizer: O(rows + cols) second-moment state per matrix."""
+    """Memory-light adaptive optimizer: O(rows + cols) second-moment state per matrix.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn, optim
+        >>> model = nn.Linear(3, 2)
+        >>> before = model.weight.data.copy()
+        >>> opt = optim.Adafactor(model.parameters(), lr=0.01)
+        >>> model(na.ones(4, 3)).sum().backward()
+        >>> opt.step(); opt.zero_grad()
+        >>> bool((model.weight.data != before).all()), model.weight.grad is None
+        (True, True)
+    """
 
     def __init__(self, params, lr: float = 1e-2, beta2_decay: float = -0.8, eps=(None, 1e-3),
                  d: float = 1.0, weight_decay: float = 0.0, *, foreach: bool | None = None,
@@ -105,7 +118,7 @@ class Adafactor(Optimizer):
         return loss
 
     def load_state_dict(self, state_dict) -> None:
-        """As :meth:`Optimizer.load_state_dict`; the factored ``row_var``/``col_var`` are checked
+        """As :meth:`~neural_arch.optim.Optimizer.load_state_dict`; the factored ``row_var``/``col_var`` are checked
         against the shapes the parameter implies (they are not the parameter's shape)."""
         params = {}
         for saved, group in zip(state_dict["param_groups"], self.param_groups):

@@ -32,7 +32,20 @@ __all__ = ["Adagrad"]
 
 
 class Adagrad(Optimizer):
-    """Adagrad; ``foreach=None`` updates a group's small host tensors in a few flat NumPy calls."""
+    """Adagrad; ``foreach=None`` updates a group's small host tensors in a few flat NumPy calls.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn, optim
+        >>> model = nn.Linear(3, 2)
+        >>> before = model.weight.data.copy()
+        >>> opt = optim.Adagrad(model.parameters(), lr=0.1)
+        >>> model(na.ones(4, 3)).sum().backward()
+        >>> opt.step(); opt.zero_grad()
+        >>> bool((model.weight.data != before).all()), model.weight.grad is None
+        (True, True)
+    """
 
     def __init__(self, params, lr: float = 1e-2, lr_decay: float = 0.0, weight_decay: float = 0.0,
                  initial_accumulator_value: float = 0.0, eps: float = 1e-10,

@@ -40,7 +40,20 @@ def _check(lr, betas, eps, weight_decay, who):
 
 
 class Adam(Optimizer):
-    """Adam (Kingma & Ba) with optional L2 weight decay and AMSGrad."""
+    """Adam (Kingma & Ba) with optional L2 weight decay and AMSGrad.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn, optim
+        >>> model = nn.Linear(3, 2)
+        >>> before = model.weight.data.copy()
+        >>> opt = optim.Adam(model.parameters(), lr=1e-3)
+        >>> model(na.ones(4, 3)).sum().backward()
+        >>> opt.step(); opt.zero_grad()
+        >>> bool((model.weight.data != before).all()), model.weight.grad is None
+        (True, True)
+    """
 
     _decoupled = False
 
@@ -103,7 +116,20 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
-    """Adam with decoupled weight decay (Loshchilov & Hutter): ``p *= 1 - lr * weight_decay``."""
+    """Adam with decoupled weight decay (Loshchilov & Hutter): ``p *= 1 - lr * weight_decay``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn, optim
+        >>> model = nn.Linear(3, 2)
+        >>> before = model.weight.data.copy()
+        >>> opt = optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+        >>> model(na.ones(4, 3)).sum().backward()
+        >>> opt.step(); opt.zero_grad()
+        >>> bool((model.weight.data != before).all()), model.weight.grad is None
+        (True, True)
+    """
 
     _decoupled = True
 

@@ -63,6 +63,16 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     scale is ``min(1, max_norm / (total + 1e-6))``, like torch. Sharded gradients (FSDP, ZeRO-2)
     give the global norm over their ranks (a collective; a Python float on NumPy, a 0-d device Tensor
     without a host synchronisation on a device), see the module docstring.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch import nn, optim
+        >>> from neural_arch.core.tensor import Tensor
+        >>> p = nn.Parameter(np.zeros(2))
+        >>> p.grad = Tensor(np.array([3.0, 4.0]))
+        >>> float(optim.clip_grad_norm_([p], max_norm=1.0)), p.grad.data.round(3).tolist()
+        (5.0, [0.6, 0.8])
     """
     params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
     max_norm, norm_type = float(max_norm), float(norm_type)
@@ -189,7 +199,19 @@ def _clip_device(grads, max_norm: float, norm_type: float, error_if_nonfinite: b
 
 
 def clip_grad_value_(parameters, clip_value: float) -> None:
-    """Clamp every gradient element into ``[-clip_value, clip_value]`` in place."""
+    """Clamp every gradient element into ``[-clip_value, clip_value]`` in place.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch import nn, optim
+        >>> from neural_arch.core.tensor import Tensor
+        >>> p = nn.Parameter(np.zeros(2))
+        >>> p.grad = Tensor(np.array([3.0, -0.5]))
+        >>> optim.clip_grad_value_([p], clip_value=1.0)
+        >>> p.grad.tolist()
+        [1.0, -0.5]
+    """
     clip_value = float(clip_value)
     for g in _grads(parameters):
         xp = _backend.get_array_module(g)

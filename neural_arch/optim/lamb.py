@@ -40,7 +40,20 @@ def trust_ratio(num, den):
 
 
 class LAMB(Optimizer):
-    """Layer-wise adaptive moments for large-batch training (data parallel with huge global batches)."""
+    """Layer-wise adaptive moments for large-batch training (data parallel with huge global batches).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn, optim
+        >>> model = nn.Linear(3, 2)
+        >>> before = model.weight.data.copy()
+        >>> opt = optim.LAMB(model.parameters(), lr=1e-3)
+        >>> model(na.ones(4, 3)).sum().backward()
+        >>> opt.step(); opt.zero_grad()
+        >>> bool((model.weight.data != before).all()), model.weight.grad is None
+        (True, True)
+    """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.0, bias_correction: bool = True, foreach: bool | None = None):

@@ -33,6 +33,18 @@ class LRScheduler:
 
     Like torch, construction performs step 0 (sets ``group["lr"]`` to the schedule's first value)
     and records each group's starting rate as ``group["initial_lr"]``.
+
+    Example::
+
+        >>> from neural_arch import nn, optim
+        >>> class Halving(optim.lr_scheduler.LRScheduler):
+        ...     def lr_at(self, base_lr, step):
+        ...         return base_lr / 2 ** step
+        >>> opt = optim.SGD(nn.Linear(2, 1).parameters(), lr=1.0)
+        >>> sched = Halving(opt)
+        >>> opt.step(); sched.step()
+        >>> sched.get_last_lr()
+        [0.5]
     """
 
     def __init__(self, optimizer: Optimizer, last_epoch: int = -1):
@@ -91,7 +103,19 @@ class LRScheduler:
 
 
 class StepLR(LRScheduler):
-    """Multiply the rate by ``gamma`` every ``step_size`` steps: ``base * gamma ** (step // step_size)``."""
+    """Multiply the rate by ``gamma`` every ``step_size`` steps: ``base * gamma ** (step // step_size)``.
+
+    Example::
+
+        >>> from neural_arch import nn, optim
+        >>> opt = optim.SGD(nn.Linear(2, 1).parameters(), lr=1.0)
+        >>> sched = optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.1)
+        >>> rates = []
+        >>> for _ in range(5):
+        ...     rates.append(round(sched.get_last_lr()[0], 3)); opt.step(); sched.step()
+        >>> rates
+        [1.0, 1.0, 0.1, 0.1, 0.01]
+    """
 
     def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1):
         if int(step_size) <= 0:
@@ -111,6 +135,17 @@ class CosineAnnealingWarmup(LRScheduler):
     (so the very first update already moves), then
     ``min_lr + (base - min_lr) * (1 + cos(pi * p)) / 2`` with ``p = (s - warmup) / (total - warmup)``,
     held at ``min_lr`` after ``total_steps``.
+
+    Example::
+
+        >>> from neural_arch import nn, optim
+        >>> opt = optim.SGD(nn.Linear(2, 1).parameters(), lr=1.0)
+        >>> sched = optim.lr_scheduler.CosineWithWarmup(opt, warmup_steps=2, total_steps=6)
+        >>> rates = []
+        >>> for _ in range(6):
+        ...     rates.append(round(sched.get_last_lr()[0], 3)); opt.step(); sched.step()
+        >>> rates
+        [0.5, 1.0, 1.0, 0.854, 0.5, 0.146]
     """
 
     def __init__(self, optimizer: Optimizer, warmup_steps: int, total_steps: int, min_lr: float = 0.0,
@@ -137,7 +172,19 @@ CosineWithWarmup = CosineAnnealingWarmup  # the name used in the project's issue
 
 
 class LambdaLR(LRScheduler):
-    """``base * lr_lambda(step)``; the lambda is not saved by ``state_dict()``."""
+    """``base * lr_lambda(step)``; the lambda is not saved by ``state_dict()``.
+
+    Example::
+
+        >>> from neural_arch import nn, optim
+        >>> opt = optim.SGD(nn.Linear(2, 1).parameters(), lr=1.0)
+        >>> sched = optim.lr_scheduler.LambdaLR(opt, lr_lambda=lambda step: 0.5 ** step)
+        >>> rates = []
+        >>> for _ in range(3):
+        ...     rates.append(round(sched.get_last_lr()[0], 3)); opt.step(); sched.step()
+        >>> rates
+        [1.0, 0.5, 0.25]
+    """
 
     def __init__(self, optimizer: Optimizer, lr_lambda, last_epoch: int = -1):
         self.lr_lambda = lr_lambda

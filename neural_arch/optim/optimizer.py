@@ -1,6 +1,6 @@
 """``Optimizer``: the base class, with torch's ``param_groups`` / ``state`` semantics.
 
-Subclasses implement :meth:`step`, updating ``p.data`` **in place** from ``p.grad.data`` (DDP
+Subclasses implement :meth:`Optimizer.step`, updating ``p.data`` **in place** from ``p.grad.data`` (DDP
 writes averaged gradients into ``p.grad.data``; ZeRO hands the optimizer views of flat shards;
 both rely on the update never rebinding the arrays).
 
@@ -67,6 +67,17 @@ class ParamState:
 
     Tensors compare element-wise, so they make poor dict keys; this maps ``id(p)`` while keeping
     ``p`` alive, and reads like torch's ``optimizer.state[p]``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn, optim
+        >>> model = nn.Linear(2, 1)
+        >>> opt = optim.Adam(model.parameters())
+        >>> model(na.ones(1, 2)).sum().backward()
+        >>> opt.step()
+        >>> sorted(opt.state[model.weight])
+        ['exp_avg', 'exp_avg_sq', 'step']
     """
 
     def __init__(self):
@@ -118,6 +129,26 @@ class Optimizer:
     Args:
         params: an iterable of Parameters, or of dicts ``{"params": [...], **overrides}``.
         defaults: default hyper-parameters, copied into every group that does not set them.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn, optim
+        >>> class PlainSGD(optim.Optimizer):
+        ...     def __init__(self, params, lr):
+        ...         super().__init__(params, dict(lr=lr))
+        ...     def step(self, closure=None):
+        ...         for group in self.param_groups:
+        ...             for p in group["params"]:
+        ...                 if p.grad is not None:
+        ...                     p.data -= group["lr"] * p.grad.data
+        >>> model = nn.Linear(2, 1, bias=False)
+        >>> model.weight.data[...] = 1.0
+        >>> opt = PlainSGD(model.parameters(), lr=0.5)
+        >>> model(na.ones(1, 2)).sum().backward()
+        >>> opt.step()
+        >>> model.weight.tolist()
+        [[0.5, 0.5]]
     """
 
     def __init__(self, params, defaults: dict[str, Any]):
@@ -173,6 +204,19 @@ class Optimizer:
                     p.grad.data[...] = 0
 
     def step(self, closure=None):
+        """Update every parameter of every group in place from its gradient; subclasses define it.
+        ``closure`` (re-evaluates the model, returns the loss) is called first when given, and its loss
+        returned, as in torch.
+
+        Example::
+
+            >>> import numpy as np
+            >>> from neural_arch import nn, optim
+            >>> model = nn.Linear(2, 1)
+            >>> opt = optim.SGD(model.parameters(), lr=0.1)
+            >>> model(np.ones((1, 2), np.float32)).sum().backward()
+            >>> opt.step()
+        """
         raise NotImplementedError(f"{type(self).__name__} must implement step()")
 
     def _params_with_grad(self, group):

@@ -31,7 +31,20 @@ __all__ = ["SGD"]
 
 
 class SGD(Optimizer):
-    """SGD; updates ``p.data`` in place. ``lr`` is required."""
+    """SGD; updates ``p.data`` in place. ``lr`` is required.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn, optim
+        >>> model = nn.Linear(3, 2)
+        >>> before = model.weight.data.copy()
+        >>> opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        >>> model(na.ones(4, 3)).sum().backward()
+        >>> opt.step(); opt.zero_grad()
+        >>> bool((model.weight.data != before).all()), model.weight.grad is None
+        (True, True)
+    """
 
     def __init__(self, params, lr=required, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):

@@ -41,7 +41,17 @@ _depth = 0
 
 
 def is_checkpointing_enabled() -> bool:
-    """True inside a :func:`checkpoint_scope`."""
+    """True inside a :func:`checkpoint_scope`.
+
+    Example::
+
+        >>> from neural_arch.optimization.gradient_checkpointing import checkpoint_scope, is_checkpointing_enabled
+        >>> with checkpoint_scope():
+        ...     is_checkpointing_enabled()
+        True
+        >>> is_checkpointing_enabled()
+        False
+    """
     return _depth > 0
 
 
@@ -56,7 +66,19 @@ def _default_targets(model):
 
 @contextlib.contextmanager
 def checkpoint_scope(model=None, check_fn=None):
-    """Checkpoint ``model``'s blocks while the scope is open (see the module docstring)."""
+    """Checkpoint ``model``'s blocks while the scope is open (see the module docstring).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> from neural_arch.optimization.gradient_checkpointing import checkpoint_scope
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+        >>> with checkpoint_scope(model):
+        ...     model(na.ones(2, 4)).sum().backward()
+        >>> model[0].weight.grad.shape
+        (4, 4)
+    """
     global _depth
     wrapped = []
     if model is not None:

@@ -21,6 +21,15 @@ __all__ = ["memory_pool_scope"]
 
 @contextlib.contextmanager
 def memory_pool_scope(enabled: bool = True):
+    """Allocate GPU arrays from a private CuPy pool inside the block and free it at the end; yields the pool (``None`` on CPU, without CuPy, or with ``enabled=False``).
+
+    Example::
+
+        >>> from neural_arch.optimization.memory_pool import memory_pool_scope
+        >>> with memory_pool_scope() as pool:      # on CPU (or without CuPy) there is no pool to scope
+        ...     pool is None
+        True
+    """
     cp = sys.modules.get("cupy")  # only when someone already uses the GPU
     if not enabled or cp is None:
         yield None

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Iterable, Sequence
 
 from neural_arch.profiler.events import Span
+from neural_arch.utils.atomic_file import atomic_write_bytes
 
 __all__ = ["load_trace", "merge_files", "merge_traces", "spans_to_events", "trace_document", "write_trace"]
 
@@ -45,6 +45,14 @@ def spans_to_events(spans: Iterable[Span], rank: int = 0, offset: float = 0.0, e
 
     A span's time ``t`` (this rank's clock) becomes ``(t - offset - epoch) * 1e6`` µs: ``offset`` is
     this rank's clock minus rank 0's, ``epoch`` a time on rank 0's clock (the profile's start).
+
+    Example::
+
+        >>> from neural_arch.profiler.chrome import spans_to_events
+        >>> from neural_arch.profiler.events import Span
+        >>> events = spans_to_events([Span("all_reduce", "collective", 1.0, 1.5)], rank=2)
+        >>> [e["name"] for e in events if e["ph"] == "X"], {e["pid"] for e in events}
+        (['all_reduce'], {2})
     """
     lanes: dict[str, int] = {}
     body = []
@@ -63,7 +71,14 @@ def spans_to_events(spans: Iterable[Span], rank: int = 0, offset: float = 0.0, e
 
 
 def trace_document(trace_events: list[dict], metadata: dict | None = None) -> dict:
-    """The JSON object format both viewers read: ``{"traceEvents": [...], ...}``."""
+    """The JSON object format both viewers read: ``{"traceEvents": [...], ...}``.
+
+    Example::
+
+        >>> from neural_arch.profiler.chrome import trace_document
+        >>> sorted(trace_document([], metadata={"job": "demo"}))
+        ['displayTimeUnit', 'otherData', 'traceEvents']
+    """
     doc = {"traceEvents": trace_events, "displayTimeUnit": "ms"}
     if metadata:
         doc["otherData"] = _jsonable(metadata)
@@ -72,7 +87,16 @@ def trace_document(trace_events: list[dict], metadata: dict | None = None) -> di
 
 def merge_traces(docs: Sequence[dict]) -> dict:
     """One document from per-rank documents (already on a common clock): events concatenated,
-    ``otherData`` kept per rank under ``"ranks"``."""
+    ``otherData`` kept per rank under ``"ranks"``.
+
+    Example::
+
+        >>> from neural_arch.profiler.chrome import merge_traces, trace_document
+        >>> a = trace_document([{"name": "x", "ph": "X", "pid": 0, "ts": 0, "dur": 1}])
+        >>> b = trace_document([{"name": "y", "ph": "X", "pid": 1, "ts": 0, "dur": 1}])
+        >>> [e["name"] for e in merge_traces([a, b])["traceEvents"]]
+        ['x', 'y']
+    """
     merged, per_rank = [], []
     for doc in docs:
         merged.extend(doc.get("traceEvents", []))
@@ -81,17 +105,31 @@ def merge_traces(docs: Sequence[dict]) -> dict:
 
 
 def write_trace(path: str, doc: dict) -> str:
-    """Write ``doc`` as JSON atomically (temp file + rename): a reader never sees half a trace."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, separators=(",", ":"))
-    os.replace(tmp, path)
+    """Write ``doc`` as JSON atomically (temp file + rename): a reader never sees half a trace.
+
+    Example::
+
+        >>> import os, tempfile
+        >>> from neural_arch.profiler.chrome import trace_document, write_trace
+        >>> path = write_trace(os.path.join(tempfile.mkdtemp(), "rank0.json"), trace_document([]))
+        >>> os.path.basename(path)
+        'rank0.json'
+    """
+    atomic_write_bytes(path, json.dumps(doc, separators=(",", ":")).encode(), make_dirs=True)
     return path
 
 
 def load_trace(path: str) -> dict:
+    """Read a Chrome trace file (JSON object format) back into a dict.
+
+    Example::
+
+        >>> import os, tempfile
+        >>> from neural_arch.profiler.chrome import load_trace, trace_document, write_trace
+        >>> path = write_trace(os.path.join(tempfile.mkdtemp(), "t.json"), trace_document([]))
+        >>> load_trace(path)["traceEvents"]
+        []
+    """
     with open(path) as f:
         return json.load(f)
 

@@ -30,7 +30,15 @@ _TAG = 7301  # p2p tag of the clock exchange (any tag that user code is unlikely
 
 
 def offset_from_samples(samples: Sequence[tuple[float, float, float, float]]) -> tuple[float, float]:
-    """``[(t0, t1, t2, t3), ...]`` -> ``(offset, rtt)`` of the exchange with the smallest round trip."""
+    """``[(t0, t1, t2, t3), ...]`` -> ``(offset, rtt)`` of the exchange with the smallest round trip.
+
+    Example::
+
+        >>> from neural_arch.profiler.clock import offset_from_samples
+        >>> # sent at 0.0, received at 10.5 by a clock 10 s ahead, answered at 10.5, back at 1.0
+        >>> offset_from_samples([(0.0, 10.5, 10.5, 1.0)])
+        (10.0, 1.0)
+    """
     if not samples:
         raise ValueError("offset_from_samples: need at least one (t0, t1, t2, t3) exchange")
     best = None
@@ -48,6 +56,14 @@ def estimate_offsets(backend, rounds: int = DEFAULT_ROUNDS) -> tuple[list[float]
     Collective: every rank of the group calls it. Returns ``(offsets, rtts)`` indexed by group
     rank, known on every rank (rank 0 broadcasts them): ``offsets[r]`` is rank r's clock minus
     rank 0's, so ``t - offsets[r]`` puts rank r's time ``t`` on rank 0's clock.
+
+    Example::
+
+        import neural_arch.distributed as dist
+        from neural_arch.distributed.resolve import backend_of
+        from neural_arch.profiler.clock import estimate_offsets
+        offsets, rtts = estimate_offsets(backend_of(dist.group.WORLD))   # on every rank of the job
+        # rank r's time t, on rank 0's clock: t - offsets[r]  (error at most rtts[r] / 2)
     """
     if rounds < 1:
         raise ValueError(f"estimate_offsets: rounds={rounds} must be >= 1")

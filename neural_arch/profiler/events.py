@@ -65,14 +65,14 @@ now = time.perf_counter
 class Span:
     """One interval of work on one rank (a read-only record: build a new one rather than change it).
 
-    name: what ran ("all_reduce", "bucket 3", "F1 mb0", "optimizer.step").
-    category: "collective", "bucket", "pipeline", "optimizer", "forward", "backward", ...
-    start, end: ``now()`` values on this process.
-    lane: the thread row it belongs to on a timeline (a comm lane, "main", ...).
-    args: small JSON-able details. Collectives use these keys (the profiler, metrics and the stall
-        inspector read them): ``seq`` (the group's collective number), ``group`` (the group's global
-        ranks, a list), ``bytes`` (bytes this rank sent), ``algorithm``, ``transport``, ``shape``,
-        ``dtype``; DDP buckets: ``bucket``, ``phase`` ("ready", "launched", "done").
+    * ``name``: what ran ("all_reduce", "bucket 3", "F1 mb0", "optimizer.step").
+    * ``category``: "collective", "bucket", "pipeline", "optimizer", "forward", "backward", ...
+    * ``start``, ``end``: ``now()`` values on this process.
+    * ``lane``: the thread row it belongs to on a timeline (a comm lane, "main", ...).
+    * ``args``: small JSON-able details. Collectives use these keys (the profiler, metrics and the
+      stall inspector read them): ``seq`` (the group's collective number), ``group`` (the group's
+      global ranks, a list), ``bytes`` (bytes this rank sent), ``algorithm``, ``transport``,
+      ``shape``, ``dtype``; DDP buckets: ``bucket``, ``phase`` ("ready", "launched", "done").
 
     Why a slotted class and not a frozen dataclass: a span is built on the producer's thread for
     every collective while a recorder runs (often the communication thread, while backward
@@ -129,6 +129,17 @@ class Pending:
     ``args`` may be built lazily (``make_args``): with only the stall inspector listening, a
     collective pays for a few attribute stores, and the details are assembled only for the rare op
     that waits long enough to be reported, or when a recorder emits the span.
+
+    Example::
+
+        >>> from neural_arch.profiler import events
+        >>> seen = []
+        >>> events.subscribe(seen.append)
+        >>> pending = events.begin("bucket 0", "bucket")
+        >>> type(pending).__name__, pending.name
+        ('Pending', 'bucket 0')
+        >>> events.end(pending)
+        >>> events.unsubscribe(seen.append)
     """
 
     __slots__ = ("_args", "_make", "category", "lane", "name", "start")
@@ -155,6 +166,12 @@ def begin(name: str, category: str, lane: str = "main", args: dict | None = None
     ``args`` is kept as given (not copied: do not change it afterwards); ``make_args`` builds it
     only when someone reads it. Pair with :func:`end` in a ``finally``:
     ``tok = begin(...); try: ... finally: end(tok)``.
+
+    Example::
+
+        >>> from neural_arch.profiler import events
+        >>> events.begin("step", "optimizer") is None          # nobody listens: nothing is recorded
+        True
     """
     if not (OBSERVERS or BEGIN_OBSERVERS or END_OBSERVERS):
         return None
@@ -168,7 +185,18 @@ def begin(name: str, category: str, lane: str = "main", args: dict | None = None
 
 
 def end(pending: Pending | None, **more_args: Any) -> None:
-    """Finish a span started by :func:`begin` (``None`` is ignored) and emit it."""
+    """Finish a span started by :func:`begin` (``None`` is ignored) and emit it.
+
+    Example::
+
+        >>> from neural_arch.profiler import events
+        >>> seen = []
+        >>> events.subscribe(seen.append)
+        >>> events.end(events.begin("forward", "forward"), tokens=128)
+        >>> events.unsubscribe(seen.append)
+        >>> seen[0].name, seen[0].args["tokens"], seen[0].end >= seen[0].start
+        ('forward', 128, True)
+    """
     if pending is None:
         return
     for observer in END_OBSERVERS:
@@ -184,7 +212,18 @@ def end(pending: Pending | None, **more_args: Any) -> None:
 
 
 def emit(span: Span) -> None:
-    """Hand ``span`` to every subscriber; a failing subscriber never breaks the runtime."""
+    """Hand ``span`` to every subscriber; a failing subscriber never breaks the runtime.
+
+    Example::
+
+        >>> from neural_arch.profiler import events
+        >>> seen = []
+        >>> events.subscribe(seen.append)
+        >>> events.emit(events.Span("step", "optimizer", 0.0, 1.0))
+        >>> events.unsubscribe(seen.append)
+        >>> [s.name for s in seen]
+        ['step']
+    """
     for observer in tuple(OBSERVERS):
         try:
             observer(span)
@@ -193,13 +232,32 @@ def emit(span: Span) -> None:
 
 
 def subscribe(observer: Callable[[Span], None]) -> None:
-    """Start calling ``observer(span)`` for every emitted span (idempotent)."""
+    """Start calling ``observer(span)`` for every emitted span (idempotent).
+
+    Example::
+
+        >>> from neural_arch.profiler import events
+        >>> names = []
+        >>> def observer(span):
+        ...     names.append(span.name)
+        >>> events.subscribe(observer)
+        >>> events.end(events.begin("all_reduce", "collective"))
+        >>> events.unsubscribe(observer)
+        >>> names
+        ['all_reduce']
+    """
     if observer not in OBSERVERS:
         OBSERVERS.append(observer)
 
 
 def unsubscribe(observer: Callable[[Span], None]) -> None:
-    """Stop calling ``observer`` (no error if it was not subscribed)."""
+    """Stop calling ``observer`` (no error if it was not subscribed).
+
+    Example::
+
+        >>> from neural_arch.profiler import events
+        >>> events.unsubscribe(print)          # never subscribed: no error
+    """
     try:
         OBSERVERS.remove(observer)
     except ValueError:

@@ -70,6 +70,16 @@ class profile:
     After exit: ``prof.spans`` (this rank's spans), ``prof.offset_s`` / ``prof.rtt_s`` (this rank's
     clock minus rank 0's, and the round trip that bounds its error), ``prof.trace_path`` (the merged
     trace on rank 0, this rank's file elsewhere).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.profiler import profile, record_function
+        >>> with profile(merge=False) as prof:         # spans kept in memory (no trace_dir)
+        ...     with record_function("forward"):
+        ...         y = na.ones(2) * 2
+        >>> [s.name for s in prof.spans]
+        ['forward']
     """
 
     def __init__(self, trace_dir: str | None = None, group=None, merge: bool = True,
@@ -174,13 +184,27 @@ _TIMELINE: profile | None = None
 
 
 def current_timeline() -> profile | None:
-    """The job-long profile started from ``NEURAL_ARCH_TIMELINE`` (None when off)."""
+    """The job-long profile started from ``NEURAL_ARCH_TIMELINE`` (None when off).
+
+    Example::
+
+        >>> from neural_arch.profiler.profile import current_timeline
+        >>> current_timeline() is None        # NEURAL_ARCH_TIMELINE unset: no job-long profile
+        True
+    """
     return _TIMELINE
 
 
 def start_timeline_from_env(group=None, environ=None) -> profile | None:
     """Hook for ``init_process_group()``: start a job-long profile when ``NEURAL_ARCH_TIMELINE``
-    names a folder (collective: every rank calls it right after rendezvous). No-op otherwise."""
+    names a folder (collective: every rank calls it right after rendezvous). No-op otherwise.
+
+    Example::
+
+        >>> from neural_arch.profiler.profile import start_timeline_from_env
+        >>> start_timeline_from_env(environ={}) is None        # no NEURAL_ARCH_TIMELINE: no-op
+        True
+    """
     global _TIMELINE
     folder = config.get(TIMELINE_ENV, environ)
     if not folder or _TIMELINE is not None:
@@ -191,7 +215,14 @@ def start_timeline_from_env(group=None, environ=None) -> profile | None:
 
 def stop_timeline(merge: bool = True) -> str | None:
     """Hook for ``destroy_process_group()`` (before the backends shut down): write and merge the
-    job-long trace. Safe to call when no timeline runs."""
+    job-long trace. Safe to call when no timeline runs.
+
+    Example::
+
+        >>> from neural_arch.profiler.profile import stop_timeline
+        >>> stop_timeline() is None                           # no timeline running: nothing written
+        True
+    """
     global _TIMELINE
     prof, _TIMELINE = _TIMELINE, None
     if prof is None:

@@ -32,6 +32,15 @@ class Recorder:
 
     ``spans`` is a plain list of :class:`~.events.Span` in emission order (end time order per
     thread). ``clear()`` drops them. Starting twice is harmless (subscription is idempotent).
+
+    Example::
+
+        >>> from neural_arch.profiler.recorder import Recorder, record_function
+        >>> with Recorder() as rec:
+        ...     with record_function("forward"):
+        ...         pass
+        >>> [(s.name, s.category) for s in rec.spans]
+        [('forward', 'forward')]
     """
 
     def __init__(self) -> None:

@@ -51,7 +51,19 @@ def _set_rng_state(state) -> None:
 
 def checkpoint(function, *args, use_reentrant=None, preserve_rng_state: bool = True, context_fn=None,
                determinism_check: str = "default", debug: bool = False, **kwargs):
-    """Run ``function(*args, **kwargs)`` keeping no activations; recompute them in backward."""
+    """Run ``function(*args, **kwargs)`` keeping no activations; recompute them in backward.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> from neural_arch.utils.checkpoint import checkpoint
+        >>> layer = nn.Linear(4, 4)
+        >>> y = checkpoint(layer, na.ones(2, 4), use_reentrant=False)   # activations recomputed in backward
+        >>> y.sum().backward()
+        >>> layer.weight.grad.shape
+        (4, 4)
+    """
     if not callable(function):
         raise TypeError(f"checkpoint(function, ...): function must be callable, got {type(function).__name__}")
     if use_reentrant not in (None, True, False):
@@ -106,7 +118,17 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state: bool = T
 
 def checkpoint_sequential(functions, segments: int, input, use_reentrant=None, **kwargs):
     """Split ``functions`` (a Sequential or a list of modules) into ``segments`` chunks; checkpoint
-    every chunk but the last (whose activations backward needs right away), as torch does."""
+    every chunk but the last (whose activations backward needs right away), as torch does.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> from neural_arch.utils.checkpoint import checkpoint_sequential
+        >>> model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(4)])
+        >>> checkpoint_sequential(model, 2, na.ones(3, 4), use_reentrant=False).shape
+        (3, 4)
+    """
     fns = list(functions.children()) if hasattr(functions, "children") else list(functions)
     if not fns:
         raise ValueError("checkpoint_sequential: functions is empty")
@@ -129,7 +151,16 @@ def checkpoint_sequential(functions, segments: int, input, use_reentrant=None, *
 
 
 class CheckpointWrapper:
-    """Marks a module whose ``forward`` was replaced by a checkpointed one (see :func:`checkpoint_wrapper`)."""
+    """Marks a module whose ``forward`` was replaced by a checkpointed one (see :func:`checkpoint_wrapper`).
+
+    Example::
+
+        >>> from neural_arch import nn
+        >>> from neural_arch.utils.checkpoint import CheckpointWrapper, checkpoint_wrapper
+        >>> layer = checkpoint_wrapper(nn.Linear(4, 4))
+        >>> isinstance(layer, CheckpointWrapper) or hasattr(layer, "_checkpoint_wrapper")
+        True
+    """
 
     def __init__(self, module, orig_forward):
         self.module, self.orig_forward = module, orig_forward
@@ -144,6 +175,16 @@ def checkpoint_wrapper(module, only_if=None, **checkpoint_kwargs):
 
     Hooks (e.g. FSDP's gather) still run around the call, and again in the recomputation.
     ``only_if``: a zero-argument callable consulted at each call (e.g. "inside a checkpoint scope").
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> from neural_arch.utils.checkpoint import checkpoint_wrapper
+        >>> layer = checkpoint_wrapper(nn.Linear(4, 4))
+        >>> layer(na.ones(2, 4)).sum().backward()
+        >>> layer.weight.grad.shape
+        (4, 4)
     """
     if "_checkpoint_wrapper" in module.__dict__:
         return module
@@ -182,6 +223,14 @@ def apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapp
 
     Example: ``apply_activation_checkpointing(gpt, check_fn=lambda m: isinstance(m, nn.TransformerBlock))``.
     Returns the list of wrapped modules.
+
+    Example::
+
+        >>> from neural_arch import nn
+        >>> from neural_arch.utils.checkpoint import apply_activation_checkpointing
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+        >>> len(apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, nn.Linear)))
+        2
     """
     wrapped = []
     for _, m in model.named_modules():

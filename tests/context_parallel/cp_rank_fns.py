@@ -133,8 +133,8 @@ def gpt_cp_case(load_balance: bool, algorithm: str = "ring", steps: int = 2, see
     import neural_arch.nn.functional as F
     from neural_arch import nn, optim
     from neural_arch.core.tensor import manual_seed
-    from neural_arch.distributed.tensor.parallel.gpt import parallelize_gpt
     from neural_arch.distributed.tensor.experimental import shard_sequence
+    from neural_arch.distributed.tensor.parallel.gpt import parallelize_gpt
 
     cfg = {"vocab_size": 11, "block_size": 8, "n_layer": 2, "n_head": 4, "n_embd": 8}
     V = cfg["vocab_size"]
@@ -177,9 +177,9 @@ def gpt_tp_cp_case(steps: int = 2, seed: int = 0):
     import neural_arch.nn.functional as F
     from neural_arch import nn, optim
     from neural_arch.core.tensor import manual_seed
+    from neural_arch.distributed.tensor.experimental import shard_sequence
     from neural_arch.distributed.tensor.parallel.gpt import parallelize_gpt
     from neural_arch.distributed.tensor.parallel.state_dict import full_state_dict
-    from neural_arch.distributed.tensor.experimental import shard_sequence
 
     cfg = {"vocab_size": 12, "block_size": 8, "n_layer": 1, "n_head": 4, "n_embd": 8}
     V = cfg["vocab_size"]

@@ -91,8 +91,8 @@ def make_hook(name: str, group):
     """A comm hook for the equivalence tests: torch's registered by name, or a hand-written one that
     sums raw (not pre-scaled) gradients and divides in a ``then`` continuation."""
     from neural_arch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from neural_arch.distributed.algorithms.ddp_comm_hooks.comm_hook import then
     from neural_arch.distributed.comm.work import ReduceOp
-    from neural_arch.distributed.ddp.comm_hooks import then
 
     if name == "custom":
         def sum_then_divide(state, bucket):
@@ -139,8 +139,8 @@ def topk_feedback_run(ratio: float, steps: int = 5, kwargs=None):
     what each sent. Over all steps: sent + residual == the sum of what was owed (nothing lost).
     Returns (largest error, [(numbers sent, bucket size) per step])."""
     dist = _imports()[4]
+    from neural_arch.distributed.algorithms.ddp_comm_hooks.comm_hook import GradBucket
     from neural_arch.distributed.algorithms.ddp_comm_hooks.topk_hook import TopKState, topk_hook
-    from neural_arch.distributed.ddp.comm_hooks import GradBucket
 
     rank, world = dist.get_rank(), dist.get_world_size()
     backend = dist.get_default_group().backend
@@ -179,7 +179,7 @@ def topk_feedback_run(ratio: float, steps: int = 5, kwargs=None):
 def hook_calls_run():
     """Record what the comm hook sees: bucket indices, is_last, parameter counts, in call order."""
     _nn, _optim, F, Tensor, dist = _imports()
-    from neural_arch.distributed.ddp.comm_hooks import allreduce_hook
+    from neural_arch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     model = build_mlp(0, np.float64, sizes=(32, 64, 10))
     # buckets: [2.bias], [2.weight, 0.bias], [0.weight] (a bucket closes once it holds the cap)
@@ -512,8 +512,8 @@ def powersgd_feedback_run(rank_r: int, steps: int = 5):
     vector. Conservation: sum over steps of what was delivered + the residuals summed over ranks
     == the sum over steps of the true mean gradients. Returns (error, numbers sent, numbers plain)."""
     dist = _imports()[4]
+    from neural_arch.distributed.algorithms.ddp_comm_hooks.comm_hook import GradBucket
     from neural_arch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
-    from neural_arch.distributed.ddp.comm_hooks import GradBucket
 
     rank, world = dist.get_rank(), dist.get_world_size()
     backend = dist.get_default_group().backend
@@ -539,7 +539,7 @@ def facade_compressed_run(ratio: float, steps: int = 4):
     """CommunicationOptimizer.all_reduce_compressed: every rank gets the same result, and over
     steps delivered + residuals (summed over ranks) == the true means (nothing lost)."""
     dist = _imports()[4]
-    from neural_arch.distributed.algorithms.communication_optimizer import CommunicationOptimizer
+    from neural_arch.distributed.trainer.communication_optimizer import CommunicationOptimizer
 
     rank, world = dist.get_rank(), dist.get_world_size()
     backend = dist.get_default_group().backend

@@ -146,8 +146,8 @@ def facade(shape: tuple):
     """CommunicationOptimizer.hierarchical_all_reduce with explicit groups: the mean over ranks, on a Tensor."""
     dist = _world()
     from neural_arch.core.tensor import Tensor
-    from neural_arch.distributed.algorithms.communication_optimizer import CommunicationOptimizer
     from neural_arch.distributed.algorithms.hierarchical import host_groups
+    from neural_arch.distributed.trainer.communication_optimizer import CommunicationOptimizer
 
     hg = host_groups()
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -6,7 +6,7 @@ import ddp_rank_fns as fns
 import numpy as np
 import pytest
 
-from neural_arch.distributed.ddp.reducer import plan_buckets
+from neural_arch.distributed.bucketing import plan_buckets
 from neural_arch.distributed.testing import RankPool
 
 pytestmark = pytest.mark.timeout(240)

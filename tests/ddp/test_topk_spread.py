@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from neural_arch.distributed.algorithms.ddp_comm_hooks.comm_hook import GradBucket
 from neural_arch.distributed.algorithms.ddp_comm_hooks.topk_hook import (
     Stage,
     TopKState,
@@ -19,7 +20,6 @@ from neural_arch.distributed.algorithms.ddp_comm_hooks.topk_hook import (
     topk_hook,
 )
 from neural_arch.distributed.comm.work import Work
-from neural_arch.distributed.ddp.comm_hooks import GradBucket
 
 
 def _fresh(n):

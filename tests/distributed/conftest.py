@@ -61,7 +61,7 @@ def _job_vars() -> list:
     """Variables by which a launcher, mpiexec or SLURM describe a job (the harness's one list, plus
     the MPI identity variables set right now): in-process tests of init_process_group() must not
     inherit them from whatever started pytest."""
-    from neural_arch.distributed.run.env import MPI_ENV_PREFIXES
+    from neural_arch.distributed.launch_env import MPI_ENV_PREFIXES
     from neural_arch.distributed.testing import LAUNCHER_VARS
 
     return [*LAUNCHER_VARS, *(k for k in os.environ if k.startswith(MPI_ENV_PREFIXES))]

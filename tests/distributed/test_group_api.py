@@ -21,7 +21,8 @@ from neural_arch.distributed import (
     ReduceOp,
     Work,
 )
-from neural_arch.distributed.groups import GroupMembershipError, select_backend
+from neural_arch.distributed.groups import select_backend
+from neural_arch.distributed.process_group import GroupMembershipError
 
 # clean_job_env (conftest.py): no job variables, no process group left behind
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("clean_job_env")]

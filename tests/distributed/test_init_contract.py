@@ -69,7 +69,7 @@ def _capture_store_token(monkeypatch):
 
 def test_job_token_derived_from_the_job_id_when_none_is_given(monkeypatch):
     # Imported, not looked up: a missing derive_job_token fails this test instead of skipping it.
-    from neural_arch.distributed.run.env import derive_job_token
+    from neural_arch.distributed.launch_env import derive_job_token
 
     monkeypatch.delenv("NEURAL_ARCH_AUTH_TOKEN", raising=False)
     tokens = []

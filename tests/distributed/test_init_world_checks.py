@@ -22,7 +22,7 @@ import init_world_fns as F
 import pytest
 
 import neural_arch.distributed as dist
-from neural_arch.distributed.run.env import free_port, rank_env
+from neural_arch.distributed.run.child_env import free_port, rank_env
 from neural_arch.distributed.testing import RankPool, script_env
 
 pytestmark = pytest.mark.timeout(90)

@@ -83,17 +83,17 @@ def _reduce_fault(b):
     """Rank 0's reduction fails half way (a stand-in for NumPy's "output array is read-only" during
     the reduction): bytes have moved, peers are mid-exchange."""
     if b.rank == 0 and b.name == "gloo":
-        from neural_arch.distributed.comm.gloo import executor
+        from neural_arch.distributed.comm.dtypes import REDUCE_UFUNCS
 
-        real = executor._UFUNCS[dist.ReduceOp.SUM]
+        real = REDUCE_UFUNCS[dist.ReduceOp.SUM]
 
         def broken(*args, **kwargs):
             raise ValueError("output array is read-only (injected fault)")
-        executor._UFUNCS[dist.ReduceOp.SUM] = broken
+        REDUCE_UFUNCS[dist.ReduceOp.SUM] = broken
         try:
             return _allreduce(np.ones(1 << 12, np.float32))
         finally:
-            executor._UFUNCS[dist.ReduceOp.SUM] = real
+            REDUCE_UFUNCS[dist.ReduceOp.SUM] = real
     return _allreduce(np.ones(1 << 12, np.float32))
 
 

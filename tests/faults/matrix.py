@@ -22,7 +22,7 @@ EXPECT = {
     # validated at the call: only the faulty rank raises, nothing moved, the group goes on
     "readonly": {"gloo": ("ValueError@0", "ok"), "mpi": ("ValueError@0", "ok")},
     # checked by every frame's header (gloo) or by the call check every MPI collective starts with
-    # (comm/mpi_check.py: op, sequence number, dtype, bytes, root): an error on every rank, and the
+    # (comm/mpi/check.py: op, sequence number, dtype, bytes, root): an error on every rank, and the
     # group is poisoned on every rank
     "dtype": {"gloo": _POISON, "mpi": _POISON},
     "size": {"gloo": _POISON, "mpi": _POISON},

@@ -16,7 +16,7 @@ _LATE = textwrap.dedent("""
     rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     if rank == 1:
         time.sleep(30)            # a rank that starts (far too) late
-    from neural_arch.distributed.comm.mpi.backend import _mpi
+    from neural_arch.distributed.comm.mpi.failure import _mpi
     _mpi()
     print("initialised", rank, flush=True)
 """)

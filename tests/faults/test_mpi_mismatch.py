@@ -94,7 +94,7 @@ def random_calls_never_wrong(max_examples: int):
     from hypothesis import strategies as st
 
     import neural_arch.distributed as dist
-    from neural_arch.distributed.groups import _resolve_group
+    from neural_arch.distributed.resolve import _resolve_group
 
     rank, world = dist.get_rank(), dist.get_world_size()
     world_backend = _resolve_group(None, "test").backend

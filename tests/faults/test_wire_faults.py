@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from neural_arch.distributed.comm.debug import wire_word
 from neural_arch.distributed import auth as handshake
+from neural_arch.distributed.comm.debug import wire_word
 from neural_arch.distributed.comm.gloo.transport.engine import LinkTransport
 from neural_arch.distributed.comm.gloo.transport.framing import FRAME
 from neural_arch.distributed.comm.gloo.transport.tcp import TcpLink

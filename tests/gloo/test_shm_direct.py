@@ -1,4 +1,4 @@
-"""The direct shared-memory collectives (comm/algorithms/shm_direct.py) over real processes.
+"""The direct shared-memory collectives (comm/gloo/shm_direct.py) over real processes.
 
 Oracle checks with tiny chunks (many pipelined chunks per op, every buffer reuse pattern), the same
 bits on every rank, mismatched collectives as errors on every rank, and dead / stopped peers as

@@ -23,7 +23,7 @@ def cupy_gpu():
 @pytest.fixture
 def nccl_ready(cupy_gpu):
     """Skip unless the NCCL backend can start here; returns the number of GPUs."""
-    from neural_arch.distributed.comm.nccl.backend import missing_requirement
+    from neural_arch.distributed.comm.nccl.support import missing_requirement
     reason = missing_requirement()
     if reason:
         pytest.skip(f"NCCL backend unavailable: {reason}")

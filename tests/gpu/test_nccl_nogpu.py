@@ -21,6 +21,7 @@ import pytest
 
 from neural_arch.distributed.comm import ReduceOp, get_backend_class
 from neural_arch.distributed.comm.nccl import backend as nb
+from neural_arch.distributed.comm.nccl import support as ns
 from neural_arch.distributed.errors import (
     CollectiveTimeoutError,
     DistributedError,
@@ -31,10 +32,10 @@ from neural_arch.distributed.errors import (
 
 # -- pure logic -----------------------------------------------------------------------------------
 def test_dtype_table_matches_nccl_enum_and_base_dtypes():
-    from neural_arch.distributed.comm.backend import SUPPORTED_DTYPES
+    from neural_arch.distributed.comm.dtypes import SUPPORTED_DTYPES
     mod = fk.make_nccl_module()
-    assert {str(d) for d in SUPPORTED_DTYPES} == set(nb.DTYPE_TO_NCCL)
-    for name in nb.DTYPE_TO_NCCL:
+    assert {str(d) for d in SUPPORTED_DTYPES} == set(ns.DTYPE_TO_NCCL)
+    for name in ns.DTYPE_TO_NCCL:
         code = nb.nccl_dtype(np.dtype(name), mod)
         expected = np.uint8 if name == "bool" else np.dtype(name)
         assert np.dtype(fk._NP[code]) == np.dtype(expected), name
@@ -65,7 +66,7 @@ def test_version_decoding(code, expected):
 def test_unique_id_round_trip_signed_and_bytes():
     uid = tuple(((i * 37) % 256) - 128 for i in range(128))     # CuPy <= 13: signed C chars
     data = nb.encode_unique_id(uid)
-    assert isinstance(data, bytes) and len(data) == len(nb.UID_MAGIC) + 128
+    assert isinstance(data, bytes) and len(data) == len(ns.UID_MAGIC) + 128
     assert nb.decode_unique_id(data) == uid
     raw = bytes(range(128))                                      # CuPy 14: bytes
     assert bytes(v & 0xFF for v in nb.decode_unique_id(nb.encode_unique_id(raw))) == raw
@@ -431,7 +432,7 @@ def _doc_params(method) -> list:
 
 
 def test_real_nccl_constants_match_the_tables(real_nccl):
-    for name in set(nb.DTYPE_TO_NCCL.values()) | set(nb.OP_TO_NCCL.values()):
+    for name in set(ns.DTYPE_TO_NCCL.values()) | set(ns.OP_TO_NCCL.values()):
         assert getattr(real_nccl, name) == fk.NCCL_CODES[name], name
     for fn in ("get_unique_id", "get_version", "groupStart", "groupEnd"):
         assert callable(getattr(real_nccl, fn))

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from neural_arch.distributed.comm import ReduceOp, Work, get_backend_class
-from neural_arch.distributed.comm.backend import Backend, reduce_into, finish_average
-from neural_arch.distributed.errors import CollectiveMismatchError, CollectiveTimeoutError, DistributedError
+from neural_arch.distributed.comm.backend import Backend
+from neural_arch.distributed.comm.dtypes import finish_average, reduce_into
 from neural_arch.distributed.comm.local import LocalBackend
+from neural_arch.distributed.errors import CollectiveMismatchError, CollectiveTimeoutError, DistributedError
 
 
 class QueueBackend(Backend):

@@ -14,7 +14,8 @@ pytestmark = [pytest.mark.mpi, pytest.mark.timeout(60)]
 _SCRIPT = """
 import time, numpy as np
 import neural_arch.distributed as dist
-from neural_arch.distributed.comm.mpi.backend import MPIBackend, PERSISTENT_MAX_BYTES
+from neural_arch.distributed.comm.mpi.allreduce import PERSISTENT_MAX_BYTES
+from neural_arch.distributed.comm.mpi.backend import MPIBackend
 from mpi4py import MPI
 rank = MPI.COMM_WORLD.Get_rank()
 try:

@@ -1,4 +1,4 @@
-"""Two-rank MPI all_reduces of 16-512 KiB run as one pairwise exchange (comm/mpi.py), under a real
+"""Two-rank MPI all_reduces of 16-512 KiB run as one pairwise exchange (comm/mpi/backend.py), under a real
 ``mpiexec``: results equal NumPy's ``op(rank 0's, rank 1's)`` bit for bit on both ranks at every
 dtype and op, on both sides of the window and through the general path (float16, async); ranks
 that disagree on the window are refused; a stale watchdog wake-up never ends a later exchange; a
@@ -18,9 +18,10 @@ pytestmark = [pytest.mark.mpi, pytest.mark.timeout(90)]
 _SCRIPT = """
 import time, numpy as np
 import neural_arch.distributed as dist
-from neural_arch.distributed.comm.mpi.backend import MPIBackend, PAIRWISE_MIN_BYTES, PAIRWISE_MAX_BYTES
+from neural_arch.distributed.comm.mpi.backend import MPIBackend
+from neural_arch.distributed.comm.mpi.allreduce import PAIRWISE_MIN_BYTES, PAIRWISE_MAX_BYTES
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp
-from neural_arch.distributed.groups import _resolve_group
+from neural_arch.distributed.resolve import _resolve_group
 from mpi4py import MPI
 rank = MPI.COMM_WORLD.Get_rank()
 out = {}
@@ -31,7 +32,7 @@ except ValueError as exc:
     out["refused"] = str(exc)
 dist.init_process_group(timeout=3.0)
 backend = _resolve_group(None, "test").backend
-out["window"] = (backend._pair_min, backend._pair_max)
+out["window"] = (backend._pairwise.min_bytes, backend._pairwise.max_bytes)
 rng = np.random.default_rng(11)
 ufuncs = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum, "product": np.multiply}
 wrong, digest = [], []
@@ -61,7 +62,7 @@ for op in (ReduceOp.MAX, ReduceOp.MIN):
     z = zeros.copy()
     dist.all_reduce(z, op)
     digest.append(z.tobytes())
-out["wrong"], out["used"] = wrong, len(backend._pair_views) > 0
+out["wrong"], out["used"] = wrong, len(backend._pairwise.views) > 0
 # a wake-up the watchdog fired for an op that already finished must not end a later exchange
 watchdog = backend._watchdog
 slot = watchdog._slot()
@@ -103,10 +104,10 @@ x = np.full(8192, float(rank + 1))
 seen = []
 if rank != 1:
     dist.all_reduce(x, group=pair)
-    seen.append((bool((x == 4.0).all()), len(pair.backend._pair_views) > 0))
+    seen.append((bool((x == 4.0).all()), len(pair.backend._pairwise.views) > 0))
 world = np.full(8192, 1.0)
 dist.all_reduce(world)                          # three ranks: MPICH's Iallreduce
-seen.append((bool((world == 3.0).all()), dist.group.WORLD.backend._pair_comm is None))
+seen.append((bool((world == 3.0).all()), dist.group.WORLD.backend._pairwise is None))
 open(f"seen_{rank}.txt", "w").write(repr(seen))   # (one file per rank: ranks' stdout lines interleave)
 dist.destroy_process_group()
 """

@@ -95,7 +95,7 @@ def test_mpi_pool_runs_under_a_real_mpiexec():
 
 
 def test_ranks_end_when_the_pool_process_is_sigkilled(tmp_path):
-    # The pool's ranks arm run_env's parent-death watch: no orphans even without close().
+    # The pool's ranks arm the parent-death watch (run/parent_watch.py): no orphans even without close().
     import subprocess
     import sys
 

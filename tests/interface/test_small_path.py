@@ -4,7 +4,7 @@ In-process (a backend of size 2 whose primitives are local, so the machinery its
 test): a synchronous call returns a finished Work, validation happens before a sequence number
 is used, a failure inside the primitive raises in the caller and poisons the group, and a
 synchronous call still queues behind pending async ones. Under a real ``mpiexec``: the
-watchdog's wake-up requests (comm/mpi_progress.py) never leak into a later operation.
+watchdog's wake-up requests (comm/mpi/progress.py) never leak into a later operation.
 """
 
 from __future__ import annotations
@@ -106,6 +106,52 @@ def test_the_fused_path_reuses_its_opinfo_only_while_nobody_else_holds_it(monkey
     del info
     b.allreduce(x32)
     assert built == [1, 2, 5] and held[0].seq == 4 and b._fast_info.seq == 5
+
+
+def test_a_recorded_span_keeps_its_own_opinfo_on_the_fused_path():
+    # A span builds its details from the OpInfo only when read, after later calls ran: reusing a
+    # held OpInfo would relabel every recorded all_reduce as the last one.
+    from neural_arch.profiler import events
+
+    b = Echo()
+    spans: list = []
+    events.subscribe(spans.append)
+    try:
+        for n in (1, 2, 3):
+            b.allreduce(np.ones(n, np.float32), _work=False)      # fused: no Work keeps the OpInfo
+    finally:
+        events.unsubscribe(spans.append)
+    assert [(s.args["seq"], s.args["shape"]) for s in spans] == [(1, (1,)), (2, (2,)), (3, (3,))]
+    kept = b.allreduce(np.ones(5, np.float32))                 # a Work kept alive over many calls
+    for _ in range(4):
+        b.allreduce(np.ones(6))
+    assert (kept.info.seq, kept.info.shape, kept.info.dtype) == (4, (5,), "float32")
+
+
+def test_the_fused_path_admits_only_what_the_one_validation_accepts():
+    # both paths of allreduce validate with _check_allreduce: its shortcut (the _FAST table) must
+    # never admit an array or op that the full checks would reject or convert
+    from neural_arch.distributed.comm.dtypes import SUPPORTED_DTYPES
+
+    b = Echo()
+    for dtype in sorted(SUPPORTED_DTYPES, key=str):
+        for op in ReduceOp:
+            x = np.ones(3, dtype)
+            try:
+                got, fast = b._check_allreduce(x, op)
+            except TypeError:            # rejected (bool SUM, integer AVG): so not admitted either
+                continue
+            if fast is not None:
+                b._check_array(x, "array", writable=True)
+                assert got is op and b._check_op(op, x) is op, (dtype, op)
+    unaligned = np.frombuffer(bytearray(8 * 4 + 1), np.uint8)[1:].view(np.float64)
+    unaligned[...] = 1.0
+    assert not unaligned.flags.aligned and b._check_allreduce(unaligned, ReduceOp.SUM)[1] is None
+    assert b.allreduce(unaligned).info.seq == 1 and (unaligned == 2.0).all()   # the general path
+    frozen = np.ones(3)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        b._check_allreduce(frozen, ReduceOp.MAX)
 
 
 def test_validation_errors_come_first_and_use_no_sequence_number():
@@ -227,7 +273,7 @@ def stale_wake_is_swallowed():
     import time
 
     import neural_arch.distributed as dist
-    from neural_arch.distributed.groups import _resolve_group
+    from neural_arch.distributed.resolve import _resolve_group
 
     backend = _resolve_group(None, "test").backend
     watchdog = backend._watchdog
@@ -250,13 +296,13 @@ def stale_wake_is_swallowed():
 
 
 def persistent_all_reduces():
-    """Small all_reduces ride inside the MPI backend's call check (comm/mpi_check.py: the payload in
+    """Small all_reduces ride inside the MPI backend's call check (comm/mpi/check.py: the payload in
     each rank's slot of one persistent allgather, reduced in rank order): sizes on both sides of the
     inline threshold, native and widened (float16) dtypes, several ops: every result matches NumPy
     on every rank. (Mismatched calls: tests/faults/test_mpi_mismatch.py.)"""
     import neural_arch.distributed as dist
     from neural_arch.distributed.comm.mpi import allreduce as M
-    from neural_arch.distributed.groups import _resolve_group
+    from neural_arch.distributed.resolve import _resolve_group
 
     backend = _resolve_group(None, "test").backend
     r, n = dist.get_rank(), dist.get_world_size()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from neural_arch.distributed.run.config import LaunchConfig, parse_command_line
+from neural_arch.distributed.run.launch_config import LaunchConfig, parse_command_line
 
 
 def parse(*argv, warnings=None):

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from launcher_helpers import ROOT, kill_pids, pid_alive, wait_for
 
+from neural_arch.distributed import find_latest_checkpoint
 from neural_arch.distributed.elastic.checkpoint_restart import (
     atomic_write_bytes,
-    find_latest_checkpoint,
     restart_count,
     save_npz_atomic,
 )
@@ -55,7 +55,7 @@ def test_restart_count_reads_both_names():
 GRANDCHILD = """
 import os, sys, time
 sys.path.insert(0, {root!r})
-import neural_arch.distributed.run.env as run_env
+import neural_arch.distributed.run.parent_watch as run_env
 run_env._set_pdeathsig = lambda sig: False      # force the portable polling fallback
 assert run_env.install_parent_death_watch(parent_pid=os.getppid(), poll_interval=0.05)
 print(os.getpid(), flush=True)
@@ -93,7 +93,7 @@ def test_polling_fallback_stops_an_orphan(tmp_path):
 
 
 def test_watch_is_a_no_op_for_a_process_that_is_not_the_launchers_child():
-    from neural_arch.distributed.run.env import install_parent_death_watch
+    from neural_arch.distributed.run.parent_watch import install_parent_death_watch
 
     # our own pid is alive but not our parent: e.g. a subprocess of a rank inherited the variable
     assert install_parent_death_watch(parent_pid=os.getpid()) is False

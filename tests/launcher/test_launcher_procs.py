@@ -385,7 +385,7 @@ import os, time
 if os.environ["RANK"] == os.environ.get("HANGING_RANK"):
     time.sleep(600)          # stuck before its rendezvous (loading data, a deadlock, ...)
 if os.environ.get("NO_GROUP") == "1":
-    from neural_arch.distributed.run.env import report_ready
+    from neural_arch.distributed.run.child_env import report_ready
     report_ready()           # a script without a process group says "past rendezvous" itself
 else:
     from neural_arch.distributed import init_process_group

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from neural_arch.distributed.run.env import (
+from neural_arch.distributed.launch_env import (
     detect_launch_env,
     expand_hostlist,
     launched_by_mpiexec,
@@ -158,7 +158,7 @@ def test_real_mpiexec_environment_is_detected(tmp_path):
 
     # One file per rank: mpiexec forwards the ranks' pipes in chunks, so a shared stdout can split
     # a line (with PYTHONUNBUFFERED=1 the two ranks' JSON lines used to interleave).
-    code = ("import json; from neural_arch.distributed.run.env import detect_launch_env as d; info = d()\n"
+    code = ("import json; from neural_arch.distributed.launch_env import detect_launch_env as d; info = d()\n"
             "open(f\"info_{info['rank']}.json\", 'w').write(json.dumps(info))")
     done = run_mpiexec(["-c", code], 2, cwd=tmp_path, timeout=60)
     assert done.returncode == 0, done.output
@@ -168,7 +168,7 @@ def test_real_mpiexec_environment_is_detected(tmp_path):
 
 
 # ----------------------------------------------------------------------------- derive_job_token
-from neural_arch.distributed.run.env import derive_job_token
+from neural_arch.distributed.launch_env import derive_job_token
 
 
 @pytest.mark.parametrize("env", [
@@ -199,7 +199,7 @@ def test_no_job_id_gives_none():
 
 
 # ----------------------------------------------------------------------------- rank_env (one child env)
-from neural_arch.distributed.run.env import package_root, rank_env
+from neural_arch.distributed.run.child_env import package_root, rank_env
 
 
 def test_rank_env_sets_identity_and_drops_outer_job_variables():

@@ -23,9 +23,9 @@ import time
 import pytest
 from launcher_helpers import child_env, free_port, run_launcher
 
+from neural_arch.distributed.launcher import main
 from neural_arch.distributed.run import procs
 from neural_arch.distributed.run.agent import NodeAgentServer, accept_forever, join_node0
-from neural_arch.distributed.launcher import main
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""The culprit lookup of ``parallel/pipeline/failure.py`` against a store written while it reads.
+"""The culprit lookup of ``pipelining/failure.py`` against a store written while it reads.
 
 In-process, no ranks: a dict store whose record of one rank appears between two of the lookup's
 reads, as happens when two neighbours of a hung stage time out together.

@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neural_arch.distributed.pipelining.schedules import B, F, with_communication
 from neural_arch.distributed.pipelining import (
     Action,
     DeadlockError,
@@ -22,6 +21,7 @@ from neural_arch.distributed.pipelining import (
     simulate,
     theoretical_bubble,
 )
+from neural_arch.distributed.pipelining.schedules import B, F, with_communication
 
 ps = st.integers(1, 6)
 ms = st.integers(1, 12)

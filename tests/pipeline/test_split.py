@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from neural_arch import nn
-from neural_arch.distributed.pipelining.split import balanced_split_points, even_split_points
 from neural_arch.distributed.pipelining import pipeline
+from neural_arch.distributed.pipelining.split import balanced_split_points, even_split_points
 
 
 def _run(pipe, x):

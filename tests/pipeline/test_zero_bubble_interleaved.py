@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from plan_checks import assert_split_backward_order
 
+from neural_arch.distributed.pipelining import ScheduleInterleavedZeroBubble, stage_indices
 from neural_arch.distributed.pipelining.schedules import (
     COMM,
     B,
@@ -33,7 +34,6 @@ from neural_arch.distributed.pipelining.zero_bubble_interleaved import (
     interleaved_zero_bubble_plan,
     interleaved_zero_bubble_theory,
 )
-from neural_arch.distributed.pipelining import ScheduleInterleavedZeroBubble, stage_indices
 
 
 @pytest.mark.parametrize("p, v", list(itertools.product(range(1, 5), (2, 3))))

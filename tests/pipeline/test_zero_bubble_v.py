@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from plan_checks import assert_split_backward_order
 
+from neural_arch.distributed.pipelining import ScheduleZBVZeroBubble, stage_indices
 from neural_arch.distributed.pipelining.schedules import (
     COMM,
     DeadlockError,
@@ -29,7 +30,6 @@ from neural_arch.distributed.pipelining.schedules import (
 )
 from neural_arch.distributed.pipelining.zero_bubble import zero_bubble_plan, zero_bubble_theory
 from neural_arch.distributed.pipelining.zero_bubble_v import zero_bubble_v_plan, zero_bubble_v_theory
-from neural_arch.distributed.pipelining import ScheduleZBVZeroBubble, stage_indices
 
 
 @settings(deadline=None, max_examples=40)

@@ -10,7 +10,7 @@ import port_rank_fns as fns
 import pytest
 
 import neural_arch.distributed as dist
-from neural_arch.distributed.run.env import free_port
+from neural_arch.distributed.run.child_env import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

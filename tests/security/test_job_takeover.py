@@ -19,8 +19,9 @@ from security_procs import finish, kill, start
 import neural_arch.distributed as dist
 from neural_arch.distributed import auth as handshake
 from neural_arch.distributed.errors import AuthenticationError, DistributedError
+from neural_arch.distributed.launch_env import derive_job_token
 from neural_arch.distributed.rendezvous.store import TCPStore
-from neural_arch.distributed.run.env import derive_job_token, free_port
+from neural_arch.distributed.run.child_env import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

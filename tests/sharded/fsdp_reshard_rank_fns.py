@@ -46,8 +46,7 @@ def reshard_run(cfg):
     """Largest parameter difference to single-process training, and what the pool held."""
     import neural_arch.distributed as dist
     from neural_arch import nn, optim
-    from neural_arch.distributed.fsdp import FSDP, BackwardPrefetch, ModuleWrapPolicy
-    from neural_arch.distributed.fsdp import storage
+    from neural_arch.distributed.fsdp import FSDP, BackwardPrefetch, ModuleWrapPolicy, storage
 
     storage.MIN_BYTES = 0  # this GPT's buffers are small: map them all, so that freeing is exercised
     if hasattr(mmap, "MADV_DONTNEED"):

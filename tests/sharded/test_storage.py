@@ -1,4 +1,4 @@
-"""FSDP's releasable host buffers (parallel/sharded/storage.py): memory given back under live views is
+"""FSDP's releasable host buffers (fsdp/storage.py): memory given back under live views is
 reported to tracemalloc only while in use, the views stay valid, and rewritten values read back."""
 
 import mmap

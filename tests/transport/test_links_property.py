@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neural_arch.distributed.errors import CollectiveTimeoutError, PeerFailureError
-from neural_arch.distributed.comm.gloo.transport.framing import Link, PeerGone
 from neural_arch.distributed.comm.gloo.transport.engine import LinkTransport
+from neural_arch.distributed.comm.gloo.transport.framing import Link, PeerGone
 from neural_arch.distributed.comm.work import OpInfo
+from neural_arch.distributed.errors import CollectiveTimeoutError, PeerFailureError
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,12 +9,17 @@ import threading
 import time
 
 import pytest
-
-from neural_arch.distributed import auth as handshake
 from transport_procs import run_ranks
 
+from neural_arch.distributed import auth as handshake
 from neural_arch.distributed.errors import AuthenticationError, PeerFailureError, RendezvousError
-from neural_arch.distributed.rendezvous.store import FileStore, PrefixStore, StoreTimeoutError, TCPStore, store_barrier
+from neural_arch.distributed.rendezvous.store import (
+    FileStore,
+    PrefixStore,
+    StoreTimeoutError,
+    TCPStore,
+    store_barrier,
+)
 
 pytestmark = pytest.mark.timeout(90)
 TOKEN = "5ec7e7" * 6  # 36 hex digits: the 128 bits a token needs

@@ -50,8 +50,8 @@ from neural_arch.distributed.algorithms.hierarchical_pipeline import (
     run_leader_pipelined,
     run_two_d_pipelined,
 )
-from neural_arch.distributed.comm.gloo.transport.engine import host_identity
 from neural_arch.distributed.comm.work import ReduceOp
+from neural_arch.distributed.host import host_identity
 from neural_arch.distributed.process_group import GroupMember, ProcessGroup
 
 __all__ = [
@@ -151,24 +151,25 @@ def host_groups(group=None, *, refresh: bool = False) -> HostGroups:
     changing ``NEURAL_ARCH_HOST_ID``, say). Only the world can be split this way here
     (``dist.all_reduce`` on a sub-group builds its own hierarchy: :mod:`.hierarchical_auto`).
     """
-    from neural_arch.distributed import groups as _groups
+    from neural_arch.distributed.resolve import _resolve_group
+    from neural_arch.distributed.subgroups import new_group, new_subgroups_by_enumeration
 
     if group is not None and group is not GroupMember.WORLD:
         raise NotImplementedError("host_groups(group=...): only the world can be split by host for now; "
                                   "build the groups of a sub-group with new_subgroups_by_enumeration and new_group")
-    world = _groups._resolve_group(None, "host_groups")
+    world = _resolve_group(None, "host_groups")
     cached = _CACHE.get(world.generation)
     if cached is not None and not refresh:
         return cached
     keys = np.empty(world.size(), dtype=np.int64)
     world.backend.allgather(keys, np.array(host_key(), dtype=np.int64))
     hosts = hosts_from_keys(keys.tolist())
-    intra, _ = _groups.new_subgroups_by_enumeration(hosts)
+    intra, _ = new_subgroups_by_enumeration(hosts)
     leaders = [h[0] for h in hosts]
-    inter = _groups.new_group(leaders)
+    inter = new_group(leaders)
     cross = None
     if len({len(h) for h in hosts}) == 1:   # the 2-D form: local rank i of every host
-        cross, _ = _groups.new_subgroups_by_enumeration([[h[i] for h in hosts] for i in range(len(hosts[0]))])
+        cross, _ = new_subgroups_by_enumeration([[h[i] for h in hosts] for i in range(len(hosts[0]))])
     me = world.rank()
     mine = next(h for h in hosts if me in h)
     _CACHE.clear()
@@ -223,7 +224,7 @@ def run_two_d(array, op: ReduceOp, intra, cross, chunk_bytes=None) -> None:
 
 
 def _xp(array):
-    from neural_arch.distributed.comm.backend import _xp as xp
+    from neural_arch.backend import get_array_module as xp
 
     return xp(array)
 

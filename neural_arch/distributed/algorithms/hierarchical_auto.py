@@ -66,15 +66,15 @@ from neural_arch.distributed.algorithms.hierarchical import (
     run_two_d,
     wire_op,
 )
-from neural_arch.distributed.comm.gloo.transport.engine import machine_identity
+from neural_arch.distributed.host import machine_identity
 from neural_arch.distributed.process_group import FLAT_ALWAYS as _NEVER
 
 __all__ = ["MIN_BYTES", "all_reduce", "all_reduce_algorithm", "min_bytes", "setting"]
 
 #: ``auto``: a message this large or larger goes hierarchical on a group spanning machines. Below it
-#: the extra latency of three steps (measured: +0.2 to +0.6 ms at 1-64 KiB on simulated hosts)
-#: outweighs any saving; at 1 MiB the leader form was about even with flat on simulated hosts
-#: (0.88-1.28x in four runs), where the "network" is as fast as memory: a slower network tips it.
+#: the extra latency of three steps outweighs any saving; at 1 MiB the leader form was about even
+#: with flat on simulated hosts, where the "network" is as fast as memory: a slower network tips it
+#: (the measurements are in docs/benchmarks.md, "hierarchical all-reduce").
 MIN_BYTES = 1 << 20
 #: the threshold of groups that stay flat (collectives' object: its hot path tests identity)
 NEVER = _NEVER

@@ -169,6 +169,6 @@ def _finish_two_d(flat, cuts, works, tables, parts, offsets, c, intra, local) ->
 
 
 def _xp(array):
-    from neural_arch.distributed.comm.backend import _xp as xp
+    from neural_arch.backend import get_array_module as xp
 
     return xp(array)

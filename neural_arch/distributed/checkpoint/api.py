@@ -79,10 +79,11 @@ _plans = PlanCache()
 # ------------------------------------------------------------------------------------ helpers
 def _group_info(process_group):
     from neural_arch.distributed import groups
+    from neural_arch.distributed.resolve import _resolve_group
 
     if process_group is None and not groups.is_initialized():
         return None, 0, 1
-    pg = groups._resolve_group(process_group, "checkpoint")
+    pg = _resolve_group(process_group, "checkpoint")
     return pg, pg.backend.rank, pg.backend.size
 
 
@@ -344,8 +345,8 @@ def async_save(state_dict, checkpoint_id, process_group=None, *, extra: dict | N
     return future
 
 
-# One long-lived writer thread: starting a thread per save blocked the caller 3-6 ms on the loaded
-# development box (Thread.start waits until the new thread runs), a tenth of async_save's budget.
+# One long-lived writer thread: Thread.start waits until the new thread runs, so starting a thread
+# per save would block the caller on every async_save (measured in docs/benchmarks.md).
 _writer: tuple[threading.Thread, queue.SimpleQueue] | None = None
 
 

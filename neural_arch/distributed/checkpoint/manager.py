@@ -17,6 +17,7 @@ Example (seed 003's resume / cleanup / best-model tracking)::
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import os
 import re
@@ -24,8 +25,9 @@ import shutil
 
 from neural_arch.distributed.checkpoint.api import async_save, load, save, verify
 from neural_arch.distributed.checkpoint.storage import METADATA_NAME, CheckpointError, read_metadata
+from neural_arch.utils.atomic_file import TMP_MARK as _TMP_MARK
 
-__all__ = ["CheckpointManager"]
+__all__ = ["CheckpointManager", "find_latest_checkpoint"]
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -79,8 +81,12 @@ class CheckpointManager:
         return sorted(out)
 
     def latest(self) -> tuple[int, str, dict] | None:
-        found = self.checkpoints()
-        return found[-1] if found else None
+        """``(step, path, metrics)`` of the newest committed checkpoint (:func:`find_latest_checkpoint`'s rule)."""
+        path = find_latest_checkpoint(self.directory, "step_*")
+        m = _STEP_DIR.match(os.path.basename(path)) if path else None
+        if m is None or not os.path.isdir(path):
+            return None
+        return int(m.group(1)), path, read_metadata(path).get("extra", {}).get("metrics", {})
 
     def best(self) -> tuple[int, str, dict] | None:
         """The checkpoint with the best ``best_metric`` (ties: the newest), or None."""
@@ -160,10 +166,57 @@ class CheckpointManager:
 
     def _rank(self) -> int:
         from neural_arch.distributed import groups
+        from neural_arch.distributed.resolve import _resolve_group
 
         if self.process_group is None and not groups.is_initialized():
             return 0
-        return groups._resolve_group(self.process_group).backend.rank
+        return _resolve_group(self.process_group).backend.rank
+
+
+def _step_of(name: str) -> int | None:
+    numbers = re.findall(r"\d+", name)
+    return int(numbers[-1]) if numbers else None
+
+
+def find_latest_checkpoint(directory: str, pattern: str = "*") -> str | None:
+    """Path of the newest checkpoint in ``directory`` matching ``pattern``, or None: the one rule
+    for "latest" (:meth:`CheckpointManager.latest` and the launcher's restart helpers use it).
+
+    A checkpoint is a file (``step_000042.npz``) or a *committed* checkpoint directory (one with
+    DCP's ``.metadata``: a save that crashed has none and never counts). "Newest" is the largest
+    *last number in the name* (``step_000120.npz`` > ``step_99.npz``); names without a number rank
+    below numbered ones, ties and unnumbered names go by modification time. Temporary files from
+    interrupted atomic writes and symbolic links to directories are skipped. A missing folder gives None.
+
+    >>> import tempfile, pathlib
+    >>> d = tempfile.mkdtemp()
+    >>> for n in (2, 10, 9):
+    ...     _ = (pathlib.Path(d) / f"step_{n}.npz").write_bytes(b"x")
+    >>> os.path.basename(find_latest_checkpoint(d, "step_*.npz"))
+    'step_10.npz'
+    """
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return None
+    best, best_key = None, None
+    for entry in entries:
+        if _TMP_MARK in entry.name or not fnmatch.fnmatch(entry.name, pattern):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                if not os.path.isfile(os.path.join(entry.path, METADATA_NAME)):
+                    continue  # a save that never committed
+            elif not entry.is_file() or entry.is_symlink() and os.path.isdir(entry.path):
+                continue
+            mtime = entry.stat().st_mtime
+        except FileNotFoundError:
+            continue  # removed while we looked (another rank pruning old checkpoints)
+        step = _step_of(entry.name)
+        key = (step is not None, step if step is not None else -1, mtime, entry.name)
+        if best_key is None or key > best_key:
+            best, best_key = entry.path, key
+    return best
 
 
 def _finite(value) -> bool:

@@ -17,7 +17,20 @@ Nothing here imports ``Tensor``, ``nn`` or a parallel strategy.
 """
 
 from neural_arch.distributed.comm.registry import (  # noqa: F401 - the package's public face
-    AuthenticationError, Backend, CollectiveMismatchError, CollectiveTimeoutError, DistributedError,
-    NotInitializedError, OpInfo, PeerFailureError, ReduceOp, RendezvousError, Work, __all__,
-    available_backends, get_backend_class, is_backend_available, register_backend,
+    AuthenticationError,
+    Backend,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    DistributedError,
+    NotInitializedError,
+    OpInfo,
+    PeerFailureError,
+    ReduceOp,
+    RendezvousError,
+    Work,
+    __all__,
+    available_backends,
+    get_backend_class,
+    is_backend_available,
+    register_backend,
 )

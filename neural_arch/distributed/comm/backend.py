@@ -38,7 +38,10 @@ The public methods (``allreduce``, ``broadcast``, ...) are written once, here:
 
 How each operation runs (numbering, lanes, the inline synchronous path, debug checks, spans,
 poisoning) lives in :mod:`.runner` (:class:`OpRunner`, this class's base); the dtypes and
-in-place reductions every backend shares in :mod:`.dtypes` (re-exported here).
+in-place reductions every backend shares in :mod:`.dtypes`. ``Backend`` inherits the runner rather
+than holding one because a backend *is* the thing that runs its ops: ``_run`` is the template method
+that calls back the backend's own ``_allgather`` (debug checks) and ``_poison_peers``, and a held
+runner would add an attribute hop and a two-way reference to every call on the latency path.
 
 The synchronous path (``async_op=False``, idle lane) is the latency-critical one for small
 messages: it validates, numbers, runs the primitive on the caller's thread and returns a Work
@@ -65,9 +68,8 @@ import numpy as np
 
 from neural_arch.distributed.comm import spans as _spans
 from neural_arch.distributed.comm.debug import _SEQ_MASK, wire_word
-from neural_arch.distributed.comm.dtypes import (  # noqa: F401 - re-exported: their historic import path
+from neural_arch.distributed.comm.dtypes import (
     _AVG,
-    _DTYPE_NAMES,
     _MAX,
     _MIN,
     _PRODUCT,
@@ -77,13 +79,9 @@ from neural_arch.distributed.comm.dtypes import (  # noqa: F401 - re-exported: t
     SUPPORTED_DTYPES,
     _dtype_name,
     _is_array,
-    _xp,
-    finish_average,
     is_bfloat16,
-    is_supported_dtype,
-    reduce_into,
 )
-from neural_arch.distributed.comm.runner import DEBUG_ENV, OpRunner, debug_mode_from_env  # noqa: F401
+from neural_arch.distributed.comm.runner import OpRunner
 from neural_arch.distributed.comm.work import UNSHARED_REFS as _UNSHARED_REFS
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp, Work
 from neural_arch.profiler import events as _events
@@ -97,7 +95,7 @@ _refcount = sys.getrefcount
 # integers are an error), bfloat16 (recognised by name there).
 # Each entry is (dtype name, the op's check word without its sequence number): the path builds the
 # OpInfo with its wire word (``base | seq & _SEQ_MASK``, what ``comm.debug.wire_word`` returns) instead of
-# leaving it to be computed on first read (a function call and a dict lookup on a tuple key, ~0.4 us).
+# leaving it to be computed on first read (a function call and a dict lookup on a tuple key).
 _FAST = {op: {d: (_dtype_name(d), wire_word("all_reduce", 0, _dtype_name(d), op._value_)) for d in SUPPORTED_DTYPES
               if (op in (_MAX, _MIN) or d.kind != "b") and (op is not _AVG or (d.kind == "f" and d.itemsize > 2))}
          for op in ReduceOp}
@@ -229,7 +227,7 @@ class Backend(OpRunner):
 
     def _check_rank(self, r: int, arg: str) -> None:
         if r.__class__ is int and 0 <= r < self._size:
-            return               # the common case in two tests (the isinstance below costs ~0.15 us)
+            return               # the common case in two tests (cheaper than the isinstance below)
         if not isinstance(r, (int, np.integer)) or not 0 <= int(r) < self._size:
             raise ValueError(f"{arg}={r!r} is out of range for a group of size {self._size} "
                              f"(valid: 0..{self._size - 1})")
@@ -255,57 +253,70 @@ class Backend(OpRunner):
         return op
 
     # -- public collectives ---------------------------------------------------------------------
+    def _check_allreduce(self, array, op) -> tuple:
+        """all_reduce's argument checks, in the caller before any I/O: the one validation both paths
+        of :meth:`allreduce` use. Returns ``(op, fast)``: ``op`` as a :class:`ReduceOp`, and ``fast``,
+        the ``_FAST`` entry of a call whose array and op are the fused path's common case (else None).
+        A bad argument raises what ``_check_array``/``_check_op`` raise, whichever path would run.
+
+        >>> from neural_arch.distributed.comm.local import LocalBackend
+        >>> LocalBackend()._check_allreduce(np.ones(2, np.float32), "sum")[0]
+        <ReduceOp.SUM: 'sum'>
+        """
+        if array.__class__ is np.ndarray and op.__class__ is ReduceOp and self._cpu:
+            fast = _FAST[op].get(array.dtype)
+            # flags.carray: C-contiguous, aligned and writeable in one read. A _FAST dtype with it passes
+            # every check below by construction (the table holds only what _check_op accepts as is);
+            # an unaligned array takes the checks (and the general path, which moves it as well).
+            if fast is not None and array.flags.carray:
+                return op, fast
+        self._check_array(array, "array", writable=True)
+        return self._check_op(op, array), None
+
     def allreduce(self, array, op: ReduceOp = ReduceOp.SUM, async_op: bool = False, _work: bool = True) -> Work:
         """Reduce ``array`` across the group, in place on every rank.
 
         ``_work=False`` (internal: the Tensor API, which discards the handle) returns None instead of a
         finished Work from a synchronous call that took the fused path below.
         """
-        # The synchronous path of the common case, in one frame: a writable aligned C-contiguous NumPy array
-        # of a dtype that ``op`` takes as it is (_FAST), on an idle, healthy group of two or more on
-        # host memory without debug mode (``_fast``: OpRunner._refresh_fast). It does what
-        # _check_array, _check_op, _new_info and _run do for that case (same numbering, deadline,
-        # span, op slot, poisoning, done Work) without their call layers and the closure
-        # (benchmarks/bench_small_messages.py --overhead). Every other call -- every input that must
-        # raise included -- takes the general path below.
-        if array.__class__ is np.ndarray and op.__class__ is ReduceOp and not async_op:
-            fast = _FAST[op].get(array.dtype)
-            # flags.carray: C-contiguous, aligned and writeable in one read (an unaligned array takes
-            # the general path, which moves it as well)
-            if fast is not None and array.flags.carray and self._fast and not self._lane.pending:
-                seq = self._seq = self._seq + 1
-                info = self._fast_info
-                if _refcount(info) == _UNSHARED_REFS:
-                    # Nobody but this slot holds the previous call's OpInfo (no Work, span, error, stall
-                    # inspector or waiting thread kept it), so it becomes this call's: building one was
-                    # a microsecond of a 16 KiB all_reduce's 15 (benchmarks/bench_mpi_backend.py).
-                    info.seq = seq
-                    info.shape = array.shape
-                    info.dtype = fast[0]
-                    info.reduce_op = op._value_
-                    info.deadline = _monotonic() + self.timeout
-                    info._wire = fast[1] | (seq & _SEQ_MASK)
-                    info.nbytes = array.nbytes
-                else:
-                    info = self._fast_info = OpInfo(
-                        "all_reduce", seq, self.group_ranks, self._global_rank, array.shape, fast[0], None,
-                        op._value_, _monotonic() + self.timeout, None, fast[1] | (seq & _SEQ_MASK), array.nbytes)
-                span = None
-                if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
-                    span = _spans.begin(self, info, "default")   # a profiler, metrics
-                self._op_now = info                    # where the stall inspector looks (spans.in_flight)
-                try:
-                    self._allreduce(array, op, info)
-                except BaseException as exc:
-                    self._op_now = None
-                    self._failed(info, exc, span)      # poison the group, as _run does
-                    raise
+        op, fast = self._check_allreduce(array, op)
+        # The fused synchronous path of the common case (``fast``: see _check_allreduce), on an idle,
+        # healthy group of two or more on host memory without debug mode (``_fast``:
+        # OpRunner._refresh_fast), in one frame: it numbers, times, spans, slots and poisons as
+        # _new_info and _run do, without their call layers and the closure (what that buys:
+        # docs/benchmarks.md, "small messages"; benchmarks/bench_small_messages.py --overhead).
+        if fast is not None and not async_op and self._fast and not self._lane.pending:
+            seq = self._seq = self._seq + 1
+            info = self._fast_info
+            if _refcount(info) == _UNSHARED_REFS:
+                # Nobody but this slot holds the previous call's OpInfo (no Work, span, error, stall
+                # inspector or waiting thread kept it), so it becomes this call's, field by field
+                # (tests/interface/test_small_path.py pins that a held one is never reused).
+                info.seq = seq
+                info.shape = array.shape
+                info.dtype = fast[0]
+                info.reduce_op = op._value_
+                info.deadline = _monotonic() + self.timeout
+                info._wire = fast[1] | (seq & _SEQ_MASK)
+                info.nbytes = array.nbytes
+            else:
+                info = self._fast_info = OpInfo(
+                    "all_reduce", seq, self.group_ranks, self._global_rank, array.shape, fast[0], None,
+                    op._value_, _monotonic() + self.timeout, None, fast[1] | (seq & _SEQ_MASK), array.nbytes)
+            span = None
+            if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
+                span = _spans.begin(self, info, "default")   # a profiler, metrics
+            self._op_now = info                    # where the stall inspector looks (spans.in_flight)
+            try:
+                self._allreduce(array, op, info)
+            except BaseException as exc:
                 self._op_now = None
-                if span is not None:
-                    _spans.end(span, info)
-                return Work.completed(array, info) if _work else None
-        self._check_array(array, "array", writable=True)
-        op = self._check_op(op, array)
+                self._failed(info, exc, span)      # poison the group, as _run does
+                raise
+            self._op_now = None
+            if span is not None:
+                _spans.end(span, info)
+            return Work.completed(array, info) if _work else None
         info = self._new_info("all_reduce", array, op=op)
         if self._size == 1:
             return self._run(info, lambda: array, async_op)

@@ -20,8 +20,8 @@ import numpy as np
 from neural_arch import backend as _array_backend
 from neural_arch.distributed.comm.work import ReduceOp
 
-__all__ = ["BFLOAT16", "FLOAT_DTYPE_KINDS", "SUPPORTED_DTYPES", "finish_average", "is_bfloat16",
-           "is_supported_dtype", "reduce_into"]
+__all__ = ["BFLOAT16", "FLOAT_DTYPE_KINDS", "REDUCE_UFUNCS", "SUPPORTED_DTYPES", "finish_average",
+           "is_bfloat16", "is_supported_dtype", "reduce_into"]
 
 # Dtypes every backend must move. bool travels as uint8 (same itemsize).
 SUPPORTED_DTYPES = frozenset(
@@ -32,9 +32,16 @@ FLOAT_DTYPE_KINDS = ("f",)
 #: here would cost every ``import neural_arch`` ~7 ms, and a bfloat16 array means it is loaded.
 BFLOAT16 = "bfloat16"
 # The members as module constants: ``ReduceOp.AVG`` is an Enum class-attribute lookup that costs
-# ~0.4 us on CPython 3.11 (and hashing a member as a dict key as much), which added up to a
+# as much as hashing a member as a dict key on CPython 3.11, which added up to a
 # third of a small collective's Python overhead.
 _SUM, _AVG, _MAX, _MIN, _PRODUCT = ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT
+
+
+#: reduce op -> the NumPy ufunc that folds one host buffer into another in place
+#: (``ufunc(dst, src, out=dst)``); AVG accumulates as a sum, the caller divides at the end
+#: (:func:`finish_average`). The gloo plans, gloo's shared-memory collectives and MPI's own
+#: all_reduce strategies all reduce with it.
+REDUCE_UFUNCS = {_SUM: np.add, _AVG: np.add, _MAX: np.maximum, _MIN: np.minimum, _PRODUCT: np.multiply}
 
 
 def is_bfloat16(dtype) -> bool:
@@ -70,7 +77,7 @@ _DTYPE_NAMES: dict = {}
 
 
 def _dtype_name(dtype) -> str:
-    """``str(dtype)``, cached: numpy's __str__ costs microseconds on every collective."""
+    """``str(dtype)``, cached: numpy's __str__ is slow enough to show on every small collective."""
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
         name = _DTYPE_NAMES[dtype] = str(dtype)

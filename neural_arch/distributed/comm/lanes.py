@@ -21,8 +21,8 @@ import queue
 import threading
 from typing import Any, Callable, Optional
 
-from neural_arch.distributed.errors import DistributedError
 from neural_arch.distributed.comm.work import Work
+from neural_arch.distributed.errors import DistributedError
 
 _log = logging.getLogger("neural_arch.distributed")
 

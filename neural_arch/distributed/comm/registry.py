@@ -30,9 +30,16 @@ import importlib.util
 from typing import Dict, List, Type
 
 from neural_arch.distributed.comm.backend import Backend
-from neural_arch.distributed.errors import (AuthenticationError, CollectiveMismatchError, CollectiveTimeoutError, DistributedError,
-                     NotInitializedError, PeerFailureError, RendezvousError)
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp, Work
+from neural_arch.distributed.errors import (
+    AuthenticationError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    DistributedError,
+    NotInitializedError,
+    PeerFailureError,
+    RendezvousError,
+)
 
 # name -> "module:Class", resolved on first use
 _REGISTRY: Dict[str, str] = {

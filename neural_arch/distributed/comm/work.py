@@ -209,7 +209,7 @@ class Work:
 
     # One lock for all handles: it only guards the lazy creation of an Event and the callback
     # list, both rare. A synchronous collective that completes inline never creates an Event,
-    # which keeps the per-call overhead of small collectives down to a few microseconds.
+    # which keeps the per-call overhead of small collectives low.
     _guard = threading.Lock()
 
     def __init__(self, info: OpInfo | None = None):

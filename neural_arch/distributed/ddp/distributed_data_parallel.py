@@ -54,14 +54,14 @@ from collections.abc import Iterator
 import numpy as np
 
 from neural_arch.core.autograd import is_grad_enabled, queue_callback
-from neural_arch.distributed.errors import UnusedParametersError
 from neural_arch.distributed.ddp.expert_grads import ExpertGradReducer, is_expert_parameter
 from neural_arch.distributed.ddp.join import Join
-from neural_arch.distributed.ddp.reducer import Reducer, plan_buckets
+from neural_arch.distributed.ddp.reducer import Reducer
 from neural_arch.distributed.ddp.replicas import broadcast_arrays
+from neural_arch.distributed.errors import UnusedParametersError
 from neural_arch.nn.module import Module
 
-__all__ = ["DistributedDataParallel", "UnusedParametersError", "no_sync", "plan_buckets"]
+__all__ = ["DistributedDataParallel", "UnusedParametersError", "no_sync"]
 
 # Depth of the seeds' module-level ``no_sync()``: while > 0, every DDP instance skips its sync.
 _GLOBAL_NO_SYNC = [0]
@@ -344,7 +344,7 @@ class DistributedDataParallel(Module):
         ``launch`` (handed to the comm hook), ``backward_end``, ``done`` (its reduction finished)
         and ``waited`` (backward's end had every result). A ``launch`` before ``backward_end``
         overlapped backward; :meth:`bucket_stats` gives the same per bucket as numbers."""
-        return list(self.reducer.timeline)
+        return list(self.reducer.observer.timeline)
 
     def bucket_stats(self) -> list[dict]:
         """Per bucket of the latest synchronised backward (launch order): ``index``, ``bytes``,
@@ -352,7 +352,7 @@ class DistributedDataParallel(Module):
         (started -> done), ``hidden_s`` (the part of it before backward's end) and
         ``hidden_fraction``. ``started`` is estimated as max(launch, previous bucket's done) when
         the backend does not report it (a group's collectives run one after another)."""
-        return [dict(r) for r in self.reducer.records]
+        return [dict(r) for r in self.reducer.observer.records]
 
     @property
     def bucket_plan(self) -> list[list[str]]:
@@ -367,15 +367,8 @@ class DistributedDataParallel(Module):
         ``hidden_fraction`` ``1 - exposed_s / comm_s``: the share of communication overlapped with
         backward; ``bucket_hidden_fraction`` the same per bucket, in launch order.
         """
-        r = self.reducer
-        s = dict(r.stats)
-        s["hidden_fraction"] = 1.0 - s["exposed_s"] / s["comm_s"] if s["comm_s"] > 0 else 0.0
-        s["bucket_comm_s"] = r.bucket_comm_s.tolist()
-        s["bucket_hidden_fraction"] = [float(h / c) if c > 0 else 0.0 for h, c in zip(r.bucket_hidden_s, r.bucket_comm_s)]
-        return s
+        return self.reducer.observer.comm_stats()
 
     def reset_comm_stats(self) -> None:
-        for k in self.reducer.stats:
-            self.reducer.stats[k] = 0 if isinstance(self.reducer.stats[k], int) else 0.0
-        self.reducer.bucket_comm_s[:] = 0.0
-        self.reducer.bucket_hidden_s[:] = 0.0
+        """Zero the totals of :meth:`comm_stats` (e.g. after warm-up iterations)."""
+        self.reducer.observer.reset()

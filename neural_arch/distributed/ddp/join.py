@@ -23,7 +23,6 @@ from __future__ import annotations
 import numpy as np
 
 from neural_arch.backend import to_host
-
 from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.ddp.replicas import broadcast_arrays
 

@@ -26,7 +26,7 @@ import importlib
 _LAZY = {
     "State": "in_process", "run": "in_process", "RESETTABLE_ERRORS": "in_process",
     "ElasticDistributedSampler": "sampler",
-    "find_latest_checkpoint": "checkpoint_restart", "restart_count": "checkpoint_restart",
+    "restart_count": "checkpoint_restart",
     "save_npz_atomic": "checkpoint_restart",
 }
 

@@ -302,7 +302,7 @@ class ElasticAgentServer:
                        if missing else "")
 
     def _fresh_port(self) -> int:
-        from neural_arch.distributed.run.env import free_port
+        from neural_arch.distributed.run.child_env import free_port
 
         for _ in range(100):  # a fresh port per round: a stale store of the last round is never reused
             port = free_port(self._host)

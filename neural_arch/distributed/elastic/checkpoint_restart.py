@@ -4,7 +4,8 @@ The launcher restarts the *whole* group after a failure; a script survives that 
 checkpoint regularly and resuming from the newest one at start-up::
 
     import numpy as np
-    from neural_arch.distributed.elastic.checkpoint_restart import find_latest_checkpoint, restart_count, save_npz_atomic
+    from neural_arch.distributed import find_latest_checkpoint
+    from neural_arch.distributed.elastic.checkpoint_restart import restart_count, save_npz_atomic
 
     path = find_latest_checkpoint("ckpts")              # newest "step_000042.npz", or None
     state = dict(np.load(path)) if path else {"w": np.zeros(3), "step": np.array(0)}
@@ -22,17 +23,15 @@ complete file, never half of one; :func:`find_latest_checkpoint` ignores leftove
 
 from __future__ import annotations
 
-import fnmatch
 import io
 import os
-import re
 from collections.abc import Mapping
 
 from neural_arch import config
 from neural_arch.utils.atomic_file import TMP_MARK as _TMP_MARK
 from neural_arch.utils.atomic_file import atomic_write_bytes as _atomic_write_bytes
 
-__all__ = ["atomic_write_bytes", "find_latest_checkpoint", "remove_interrupted_writes", "restart_count", "save_npz_atomic"]
+__all__ = ["atomic_write_bytes", "remove_interrupted_writes", "restart_count", "save_npz_atomic"]
 
 
 
@@ -54,46 +53,6 @@ def restart_count(environ: Mapping[str, str] | None = None) -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"NEURAL_ARCH_RESTART_COUNT={value!r} is not an integer") from None
-
-
-def _step_of(name: str) -> int | None:
-    numbers = re.findall(r"\d+", name)
-    return int(numbers[-1]) if numbers else None
-
-
-def find_latest_checkpoint(directory: str, pattern: str = "*") -> str | None:
-    """Path of the newest checkpoint in ``directory`` matching ``pattern``, or None.
-
-    "Newest" is the largest *last number in the file name* (``step_000120.npz`` > ``step_99.npz``);
-    files without a number rank below numbered ones, ties and unnumbered files go by modification
-    time. Temporary files from interrupted atomic writes are skipped. A missing folder gives None.
-
-    >>> import tempfile, pathlib
-    >>> d = tempfile.mkdtemp()
-    >>> for n in (2, 10, 9):
-    ...     _ = (pathlib.Path(d) / f"step_{n}.npz").write_bytes(b"x")
-    >>> os.path.basename(find_latest_checkpoint(d, "step_*.npz"))
-    'step_10.npz'
-    """
-    try:
-        entries = list(os.scandir(directory))
-    except FileNotFoundError:
-        return None
-    best, best_key = None, None
-    for entry in entries:
-        if _TMP_MARK in entry.name or not fnmatch.fnmatch(entry.name, pattern):
-            continue
-        try:
-            if not entry.is_file():
-                continue
-            mtime = entry.stat().st_mtime
-        except FileNotFoundError:
-            continue  # removed while we looked (another rank pruning old checkpoints)
-        step = _step_of(entry.name)
-        key = (step is not None, step if step is not None else -1, mtime, entry.name)
-        if best_key is None or key > best_key:
-            best, best_key = entry.path, key
-    return best
 
 
 def remove_interrupted_writes(directory: str) -> int:

@@ -13,7 +13,7 @@ module                 what
 ``api``                FSDP's enums, configs and wrap policies (torch's names)
 ``unit``               ``FlatParamUnit``: one wrapped module's flat shard, gather/free
 ``plan``               which modules become units; shard / replicate groups
-``state_dict``         FSDP's full and sharded state dicts (a mixin)
+``state_dict``         ``FSDPStateDicts``: full and sharded state dicts (a component FSDP holds)
 ``fully_sharded_data_parallel``  ``FullyShardedDataParallel``: the gather/free schedule and its hooks
 ``sharded_grad_scaler``  ``ShardedGradScaler``: found-inf agreed over the ranks
 =====================  ==========================================================================
@@ -27,14 +27,16 @@ from neural_arch.distributed.fsdp.api import (
     BackwardPrefetch,
     CPUOffload,
     MixedPrecision,
-    ModuleWrapPolicy,
     ShardingStrategy,
     StateDictType,
-    size_based_auto_wrap_policy,
-    transformer_auto_wrap_policy,
 )
 from neural_arch.distributed.fsdp.fully_sharded_data_parallel import FullyShardedDataParallel
 from neural_arch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from neural_arch.distributed.fsdp.wrap import (
+    ModuleWrapPolicy,
+    size_based_auto_wrap_policy,
+    transformer_auto_wrap_policy,
+)
 
 FSDP = FullyShardedDataParallel
 

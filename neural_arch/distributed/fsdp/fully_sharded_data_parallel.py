@@ -82,6 +82,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import itertools
 
 import numpy as np
@@ -89,22 +90,21 @@ import numpy as np
 from neural_arch import backend as _backend
 from neural_arch.core import autograd as _ag
 from neural_arch.core.tensor import Tensor, is_backward_running, no_grad
-from neural_arch.distributed.groups import _resolve_group
+from neural_arch.distributed.bucketing import queue_outermost_callback
 from neural_arch.distributed.ddp.expert_grads import refuse_expert_parameters
-from neural_arch.distributed.fsdp.api import (
-    BackwardPrefetch,
-    CPUOffload,
-    MixedPrecision,
-    ShardingStrategy,
-    StateDictType,
-    resolve_policy,
-)
 from neural_arch.distributed.flat_param import FlatLayout
+from neural_arch.distributed.fsdp.api import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 from neural_arch.distributed.fsdp.owner_reducer import OwnerGradReducer
 from neural_arch.distributed.fsdp.plan import plan_units, shard_groups
-from neural_arch.distributed.bucketing import queue_outermost_callback
-from neural_arch.distributed.fsdp.state_dict import FSDPStateDictMixin
+from neural_arch.distributed.fsdp.state_dict import (
+    FSDPStateDicts,
+    optim_state_dict,
+    optim_state_dict_to_load,
+    state_dict_type,
+)
 from neural_arch.distributed.fsdp.unit import FlatParamUnit, GatherBuffer, GatherPool
+from neural_arch.distributed.fsdp.wrap import resolve_policy
+from neural_arch.distributed.resolve import _resolve_group
 from neural_arch.nn.module import Module
 
 __all__ = ["FullyShardedDataParallel"]
@@ -136,7 +136,7 @@ def _grad_outputs(out) -> list:
     return []
 
 
-class FullyShardedDataParallel(FSDPStateDictMixin, Module):
+class FullyShardedDataParallel(Module):
     """Shard ``module``'s parameters, gradients and optimizer state (see the module docstring).
 
     Args:
@@ -195,7 +195,8 @@ class FullyShardedDataParallel(FSDPStateDictMixin, Module):
         self._last_released = None             # buffer released last in forward
         self._staged: dict = {}                # id(_UnitCall) -> staging GatherBuffer (backward prefetch)
         self._bwd_armed = False
-        self._state_dict_type = StateDictType.FULL_STATE_DICT
+        #: full / sharded state dicts (a component: see :mod:`.state_dict`)
+        self._state_dicts = FSDPStateDicts(self)
 
         shard_group, replicate_group = shard_groups(process_group, device_mesh, strategy)
         self.process_group = shard_group
@@ -506,6 +507,43 @@ class FullyShardedDataParallel(FSDPStateDictMixin, Module):
     def no_sync(self):
         raise NotImplementedError("FullyShardedDataParallel.no_sync() is not implemented: call backward on "
                                   "every micro-batch (gradients accumulate into the shards) instead")
+
+    # ------------------------------------------------------------------ state dicts (the _state_dicts component)
+    #: ``with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT): sd = model.state_dict()``
+    state_dict_type = staticmethod(state_dict_type)
+    #: torch's ``FSDP.optim_state_dict(model, optim)``
+    optim_state_dict = staticmethod(optim_state_dict)
+    #: torch's ``FSDP.optim_state_dict_to_load(model, optim, optim_state_dict)``
+    optim_state_dict_to_load = staticmethod(optim_state_dict_to_load)
+
+    def state_dict(self, prefix: str = "") -> collections.OrderedDict[str, np.ndarray]:
+        """FULL: original names, full values in the master dtype, on every rank (a collective).
+        SHARDED/LOCAL: this rank's flat shards, ``{prefix + "flat_param_<i>": array}``.
+
+        Example::
+
+            full = fsdp.state_dict()        # every rank calls it
+        """
+        return self._state_dicts.state_dict(prefix)
+
+    def load_state_dict(self, state_dict, strict: bool = True):
+        """Load what :meth:`state_dict` gave under the same state-dict type.
+
+        Example::
+
+            fsdp.load_state_dict(full)
+        """
+        return self._state_dicts.load_state_dict(state_dict, strict)
+
+    def summon_full_params(self, writeback: bool = True):
+        """Gather every unit's full parameters (master dtype) into the module; write edits back on exit.
+
+        Example::
+
+            with fsdp.summon_full_params():
+                print(fsdp.module.weight.shape)
+        """
+        return self._state_dicts.summon_full_params(writeback)
 
     def extra_repr(self) -> str:
         sizes = ", ".join(f"{u.name or '<root>'}:{u.layout.numel}" for u in self._units)

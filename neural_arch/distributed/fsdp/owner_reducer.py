@@ -30,9 +30,9 @@ Example::
 from __future__ import annotations
 
 from neural_arch import backend as _backend
+from neural_arch.distributed.bucketing import BucketSet, queue_outermost_callback
 from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.flat_param import FlatLayout
-from neural_arch.distributed.bucketing import BucketGradHooks, queue_outermost_callback
 
 __all__ = ["OwnerGradReducer"]
 
@@ -53,9 +53,12 @@ def owner_pieces(layout: FlatLayout, k: int) -> list[tuple[int, int, int, int]]:
     return pieces
 
 
-class OwnerGradReducer(BucketGradHooks):
+class OwnerGradReducer:
     """Reduce each final gradient of ``buckets`` (one list of parameters per FSDP unit) to the
-    owners of its elements over ``group``; same interface as :class:`.reducer.ShardedGradReducer`.
+    owners of its elements over ``group``; same interface as
+    :class:`~neural_arch.distributed.bucketing.ShardedGradReducer`, and the same
+    :class:`~neural_arch.distributed.bucketing.BucketSet` (layouts, where each parameter sits,
+    gradient hooks, pending counts), without its flat arrays.
 
     Args:
         buckets: lists of parameters (one per unit); every rank passes the same shapes in the same order.
@@ -71,14 +74,32 @@ class OwnerGradReducer(BucketGradHooks):
             gathered values there: nothing in this backward reads them any more).
     """
 
-    def __init__(self, *args, on_final=None, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, buckets, group, on_shard, reduce_dtype=None, scatter: bool = True,
+                 replicate_group=None, on_ready=None, on_final=None):
+        self.group = group
+        self.rank = group.rank()
+        self.scatter = bool(scatter)
+        self.replicate_group = replicate_group
+        self.on_shard = on_shard
+        self.on_ready = on_ready
         self.on_final = on_final
+        self.reduce_dtype = reduce_dtype
+        self.buckets = BucketSet(buckets, group.size() if self.scatter else 1, owner="OwnerGradReducer")
         # only the pieces a rank owns are added to its shard, but every rank joins every reduce
-        self._pieces = [[owner_pieces(lay, k) for k in range(len(b))] for lay, b in zip(self.layouts, self.buckets)]
+        self._pieces = [[owner_pieces(b.layout, k) for k in range(len(b.params))] for b in self.buckets]
+        self.buckets.register_hooks(self._hook)
+        self._reset()
+
+    @property
+    def layouts(self) -> list[FlatLayout]:
+        return self.buckets.layouts
+
+    def remove(self) -> None:
+        """Unregister the gradient hooks."""
+        self.buckets.remove_hooks()
 
     def _reset(self) -> None:
-        self._pending = [sum(1 for p in b if p.requires_grad) for b in self.buckets]
+        self.buckets.reset()
         self._acc: dict = {}     # bucket -> this rank's shard (or full flat) accumulator
         self._seen: set = set()  # parameters whose gradient was final once this backward
         self._armed = False
@@ -86,7 +107,7 @@ class OwnerGradReducer(BucketGradHooks):
     def _accumulator(self, i: int, like):
         acc = self._acc.get(i)
         if acc is None:
-            lay = self.layouts[i]
+            lay = self.buckets[i].layout
             acc = self._acc[i] = _backend.get_array_module(like).zeros(
                 lay.shard_size if self.scatter else lay.padded_numel, dtype=like.dtype)
         return acc
@@ -95,7 +116,7 @@ class OwnerGradReducer(BucketGradHooks):
         if not self._armed:
             self._armed = True
             queue_outermost_callback(self._finish)
-        i, k = self._where[id(p)]
+        i, k = self.buckets.locate(p)
         first = id(p) not in self._seen
         if first and self.on_final is not None:
             self.on_final(i, k)
@@ -107,8 +128,9 @@ class OwnerGradReducer(BucketGradHooks):
         # calls: each recomputation is a nested backward) was just reduced and added as well.
         if first:
             self._seen.add(id(p))
-            self._pending[i] -= 1
-            if self._pending[i] == 0 and self.on_ready is not None:
+            bucket = self.buckets[i]
+            bucket.pending -= 1
+            if bucket.pending == 0 and self.on_ready is not None:
                 self.on_ready(i)
 
     def _reduce(self, i: int, k: int, g) -> None:
@@ -122,7 +144,7 @@ class OwnerGradReducer(BucketGradHooks):
         backend = self.group.backend
         if not self.scatter:
             backend.allreduce(flat, ReduceOp.AVG)
-            off = self.layouts[i].offsets[k]
+            off = self.buckets[i].layout.offsets[k]
             acc[off:off + flat.size] += flat
             return
         for r, a, b, at in self._pieces[i][k]:
@@ -134,14 +156,14 @@ class OwnerGradReducer(BucketGradHooks):
     def _finish(self) -> None:
         try:
             for i, bucket in enumerate(self.buckets):
-                if not bucket:
+                if not bucket.params:
                     continue
                 acc = self._acc.pop(i, None)
                 if acc is None:  # no gradient reached this unit: a zero shard, as torch's FSDP
-                    lay = self.layouts[i]
-                    acc = _backend.get_array_module(bucket[0].data).zeros(
+                    lay, first = bucket.layout, bucket.params[0]
+                    acc = _backend.get_array_module(first.data).zeros(
                         lay.shard_size if self.scatter else lay.padded_numel,
-                        dtype=self.reduce_dtype or bucket[0].dtype)
+                        dtype=self.reduce_dtype or first.dtype)
                 if self.replicate_group is not None:
                     self.replicate_group.backend.allreduce(acc, ReduceOp.AVG)
                 self.on_shard(i, acc)

@@ -9,7 +9,7 @@ for ``HYBRID_SHARD``, the replicate group.
 Example::
 
     >>> from neural_arch import nn
-    >>> from neural_arch.distributed.fsdp.api import ModuleWrapPolicy, resolve_policy
+    >>> from neural_arch.distributed.fsdp.wrap import ModuleWrapPolicy, resolve_policy
     >>> m = nn.Sequential(nn.Linear(2, 3), nn.Sequential(nn.Linear(3, 3)))
     >>> [name for name, _, _ in plan_units(m, resolve_policy(ModuleWrapPolicy({nn.Sequential})))]
     ['1', '']
@@ -20,8 +20,9 @@ from __future__ import annotations
 import os
 
 from neural_arch import config as _config
-from neural_arch.distributed.groups import _resolve_group, new_group
 from neural_arch.distributed.fsdp.api import ShardingStrategy
+from neural_arch.distributed.resolve import _resolve_group
+from neural_arch.distributed.subgroups import new_group
 
 __all__ = ["hybrid_groups", "plan_units", "shard_groups"]
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from neural_arch.amp.grad_scaler import GradScaler
 from neural_arch.distributed.comm.work import ReduceOp
-from neural_arch.distributed.groups import _resolve_group
+from neural_arch.distributed.resolve import _resolve_group
 
 __all__ = ["ShardedGradScaler"]
 

@@ -1,11 +1,14 @@
 """FSDP's state dicts: full (original names, gathered values) and sharded (each rank's flat shards).
 
-A mixin of :class:`~neural_arch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel`
-(it reads ``self.module``, ``self._units`` and ``self._state_dict_type``), kept apart because
-checkpointing is a concept of its own: torch's ``state_dict_type`` context, ``state_dict``,
-``load_state_dict``, ``summon_full_params``, and the optimizer's ``optim_state_dict`` /
-``optim_state_dict_to_load`` (which defer to :mod:`neural_arch.distributed.checkpoint.state_dict`:
-the optimizer's state under the model's parameter names, each rank's part of it as a ``ShardedArray``).
+:class:`FSDPStateDicts` is a component that every
+:class:`~neural_arch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel` holds
+(``fsdp._state_dicts``); it reads the wrapper's ``module`` and ``_units`` and owns the current
+:class:`~neural_arch.distributed.fsdp.api.StateDictType`. FSDP's public ``state_dict``, ``load_state_dict`` and
+``summon_full_params`` delegate to it; torch's static ``FSDP.state_dict_type`` context and the
+optimizer's ``FSDP.optim_state_dict`` / ``FSDP.optim_state_dict_to_load`` are the functions of
+this module (they defer to :mod:`neural_arch.distributed.checkpoint.state_dict`: the optimizer's
+state under the model's parameter names, each rank's part of it as a ``ShardedArray``).
+Checkpointing is a concept of its own, hence a file of its own.
 
 Example::
 
@@ -25,69 +28,82 @@ from neural_arch import backend as _backend
 from neural_arch.core.tensor import no_grad
 from neural_arch.distributed.fsdp.api import StateDictType
 
-__all__ = ["FSDPStateDictMixin"]
+__all__ = ["FSDPStateDicts", "optim_state_dict", "optim_state_dict_to_load", "state_dict_type"]
 
 
-class FSDPStateDictMixin:
-    """``state_dict_type`` / ``state_dict`` / ``load_state_dict`` / ``summon_full_params`` of FSDP."""
+@contextlib.contextmanager
+def state_dict_type(module, state_dict_type, state_dict_config=None, optim_state_dict_config=None):
+    """``with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT): sd = model.state_dict()``."""
+    if not isinstance(state_dict_type, StateDictType):
+        raise TypeError(f"state_dict_type must be a StateDictType, got {state_dict_type!r}")
+    fsdps = [m for m in ([module] + list(module.modules())) if isinstance(getattr(m, "_state_dicts", None), FSDPStateDicts)]
+    prev = [m._state_dicts.type for m in fsdps]
+    for m in fsdps:
+        m._state_dicts.type = state_dict_type
+    try:
+        yield
+    finally:
+        for m, p in zip(fsdps, prev):
+            m._state_dicts.type = p
 
-    @staticmethod
-    @contextlib.contextmanager
-    def state_dict_type(module, state_dict_type, state_dict_config=None, optim_state_dict_config=None):
-        """``with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT): sd = model.state_dict()``."""
-        if not isinstance(state_dict_type, StateDictType):
-            raise TypeError(f"state_dict_type must be a StateDictType, got {state_dict_type!r}")
-        fsdps = [m for m in ([module] + list(module.modules())) if isinstance(m, FSDPStateDictMixin)]
-        prev = [m._state_dict_type for m in fsdps]
-        for m in fsdps:
-            m._state_dict_type = state_dict_type
-        try:
-            yield
-        finally:
-            for m, p in zip(fsdps, prev):
-                m._state_dict_type = p
 
-    @staticmethod
-    def optim_state_dict(model, optim, optim_state_dict=None, group=None) -> dict:
-        """torch's ``FSDP.optim_state_dict``: ``optim``'s state under the model's parameter names.
+def optim_state_dict(model, optim, optim_state_dict=None, group=None) -> dict:
+    """torch's ``FSDP.optim_state_dict``: ``optim``'s state under the model's parameter names.
 
-        Under ``FULL_STATE_DICT`` (the default) every array is whole, on every rank (a collective);
-        under ``SHARDED_STATE_DICT`` each rank's part is a flat ``ShardedArray`` (for ``dcp.save``).
-        The same as :func:`neural_arch.distributed.checkpoint.state_dict.get_optimizer_state_dict`.
+    Under ``FULL_STATE_DICT`` (the default) every array is whole, on every rank (a collective);
+    under ``SHARDED_STATE_DICT`` each rank's part is a flat ``ShardedArray`` (for ``dcp.save``).
+    The same as :func:`neural_arch.distributed.checkpoint.state_dict.get_optimizer_state_dict`.
 
-        Example::
+    Example::
 
-            with FSDP.state_dict_type(fsdp, StateDictType.SHARDED_STATE_DICT):
-                dcp.save({"model": fsdp.state_dict(), "optim": FSDP.optim_state_dict(fsdp, opt)}, path)
-        """
-        from neural_arch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        with FSDP.state_dict_type(fsdp, StateDictType.SHARDED_STATE_DICT):
+            dcp.save({"model": fsdp.state_dict(), "optim": FSDP.optim_state_dict(fsdp, opt)}, path)
+    """
+    from neural_arch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        del optim_state_dict, group  # accepted for torch compatibility: the state is read from ``optim``
-        full = getattr(model, "_state_dict_type", StateDictType.FULL_STATE_DICT) is StateDictType.FULL_STATE_DICT
-        return get_optimizer_state_dict(model, optim, options=StateDictOptions(full_state_dict=full))
+    del optim_state_dict, group  # accepted for torch compatibility: the state is read from ``optim``
+    own = getattr(model, "_state_dicts", None)
+    full = own is None or own.type is StateDictType.FULL_STATE_DICT
+    return get_optimizer_state_dict(model, optim, options=StateDictOptions(full_state_dict=full))
 
-    @staticmethod
-    def optim_state_dict_to_load(model, optim, optim_state_dict, is_named_optimizer: bool = False,
-                                 load_directly: bool = False, group=None) -> dict:
-        """torch's ``FSDP.optim_state_dict_to_load``: ``optim_state_dict`` (from
-        :meth:`optim_state_dict` on any world size, whole or sharded) as this rank's
-        ``optim.load_state_dict`` input. It is loaded into ``optim`` on the way (``load_directly``
-        is always true here); loading the result again changes nothing.
 
-        Example::
+def optim_state_dict_to_load(model, optim, optim_state_dict, is_named_optimizer: bool = False,
+                             load_directly: bool = False, group=None) -> dict:
+    """torch's ``FSDP.optim_state_dict_to_load``: ``optim_state_dict`` (from
+    :func:`optim_state_dict` on any world size, whole or sharded) as this rank's
+    ``optim.load_state_dict`` input. It is loaded into ``optim`` on the way (``load_directly``
+    is always true here); loading the result again changes nothing.
 
-            osd = FSDP.optim_state_dict_to_load(fsdp, opt, full_osd)
-            opt.load_state_dict(osd)
-        """
-        from neural_arch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+    Example::
 
-        del is_named_optimizer, load_directly, group
-        set_optimizer_state_dict(model, optim, optim_state_dict)
-        return optim.state_dict()
+        osd = FSDP.optim_state_dict_to_load(fsdp, opt, full_osd)
+        opt.load_state_dict(osd)
+    """
+    from neural_arch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    del is_named_optimizer, load_directly, group
+    set_optimizer_state_dict(model, optim, optim_state_dict)
+    return optim.state_dict()
+
+
+class FSDPStateDicts:
+    """The state dicts of one FSDP wrapper ``fsdp`` (its ``module`` and flat ``_units``).
+
+    ``type`` is the :class:`~neural_arch.distributed.fsdp.api.StateDictType` that :func:`state_dict_type` sets for a block.
+
+    Example::
+
+        fsdp._state_dicts.type                          # StateDictType.FULL_STATE_DICT
+        full = fsdp._state_dicts.state_dict()           # what fsdp.state_dict() returns
+    """
+
+    def __init__(self, fsdp) -> None:
+        self.fsdp = fsdp
+        self.type = StateDictType.FULL_STATE_DICT
 
     def _names(self):
         names = {}
-        for mod_prefix, sub in self.module.named_modules():
+        for mod_prefix, sub in self.fsdp.module.named_modules():
             for n, p in sub._parameters.items():
                 if p is not None and id(p) not in names:
                     names[id(p)] = f"{mod_prefix}.{n}" if mod_prefix else n
@@ -98,20 +114,20 @@ class FSDPStateDictMixin:
         """FULL: original names, full values in the master dtype, on every rank (a collective).
         SHARDED/LOCAL: this rank's flat shards, ``{prefix + "flat_param_<i>": array}``."""
         out: OrderedDict = OrderedDict()
-        if self._state_dict_type is not StateDictType.FULL_STATE_DICT:
-            for i, u in enumerate(self._units):
+        if self.type is not StateDictType.FULL_STATE_DICT:
+            for i, u in enumerate(self.fsdp._units):
                 out[f"{prefix}flat_param_{i}"] = _backend.to_device(u.flat_param.data, "cpu").copy()
             return out
         names = self._names()
         values = {}
-        for u in self._units:
+        for u in self.fsdp._units:
             flat = _backend.to_device(u.full_flat(u.master_dtype), "cpu")
             for p, v in zip(u.params, u.layout.views(flat)):
                 values[names[id(p)]] = v.copy()
-        for key in self.module.state_dict():
+        for key in self.fsdp.module.state_dict():
             if key in values:
                 out[prefix + key] = values[key]
-        for mod_prefix, sub in self.module.named_modules():
+        for mod_prefix, sub in self.fsdp.module.named_modules():
             for n, b in sub._buffers.items():
                 if b is not None and n not in sub._non_persistent:
                     out[prefix + (f"{mod_prefix}.{n}" if mod_prefix else n)] = _backend.to_device(b.data, "cpu").copy()
@@ -120,8 +136,8 @@ class FSDPStateDictMixin:
     @no_grad()
     def load_state_dict(self, state_dict, strict: bool = True):
         """Load what :meth:`state_dict` gave under the same state-dict type."""
-        if self._state_dict_type is not StateDictType.FULL_STATE_DICT:
-            for i, u in enumerate(self._units):
+        if self.type is not StateDictType.FULL_STATE_DICT:
+            for i, u in enumerate(self.fsdp._units):
                 key = f"flat_param_{i}"
                 if key not in state_dict:
                     raise RuntimeError(f"FSDP.load_state_dict: missing {key!r} in a sharded state dict")
@@ -136,7 +152,7 @@ class FSDPStateDictMixin:
         missing = [k for k in expected if k not in state_dict]
         if strict and missing:
             raise RuntimeError(f"FSDP.load_state_dict(strict=True): missing keys {sorted(missing)}")
-        for u in self._units:
+        for u in self.fsdp._units:
             arrays = [np.asarray(state_dict[names[id(p)]]) if names[id(p)] in state_dict else None
                       for p in u.params]
             if any(a is None for a in arrays):
@@ -145,7 +161,7 @@ class FSDPStateDictMixin:
             flat = u.layout.flatten(arrays, np, dtype=u.master_dtype)
             lo, hi = u.layout.shard_range(u.group.rank() if u.group is not None else 0)
             u.flat_param.data[...] = _backend.to_device(flat[lo:hi], _backend.device_of(u.flat_param.data))
-        for mod_prefix, sub in self.module.named_modules():
+        for mod_prefix, sub in self.fsdp.module.named_modules():
             for n, b in sub._buffers.items():
                 key = f"{mod_prefix}.{n}" if mod_prefix else n
                 if b is not None and key in state_dict:
@@ -156,15 +172,15 @@ class FSDPStateDictMixin:
     def summon_full_params(self, writeback: bool = True):
         """Gather every unit's full parameters (master dtype) into the module; write edits back on exit."""
         with no_grad():
-            for u in self._units:
+            for u in self.fsdp._units:
                 full = u.full_flat(u.master_dtype).copy()
                 for p, v in zip(u.params, u.layout.views(full)):
                     p.data = v
         try:
-            yield self.module
+            yield self.fsdp.module
         finally:
             with no_grad():
-                for u in self._units:
+                for u in self.fsdp._units:
                     if writeback and u.params:
                         xp = _backend.get_array_module(u.params[0].data)
                         flat = u.layout.flatten([p.data for p in u.params], xp, dtype=u.master_dtype)

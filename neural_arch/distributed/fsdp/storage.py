@@ -8,7 +8,7 @@ in a private anonymous ``mmap`` whose pages :func:`release` hands back to the ke
 ``madvise``: ``MADV_FREE`` where the kernel has it (the kernel takes the pages whenever it needs
 memory, without writing them anywhere; until then they stay mapped, as ``free()``-d heap memory
 stays in a process, so a re-gather costs no page faults), else ``MADV_DONTNEED`` (taken at
-once; every page faults back in when written: ~15 us a page on some VMs). The address and the
+once; every page faults back in when written). The address and the
 views stay valid; only their *values* are undefined (old or zeros) until the re-gather, which is
 exactly when nobody reads them.
 

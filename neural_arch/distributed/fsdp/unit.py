@@ -29,8 +29,8 @@ import numpy as np
 
 from neural_arch import backend as _backend
 from neural_arch.core.tensor import Tensor
-from neural_arch.distributed.fsdp import storage as _storage
 from neural_arch.distributed.flat_param import FlatLayout, FlatShard
+from neural_arch.distributed.fsdp import storage as _storage
 from neural_arch.nn.parameter import Parameter
 
 __all__ = ["FlatParamUnit", "GatherBuffer", "GatherPool"]

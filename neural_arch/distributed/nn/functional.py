@@ -32,11 +32,11 @@ Example::
 
 from __future__ import annotations
 
+from neural_arch.backend import get_array_module as _xp
 from neural_arch.core.autograd import Node, is_grad_enabled
 from neural_arch.core.tensor import Tensor
-from neural_arch.distributed.comm.backend import _xp
 from neural_arch.distributed.comm.work import ReduceOp
-from neural_arch.distributed.groups import _resolve_group
+from neural_arch.distributed.resolve import _resolve_group
 
 __all__ = [
     "all_gather",

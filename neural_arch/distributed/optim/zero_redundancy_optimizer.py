@@ -8,7 +8,8 @@ parameters (one flat broadcast per owner). Gradients must already be averaged ov
 wrap the model in ``DistributedDataParallel`` as with torch.
 
 **Stage 2** (``stage=2``, DeepSpeed's ZeRO-2): the optimizer also owns the gradient reduction.
-Parameters are laid out in flat buckets (reverse order); a
+Parameters are laid out in flat buckets planned like DDP's
+(:func:`~neural_arch.distributed.bucketing.plan_buckets`: reverse order, closed at the cap); a
 :class:`~neural_arch.distributed.bucketing.ShardedGradReducer` reduce-scatters
 each bucket during backward, so rank ``r`` only ever holds the averaged gradient of its slice
 of every bucket. The rank keeps a master copy of its slices as flat shard parameters, steps
@@ -38,11 +39,10 @@ import numpy as np
 
 from neural_arch import backend as _backend
 from neural_arch.core.tensor import Tensor, no_grad
-from neural_arch.distributed.comm.work import ReduceOp  # noqa: F401  (re-exported for users)
-from neural_arch.distributed.groups import _resolve_group
+from neural_arch.distributed.bucketing import ShardedGradReducer, plan_buckets
 from neural_arch.distributed.ddp.expert_grads import refuse_expert_parameters
 from neural_arch.distributed.flat_param import FlatLayout, FlatShard
-from neural_arch.distributed.bucketing import ShardedGradReducer, plan_buckets
+from neural_arch.distributed.resolve import _resolve_group
 from neural_arch.nn.parameter import Parameter
 from neural_arch.optim.optimizer import Optimizer, _check_state_shapes
 
@@ -142,8 +142,11 @@ class ZeroRedundancyOptimizer(Optimizer):
             raise ValueError(f"ZeroRedundancyOptimizer: bucket_cap_mb must be > 0, got {bucket_cap_mb}")
         self._buckets, self._bucket_group = [], []
         for gi, group in enumerate(self.param_groups):
-            for b in plan_buckets(list(reversed(group["params"])), bucket_cap_mb * 2**20):
-                self._buckets.append(b)
+            params = group["params"]
+            # DDP's rule (torch's): reverse order, one dtype per bucket, closed once at the cap
+            sizes = [(int(np.prod(p.shape)), p.dtype) for p in params]
+            for b in plan_buckets(sizes, int(bucket_cap_mb * 2**20)):
+                self._buckets.append([params[i] for i in b])
                 self._bucket_group.append(gi)
         self._shards = []
         for b in self._buckets:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 
-
 from neural_arch.core import autograd as _ag
 from neural_arch.core.autograd import Node
 from neural_arch.core.ops_basic import _result

@@ -29,15 +29,11 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Union
 
-from neural_arch.distributed.errors import RendezvousError
+from neural_arch.distributed.errors import RendezvousError, StoreTimeoutError
 
-__all__ = ["BytesLike", "PrefixStore", "Store", "StoreTimeoutError", "store_barrier"]
+__all__ = ["BytesLike", "PrefixStore", "Store", "store_barrier"]
 
 BytesLike = Union[bytes, bytearray, memoryview, str]  # noqa: UP007 (a runtime alias: 3.9-safe)
-
-
-class StoreTimeoutError(RendezvousError, TimeoutError):
-    """A key did not appear within the store's timeout (the message names it)."""
 
 
 def _b(value: BytesLike) -> bytes:

@@ -35,8 +35,8 @@ import threading
 import time
 from collections.abc import Sequence
 
-from neural_arch.distributed.errors import DistributedError
-from neural_arch.distributed.rendezvous.base import BytesLike, Store, StoreTimeoutError, _b, _keys, _to_int
+from neural_arch.distributed.errors import DistributedError, StoreTimeoutError
+from neural_arch.distributed.rendezvous.base import BytesLike, Store, _b, _keys, _to_int
 
 __all__ = ["FileStore"]
 

@@ -37,24 +37,9 @@ Example::
 
 from __future__ import annotations
 
-from neural_arch.distributed.rendezvous.base import (  # noqa: F401 - the stores' shared helpers, re-exported
-    BytesLike,
-    PrefixStore,
-    Store,
-    StoreTimeoutError,
-    _b,
-    _keys,
-    _to_int,
-    store_barrier,
-)
+from neural_arch.distributed.errors import StoreTimeoutError
+from neural_arch.distributed.rendezvous.base import PrefixStore, Store, store_barrier
 from neural_arch.distributed.rendezvous.file_store import FileStore
-from neural_arch.distributed.rendezvous.tcp_store import (  # noqa: F401 - the wire protocol's limits, re-exported
-    HANDSHAKE_TIMEOUT,
-    MAX_ARGS,
-    MAX_CONNECTIONS,
-    MAX_FRAME,
-    MAX_WAITERS,
-    TCPStore,
-)
+from neural_arch.distributed.rendezvous.tcp_store import TCPStore
 
 __all__ = ["FileStore", "PrefixStore", "Store", "StoreTimeoutError", "TCPStore", "store_barrier"]

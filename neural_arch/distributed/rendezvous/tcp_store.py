@@ -58,8 +58,9 @@ from neural_arch.distributed.errors import (
     HandshakeError,
     PeerFailureError,
     RendezvousError,
+    StoreTimeoutError,
 )
-from neural_arch.distributed.rendezvous.base import BytesLike, Store, StoreTimeoutError, _b, _keys, _to_int
+from neural_arch.distributed.rendezvous.base import BytesLike, Store, _b, _keys, _to_int
 
 __all__ = ["TCPStore"]
 

@@ -29,13 +29,24 @@ import runpy
 import sys
 
 
-def _load_run_env():
-    """Load the sibling ``env.py`` and the settings table it reads (both stdlib only) without
-    importing the package."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    module = _load_by_path(os.path.join(here, "env.py"), "_neural_arch_bootstrap_run_env")
-    module._config = _load_by_path(os.path.join(here, "..", "..", "config.py"), "_neural_arch_bootstrap_config")
+def _load_settings():
+    """Load the settings table (``neural_arch/config.py``, standard library only) by path, without
+    importing the package (the rank's ``sys.path`` is not set up yet)."""
+    module = sys.modules.get("_neural_arch_bootstrap_config")
+    if module is None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        module = _load_by_path(os.path.join(here, "..", "..", "config.py"), "_neural_arch_bootstrap_config")
     return module
+
+
+def _install_parent_watch(_config) -> None:
+    """The sibling ``parent_watch.py`` (standard library only), loaded by path like the settings."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    watch = _load_by_path(os.path.join(here, "parent_watch.py"), "_neural_arch_bootstrap_parent_watch")
+    # Each rank leads its own session (the launcher starts it so): on the launcher's death the
+    # watch ends the rank's whole process group, grandchildren included.
+    watch.install_parent_death_watch(parent_pid=_config.get("NEURAL_ARCH_PARENT_PID"), poll_interval=0.2,
+                                     grace=3.0, kill_group=True)
 
 
 def _load_by_path(path: str, name: str):
@@ -46,10 +57,10 @@ def _load_by_path(path: str, name: str):
     return module
 
 
-def _report_started(run_env) -> None:
+def _report_started(_config) -> None:
     # "started_{rank}" (not the "rank_{rank}" rendezvous marker): lets the launcher's start-timeout
     # message tell a rank that never got here from one that hangs before its rendezvous.
-    folder = run_env.setting("NEURAL_ARCH_READY_DIR")
+    folder = _config.get("NEURAL_ARCH_READY_DIR")
     if not folder:
         return
     try:
@@ -68,8 +79,8 @@ def report_error(exc: BaseException, folder: str | None = None) -> None:
     import time
 
     if folder is None:   # the settings table main() loaded (or loads now), as _report_started reads it
-        run_env = sys.modules.get("_neural_arch_bootstrap_run_env") or _load_run_env()
-        folder = run_env.setting("NEURAL_ARCH_READY_DIR")
+        _config = _load_settings()
+        folder = _config.get("NEURAL_ARCH_READY_DIR")
     if not folder:
         return
     record = {"rank": int(os.environ.get("RANK", "0") or 0), "time": time.time(),
@@ -97,14 +108,12 @@ def _set_path0(folder: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    # Each rank leads its own session (the launcher starts it so): on the launcher's death the
-    # watch ends the rank's whole process group, grandchildren included.
-    run_env = _load_run_env()
-    run_env.install_parent_death_watch(poll_interval=0.2, grace=3.0, kill_group=True)
+    _config = _load_settings()
+    _install_parent_watch(_config)
     if not argv:
         raise SystemExit("usage: python -m neural_arch.distributed.run.bootstrap "
                          "script.py [args] | -m module [args]")
-    _report_started(run_env)
+    _report_started(_config)
     if argv[0] == "-m":
         if len(argv) < 2:
             raise SystemExit("-m needs a module name")

@@ -23,7 +23,7 @@ import os
 from collections.abc import Mapping
 
 from neural_arch import backend as _backend
-from neural_arch.distributed.run.env import detect_launch_env, launched_by_mpiexec
+from neural_arch.distributed.launch_env import detect_launch_env, launched_by_mpiexec
 
 __all__ = ["select_device"]
 

@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from typing import Any
 
 from neural_arch.distributed.errors import DistributedError
-from neural_arch.distributed.run.env import free_port, rank_env
+from neural_arch.distributed.run.child_env import free_port, rank_env
 from neural_arch.distributed.run.rank_worker import pack_call
 
 __all__ = ["RankFailure", "RankPool", "RankResult", "mpiexec_path"]

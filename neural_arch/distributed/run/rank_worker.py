@@ -4,7 +4,7 @@ Started by the pool (``python -m neural_arch.distributed.run.rank_worker``, or u
 ``mpiexec``), it connects back to the pool over an authenticated loopback connection,
 initialises the process group, and then runs the calls the pool sends until the pool
 says stop or goes away. It exits when its parent dies: the pool connection reaches EOF,
-and the parent-death watch (:func:`run_env.install_parent_death_watch`) ends its whole
+and the parent-death watch (:func:`~neural_arch.distributed.run.parent_watch.install_parent_death_watch`) ends its whole
 process group when the pool process is SIGKILLed.
 
 Calls travel as :func:`pack_call` payloads: with ``cloudpickle`` a function typed into a
@@ -93,7 +93,7 @@ def _export_identity() -> None:
     """Under mpiexec, give the functions the same RANK/WORLD_SIZE variables as other ranks see."""
     if "RANK" in os.environ:
         return
-    from neural_arch.distributed.run.env import detect_launch_env
+    from neural_arch.distributed.launch_env import detect_launch_env
 
     info = detect_launch_env()
     if info is not None:
@@ -109,7 +109,7 @@ def main() -> int:
 
     if config.get("NEURAL_ARCH_POOL_LAUNCHER") != "mpiexec":
         # Under mpiexec our parent is the MPI proxy, which handles teardown.
-        from neural_arch.distributed.run.env import install_parent_death_watch
+        from neural_arch.distributed.run.parent_watch import install_parent_death_watch
 
         install_parent_death_watch(poll_interval=0.2, grace=2.0, kill_group=True)
     host, port = config.get("NEURAL_ARCH_POOL_ADDR").rsplit(":", 1)
@@ -118,7 +118,7 @@ def main() -> int:
     dist = None
     if config.get("NEURAL_ARCH_POOL_INIT"):
         try:
-            import neural_arch.distributed as dist
+            from neural_arch.distributed import groups as dist
 
             dist.init_process_group(backend=config.get("NEURAL_ARCH_BACKEND") or None)
             rank = dist.get_rank()

@@ -32,7 +32,7 @@ Example (works from a script, a test or a notebook)::
 Both are thin layers over :class:`neural_arch.distributed.run.pool.RankPool` (which the test
 harness re-uses): each rank is a new ``python`` process (never ``fork``: forking a process that holds
 threads and sockets is unsafe), gets ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``
-(:func:`run_env.rank_env`), calls ``init_process_group(backend)``, runs ``fn(*args)``, and sends
+(:func:`~neural_arch.distributed.run.child_env.rank_env`), calls ``init_process_group(backend)``, runs ``fn(*args)``, and sends
 back its return value. ``backend="mpi"`` starts the ranks under a real ``mpiexec``. The result is
 the list of return values in rank order; the ranks' output is copied here, prefixed ``[rank{r}]: ``.
 If any rank raises, the others are stopped and :class:`SpawnError` is raised *here* carrying that

@@ -47,11 +47,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from neural_arch.backend import get_array_module as _xp
 from neural_arch.core.autograd import Node, is_grad_enabled
 from neural_arch.core.tensor import Tensor
-from neural_arch.distributed.nn.functional import _allreduce, _copy, _gather_dim, _reduce_scatter_dim
-from neural_arch.distributed.comm.backend import _xp
 from neural_arch.distributed.comm.work import ReduceOp
+from neural_arch.distributed.nn.functional import _allreduce, _copy, _gather_dim, _reduce_scatter_dim
 from neural_arch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
 __all__ = ["DTensor", "compute_local_shape_and_global_offset", "distribute_tensor"]
@@ -259,7 +259,7 @@ def _as_tensor(x, op: str) -> Tensor:
 
 def _world_mesh():
     from neural_arch.distributed.device_mesh import init_device_mesh
-    from neural_arch.distributed.groups import _resolve_group
+    from neural_arch.distributed.resolve import _resolve_group
 
     return init_device_mesh("cpu", (_resolve_group(None, "DTensor").size(),))
 

@@ -35,7 +35,7 @@ class DistributedMonitor:
 
     def __init__(self, log_dir, rank: int | None = None, tensorboard: bool = True):
         if rank is None:
-            import neural_arch.distributed as dist
+            from neural_arch.distributed import groups as dist
 
             rank = dist.get_rank() if dist.is_initialized() else 0
         self.log_dir = os.fspath(log_dir)

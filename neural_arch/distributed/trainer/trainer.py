@@ -143,7 +143,7 @@ class DistributedTrainer:
                  gradient_clip_val: float | None = None, enable_activation_checkpointing: bool = False,
                  cpu_offload: bool = False, checkpoint_dir=None, log_dir=None, keep_last: int | None = 3,
                  lr_scheduler=None, process_group=None, auto_wrap_policy=None, checkpoint_targets=None):
-        import neural_arch.distributed as dist
+        from neural_arch.distributed import groups as dist
 
         if not isinstance(model, Module):
             raise TypeError(f"DistributedTrainer(model): expected an nn.Module, got {type(model).__name__}")
@@ -168,7 +168,7 @@ class DistributedTrainer:
     def _setup(self, model, strategy, mixed_precision, gradient_accumulation_steps, gradient_clip_val,
                enable_activation_checkpointing, cpu_offload, checkpoint_dir, log_dir, keep_last, lr_scheduler,
                process_group, auto_wrap_policy, checkpoint_targets) -> None:
-        from neural_arch.distributed.groups import _resolve_group
+        from neural_arch.distributed.resolve import _resolve_group
 
         self.process_group = process_group
         self._group = _resolve_group(process_group, "DistributedTrainer")
@@ -653,7 +653,7 @@ class DistributedTrainer:
             self.monitor.close()
             self.monitor = None
         if self._owns_process_group:
-            import neural_arch.distributed as dist
+            from neural_arch.distributed import groups as dist
 
             if dist.is_initialized():
                 dist.destroy_process_group()

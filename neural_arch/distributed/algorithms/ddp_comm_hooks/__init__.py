@@ -1,7 +1,7 @@
 """DDP communication hooks under torch's names (``torch.distributed.algorithms.ddp_comm_hooks``).
 
 Register one with ``DistributedDataParallel.register_comm_hook(state, hook)``; the contract is in
-:mod:`neural_arch.distributed.ddp.comm_hooks`.
+:mod:`neural_arch.distributed.algorithms.ddp_comm_hooks.comm_hook`.
 
 ==========================  =====================================================================
 hook                        what goes on the wire

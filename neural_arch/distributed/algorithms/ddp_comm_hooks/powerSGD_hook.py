@@ -17,7 +17,7 @@ replaced on the wire by two thin factors of rank ``r``::
 The all-reduces of the uncompressed part and of ``P`` are queued when the bucket is handed over
 and run while backward goes on; the ``Q`` all-reduce depends on the averaged ``P``, so it is issued
 when DDP waits for the bucket at the end of backward (in bucket order on every rank: see
-:func:`~neural_arch.distributed.ddp.comm_hooks.deferred`).
+:func:`~neural_arch.distributed.algorithms.ddp_comm_hooks.comm_hook.deferred`).
 
 Example::
 
@@ -30,8 +30,13 @@ from __future__ import annotations
 import numpy as np
 
 from neural_arch import backend as _xpmod
+from neural_arch.distributed.algorithms.ddp_comm_hooks.comm_hook import (
+    GradBucket,
+    comm_hook,
+    deferred,
+    hook_backend,
+)
 from neural_arch.distributed.comm.work import ReduceOp, Work
-from neural_arch.distributed.ddp.comm_hooks import GradBucket, deferred, hook_backend
 
 __all__ = ["PowerSGDState", "powerSGD_hook"]
 
@@ -74,6 +79,7 @@ def _orthonormalize(xp, p):
     return q
 
 
+@comm_hook()
 def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> Work:
     """Compress each gradient matrix of ``bucket`` to rank ``state.matrix_approximation_rank``."""
     backend = hook_backend(state.process_group)

@@ -49,8 +49,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from neural_arch import backend as _xpmod
+from neural_arch.distributed.algorithms.ddp_comm_hooks.comm_hook import (
+    GradBucket,
+    comm_hook,
+    hook_backend,
+    then,
+)
 from neural_arch.distributed.comm.work import ReduceOp, Work
-from neural_arch.distributed.ddp.comm_hooks import GradBucket, hook_backend, then
 
 __all__ = ["Stage", "TopKState", "format_schedule", "spread_delivery", "topk_hook", "topk_schedule"]
 
@@ -215,6 +220,7 @@ def _sparse_pays(k: int, n: int, world: int, value_bytes: int) -> bool:
     return world * k * (np.dtype(_index_dtype(n)).itemsize + value_bytes) < 2 * n * value_bytes
 
 
+@comm_hook()
 def topk_hook(state: TopKState, bucket: GradBucket) -> Work:
     """Average ``bucket`` sending only its top entries per rank (see the module docstring)."""
     backend = hook_backend(state.process_group)

@@ -33,21 +33,22 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from neural_arch.backend import to_device_like, to_host
-
 from neural_arch import config
-from neural_arch.distributed.comm.backend import SUPPORTED_DTYPES, Backend
-from neural_arch.distributed.errors import DistributedError, PeerFailureError
+from neural_arch.backend import to_device_like, to_host
+from neural_arch.distributed.comm.backend import Backend
+from neural_arch.distributed.comm.dtypes import SUPPORTED_DTYPES
 from neural_arch.distributed.comm.gloo.executor import PlanExecutor, force_algo_from_env
-from neural_arch.distributed.comm.gloo.shm_direct import choose as choose_direct
 from neural_arch.distributed.comm.gloo.shm_direct import DIRECT_DTYPES, DIRECT_OPS, direct_for_every_size
+from neural_arch.distributed.comm.gloo.shm_direct import choose as choose_direct
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp
+from neural_arch.distributed.errors import DistributedError, PeerFailureError
 
 TRANSPORT_ENV = "NEURAL_ARCH_GLOO_TRANSPORT"
 #: "0" turns the direct shared-memory collectives off (the plans then run over the shm rings)
@@ -78,10 +79,13 @@ def _group_block(path: Tuple[int, ...]) -> int:
     return 1 + int.from_bytes(digest, "little") % ((1 << _GROUP_BITS) - 1)
 
 
-class GlooBackend(PlanExecutor, Backend):
+class GlooBackend(Backend):
     """Collectives over the neural_arch transport (see the module docstring).
 
-    Build it with :meth:`create`; sub-groups come from :meth:`new_group`.
+    Build it with :meth:`create`; sub-groups come from :meth:`new_group`. It holds ``plans``, the
+    :class:`~neural_arch.distributed.comm.gloo.executor.PlanExecutor` that runs every collective the
+    direct shared-memory path does not, and offers its testing seam under the same names
+    (:meth:`forced_algorithm`, :meth:`chosen_algorithm`, :meth:`compiled_plans`).
     """
 
     name = "gloo"
@@ -114,11 +118,10 @@ class GlooBackend(PlanExecutor, Backend):
         self._coll_channel = self._block << _TAG_BITS
         self._owns_transport = owns_transport
         self._children = 0
-        self._buffers: Dict[tuple, np.ndarray] = {}
-        self._compiled_plans: Dict[tuple, tuple] = {}    # the one plan cache (see PlanExecutor)
+        #: runs the collectives as plans over the transport (owns the plan cache and scratch buffers)
+        self.plans = PlanExecutor(transport, self._peers, rank, size, self._coll_channel, force_algo_from_env())
         self._p2p_locks: Dict[Tuple[str, int, int], threading.Lock] = {}
         self._p2p_locks_guard = threading.Lock()
-        self._force_algo = force_algo_from_env()
 
     @classmethod
     def create(cls, store, rank: int, world_size: int, timeout: float = 300.0, transport: Optional[str] = None,
@@ -136,7 +139,9 @@ class GlooBackend(PlanExecutor, Backend):
                              f"(argument transport= or ${TRANSPORT_ENV})")
         t = None
         if world_size > 1:
-            from neural_arch.distributed.comm.gloo.transport.engine import connect_transport  # the transport imports sockets/shm machinery
+            from neural_arch.distributed.comm.gloo.transport.engine import (
+                connect_transport,  # the transport imports sockets/shm machinery
+            )
 
             t = connect_transport(store, rank, world_size, timeout, mode=mode, auth_token=auth_token)
             try:
@@ -149,15 +154,26 @@ class GlooBackend(PlanExecutor, Backend):
         return cls(t, rank, world_size, timeout, group_ranks=group_ranks, debug=debug, direct=direct,
                    store=store)
 
-    # -- scratch ----------------------------------------------------------------------------------
-    def _scratch(self, dtype, n: int, slot: str) -> np.ndarray:
-        """A reusable buffer of at least ``n`` elements of ``dtype`` (grown, never shrunk)."""
-        key = (dtype, slot)
-        buf = self._buffers.get(key)
-        if buf is None or buf.size < n:
-            buf = np.empty(max(n, 1), dtype=dtype)
-            self._buffers[key] = buf
-        return buf[:n]
+    # -- the plans' testing seam (see PlanExecutor) --------------------------------------------------
+    @contextlib.contextmanager
+    def forced_algorithm(self, algo: Optional[str]) -> Iterator["GlooBackend"]:
+        """:meth:`PlanExecutor.forced_algorithm <neural_arch.distributed.comm.gloo.executor.PlanExecutor.forced_algorithm>`
+        for this group (``"direct"`` also decides the shared-memory path); yields the backend.
+
+        >>> with backend.forced_algorithm("ring"):          # doctest: +SKIP
+        ...     backend.allreduce(x)                        # the ring, whatever the size
+        """
+        with self.plans.forced_algorithm(algo):
+            yield self
+
+    def compiled_plans(self) -> list:
+        """The plans this group compiled so far, oldest first (:meth:`PlanExecutor.compiled_plans
+        <neural_arch.distributed.comm.gloo.executor.PlanExecutor.compiled_plans>`).
+
+        >>> [p.algorithm for p in backend.compiled_plans()]   # doctest: +SKIP
+        ['recursive_doubling_allreduce']
+        """
+        return self.plans.compiled_plans()
 
     # -- point to point ------------------------------------------------------------------------------
     def _tag_channel(self, tag: int) -> int:
@@ -302,22 +318,27 @@ class GlooBackend(PlanExecutor, Backend):
         segment yet: the op then calls :meth:`_connect_lazy` first)."""
         if not self._has_direct() or type(array) is not np.ndarray or array.dtype not in DIRECT_DTYPES:
             return False
-        force = self._force_algo
+        force = self.plans.force
         if force:    # an algorithm forced for measurements/tests: "direct", or a plan
             return "direct" in force
         return self._direct_always or choose_direct(self._size, nbytes) == "direct"
 
     def chosen_algorithm(self, op: str, array=None, root: int = 0) -> str:
         """``"direct"`` where the shared-memory collectives would run ``op`` on ``array``, else the
-        plan's name (see :meth:`PlanExecutor.chosen_algorithm`)."""
+        plan's name (see :meth:`PlanExecutor.chosen_algorithm
+        <neural_arch.distributed.comm.gloo.executor.PlanExecutor.chosen_algorithm>`).
+
+        >>> backend.chosen_algorithm("all_reduce", np.ones(16, np.float32))   # doctest: +SKIP
+        'direct'
+        """
         if op in DIRECT_OPS and self._size > 1 and (op == "barrier" or array.size):
             # the same tests as the collectives below
             if op == "barrier":
-                if self._has_direct() and (not self._force_algo or "direct" in self._force_algo):
+                if self._has_direct() and (not self.plans.force or "direct" in self.plans.force):
                     return "direct"
             elif self._use_direct(array, array.nbytes):
                 return "direct"
-        return super().chosen_algorithm(op, array, root)
+        return self.plans.chosen_algorithm(op, array, root)
 
     def _has_direct(self) -> bool:
         return self._direct is not None or self._direct_lazy
@@ -356,7 +377,7 @@ class GlooBackend(PlanExecutor, Backend):
 
     def _allreduce(self, array, op: ReduceOp, info: OpInfo) -> None:
         # the latency-critical path: the checks of _use_direct/_prepare_direct inlined
-        if (self._direct_always and not self._force_algo and type(array) is np.ndarray
+        if (self._direct_always and not self.plans.force and type(array) is np.ndarray
                 and array.dtype in DIRECT_DTYPES):
             if self._t._abort is not None:
                 raise self._t._abort_error(info)
@@ -368,7 +389,7 @@ class GlooBackend(PlanExecutor, Backend):
             if array.size:
                 self._direct.all_reduce(array.reshape(-1), op, info)
             return
-        super()._allreduce(array, op, info)
+        self.plans.allreduce(array, op, info)
 
     def _reduce(self, array, root: int, op: ReduceOp, info: OpInfo) -> None:
         if self._use_direct(array, array.nbytes):
@@ -378,7 +399,7 @@ class GlooBackend(PlanExecutor, Backend):
                 buf = flat if self._rank == root else np.copy(flat)   # non-roots keep their input
                 self._direct.all_reduce(buf, op, info, root=root)
             return
-        super()._reduce(array, root, op, info)
+        self.plans.reduce(array, root, op, info)
 
     def _broadcast(self, array, root: int, info: OpInfo) -> None:
         if self._use_direct(array, array.nbytes):
@@ -386,7 +407,7 @@ class GlooBackend(PlanExecutor, Backend):
             if array.size:
                 self._direct.broadcast(array.reshape(-1), root, info)
             return
-        super()._broadcast(array, root, info)
+        self.plans.broadcast(array, root, info)
 
     def _allgather(self, output, input, info: OpInfo) -> None:
         if self._use_direct(input, input.nbytes) and type(output) is np.ndarray:
@@ -396,7 +417,7 @@ class GlooBackend(PlanExecutor, Backend):
             else:
                 output.reshape(-1)[:] = input.reshape(-1)
             return
-        super()._allgather(output, input, info)
+        self.plans.allgather(output, input, info)
 
     def _reduce_scatter(self, output, input, op: ReduceOp, info: OpInfo) -> None:
         if self._use_direct(input, input.nbytes) and type(output) is np.ndarray:
@@ -404,14 +425,17 @@ class GlooBackend(PlanExecutor, Backend):
             if output.size:
                 self._direct.reduce_scatter(output.reshape(-1), input.reshape(-1), op, info)
             return
-        super()._reduce_scatter(output, input, op, info)
+        self.plans.reduce_scatter(output, input, op, info)
+
+    def _alltoall(self, output, input, info: OpInfo) -> None:
+        self.plans.alltoall(output, input, info)
 
     def _barrier(self, info: OpInfo) -> None:
-        if self._has_direct() and (not self._force_algo or "direct" in self._force_algo):
+        if self._has_direct() and (not self.plans.force or "direct" in self.plans.force):
             self._prepare_direct(info)
             self._direct.barrier(info)
             return
-        super()._barrier(info)
+        self.plans.barrier(info)
 
     # -- groups and teardown --------------------------------------------------------------------------
     def _new_group(self, ranks: List[int]) -> Optional["GlooBackend"]:
@@ -430,8 +454,7 @@ class GlooBackend(PlanExecutor, Backend):
                            lazy_direct=lazy, segments=self._segments)
 
     def _shutdown(self) -> None:
-        self._buffers.clear()
-        self._compiled_plans.clear()
+        self.plans.clear()
         self._direct_lazy = False
         if self._direct is not None:
             try:

@@ -48,15 +48,14 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from neural_arch.backend import to_device_like, to_host
-
 from neural_arch import config
+from neural_arch.backend import to_device_like, to_host
+from neural_arch.distributed.comm.dtypes import REDUCE_UFUNCS, finish_average
 from neural_arch.distributed.comm.gloo import plans as P
-from neural_arch.distributed.comm.backend import finish_average
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp
 
 # all_reduce switches from recursive doubling to the ring at this many bytes (per world size;
@@ -72,7 +71,7 @@ CHAIN_SEGMENT_BYTES = 256 * 1024
 _MAX_SEGMENTS = 64
 
 # all_reduces of at most this many bytes whose plan is whole-buffer exchanges only take the latency
-# path (PlanExecutor._allreduce; CompiledPlan.exchange_peers).
+# path (PlanExecutor.allreduce; CompiledPlan.exchange_peers).
 EXCHANGE_PATH_MAX_BYTES = 64 << 10
 # the plan cache starts over past this many entries (many distinct sizes): memory stays bounded
 _PLAN_CACHE_ENTRIES = 512
@@ -144,11 +143,6 @@ _FIXED_ALGORITHMS = {"all_gather": "ring_allgather", "reduce_scatter": "ring_red
                      "all_to_all": "pairwise_alltoall", "barrier": "dissemination_barrier"}
 
 
-# In-place reductions (AVG accumulates as a sum; the caller divides at the end).
-_UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum,
-           ReduceOp.PRODUCT: np.multiply}
-
-
 def _flat(array) -> np.ndarray:
     # C-contiguous (checked by Backend) so this is a view, also for 0-d arrays.
     return array.reshape(-1)
@@ -161,9 +155,8 @@ class PlanStep:
     ``[start, stop)`` element ranges of the flat buffer, ``reduce`` says whether the received slice
     is folded in with the op's ufunc (else copied over), ``local`` marks all_to_all's own block.
 
-    A slotted record: reading its fields costs what unpacking the 8-tuples it replaced did (timed on
-    CPython 3.11, a 4-step loop: 468 vs 433 ns; a NamedTuple: 626 ns unpacked, 848 ns by name), and
-    a step prints with its names.
+    A slotted record: reading its fields costs about what unpacking the 8-tuples it replaced did
+    (a NamedTuple is slower, unpacked or read by name), and a step prints with its names.
 
     >>> PlanStep(1, 0, 4, 1, 4, 8, True, False)
     PlanStep(send_to=1, send_start=0, send_stop=4, recv_from=1, recv_start=4, recv_stop=8, reduce=True, local=False)
@@ -184,7 +177,7 @@ class CompiledPlan(NamedTuple):
 
     ``exchange_peers`` is set when every step exchanges the *whole* buffer with one peer and reduces
     (recursive doubling on a power-of-two group; p = 2 is one step): a small all_reduce of that
-    shape then takes the latency path (:meth:`PlanExecutor._allreduce`), which runs exactly these
+    shape then takes the latency path (:meth:`PlanExecutor.allreduce`), which runs exactly these
     exchanges with ``exchange_scratch`` as the receive buffer and skips step decoding and slicing.
     (A named tuple: the first three fields keep the order of the tuples it replaced.)
     """
@@ -200,29 +193,49 @@ class CompiledPlan(NamedTuple):
 
 
 class PlanExecutor:
-    """Mixin with the collective primitives of :class:`GlooBackend`.
+    """Runs one group's collectives as plans over its transport: a component that
+    :class:`~neural_arch.distributed.comm.gloo.backend.GlooBackend` holds (``backend.plans``).
 
-    Its contract with the host class is declared below, not only described: the attributes it
-    reads (annotated) and :meth:`_scratch`, which the host must override (the default raises).
+    Built from what it needs and nothing else: the ``transport`` (send/recv of slices over
+    channels), ``peers`` (group rank -> transport rank), this ``rank`` in a group of ``size``, and
+    ``channel``, the channel block of the group's collectives. It owns its receive buffers and the
+    one plan cache, ``(op, nelems, dtype[, root], forced algorithm)`` -> :class:`CompiledPlan`
+    (plans are built on a cache miss only, by the pure builders of ``plans``). ``force`` is the
+    forced algorithm (:func:`parse_algorithms`' form; ``None``: choose by size).
 
-    The one plan cache is ``_compiled_plans``: ``(op, nelems, dtype[, root], forced algorithm)`` ->
-    :class:`CompiledPlan` (plans are built on a cache miss only, by the pure builders of ``plans``).
     Tests and notebooks read it through :meth:`compiled_plans` and :meth:`chosen_algorithm`, and
-    force an algorithm with :meth:`forced_algorithm`.
+    force an algorithm with :meth:`forced_algorithm` (the backend offers the same three names).
+
+    >>> ex = PlanExecutor(None, [0], 0, 1, channel=0)
+    >>> ex.chosen_algorithm("all_reduce", np.ones(4, np.float32))    # a group of one sends nothing
+    'none'
     """
 
-    _force_algo: Optional[str] = None
-    _compiled_plans: Dict[tuple, CompiledPlan]
-    # -- what the host class provides ---------------------------------------------------------------
-    _t: Any                 # the transport (send/recv of slices over channels)
-    _peers: Sequence[int]   # group rank -> transport rank
-    _rank: int              # this rank in the group
-    _size: int              # group size
-    _coll_channel: int      # the channel block of this group's collectives
+    def __init__(self, transport, peers: Sequence[int], rank: int, size: int, channel: int,
+                 force: Optional[str] = None):
+        self._t = transport
+        self._peers = peers
+        self._rank = rank
+        self._size = size
+        self._coll_channel = channel
+        #: the forced algorithm (None: choose by size); see :meth:`forced_algorithm`
+        self.force: Optional[str] = force
+        self._compiled_plans: Dict[tuple, CompiledPlan] = {}   # the one plan cache
+        self._buffers: Dict[tuple, np.ndarray] = {}
 
     def _scratch(self, dtype, n: int, slot: str) -> np.ndarray:
-        """A reusable receive buffer of ``n`` elements for ``slot`` (the host class owns buffers)."""
-        raise NotImplementedError(f"{type(self).__name__} must provide _scratch(dtype, n, slot) to run plans")
+        """A reusable buffer of at least ``n`` elements of ``dtype`` for ``slot`` (grown, never shrunk)."""
+        key = (dtype, slot)
+        buf = self._buffers.get(key)
+        if buf is None or buf.size < n:
+            buf = np.empty(max(n, 1), dtype=dtype)
+            self._buffers[key] = buf
+        return buf[:n]
+
+    def clear(self) -> None:
+        """Drop the plan cache and the buffers (the group shut down)."""
+        self._buffers.clear()
+        self._compiled_plans.clear()
 
     # -- the public testing seam ------------------------------------------------------------------
     @contextlib.contextmanager
@@ -236,12 +249,12 @@ class PlanExecutor:
         ...     backend.allreduce(x)                        # the ring, whatever the size
         """
         chosen = parse_algorithms(algo, "forced_algorithm(...)")
-        before = self._force_algo
-        self._force_algo = chosen
+        before = self.force
+        self.force = chosen
         try:
             yield self
         finally:
-            self._force_algo = before
+            self.force = before
 
     def chosen_algorithm(self, op: str, array=None, root: int = 0) -> str:
         """The algorithm a collective ``op`` (``"all_reduce"``, ``"broadcast"``, ...) of ``array`` on
@@ -256,7 +269,7 @@ class PlanExecutor:
             return "none"
         if op == "barrier":
             return _FIXED_ALGORITHMS[op]
-        n, nbytes, force = int(array.size), int(array.nbytes), self._force_algo
+        n, nbytes, force = int(array.size), int(array.nbytes), self.force
         if n == 0:
             return "none"
         if op == "all_reduce":
@@ -356,7 +369,7 @@ class PlanExecutor:
                     t.recv_into(src, target, ch, info)
                 if s.reduce:
                     dst_view = out[ra:rb]
-                    _UFUNCS[op](dst_view, target, out=dst_view)
+                    REDUCE_UFUNCS[op](dst_view, target, out=dst_view)
             else:
                 t.send(dst, buf[s.send_start:s.send_stop], ch, info)
 
@@ -376,7 +389,7 @@ class PlanExecutor:
         t, ch = self._t, self._coll_channel
         nelems, steps = compiled.nelems, compiled.steps
         seg = max(1, seg_bytes // buf.itemsize)
-        ufunc = _UFUNCS.get(op)
+        ufunc = REDUCE_UFUNCS.get(op)
         scratch = None
         current: list = []       # handles of this step's sends
         streamed = False         # this step's sends were already issued, segment by segment
@@ -411,17 +424,21 @@ class PlanExecutor:
             h.wait()
 
     # -- collectives --------------------------------------------------------------------------------
-    def _allreduce(self, array, op: ReduceOp, info: OpInfo) -> None:
+    def allreduce(self, array, op: ReduceOp, info: OpInfo) -> None:
+        """In place, as :meth:`Backend._allreduce <neural_arch.distributed.comm.backend.Backend._allreduce>`
+        (AVG comes out averaged); arguments were validated by the backend.
+
+        >>> ex.allreduce(x, ReduceOp.SUM, info)          # doctest: +SKIP
+        """
         # Latency path first: a small host array whose plan is only whole-buffer exchanges (see
         # CompiledPlan.exchange_peers). One dict lookup replaces plan lookup, step decoding, slicing
-        # and the scratch lookup. Measured on 1 KiB float32 with a do-nothing transport, this method
-        # went from 6.4 to 1.6 us per call; 2 ranks over shm, 8-13 us less per all_reduce (A/B runs).
+        # and the scratch lookup (docs/benchmarks.md has what that saves per call).
         if type(array) is np.ndarray:
-            fast = self._compiled_plans.get(("all_reduce", array.size, array.dtype, self._force_algo))
+            fast = self._compiled_plans.get(("all_reduce", array.size, array.dtype, self.force))
             if fast is not None and fast.exchange_peers is not None:
                 flat = array if array.ndim == 1 else array.reshape(-1)
                 scratch = fast.exchange_scratch
-                t, ch, ufunc = self._t, self._coll_channel, _UFUNCS[op]
+                t, ch, ufunc = self._t, self._coll_channel, REDUCE_UFUNCS[op]
                 for peer in fast.exchange_peers:
                     t.sendrecv(peer, flat, peer, scratch, ch, info)
                     ufunc(flat, scratch, out=flat)
@@ -431,7 +448,7 @@ class PlanExecutor:
         host = _to_host(array)
         flat = _flat(host)
         if flat.size:
-            size, n, force = self._size, flat.size, self._force_algo
+            size, n, force = self._size, flat.size, self.force
             plan = self._compiled(("all_reduce", n, flat.dtype, force), flat.dtype,
                                   lambda: allreduce_plan(size, n, n * flat.itemsize, force))
             self._dispatch(plan, flat, op, info)
@@ -439,18 +456,20 @@ class PlanExecutor:
                 finish_average(flat, self._size)
         _back(array, host)
 
-    def _broadcast(self, array, root: int, info: OpInfo) -> None:
+    def broadcast(self, array, root: int, info: OpInfo) -> None:
+        """Copy ``root``'s ``array`` into every rank's, in place (a binomial tree or a pipelined chain)."""
         host = _to_host(array)
         flat = _flat(host)
         if flat.size:
             size, n = self._size, flat.size
-            force = self._force_algo
+            force = self.force
             plan = self._compiled(("broadcast", n, flat.dtype, root, force), flat.dtype,
                                   lambda: broadcast_plan(size, n, n * flat.itemsize, root, force))
             self._dispatch(plan, flat, None, info)
         _back(array, host)
 
-    def _allgather(self, output, input, info: OpInfo) -> None:
+    def allgather(self, output, input, info: OpInfo) -> None:
+        """``output[r] = input of rank r`` (a pipelined ring)."""
         hin, hout = _to_host(input), _to_host(output)
         out = _flat(hout)
         n = hin.size
@@ -463,7 +482,8 @@ class PlanExecutor:
             self._run_pipelined(plan, out, None, info, PIPELINE_SEGMENT_BYTES)
         _back(output, hout)
 
-    def _reduce_scatter(self, output, input, op: ReduceOp, info: OpInfo) -> None:
+    def reduce_scatter(self, output, input, op: ReduceOp, info: OpInfo) -> None:
+        """This rank's chunk of the reduced ``input`` into ``output``; ``input`` stays untouched (a ring)."""
         hin, hout = _to_host(input), _to_host(output)
         n = hout.size
         if n:
@@ -480,7 +500,8 @@ class PlanExecutor:
             np.copyto(_flat(hout), mine)
         _back(output, hout)
 
-    def _reduce(self, array, root: int, op: ReduceOp, info: OpInfo) -> None:
+    def reduce(self, array, root: int, op: ReduceOp, info: OpInfo) -> None:
+        """Reduce into ``root``'s ``array``; the other ranks' arrays are left unchanged."""
         host = _to_host(array)
         flat = _flat(host)
         if flat.size:
@@ -490,7 +511,7 @@ class PlanExecutor:
                 buf = self._scratch(flat.dtype, flat.size, "work")
                 np.copyto(buf, flat)
             size, n = self._size, flat.size
-            force = self._force_algo
+            force = self.force
             plan = self._compiled(("reduce", n, flat.dtype, root, force), flat.dtype,
                                   lambda: reduce_plan(size, n, n * flat.itemsize, root, force))
             self._dispatch(plan, buf, op, info)
@@ -499,7 +520,8 @@ class PlanExecutor:
         if self._rank == root:
             _back(array, host)
 
-    def _alltoall(self, output, input, info: OpInfo) -> None:
+    def alltoall(self, output, input, info: OpInfo) -> None:
+        """Chunk d of ``input`` to rank d, chunk s of ``output`` from rank s (pairwise exchanges)."""
         hin, hout = _to_host(input), _to_host(output)
         if hin.size:
             size, n = self._size, hin.size
@@ -507,7 +529,8 @@ class PlanExecutor:
             self._run_plan(plan, _flat(hin), None, info, out=_flat(hout))
         _back(output, hout)
 
-    def _barrier(self, info: OpInfo) -> None:
+    def barrier(self, info: OpInfo) -> None:
+        """Return once every rank of the group arrived (dissemination: ceil(log2 p) rounds of one byte)."""
         token = self._scratch(np.dtype(np.uint8), 1, "barrier")
         size = self._size
         plan = self._compiled(("barrier",), token.dtype, lambda: P.dissemination_barrier_plan(size))

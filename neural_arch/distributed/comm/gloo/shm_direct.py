@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from neural_arch.distributed.comm.gloo import executor as _executor
+from neural_arch.distributed.comm.dtypes import REDUCE_UFUNCS
 from neural_arch.distributed.comm.gloo.transport.shm_segment import _AUX_BITS, pack_words
 from neural_arch.distributed.comm.work import ReduceOp
 
@@ -63,9 +63,6 @@ DIRECT_DTYPES = frozenset(np.dtype(t) for t in ("float16", "float32", "float64",
                                                  "int64", "bool"))
 DIRECT_OPS = ("all_reduce", "reduce", "reduce_scatter", "all_gather", "broadcast", "barrier")
 
-# The reduction ufuncs are the plans' own table (one place: a fault injected there, as
-# tests/faults does, reaches both paths).
-_REDUCE = _executor._UFUNCS
 _AVG = ReduceOp.AVG
 
 
@@ -182,11 +179,11 @@ class DirectCollectives:
         ops = seg.ops
         seg.ops = ops + 1
         parity = ops & 1
-        ufunc = _REDUCE[op]
+        ufunc = REDUCE_UFUNCS[op]
         if nbytes <= self._small_bytes:
             # the latency path: per-call Python and NumPy overhead is the cost here, so the views come
             # from two dict lookups (no key tuple), the segment is called once (sync: words, barrier,
-            # check) and every ufunc gets ``out`` positionally (a keyword costs ~0.1 us)
+            # check) and every ufunc gets ``out`` positionally (a keyword argument is slower to parse)
             plan = self._reduce_views.get(flat.dtype)
             plan = plan.get(flat.size) if plan is not None else None
             if plan is None:
@@ -260,7 +257,7 @@ class DirectCollectives:
     def reduce_scatter(self, out: np.ndarray, inp: np.ndarray, op: ReduceOp, info) -> None:
         """``out`` (m elements) = the reduction of block ``rank`` of every rank's ``inp`` (n*m elements)."""
         seg, n, me = self.seg, self.size, self.rank
-        ufunc = _REDUCE[op]
+        ufunc = REDUCE_UFUNCS[op]
         avg = op is ReduceOp.AVG
         m = out.size
         blocks = inp.reshape(n, m)

@@ -32,7 +32,7 @@ float32/float64/integer reductions pass the caller's array itself to MPI (no res
 no lock under THREAD_MULTIPLE). The call check is a persistent collective (``MPI_Allgather_init``
 once per group, ``Start`` per call): building MPICH's nonblocking schedule was a third of a 1 KiB
 all_reduce. What the check costs (``bench_mpi_backend.py --probes``, its ``check`` column; against
-the code before it, docs/benchmarks.md): about a microsecond on a 1 KiB all_reduce, which rides
+the code before it, docs/benchmarks.md): a little Python on a 1 KiB all_reduce, which rides
 inside it, and one small allgather on larger collectives; a broadcast becomes synchronising (the
 root hears from every rank before it returns). On two ranks, all_reduces of 16-512 KiB are one
 exchange of the whole buffer (``Irecv`` + ``Isend`` on a private duplicate communicator, one
@@ -83,26 +83,14 @@ import zlib
 
 import numpy as np
 
-from neural_arch.backend import to_device_like, to_host
 from neural_arch import config
-from neural_arch.distributed.comm.backend import (
-    SUPPORTED_DTYPES,
-    Backend,
-    finish_average,
-    is_bfloat16,
-)
-from neural_arch.distributed.comm.mpi.allreduce import (  # noqa: F401 - the window constants: this module's names too
-    _UFUNC,
-    PAIRWISE_MAX_BYTES,
-    PAIRWISE_MIN_BYTES,
-    PERSISTENT_MAX_BYTES,
-    AllReduceStrategies,
-)
+from neural_arch.backend import to_device_like, to_host
+from neural_arch.distributed.comm.backend import Backend
+from neural_arch.distributed.comm.dtypes import SUPPORTED_DTYPES, finish_average, is_bfloat16
+from neural_arch.distributed.comm.mpi.allreduce import _UFUNC, InlineAllReduce, PairwiseAllReduce
 from neural_arch.distributed.comm.mpi.check import DATA_FOLLOWS, DATA_INLINE, DATA_PAIRWISE, CallCheck
-from neural_arch.distributed.comm.mpi.failure import (  # noqa: F401 - _mpi, _BROKEN: this module's names too
+from neural_arch.distributed.comm.mpi.failure import (
     _BROKEN,
-    ABORT_OUTPUT_GRACE_S,
-    MPI_Init_did_not_finish_within_the_rendezvous_timeout,
     _abort_if_broken,
     _mpi,
     abort_job,
@@ -115,7 +103,7 @@ from neural_arch.distributed.errors import CollectiveTimeoutError, DistributedEr
 
 # dtypes MPI reduces as they are (mpi4py names them from the buffer): the caller's array goes
 # straight to MPI. float16/bfloat16 are widened, bool is viewed as uint8 (see _reducible).
-_AVG = ReduceOp.AVG   # a module constant: the Enum class-attribute lookup costs ~0.4 us per use
+_AVG = ReduceOp.AVG   # a module constant: the Enum class-attribute lookup is slow on the hot path
 _NATIVE = frozenset(d for d in SUPPORTED_DTYPES if d.kind in "fiu" and d != np.float16)
 # How often the watchdog looks for waiters past their deadline (seconds; the timeout error
 # arrives at most this late). Scaled down for short timeouts, see MPIBackend.create.
@@ -146,8 +134,13 @@ def _cupy():
     return cupy
 
 
-class MPIBackend(AllReduceStrategies, Backend):
-    """One MPI communicator (``COMM_WORLD``'s duplicate, or a ``Split`` of it)."""
+class MPIBackend(Backend):
+    """One MPI communicator (``COMM_WORLD``'s duplicate, or a ``Split`` of it).
+
+    It holds its all_reduce strategies besides ``Iallreduce`` (:mod:`.allreduce`): ``_inline``, the
+    all_reduce inside the call check, and ``_pairwise``, the two-rank exchange (None where it does not
+    apply); both exist once the call check does (:meth:`_attach_check`, :meth:`_enable_pairwise`).
+    """
 
     name = "mpi"
     devices = ("cpu", "cuda")
@@ -169,14 +162,18 @@ class MPIBackend(AllReduceStrategies, Backend):
                           else contextlib.nullcontext())
         query = getattr(MPI, "Query_cuda_support", None)
         self.cuda_aware = bool(query()) if query is not None else False
-        # keyed by the op's value: hashing an Enum member costs ~0.4 us on every collective
+        # keyed by the op's value: hashing an Enum member is a measurable part of a small collective
         self._ops = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "product": MPI.PROD}
         self.transport = "mpi"
         #: all_reduces the call check does not carry call the blocking MPI_Allreduce (see create())
         self._blocking = bool(blocking_collectives)
         #: the call check every collective starts with (mpi_check; None only on create()'s probe)
         self._check: CallCheck | None = None
-        self._init_allreduce_strategies()
+        #: the all_reduce inside the call check (set with the check: _attach_check)
+        self._inline: InlineAllReduce | None = None
+        #: two-rank groups: the pairwise exchange (None: off; see _enable_pairwise)
+        self._pairwise: PairwiseAllReduce | None = None
+        self._pair_limit = 0            # the agreed pairwise_max_bytes, handed on to sub-groups
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -206,7 +203,7 @@ class MPIBackend(AllReduceStrategies, Backend):
 
         ``pairwise_max_bytes`` (default ``NEURAL_ARCH_MPI_PAIRWISE_MAX_BYTES``, 512 KiB; 0 turns it off;
         checked equal on every rank at the rendezvous): on two ranks, all_reduces of
-        ``PAIRWISE_MIN_BYTES`` up to this many bytes are one exchange (``_pairwise_allreduce``).
+        ``PAIRWISE_MIN_BYTES`` up to this many bytes are one exchange (:class:`.allreduce.PairwiseAllReduce`).
         """
         global _ATEXIT_INSTALLED
         MPI = _mpi(rendezvous_timeout if rendezvous_timeout is not None else None)
@@ -249,7 +246,7 @@ class MPIBackend(AllReduceStrategies, Backend):
             raise NotImplementedError("blocking_collectives=True needs MPI_THREAD_MULTIPLE (its deadline watchdog "
                                       "runs beside the blocked call); this MPI library gave a lower thread level")
         backend = cls(world.Dup(), timeout, blocking_collectives=bool(flag))
-        backend._check = CallCheck(MPI, backend.comm, persistent=threaded)
+        backend._attach_check(CallCheck(MPI, backend.comm, persistent=threaded))
         if threaded:
             private = world.Dup()       # presence queries (tags 1, 2) and wake-ups (tags >= 100)
             interval = min(_WATCHDOG_S, max(0.005, float(timeout) / 40))
@@ -261,6 +258,20 @@ class MPIBackend(AllReduceStrategies, Backend):
             # the threads' posted receives would otherwise be reported as leaked by UCX.
             atexit.register(backend._stop_helpers)
         return backend
+
+    def _attach_check(self, check: CallCheck) -> None:
+        """Make ``check`` this group's call check, and the inline all_reduce that rides inside it."""
+        self._check = check
+        self._inline = InlineAllReduce(check, self._agree, self._size)
+
+    def _enable_pairwise(self, max_bytes: int) -> None:
+        """Two-rank groups with the watchdog and nonblocking collectives: all_reduces of
+        ``PAIRWISE_MIN_BYTES`` .. ``max_bytes`` become one exchange (:class:`.allreduce.PairwiseAllReduce`).
+        Collective (``Comm.Dup``): called where every member builds the backend."""
+        self._pair_limit = int(max_bytes)
+        self._pairwise = PairwiseAllReduce.open(self._MPI, self.comm, self._rank, self._size, self._watchdog,
+                                                self._blocking, int(max_bytes), self._wait_failed,
+                                                self.global_rank(1 - self._rank) if self._size == 2 else -1)
 
     def _stop_helpers(self) -> None:
         if self._presence is not None:
@@ -331,7 +342,7 @@ class MPIBackend(AllReduceStrategies, Backend):
         spin_until = start + _SPIN_S
         key = object()
         if self._presence is not None:
-            self._presence.enter(key, info)  # described only when a peer asks: saves ~5 us per op
+            self._presence.enter(key, info)  # described only when a peer asks: formatting it per op shows
         try:
             while True:
                 try:
@@ -346,8 +357,8 @@ class MPIBackend(AllReduceStrategies, Backend):
                 if now >= info.deadline:
                     raise self._timeout(info, now - start, peer)
                 if now < spin_until:
-                    # Poll for latency: any time.sleep(), even sleep(0), costs ~50-60 us on Linux
-                    # (timer slack), more than a whole small MPI collective. sched_yield lets other
+                    # Poll for latency: any time.sleep(), even sleep(0), costs Linux's timer slack, more
+                    # than a whole small MPI collective. sched_yield lets other
                     # processes on an oversubscribed core run without that cost.
                     os.sched_yield()
                     continue
@@ -404,18 +415,19 @@ class MPIBackend(AllReduceStrategies, Backend):
         watchdog = self._watchdog
         if array.__class__ is np.ndarray and watchdog is not None and array.dtype in _NATIVE:
             # The hot path, in one frame (Python right after MPI_Waitany runs with cold caches, so every
-            # call layer counts): a small array rides inside the call check (_inline_allreduce), a
+            # call layer counts): a small array rides inside the call check (InlineAllReduce), a
             # larger one is checked first, then is the MPI buffer itself (no view, no lock, no copy).
             nbytes = array.nbytes
             if nbytes <= self._check.inline_bytes:
-                # the payload rides inside the call check: one MPI operation (_inline_allreduce)
-                self._inline_allreduce(array if array.ndim == 1 else array.reshape(-1), op, info, nbytes)
+                # the payload rides inside the call check: one MPI operation (InlineAllReduce)
+                self._inline(array if array.ndim == 1 else array.reshape(-1), op, info, nbytes)
                 return
-            pairwise = self._pair_min <= nbytes <= self._pair_max
+            pair = self._pairwise
+            pairwise = pair is not None and pair.min_bytes <= nbytes <= pair.max_bytes
             self._agree(info, nbytes, -1, DATA_PAIRWISE if pairwise else DATA_FOLLOWS)
             try:
                 if pairwise:
-                    self._pairwise_allreduce(array if array.ndim == 1 else array.reshape(-1), op, info)
+                    pair(array if array.ndim == 1 else array.reshape(-1), op, info)
                     return
                 elif self._blocking:
                     self._blocking_allreduce(array, op, info)
@@ -431,16 +443,18 @@ class MPIBackend(AllReduceStrategies, Backend):
         if red.nbytes <= self._check.inline_bytes and red.__class__ is np.ndarray:
             # (the hot path's decision for the same bytes; the header carries the mode, so a rank whose
             # CUDA-aware CuPy buffer goes to Iallreduce instead gets a CollectiveMismatchError, not a hang)
-            self._inline_allreduce(red, op, info, host.nbytes)
+            self._inline(red, op, info, host.nbytes)
             self._store(host, red)
             self._back(array, host)
             return
-        pairwise = self._pair_min <= red.nbytes <= self._pair_max and red.__class__ is np.ndarray
+        pair = self._pairwise
+        pairwise = (pair is not None and pair.min_bytes <= red.nbytes <= pair.max_bytes
+                    and red.__class__ is np.ndarray)
         self._agree(info, host.nbytes, -1, DATA_PAIRWISE if pairwise else DATA_FOLLOWS)
         if pairwise:
             # (the decision the hot path makes for the same bytes; a CUDA-aware CuPy buffer keeps
             # Iallreduce: the header carries the choice, so mixed ranks get a CollectiveMismatchError)
-            self._pairwise_allreduce(red, op, info)
+            pair(red, op, info)
             self._store(host, red)
             self._back(array, host)
             return
@@ -646,7 +660,7 @@ class MPIBackend(AllReduceStrategies, Backend):
             return None
         backend = MPIBackend(sub, self.timeout, [self.group_ranks[r] for r in ranks], self.debug, self._presence,
                              self._watchdog, self._blocking)
-        backend._check = CallCheck(MPI, sub, persistent=self._watchdog is not None)
+        backend._attach_check(CallCheck(MPI, sub, persistent=self._watchdog is not None))
         backend._enable_pairwise(self._pair_limit)   # (collective over the sub-group's members: all are here)
         return backend
 
@@ -659,8 +673,8 @@ class MPIBackend(AllReduceStrategies, Backend):
         if self._fatal is None and not _BROKEN and self.comm != self._MPI.COMM_WORLD:
             try:
                 with self._mpi_lock:
-                    if self._pair_comm is not None:
-                        self._pair_comm.Free()
+                    if self._pairwise is not None:
+                        self._pairwise.free()
                     self.comm.Free()
             except self._MPI.Exception:
                 pass

@@ -23,9 +23,9 @@ becomes the mismatched call. A check every K ops would return up to K-1 wrong re
 **What it costs.** Collectives of up to ``inline_bytes`` (2 KiB on up to 8 ranks: all_reduce,
 broadcast, all_gather, reduce_scatter) ride *inside* the check -- the payload goes in the slot, and
 every rank reduces the gathered slots in rank order (the same bits on every rank) -- so they are
-still one MPI operation; the check's MPI part costs what the persistent all_reduce it replaced did
-(1.8 vs 1.7 us, 2 ranks), and the header, its comparison and the NumPy reduction add about 1 us.
-Larger collectives pay one allgather of the slots (about 3 us on 2 ranks) before their data
+still one MPI operation; the check's MPI part costs about what the persistent all_reduce it
+replaced did, and the header, its comparison and the NumPy reduction add a little Python.
+Larger collectives pay one small allgather of the slots before their data
 operation, and a broadcast becomes synchronising: the root hears from every rank before it returns
 (``benchmarks/bench_mpi_backend.py --probes``, the ``check`` column; against the code before the
 check: docs/benchmarks.md).

@@ -61,14 +61,9 @@ from typing import Any
 
 import numpy as np
 
-from neural_arch.distributed.comm.nccl.support import (  # noqa: F401 - re-exported
-    AVG_MIN_VERSION,
-    DTYPE_TO_NCCL,
-    GPU_HINT,
-    OP_TO_NCCL,
+from neural_arch.distributed.comm.backend import Backend
+from neural_arch.distributed.comm.nccl.support import (
     SPLIT_MIN_VERSION,
-    UID_BYTES,
-    UID_MAGIC,
     UID_STORE_KEY,
     _import_nccl,
     _Watchdog,
@@ -82,9 +77,13 @@ from neural_arch.distributed.comm.nccl.support import (  # noqa: F401 - re-expor
     select_device,
     version_tuple,
 )
-from neural_arch.distributed.comm.backend import Backend
-from neural_arch.distributed.errors import CollectiveTimeoutError, DistributedError, PeerFailureError, RendezvousError
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp
+from neural_arch.distributed.errors import (
+    CollectiveTimeoutError,
+    DistributedError,
+    PeerFailureError,
+    RendezvousError,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -402,7 +401,9 @@ class NCCLBackend(Backend):
         group_ranks = [self.group_ranks[r] for r in ranks]
         store = None
         if self._store is not None:
-            from neural_arch.distributed.rendezvous.store import PrefixStore  # lazy: backends import without the store module
+            from neural_arch.distributed.rendezvous.store import (
+                PrefixStore,  # lazy: backends import without the store module
+            )
             store = PrefixStore(f"nccl/group{self._groups_made}", self._store)
         if self._use_split():
             # Collective over *this* communicator: every rank calls it, non-members with color -1
@@ -451,7 +452,7 @@ class NCCLBackend(Backend):
 
 def _gpu_owner(device_id: int) -> str:
     """``host|pid|device``: what two ranks must not share (one GPU per process, NCCL's rule)."""
-    from neural_arch.distributed.comm.gloo.transport.engine import host_identity  # the one notion of "same host"
+    from neural_arch.distributed.host import host_identity  # the one notion of "same host"
 
     return f"{host_identity()}|{os.getpid()}|{device_id}"
 

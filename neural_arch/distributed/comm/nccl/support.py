@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from neural_arch.distributed.errors import DistributedError, RendezvousError
 from neural_arch.distributed.comm.work import ReduceOp
+from neural_arch.distributed.errors import DistributedError, RendezvousError
 
 _log = logging.getLogger(__name__)
 

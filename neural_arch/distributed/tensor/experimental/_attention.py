@@ -45,12 +45,13 @@ import time
 
 import numpy as np
 
+from neural_arch.backend import get_array_module as _xp
 from neural_arch.core import ops_attention as _attn
 from neural_arch.core.autograd import Node
 from neural_arch.core.op_utils import _needs, _result
 from neural_arch.core.ops_shape import cat, stack
 from neural_arch.core.tensor import Tensor
-from neural_arch.distributed.comm.backend import _xp
+from neural_arch.distributed.device_mesh import resolve_group_or_mesh
 
 __all__ = [
     "ContextParallelAttention",
@@ -96,9 +97,7 @@ def set_rotate_method(rotate_method: str) -> None:
 
 # ---------------------------------------------------------------------------------- layouts
 def _group(group, op: str):
-    from neural_arch.distributed.tensor.parallel.layers import resolve_tp_group
-
-    return resolve_tp_group(group, op)
+    return resolve_group_or_mesh(group, op)
 
 
 def _check_len(total: int, size: int, load_balance: bool, op: str) -> int:

@@ -20,11 +20,11 @@ Example::
 
 from __future__ import annotations
 
+from neural_arch.backend import get_array_module as _xp
 from neural_arch.core.autograd import Node, is_grad_enabled
 from neural_arch.core.tensor import Tensor
-from neural_arch.distributed.comm.backend import _xp
 from neural_arch.distributed.comm.work import ReduceOp
-from neural_arch.distributed.tensor.parallel.layers import resolve_tp_group
+from neural_arch.distributed.device_mesh import resolve_group_or_mesh
 
 __all__ = ["vocab_parallel_cross_entropy"]
 
@@ -49,7 +49,7 @@ def vocab_parallel_cross_entropy(vocab_parallel_logits, target, ignore_index: in
     if label_smoothing:
         raise NotImplementedError("vocab_parallel_cross_entropy: label_smoothing is not implemented; "
                                   "use label_smoothing=0.0")
-    group = resolve_tp_group(process_group, "vocab_parallel_cross_entropy")
+    group = resolve_group_or_mesh(process_group, "vocab_parallel_cross_entropy")
     logits = vocab_parallel_logits if isinstance(vocab_parallel_logits, Tensor) else Tensor(vocab_parallel_logits)
     ld = logits.data
     xp = _xp(ld)

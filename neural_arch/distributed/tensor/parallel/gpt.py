@@ -30,7 +30,7 @@ Example (every rank of the tp group)::
 from __future__ import annotations
 
 from neural_arch import backend as _backend
-from neural_arch.distributed.tensor.parallel.layers import resolve_tp_group
+from neural_arch.distributed.device_mesh import resolve_group_or_mesh
 from neural_arch.distributed.tensor.parallel.sequence_parallel import (
     PrepareModuleInput,
     SequenceParallel,
@@ -93,7 +93,7 @@ def parallelize_gpt(model, device_mesh=None, loss_parallel: bool = True, sequenc
     if context_parallel:
         return parallelize_gpt_context_parallel(model, device_mesh, load_balance=load_balance, rotate=rotate,
                                                 algorithm=cp_algorithm)
-    group = resolve_tp_group(device_mesh, "parallelize_gpt")
+    group = resolve_group_or_mesh(device_mesh, "parallelize_gpt")
     p = group.size()
     hidden = model.blocks[0].mlp.fc1.out_features if len(model.blocks) else 0
     for what, value in (("n_head", model.n_head), ("vocab_size", model.vocab_size), ("MLP width", hidden)):
@@ -128,7 +128,7 @@ def parallelize_gpt_context_parallel(model, device_mesh=None, *, load_balance: b
         sequence_positions,
     )
 
-    group = resolve_tp_group(device_mesh, "parallelize_gpt(context_parallel=True)")
+    group = resolve_group_or_mesh(device_mesh, "parallelize_gpt(context_parallel=True)")
     n, r = group.size(), group.rank()
     attend = ContextParallelAttention(group, rotate, load_balance, algorithm)
     for block in model.blocks:

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from neural_arch.nn import functional as F
 from neural_arch.core.tensor import Tensor
+from neural_arch.distributed.device_mesh import resolve_group_or_mesh
 from neural_arch.distributed.nn.functional import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
@@ -36,24 +36,13 @@ from neural_arch.distributed.nn.functional import (
     reduce_scatter_to_sequence_parallel_region,
     scatter_to_tensor_model_parallel_region,
 )
-from neural_arch.distributed.groups import _resolve_group
+from neural_arch.nn import functional as F
 from neural_arch.nn.linear import Embedding, Linear
 from neural_arch.nn.module import Module
 from neural_arch.nn.parameter import Parameter
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "resolve_tp_group",
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", 
            "shard_range"]
-
-
-def resolve_tp_group(process_group=None, op: str = "tensor parallelism"):
-    """``process_group`` (a ProcessGroup, a 1-d DeviceMesh, or None for the world) -> ProcessGroup."""
-    from neural_arch.distributed.device_mesh import DeviceMesh
-
-    if isinstance(process_group, DeviceMesh):
-        if process_group.ndim != 1:
-            raise ValueError(f"{op}: pass a 1-d mesh (e.g. mesh['tp']), got {process_group!r}")
-        process_group = process_group.get_group()
-    return _resolve_group(process_group, op)
 
 
 def shard_range(total: int, group, what: str) -> tuple[int, int]:
@@ -91,7 +80,7 @@ class ColumnParallelLinear(Module):
                  process_group=None, dtype=np.float32, device=None, *, sequence_parallel: bool = False,
                  _from: Linear | None = None):
         super().__init__()
-        self.process_group = resolve_tp_group(process_group, "ColumnParallelLinear")
+        self.process_group = resolve_group_or_mesh(process_group, "ColumnParallelLinear")
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.gather_output = bool(gather_output)
         self.sequence_parallel = bool(sequence_parallel)
@@ -148,7 +137,7 @@ class RowParallelLinear(Module):
                  process_group=None, dtype=np.float32, device=None, *, sequence_parallel: bool = False,
                  _from: Linear | None = None):
         super().__init__()
-        self.process_group = resolve_tp_group(process_group, "RowParallelLinear")
+        self.process_group = resolve_group_or_mesh(process_group, "RowParallelLinear")
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.input_is_parallel = bool(input_is_parallel)
         self.sequence_parallel = bool(sequence_parallel)
@@ -205,7 +194,7 @@ class VocabParallelEmbedding(Module):
     def __init__(self, num_embeddings: int, embedding_dim: int, process_group=None, dtype=np.float32,
                  device=None, *, _from: Embedding | None = None):
         super().__init__()
-        self.process_group = resolve_tp_group(process_group, "VocabParallelEmbedding")
+        self.process_group = resolve_group_or_mesh(process_group, "VocabParallelEmbedding")
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
         self.tp_size, self.tp_rank = self.process_group.size(), self.process_group.rank()
         self.vocab_start_index, self.vocab_end_index = shard_range(
@@ -220,7 +209,7 @@ class VocabParallelEmbedding(Module):
         return cls(embedding.num_embeddings, embedding.embedding_dim, process_group, _from=embedding)
 
     def forward(self, indices):
-        from neural_arch.distributed.comm.backend import _xp
+        from neural_arch.backend import get_array_module as _xp
 
         raw = indices.data if isinstance(indices, Tensor) else indices
         raw = raw if hasattr(raw, "dtype") else np.asarray(raw)

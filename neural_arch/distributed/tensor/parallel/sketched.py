@@ -21,11 +21,12 @@ from __future__ import annotations
 import numpy as np
 
 from neural_arch.core.tensor import Tensor
+from neural_arch.distributed.device_mesh import resolve_group_or_mesh
 from neural_arch.distributed.nn.functional import (
     copy_to_tensor_model_parallel_region,
     gather_from_tensor_model_parallel_region,
 )
-from neural_arch.distributed.tensor.parallel.layers import resolve_tp_group, shard_range
+from neural_arch.distributed.tensor.parallel.layers import shard_range
 from neural_arch.nn.activation import ReLU
 from neural_arch.nn.container import ModuleList
 from neural_arch.nn.module import Module
@@ -45,7 +46,7 @@ class TensorParallelSKLinear(Module):
     def __init__(self, in_features: int, out_features: int, sketch_size: int, tensor_parallel_group=None,
                  bias: bool = True, gather_output: bool = True, dtype=np.float32, *, _from: SKLinear | None = None):
         super().__init__()
-        self.tp_group = resolve_tp_group(tensor_parallel_group, "TensorParallelSKLinear")
+        self.tp_group = resolve_group_or_mesh(tensor_parallel_group, "TensorParallelSKLinear")
         self.in_features, self.out_features, self.sketch_size = int(in_features), int(out_features), int(sketch_size)
         self.tp_world_size, self.tp_rank = self.tp_group.size(), self.tp_group.rank()
         self.gather_output = bool(gather_output)
@@ -86,7 +87,7 @@ class TensorParallelModel(Module):
 
     def __init__(self, layer_configs, tensor_parallel_group=None, dtype=np.float32):
         super().__init__()
-        self.tp_group = resolve_tp_group(tensor_parallel_group, "TensorParallelModel")
+        self.tp_group = resolve_group_or_mesh(tensor_parallel_group, "TensorParallelModel")
         self.layers = ModuleList([
             TensorParallelSKLinear(c["in_features"], c["out_features"], c["sketch_size"], self.tp_group, dtype=dtype)
             for c in layer_configs])

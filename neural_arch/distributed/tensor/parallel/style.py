@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import fnmatch
 
+from neural_arch.distributed.device_mesh import resolve_group_or_mesh
 from neural_arch.distributed.tensor.parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
-    resolve_tp_group,
 )
 from neural_arch.distributed.tensor.placement_types import Replicate, Shard  # DTensor's placements
 from neural_arch.nn.linear import Embedding, Linear
@@ -134,7 +134,7 @@ def parallelize_module(module: Module, device_mesh=None, parallelize_plan=None) 
     returned). A pattern that matches nothing is an error (a typo would silently leave a layer
     replicated). Every rank of the group must call it with the same model and plan.
     """
-    group = resolve_tp_group(device_mesh, "parallelize_module")
+    group = resolve_group_or_mesh(device_mesh, "parallelize_module")
     if parallelize_plan is None:
         raise ValueError("parallelize_module: parallelize_plan is required (a ParallelStyle or a dict "
                          "{'name.pattern': ColwiseParallel() | RowwiseParallel()})")

@@ -15,8 +15,8 @@ Example (every rank)::
 
 from __future__ import annotations
 
+from neural_arch.distributed.device_mesh import resolve_group_or_mesh
 from neural_arch.distributed.tensor.parallel.gpt import parallelize_gpt
-from neural_arch.distributed.tensor.parallel.layers import resolve_tp_group
 from neural_arch.distributed.tensor.parallel.state_dict import (
     full_state_dict,
     load_full_state_dict,
@@ -43,7 +43,7 @@ class TensorParallel(Module):
 
     def __init__(self, module: Module, device_mesh=None, parallelize_plan=None, loss_parallel: bool = False):
         super().__init__()
-        group = resolve_tp_group(device_mesh, "TensorParallel")
+        group = resolve_group_or_mesh(device_mesh, "TensorParallel")
         if parallelize_plan is None:
             if not isinstance(module, GPT):
                 raise ValueError(f"TensorParallel: no default plan for {type(module).__name__}; pass "

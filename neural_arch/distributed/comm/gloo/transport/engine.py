@@ -19,7 +19,8 @@ stall each other. A receiver reads the payload straight into the destination buf
 is for it; a frame for another channel is kept aside (per channel, FIFO) for whoever asks for it.
 Fast path (shared memory): a message whose whole frame fits in the ring is written with one copy,
 and one already complete at the ring's head is read with one copy -- no op objects, no queue, no
-progress loop (1 KiB one-way latency 17.9 -> 9.3 us, ``tests/transport/bench_transport.py shm``).
+progress loop (it about halves a small message's one-way latency: docs/benchmarks.md,
+``tests/transport/bench_transport.py shm``).
 
 Rules a caller must know:
 
@@ -47,18 +48,14 @@ import abc
 import copy
 import os
 import select
-import socket
 import threading
 import time
 from collections.abc import Sequence
 
-# Link, PeerGone and as_bytes_view are re-exported: the stream modules and the algorithms use them
 from neural_arch import config
-from neural_arch.distributed.comm.gloo.transport.framing import (  # noqa: F401
+from neural_arch.distributed.comm.gloo.transport.framing import (
     ABORT_CHANNEL,
     CHANNEL_LIMIT,
-    FRAME,
-    HEADER,
     Link,
     PeerGone,
     RecvOp,
@@ -68,6 +65,7 @@ from neural_arch.distributed.comm.gloo.transport.framing import (  # noqa: F401
 )
 from neural_arch.distributed.comm.work import OpInfo
 from neural_arch.distributed.errors import GroupPoisonedError, PeerFailureError, RendezvousError
+from neural_arch.distributed.host import host_identity
 
 __all__ = [
     "TRANSPORT_ENV",
@@ -80,7 +78,6 @@ __all__ = [
 ]
 
 TRANSPORT_ENV = "NEURAL_ARCH_GLOO_TRANSPORT"
-HOST_ID_ENV = "NEURAL_ARCH_HOST_ID"
 SPIN_ENV = "NEURAL_ARCH_SPIN_S"
 _MAIN_THREAD = threading.main_thread().ident
 _LIVENESS_EVERY = 0.2                 # seconds between "is the peer process still alive" checks
@@ -165,10 +162,11 @@ class LinkTransport(Transport):
         for link in links.values():
             link.on_abort = self._on_abort
         self._drain_op = RecvOp(None, memoryview(b""), -1)  # matches no frame: pulls abort frames in
-        #: busy-poll this long before sleeping in poll(): a wake-up costs tens of us (a 1 KiB shm
-        #: ping-pong measured 14 us spinning vs 76 us sleeping), but spinning steals the core a peer
-        #: needs when the host is oversubscribed (measured 3-10x slower) -- so spin only when this
-        #: host's ranks fit its cores and it is not already busy. ``NEURAL_ARCH_SPIN_S`` overrides.
+        #: busy-poll this long before sleeping in poll(): a wake-up from sleep costs several times a
+        #: small message's whole latency (a 1 KiB shm ping-pong, docs/benchmarks.md), but spinning
+        #: steals the core a peer needs when the host is oversubscribed (measured 3-10x slower) -- so
+        #: spin only when this host's ranks fit its cores and it is not already busy.
+        #: ``NEURAL_ARCH_SPIN_S`` overrides.
         if local_ranks is None:
             local_ranks = 1 + sum(1 for link in links.values() if link.poll_fd() is None)
         cores = os.cpu_count() or 1
@@ -442,11 +440,11 @@ class LinkTransport(Transport):
         left = max(0.0, deadline - now)
         if now - idle_since < self.spin_s and threading.get_ident() == _MAIN_THREAD:
             # spin (no yield: sched_yield can hand the core away for a whole time slice, and
-            # time.sleep(0) naps ~50-80 us of timer slack); only when cores are free (see __init__)
+            # time.sleep(0) naps for the kernel's timer slack); only when cores are free (see __init__)
             # and only on the main thread: a spinning progress thread would hold the GIL that the
             # training loop, overlapping compute with this communication, needs.
             # Spin on the links' own readiness checks (shared-memory counters: a few loads) rather
-            # than on the whole progress loop, so an arriving message is seen within ~1 us.
+            # than on the whole progress loop, so an arriving message is seen after a few loads.
             watch = [(op.link, isinstance(op, SendOp)) for op in pending]
             watch += [(link, True) for link in self.links.values() if link.send_q]
             end, clock = idle_since + self.spin_s, time.monotonic
@@ -497,34 +495,13 @@ class LinkTransport(Transport):
 
 
 # -- rendezvous ---------------------------------------------------------------------------------
-def host_identity() -> str:
-    """Same string on two processes <=> same machine (hostname + kernel boot id).
-
-    ``NEURAL_ARCH_HOST_ID`` overrides it: to split one machine into "hosts" in tests, or to tell
-    containers that do *not* share ``/dev/shm`` apart.
-    """
-    forced = (config.get(HOST_ID_ENV) or "").strip()
-    return forced or machine_identity()
-
-
-def machine_identity() -> str:
-    """This physical machine: hostname + kernel boot id, *ignoring* ``NEURAL_ARCH_HOST_ID`` (which
-    only splits a machine into simulated hosts)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = "?"
-    return f"{socket.gethostname()}/{boot}"
-
-
 def _gather(store, prefix: str, rank: int, size: int, value: str, deadline: float) -> list[str]:
     """Publish ``value`` as ``prefix/rank`` and read every rank's; RendezvousError names the absent ones.
 
     The wait is sliced, remembering who was still missing: when the store's host gives up waiting for
     a rank that never started (its own deadline came first) and closes the store, the error here names
     that rank -- not the store's host, which only left because of it."""
-    from neural_arch.distributed.rendezvous.store import StoreTimeoutError
+    from neural_arch.distributed.errors import StoreTimeoutError
 
     store.set(f"{prefix}/{rank}", value)
     keys = [f"{prefix}/{r}" for r in range(size)]

@@ -20,7 +20,7 @@ Ring layout (counters on separate cache lines, so writer and reader do not false
     192  reader closed flag    200  reader sleeping (wants a "data" doorbell)
     256  data[capacity]
 
-Waiting: a rank first busy-polls up to 200 us (only on the main thread, and only when the host
+Waiting: a rank first busy-polls for a short while (only on the main thread, and only when the host
 has at least as many cores as local ranks: see ``LinkTransport``), then *arms*: it sets its
 "sleeping" flag, re-checks the ring, and blocks in ``poll()`` on a doorbell -- a named pipe next to
 the ring that the other side writes one byte to after publishing ``head``/``tail`` when the flag is
@@ -159,7 +159,7 @@ def wait_for_peers(store, keys: list[str], owners: list, pids: dict, deadline: f
     sets ``keys[i]``; ``pids``: owner -> pid, where known) still missing: a peer that died during the
     set-up is an error at once, naming it, instead of at the rendezvous timeout. Either way the files
     that dead ranks left in the shared-memory directory are removed before the error is raised."""
-    from neural_arch.distributed.rendezvous.store import StoreTimeoutError
+    from neural_arch.distributed.errors import StoreTimeoutError
 
     missing: list = []
     while True:

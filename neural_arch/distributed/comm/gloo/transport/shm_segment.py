@@ -95,17 +95,13 @@ _SLICE_S = 2e-3                       # longest futex sleep: the deadline/poison
 # computes would hold the GIL that backward needs): spin ``_SPIN_S``, then call sched_yield() in a loop for
 # ``_YIELD_S`` (the core goes to whoever is runnable, the peer included, without a futex sleep and
 # wake-up), then sleep on the futex. Otherwise straight to the futex.
-# Measured on the shared 2-core box (load 7-8 from other jobs), 2 ranks, 1 KiB / 256 KiB all_reduce,
-# 3 rounds each, raw MPICH 31-88 us / 0.34-0.58 GB/s in the same runs:
-#   spin 50 us, no yield            122-444 us   0.20-0.51 GB/s
-#   spin 1 ms                        16-1761 us  0.08-4.28 GB/s   (fast, but one round collapsed)
-#   spin 20 us, yield 2 ms           68-599 us   0.45-4.23 GB/s
-#   spin 20 us, yield 20 ms          21-96 us    3.28-4.03 GB/s   (the steadiest)
-# With 4 ranks on 2 cores a 200 us yield phase measured 0.5-0.65 GB/s at 1-4 MiB against 0.57-0.9
-# for going straight to the futex, so oversubscribed hosts sleep at once.
+# Measured on a shared 2-core box against a spin-only wait, a long spin and a short yield phase, a
+# short spin then a long yield phase was the steadiest (docs/benchmarks.md, "shared-memory wait
+# phases"); with more ranks than cores, going straight to the futex beat any yield phase, so
+# oversubscribed hosts sleep at once.
 # Both phases are also skipped while the host is busy (1-minute load average >= cores + local ranks,
 # sampled every 0.5 s; our own ranks count in the load while they spin, hence "+ local ranks"): then a spinning or yielding rank takes CPU from the peer it waits for (measured at
-# load 9: 1 KiB all_reduce 1026 us with a 20 ms yield phase, 422 us over the sleeping rings).
+# load 9, a 1 KiB all_reduce took more than twice as long with the yield phase as over the sleeping rings).
 # NEURAL_ARCH_SHM_SPIN_S / NEURAL_ARCH_SHM_YIELD_S override both (and the load check).
 _SPIN_S = 20e-6
 _YIELD_S = 20e-3
@@ -476,8 +472,8 @@ class ShmSegment:
     def _wait(self, e: int, info) -> None:
         q, arrive, poison_idx = self._q, self._arrive, self._poison_idx
         # A short poll first: ranks in step (a loop of small collectives on an idle host) arrive within
-        # a microsecond or so of each other, less than setting up the wait below costs. Eight rounds
-        # of loads (~1 us), so it needs none of the spin rules below.
+        # moments of each other, sooner than setting up the wait below takes. Eight rounds of loads:
+        # too short to need any of the spin rules below.
         others = self._other_arrive
         for _ in _POLL:
             for i in others:

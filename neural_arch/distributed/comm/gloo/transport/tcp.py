@@ -236,7 +236,7 @@ def connect_tcp_links(store, rank: int, peers: list[int], deadline: float, auth_
     try:
         for peer in sorted(p for p in peers if p < rank):
             key = f"transport/tcp/{peer}"
-            from neural_arch.distributed.rendezvous.store import StoreTimeoutError
+            from neural_arch.distributed.errors import StoreTimeoutError
 
             try:
                 store.wait([key], timeout=max(0.0, deadline - time.monotonic()))

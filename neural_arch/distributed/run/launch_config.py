@@ -188,7 +188,7 @@ options (each multi-word option also accepts dashes: --nproc-per-node):
   --monitor_interval S   longest pause between health checks, seconds (default 1.0); a rank
                          whose output closes is checked at once, signals within 0.1 s
   --start_timeout S      fail if some rank has not reached rendezvous (init_process_group, or
-                         run_env.report_ready() in a script without one) within S s (default 600)
+                         child_env.report_ready() in a script without one) within S s (default 600)
   --log_dir DIR          also write each rank's output to DIR/rank_{r}.log
   --term_timeout S       grace between SIGTERM and SIGKILL on teardown (default 5)
   --agent_port PORT      node-0 launcher port for the other nodes (default master_port+1)

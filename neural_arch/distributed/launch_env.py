@@ -30,23 +30,20 @@ Example::
     >>> expand_hostlist("node[01-03,07],gpu5")
     ['node01', 'node02', 'node03', 'node07', 'gpu5']
 
-This module also holds :func:`install_parent_death_watch`, which the launcher's child bootstrap calls
-so that a child never outlives a launcher killed with SIGKILL.
+It also gives a job's public id (:func:`derive_job_token`: keeps two jobs apart, never
+authenticates) and torch's :func:`is_torchelastic_launched`. Standard library only: the group layer
+(``groups.py``, ``info.py``) reads it, and nothing here imports the rest of the package.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import signal
-import sys
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 __all__ = [
-    "derive_job_token", "detect_launch_env", "expand_hostlist", "free_port", "install_parent_death_watch",
-    "is_torchelastic_launched", "launched_by_mpiexec", "parse_tasks_per_node", "rank_env", "report_ready",
-    "set_python_path", "setting",
+    "MPI_ENV_PREFIXES", "derive_job_token", "detect_launch_env", "expand_hostlist", "is_torchelastic_launched",
+    "launched_by_mpiexec", "parse_tasks_per_node",
 ]
 
 DEFAULT_MASTER_PORT = 29500
@@ -54,21 +51,9 @@ DEFAULT_MASTER_PORT = 29500
 _MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 
 
-# --------------------------------------------------------------------------- settings
-_config = None  # neural_arch/config.py, set by run/bootstrap.py when it loads this file by path
-
-
-def setting(name: str, environ: Mapping[str, str] | None = None):
-    """``neural_arch.config.get(name, environ)``, also when loaded without the package (bootstrap).
-
-    >>> setting("NEURAL_ARCH_PARENT_PID", {"NEURAL_ARCH_PARENT_PID": "77"})
-    77
-    """
-    if _config is not None:
-        return _config.get(name, environ)
-    from neural_arch import config
-
-    return config.get(name, environ)
+# A launcher started by mpiexec/srun must not pass its own MPI identity on: the ranks would take it
+# for theirs (detect_launch_env; MPI_Init through PMI_FD).
+MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "OMPI_COMM_WORLD_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
 
 
 # --------------------------------------------------------------------------- small helpers
@@ -103,7 +88,6 @@ def _check(info: dict) -> dict:
             f"{info['local_world_size']} ({info['source']} variables)"
         )
     return info
-
 
 # --------------------------------------------------------------------------- SLURM hostlists
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
@@ -189,7 +173,6 @@ def parse_tasks_per_node(text: str) -> list[int]:
             raise ValueError(f"cannot parse SLURM_TASKS_PER_NODE item {item!r} in {text!r}")
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     return counts
-
 
 # --------------------------------------------------------------------------- the three sources
 def _from_explicit(env: Mapping[str, str]) -> dict:
@@ -301,87 +284,6 @@ def detect_launch_env(environ: Mapping[str, str] | None = None) -> dict | None:
         )
     return None
 
-
-# --------------------------------------------------------------------------- starting ranks
-# A launcher started by mpiexec/srun must not pass its own MPI identity on: the ranks would take it
-# for theirs (detect_launch_env; MPI_Init through PMI_FD).
-MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "OMPI_COMM_WORLD_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
-# Per-launch variables that must not leak from an outer job into the ranks of an inner one.
-_PER_LAUNCH = ("NEURAL_ARCH_READY_DIR", "NEURAL_ARCH_PARENT_PID", "RANK", "LOCAL_RANK")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the usual, slightly racy, bind-to-0 trick).
-
-    >>> 0 < free_port() < 65536
-    True
-    """
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def package_root() -> str:
-    """Folder that contains the ``neural_arch`` package, so children import the same code."""
-    here = os.path.abspath(__file__)  # <root>/neural_arch/distributed/run/env.py
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(here))))
-
-
-def rank_env(base: Mapping[str, str] | None = None, *, rank: int | None, world_size: int,
-             master_port: int, token: str, backend: str = "gloo", master_addr: str = "127.0.0.1",
-             local_rank: int | None = None, local_world_size: int | None = None,
-             node_rank: int = 0, restart_count: int = 0, parent_pid: int | None = None,
-             python_path: tuple = ()) -> dict:
-    """The environment of one rank: what the launcher, ``launch()`` and ``RankPool`` all give.
-
-    Starts from ``base`` (default ``os.environ``) without MPI identity variables or an outer job's
-    per-launch ones, and sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
-    ``NODE_RANK``/``GROUP_RANK``, ``MASTER_ADDR``/``MASTER_PORT``, ``NEURAL_ARCH_BACKEND``,
-    ``NEURAL_ARCH_AUTH_TOKEN``, ``NEURAL_ARCH_RESTART_COUNT``/``TORCHELASTIC_RESTART_COUNT``,
-    ``NEURAL_ARCH_PARENT_PID`` (when given, for the parent-death watch), ``PYTHONUNBUFFERED=1``
-    and ``PYTHONPATH`` = this package's folder, ``python_path``, then the inherited entries.
-    ``rank=None`` leaves ``RANK``/``LOCAL_RANK`` unset (ranks started by mpiexec learn them from it).
-
-    >>> env = rank_env({}, rank=1, world_size=2, master_port=29500, token="t")
-    >>> env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"]
-    ('1', '1', '2', '127.0.0.1')
-    """
-    env = {k: v for k, v in (os.environ if base is None else base).items()
-           if not k.startswith(MPI_ENV_PREFIXES) and k not in _PER_LAUNCH}
-    local_world_size = world_size if local_world_size is None else local_world_size
-    env.update({
-        "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(local_world_size),
-        "NODE_RANK": str(node_rank), "GROUP_RANK": str(node_rank),
-        "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-        "NEURAL_ARCH_BACKEND": backend, "NEURAL_ARCH_AUTH_TOKEN": token,
-        "NEURAL_ARCH_RESTART_COUNT": str(restart_count),
-        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
-    })
-    if rank is not None:
-        env["RANK"] = str(rank)
-        env["LOCAL_RANK"] = str(rank % max(local_world_size, 1) if local_rank is None else local_rank)
-    if parent_pid is not None:
-        env["NEURAL_ARCH_PARENT_PID"] = str(parent_pid)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    set_python_path(env, python_path)
-    return env
-
-
-def set_python_path(env: dict, extra: Sequence[str] = ()) -> None:
-    """``env["PYTHONPATH"]`` = this package's folder, ``extra``, then the entries ``env`` had, each once
-    (what every process we start needs to import the same neural_arch).
-
-    >>> env = {"PYTHONPATH": "/b"}
-    >>> set_python_path(env, ["/a", "/b"]); env["PYTHONPATH"].split(os.pathsep)[1:]
-    ['/a', '/b']
-    """
-    paths = [package_root(), *extra, *env.get("PYTHONPATH", "").split(os.pathsep)]
-    seen: set = set()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p and not (p in seen or seen.add(p)))
-
-
 def is_torchelastic_launched(environ: Mapping[str, str] | None = None) -> bool:
     """torch's helper: True when this process was started by an elastic launcher.
 
@@ -397,31 +299,6 @@ def is_torchelastic_launched(environ: Mapping[str, str] | None = None) -> bool:
     if (env.get("TORCHELASTIC_RUN_ID") or "").strip():
         return True
     return "TORCHELASTIC_RESTART_COUNT" in env and "RANK" in env
-
-
-# --------------------------------------------------------------------------- rendezvous marker
-def report_ready(environ: Mapping[str, str] | None = None) -> bool:
-    """Tell the launcher that this rank reached rendezvous (its ``--start_timeout`` waits for it).
-
-    The contract: when ``NEURAL_ARCH_READY_DIR`` is set (our launcher sets a fresh folder per
-    attempt), a rank creates the empty file ``$NEURAL_ARCH_READY_DIR/rank_{RANK}`` once its
-    rendezvous succeeded. ``init_process_group()`` does that; a script that never calls it (no
-    collectives at all) calls this instead, or the launcher's ``--start_timeout`` ends the job.
-    Returns True when a marker was written; without the variable it does nothing.
-
-    >>> report_ready({})
-    False
-    """
-    env = os.environ if environ is None else environ
-    folder = setting("NEURAL_ARCH_READY_DIR", env)
-    if not folder:
-        return False
-    try:
-        with open(os.path.join(folder, f"rank_{int(env.get('RANK', '0'))}"), "w"):
-            pass
-    except (OSError, ValueError):
-        return False  # the launcher is gone or its folder was removed: nobody is waiting
-    return True
 
 
 # --------------------------------------------------------------------------- job token
@@ -464,137 +341,3 @@ def derive_job_token(environ: Mapping[str, str] | None = None) -> str | None:
         text = f"neural_arch-job-token|{family}|{job}|{extra}"
         return hashlib.sha256(text.encode()).hexdigest()[:32]
     return None
-
-
-# --------------------------------------------------------------------------- parent-death watch
-_PR_SET_PDEATHSIG = 1
-_watch_started = False
-
-
-def _set_pdeathsig(sig: int) -> bool:
-    """Ask the Linux kernel to send ``sig`` when our parent dies. False when not available."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-_GROUP_REAPER = """
-import os, signal, sys, time
-pgid, grace = int(sys.argv[1]), float(sys.argv[2])
-def alive():
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except OSError:
-        return False
-try:
-    os.killpg(pgid, signal.SIGTERM)
-except OSError:
-    sys.exit(0)
-end = time.monotonic() + grace
-while alive() and time.monotonic() < end:
-    time.sleep(0.05)
-try:
-    os.killpg(pgid, signal.SIGKILL)
-except OSError:
-    pass
-"""
-
-
-def _kill_own_group(grace: float) -> None:
-    """SIGTERM our whole process group, SIGKILL it after ``grace`` s, from a separate process.
-
-    Why a separate process: our own SIGTERM may kill us at once (default action), and then nobody
-    would be left to send the SIGKILL to grandchildren that ignore SIGTERM. The reaper runs in its
-    own session, so the signals it sends to our group do not reach it; it exits within ``grace`` s.
-    """
-    import subprocess
-
-    pgid = os.getpgrp()
-    try:
-        subprocess.Popen([sys.executable, "-I", "-S", "-c", _GROUP_REAPER, str(pgid), str(grace)],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
-    except OSError:  # cannot start a process (fd/pid limits): do it from here, best effort
-        import time
-
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-            time.sleep(grace)
-            os.killpg(pgid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def _poll_parent(parent_pid: int, sig: int, interval: float, grace: float,
-                 kill_group: bool) -> None:
-    import time
-
-    while os.getppid() == parent_pid:
-        time.sleep(interval)
-    # The parent is gone (we were re-parented to init or a subreaper).
-    if kill_group:
-        # Take everything this rank started (data-loader workers, `sleep` in a shell) with us.
-        _kill_own_group(grace)
-    else:
-        # Ask politely, then insist: a script that ignores SIGTERM must not be left as an orphan.
-        try:
-            os.kill(os.getpid(), sig)
-        except OSError:
-            pass
-    time.sleep(grace + 1.0)
-    os._exit(128 + int(sig))
-
-
-def install_parent_death_watch(parent_pid: int | None = None, sig: int = signal.SIGTERM,
-                               poll_interval: float = 0.5, grace: float = 10.0,
-                               kill_group: bool = False) -> bool:
-    """Make this process exit when its launcher dies, even if the launcher got SIGKILL.
-
-    ``parent_pid`` defaults to ``NEURAL_ARCH_PARENT_PID`` (set by our launcher). A daemon thread
-    polls ``os.getppid()`` every ``poll_interval`` seconds (portable). Returns True when a watch
-    is active. Calling it twice is harmless.
-
-    ``kill_group=False``: also ``prctl(PR_SET_PDEATHSIG, sig)`` on Linux (instant, kernel-side);
-    the process gets ``sig`` and, ``grace`` s later, exits hard.
-
-    ``kill_group=True`` (the launcher's ranks, each the leader of its own session): the whole
-    process group gets SIGTERM and, ``grace`` s later, SIGKILL, so processes the rank started do
-    not survive as orphans. No PDEATHSIG here: the kernel would kill the rank alone before the
-    watch could reach its group. If this process does not lead its group, it falls back to
-    ``kill_group=False`` (killing the group would hit the process that started us).
-
-    >>> install_parent_death_watch(parent_pid=None) in (True, False)
-    True
-    """
-    global _watch_started
-    if parent_pid is None:
-        parent_pid = setting("NEURAL_ARCH_PARENT_PID")
-    if parent_pid is None or parent_pid <= 1:
-        return False
-    if os.getppid() != parent_pid:
-        import psutil  # (here: this rare branch must not slow every rank's start)
-
-        if psutil.pid_exists(parent_pid):
-            # We are not the launcher's direct child (a process a rank started inherited the
-            # variable): the launcher is not our parent, so there is nothing to watch.
-            return False
-        # The launcher already died before we got here: do not start user code at all.
-        if kill_group and os.getpgrp() == os.getpid():
-            _kill_own_group(grace)
-        os._exit(128 + int(sig))
-    kill_group = kill_group and os.getpgrp() == os.getpid()
-    if not kill_group:
-        _set_pdeathsig(sig)
-    if not _watch_started:
-        _watch_started = True
-        threading.Thread(target=_poll_parent,
-                         args=(parent_pid, sig, poll_interval, grace, kill_group),
-                         name="neural-arch-parent-watch", daemon=True).start()
-    return True

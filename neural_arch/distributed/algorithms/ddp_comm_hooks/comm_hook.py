@@ -15,6 +15,9 @@ in the same order: the reducer calls the hook for bucket 0, 1, 2, ... in that or
 
 :func:`allreduce_hook` (the default) is the one place where DDP's averaging is defined.
 
+What the reducer may do for a hook is declared by :class:`CommHook` (``accepts_prescaled``,
+``supports_inline``); a plain function is accepted as well and declares nothing.
+
 Example (a hook that averages in float16 on the wire, as torch's ``fp16_compress_hook``)::
 
     def fp16_hook(process_group, bucket):
@@ -28,13 +31,14 @@ Example (a hook that averages in float16 on the wire, as torch's ``fp16_compress
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
-from neural_arch.distributed.comm.work import ReduceOp, Work
+from neural_arch.distributed.comm.work import Work
 from neural_arch.distributed.groups import get_default_group
 
-__all__ = ["GradBucket", "allreduce_hook", "deferred", "hook_backend", "then"]
+__all__ = ["CommHook", "GradBucket", "comm_hook", "deferred", "hook_backend", "then"]
 
 
 class GradBucket:
@@ -60,7 +64,7 @@ class GradBucket:
         self._params = params
         self._last = last
         #: True when the reducer already multiplied the gradients by 1/world while copying
-        #: them in (it does so for hooks that declare ``accepts_prescaled = True``)
+        #: them in (it does so for a :class:`CommHook` that declares ``accepts_prescaled``)
         self.prescaled = False
 
     def index(self) -> int:
@@ -93,6 +97,67 @@ class GradBucket:
     def __repr__(self) -> str:
         return (f"GradBucket(index={self._index}, numel={self._buffer.size}, dtype={self._buffer.dtype}, "
                 f"params={len(self._params)}, last={self._last})")
+
+
+class CommHook:
+    """A comm hook and what it declares it can take: the reducer reads these attributes, once,
+    when the hook is registered.
+
+    * ``accepts_prescaled``: the reducer may hand the hook buckets already multiplied by 1/world
+      (it folds the division into its copy of the gradients; the bucket then says ``prescaled``);
+    * ``supports_inline``: the hook takes ``async_op=False`` and then runs its collective on the
+      calling thread (the reducer does so for buckets left at the end of backward).
+
+    A plain function registered with ``register_comm_hook`` is wrapped with both False (see
+    :meth:`of`); calling a ``CommHook`` calls the function, passing ``async_op`` on only when it
+    is declared. Make one with :func:`comm_hook`.
+
+    Example::
+
+        >>> hook = CommHook(lambda state, bucket: None)
+        >>> hook.accepts_prescaled, hook.supports_inline
+        (False, False)
+        >>> from neural_arch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        >>> CommHook.of(allreduce_hook) is allreduce_hook, allreduce_hook.accepts_prescaled
+        (True, True)
+    """
+
+    def __init__(self, fn: Callable[..., Work], *, accepts_prescaled: bool = False, supports_inline: bool = False):
+        if not callable(fn):
+            raise TypeError(f"CommHook: expected a callable hook(state, bucket) -> Work, got {fn!r}")
+        self.fn = fn
+        self.accepts_prescaled = bool(accepts_prescaled)
+        self.supports_inline = bool(supports_inline)
+        functools.update_wrapper(self, fn, updated=())  # the function's name and docstring
+
+    @classmethod
+    def of(cls, hook) -> CommHook:
+        """``hook`` itself if it is a CommHook, else ``hook`` wrapped with nothing declared."""
+        return hook if isinstance(hook, CommHook) else cls(hook)
+
+    def __call__(self, state, bucket: GradBucket, async_op: bool = True) -> Work:
+        if self.supports_inline:
+            return self.fn(state, bucket, async_op=async_op)
+        return self.fn(state, bucket)
+
+    def __repr__(self) -> str:
+        name = getattr(self.fn, "__qualname__", None) or repr(self.fn)
+        return (f"CommHook({name}, accepts_prescaled={self.accepts_prescaled}, "
+                f"supports_inline={self.supports_inline})")
+
+
+def comm_hook(*, accepts_prescaled: bool = False, supports_inline: bool = False):
+    """Decorator: make a function a :class:`CommHook` with the capabilities it declares.
+
+    Example::
+
+        @comm_hook(supports_inline=True)
+        def my_hook(state, bucket, async_op=True):
+            return hook_backend(state).allreduce(bucket.buffer(), ReduceOp.AVG, async_op=async_op)
+    """
+    def wrap(fn: Callable[..., Work]) -> CommHook:
+        return CommHook(fn, accepts_prescaled=accepts_prescaled, supports_inline=supports_inline)
+    return wrap
 
 
 def then(work: Work, fn: Callable[[Work], Any]) -> Work:
@@ -159,27 +224,3 @@ def hook_backend(process_group):
     if process_group is None:
         return get_default_group().backend
     return getattr(process_group, "backend", process_group)
-
-
-def allreduce_hook(process_group, bucket: GradBucket, async_op: bool = True) -> Work:
-    """DDP's default: the average of every rank's gradients (SUM all-reduce of gradients / world).
-
-    The division is folded into the reducer's copy of the gradients into the bucket when the
-    bucket says ``prescaled`` (see ``accepts_prescaled``): that pass over the data happens anyway,
-    while a separate division after the all-reduce would sit on the critical path (0.8 ms per
-    step for 7.4 MB, measured). ``process_group`` is the state argument: a ProcessGroup, a
-    backend, or None for the default group. ``async_op=False`` runs the all-reduce on the
-    calling thread (the reducer does so for buckets left at the end of backward, which it is
-    about to wait for anyway: it saves two thread hand-offs).
-    """
-    backend = hook_backend(process_group)
-    buffer = bucket.buffer()
-    if not bucket.prescaled:
-        buffer *= buffer.dtype.type(1.0 / backend.size)
-    return backend.allreduce(buffer, ReduceOp.SUM, async_op=async_op)
-
-
-#: the reducer may hand this hook buckets already multiplied by 1/world
-allreduce_hook.accepts_prescaled = True
-#: the hook takes ``async_op=False`` (run on the calling thread)
-allreduce_hook.supports_inline = True

@@ -17,8 +17,8 @@ steps: what a rank did not send is kept (per ``key``) and added to its next call
 
 from __future__ import annotations
 
+from neural_arch.distributed.algorithms.ddp_comm_hooks.comm_hook import GradBucket, hook_backend
 from neural_arch.distributed.comm.work import ReduceOp
-from neural_arch.distributed.ddp.comm_hooks import GradBucket, hook_backend
 
 __all__ = ["CommunicationOptimizer"]
 
