@@ -76,7 +76,7 @@ if ROOT not in sys.path:  # run from a checkout without `pip install -e .`
 
 import numpy as np
 
-from benchmarks._common import format_table, write_json
+from benchmarks.common import format_table, write_json
 from benchmarks.checkpoint_recovery import recovery, worker
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")

@@ -56,7 +56,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from benchmarks._common import format_table, json_lines, run_processes, thread_env, write_json
+from benchmarks.common import format_table, json_lines, run_processes, thread_env, write_json
 from neural_arch.distributed.testing import free_port, mpiexec_path
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")

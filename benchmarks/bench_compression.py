@@ -265,7 +265,7 @@ def worker(args) -> dict:
 # ------------------------------------------------------------------------------------------------
 
 def launch(args) -> dict:
-    from benchmarks._common import json_lines, run_processes, thread_env
+    from benchmarks.common import json_lines, run_processes, thread_env
     from neural_arch.distributed.testing import free_port
 
     me = os.path.abspath(__file__)
@@ -310,7 +310,7 @@ def main(argv=None) -> int:
             print(json.dumps(result), flush=True)
         return 0
 
-    from benchmarks._common import format_table, write_json
+    from benchmarks.common import format_table, write_json
 
     print(f"{args.ranks} ranks, backend {args.backend}, digits {args.epochs} epochs; load average {os.getloadavg()}",
           flush=True)

@@ -170,7 +170,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    from benchmarks._common import print_table
+    from benchmarks.common import print_table
     from neural_arch.distributed.testing import RankPool
 
     cfg = {"seq": args.seq, "batch": args.batch, "heads": args.heads, "dim": args.dim, "repeat": args.repeat}

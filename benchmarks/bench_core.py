@@ -44,7 +44,7 @@ _ROOT = os.path.dirname(_HERE)
 if _ROOT not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, _ROOT)
 
-from benchmarks._common import (  # noqa: E402
+from benchmarks.common import (  # noqa: E402
     blas_threads,
     format_table,
     median_time,

@@ -215,7 +215,7 @@ def worker_torch(args) -> dict:
 # ------------------------------------------------------------------------------------------------
 
 def _child_env(extra=None, torch_path=None) -> dict:
-    from benchmarks._common import thread_env
+    from benchmarks.common import thread_env
 
     env = thread_env(1)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, torch_path, env.get("PYTHONPATH")) if p)
@@ -235,7 +235,7 @@ def _last_json(stdout: str) -> dict:
 
 def run_config(framework: str, backend: str, world: int, args) -> dict:
     """Start ``world`` workers (directly, or under mpiexec) and return rank 0's measurements."""
-    from benchmarks._common import run_processes
+    from benchmarks.common import run_processes
     from neural_arch.distributed.testing import free_port
 
     me = os.path.abspath(__file__)
@@ -291,7 +291,7 @@ def main(argv=None) -> int:
             print(json.dumps(result), flush=True)
         return 0
 
-    from benchmarks._common import format_table, write_json
+    from benchmarks.common import format_table, write_json
 
     configs = [("neural_arch", "none", 1, None), ("neural_arch", "none", 2, None)]
     configs += [("neural_arch", b, 2, float(c)) for b in args.backends.split(",") if b

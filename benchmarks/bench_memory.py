@@ -65,7 +65,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, ROOT)
 
-from benchmarks._common import format_table, write_json
+from benchmarks.common import format_table, write_json
 
 STRATEGIES = ("DDP", "ZeRO-1", "ZeRO-2", "FSDP", "FSDP-post", "FSDP+AC", "DDP+AC")
 RESULTS = os.path.join(ROOT, "benchmarks", "results")

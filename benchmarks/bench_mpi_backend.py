@@ -47,7 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from benchmarks._common import format_table, thread_env, write_json
+from benchmarks.common import format_table, thread_env, write_json
 from neural_arch.distributed.testing import run_mpiexec
 
 SIZES = [1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22]

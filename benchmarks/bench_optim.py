@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks._common import limit_threads, median_time, print_table, write_json
+from benchmarks.common import limit_threads, median_time, print_table, write_json
 from neural_arch import nn, optim
 from neural_arch.core.tensor import Tensor
 

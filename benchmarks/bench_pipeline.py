@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.stages, args.microbatches, args.width, args.mb, args.steps = "2", "1,2,4", 64, 8, 1
 
-    from benchmarks._common import format_table, write_json
+    from benchmarks.common import format_table, write_json
     from benchmarks.bench_pipeline import worker as importable_worker  # pickled by reference in the ranks
     from neural_arch.distributed.pipelining.schedules import theoretical_bubble
     from neural_arch.distributed.pipelining.zero_bubble import zero_bubble_theory

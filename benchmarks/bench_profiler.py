@@ -39,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
-from benchmarks._common import print_table, thread_env, write_json
+from benchmarks.common import print_table, thread_env, write_json
 
 MODES = ("off", "noop", "stall", "profile", "all")
 

@@ -42,7 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, ROOT)
 
-from benchmarks._common import format_table, write_json
+from benchmarks.common import format_table, write_json
 
 EXAMPLE = os.path.join(ROOT, "examples", "restart_from_checkpoint.py")
 

@@ -57,7 +57,7 @@ sys.path.insert(0, ROOT)
 if os.environ.get("BENCH_LIB_ROOT"):
     sys.path.insert(0, os.environ["BENCH_LIB_ROOT"])
 
-from benchmarks._common import format_table, json_lines, run_processes, thread_env, write_json
+from benchmarks.common import format_table, json_lines, run_processes, thread_env, write_json
 from neural_arch.distributed.testing import free_port, mpiexec_path
 
 

@@ -22,7 +22,7 @@ ROOT = os.path.dirname(HERE)
 BENCH = os.path.join(HERE, "bench_collectives.py")
 sys.path.insert(0, ROOT)
 
-from benchmarks._common import format_table, json_lines, run_processes, thread_env, write_json
+from benchmarks.common import format_table, json_lines, run_processes, thread_env, write_json
 from benchmarks.bench_collectives import _label, _parse_size, _plan, busbw
 from neural_arch.distributed.testing import free_port
 

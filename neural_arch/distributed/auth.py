@@ -29,7 +29,8 @@ The handshake authenticates the *start* of a connection only: the frames after i
 are not encrypted, so an on-path attacker between hosts can read them and, by relaying a real
 handshake, inject frames (docs/security.md, "On-path attackers").
 
-Every read and write has a deadline: a peer that stalls gets :class:`HandshakeError` naming
+Every read and write has a deadline: a peer that stalls gets
+:class:`~neural_arch.distributed.errors.HandshakeError` naming
 ``where`` (host:port and role) and the phase, never a bare ``TimeoutError``. Sizes are bounded
 (``extra`` <= 64 KiB).
 
@@ -81,15 +82,41 @@ _WARNED: set = set()
 
 
 class HandshakeRefused(AuthenticationError):
-    """The other side answered the handshake and refused (the message says why and what to fix)."""
+    """The other side answered the handshake and refused (the message says why and what to fix).
+
+    Example::
+
+        >>> from neural_arch.distributed.auth import HandshakeRefused
+        >>> from neural_arch.distributed.errors import AuthenticationError
+        >>> issubclass(HandshakeRefused, AuthenticationError)
+        True
+    """
 
 
 class NotAnEndpointError(HandshakeError):
-    """The other side does not speak this handshake (another service on the port, another version)."""
+    """The other side does not speak this handshake (another service on the port, another version).
+
+    Example::
+
+        >>> from neural_arch.distributed.auth import NotAnEndpointError
+        >>> from neural_arch.distributed.errors import HandshakeError
+        >>> issubclass(NotAnEndpointError, HandshakeError)
+        True
+    """
 
 
 class WeakTokenError(AuthenticationError, ValueError):
-    """A job token too short to resist offline guessing (the message says how to make a good one)."""
+    """A job token too short to resist offline guessing (the message says how to make a good one).
+
+    Example::
+
+        >>> from neural_arch.distributed.auth import WeakTokenError, job_key
+        >>> try:
+        ...     job_key("secret")
+        ... except WeakTokenError as err:
+        ...     print(str(err)[:37])
+        the job token (NEURAL_ARCH_AUTH_TOKEN
+    """
 
 
 # -- keys -----------------------------------------------------------------------------------------------
@@ -189,9 +216,24 @@ def _send(sock: socket.socket, data: bytes, deadline: float, where: str, phase: 
 def serve(sock: socket.socket, key: bytes | str | None, purpose: bytes, deadline: float, where: str = "handshake",
           accept: Callable[[int, bytes], str | None] | None = None) -> tuple[int, bytes]:
     """Server side. Returns ``(identity, extra)`` of an authenticated client, else raises
-    (:class:`HandshakeError` for a stalled/broken peer, :class:`HandshakeRefused` for a wrong key or
-    an identity ``accept`` refused -- ``accept(identity, extra)`` returns None or the reason).
-    ``key`` None serves *open* (callers allow that only on an explicit opt-in)."""
+    (:class:`~neural_arch.distributed.errors.HandshakeError` for a stalled/broken peer,
+    :class:`HandshakeRefused` for a wrong key or an identity ``accept`` refused --
+    ``accept(identity, extra)`` returns None or the reason).
+    ``key`` None serves *open* (callers allow that only on an explicit opt-in).
+
+    Example (both ends in one process, over a socket pair)::
+
+        >>> import os, socket, threading, time
+        >>> server_end, client_end = socket.socketpair()
+        >>> key, answers = os.urandom(32), []
+        >>> server = threading.Thread(target=lambda: answers.append(
+        ...     serve(server_end, key, b"tcp", time.monotonic() + 5)))
+        >>> server.start()
+        >>> greet(client_end, key, b"tcp", time.monotonic() + 5, identity=3) == key
+        True
+        >>> server.join(); answers
+        [(3, b'')]
+    """
     key = job_key(key) if key else None
     nonce = os.urandom(_NONCE)
     _send(sock, _HELLO.pack(MAGIC, 1 if key else 0, nonce), deadline, where, "hello")
@@ -225,7 +267,13 @@ def greet(sock: socket.socket, key: bytes | str | None | Callable[[], bytes | No
     ``key`` may be a function (called once the server asked for a key: it returns the key, or None
     when this process does not have it -- e.g. reading the per-user job secret). A client with a
     key, or with ``require_key=True``, refuses a server that runs open. Returns the handshake key
-    used (:func:`job_key` of ``key``; None in open mode)."""
+    used (:func:`job_key` of ``key``; None in open mode).
+
+    Example (the server side is in :func:`serve`'s example)::
+
+        sock = socket.create_connection((host, port))
+        greet(sock, key, b"tcp", time.monotonic() + 30, where=f"{host}:{port}", identity=rank)
+    """
     magic, mode, nonce = _HELLO.unpack(_recv(sock, _HELLO.size, deadline, where, "hello"))
     if magic != MAGIC:
         raise NotAnEndpointError(f"{where} is not a neural_arch endpoint of this version (another service on that "
@@ -317,7 +365,13 @@ def local_job_secret(port: int, create: bool = False) -> bytes | None:
 
     ``create=True`` (the store's master) writes a fresh one; otherwise it is read: None when there
     is none (or it is not a private file of this user). Other users cannot read it: they cannot
-    join the job's store or mesh. (Processes of the same user can: they could read our memory anyway.)"""
+    join the job's store or mesh. (Processes of the same user can: they could read our memory anyway.)
+
+    Example::
+
+        secret = local_job_secret(29500, create=True)     # the store's master
+        secret == local_job_secret(29500)                  # True on a rank of the same user and host
+    """
     folder = _checked_dir(secret_dir(), create)
     if create:
         secret = os.urandom(32)
@@ -377,7 +431,13 @@ def forget_local_job_secret(port: int, secret: bytes) -> None:
 
 
 def warn_open(where: str) -> None:
-    """Say once, loudly, that ``where`` accepts unauthenticated peers (on the job's explicit opt-in)."""
+    """Say once, loudly, that ``where`` accepts unauthenticated peers (on the job's explicit opt-in).
+
+    Example::
+
+        if key is None:
+            warn_open(f"the rendezvous store on {host}:{port}")
+    """
     if where in _WARNED:
         return
     _WARNED.add(where)

@@ -100,6 +100,11 @@ def queue_outermost_callback(fn: Callable[[], None]) -> None:
     ``queue_callback`` from a hook that fires inside it would run at the end of the nested pass,
     before the rest of the model has its gradients. (Uses the engine's callback stack: asked the
     core owner for a public ``queue_callback(fn, outermost=True)``.)
+
+    Example::
+
+        def on_grad(param):                      # a post-accumulate-grad hook
+            queue_outermost_callback(wait_for_buckets)   # once, after the whole backward
     """
     stack = _ag._callback_stack()
     if not stack:

@@ -143,7 +143,13 @@ def _stack(items, xp):
 
 
 def get_process_group_ranks(group) -> list[int]:
-    """torch's query: the global ranks of ``group`` (None: the world), in group-rank order."""
+    """torch's query: the global ranks of ``group`` (None: the world), in group-rank order.
+
+    Example::
+
+        pg = dist.new_group([0, 2])
+        dist.get_process_group_ranks(pg)       # [0, 2]
+    """
     if group is GroupMember.NON_GROUP_MEMBER:
         raise ValueError("get_process_group_ranks: this rank is not in the group (NON_GROUP_MEMBER); "
                          "ask a member, or keep the ranks list you passed to new_group()")
@@ -152,7 +158,12 @@ def get_process_group_ranks(group) -> list[int]:
 
 # ---------------------------------------------------------------------------------- collectives
 def barrier(group=None, async_op: bool = False):
-    """Block until every rank of ``group`` reached the barrier."""
+    """Block until every rank of ``group`` reached the barrier.
+
+    Example::
+
+        dist.barrier()                         # every rank waits here until all arrived
+    """
     pg = _group(group, "barrier")
     if pg is None:
         return None
@@ -166,6 +177,11 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
     On a gloo group spanning several hosts, a large synchronous call runs hierarchically (shared
     memory inside hosts, the network between them; ``NEURAL_ARCH_HIERARCHICAL``, and
     ``algorithms.hierarchical_auto.all_reduce_algorithm`` says which form a call takes).
+
+    Example::
+
+        t = Tensor(np.full(3, float(dist.get_rank())))
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)   # t.data == sum of the ranks, on every rank
     """
     # The common case of _group and _buf, inline (two calls less on every small all-reduce): the default
     # group, a Tensor whose data is a C-contiguous NumPy array. Anything else goes through them.
@@ -200,7 +216,13 @@ def _hierarchical(pg, data, op, limit) -> bool:
 
 
 def broadcast(tensor, src: int = 0, group=None, async_op: bool = False):
-    """Copy global rank ``src``'s tensor into every rank's ``tensor``; returns ``tensor``."""
+    """Copy global rank ``src``'s tensor into every rank's ``tensor``; returns ``tensor``.
+
+    Example::
+
+        t = Tensor(np.arange(4.0)) if dist.get_rank() == 0 else Tensor(np.zeros(4))
+        dist.broadcast(t, src=0)               # every rank now holds [0., 1., 2., 3.]
+    """
     pg = _group(group, "broadcast")
     if pg is None:
         return None
@@ -212,7 +234,13 @@ def broadcast(tensor, src: int = 0, group=None, async_op: bool = False):
 
 
 def reduce(tensor, dst: int = 0, op=ReduceOp.SUM, group=None, async_op: bool = False):
-    """Reduce into global rank ``dst``'s ``tensor`` (others unchanged); returns ``tensor``."""
+    """Reduce into global rank ``dst``'s ``tensor`` (others unchanged); returns ``tensor``.
+
+    Example::
+
+        t = Tensor(np.ones(3))
+        dist.reduce(t, dst=0)                  # on rank 0: world_size * ones; elsewhere unchanged
+    """
     pg = _group(group, "reduce")
     if pg is None:
         return None
@@ -226,6 +254,12 @@ def all_gather(tensor_list_or_tensor, tensor=None, group=None, async_op: bool = 
 
     ``all_gather(t)`` returns a new list (seed style); ``all_gather(tensor_list, t)`` fills
     ``tensor_list`` (torch style) and returns it.
+
+    Example::
+
+        parts = dist.all_gather(Tensor(np.full(2, float(rank))))          # seed style: a new list
+        out = [Tensor(np.zeros(2)) for _ in range(world_size)]
+        dist.all_gather(out, Tensor(np.full(2, float(rank))))             # torch style: fills out
     """
     pg = _group(group, "all_gather")
     if pg is None:
@@ -259,6 +293,11 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
 
     On ``dst`` returns ``gather_list`` filled in group-rank order (a new list when None);
     on the other ranks returns None (``gather_list`` is ignored there).
+
+    Example::
+
+        got = dist.gather(Tensor(np.full(2, float(rank))), dst=0)
+        # rank 0: [Tensor([0., 0.]), Tensor([1., 1.]), ...]; other ranks: None
     """
     pg = _group(group, "gather")
     if pg is None:
@@ -286,7 +325,13 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
 
 
 def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool = False):
-    """Global rank ``src`` sends ``scatter_list[r]`` to group rank r, into its ``tensor``; returns ``tensor``."""
+    """Global rank ``src`` sends ``scatter_list[r]`` to group rank r, into its ``tensor``; returns ``tensor``.
+
+    Example::
+
+        chunks = [Tensor(np.full(2, float(r))) for r in range(world_size)] if rank == 0 else None
+        mine = dist.scatter(Tensor(np.zeros(2)), chunks, src=0)           # rank r holds [r, r]
+    """
     pg = _group(group, "scatter")
     if pg is None:
         return None
@@ -311,6 +356,11 @@ def reduce_scatter(output_or_input, input_list_or_op=None, op=ReduceOp.SUM, grou
     group size) and returns this rank's chunk of dim 0 as a new tensor.
     Torch style: ``reduce_scatter(output, input_list, op)`` reduces ``input_list[r]`` across
     ranks into group rank r's ``output`` and returns ``output``.
+
+    Example::
+
+        mine = dist.reduce_scatter(Tensor(np.ones((4 * world_size, 2))), dist.ReduceOp.SUM)
+        # mine.shape == (4, 2), every element world_size
     """
     pg = _group(group, "reduce_scatter")
     if pg is None:
@@ -342,7 +392,13 @@ def reduce_scatter(output_or_input, input_list_or_op=None, op=ReduceOp.SUM, grou
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False):
-    """torch's flat form: ``input.shape[0] == size * output.shape[0]``; fills and returns ``output``."""
+    """torch's flat form: ``input.shape[0] == size * output.shape[0]``; fills and returns ``output``.
+
+    Example::
+
+        out = Tensor(np.zeros((2, 3)))
+        dist.reduce_scatter_tensor(out, Tensor(np.ones((2 * world_size, 3))))  # out == world_size
+    """
     pg = _group(group, "reduce_scatter_tensor")
     if pg is None:
         return None
@@ -356,6 +412,11 @@ def all_to_all(output, input=None, group=None, async_op: bool = False):
     Forms: ``all_to_all(output_list, input_list)`` (torch; equal shapes), ``all_to_all(output,
     input)`` with single tensors split along dim 0 (torch's ``all_to_all_single``), and
     ``all_to_all(input)``, which returns a new tensor.
+
+    Example::
+
+        x = Tensor(np.full((world_size, 2), float(rank)))   # row d goes to rank d
+        y = dist.all_to_all(x)                              # row s of y came from rank s
     """
     pg = _group(group, "all_to_all")
     if pg is None:
@@ -497,7 +558,15 @@ def _p2p_args(group, tag):
 
 
 def send(tensor, dst: int, group=None, tag: int = 0) -> None:
-    """Send ``tensor`` to global rank ``dst`` (blocks until handed to the transport)."""
+    """Send ``tensor`` to global rank ``dst`` (blocks until handed to the transport).
+
+    Example::
+
+        if rank == 0:
+            dist.send(Tensor(np.arange(3.0)), dst=1)
+        elif rank == 1:
+            dist.recv(Tensor(np.zeros(3)), src=0)
+    """
     group, tag = _p2p_args(group, tag)
     pg = _group(group, "send")
     if pg is None:
@@ -506,7 +575,14 @@ def send(tensor, dst: int, group=None, tag: int = 0) -> None:
 
 
 def recv(tensor, src: int, group=None, tag: int = 0):
-    """Receive from global rank ``src`` into ``tensor`` (same shape and dtype as sent); returns ``tensor``."""
+    """Receive from global rank ``src`` into ``tensor`` (same shape and dtype as sent); returns ``tensor``.
+
+    Example::
+
+        buf = Tensor(np.zeros(3))
+        if rank == 1:
+            dist.recv(buf, src=0)              # buf.data is what rank 0 sent
+    """
     group, tag = _p2p_args(group, tag)
     pg = _group(group, "recv")
     if pg is None:
@@ -516,7 +592,13 @@ def recv(tensor, src: int, group=None, tag: int = 0):
 
 
 def isend(tensor, dst: int, group=None, tag: int = 0) -> Work:
-    """Non-blocking :func:`send`; returns a Work (do not modify ``tensor`` until it is done)."""
+    """Non-blocking :func:`send`; returns a Work (do not modify ``tensor`` until it is done).
+
+    Example::
+
+        work = dist.isend(Tensor(np.arange(3.0)), dst=1)
+        work.wait()                            # the buffer may be reused from here
+    """
     group, tag = _p2p_args(group, tag)
     pg = _group(group, "isend")
     if pg is None:
@@ -526,7 +608,14 @@ def isend(tensor, dst: int, group=None, tag: int = 0) -> Work:
 
 
 def irecv(tensor, src: int, group=None, tag: int = 0) -> Work:
-    """Non-blocking :func:`recv`; the Work's ``result()`` is ``tensor`` once received."""
+    """Non-blocking :func:`recv`; the Work's ``result()`` is ``tensor`` once received.
+
+    Example::
+
+        work = dist.irecv(Tensor(np.zeros(3)), src=0)
+        work.wait()
+        received = work.result()           # the Tensor passed in, now filled
+    """
     group, tag = _p2p_args(group, tag)
     pg = _group(group, "irecv")
     if pg is None:
@@ -563,6 +652,13 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
 
     Every op is posted before any is waited on, so a ring (each rank sends right and receives
     from the left) cannot deadlock.
+
+    Example::
+
+        ops = [dist.P2POp(dist.isend, send_buf, (rank + 1) % world_size),
+               dist.P2POp(dist.irecv, recv_buf, (rank - 1) % world_size)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
     """
     if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
         raise ValueError("batch_isend_irecv: pass a non-empty list of P2POp")

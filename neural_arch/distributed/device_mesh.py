@@ -38,6 +38,12 @@ class DeviceMesh:
 
     Build it with :func:`init_device_mesh` (or ``DeviceMesh(device_type, mesh)`` where every
     rank passes the same array). ``mesh.mesh`` is the NumPy array of ranks.
+
+    Example::
+
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        tp_group = mesh.get_group("tp")          # the 2 ranks of this rank's row
+        mesh["dp"].size()                        # 2
     """
 
     def __init__(self, device_type: str, mesh, mesh_dim_names: Sequence[str] | None = None, *,

@@ -114,7 +114,14 @@ def _exchange_rows(x: Tensor, sends, receives, chunk: int, group, staging: dict 
 
 
 class ExpertParallelPlacement:
-    """An ``nn.MoE`` placement: this rank's experts, statistics over ``dp_group`` (see the module doc)."""
+    """An ``nn.MoE`` placement: this rank's experts, statistics over ``dp_group`` (see the module doc).
+
+    Example::
+
+        # what parallelize_moe does for each MoE layer (4 ranks, ep groups of 2)
+        placement = ExpertParallelPlacement(mesh.get_group("ep"), mesh.get_group("dp"), num_experts=4)
+        placement.expert_ids          # (0, 1) on ep rank 0, (2, 3) on ep rank 1
+    """
 
     def __init__(self, ep_group, dp_group, num_experts: int, local_aux_loss: bool = False):
         self.ep, self.dp = ep_group, dp_group

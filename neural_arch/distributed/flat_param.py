@@ -30,7 +30,17 @@ __all__ = ["FlatLayout", "FlatShard"]
 
 
 class FlatLayout:
-    """Offsets of tensors of ``shapes`` in a flat buffer padded to a multiple of ``world_size``."""
+    """Offsets of tensors of ``shapes`` in a flat buffer padded to a multiple of ``world_size``.
+
+    Example:
+        >>> import numpy as np
+        >>> layout = FlatLayout([(2, 3), (4,)], world_size=4)
+        >>> layout.numel, layout.padded_numel, layout.shard_range(1)
+        (10, 12, (3, 6))
+        >>> flat = layout.flatten([np.ones((2, 3)), np.arange(4.0)], np)
+        >>> [v.shape for v in layout.views(flat)]
+        [(2, 3), (4,)]
+    """
 
     def __init__(self, shapes: Sequence[tuple], world_size: int):
         if world_size < 1:

@@ -1,7 +1,8 @@
 """Process-group state: ``init_process_group``, ``new_group`` and the rank/world queries.
 
 One process holds at most one *default* ("world") group at a time, plus the sub-groups made
-from it with :func:`new_group`. A :class:`ProcessGroup` wraps one backend communicator and
+from it with :func:`~neural_arch.distributed.subgroups.new_group`. A
+:class:`~neural_arch.distributed.process_group.ProcessGroup` wraps one backend communicator and
 remembers its members as **global** ranks, which is what every ``src``/``dst``/``root``
 argument of :mod:`neural_arch.distributed.collectives` means (torch semantics).
 
@@ -133,12 +134,25 @@ def _env_float(name: str, default: float) -> float:
 
 # ---------------------------------------------------------------------------------- init
 def is_available() -> bool:
-    """Always True: the gloo backend needs nothing beyond NumPy."""
+    """Always True: the gloo backend needs nothing beyond NumPy.
+
+    Example::
+
+        >>> import neural_arch.distributed as dist
+        >>> dist.is_available()
+        True
+    """
     return True
 
 
 def is_initialized() -> bool:
-    """Whether ``init_process_group()`` ran (and ``destroy_process_group()`` did not since)."""
+    """Whether ``init_process_group()`` ran (and ``destroy_process_group()`` did not since).
+
+    Example::
+
+        if not dist.is_initialized():
+            dist.init_process_group()
+    """
     return _STATE.world is not None
 
 
@@ -663,7 +677,15 @@ atexit.register(_leave_at_exit)  # registered last, so it runs first: before the
 
 # ---------------------------------------------------------------------------------- groups
 def get_default_group() -> ProcessGroup:
-    """The world group; :class:`NotInitializedError` before ``init_process_group()``."""
+    """The world group; :class:`~neural_arch.distributed.errors.NotInitializedError` before
+    ``init_process_group()``.
+
+    Example::
+
+        dist.init_process_group()
+        world = dist.get_default_group()
+        world.rank(), world.size()
+    """
     world = _STATE.world
     if world is None:
         raise NotInitializedError("the default process group is not initialised; call "
@@ -690,29 +712,60 @@ def backend_or_world_of_one(group=None, caller: str = "this operation"):
 
 
 def get_rank(group=None) -> int:
-    """This process's rank in ``group`` (default: the world); -1 on a non-member (torch)."""
+    """This process's rank in ``group`` (default: the world); -1 on a non-member (torch).
+
+    Example::
+
+        dist.init_process_group()
+        if dist.get_rank() == 0:
+            print("only rank 0 logs")
+    """
     if group is GroupMember.NON_GROUP_MEMBER:
         return -1
     return _resolve_group(group, "get_rank").rank()
 
 
 def get_world_size(group=None) -> int:
-    """The number of ranks in ``group`` (default: the world); -1 on a non-member (torch)."""
+    """The number of ranks in ``group`` (default: the world); -1 on a non-member (torch).
+
+    Example::
+
+        dist.init_process_group()
+        per_rank_batch = global_batch // dist.get_world_size()
+    """
     if group is GroupMember.NON_GROUP_MEMBER:
         return -1
     return _resolve_group(group, "get_world_size").size()
 
 
 def get_backend(group=None) -> str:
-    """The backend name of ``group`` (``"gloo"``, ``"mpi"``, ``"local"``, ...)."""
+    """The backend name of ``group`` (``"gloo"``, ``"mpi"``, ``"local"``, ...).
+
+    Example::
+
+        dist.init_process_group()
+        dist.get_backend()            # "gloo" under the launcher, "mpi" under mpiexec
+    """
     return _resolve_group(group, "get_backend").backend_name
 
 
 def get_group_rank(group, global_rank: int) -> int:
-    """Global rank -> rank inside ``group``."""
+    """Global rank -> rank inside ``group``.
+
+    Example::
+
+        odds = dist.new_group([1, 3])
+        dist.get_group_rank(odds, 3)    # 1
+    """
     return _resolve_group(group, "get_group_rank").group_rank(global_rank, "global_rank")
 
 
 def get_global_rank(group, group_rank: int) -> int:
-    """Rank inside ``group`` -> global rank."""
+    """Rank inside ``group`` -> global rank.
+
+    Example::
+
+        odds = dist.new_group([1, 3])
+        dist.get_global_rank(odds, 1)   # 3
+    """
     return _resolve_group(group, "get_global_rank").global_rank(group_rank)

@@ -26,14 +26,25 @@ HOST_ID_ENV = "NEURAL_ARCH_HOST_ID"
 
 
 def host_identity() -> str:
-    """Same string on two processes <=> same host (hostname + kernel boot id, or ``NEURAL_ARCH_HOST_ID``)."""
+    """Same string on two processes <=> same host (hostname + kernel boot id, or ``NEURAL_ARCH_HOST_ID``).
+
+    Example::
+
+        >>> host_identity() == host_identity()
+        True
+    """
     forced = (config.get(HOST_ID_ENV) or "").strip()
     return forced or machine_identity()
 
 
 def machine_identity() -> str:
     """This physical machine: hostname + kernel boot id, *ignoring* ``NEURAL_ARCH_HOST_ID`` (which
-    only splits a machine into simulated hosts)."""
+    only splits a machine into simulated hosts).
+
+    Example::
+
+        >>> hostname, boot_id = machine_identity().split("/")
+    """
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()

@@ -1,6 +1,6 @@
 """``get_distributed_info()``: what the distributed setup of this process looks like.
 
-Split from :mod:`.group` (which owns the state this reads). Works before
+Split from :mod:`neural_arch.distributed.groups` (which owns the state this reads). Works before
 ``init_process_group()`` too. Example::
 
     >>> from neural_arch.distributed import get_distributed_info

@@ -1,6 +1,7 @@
 """Start, watch, tear down and restart the processes of a distributed job (one launcher per node).
 
-Command line (options before the script, or directly after it — see :mod:`launch_config`)::
+Command line (options before the script, or directly after it — see
+:mod:`~neural_arch.distributed.run.launch_config`)::
 
     python -m neural_arch.distributed.launcher --nproc_per_node=4 train.py --epochs 3
     python -m neural_arch.distributed.launcher train.py --nproc_per_node=4 --backend=gloo
@@ -604,7 +605,12 @@ def launch_distributed_training(script: str, *script_args, **config) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m neural_arch.distributed.launcher`` and ``neural-arch-launch``."""
+    """Entry point of ``python -m neural_arch.distributed.launcher`` and ``neural-arch-launch``.
+
+    Example::
+
+        python -m neural_arch.distributed.launcher --nproc-per-node 4 train.py --epochs 3
+    """
     config, target, script_args = parse_command_line(list(sys.argv[1:] if argv is None else argv))
     try:
         return DistributedLauncher(config).launch(target, *script_args)

@@ -59,7 +59,13 @@ def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]
 
 
 def union_length(intervals: Iterable[tuple[float, float]]) -> float:
-    """Total length covered by ``intervals``. ``union_length([(0, 2), (1, 3), (5, 6)]) == 4``."""
+    """Total length covered by ``intervals``. ``union_length([(0, 2), (1, 3), (5, 6)]) == 4``.
+
+    Example::
+
+        >>> union_length([(0, 2), (1, 3), (5, 6)])
+        4.0
+    """
     return float(sum(b - a for a, b in _union(intervals)))
 
 
@@ -112,6 +118,13 @@ class DistributedMetrics:
     Args:
         group: process group to combine over (default: the world; a world of one without init).
         watch_spans: measure communication from the spans emitted during :meth:`step`.
+
+    Example::
+
+        >>> metrics = DistributedMetrics()
+        >>> metrics.record_step(0.5, samples=32)     # or: with metrics.step(samples=32): train_step()
+        >>> metrics.summary()["samples_per_s"]
+        64.0
     """
 
     def __init__(self, group=None, watch_spans: bool = True):

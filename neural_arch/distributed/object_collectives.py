@@ -28,7 +28,13 @@ __all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "monit
 def broadcast_object_list(object_list: list[Any], src: int = 0, group=None, device=None) -> list[Any]:
     """Replace ``object_list``'s contents with global rank ``src``'s. Trusted peers only (pickle).
 
-    ``device`` is accepted for torch compatibility and ignored (objects travel on the host)."""
+    ``device`` is accepted for torch compatibility and ignored (objects travel on the host).
+
+    Example::
+
+        objs = [{"lr": 0.1}] if dist.get_rank() == 0 else [None]
+        dist.broadcast_object_list(objs, src=0)    # objs[0] == {"lr": 0.1} on every rank
+    """
     pg = _group(group, "broadcast_object_list")
     if pg is None:
         return None
@@ -42,7 +48,13 @@ def broadcast_object_list(object_list: list[Any], src: int = 0, group=None, devi
 
 
 def all_gather_object(object_list: list[Any], obj: Any, group=None) -> list[Any]:
-    """Fill ``object_list`` (length = group size) with every rank's ``obj``. Trusted peers only."""
+    """Fill ``object_list`` (length = group size) with every rank's ``obj``. Trusted peers only.
+
+    Example::
+
+        out = [None] * dist.get_world_size()
+        dist.all_gather_object(out, {"rank": dist.get_rank()})   # out[r] == {"rank": r}
+    """
     pg = _group(group, "all_gather_object")
     if pg is None:
         return None
@@ -55,7 +67,13 @@ def all_gather_object(object_list: list[Any], obj: Any, group=None) -> list[Any]
 
 
 def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: int = 0, group=None):
-    """Every rank's ``obj`` on global rank ``dst`` (filling ``object_gather_list`` there); None elsewhere."""
+    """Every rank's ``obj`` on global rank ``dst`` (filling ``object_gather_list`` there); None elsewhere.
+
+    Example::
+
+        out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(f"host-{dist.get_rank()}", out, dst=0)    # filled on rank 0 only
+    """
     pg = _group(group, "gather_object")
     if pg is None:
         return None
@@ -75,7 +93,14 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: in
 
 def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_input_list=None,
                         src: int = 0, group=None) -> list[Any]:
-    """Group rank r receives ``scatter_object_input_list[r]`` from ``src`` in ``output_list[0]``."""
+    """Group rank r receives ``scatter_object_input_list[r]`` from ``src`` in ``output_list[0]``.
+
+    Example::
+
+        out = [None]
+        configs = [{"shard": r} for r in range(dist.get_world_size())] if dist.get_rank() == 0 else None
+        dist.scatter_object_list(out, configs, src=0)    # out[0] == {"shard": rank}
+    """
     pg = _group(group, "scatter_object_list")
     if pg is None:
         return None
@@ -98,6 +123,11 @@ def send_object_list(object_list: list[Any], dst: int, group=None, device=None) 
 
     The receiver calls :func:`recv_object_list` with a list of the same length (torch).
     ``device`` is accepted for torch compatibility and ignored (objects travel on the host).
+
+    Example::
+
+        if dist.get_rank() == 0:
+            dist.send_object_list([{"step": 7}], dst=1)
     """
     pg = _group(group, "send_object_list")
     if pg is None:
@@ -118,6 +148,12 @@ def recv_object_list(object_list: list[Any], src: int | None = None, group=None,
 
     Returns ``src`` (torch returns the sender's rank). Receiving from any source
     (``src=None``) is not supported: name the sender.
+
+    Example::
+
+        if dist.get_rank() == 1:
+            objs = [None]
+            dist.recv_object_list(objs, src=0)     # objs[0] == {"step": 7}
     """
     pg = _group(group, "recv_object_list")
     if pg is None:

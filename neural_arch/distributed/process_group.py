@@ -21,7 +21,16 @@ from neural_arch.distributed.state import STATE
 
 
 class GroupMembershipError(DistributedError, ValueError):
-    """A rank-local operation was called with a group this rank does not belong to."""
+    """A rank-local operation was called with a group this rank does not belong to.
+
+    Also a ``ValueError`` (a wrong argument).
+
+    Example::
+
+        >>> from neural_arch.distributed.process_group import GroupMembershipError
+        >>> issubclass(GroupMembershipError, ValueError)
+        True
+    """
 
 
 class _NonGroupMember:
@@ -43,7 +52,14 @@ class _NonGroupMember:
 
 class GroupMember:
     """``WORLD`` is the default group once initialised (None before); ``NON_GROUP_MEMBER`` is
-    what ``new_group`` returns on ranks that are not in the new group."""
+    what ``new_group`` returns on ranks that are not in the new group.
+
+    Example::
+
+        >>> from neural_arch.distributed.process_group import GroupMember
+        >>> GroupMember.NON_GROUP_MEMBER
+        GroupMember.NON_GROUP_MEMBER
+    """
 
     WORLD: ProcessGroup | None = None
     NON_GROUP_MEMBER = _NonGroupMember()

@@ -57,7 +57,15 @@ _log = logging.getLogger("neural_arch.distributed.stall")
 
 
 def warning_threshold(environ=None) -> float:
-    """Seconds from ``NEURAL_ARCH_STALL_WARNING_S`` (default 60; 0 = off); a clear error if unparsable."""
+    """Seconds from ``NEURAL_ARCH_STALL_WARNING_S`` (default 60; 0 = off); a clear error if unparsable.
+
+    Example::
+
+        >>> warning_threshold({"NEURAL_ARCH_STALL_WARNING_S": "5"})
+        5.0
+        >>> warning_threshold({})
+        60.0
+    """
     try:
         value = config.get(STALL_ENV, environ)
     except ValueError as exc:  # the table's message names the variable and its value
@@ -69,7 +77,13 @@ def warning_threshold(environ=None) -> float:
 
 @dataclass
 class StallReport:
-    """One warning: what waited, how long, who is missing (global ranks)."""
+    """One warning: what waited, how long, who is missing (global ranks).
+
+    Example::
+
+        for report in inspector.reports:
+            print(report.op, report.seq, "missing:", report.missing)
+    """
 
     rank: int
     op: str
@@ -93,6 +107,15 @@ class StallInspector:
         interval: how often the watcher looks (default ``min(1 s, warning_s / 4)``).
 
     ``reports`` keeps every :class:`StallReport` this inspector logged (tests read it).
+
+    Example::
+
+        >>> inspector = StallInspector(warning_s=5.0, store=None, rank=0)
+        >>> with inspector:
+        ...     inspector.running
+        True
+        >>> inspector.running, inspector.reports
+        (False, [])
     """
 
     def __init__(self, warning_s: float | None = None, store=None, rank: int | None = None,
@@ -138,6 +161,7 @@ class StallInspector:
         return self._thread is not None
 
     def stop(self) -> None:
+        """Stop the watcher thread and forget the operations it was timing (safe to call twice)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
@@ -258,7 +282,13 @@ _INSPECTOR: StallInspector | None = None
 
 def start_stall_inspector(world=None, environ=None) -> StallInspector | None:
     """Hook for ``init_process_group()``: start the job's inspector unless ``NEURAL_ARCH_STALL_WARNING_S=0``
-    or the world has one rank (nobody to wait for)."""
+    or the world has one rank (nobody to wait for).
+
+    Example::
+
+        >>> start_stall_inspector(environ={"NEURAL_ARCH_STALL_WARNING_S": "0"}) is None   # turned off
+        True
+    """
     global _INSPECTOR
     threshold = warning_threshold(environ)
     if threshold <= 0 or _INSPECTOR is not None or (world is not None and world.size() < 2):
@@ -268,7 +298,12 @@ def start_stall_inspector(world=None, environ=None) -> StallInspector | None:
 
 
 def stop_stall_inspector() -> None:
-    """Hook for ``destroy_process_group()``."""
+    """Hook for ``destroy_process_group()``: stop the job's inspector, if one runs.
+
+    Example::
+
+        >>> stop_stall_inspector()     # nothing running: a no-op
+    """
     global _INSPECTOR
     inspector, _INSPECTOR = _INSPECTOR, None
     if inspector is not None:

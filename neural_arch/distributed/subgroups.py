@@ -31,13 +31,14 @@ def new_group(ranks: Sequence[int] | None = None, timeout=None, backend: str | N
     list (so a wrong call fails at once, on every rank, instead of hanging later):
 
     * **torch's**: every rank passes the *same* list (non-members too). Members get the new
-      :class:`ProcessGroup`, the others ``GroupMember.NON_GROUP_MEMBER``.
+      :class:`~neural_arch.distributed.process_group.ProcessGroup`, the others
+      ``GroupMember.NON_GROUP_MEMBER``.
     * **a split** (MPI_Comm_split; seed 004's pattern): each rank passes the ranks of *its own*
       group, and the lists form a partition of the world (each list holds its caller, two lists
       either agree or are disjoint). Every rank then gets the group it named.
 
     Anything else (e.g. rank 1 passing ``[0, 1]`` while rank 0 passes ``[0, 2]``) raises
-    :class:`DistributedError` on every rank, naming each rank's list.
+    :class:`~neural_arch.distributed.errors.DistributedError` on every rank, naming each rank's list.
 
     ``ranks`` are global ranks (default: all). Example::
 

@@ -59,6 +59,14 @@ def run_ranks(fn: Callable, world_size: int, backend: str = "gloo", args: tuple 
 
     Unlike :meth:`RankPool.run` this never raises for a failing rank: fault tests inspect
     the results (a rank that SIGKILLed itself shows ``exc_type == "Died"`` and its exit code).
+
+    Example::
+
+        def fn():
+            return dist.get_rank()
+
+        results = run_ranks(fn, world_size=3)
+        assert [r.value for r in results] == [0, 1, 2]
     """
     pool = RankPool(world_size, backend=backend, timeout=timeout, env=env, init=init)
     try:
@@ -117,7 +125,13 @@ def script_env(overrides: Mapping[str, str | None] | None = None,
 
 class MpiexecResult(subprocess.CompletedProcess):
     """A finished ``mpiexec`` job: ``returncode``, ``stdout``, ``stderr`` (text), ``elapsed`` seconds,
-    and ``output`` = stdout + stderr (what an assertion message wants)."""
+    and ``output`` = stdout + stderr (what an assertion message wants).
+
+    Example::
+
+        result = run_mpiexec("train.py", n=2, args=["--steps", "3"])
+        assert result.returncode == 0, result.output
+    """
 
     def __init__(self, args, returncode: int, stdout: str, stderr: str, elapsed: float):
         super().__init__(args, returncode, stdout, stderr)
@@ -132,7 +146,15 @@ class MpiexecTimeout(subprocess.TimeoutExpired):
     """An ``mpiexec`` job outlived its timeout; every process of it has been killed.
 
     Carries ``output``/``stdout`` and ``stderr`` (what the ranks printed until then) and ``elapsed``;
-    its message ends with the tail of that output, so a failing test shows where the ranks were."""
+    its message ends with the tail of that output, so a failing test shows where the ranks were.
+
+    Example::
+
+        try:
+            run_mpiexec("hangs.py", n=2, timeout=10)
+        except MpiexecTimeout as exc:
+            print(exc.output)                    # what the ranks printed before they were killed
+    """
 
     def __init__(self, cmd, timeout: float, stdout: str, stderr: str, elapsed: float):
         super().__init__(cmd, timeout, output=stdout, stderr=stderr)

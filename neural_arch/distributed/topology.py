@@ -52,7 +52,15 @@ def _cpulist(text: str) -> list[int]:
 
 
 def numa_nodes(root: str = "/sys/devices/system/node") -> list[dict]:
-    """``[{"id": 0, "cpus": [...], "memory_bytes": ...}, ...]``; ``[]`` where the kernel does not say."""
+    """``[{"id": 0, "cpus": [...], "memory_bytes": ...}, ...]``; ``[]`` where the kernel does not say.
+
+    Example::
+
+        >>> isinstance(numa_nodes(), list)
+        True
+        >>> numa_nodes(root="/no/such/folder")      # a kernel that does not say
+        []
+    """
     nodes = []
     for path in sorted(glob.glob(os.path.join(root, "node[0-9]*")), key=lambda p: int(p.rsplit("node", 1)[1])):
         node = {"id": int(path.rsplit("node", 1)[1]), "cpus": [], "memory_bytes": None}
@@ -73,7 +81,13 @@ def numa_nodes(root: str = "/sys/devices/system/node") -> list[dict]:
 
 
 def gpus() -> list[dict]:
-    """CUDA devices CuPy sees: ``[{"id", "name", "memory_bytes", "pci_bus_id"}]``; ``[]`` without CuPy/GPU."""
+    """CUDA devices CuPy sees: ``[{"id", "name", "memory_bytes", "pci_bus_id"}]``; ``[]`` without CuPy/GPU.
+
+    Example::
+
+        >>> all({"id", "name"} <= set(g) for g in gpus())     # [] on a machine without CuPy or a GPU
+        True
+    """
     import importlib.util
 
     if importlib.util.find_spec("cupy") is None:  # do not pay CuPy's import where it is absent
@@ -98,7 +112,13 @@ def gpus() -> list[dict]:
 
 
 def interfaces() -> list[dict]:
-    """Network interfaces: ``[{"name", "addresses", "is_up", "speed_mbps", "mtu"}]`` (psutil; else names)."""
+    """Network interfaces: ``[{"name", "addresses", "is_up", "speed_mbps", "mtu"}]`` (psutil; else names).
+
+    Example::
+
+        >>> all("name" in nic for nic in interfaces())
+        True
+    """
     ps = _psutil()
     if ps is None:
         return [{"name": name, "addresses": [], "is_up": None, "speed_mbps": None, "mtu": None}
@@ -115,7 +135,14 @@ def interfaces() -> list[dict]:
 
 @dataclass
 class RankInfo:
-    """One rank's view of its machine."""
+    """One rank's view of its machine.
+
+    Example::
+
+        >>> info = local_info(rank=0)
+        >>> info.rank, info.logical_cpus >= 1
+        (0, True)
+    """
 
     rank: int
     host: str                          # host identity (same string <=> same machine)
@@ -134,7 +161,13 @@ class RankInfo:
 
 
 def local_info(rank: int = 0) -> RankInfo:
-    """Describe this process's machine (no communication)."""
+    """Describe this process's machine (no communication).
+
+    Example::
+
+        >>> local_info(rank=3).rank
+        3
+    """
     ps = _psutil()
     affinity = memory = physical = None
     if ps is not None:
@@ -153,7 +186,14 @@ def local_info(rank: int = 0) -> RankInfo:
 
 @dataclass
 class Topology:
-    """The job's layout: ``ranks`` (a :class:`RankInfo` per global rank) grouped by host."""
+    """The job's layout: ``ranks`` (a :class:`RankInfo` per global rank) grouped by host.
+
+    Example::
+
+        >>> topo = Topology.from_infos([local_info(0), local_info(1)])   # two ranks on this machine
+        >>> topo.num_hosts, topo.world_size, [r.local_rank for r in topo.ranks]
+        (1, 2, [0, 1])
+    """
 
     ranks: list[RankInfo]
 
@@ -231,7 +271,14 @@ def _ranges(ids: list[int]) -> str:
 
 def discover(group=None) -> Topology:
     """Gather every rank's :func:`local_info` (collective: one ``all_gather_object``; every rank of
-    ``group`` calls it). Without an initialised group: this process alone."""
+    ``group`` calls it). Without an initialised group: this process alone.
+
+    Example::
+
+        topo = discover()          # on every rank, after init_process_group()
+        if dist.get_rank() == 0:
+            print(topo)            # hosts, ranks, cores, NUMA nodes, GPUs and NICs
+    """
     from neural_arch.distributed.state import STATE
 
     pg = group if group is not None else STATE.world
@@ -243,7 +290,12 @@ def discover(group=None) -> Topology:
 
 
 def main(argv=None) -> int:
-    """``python -m neural_arch.distributed.topology [--json]``: rank 0 prints the job's layout."""
+    """``python -m neural_arch.distributed.topology [--json]``: rank 0 prints the job's layout.
+
+    Example::
+
+        mpiexec -n 4 python -m neural_arch.distributed.topology --json
+    """
     import argparse
     import json
 

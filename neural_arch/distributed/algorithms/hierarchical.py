@@ -86,6 +86,12 @@ class HostGroups:
     that do not lead their host); ``leader``: this host's leader (global rank); ``cross``: the
     group of the ranks with this rank's local rank on every host (the 2-D form's), or None when
     the hosts hold different numbers of ranks.
+
+    Example::
+
+        hg = host_groups()          # 4 ranks on 2 hosts
+        hg.hosts, hg.leader         # ([[0, 1], [2, 3]], 2) on ranks 2 and 3
+        hg.intra.size()             # 2
     """
 
     hosts: list[list[int]]
@@ -150,6 +156,11 @@ def host_groups(group=None, *, refresh: bool = False) -> HostGroups:
     The result is cached per ``init_process_group()``; ``refresh=True`` builds it again (after
     changing ``NEURAL_ARCH_HOST_ID``, say). Only the world can be split this way here
     (``dist.all_reduce`` on a sub-group builds its own hierarchy: :mod:`.hierarchical_auto`).
+
+    Example::
+
+        hg = host_groups()                  # every rank of the world calls it
+        print(dist.get_rank(), hg.hosts)    # e.g. 0 [[0, 1], [2, 3]]
     """
     from neural_arch.distributed.resolve import _resolve_group
     from neural_arch.distributed.subgroups import new_group, new_subgroups_by_enumeration
@@ -182,7 +193,14 @@ def run_leader(array, op: ReduceOp, intra, inter, chunk_bytes=None) -> None:
     """The leader form on ``array`` (contiguous, in place): ``intra``/``inter`` are backends,
     ``inter`` None on ranks that do not lead their host. ``op`` is a wire op (no AVG).
     ``chunk_bytes``: pipeline piece size (None: :data:`.hierarchical_pipeline.PIPELINE_CHUNK_BYTES`;
-    0: the three steps one after the other); see :mod:`.hierarchical_pipeline`."""
+    0: the three steps one after the other); see :mod:`.hierarchical_pipeline`.
+
+    Example::
+
+        hg = host_groups()
+        inter = hg.inter.backend if hg.inter is not GroupMember.NON_GROUP_MEMBER else None
+        run_leader(flat, ReduceOp.SUM, hg.intra.backend, inter)
+    """
     if pipelines(intra, array, chunk_bytes):
         return run_leader_pipelined(array, op, intra, inter, chunk_bytes)
     intra.reduce(array, root=0, op=op)
@@ -199,6 +217,11 @@ def run_two_d(array, op: ReduceOp, intra, cross, chunk_bytes=None) -> None:
     The flat buffer is cut in ``intra.size`` slices of ``ceil(n / size)`` elements; when ``n`` is
     not a multiple the input is padded in a scratch copy (the padding's reduction is thrown away,
     so its values do not matter; zeros keep float sums quiet).
+
+    Example::
+
+        hg = host_groups()                  # every host holds the same number of ranks
+        run_two_d(flat, ReduceOp.SUM, hg.intra.backend, hg.cross.backend)
     """
     if pipelines(intra, array, chunk_bytes):
         return run_two_d_pipelined(array, op, intra, cross, chunk_bytes)
@@ -260,6 +283,12 @@ def hierarchical_all_reduce(tensor, op=ReduceOp.SUM, intra_node_group=None, inte
     ``ReduceOp.AVG`` sums and divides by the number of ranks. ``pipeline_chunk_bytes``: messages of
     two pieces or more overlap the host and cross-host steps of neighbouring pieces of this size
     (:mod:`.hierarchical_pipeline`, gloo only; None: its default; 0: never).
+
+    Example::
+
+        t = np.full(3, float(dist.get_rank()))
+        hierarchical_all_reduce(t)                     # groups from host_groups(); t == all_reduce(t)
+        hierarchical_all_reduce(t, op=ReduceOp.AVG, algorithm="2d")
     """
     from neural_arch.distributed.resolve import _buf
 

@@ -83,7 +83,12 @@ _LAYOUT = "_hierarchical_layout"
 
 
 def setting(environ=None) -> str:
-    """``NEURAL_ARCH_HIERARCHICAL`` as ``"auto"``, ``"1"`` or ``"0"`` (ValueError for anything else)."""
+    """``NEURAL_ARCH_HIERARCHICAL`` as ``"auto"``, ``"1"`` or ``"0"`` (ValueError for anything else).
+
+    Example:
+        >>> setting({"NEURAL_ARCH_HIERARCHICAL": "0"}), setting({})
+        ('0', 'auto')
+    """
     raw = str(config.get("NEURAL_ARCH_HIERARCHICAL", environ) or "auto").strip().lower()
     value = {"auto": "auto", "1": "1", "true": "1", "on": "1", "yes": "1",
              "0": "0", "false": "0", "off": "0", "no": "0"}.get(raw)
@@ -99,8 +104,13 @@ def _spans_hosts(backend) -> bool:
 
 
 def min_bytes(pg) -> float:
-    """The smallest message ``all_reduce`` on ``pg`` sends hierarchically (:data:`NEVER`: always
-    flat). Decided without I/O the first time and cached on the group."""
+    """The smallest message ``all_reduce`` on ``pg`` sends hierarchically (``NEVER``: always
+    flat). Decided without I/O the first time and cached on the group.
+
+    Example::
+
+        min_bytes(dist.group.WORLD)         # the threshold on the world group, in bytes
+    """
     limit = getattr(pg, _LIMIT, None)
     if limit is not None:
         return limit
@@ -159,7 +169,13 @@ def layout(pg) -> Layout:
 
 def all_reduce(pg, array, op) -> bool:
     """Run ``all_reduce`` on ``pg`` hierarchically if its layout calls for it (in place); False:
-    the caller runs the flat one (and, when the layout has no hierarchy, always will)."""
+    the caller runs the flat one (and, when the layout has no hierarchy, always will).
+
+    Example::
+
+        if not hierarchical_auto.all_reduce(pg, array, ReduceOp.SUM):
+            pg.backend.allreduce(array, op=ReduceOp.SUM)      # the flat one
+    """
     lay = layout(pg)
     if lay.stay_flat:
         setattr(pg, _LIMIT, NEVER)   # flat at every size from now on: one attribute test per call
@@ -181,7 +197,12 @@ def all_reduce_algorithm(tensor, group=None) -> str:
     """What a synchronous ``all_reduce(tensor, group=group)`` runs: ``"flat"``, ``"leader"`` or
     ``"2d"``. ``tensor`` may be a byte count. Collective over the group the first time a size at or
     above the threshold is asked on a group spanning hosts (it builds the layout, as that
-    all_reduce would): call it on every rank then."""
+    all_reduce would): call it on every rank then.
+
+    Example::
+
+        all_reduce_algorithm(64 << 20)      # "2d" on 2 hosts x 4 ranks; "flat" on one host
+    """
     from neural_arch.distributed.resolve import _buf, _group
 
     pg = _group(group, "all_reduce_algorithm")

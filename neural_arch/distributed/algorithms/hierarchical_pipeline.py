@@ -72,7 +72,12 @@ def pieces(n: int, itemsize: int, chunk_bytes: int, align: int = 1) -> list[tupl
 
 def pipelines(backend, array, chunk_bytes) -> bool:
     """Whether ``array`` goes through the pipelined forms on ``backend``'s host group (pure: the
-    same answer on every rank, which holds the same size and dtype)."""
+    same answer on every rank, which holds the same size and dtype).
+
+    Example::
+
+        pipelines(hg.intra.backend, flat, None)    # True on gloo for two pieces of PIPELINE_CHUNK_BYTES or more
+    """
     chunk = _chunk(chunk_bytes)
     return chunk > 0 and getattr(backend, "name", None) == "gloo" and array.nbytes >= 2 * chunk
 
@@ -95,7 +100,13 @@ def _drain(works) -> None:
 def run_leader_pipelined(array, op: ReduceOp, intra, inter, chunk_bytes=None) -> None:
     """The leader form (reduce to the host leader, all-reduce among leaders, broadcast) over pieces of
     ``chunk_bytes`` (default :data:`PIPELINE_CHUNK_BYTES`), the leaders' all-reduce of piece c overlapping
-    the host's reduce of piece c+1 and broadcast of piece c-1. ``inter`` is None on non-leaders."""
+    the host's reduce of piece c+1 and broadcast of piece c-1. ``inter`` is None on non-leaders.
+
+    Example::
+
+        if pipelines(intra, flat, chunk_bytes):
+            run_leader_pipelined(flat, ReduceOp.SUM, intra, inter, chunk_bytes)
+    """
     flat = array.reshape(-1)
     cuts = pieces(flat.size, flat.dtype.itemsize, _chunk(chunk_bytes))
     works = [None] * len(cuts)
@@ -125,7 +136,13 @@ def run_two_d_pipelined(array, op: ReduceOp, intra, cross, chunk_bytes=None) -> 
     pieces of ``chunk_bytes`` (default :data:`PIPELINE_CHUNK_BYTES`): each piece is its own 2-D
     all-reduce, the cross-host all-reduce of piece c overlapping the host's reduce-scatter of piece c+1
     and all-gather of piece c-1. Full pieces hold a multiple of ``intra.size`` elements (no padding);
-    the last, which absorbs the remainder, is padded in scratch as :func:`.hierarchical.run_two_d` does."""
+    the last, which absorbs the remainder, is padded in scratch as :func:`.hierarchical.run_two_d` does.
+
+    Example::
+
+        if pipelines(intra, flat, chunk_bytes):
+            run_two_d_pipelined(flat, ReduceOp.SUM, intra, cross, chunk_bytes)
+    """
     flat = array.reshape(-1)
     local = intra.size
     cuts = pieces(flat.size, flat.dtype.itemsize, _chunk(chunk_bytes), align=local)

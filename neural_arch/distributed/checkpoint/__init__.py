@@ -26,11 +26,11 @@ written last, by atomic rename, after every rank's files are fsynced: a director
 not a checkpoint, and a crash at any moment leaves the previous checkpoint loadable.
 
 The contract for parallel layouts (what a strategy puts in its state dict)
--------------------------------------------------------------------------
+--------------------------------------------------------------------------
 
 * **Replicated** (DDP, a single process): a plain array. Every rank holding it has the whole
   array, the *same* array: ``save`` compares a CRC-32 of it over the ranks holding it (one small
-  all-gather per save) and raises :class:`CheckpointError` naming the leaf and the ranks when
+  all-gather per save) and raises :class:`~neural_arch.distributed.checkpoint.storage.CheckpointError` naming the leaf and the ranks when
   they differ, before writing anything (plain values and identical ``ShardedArray`` regions held
   by several ranks are checked alike). It is written once: a big one (>= 256 KiB) as row blocks, one per rank holding it, the
   others whole, each by the holder with the fewest bytes to write so far (see ``plan``).

@@ -173,7 +173,7 @@ class _ReplicaCheck:
 
     Which pieces are shared is worked out once per plan (one ``all_gather_object`` of the piece
     names when the plan was not reused); every save then sends one CRC-32 per shared piece (one
-    small all-gather) and compares. A difference raises :class:`CheckpointError` on every rank,
+    small all-gather) and compares. A difference raises :class:`~neural_arch.distributed.checkpoint.storage.CheckpointError` on every rank,
     naming the leaves and the ranks, before anything is written.
     """
 
@@ -270,7 +270,7 @@ def _prepare(state_dict, checkpoint_id, process_group, while_waiting=None):
 def save(state_dict, checkpoint_id, process_group=None, *, extra: dict | None = None) -> dict | None:
     """Save ``state_dict`` to the directory ``checkpoint_id``; every rank of the group calls it.
 
-    Each array leaf is replicated (a plain array) or a :class:`ShardedArray`; each distinct chunk
+    Each array leaf is replicated (a plain array) or a :class:`~neural_arch.distributed.checkpoint.sharded.ShardedArray`; each distinct chunk
     is written once. Returns the metadata dict on rank 0 (None elsewhere) after the checkpoint is
     committed on every rank. ``extra``: small JSON values stored in the metadata (e.g. metrics).
 
@@ -446,7 +446,7 @@ def load(state_dict, checkpoint_id, process_group=None, *, verify: bool = True, 
     """Load the checkpoint in ``checkpoint_id`` into ``state_dict`` **in place** (torch DCP semantics).
 
     Each array leaf receives its values: a plain array the whole global array, a
-    :class:`ShardedArray` its own region (from whichever chunks the saving ranks wrote, so any
+    :class:`~neural_arch.distributed.checkpoint.sharded.ShardedArray` its own region (from whichever chunks the saving ranks wrote, so any
     layout loads any other). Plain values (numbers, strings) are replaced in their container.
     An empty dict in ``state_dict`` (e.g. a fresh optimizer's ``state``) is filled with every
     saved key under it, as whole arrays. Only the blocks of the chunks that overlap each leaf are
@@ -454,7 +454,7 @@ def load(state_dict, checkpoint_id, process_group=None, *, verify: bool = True, 
     verified (``verify=False`` skips that). No collective: ranks load independently. When a
     CheckpointError is raised for corrupt data, arrays already filled keep what was read.
 
-    Returns ``state_dict``. Raises :class:`CheckpointError` when a key is missing
+    Returns ``state_dict``. Raises :class:`~neural_arch.distributed.checkpoint.storage.CheckpointError` when a key is missing
     (``strict=False`` skips it), the shape or dtype differs, or data is corrupt.
 
     Example::
@@ -553,7 +553,16 @@ def verify(checkpoint_id) -> dict:
     """Check every data file whole against the metadata (size, header, every chunk's checksums).
 
     Reads every byte (unlike :func:`load`, which checks only the blocks it reads). Returns the
-    metadata; raises :class:`CheckpointError` naming the file and chunk that is corrupt.
+    metadata; raises :class:`~neural_arch.distributed.checkpoint.storage.CheckpointError` naming
+    the file and chunk that is corrupt.
+
+    Example:
+        >>> import tempfile
+        >>> import numpy as np
+        >>> d = tempfile.mkdtemp()
+        >>> _ = save({"w": np.arange(4.0)}, checkpoint_id=d)     # a world of one
+        >>> verify(d)["tensors"]["w"]["global_shape"]
+        [4]
     """
     directory = os.fspath(checkpoint_id)
     meta = read_metadata(directory)
@@ -579,6 +588,13 @@ def remove_orphans(checkpoint_id) -> int:
 
     Call from one process while no save into that directory is running (e.g. at start-up).
     Returns how many files were removed.
+
+    Example:
+        >>> import os, tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> _ = open(os.path.join(d, "__1_dead.safetensors"), "wb").write(b"half")   # a crashed save's file
+        >>> remove_orphans(d), os.listdir(d)
+        (1, [])
     """
     directory = os.fspath(checkpoint_id)
     try:

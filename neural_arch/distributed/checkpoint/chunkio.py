@@ -111,6 +111,13 @@ def write_data_file(path: str, tensors: dict, block: int | None = None) -> tuple
     Returns ``(file info, {name: chunk info})``: the file's ``size``, ``block_bytes`` and the
     CRC-32 of its header; each chunk's absolute ``offset``, ``nbytes`` and ``crc32`` (one per
     ``block_bytes`` of the chunk). The caller fsyncs the directory.
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "__0_ab.safetensors")
+        >>> info, chunks = write_data_file(path, {"w#0": np.arange(4.0)})
+        >>> info["size"] == os.path.getsize(path), chunks["w#0"]["nbytes"]
+        (True, 32)
     """
     block = int(block or CHECK_BLOCK)
     arrays, header, infos = {}, {}, {}
@@ -203,12 +210,26 @@ class ChunkReader:
     ``read_into(key, entry, chunk, region, target)`` copies the part of ``chunk`` that overlaps
     ``region`` (``target``'s place in the global array) into ``target`` (C-contiguous) and returns
     how many elements it copied. The checksum of every block it reads is verified in a helper
-    thread while the next bytes are read; a corrupt block raises :class:`CheckpointError` from a
+    thread while the next bytes are read; a corrupt block raises :class:`~neural_arch.distributed.checkpoint.storage.CheckpointError` from a
     later ``read_into``, from :meth:`finish`, or at the end of the ``with`` block, so use the reader
     as a context manager (or call ``finish()``) before trusting what it filled. The bytes of a
     batch that fails its check are zeroed in the target before the error is raised: after the
     reader is finished, a target holds verified bytes, zeros, or what it held before, never bytes
     that failed verification (a caller that copies a target elsewhere calls ``finish()`` first).
+
+    Example:
+        >>> import tempfile
+        >>> import neural_arch.distributed.checkpoint as dcp
+        >>> from neural_arch.distributed.checkpoint.sharded import Region
+        >>> from neural_arch.distributed.checkpoint.storage import read_metadata
+        >>> d = tempfile.mkdtemp()
+        >>> _ = dcp.save({"w": np.arange(4.0)}, checkpoint_id=d)
+        >>> meta = read_metadata(d); entry = meta["tensors"]["w"]; out = np.zeros(4)
+        >>> with ChunkReader(d, meta) as reader:
+        ...     reader.read_into("w", entry, entry["chunks"][0], Region.of(out), out)
+        4
+        >>> out.tolist()
+        [0.0, 1.0, 2.0, 3.0]
     """
 
     def __init__(self, directory: str, meta: dict, verify: bool = True):
@@ -442,6 +463,16 @@ def verify_file(directory: str, fname: str, info: dict, chunks: list[dict]) -> N
     """Check one data file whole: its size, its header's CRC and every block of every chunk.
 
     ``chunks``: the metadata's chunk entries that live in this file (each with ``key`` added).
+    Raises :class:`~neural_arch.distributed.checkpoint.storage.CheckpointError` naming what is corrupt.
+
+    Example:
+        >>> import tempfile
+        >>> import neural_arch.distributed.checkpoint as dcp
+        >>> from neural_arch.distributed.checkpoint.storage import read_metadata
+        >>> d = tempfile.mkdtemp()
+        >>> _ = dcp.save({"w": np.arange(4.0)}, checkpoint_id=d)
+        >>> meta = read_metadata(d); chunk = meta["tensors"]["w"]["chunks"][0]
+        >>> verify_file(d, chunk["file"], meta["files"][chunk["file"]], [dict(chunk, key="w")])
     """
     from neural_arch.distributed.checkpoint.storage import open_checkpoint_file
 

@@ -38,6 +38,12 @@ def to_host(value) -> np.ndarray:
 
 
 def is_array_leaf(value) -> bool:
+    """Whether ``value`` is stored as a tensor (an array, a Tensor, a ``ShardedArray``), not as JSON.
+
+    Example:
+        >>> is_array_leaf(np.zeros(2)), is_array_leaf([1.0, 2.0])
+        (True, False)
+    """
     if isinstance(value, (np.ndarray, np.generic, ShardedArray)):
         return True
     return _backend.is_device_array(value) or type(value).__name__ in ("Tensor", "Parameter")
@@ -53,7 +59,12 @@ def _walkable(value) -> bool:
 
 
 def flatten_state_dict(state_dict, prefix: tuple = ()) -> list[tuple[str, list, object]]:
-    """``[(dotted_key, path, leaf)]`` in a deterministic order (keys sorted within each dict)."""
+    """``[(dotted_key, path, leaf)]`` in a deterministic order (keys sorted within each dict).
+
+    Example:
+        >>> [(key, path) for key, path, _ in flatten_state_dict({"optim": {"step": 3}, "w": np.zeros(2)})]
+        [('optim.step', ['optim', 'step']), ('w', ['w'])]
+    """
     out: list[tuple[str, list, object]] = []
     if isinstance(state_dict, Mapping):
         items = sorted(state_dict.items(), key=lambda kv: (str(type(kv[0]).__name__), str(kv[0])))
@@ -71,7 +82,12 @@ def flatten_state_dict(state_dict, prefix: tuple = ()) -> list[tuple[str, list, 
 
 
 def encode_object(value):
-    """JSON form of a plain leaf; tuples are tagged so they come back as tuples."""
+    """JSON form of a plain leaf; tuples are tagged so they come back as tuples.
+
+    Example:
+        >>> encode_object((1, "a"))
+        {'__tuple__': [1, 'a']}
+    """
     if isinstance(value, tuple):
         return {"__tuple__": [encode_object(v) for v in value]}
     if isinstance(value, list):
@@ -85,6 +101,12 @@ def encode_object(value):
 
 
 def decode_object(value):
+    """The plain leaf :func:`encode_object` encoded (tuples and dicts come back as such).
+
+    Example:
+        >>> decode_object(encode_object({"betas": (0.9, 0.999)}))
+        {'betas': (0.9, 0.999)}
+    """
     if isinstance(value, list):
         return [decode_object(v) for v in value]
     if isinstance(value, dict):

@@ -42,6 +42,18 @@ class CheckpointManager:
             never deleted (None: no best-model tracking).
         mode: ``"min"`` or ``"max"``: which direction of ``best_metric`` is better.
         process_group: the group that saves (default: the default group, or a world of one).
+
+    Example:
+        >>> import tempfile
+        >>> import numpy as np
+        >>> manager = CheckpointManager(tempfile.mkdtemp(), keep_last=2)
+        >>> for step in (1, 2, 3):
+        ...     _ = manager.save({"w": np.full(3, float(step))}, step=step, metrics={"loss": 1.0 / step})
+        >>> [step for step, _, _ in manager.checkpoints()]          # the oldest was deleted
+        [2, 3]
+        >>> state = {"w": np.zeros(3)}
+        >>> manager.load_latest(state), state["w"].tolist()
+        (3, [3.0, 3.0, 3.0])
     """
 
     def __init__(self, directory, keep_last: int | None = 3, best_metric: str | None = None, mode: str = "min",
@@ -81,7 +93,8 @@ class CheckpointManager:
         return sorted(out)
 
     def latest(self) -> tuple[int, str, dict] | None:
-        """``(step, path, metrics)`` of the newest committed checkpoint (:func:`find_latest_checkpoint`'s rule)."""
+        """``(step, path, metrics)`` of the newest committed checkpoint (the rule of
+        :func:`~neural_arch.distributed.checkpoint.manager.find_latest_checkpoint`)."""
         path = find_latest_checkpoint(self.directory, "step_*")
         m = _STEP_DIR.match(os.path.basename(path)) if path else None
         if m is None or not os.path.isdir(path):
@@ -102,8 +115,8 @@ class CheckpointManager:
     def save(self, state_dict, step: int, metrics: dict | None = None, asynchronous: bool = False):
         """Save ``state_dict`` as checkpoint ``step`` (collective), then clean up on rank 0.
 
-        With ``asynchronous=True`` returns the :func:`async_save` future (cleanup runs when rank 0's
-        commit finishes); otherwise the metadata (rank 0) or None.
+        With ``asynchronous=True`` returns the :func:`~neural_arch.distributed.checkpoint.api.async_save`
+        future (cleanup runs when rank 0's commit finishes); otherwise the metadata (rank 0) or None.
         """
         extra = {"step": int(step), "metrics": {k: float(v) for k, v in (metrics or {}).items()}}
         if asynchronous:
@@ -180,7 +193,7 @@ def _step_of(name: str) -> int | None:
 
 def find_latest_checkpoint(directory: str, pattern: str = "*") -> str | None:
     """Path of the newest checkpoint in ``directory`` matching ``pattern``, or None: the one rule
-    for "latest" (:meth:`CheckpointManager.latest` and the launcher's restart helpers use it).
+    for "latest" (:meth:`~neural_arch.distributed.checkpoint.manager.CheckpointManager.latest` and the launcher's restart helpers use it).
 
     A checkpoint is a file (``step_000042.npz``) or a *committed* checkpoint directory (one with
     DCP's ``.metadata``: a save that crashed has none and never counts). "Newest" is the largest

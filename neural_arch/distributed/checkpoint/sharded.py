@@ -43,6 +43,12 @@ class ShardedArray:
             global elements ``[flat_offset, flat_offset + local.size)``.
 
     A plain array in a state dict means *replicated*: every rank that has it holds the whole array.
+
+    Example:
+        >>> import numpy as np
+        >>> ShardedArray(np.ones((2, 4)), global_shape=(4, 4), offsets=(2, 0))   # rows 2..3
+        ShardedArray(local shape (2, 4), global_shape=(4, 4), offsets=(2, 0), dtype=float64)
+        >>> flat = ShardedArray(np.arange(3.0), global_shape=(2, 3), flat_offset=2)   # elements 2..4
     """
 
     __slots__ = ("flat_offset", "global_shape", "local", "offsets")
@@ -86,7 +92,15 @@ class ShardedArray:
 
 @dataclass(frozen=True)
 class Region:
-    """Where a piece lies in its global array: a box (``offsets``, ``sizes``) or a flat range."""
+    """Where a piece lies in its global array: a box (``offsets``, ``sizes``) or a flat range.
+
+    Example:
+        >>> import numpy as np
+        >>> Region.of(ShardedArray(np.ones((2, 4)), (4, 4), offsets=(2, 0)))
+        Region(global_shape=(4, 4), offsets=(2, 0), sizes=(2, 4), flat_offset=None, flat_size=None)
+        >>> Region.of(ShardedArray(np.arange(3.0), (2, 3), flat_offset=2)).flat_size
+        3
+    """
 
     global_shape: tuple
     offsets: tuple | None = None       # box
@@ -163,6 +177,15 @@ def copy_overlap(src_region: Region, src: np.ndarray, dst_region: Region, dst: n
     """Copy the elements where ``src_region`` and ``dst_region`` overlap from ``src`` into ``dst``.
 
     ``src``/``dst`` are the pieces' local arrays. Returns the number of elements copied.
+
+    Example:
+        >>> import numpy as np
+        >>> piece = ShardedArray(np.ones((2, 4)), (4, 4), offsets=(2, 0))
+        >>> whole = np.zeros((4, 4))
+        >>> copy_overlap(Region.of(piece), piece.local, Region.of(whole), whole)
+        8
+        >>> float(whole[2:].sum()), float(whole[:2].sum())
+        (8.0, 0.0)
     """
     if not src_region.is_flat and not dst_region.is_flat:
         found = _box_overlap(src_region, dst_region)

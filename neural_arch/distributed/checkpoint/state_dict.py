@@ -61,7 +61,12 @@ class StateDictOptions:
     """torch's options. ``full_state_dict=True``: whole arrays on every rank (a collective)
     instead of this rank's shards. ``cpu_offload``: accepted (state dicts hold host arrays
     anyway). ``ignore_frozen_params``: leave parameters with ``requires_grad=False`` out of the
-    model state dict. ``strict``: ``set_*`` raise on missing or unexpected names."""
+    model state dict. ``strict``: ``set_*`` raise on missing or unexpected names.
+
+    Example:
+        >>> StateDictOptions(full_state_dict=True).strict
+        True
+    """
 
     full_state_dict: bool = False
     cpu_offload: bool = False
@@ -197,6 +202,14 @@ def set_model_state_dict(model, model_state_dict: dict, *, options: StateDictOpt
     this layout's ``ShardedArray`` parts, e.g. after ``dcp.load``) into ``model``, in place.
 
     Returns ``(missing_keys, unexpected_keys)``; ``strict`` (default) raises on either.
+
+    Example:
+        >>> from neural_arch import nn
+        >>> source, target = nn.Linear(2, 3), nn.Linear(2, 3)
+        >>> set_model_state_dict(target, get_model_state_dict(source))
+        ([], [])
+        >>> bool((target.weight.data == source.weight.data).all())
+        True
     """
     options = _options(options)
     inner = _unwrap(model)
@@ -317,6 +330,16 @@ def set_optimizer_state_dict(model, optimizers, optim_state_dict: dict, *,
     Hyper-parameters come from ``param_groups`` (their number and parameter names must match);
     the state replaces the optimizer's. Raises ``ValueError`` naming the parameter when a part
     this rank needs is not in the state dict.
+
+    Example:
+        >>> from neural_arch import nn
+        >>> from neural_arch.optim import Adam
+        >>> model = nn.Linear(2, 3); opt = Adam(model.parameters(), lr=0.1)
+        >>> saved = get_optimizer_state_dict(model, opt)
+        >>> opt2 = Adam(model.parameters(), lr=0.5)
+        >>> set_optimizer_state_dict(model, opt2, saved)
+        >>> opt2.param_groups[0]["lr"]
+        0.1
     """
     options = _options(options)
     names = _names(_unwrap(model))
@@ -382,7 +405,16 @@ def _set_param_state(p, names: dict, saved_state: dict, used: set) -> dict:
 
 # ------------------------------------------------------------------------------------ both
 def get_state_dict(model, optimizers, *, submodules=None, options: StateDictOptions | None = None):
-    """``(get_model_state_dict(model), get_optimizer_state_dict(model, optimizers))``."""
+    """``(get_model_state_dict(model), get_optimizer_state_dict(model, optimizers))``.
+
+    Example:
+        >>> from neural_arch import nn
+        >>> from neural_arch.optim import Adam
+        >>> model = nn.Linear(2, 3); opt = Adam(model.parameters(), lr=0.1)
+        >>> model_sd, optim_sd = get_state_dict(model, opt)
+        >>> sorted(model_sd), optim_sd["param_groups"][0]["params"]
+        (['bias', 'weight'], ['weight', 'bias'])
+    """
     return (get_model_state_dict(model, submodules=submodules, options=options),
             get_optimizer_state_dict(model, optimizers, submodules=submodules, options=options))
 
@@ -390,7 +422,16 @@ def get_state_dict(model, optimizers, *, submodules=None, options: StateDictOpti
 def set_state_dict(model, optimizers, *, model_state_dict: dict, optim_state_dict: dict,
                    options: StateDictOptions | None = None):
     """:func:`set_model_state_dict` then :func:`set_optimizer_state_dict`; returns the model's
-    ``(missing_keys, unexpected_keys)``."""
+    ``(missing_keys, unexpected_keys)``.
+
+    Example:
+        >>> from neural_arch import nn
+        >>> from neural_arch.optim import Adam
+        >>> model = nn.Linear(2, 3); opt = Adam(model.parameters(), lr=0.1)
+        >>> model_sd, optim_sd = get_state_dict(model, opt)
+        >>> set_state_dict(model, opt, model_state_dict=model_sd, optim_state_dict=optim_sd)
+        ([], [])
+    """
     result = set_model_state_dict(model, model_state_dict, options=options)
     set_optimizer_state_dict(model, optimizers, optim_state_dict, options=options)
     return result

@@ -64,14 +64,35 @@ READABLE_VERSIONS = (1, 2)
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete, corrupt, or does not fit the state dict it is loaded into."""
+    """A checkpoint is missing, incomplete, corrupt, or does not fit the state dict it is loaded into.
+
+    Example:
+        >>> import tempfile
+        >>> try:
+        ...     read_metadata(tempfile.mkdtemp())       # an empty directory is no checkpoint
+        ... except CheckpointError as exc:
+        ...     print(str(exc).split(":")[0])
+        no complete checkpoint at '...'
+    """
 
 
 def data_file_name(rank: int, uid: str) -> str:
+    """The name of the data file ``rank`` writes in the save ``uid``.
+
+    Example:
+        >>> data_file_name(3, "1f2e")
+        '__3_1f2e.safetensors'
+    """
     return f"__{rank}_{uid}.safetensors"
 
 
 def manifest_name(rank: int, uid: str) -> str:
+    """The name of the manifest ``rank`` writes in the save ``uid`` (what its data file holds).
+
+    Example:
+        >>> manifest_name(3, "1f2e")
+        '__3_1f2e.manifest.json'
+    """
     return f"__{rank}_{uid}.manifest.json"
 
 
@@ -86,12 +107,22 @@ _MAX_DEPTH = 64               # nesting of stored plain values (lists/tuples/dic
 
 
 def is_data_file_name(name) -> bool:
-    """True for a name :func:`data_file_name` makes (a plain name, no directory part)."""
+    """True for a name :func:`data_file_name` makes (a plain name, no directory part).
+
+    Example:
+        >>> is_data_file_name("__0_1f2e.safetensors"), is_data_file_name("../__0_1f2e.safetensors")
+        (True, False)
+    """
     return isinstance(name, str) and _DATA_FILE.fullmatch(name) is not None
 
 
 def is_checkpoint_file_name(name) -> bool:
-    """True for a data file or manifest name a save makes: the only names a save may delete."""
+    """True for a data file or manifest name a save makes: the only names a save may delete.
+
+    Example:
+        >>> is_checkpoint_file_name("__0_1f2e.manifest.json"), is_checkpoint_file_name("notes.txt")
+        (True, False)
+    """
     return isinstance(name, str) and (_DATA_FILE.fullmatch(name) is not None or _MANIFEST.fullmatch(name) is not None)
 
 
@@ -108,6 +139,13 @@ def open_checkpoint_file(directory: str, name: str) -> tuple[int, int]:
     anything but a regular file (a FIFO, a device such as ``/dev/zero``) is refused before a
     byte is read (``O_NONBLOCK``: opening a FIFO does not wait for a writer). Raises
     :class:`CheckpointError`; ``FileNotFoundError`` when it does not exist.
+
+    Example:
+        >>> import os, tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> _ = open(os.path.join(d, "__0_ab.safetensors"), "wb").write(b"12345")
+        >>> fd, size = open_checkpoint_file(d, "__0_ab.safetensors"); os.close(fd); size
+        5
     """
     if not _plain_name(name):
         raise CheckpointError(f"{directory!r}: {str(name)[:80]!r} is not a file name in the checkpoint directory; "
@@ -135,12 +173,25 @@ def open_checkpoint_file(directory: str, name: str) -> tuple[int, int]:
 
 
 def chunk_digest(array: np.ndarray) -> str:
-    """blake2b-128 of a chunk's bytes (C order): format 1's checksum, still checked when reading one."""
+    """blake2b-128 of a chunk's bytes (C order): format 1's checksum, still checked when reading one.
+
+    Example:
+        >>> len(chunk_digest(np.arange(4.0)))     # 16 bytes, in hex
+        32
+    """
     return hashlib.blake2b(memoryview(np.ascontiguousarray(array)).cast("B"), digest_size=16).hexdigest()
 
 
 def file_sha256(path: str, block: int = 1 << 24) -> str:
-    """sha256 of a whole file: format 1's file checksum (``verify`` of an old checkpoint)."""
+    """sha256 of a whole file: format 1's file checksum (``verify`` of an old checkpoint).
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "__0_ab.safetensors")
+        >>> _ = open(path, "wb").write(b"")
+        >>> file_sha256(path)[:16]
+        'e3b0c44298fc1c14'
+    """
     h = hashlib.sha256()
     fd, _ = open_checkpoint_file(os.path.dirname(path), os.path.basename(path))  # a regular file, no link
     with open(fd, "rb") as f:
@@ -152,6 +203,15 @@ def file_sha256(path: str, block: int = 1 << 24) -> str:
 
 
 def write_json_atomic(path: str, obj) -> None:
+    """Write ``obj`` as JSON to ``path`` so that readers see the old file or the new one, never half.
+
+    Example:
+        >>> import json, os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "run", "info.json")
+        >>> write_json_atomic(path, {"step": 3})
+        >>> json.load(open(path))
+        {'step': 3}
+    """
     atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode(), make_dirs=True)
 
 
@@ -160,6 +220,15 @@ def read_metadata(checkpoint_id: str) -> dict:
 
     Raises :class:`CheckpointError` when it is missing, not a regular file, not JSON, or not a
     metadata this code wrote (whatever is wrong with it).
+
+    Example:
+        >>> import tempfile
+        >>> import neural_arch.distributed.checkpoint as dcp
+        >>> d = tempfile.mkdtemp()
+        >>> _ = dcp.save({"w": np.arange(3.0), "epoch": 3}, checkpoint_id=d)   # a world of one
+        >>> meta = read_metadata(d)
+        >>> meta["tensors"]["w"]["global_shape"], meta["objects"]["epoch"]["value"]
+        ([3], 3)
     """
     directory = os.fspath(checkpoint_id)
     path = os.path.join(directory, METADATA_NAME)
@@ -322,6 +391,13 @@ def validate_metadata(meta: dict, where: str = METADATA_NAME) -> None:
 
     After it passes, a reader may index every field without further checks: names are ours,
     dtypes plain, shapes, regions, offsets and checksum lists consistent with each other.
+
+    Example:
+        >>> try:
+        ...     validate_metadata({"version": 2})
+        ... except CheckpointError as exc:
+        ...     print(type(exc).__name__)
+        CheckpointError
     """
     try:
         version = meta["version"]

@@ -1,17 +1,22 @@
 """The communication runtime: backends that move **arrays** (NumPy or CuPy), never Tensors.
 
-==================  ==========================================================
-module              what it owns
-==================  ==========================================================
-``backend``         the abstract :class:`Backend` (six primitives, the rest derived once)
-``work``            :class:`Work` handles, :class:`ReduceOp`, :class:`OpInfo`
-``debug``           per-op fingerprints for ``NEURAL_ARCH_DISTRIBUTED_DEBUG=DETAIL``
-``lanes``           the serial progress lane every collective runs on
-``registry``        the name -> backend factory (lazy imports)
-``algorithms/``     collective schedules as data (``plans``) and their ``executor``
-``transport/``      framing, TCP and shared-memory links, the connection ``engine``
-``gloo`` ``mpi`` ``local`` ``nccl/``   the backends
-==================  ==========================================================
+What each module owns:
+
+* :mod:`~neural_arch.distributed.comm.backend`: the abstract
+  :class:`~neural_arch.distributed.comm.backend.Backend` (six primitives, the rest derived once)
+* :mod:`~neural_arch.distributed.comm.work`: :class:`~neural_arch.distributed.comm.work.Work` handles,
+  :class:`~neural_arch.distributed.comm.work.ReduceOp`, :class:`~neural_arch.distributed.comm.work.OpInfo`
+* :mod:`~neural_arch.distributed.comm.runner`: the :class:`~neural_arch.distributed.comm.runner.OpRunner`
+  every backend runs its operations through (numbering, debug checks, failure)
+* :mod:`~neural_arch.distributed.comm.debug`: per-op fingerprints for ``NEURAL_ARCH_DISTRIBUTED_DEBUG=DETAIL``
+* :mod:`~neural_arch.distributed.comm.lanes`: the serial progress lane every collective runs on
+* :mod:`~neural_arch.distributed.comm.spans`: the operation in flight and the timeline spans
+* :mod:`~neural_arch.distributed.comm.dtypes`: the dtypes the backends move and reduce (bfloat16 too)
+* :mod:`~neural_arch.distributed.comm.registry`: the name -> backend factory (lazy imports)
+* the backends: :mod:`~neural_arch.distributed.comm.gloo` (with its collective schedules as data,
+  ``gloo.plans``, their ``gloo.executor`` and the ``gloo.transport`` links),
+  :mod:`~neural_arch.distributed.comm.mpi`, :mod:`~neural_arch.distributed.comm.nccl`,
+  :mod:`~neural_arch.distributed.comm.local`
 
 Nothing here imports ``Tensor``, ``nn`` or a parallel strategy.
 """
@@ -31,6 +36,8 @@ from neural_arch.distributed.comm.registry import (  # noqa: F401 - the package'
     __all__,
     available_backends,
     get_backend_class,
+    installed_backends,
     is_backend_available,
+    mpi_importable,
     register_backend,
 )

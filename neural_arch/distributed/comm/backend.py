@@ -23,7 +23,8 @@ The public methods (``allreduce``, ``broadcast``, ...) are written once, here:
   frame carries the op's kind, dtype, reduce op, number and byte count (``transport.framing``);
 * an error raised once the operation has started (a peer's bytes did not match, a reduction
   failed, a timeout) **poisons** the group: the peers may be mid-message, so every later operation
-  on this rank fails at once naming that first failure (:class:`GroupPoisonedError`), and the
+  on this rank fails at once naming that first failure
+  (:class:`~neural_arch.distributed.errors.GroupPoisonedError`), and the
   backend tells the other ranks (:meth:`_poison_peers`), whose next operation fails the same way.
   A group never returns data from streams that fell out of step;
 * they number every collective per group (``info.seq``), which errors and debug checks use;
@@ -31,14 +32,17 @@ The public methods (``allreduce``, ``broadcast``, ...) are written once, here:
   (so backward can overlap with communication), and inline when the queue is idle and the
   call is synchronous (no thread hop on the latency-critical path);
 * with ``NEURAL_ARCH_DISTRIBUTED_DEBUG=DETAIL`` they first compare (op, shape, dtype, root)
-  across ranks and raise :class:`CollectiveMismatchError` on **every** rank when they differ;
+  across ranks and raise :class:`~neural_arch.distributed.errors.CollectiveMismatchError` on
+  **every** rank when they differ;
 * every operation that runs is reported once to :mod:`neural_arch.profiler.events` as a
   ``"collective"`` span (op, seq, group, bytes, dtype, backend, transport) when someone listens;
   with no subscriber that costs one test of the observer lists.
 
 How each operation runs (numbering, lanes, the inline synchronous path, debug checks, spans,
-poisoning) lives in :mod:`.runner` (:class:`OpRunner`, this class's base); the dtypes and
-in-place reductions every backend shares in :mod:`.dtypes`. ``Backend`` inherits the runner rather
+poisoning) lives in :mod:`neural_arch.distributed.comm.runner`
+(:class:`~neural_arch.distributed.comm.runner.OpRunner`, this class's base); the dtypes and
+in-place reductions every backend shares in :mod:`neural_arch.distributed.comm.dtypes`. ``Backend``
+inherits the runner rather
 than holding one because a backend *is* the thing that runs its ops: ``_run`` is the template method
 that calls back the backend's own ``_allgather`` (debug checks) and ``_poison_peers``, and a held
 runner would add an attribute hop and a two-way reference to every call on the latency path.
@@ -103,7 +107,20 @@ _FAST = {op: {d: (_dtype_name(d), wire_word("all_reduce", 0, _dtype_name(d), op.
 
 class Backend(OpRunner):
     """One group's communicator. See the module docstring for the contract; how each operation
-    runs (numbering, lanes, debug checks, spans, poisoning) is :class:`OpRunner`'s."""
+    runs (numbering, lanes, debug checks, spans, poisoning) is
+    :class:`~neural_arch.distributed.comm.runner.OpRunner`'s.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.distributed.comm.local import LocalBackend
+        >>> backend = LocalBackend()                 # a world of one; every backend has these methods
+        >>> grads = np.ones(3)
+        >>> backend.allreduce(grads, ReduceOp.SUM, async_op=True).wait()
+        True
+        >>> backend.rank, backend.size
+        (0, 1)
+    """
 
     #: device kinds whose arrays this backend can move
     devices: tuple = ("cpu",)
@@ -291,7 +308,7 @@ class Backend(OpRunner):
             if _refcount(info) == _UNSHARED_REFS:
                 # Nobody but this slot holds the previous call's OpInfo (no Work, span, error, stall
                 # inspector or waiting thread kept it), so it becomes this call's, field by field
-                # (tests/interface/test_small_path.py pins that a held one is never reused).
+                # (tests/comm/test_small_path.py pins that a held one is never reused).
                 info.seq = seq
                 info.shape = array.shape
                 info.dtype = fast[0]

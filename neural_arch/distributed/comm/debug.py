@@ -47,7 +47,14 @@ _WIRE_CACHE: dict = {}
 
 
 def wire_word(name: str, seq: int, dtype, reduce_op) -> int:
-    """The frame check word of an op (see above). ``dtype``/``reduce_op`` are names or None."""
+    """The frame check word of an op (see the comment above). ``dtype``/``reduce_op`` are names or None.
+
+    Example::
+
+        >>> word = wire_word("all_reduce", 3, "float32", "sum")
+        >>> word == wire_word("all_reduce", 3, "float64", "sum")      # another dtype: another word
+        False
+    """
     try:
         base, mask = _WIRE_CACHE[name, dtype, reduce_op]   # the hot path: one dict lookup
     except KeyError:
@@ -63,7 +70,13 @@ def wire_word(name: str, seq: int, dtype, reduce_op) -> int:
 
 
 def describe_wire(word: int, nbytes: int | None = None) -> str:
-    """``'all_reduce #3 float32 sum (16 bytes)'`` for a check word (error messages)."""
+    """``'all_reduce #3 float32 op sum (16 bytes)'`` for a check word (error messages).
+
+    Example::
+
+        >>> describe_wire(wire_word("all_reduce", 3, "float32", "sum"), nbytes=16)
+        'all_reduce #3 float32 op sum (16 bytes)'
+    """
     if word == 0:
         return "an unchecked message" + (f" ({nbytes} bytes)" if nbytes is not None else "")
     code = word >> 56
@@ -82,6 +95,15 @@ def describe_wire(word: int, nbytes: int | None = None) -> str:
 
 
 def fingerprint(info: OpInfo) -> np.ndarray:
+    """The fixed-length (``FINGERPRINT_LEN``) int64 summary of ``info`` that debug mode all-gathers:
+    op, sequence number, root, dtype, reduce op and shape.
+
+    Example::
+
+        >>> from neural_arch.distributed.comm.work import OpInfo
+        >>> fingerprint(OpInfo("all_reduce", 3, shape=(4,), dtype="float32")).shape
+        (16,)
+    """
     fp = np.full(FINGERPRINT_LEN, -1, dtype=np.int64)
     fp[0] = OP_CODES.get(info.name, 99)
     fp[1] = info.seq
@@ -96,6 +118,15 @@ def fingerprint(info: OpInfo) -> np.ndarray:
 
 
 def describe_fingerprint(fp: np.ndarray) -> str:
+    """A fingerprint in words (the mismatch error quotes one per rank).
+
+    Example::
+
+        >>> from neural_arch.distributed.comm.work import OpInfo
+        >>> info = OpInfo("all_reduce", 3, shape=(4,), dtype="float32", reduce_op="sum")
+        >>> describe_fingerprint(fingerprint(info))
+        'all_reduce shape (4,) float32 op sum'
+    """
     name = _OP_NAMES.get(int(fp[0]), "?")
     ndim = int(fp[5])
     shape = tuple(int(d) for d in fp[6:6 + min(ndim, _MAX_DIMS)]) if ndim >= 0 else None

@@ -28,8 +28,9 @@ SUPPORTED_DTYPES = frozenset(
     np.dtype(t) for t in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool")
 )
 FLOAT_DTYPE_KINDS = ("f",)
-#: ml_dtypes' bfloat16 is supported too, recognised by name (dtype kind "V"): importing ml_dtypes
-#: here would cost every ``import neural_arch`` ~7 ms, and a bfloat16 array means it is loaded.
+#: The name of ml_dtypes' bfloat16, which is supported too and recognised by that name (its dtype
+#: kind is ``"V"``) because importing ml_dtypes here would slow down every ``import neural_arch``,
+#: and a bfloat16 array means it is loaded already.
 BFLOAT16 = "bfloat16"
 # The members as module constants: ``ReduceOp.AVG`` is an Enum class-attribute lookup that costs
 # as much as hashing a member as a dict key on CPython 3.11, which added up to a
@@ -45,17 +46,40 @@ REDUCE_UFUNCS = {_SUM: np.add, _AVG: np.add, _MAX: np.maximum, _MIN: np.minimum,
 
 
 def is_bfloat16(dtype) -> bool:
-    """Whether ``dtype`` is ml_dtypes' bfloat16 (without importing ml_dtypes)."""
+    """Whether ``dtype`` is ml_dtypes' bfloat16 (without importing ml_dtypes).
+
+    Example::
+
+        >>> import numpy as np
+        >>> is_bfloat16(np.dtype("float16"))
+        False
+    """
     return dtype.kind == "V" and dtype.name == BFLOAT16
 
 
 def is_supported_dtype(dtype) -> bool:
-    """Whether every backend can move arrays of ``dtype`` (:data:`SUPPORTED_DTYPES` or bfloat16)."""
+    """Whether every backend can move arrays of ``dtype`` (:data:`SUPPORTED_DTYPES` or bfloat16).
+
+    Example::
+
+        >>> import numpy as np
+        >>> is_supported_dtype(np.dtype("int64")), is_supported_dtype(np.dtype("complex64"))
+        (True, False)
+    """
     return dtype in SUPPORTED_DTYPES or is_bfloat16(dtype)
 
 
 def reduce_into(dst, src, op: ReduceOp) -> None:
-    """``dst = dst (op) src`` elementwise, in place. AVG accumulates as SUM (divide at the end)."""
+    """``dst = dst (op) src`` elementwise, in place. AVG accumulates as SUM (divide at the end).
+
+    Example::
+
+        >>> import numpy as np
+        >>> acc = np.array([1.0, 4.0])
+        >>> reduce_into(acc, np.array([3.0, 2.0]), ReduceOp.MIN)
+        >>> acc
+        array([1., 2.])
+    """
     if op in (_SUM, _AVG):
         dst += src
     elif op is _MAX:
@@ -69,7 +93,17 @@ def reduce_into(dst, src, op: ReduceOp) -> None:
 
 
 def finish_average(array, size: int) -> None:
-    """Turn an AVG that was accumulated as a SUM into the mean (float dtypes only)."""
+    """Turn an AVG that was accumulated as a SUM into the mean (float dtypes only).
+
+    Example::
+
+        >>> import numpy as np
+        >>> acc = np.array([2.0, 4.0])
+        >>> reduce_into(acc, np.array([4.0, 8.0]), ReduceOp.AVG)
+        >>> finish_average(acc, size=2)
+        >>> acc
+        array([3., 6.])
+    """
     array /= size
 
 

@@ -28,7 +28,18 @@ _log = logging.getLogger("neural_arch.distributed")
 
 
 class SerialLane:
-    """A FIFO of ``(work, fn)`` run by ``execute(work, fn)`` on one daemon thread."""
+    """A FIFO of ``(work, fn)`` run by ``execute(work, fn)`` on one daemon thread.
+
+    Example::
+
+        >>> from neural_arch.distributed.comm.work import Work
+        >>> lane = SerialLane("progress", execute=lambda work, fn: work._set_result(fn()))
+        >>> work = Work()
+        >>> lane.submit(work, lambda: 42)
+        >>> work.wait(), work.result()
+        (True, 42)
+        >>> lane.close("done")
+    """
 
     def __init__(self, name: str, execute: Callable[[Work, Callable[[], Any]], None]):
         self.name = name

@@ -2,7 +2,8 @@
 
 ``init_process_group()`` with nothing in the environment gives this backend, so one
 script runs unchanged in a notebook, under ``python``, under ``mpiexec`` or under the
-launcher. The public methods of :class:`Backend` already short-cut ``size == 1``; the
+launcher. The public methods of :class:`~neural_arch.distributed.comm.backend.Backend` already
+short-cut ``size == 1``; the
 primitives below are only reached through sub-groups of one.
 
 Example::
@@ -20,6 +21,19 @@ from neural_arch.distributed.errors import DistributedError
 
 
 class LocalBackend(Backend):
+    """The backend of a world of one (``size == 1``): collectives leave their buffers as they are.
+
+    Example::
+
+        >>> import numpy as np
+        >>> backend = LocalBackend()
+        >>> out = np.zeros((1, 2))
+        >>> backend.allgather(out, np.array([1.0, 2.0])).wait()
+        True
+        >>> out
+        array([[1., 2.]])
+    """
+
     name = "local"
     devices = ("cpu", "cuda")
 

@@ -55,14 +55,26 @@ _INSTALL_HINT = {
 
 
 def register_backend(name: str, target: "str | Type[Backend]") -> None:
-    """Register a backend class (or a lazy ``"module:Class"`` path) under ``name``."""
+    """Register a backend class (or a lazy ``"module:Class"`` path) under ``name``.
+
+    Example::
+
+        register_backend("mine", "my_package.comm:MyBackend")     # imported on first use
+        init_process_group(backend="mine")
+    """
     if not isinstance(target, str):
         target = f"{target.__module__}:{target.__qualname__}"
     _REGISTRY[name.lower()] = target
 
 
 def get_backend_class(name: str) -> Type[Backend]:
-    """The backend class registered as ``name`` (case-insensitive); a clear error otherwise."""
+    """The backend class registered as ``name`` (case-insensitive); a clear error otherwise.
+
+    Example::
+
+        >>> get_backend_class("Local").__name__
+        'LocalBackend'
+    """
     key = str(name).lower()
     if key not in _REGISTRY:
         raise ValueError(f"backend={name!r} is unknown; choose one of {sorted(_REGISTRY)}")
@@ -76,7 +88,13 @@ def get_backend_class(name: str) -> Type[Backend]:
 
 
 def is_backend_available(name: str) -> bool:
-    """Whether ``name``'s requirements are installed (imports the module, never starts it)."""
+    """Whether ``name``'s requirements are installed (imports the module, never starts it).
+
+    Example::
+
+        >>> is_backend_available("gloo")
+        True
+    """
     try:
         return bool(get_backend_class(name).is_available())
     except ImportError:
@@ -85,13 +103,25 @@ def is_backend_available(name: str) -> bool:
 
 def mpi_importable() -> bool:
     """Whether mpi4py is installed, found without importing it: importing ``mpi4py.MPI``
-    initialises MPI, which must not happen in a process that is not going to use it."""
+    initialises MPI, which must not happen in a process that is not going to use it.
+
+    Example::
+
+        >>> mpi_importable() in (True, False)
+        True
+    """
     return importlib.util.find_spec("mpi4py") is not None
 
 
 def installed_backends() -> List[str]:
     """Backends whose requirements are installed, found without importing them: importing
-    cupy (for nccl) is slow, and on a machine without a GPU driver it can even crash the process."""
+    cupy (for nccl) is slow, and on a machine without a GPU driver it can even crash the process.
+
+    Example::
+
+        >>> {"gloo", "local"} <= set(installed_backends())
+        True
+    """
     names = ["gloo", "local"]
     if mpi_importable():
         names.append("mpi")
@@ -101,6 +131,14 @@ def installed_backends() -> List[str]:
 
 
 def available_backends() -> List[str]:
+    """Backends that can be used here: each registered one whose module imports and whose
+    requirements are met (unlike :func:`installed_backends`, this imports the backends).
+
+    Example::
+
+        >>> "gloo" in available_backends()
+        True
+    """
     return sorted(name for name in _REGISTRY if is_backend_available(name))
 
 

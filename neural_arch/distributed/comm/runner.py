@@ -10,7 +10,8 @@ lanes and its failure state, and runs each operation the same way:
   (:class:`~neural_arch.distributed.comm.lanes.SerialLane`), whose thread calls ``_execute``;
 * with ``NEURAL_ARCH_DISTRIBUTED_DEBUG=DETAIL`` it first compares the op's fingerprint across ranks
   (``_debug_check``, through the backend's ``_allgather``);
-* when someone listens, the op is one ``"collective"`` profiler span (:mod:`.spans`);
+* when someone listens, the op is one ``"collective"`` profiler span
+  (:mod:`neural_arch.distributed.comm.spans`);
 * while it runs, the op sits in the backend's slot (``_op_now``, or ``_p2p_now`` for point-to-point
   ops), where the stall inspector finds it (``spans.in_flight``) without any per-op record;
 * an op that fails once data may have moved **poisons** the group (``_failed``): every later op
@@ -61,7 +62,14 @@ _monotonic = time.monotonic
 
 
 def debug_mode_from_env() -> bool:
-    """Whether ``NEURAL_ARCH_DISTRIBUTED_DEBUG`` is ``DETAIL`` (check every collective across ranks)."""
+    """Whether ``NEURAL_ARCH_DISTRIBUTED_DEBUG`` is ``DETAIL`` (check every collective across ranks).
+
+    Example::
+
+        # NEURAL_ARCH_DISTRIBUTED_DEBUG=DETAIL torchrun-style launch ... python train.py
+        if debug_mode_from_env():
+            print("every collective is compared across ranks first")
+    """
     return str(config.get(DEBUG_ENV) or "").strip().upper() == "DETAIL"
 
 
@@ -70,6 +78,14 @@ class OpRunner(abc.ABC):
 
     Subclasses provide ``_allgather`` (the debug check gathers fingerprints with it) and may
     override ``_poison_peers`` (tell the other ranks that this group failed).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.distributed.comm.local import LocalBackend
+        >>> runner = LocalBackend()                    # every backend is an OpRunner
+        >>> [runner.allreduce(np.ones(2)).info.seq for _ in range(3)]
+        [1, 2, 3]
     """
 
     #: registry name ("gloo", "mpi", "nccl", "local")

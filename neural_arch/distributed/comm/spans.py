@@ -51,12 +51,31 @@ _ITEMSIZE: dict = {"bfloat16": 2}
 
 
 def observed() -> bool:
-    """Whether anyone listens (the backend inlines this test on its hot path)."""
+    """Whether anyone listens (the backend inlines this test on its hot path).
+
+    Example::
+
+        >>> from neural_arch.profiler import events
+        >>> seen = []
+        >>> events.subscribe(seen.append)
+        >>> observed()
+        True
+        >>> events.unsubscribe(seen.append)
+    """
     return bool(events.OBSERVERS or events.BEGIN_OBSERVERS or events.END_OBSERVERS)
 
 
 def register(runner) -> None:
-    """Make ``runner``'s op slots visible to :func:`in_flight` (``OpRunner.__init__`` calls it)."""
+    """Make ``runner``'s op slots visible to :func:`in_flight` (``OpRunner.__init__`` calls it).
+
+    Example::
+
+        >>> from neural_arch.distributed.comm.local import LocalBackend
+        >>> backend = LocalBackend()        # registered by its constructor; again is harmless
+        >>> register(backend)
+        >>> backend in RUNNERS
+        True
+    """
     RUNNERS.add(runner)
 
 
@@ -95,7 +114,13 @@ def in_flight() -> list:
 
 
 def lane_label(thread_name: str) -> str:
-    """``"default"`` for a group's collective lane, else the p2p lane's own thread name."""
+    """``"default"`` for a group's collective lane, else the p2p lane's own thread name.
+
+    Example::
+
+        >>> lane_label("gloo-rank0-progress"), lane_label("p2p-send-1")
+        ('default', 'p2p-send-1')
+    """
     return "default" if thread_name.endswith("-progress") else thread_name
 
 
@@ -131,6 +156,19 @@ def begin(backend, info: OpInfo, lane: str):
     pays for the ``Pending`` record, a closure and the observer calls. What never changes for the
     group is taken now, once per backend, so that reading the details after the group was
     destroyed still names its transport.
+
+    Example::
+
+        >>> from neural_arch.distributed.comm.local import LocalBackend
+        >>> from neural_arch.profiler import events
+        >>> seen = []
+        >>> events.subscribe(seen.append)
+        >>> info = OpInfo("all_reduce", 1, shape=(4,), dtype="float32")
+        >>> span = begin(LocalBackend(), info, "default")
+        >>> end(span, info)
+        >>> events.unsubscribe(seen.append)
+        >>> seen[-1].name, seen[-1].args["bytes"]
+        ('all_reduce', 16)
     """
     static = backend.__dict__.get("_span_static") or _static(backend)
     # positional arguments: a keyword call costs a dict on every collective
@@ -160,7 +198,14 @@ def _args(static: dict, info: OpInfo) -> dict:
 
 
 def end(span, info: OpInfo) -> None:
-    """End the span; adds ``algorithm``/``transport`` a backend stored in ``info.extra``."""
+    """End the span; adds ``algorithm``/``transport`` a backend stored in ``info.extra``.
+
+    Example::
+
+        span = begin(backend, info, "default")
+        ...                                  # run the primitive
+        end(span, info)
+    """
     extra = info._extra
     more = {k: extra[k] for k in ("algorithm", "transport") if k in extra} if extra else None
     if more:
@@ -170,5 +215,15 @@ def end(span, info: OpInfo) -> None:
 
 
 def fail(span, exc: BaseException) -> None:
-    """End the span of an op that raised, naming the error."""
+    """End the span of an op that raised, naming the error.
+
+    Example::
+
+        span = begin(backend, info, "default")
+        try:
+            backend._allreduce(array, op, info)
+        except Exception as exc:
+            fail(span, exc)
+            raise
+    """
     events.end(span, error=f"{type(exc).__name__}: {exc}"[:300])

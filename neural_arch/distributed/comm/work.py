@@ -38,7 +38,15 @@ main_thread_waiting = 0
 
 
 class ReduceOp(enum.Enum):
-    """Reduction operators. ``AVERAGE`` is an alias of ``AVG`` (the seeds spell it that way)."""
+    """Reduction operators. ``AVERAGE`` is an alias of ``AVG`` (the seeds spell it that way).
+
+    Example::
+
+        >>> ReduceOp.AVERAGE is ReduceOp.AVG
+        True
+        >>> ReduceOp.coerce("sum")
+        <ReduceOp.SUM: 'sum'>
+    """
 
     SUM = "sum"
     AVG = "avg"
@@ -72,6 +80,12 @@ class OpInfo:
     small-message path its construction was a third of the Python overhead (the dataclass's
     ``extra`` dict alone). ``extra`` (backend scratch, e.g. NCCL's ready event) is created on
     first use.
+
+    Example::
+
+        >>> info = OpInfo("all_reduce", 57, group_ranks=[0, 1, 2, 3], shape=(1024,), dtype="float32")
+        >>> info.describe()
+        'all_reduce #57 (shape (1024,), float32)'
     """
 
     __slots__ = (
@@ -203,6 +217,16 @@ class Work:
     ``wait(timeout=None)`` blocks until the operation finished and returns True, or raises
     the exception it failed with. ``result()`` is the operation's output (the array it
     filled, or a Python object for the object collectives).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.distributed.comm.local import LocalBackend
+        >>> work = LocalBackend().allreduce(np.ones(3), ReduceOp.SUM, async_op=True)
+        >>> work.wait(), work.is_success()
+        (True, True)
+        >>> Work.failed(ValueError("bad buffer")).exception()
+        ValueError('bad buffer')
     """
 
     __slots__ = ("_callbacks", "_done", "_event", "_exc", "_result", "completed_at", "info", "started_at")

@@ -1,7 +1,7 @@
 """Data parallelism: :class:`DistributedDataParallel` (:mod:`.distributed_data_parallel`), its
 gradient :mod:`.reducer` (on the shared buckets of :mod:`neural_arch.distributed.bucketing`) and
 its overlap observer (:mod:`.overlap_stats`), uneven inputs (:mod:`.join`), the communication hooks' base
-(:mod:`.comm_hooks`), ``SyncBatchNorm`` and expert gradients (:mod:`.expert_grads`).
+(:mod:`neural_arch.distributed.algorithms.ddp_comm_hooks`), ``SyncBatchNorm`` and expert gradients (:mod:`.expert_grads`).
 
 Example::
 

@@ -9,7 +9,7 @@
    fill the buckets during backward and each full bucket's all-reduce starts at once, on the
    backend's progress thread, while backward goes on; an end-of-backward callback waits for
    the rest and writes the averaged gradients back. ``optimizer.step()`` needs no extra call.
-   How well communication hid behind backward is measured per bucket (:meth:`bucket_stats`,
+   How well communication hid behind backward is measured per bucket (:meth:`~neural_arch.distributed.ddp.distributed_data_parallel.DistributedDataParallel.bucket_stats`,
    ``comm_stats()["bucket_hidden_fraction"]``) and reported to :mod:`neural_arch.profiler` as one
    span per bucket (category ``"bucket"``, ready -> done) when a profiler listens.
 
@@ -72,7 +72,9 @@ def no_sync():
     """Seed-002 spelling: skip gradient synchronisation in **every** live DDP instance.
 
     Inside the block, backward passes accumulate gradients locally; the first synchronised
-    backward after it reduces the accumulated gradients (same result, fewer all-reduces)::
+    backward after it reduces the accumulated gradients (same result, fewer all-reduces).
+
+    Example::
 
         with no_sync():
             for mb in micro_batches[:-1]:
@@ -165,8 +167,8 @@ class DistributedDataParallel(Module):
         self._params = [p for _, p in named]
         self._no_sync_depth = 0
         self._forward_no_sync = False
-        #: torch's switch (nanoGPT sets it instead of using no_sync()): False skips the gradient
-        #: all-reduce of the backward passes that follow, exactly like ``with ddp.no_sync():``
+        #: torch's switch, which nanoGPT sets instead of using ``no_sync()``. False skips the gradient
+        #: all-reduce of the backward passes that follow, exactly like ``with ddp.no_sync():``.
         self.require_backward_grad_sync = True
         self._join = None
         self._hooks: list = []
@@ -325,9 +327,9 @@ class DistributedDataParallel(Module):
         return Join(self, enable=enable, throw_on_early_termination=throw_on_early_termination)
 
     def register_comm_hook(self, state, hook) -> None:
-        """Replace how gradient buckets are reduced (torch's contract; see :mod:`.comm_hooks`).
+        """Replace how gradient buckets are reduced (torch's contract; see :mod:`neural_arch.distributed.algorithms.ddp_comm_hooks`).
 
-        ``hook(state, bucket) -> Work``: ``bucket`` is a :class:`~.comm_hooks.GradBucket` of this
+        ``hook(state, bucket) -> Work``: ``bucket`` is a :class:`~neural_arch.distributed.algorithms.ddp_comm_hooks.comm_hook.GradBucket` of this
         rank's local gradients; the returned Work's ``result()`` must be the flat buffer of
         averaged gradients. Call once, before the first backward. ``state`` is passed through
         (a process group for the built-in hooks, or the hook's own state object)::

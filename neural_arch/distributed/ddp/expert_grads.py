@@ -18,7 +18,7 @@ global batch. It requires the expert-parallel and expert-data-parallel groups to
 
 Example::
 
-    reducer = ExpertGradReducer(expert_params, ddp_backend_size=4)
+    reducer = ExpertGradReducer(expert_params, world_size=4)
     reducer.broadcast()                      # at construction
     reducer.reduce()                         # end of a synchronised backward
 """
@@ -33,14 +33,33 @@ __all__ = ["ExpertGradReducer", "is_expert_parameter", "refuse_expert_parameters
 
 
 def is_expert_parameter(p) -> bool:
-    """True for a parameter DDP must not average over its whole group (``p.allreduce is False``)."""
+    """True for a parameter DDP must not average over its whole group (``p.allreduce is False``).
+
+    Example:
+        >>> from neural_arch import nn
+        >>> layer = nn.Linear(2, 2)
+        >>> is_expert_parameter(layer.weight)
+        False
+        >>> layer.weight.allreduce = False        # what parallelize_moe marks on expert weights
+        >>> is_expert_parameter(layer.weight)
+        True
+    """
     return getattr(p, "allreduce", True) is False
 
 
 def refuse_expert_parameters(params, wrapper: str) -> None:
     """Sharding wrappers (ZeRO, FSDP) treat every parameter as the same on every rank: partitioning or
     flattening an expert's parameters over ranks that hold other experts would silently mix them, so
-    they refuse (with what to do) until they learn expert-data-parallel groups."""
+    they refuse (with what to do) until they learn expert-data-parallel groups.
+
+    Example:
+        >>> from neural_arch import nn
+        >>> layer = nn.Linear(2, 2); layer.weight.allreduce = False
+        >>> refuse_expert_parameters(layer.parameters(), "ZeroRedundancyOptimizer")
+        Traceback (most recent call last):
+        ...
+        ValueError: ZeroRedundancyOptimizer: 1 parameter(s) are expert-parallel ...
+    """
     experts = sum(1 for p in params if is_expert_parameter(p))
     if experts:
         raise ValueError(f"{wrapper}: {experts} parameter(s) are expert-parallel (parallelize_moe marks them "
@@ -50,7 +69,13 @@ def refuse_expert_parameters(params, wrapper: str) -> None:
 
 
 class ExpertGradReducer:
-    """Broadcasts and reduces the expert parameters of one DDP instance (see the module docstring)."""
+    """Broadcasts and reduces the expert parameters of one DDP instance (see the module docstring).
+
+    Example::
+
+        experts = [p for p in model.parameters() if is_expert_parameter(p)]
+        reducer = ExpertGradReducer(experts, world_size=dist.get_world_size())
+    """
 
     def __init__(self, params: list, world_size: int):
         self.params = list(params)

@@ -30,7 +30,16 @@ __all__ = ["Join"]
 
 
 class Join:
-    """Context manager returned by :meth:`DistributedDataParallel.join` (see the module docstring)."""
+    """Context manager returned by
+    :meth:`~neural_arch.distributed.ddp.distributed_data_parallel.DistributedDataParallel.join`
+    (see the module docstring).
+
+    Example::
+
+        with ddp.join():                         # ranks may run different numbers of batches
+            for x, y in my_uneven_batches:
+                loss_fn(ddp(x), y).backward()
+    """
 
     def __init__(self, ddp, enable: bool = True, throw_on_early_termination: bool = False):
         self.ddp = ddp

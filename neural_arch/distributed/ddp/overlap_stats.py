@@ -41,6 +41,13 @@ class BucketTimingObserver:
 
     Args:
         bucket_nbytes: the size in bytes of each bucket, in launch order.
+
+    Example::
+
+        observer = BucketTimingObserver([b.flat.nbytes for b in buckets])
+        observer.bucket_ready(0); observer.bucket_launched(0)
+        observer.bucket_done(0, work)            # when bucket 0's all-reduce completed
+        observer.backward_ended()
     """
 
     def __init__(self, bucket_nbytes: Sequence[int]):

@@ -10,7 +10,7 @@ The plan is a list of lists of parameter indices: printable and unit-testable wi
 
 **Reducer** (:class:`Reducer`): each parameter's post-accumulate-grad hook copies its gradient
 into its bucket's flat array; when every gradient of a bucket is in, the bucket goes to the
-**comm hook** (:mod:`.comm_hooks`; the default all-reduces the average) while backward goes on.
+**comm hook** (:mod:`neural_arch.distributed.algorithms.ddp_comm_hooks`; the default all-reduces the average) while backward goes on.
 Buckets are handed to the hook strictly in plan order, so every rank issues the same
 collectives in the same order even if gradient hooks fire in a different order. An
 end-of-backward callback (``queue_callback``) reduces what is left, waits, and writes the
@@ -57,7 +57,12 @@ __all__ = ["Phase", "Reducer"]
 
 
 class Phase(enum.Enum):
-    """Where the reducer is in an iteration (the only per-iteration state it keeps)."""
+    """Where the reducer is in an iteration (the only per-iteration state it keeps).
+
+    Example:
+        >>> [phase.value for phase in Phase]
+        ['synced', 'local', 'accumulating', 'reducing']
+    """
 
     SYNCED = "synced"          # idle; every .grad holds the global average (sync_gradients() is a no-op)
     LOCAL = "local"            # idle; .grad holds local accumulations (after no_sync backward passes)
@@ -122,7 +127,7 @@ class Reducer:
 
     def _set_hook(self, state, hook) -> None:
         """Install the hook; whether buckets reach it pre-scaled by 1/world is decided here, once,
-        from what it declares (:class:`~.comm_hooks.CommHook`; a plain function declares nothing)."""
+        from what it declares (:class:`~neural_arch.distributed.algorithms.ddp_comm_hooks.comm_hook.CommHook`; a plain function declares nothing)."""
         self.hook_state, self.hook = state, CommHook.of(hook)
         self._prescale = self.hook.accepts_prescaled
         for grad_bucket, wire_bucket in zip(self.grad_buckets, self.wire_buckets):

@@ -16,7 +16,13 @@ __all__ = ["broadcast_arrays"]
 
 
 def broadcast_arrays(arrays: list, backend, root: int) -> None:
-    """Broadcast ``arrays`` from ``root`` in place: one flat array and one call per dtype."""
+    """Broadcast ``arrays`` from ``root`` in place: one flat array and one call per dtype.
+
+    Example::
+
+        params = [p.data for p in model.parameters()]
+        broadcast_arrays(params, dist.group.WORLD.backend, root=0)   # every rank now holds rank 0's
+    """
     by_dtype: dict = {}
     for a in arrays:
         by_dtype.setdefault(str(a.dtype), []).append(a)

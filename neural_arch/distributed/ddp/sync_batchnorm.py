@@ -104,6 +104,12 @@ class SyncBatchNorm(_BatchNorm):
     (None: cumulative average), ``affine=True``, ``track_running_stats=True``,
     ``process_group=None`` (the world), ``device``, ``dtype``. Parameters and buffers are
     :class:`neural_arch.nn.BatchNorm2d`'s (this class shares its base).
+
+    Example::
+
+        bn = SyncBatchNorm(16)                                  # statistics over every rank's batch
+        model = SyncBatchNorm.convert_sync_batchnorm(model)     # or convert a model's BatchNorms
+        ddp = DistributedDataParallel(model)
     """
 
     _expected_dims = (2, 3, 4, 5)

@@ -390,6 +390,13 @@ class ElasticMember:
 
     Messages from the agent arrive in a queue (read by a thread, which calls ``on_message`` so a
     waiting monitor loop wakes at once); a lost connection arrives as ``{"lost": reason}``.
+
+    Example::
+
+        member = ElasticMember("10.0.0.1", agent_port, identity=node_rank, nproc_per_node=8,
+                               token=os.environ["NEURAL_ARCH_AUTH_TOKEN"], timeout=600)
+        round_ = member.get(timeout=600)     # {"round": 0, "node_rank": ..., "layout": [...], ...}
+        member.send({"done": 0})
     """
 
     def __init__(self, addr: str, port: int, identity: int, nproc_per_node: int, token: str, timeout: float,

@@ -18,7 +18,7 @@ checkpoint regularly and resuming from the newest one at start-up::
 
 Why atomic: a rank can be SIGKILLed in the middle of writing. Writing to a temporary file in the
 same folder, ``fsync`` and ``os.replace`` means a reader sees either the old complete file or the new
-complete file, never half of one; :func:`find_latest_checkpoint` ignores leftover temporary files.
+complete file, never half of one; :func:`~neural_arch.distributed.checkpoint.manager.find_latest_checkpoint` ignores leftover temporary files.
 """
 
 from __future__ import annotations
@@ -86,12 +86,30 @@ def remove_interrupted_writes(directory: str) -> int:
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers never see a partial file (temp + fsync + replace;
-    the folder is created if missing). See :mod:`neural_arch.utils.atomic_file`."""
+    the folder is created if missing). See :mod:`neural_arch.utils.atomic_file`.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "sub" / "blob.bin"
+        >>> atomic_write_bytes(str(path), b"abc")
+        >>> path.read_bytes()
+        b'abc'
+    """
     _atomic_write_bytes(path, data, make_dirs=True)
 
 
 def save_npz_atomic(path: str, **arrays) -> None:
-    """``numpy.savez`` to ``path`` atomically (see :func:`atomic_write_bytes`)."""
+    """``numpy.savez`` to ``path`` atomically (see
+    :func:`~neural_arch.distributed.elastic.checkpoint_restart.atomic_write_bytes`).
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> import numpy as np
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "step_000001.npz"
+        >>> save_npz_atomic(str(path), w=np.zeros(3), step=np.array(1))
+        >>> int(np.load(path)["step"])
+        1
+    """
     import numpy as np
 
     buffer = io.BytesIO()

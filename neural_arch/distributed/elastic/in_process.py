@@ -60,7 +60,8 @@ class State:
     Args:
         model: a ``Module`` (or DDP wrapper): its ``state_dict`` is snapshotted.
         optimizer: an ``Optimizer`` (``state_dict`` / ``load_state_dict``).
-        sampler: e.g. :class:`ElasticDistributedSampler` (``state_dict`` / ``load_state_dict`` / ``reset``).
+        sampler: e.g. :class:`~neural_arch.distributed.elastic.sampler.ElasticDistributedSampler`
+            (``state_dict`` / ``load_state_dict`` / ``reset``).
         checkpoint_dir: also save durably (distributed checkpoint via ``CheckpointManager``) ...
         save_every: ... on every ``save_every``-th commit (default: every commit when a dir is given).
         keep_last: checkpoints the manager keeps.
@@ -68,6 +69,13 @@ class State:
 
     ``commit()`` takes an in-memory deep copy (cheap for the small models trained here; the
     durable save is the distributed checkpoint). ``restore()`` puts the last commit back.
+
+    Example:
+        >>> state = State(epoch=0, step=0)
+        >>> state.step = 5; state.commit()
+        >>> state.step = 9                 # progress lost in a failure ...
+        >>> state.restore(); state.step    # ... and the last commit back
+        5
     """
 
     def __init__(self, model=None, optimizer=None, sampler=None, *, checkpoint_dir=None, save_every: int | None = None,

@@ -8,8 +8,8 @@ size; after a restart at a new size ``W'``, rank ``r'`` takes ``order[processed:
 No sample of the epoch is skipped or repeated (apart from the marked padding, see below).
 
 With ``drop_last=False`` the remaining samples are padded by wrap-around to a multiple of the
-world size (every rank yields the same count, so collectives line up); :meth:`padding_mask`
-marks the duplicates, and :meth:`record_batch` never counts past the epoch's end.
+world size (every rank yields the same count, so collectives line up); :meth:`~neural_arch.distributed.elastic.sampler.ElasticDistributedSampler.padding_mask`
+marks the duplicates, and :meth:`~neural_arch.distributed.elastic.sampler.ElasticDistributedSampler.record_batch` never counts past the epoch's end.
 
 Example::
 
@@ -34,11 +34,22 @@ __all__ = ["ElasticDistributedSampler"]
 
 
 class ElasticDistributedSampler(DistributedSampler):
-    """Like :class:`DistributedSampler` (same arguments and epoch order), plus mid-epoch resume.
+    """Like :class:`~neural_arch.distributed.data.sampler.DistributedSampler` (same arguments and
+    epoch order), plus mid-epoch resume.
 
     Call :meth:`record_batch` (or :meth:`record_samples`) after each batch so :meth:`state_dict`
     knows how far the epoch got; after the world changes, :meth:`reset` re-reads the group's
     rank and size (``elastic.State`` does this for you).
+
+    Example:
+        >>> sampler = ElasticDistributedSampler(dataset_size=10, num_replicas=2, rank=0, shuffle=False)
+        >>> list(sampler)
+        [0, 2, 4, 6, 8]
+        >>> sampler.record_batch(0, 2)                 # batch 0 of size 2 done on every rank
+        >>> resumed = ElasticDistributedSampler(dataset_size=10, num_replicas=3, rank=1, shuffle=False)
+        >>> resumed.load_state_dict(sampler.state_dict())
+        >>> list(resumed)                              # samples 4..9 split over 3 ranks
+        [5, 8]
     """
 
     def __init__(self, dataset=None, num_replicas: int | None = None, rank: int | None = None,
@@ -74,6 +85,7 @@ class ElasticDistributedSampler(DistributedSampler):
         return min(self.dataset_size, self.processed + self._local_done * self.num_replicas)
 
     def state_dict(self) -> dict:
+        """Epoch, samples processed, seed, dataset size and shuffle: what ``load_state_dict`` resumes from."""
         return {"epoch": self.epoch, "processed": self.processed_samples(), "seed": self.seed,
                 "dataset_size": self.dataset_size, "shuffle": self.shuffle}
 
@@ -119,6 +131,7 @@ class ElasticDistributedSampler(DistributedSampler):
         return max(0, self.total_size - max(0, self.dataset_size - self.processed))
 
     def padding_mask(self) -> np.ndarray:
+        """Booleans, one per index this rank yields: True where that index is a padding duplicate."""
         positions = np.arange(self.rank, self.total_size, self.num_replicas)
         return positions >= max(0, self.dataset_size - self.processed)
 

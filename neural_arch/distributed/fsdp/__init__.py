@@ -6,17 +6,19 @@ Example::
                                               MixedPrecision, CPUOffload, ModuleWrapPolicy)
     model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({nn.TransformerBlock}))
 
-=====================  ==========================================================================
-module                 what
-=====================  ==========================================================================
-``owner_reducer``      ``OwnerGradReducer``: each gradient reduced to its owners, no flat copy (FSDP)
-``api``                FSDP's enums, configs and wrap policies (torch's names)
-``unit``               ``FlatParamUnit``: one wrapped module's flat shard, gather/free
-``plan``               which modules become units; shard / replicate groups
-``state_dict``         ``FSDPStateDicts``: full and sharded state dicts (a component FSDP holds)
-``fully_sharded_data_parallel``  ``FullyShardedDataParallel``: the gather/free schedule and its hooks
-``sharded_grad_scaler``  ``ShardedGradScaler``: found-inf agreed over the ranks
-=====================  ==========================================================================
+=================================  ======================================================================
+module                             what
+=================================  ======================================================================
+``api``                            FSDP's enums and configs (torch's names)
+``wrap``                           the auto-wrap policies (torch's names)
+``plan``                           which modules become units; shard / replicate groups
+``unit``                           ``FlatParamUnit``: one wrapped module's flat shard, gather/free
+``storage``                        releasing and restoring a gathered buffer's memory
+``owner_reducer``                  ``OwnerGradReducer``: each gradient reduced to its owners, no flat copy
+``state_dict``                     ``FSDPStateDicts``: full and sharded state dicts (a component FSDP holds)
+``fully_sharded_data_parallel``    ``FullyShardedDataParallel``: the gather/free schedule and its hooks
+``sharded_grad_scaler``            ``ShardedGradScaler``: found-inf agreed over the ranks
+=================================  ======================================================================
 
 The flat layout (:mod:`neural_arch.distributed.flat_param`) and the gradient buckets
 (:mod:`neural_arch.distributed.bucketing`) are shared with ZeRO

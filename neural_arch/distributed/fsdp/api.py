@@ -58,6 +58,10 @@ class CPUOffload:
     """Keep the flat parameter shards (and their gradients, and so the optimizer state) on the host.
 
     On CPU-only runs this is the identity (the arrays already live on the host).
+
+    Example:
+        >>> CPUOffload(offload_params=True)
+        CPUOffload(offload_params=True)
     """
 
     offload_params: bool = False
@@ -68,7 +72,14 @@ class MixedPrecision:
     """``param_dtype``: dtype of the gathered parameters used in forward/backward;
     ``reduce_dtype``: dtype of the gradient reduce-scatter (default: ``param_dtype``);
     ``buffer_dtype``: dtype buffers are cast to once at wrap time. The sharded *master*
-    parameters keep their original dtype (float32 or float64), which the optimizer steps."""
+    parameters keep their original dtype (float32 or float64), which the optimizer steps.
+
+    Example:
+        >>> import numpy as np
+        >>> mp = MixedPrecision(param_dtype=np.float16, reduce_dtype=np.float32)
+        >>> mp.buffer_dtype is None
+        True
+    """
 
     param_dtype: Any = None
     reduce_dtype: Any = None

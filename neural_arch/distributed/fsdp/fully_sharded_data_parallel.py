@@ -22,7 +22,7 @@ multiple of the shard-group size; every rank keeps only its slice (a ``flat_para
    views of the shard: no gathered copy, as torch);
 3. **step**: the optimizer updates each rank's slice in the master dtype.
 
-Memory of gathered parameters (host arrays, see :mod:`.storage`): after forward every gather
+Memory of gathered parameters (host arrays, see :mod:`neural_arch.distributed.fsdp.storage`): after forward every gather
 buffer gives its memory back while the graph's views of it live on (torch's resharding,
 ``storage.resize_(0)``; the root's too: it is re-gathered at its pre-backward like any unit),
 and during a unit's backward the pages under each parameter go as soon as its gradient is final
@@ -143,17 +143,24 @@ class FullyShardedDataParallel(Module):
         module: the model (every rank builds the same one).
         process_group: the group to shard over (default: the world); for ``HYBRID_SHARD`` a pair
             ``(shard_group, replicate_group)``.
-        sharding_strategy: a :class:`ShardingStrategy` (default ``FULL_SHARD``).
-        cpu_offload: :class:`CPUOffload`.
+        sharding_strategy: a :class:`~neural_arch.distributed.fsdp.api.ShardingStrategy` (default ``FULL_SHARD``).
+        cpu_offload: :class:`~neural_arch.distributed.fsdp.api.CPUOffload`.
         auto_wrap_policy: which submodules become units (``ModuleWrapPolicy({Block})``, a set of
             classes, or torch's callable policies). Default: one unit for the whole model.
         backward_prefetch: ``BackwardPrefetch.BACKWARD_PRE`` (default), ``BACKWARD_POST`` or None.
         forward_prefetch: gather the next unit (last iteration's order) while one runs.
         limit_all_gathers: at most two units gathered at once (see the module docstring).
-        mixed_precision: :class:`MixedPrecision`.
+        mixed_precision: :class:`~neural_arch.distributed.fsdp.api.MixedPrecision`.
         sync_module_states: broadcast rank 0's parameters and buffers first (ranks may init differently).
         device_mesh: a 2-D mesh ``(replicate, shard)`` for ``HYBRID_SHARD``, if it has
             ``get_group(dim)``; a 1-D mesh for the other strategies.
+
+    Example::
+
+        model = FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({Block}),
+                                         mixed_precision=MixedPrecision(param_dtype=np.float16))
+        opt = Adam(model.parameters(), lr=1e-3)     # steps this rank's shards only
+        loss_fn(model(x), y).backward(); opt.step()
     """
 
     def __init__(self, module, process_group=None, sharding_strategy=None, cpu_offload=None,
@@ -416,7 +423,7 @@ class FullyShardedDataParallel(Module):
         """Parameter ``k`` of unit ``i`` has its final gradient: if the unit ran once this
         iteration, no node of this backward reads that parameter again, so the pages of the
         gathered buffer under it are given back now, before its gradient is reduced (the
-        buffer shrinks as the unit's backward proceeds; see :mod:`.storage`). A unit called
+        buffer shrinks as the unit's backward proceeds; see :mod:`neural_arch.distributed.fsdp.storage`). A unit called
         twice keeps its values: the other call's backward (or recomputation) reads them."""
         unit = self._units[i]
         buf = unit.bound

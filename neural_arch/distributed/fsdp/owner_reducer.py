@@ -1,6 +1,6 @@
 """FSDP's gradient reducer: each gradient goes straight to the ranks that own its elements.
 
-A unit's flat parameter is split into one contiguous shard per rank (see :mod:`.flat`), so
+A unit's flat parameter is split into one contiguous shard per rank (see :mod:`neural_arch.distributed.flat_param`), so
 every element of every parameter has one *owner* rank. As soon as a parameter's gradient is
 final (a post-accumulate-grad hook) it is reduced (``ReduceOp.AVG``), piece by piece, to the
 owners of the pieces: a piece of parameter ``k`` lying in rank ``r``'s shard is ``reduce``-d to
@@ -72,6 +72,12 @@ class OwnerGradReducer:
         on_final: ``on_final(bucket_index, position)`` when a parameter's gradient is final for
             the first time in a backward, before it is reduced (FSDP frees the parameter's
             gathered values there: nothing in this backward reads them any more).
+
+    Example::
+
+        reducer = OwnerGradReducer([unit.params for unit in units], shard_group,
+                                   on_shard=lambda i, shard: units[i].add_grad(shard, owned=True))
+        loss.backward()     # each gradient goes to its owners; on_shard(i, shard) at the end
     """
 
     def __init__(self, buckets, group, on_shard, reduce_dtype=None, scatter: bool = True,

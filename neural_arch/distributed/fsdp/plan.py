@@ -28,7 +28,15 @@ __all__ = ["hybrid_groups", "plan_units", "shard_groups"]
 
 
 def plan_units(root, policy):
-    """Post-order list of ``(name, module)`` units (root last) and each unit's own parameters."""
+    """Post-order list of ``(name, module, params)`` units (root last): each unit's own parameters.
+
+    Example:
+        >>> from neural_arch import nn
+        >>> from neural_arch.distributed.fsdp.wrap import ModuleWrapPolicy
+        >>> m = nn.Sequential(nn.Linear(2, 3), nn.Sequential(nn.Linear(3, 3)))
+        >>> [(name, len(params)) for name, _, params in plan_units(m, ModuleWrapPolicy({nn.Sequential}))]
+        [('1', 2), ('', 2)]
+    """
     units: list = []
     claimed: set = set()
 
@@ -59,7 +67,13 @@ def plan_units(root, policy):
 
 
 def hybrid_groups(world_group, shard_size: int):
-    """(shard_group, replicate_group) for consecutive blocks of ``shard_size`` ranks (a collective)."""
+    """(shard_group, replicate_group) for consecutive blocks of ``shard_size`` ranks (a collective).
+
+    Example::
+
+        # 4 ranks, shard_size=2: shards {0, 1} and {2, 3}; replicas {0, 2} and {1, 3}
+        shard_group, replicate_group = hybrid_groups(dist.group.WORLD, 2)
+    """
     world = world_group.size()
     if shard_size < 1 or world % shard_size:
         raise ValueError(f"HYBRID_SHARD: shard group size {shard_size} does not divide the world size {world}")
@@ -77,7 +91,13 @@ def hybrid_groups(world_group, shard_size: int):
 
 
 def shard_groups(process_group, device_mesh, strategy):
-    """``(shard_group, replicate_group)`` FSDP shards over (``replicate_group`` only for ``HYBRID_SHARD``)."""
+    """``(shard_group, replicate_group)`` FSDP shards over (``replicate_group`` only for ``HYBRID_SHARD``).
+
+    Example::
+
+        shard, replicate = shard_groups(None, None, ShardingStrategy.FULL_SHARD)   # (WORLD, None)
+        shard, replicate = shard_groups(None, mesh_2d, ShardingStrategy.HYBRID_SHARD)
+    """
     if device_mesh is not None:
         get = getattr(device_mesh, "get_group", None)
         if get is None:

@@ -22,7 +22,15 @@ __all__ = ["ShardedGradScaler"]
 
 
 class ShardedGradScaler(GradScaler):
-    """``GradScaler`` whose inf/NaN check is agreed over ``process_group`` (default: the world)."""
+    """``GradScaler`` whose inf/NaN check is agreed over ``process_group`` (default: the world).
+
+    Example::
+
+        scaler = ShardedGradScaler()
+        scaler.scale(loss).backward()
+        scaler.step(opt)        # skipped on every rank when any rank's shard has inf/NaN
+        scaler.update()
+    """
 
     def __init__(self, device: str = "cpu", init_scale: float = 2.0**16, backoff_factor: float = 0.5,
                  growth_factor: float = 2.0, growth_interval: int = 2000, enabled: bool = True,

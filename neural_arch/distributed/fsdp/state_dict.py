@@ -33,7 +33,13 @@ __all__ = ["FSDPStateDicts", "optim_state_dict", "optim_state_dict_to_load", "st
 
 @contextlib.contextmanager
 def state_dict_type(module, state_dict_type, state_dict_config=None, optim_state_dict_config=None):
-    """``with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT): sd = model.state_dict()``."""
+    """Set the state-dict type of ``module`` and every FSDP module inside it, for a ``with`` block.
+
+    Example::
+
+        with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+            sd = model.state_dict()
+    """
     if not isinstance(state_dict_type, StateDictType):
         raise TypeError(f"state_dict_type must be a StateDictType, got {state_dict_type!r}")
     fsdps = [m for m in ([module] + list(module.modules())) if isinstance(getattr(m, "_state_dicts", None), FSDPStateDicts)]

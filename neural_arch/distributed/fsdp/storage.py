@@ -93,7 +93,14 @@ _spare: dict = {}      # nbytes -> released _Mappings whose arrays are gone
 
 
 def empty(numel: int, dtype) -> np.ndarray:
-    """An uninitialised 1-D host array of ``numel`` elements whose memory :func:`release` can return."""
+    """An uninitialised 1-D host array of ``numel`` elements whose memory :func:`release` can return.
+
+    Example:
+        >>> import numpy as np
+        >>> a = empty(1 << 20, np.float32)
+        >>> a.shape, a.dtype
+        ((1048576,), dtype('float32'))
+    """
     dtype = np.dtype(dtype)
     nbytes = int(numel) * dtype.itemsize
     if not _CAN_RELEASE or nbytes < MIN_BYTES:
@@ -126,24 +133,55 @@ def _mapping(arr):
 
 
 def is_releasable(arr) -> bool:
-    """Whether ``arr`` came from :func:`empty` with a mapping of its own."""
+    """Whether ``arr`` came from :func:`empty` with a mapping of its own.
+
+    Example:
+        >>> import numpy as np
+        >>> is_releasable(np.zeros(4))
+        False
+    """
     return _mapping(arr) is not None
 
 
 def is_resident(arr) -> bool:
-    """False only for an array from :func:`empty` whose memory :func:`release` gave back."""
+    """False only for an array from :func:`empty` whose memory :func:`release` gave back.
+
+    Example:
+        >>> import numpy as np
+        >>> a = empty(1 << 20, np.float32)
+        >>> release(a), is_resident(a)
+        (True, False)
+        >>> restore(a); is_resident(a)
+        True
+    """
     m = _mapping(arr)
     return True if m is None else m.resident == m.nbytes
 
 
 def resident_nbytes(arr) -> int:
-    """Bytes of ``arr`` counted as allocated now (``arr.nbytes`` for an ordinary array)."""
+    """Bytes of ``arr`` counted as allocated now (``arr.nbytes`` for an ordinary array).
+
+    Example:
+        >>> import numpy as np
+        >>> a = empty(1 << 20, np.float32)
+        >>> resident_nbytes(a) == a.nbytes
+        True
+        >>> release(a); resident_nbytes(a)
+        True
+        0
+    """
     m = _mapping(arr)
     return int(arr.nbytes) if m is None else m.resident
 
 
 def release(arr) -> bool:
-    """Give ``arr``'s memory back; its values become undefined. False if it cannot."""
+    """Give ``arr``'s memory back; its values become undefined. False if it cannot.
+
+    Example:
+        >>> import numpy as np
+        >>> release(np.zeros(4))      # an ordinary array: nothing to give back
+        False
+    """
     m = _mapping(arr)
     if m is None:
         return False
@@ -155,7 +193,15 @@ def release(arr) -> bool:
 
 def release_range(arr, start: int, stop: int) -> int:
     """Give back the whole pages inside elements ``[start, stop)`` of ``arr`` (from :func:`empty`);
-    their values are undefined until rewritten. Returns the bytes given back (0 if it cannot)."""
+    their values are undefined until rewritten. Returns the bytes given back (0 if it cannot).
+
+    Example:
+        >>> import mmap
+        >>> import numpy as np
+        >>> a = empty(1 << 20, np.float32)
+        >>> release_range(a, 0, a.size) == a.nbytes // mmap.PAGESIZE * mmap.PAGESIZE
+        True
+    """
     m = _mapping(arr)
     if m is None or not m.resident:
         return 0
@@ -170,7 +216,15 @@ def release_range(arr, start: int, stop: int) -> int:
 
 
 def restore(arr) -> None:
-    """Count ``arr``'s memory as allocated again, before writing into all of it (the writes fault it in)."""
+    """Count ``arr``'s memory as allocated again, before writing into all of it (the writes fault it in).
+
+    Example:
+        >>> import numpy as np
+        >>> a = empty(1 << 20, np.float32)
+        >>> release(a)
+        True
+        >>> restore(a); a[:] = 0.0   # allocated again, then rewritten before anyone reads it
+    """
     m = _mapping(arr)
     if m is not None:
         m.track(m.nbytes)

@@ -17,7 +17,7 @@ exactly when they are read. The engine runs nodes in reverse creation order, so 
 unit's nodes all run before any node of a unit that ran earlier in forward: the buffer is never
 needed by two units at once as long as units that are live together in forward get different
 buffers (the pool's rule). See :mod:`.fsdp` for the hooks and the checks that enforce it.
-Host buffers live in :mod:`.storage` mappings, so that between a unit's forward and its
+Host buffers live in :mod:`neural_arch.distributed.fsdp.storage` mappings, so that between a unit's forward and its
 re-gather their memory can be given back under the views (torch's ``storage.resize_(0)``).
 """
 
@@ -45,8 +45,14 @@ class GatherBuffer:
     """A flat array that holds one unit's gathered parameters at a time.
 
     ``holder``: the unit whose values it holds *and* still needs (None when free to reuse);
-    ``call``: the holder's :class:`UnitCall` (when it ran in forward: decides safe eviction);
+    ``call``: the holder's ``_UnitCall`` (when it ran in forward: decides safe eviction);
     ``work``: an in-flight (prefetch) all-gather into it, waited before the values are read.
+
+    Example:
+        >>> import numpy as np
+        >>> buf = GatherBuffer(np.zeros(4, np.float32))
+        >>> buf
+        GatherBuffer(4 x float32, holder=None)
     """
 
     __slots__ = ("_inputs", "array", "call", "holder", "work")
@@ -75,7 +81,7 @@ class GatherBuffer:
     def release_storage(self) -> bool:
         """Give the array's memory back while the graph's views of it live on (torch's
         ``storage.resize_(0)``): only when nobody holds it, i.e. whoever reads it next gathers
-        into it first (see :mod:`.storage`). False if it cannot (CuPy, a small array)."""
+        into it first (see :mod:`neural_arch.distributed.fsdp.storage`). False if it cannot (CuPy, a small array)."""
         if self.array is None or self.holder is not None or self.work is not None:
             return False
         return _storage.release(self.array)
@@ -102,6 +108,14 @@ class GatherPool:
     ``acquire`` returns a buffer nobody holds (growing one that is too small: the old array
     stays alive only while a graph still has views of it). ``exclude`` lets the caller keep
     consecutive units on different buffers (needed for backward prefetch).
+
+    Example:
+        >>> import numpy as np
+        >>> pool = GatherPool()
+        >>> first = pool.acquire(10, np.float32, np)
+        >>> first.holder = "unit 0"                        # held: the next acquire gets another
+        >>> pool.acquire(10, np.float32, np) is first
+        False
     """
 
     def __init__(self):
@@ -128,7 +142,15 @@ class GatherPool:
 
 
 class FlatParamUnit:
-    """The flat shard of ``params`` (list of Parameters owned by one wrapped module)."""
+    """The flat shard of ``params`` (list of Parameters owned by one wrapped module).
+
+    Example::
+
+        layout = FlatLayout([p.shape for p in params], world_size=group.size())
+        unit = FlatParamUnit("blocks.0", block, params, layout, group.rank(), group)
+        unit.gather()       # the parameters hold their full values (an all-gather)
+        unit.free()         # back to this rank's shard only
+    """
 
     def __init__(self, name: str, module, params: list, layout: FlatLayout, shard_rank: int, group,
                  param_dtype=None, offload: bool = False, reshard_after_forward: bool = True, like=None):

@@ -10,14 +10,14 @@ Two families (public as :mod:`neural_arch.distributed.nn.functional`, torch's pa
 * Megatron's four tensor-parallel mappings, which assume the computation *after* them is
   replicated on every rank of the group (the same loss everywhere):
 
-  ============================================  =====================  ========================
-  mapping                                       forward                backward
-  ============================================  =====================  ========================
-  ``copy_to_tensor_model_parallel_region``      identity ("f")         all-reduce
-  ``reduce_from_tensor_model_parallel_region``  all-reduce ("g")       identity
-  ``scatter_to_tensor_model_parallel_region``   keep my last-dim chunk all-gather last dim
-  ``gather_from_tensor_model_parallel_region``  all-gather last dim    keep my last-dim chunk
-  ============================================  =====================  ========================
+  ============================================  ========================  ========================
+  mapping                                       forward                   backward
+  ============================================  ========================  ========================
+  ``copy_to_tensor_model_parallel_region``      identity ("f")            all-reduce
+  ``reduce_from_tensor_model_parallel_region``  all-reduce ("g")          identity
+  ``scatter_to_tensor_model_parallel_region``   keep my last-dim chunk    all-gather last dim
+  ``gather_from_tensor_model_parallel_region``  all-gather last dim       keep my last-dim chunk
+  ============================================  ========================  ========================
 
 Every op takes ``group=`` (default: the world); on a group of one each is the identity.
 Gradients are raw arrays handed to the autograd engine (:class:`neural_arch.core.autograd.Node`),
@@ -153,7 +153,12 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None) -> Tensor:
 
 def broadcast(tensor, src: int = 0, group=None) -> Tensor:
     """Differentiable broadcast from global rank ``src``. Backward: gradients summed onto ``src``
-    (zero elsewhere), as torch does."""
+    (zero elsewhere), as torch does.
+
+    Example::
+
+        w = broadcast(w_local, src=0)      # every rank uses rank 0's w; its gradient sums onto rank 0
+    """
     x = _tensor(tensor, "broadcast")
     g = _resolve_group(group, "broadcast")
     root = g.group_rank(src, "src")
@@ -195,6 +200,10 @@ def reduce_scatter(output_or_input, input_list=None, op=ReduceOp.SUM, group=None
     Forms: ``reduce_scatter(input, dim=0)`` (one tensor whose ``dim`` is split in ``size`` chunks), or
     torch's ``reduce_scatter(output, input_list)`` (``output`` only gives the shape; a new tensor is
     returned). Backward: all-gather of the gradients along ``dim``.
+
+    Example::
+
+        y = reduce_scatter(x, dim=0)       # x: (world_size * n, d) on every rank -> y: (n, d)
     """
     op = _check_op(op, "reduce_scatter")
     g = _resolve_group(group, "reduce_scatter")
@@ -279,7 +288,13 @@ def _all_to_all_uneven(x: Tensor, g, output_split_sizes, input_split_sizes) -> T
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None) -> tuple:
     """torch's list form: rank r sends ``input_tensor_list[d]`` to rank d and returns what it got
-    (a tuple; ``output_tensor_list`` gives the count and shapes). All tensors must share a shape."""
+    (a tuple; ``output_tensor_list`` gives the count and shapes). All tensors must share a shape.
+
+    Example::
+
+        outs = all_to_all([Tensor(np.zeros(2))] * world_size, [x[d] for d in range(world_size)])
+        # outs[s] is what rank s sent to this rank; gradients flow back the reverse way
+    """
     from neural_arch.core.ops_shape import stack
 
     g = _resolve_group(group, "all_to_all")
@@ -297,21 +312,38 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None) -> tuple:
 
 # ---------------------------------------------------------------------------------- Megatron's mappings
 def copy_to_tensor_model_parallel_region(tensor, group=None) -> Tensor:
-    """"f": identity forward, all-reduce backward (enter a column-parallel layer)."""
+    """"f": identity forward, all-reduce backward (enter a column-parallel layer).
+
+    Example::
+
+        h = copy_to_tensor_model_parallel_region(x, group=tp_group)
+        y = h @ w_column_shard                   # each rank computes its columns
+    """
     x = _tensor(tensor, "copy_to_tensor_model_parallel_region")
     g = _resolve_group(group, "copy_to_tensor_model_parallel_region")
     return _wrap("CopyToTPRegion", x, x.data, lambda grad: _allreduce(g, grad), fresh=True)
 
 
 def reduce_from_tensor_model_parallel_region(tensor, group=None) -> Tensor:
-    """"g": all-reduce forward, identity backward (leave a row-parallel layer)."""
+    """"g": all-reduce forward, identity backward (leave a row-parallel layer).
+
+    Example::
+
+        partial = h_row_shard @ w_row_shard      # each rank's partial sum
+        y = reduce_from_tensor_model_parallel_region(partial, group=tp_group)
+    """
     x = _tensor(tensor, "reduce_from_tensor_model_parallel_region")
     g = _resolve_group(group, "reduce_from_tensor_model_parallel_region")
     return _wrap("ReduceFromTPRegion", x, _allreduce(g, x.data), lambda grad: grad, fresh=False)
 
 
 def scatter_to_tensor_model_parallel_region(tensor, group=None) -> Tensor:
-    """Keep this rank's chunk of the last dimension; backward all-gathers it."""
+    """Keep this rank's chunk of the last dimension; backward all-gathers it.
+
+    Example::
+
+        mine = scatter_to_tensor_model_parallel_region(x, group=tp_group)   # (..., C) -> (..., C / tp)
+    """
     x = _tensor(tensor, "scatter_to_tensor_model_parallel_region")
     g = _resolve_group(group, "scatter_to_tensor_model_parallel_region")
     d = _dim(-1, x.ndim, "scatter_to_tensor_model_parallel_region")
@@ -320,7 +352,12 @@ def scatter_to_tensor_model_parallel_region(tensor, group=None) -> Tensor:
 
 
 def gather_from_tensor_model_parallel_region(tensor, group=None) -> Tensor:
-    """All-gather along the last dimension; backward keeps this rank's chunk of the gradient."""
+    """All-gather along the last dimension; backward keeps this rank's chunk of the gradient.
+
+    Example::
+
+        full = gather_from_tensor_model_parallel_region(y_shard, group=tp_group)  # (..., C / tp) -> (..., C)
+    """
     x = _tensor(tensor, "gather_from_tensor_model_parallel_region")
     g = _resolve_group(group, "gather_from_tensor_model_parallel_region")
     d = _dim(-1, x.ndim, "gather_from_tensor_model_parallel_region")
@@ -341,6 +378,10 @@ def scatter_to_sequence_parallel_region(tensor, group=None) -> Tensor:
     """Keep this rank's positions of a replicated ``(B, T, C)`` activation; backward all-gathers.
 
     The entry into a sequence-parallel region (e.g. after the embeddings).
+
+    Example::
+
+        h = scatter_to_sequence_parallel_region(embeddings, group=tp_group)   # (B, T, C) -> (B, T / tp, C)
     """
     x = _tensor(tensor, "scatter_to_sequence_parallel_region")
     g = _resolve_group(group, "scatter_to_sequence_parallel_region")
@@ -354,6 +395,11 @@ def gather_from_sequence_parallel_region(tensor, group=None, tensor_parallel_out
     Backward: with ``tensor_parallel_output_grad`` (the consumer is a column-parallel layer, whose
     ranks each contribute part of the gradient) the gradient is reduce-scattered; without it (the
     consumer is replicated computation) each rank keeps its own positions.
+
+    Example::
+
+        full = gather_from_sequence_parallel_region(h, group=tp_group)    # (B, T / tp, C) -> (B, T, C)
+        y = full @ w_column_shard
     """
     x = _tensor(tensor, "gather_from_sequence_parallel_region")
     g = _resolve_group(group, "gather_from_sequence_parallel_region")
@@ -364,7 +410,13 @@ def gather_from_sequence_parallel_region(tensor, group=None, tensor_parallel_out
 
 
 def reduce_scatter_to_sequence_parallel_region(tensor, group=None) -> Tensor:
-    """Sum the partial outputs of a row-parallel layer and keep this rank's positions; backward all-gathers."""
+    """Sum the partial outputs of a row-parallel layer and keep this rank's positions; backward all-gathers.
+
+    Example::
+
+        # partial: a row-parallel layer's (B, T, C) output; h: this rank's (B, T / tp, C) of the sum
+        h = reduce_scatter_to_sequence_parallel_region(partial, group=tp_group)
+    """
     x = _tensor(tensor, "reduce_scatter_to_sequence_parallel_region")
     g = _resolve_group(group, "reduce_scatter_to_sequence_parallel_region")
     return _wrap("ReduceScatterToSPRegion", x,

@@ -67,6 +67,13 @@ class ZeroRedundancyOptimizer(Optimizer):
         stage: 1 (torch's ZeRO-1) or 2 (gradients reduce-scattered in flat buckets).
         bucket_cap_mb: stage 2 bucket size.
         **defaults: the inner optimizer's hyper-parameters (``lr=...``).
+
+    Example::
+
+        opt = ZeroRedundancyOptimizer(model.parameters(), optim.Adam, stage=2, lr=1e-3)
+        loss_fn(model(x), y).backward()
+        opt.step()                      # each rank steps its shard, then parameters are all-gathered
+        opt.consolidate_state_dict(to=0); state = opt.state_dict()    # on rank 0
     """
 
     def __init__(self, params, optimizer_class, process_group=None, parameters_as_bucket_view: bool = False,

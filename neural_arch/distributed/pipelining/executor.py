@@ -16,7 +16,8 @@ For every action of :class:`~neural_arch.distributed.pipelining.schedules.Action
 
 A failed or timed-out send/receive raises :class:`~.p2p.PipelineError` naming this stage, the
 peer stage and both global ranks; it is prefixed with the stage that caused the failure, which
-every rank learns through :mod:`.failure` (a dead stage two hops away included).
+every rank learns through :mod:`~neural_arch.distributed.pipelining.failure` (a dead stage two hops
+away included).
 
 Example::
 
@@ -94,7 +95,13 @@ def execute(actions: Sequence[Action], stages: dict[int, PipelineStage], inputs:
     A stage with ``W`` actions in ``actions`` runs split backwards: its ``B`` computes input
     gradients only and its ``W`` the Linear weight gradients (:mod:`.weight_grad`).
 
-    If the step fails, every rank's error names the stage that caused it (:mod:`.failure`).
+    If the step fails, every rank's error names the stage that caused it
+    (:mod:`~neural_arch.distributed.pipelining.failure`).
+
+    Example::
+
+        plan = one_f_one_b_plan(num_stages=2, n_microbatches=4)
+        losses = execute(plan.for_rank(rank), {rank: stage}, inputs, targets, loss_fn, n_microbatches=4)
     """
     st = _Step(stages, n_microbatches)
     scale = 1.0 / n_microbatches if scale is None else scale
@@ -163,7 +170,7 @@ def execute(actions: Sequence[Action], stages: dict[int, PipelineStage], inputs:
 
 def _name_culprit(st: _Step, step: int, a: Action | None, exc: Exception) -> Exception | None:
     """Record this rank's part in the failed step, find the culprit, return the error to raise
-    (None: re-raise ``exc`` itself, with a note). See :mod:`.failure`."""
+    (None: re-raise ``exc`` itself, with a note). See :mod:`~neural_arch.distributed.pipelining.failure`."""
     group = st.group
     me = group.ranks[group.rank()]
     if isinstance(exc, p2p.PipelineError) and exc.action is not None:

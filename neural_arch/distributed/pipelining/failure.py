@@ -55,7 +55,12 @@ def _generation() -> int:
 
 
 def next_step(group) -> int:
-    """Number this rank's step on ``group`` (0, 1, ...); every pipeline rank counts alike."""
+    """Number this rank's step on ``group`` (0, 1, ...); every pipeline rank counts alike.
+
+    Example::
+
+        step = next_step(stage.group)            # 0 on the first schedule.step(), then 1, 2, ...
+    """
     key = (_generation(), tuple(group.ranks))
     n = _steps.get(key, 0)
     _steps[key] = n + 1
@@ -68,7 +73,12 @@ def _base(group, step: int) -> str:
 
 
 def record(group, step: int, global_rank: int, rec: dict) -> bool:
-    """Store this rank's record of a failed step (see the module doc); True if stored."""
+    """Store this rank's record of a failed step (see the module doc); True if stored.
+
+    Example::
+
+        record(group, step, dist.get_rank(), {"kind": "self", "rank": dist.get_rank(), "stage": 1})
+    """
     store = _store()
     if store is None:
         return False
@@ -118,7 +128,14 @@ def _self_recorded(store, base: str, ranks) -> tuple[int, str] | None:
 
 
 def culprit(group, step: int, global_rank: int, wait_s: float | None = None) -> tuple[int, str] | None:
-    """``(global rank, description)`` of the stage that made this step fail, or None (no store)."""
+    """``(global rank, description)`` of the stage that made this step fail, or None (no store).
+
+    Example::
+
+        found = culprit(group, step, dist.get_rank())
+        if found is not None:
+            rank, description = found           # the stage that made this step fail
+    """
     store = _store()
     if store is None:
         return None
@@ -157,6 +174,10 @@ def poison(group, why: str) -> None:
     """Fail ``group`` on this rank and tell its other ranks (``Backend.abort``): the group is
     unusable afterwards on every rank, which is right -- a pipeline step that stopped half-way
     left messages in flight.
+
+    Example::
+
+        poison(group, "stage 1 raised in F3")    # every rank's pending pipeline op fails at once
     """
     try:
         group.backend.abort(why)

@@ -32,7 +32,15 @@ WAIT_GRACE_S = 15.0
 class PipelineError(DistributedError):
     """A pipeline stage failed to send or receive; the message names both stages and ranks.
 
-    ``action`` is the SEND/RECV action that failed (None when unknown)."""
+    ``action`` is the SEND/RECV action that failed (None when unknown).
+
+    Example::
+
+        try:
+            schedule.step(x, target=y)
+        except PipelineError as exc:
+            print(exc.action, exc)       # the SEND/RECV that failed, and both stages and ranks
+    """
 
     action = None
 
@@ -45,12 +53,26 @@ def _error(describe, exc: BaseException) -> PipelineError:
 
 def edge_tag(sender_stage: int, forward: bool) -> int:
     """Tag of the activation (``forward``) or gradient crossing the edge after ``sender_stage``
-    (forward) or before it (backward)."""
+    (forward) or before it (backward).
+
+    Example::
+
+        >>> edge_tag(0, forward=True) - TAG_BASE, edge_tag(1, forward=False) - TAG_BASE
+        (0, 1)
+    """
     edge = sender_stage if forward else sender_stage - 1
     return TAG_BASE + 2 * edge + (0 if forward else 1)
 
 
 def encode_meta(array) -> np.ndarray:
+    """The fixed-size header sent before an activation: ndim, dtype index, then the shape (-1 padded).
+
+    Example::
+
+        >>> shape, dtype = decode_meta(encode_meta(np.zeros((2, 3), np.float32)))
+        >>> shape, dtype
+        ((2, 3), dtype('float32'))
+    """
     if array.ndim > META_LEN - 2:
         raise ValueError(f"pipeline activations may have at most {META_LEN - 2} dimensions, got {array.ndim}")
     name = str(array.dtype)
@@ -63,12 +85,25 @@ def encode_meta(array) -> np.ndarray:
 
 
 def decode_meta(meta: np.ndarray):
+    """``(shape, dtype)`` from a header made by :func:`encode_meta`: what the receiver allocates.
+
+    Example::
+
+        >>> decode_meta(encode_meta(np.zeros(4, np.float64)))
+        ((4,), dtype('float64'))
+    """
     ndim = int(meta[0])
     return tuple(int(d) for d in meta[2:2 + ndim]), np.dtype(_DTYPES[int(meta[1])])
 
 
 def wait(work: Work, backend, describe) -> None:
-    """Wait on a p2p Work within the backend's timeout; failures become :class:`PipelineError`."""
+    """Wait on a p2p Work within the backend's timeout; failures become :class:`PipelineError`.
+
+    Example::
+
+        work = start(lambda: backend.send(activation, peer, tag), describe)
+        wait(work, backend, describe)    # a timeout or a dead peer raises PipelineError
+    """
     try:
         work.wait(timeout=backend.timeout + WAIT_GRACE_S)
     except PipelineError:
@@ -78,7 +113,14 @@ def wait(work: Work, backend, describe) -> None:
 
 
 def start(fn, describe) -> Work | None:
-    """Start a p2p op (``fn()`` returns a Work); a synchronous failure gets the pipeline's context too."""
+    """Start a p2p op (``fn()`` returns a Work); a synchronous failure gets the pipeline's context too.
+
+    Example::
+
+        work = start(lambda: backend.recv(buffer, peer, tag), describe)
+        if work is not None:
+            wait(work, backend, describe)
+    """
     try:
         return fn()
     except (ValueError, TypeError):

@@ -61,9 +61,15 @@ def _split(batch, m: int, what: str) -> list:
 
 
 class PipelineSchedule:
-    """Base of the schedule classes (see the module docstring)."""
+    """Base of the schedule classes (see the module docstring).
 
-    #: how stage indices map to ranks: "loop" (stage s on rank s % p) or "v" (ZB-V)
+    Example::
+
+        >>> Schedule1F1B(4).plan(num_stages=2).name        # any subclass: a plan without processes
+        '1F1B'
+    """
+
+    #: How stage indices map to ranks, ``"loop"`` (stage s on rank s % p) or ``"v"`` (ZB-V).
     placement = "loop"
 
     def __init__(self, stage_or_n_microbatches, n_microbatches: int | None = None,
@@ -177,14 +183,30 @@ class PipelineSchedule:
 
 class ScheduleGPipe(PipelineSchedule):
     """GPipe: all forwards, then all backwards. ``ScheduleGPipe(stage, n_microbatches, loss_fn)``
-    runs; ``ScheduleGPipe(n_microbatches).plan(num_stages)`` is the plan."""
+    runs; ``ScheduleGPipe(n_microbatches).plan(num_stages)`` is the plan.
+
+    Example::
+
+        >>> from neural_arch.distributed.pipelining.schedules import format_schedule
+        >>> print(format_schedule(ScheduleGPipe(2).plan(num_stages=2)))
+        GPipe (ranks=2, microbatches=2)
+        rank 0 | F0 F1 .. .. B0 B1
+        rank 1 | .. F0 F1 B0 B1 ..
+    """
 
     def _build(self, num_ranks: int) -> PipelinePlan:
         return gpipe_plan(num_ranks, self.n_microbatches)
 
 
 class Schedule1F1B(PipelineSchedule):
-    """1F1B (PipeDream-flush): same bubble as GPipe, at most ``p - r`` activations alive on rank r."""
+    """1F1B (PipeDream-flush): same bubble as GPipe, at most ``p - r`` activations alive on rank r.
+
+    Example::
+
+        schedule = Schedule1F1B(PipelineStage(pipe[rank], rank, 2), n_microbatches=4, loss_fn=F.cross_entropy)
+        losses = []
+        schedule.step(x) if rank == 0 else schedule.step(target=y, losses=losses)
+    """
 
     def _build(self, num_ranks: int) -> PipelinePlan:
         return one_f_one_b_plan(num_ranks, self.n_microbatches)
@@ -213,6 +235,11 @@ class ScheduleInterleaved1F1B(_LoopMultiStage):
 
     Run: ``ScheduleInterleaved1F1B([stage_r, stage_r_plus_p, ...], n_microbatches, loss_fn)``;
     plan: ``ScheduleInterleaved1F1B(n_microbatches, virtual_stages).plan(num_stages)``.
+
+    Example::
+
+        >>> ScheduleInterleaved1F1B(4, 2).plan(num_stages=2).num_stages     # 2 ranks, 2 stages each
+        4
     """
 
     def _build(self, num_ranks: int) -> PipelinePlan:
@@ -232,6 +259,12 @@ class ScheduleInterleavedZeroBubble(_LoopMultiStage):
     p-1. Plan: ``ScheduleInterleavedZeroBubble(n_microbatches, virtual_stages).plan(num_stages=p)``.
     ``costs=(f, b, w)`` (keyword, not in torch): relative F, B, W durations as small ints, the same
     on every rank, as for :class:`ScheduleZBVZeroBubble`.
+
+    Example::
+
+        >>> plan = ScheduleInterleavedZeroBubble(4, 2).plan(num_stages=2)
+        >>> plan.num_stages, any(a.kind == "W" for a in plan.compute(0))
+        (4, True)
     """
 
     def __init__(self, stages_or_n_microbatches, n_microbatches_or_virtual: int | None = None,
@@ -251,6 +284,14 @@ class ScheduleZBH1(PipelineSchedule):
 
     Run: ``ScheduleZBH1(stage, n_microbatches, loss_fn)``; plan: ``ScheduleZBH1(m).plan(num_stages)``
     (see :mod:`.zero_bubble`).
+
+    Example::
+
+        >>> from neural_arch.distributed.pipelining.schedules import format_schedule
+        >>> print(format_schedule(ScheduleZBH1(2).plan(num_stages=2)))
+        ZB-H1 (ranks=2, microbatches=2)
+        rank 0 | F0 F1 .. B0 W0 B1 W1
+        rank 1 | .. F0 B0 F1 B1 W0 W1
     """
 
     def _build(self, num_ranks: int) -> PipelinePlan:
@@ -270,6 +311,12 @@ class ScheduleZBVZeroBubble(PipelineSchedule):
     ``costs=(f, b, w)`` (keyword, not in torch): the measured relative durations of a stage's F, B
     and W as small ints; the plan is then built for them (the default V is bubble-free only for
     equal costs). Pass the same value on every rank.
+
+    Example::
+
+        stages = [PipelineStage(parts[s], s, 2 * p) for s in stage_indices(rank, p, 2, style="v")]
+        schedule = ScheduleZBVZeroBubble(stages, n_microbatches=4, loss_fn=F.cross_entropy)
+        schedule.step(x, target=y, losses=[]) if rank == 0 else schedule.step()
     """
 
     placement = "v"

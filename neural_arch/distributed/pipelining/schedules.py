@@ -8,15 +8,15 @@ last stage) and ``RECV_B`` / ``SEND_B`` (gradients, towards the first stage). Th
 tests that simulate them here (deadlock freedom, forward-before-backward, activations in
 flight, bubble fraction) test the schedules that run.
 
-=================================  =================================================  ==================
-builder                            order on rank r of p (m micro-batches)             bubble (unit F, B)
-=================================  =================================================  ==================
-``gpipe_plan(p, m)``               all m forwards, then all m backwards               (p-1)/(m+p-1)
-``one_f_one_b_plan(p, m)``         p-r-1 warm-up forwards, then F/B alternate          (p-1)/(m+p-1)
-                                   (at most p-r activations alive: PipeDream-flush)
-``interleaved_1f1b_plan(p, m, v)`` v stage chunks per rank (stage c*p+r), Megatron's   (p-1)/(v*m+p-1)
-                                   interleaved order; m a multiple of p
-=================================  =================================================  ==================
+==================================  =================================================  ==================
+builder                             order on rank r of p (m micro-batches)             bubble (unit F, B)
+==================================  =================================================  ==================
+``gpipe_plan(p, m)``                all m forwards, then all m backwards               (p-1)/(m+p-1)
+``one_f_one_b_plan(p, m)``          p-r-1 warm-up forwards, then F/B alternate         (p-1)/(m+p-1)
+                                    (at most p-r activations alive: PipeDream-flush)
+``interleaved_1f1b_plan(p, m, v)``  v stage chunks per rank (stage c*p+r), Megatron's  (p-1)/(v*m+p-1)
+                                    interleaved order; m a multiple of p
+==================================  =================================================  ==================
 
 Stages are numbered ``0 .. p*v-1``. The ``"loop"`` placement puts stage ``s`` on rank ``s % p``
 (chunk ``s // p``); the ``"v"`` placement of ZB-V (:mod:`.zero_bubble_v`, v = 2) puts stages ``r``
@@ -53,6 +53,11 @@ class Action(NamedTuple):
 
     ``peer`` is the pipeline rank a SEND/RECV talks to (None for compute). Printed as
     ``F3`` (stage implied by the rank) or ``F3@s5`` when a rank holds several stages.
+
+    Example::
+
+        >>> str(Action("F", 3, 5)), Action("F", 3, 5).label()
+        ('F3@s5', 'F3')
     """
 
     kind: str
@@ -76,7 +81,14 @@ class Action(NamedTuple):
 @dataclass(frozen=True)
 class PipelinePlan:
     """A pipeline schedule for ``num_ranks`` ranks, ``n_microbatches`` micro-batches and
-    ``virtual_stages`` stage chunks per rank. ``by_rank[r]`` is rank r's actions in order."""
+    ``virtual_stages`` stage chunks per rank. ``by_rank[r]`` is rank r's actions in order.
+
+    Example::
+
+        >>> plan = gpipe_plan(2, 2)
+        >>> plan.num_stages, [str(a) for a in plan.compute(1)]
+        (2, ['F0@s1', 'F1@s1', 'B0@s1', 'B1@s1'])
+    """
 
     name: str
     num_ranks: int
@@ -157,6 +169,12 @@ def with_communication(name: str, compute: Sequence[Sequence[Action]], num_ranks
     then sends its input's gradient to stage s-1. When the neighbouring stage lives on the same
     rank (``placement``, see :func:`stage_to_rank`) nothing is sent: the executor hands the
     array over locally.
+
+    Example::
+
+        >>> plan = with_communication("two", [[Action("F", 0, 0)], [Action("F", 0, 1)]], 2, 1)
+        >>> [[str(a) for a in acts] for acts in plan.by_rank]
+        [['F0@s0', 'SEND_F0@s0->r1'], ['RECV_F0@s1<-r0', 'F0@s1']]
     """
     num_stages = num_ranks * virtual_stages
     last = num_stages - 1
@@ -190,7 +208,15 @@ def with_communication(name: str, compute: Sequence[Sequence[Action]], num_ranks
 
 
 def gpipe_plan(num_stages: int, n_microbatches: int) -> PipelinePlan:
-    """GPipe: every rank runs all forwards, then all backwards (m activations alive per stage)."""
+    """GPipe: every rank runs all forwards, then all backwards (m activations alive per stage).
+
+    Example::
+
+        >>> print(format_schedule(gpipe_plan(2, 2)))
+        GPipe (ranks=2, microbatches=2)
+        rank 0 | F0 F1 .. .. B0 B1
+        rank 1 | .. F0 F1 B0 B1 ..
+    """
     _check(num_stages, n_microbatches)
     compute = [[Action(F, i, r) for i in range(n_microbatches)] + [Action(B, i, r) for i in range(n_microbatches)]
                for r in range(num_stages)]
@@ -201,6 +227,11 @@ def one_f_one_b_plan(num_stages: int, n_microbatches: int) -> PipelinePlan:
     """1F1B (PipeDream-flush): ``p-r-1`` warm-up forwards, then one forward / one backward.
 
     Rank r never holds more than ``p - r`` micro-batches' activations (GPipe holds m).
+
+    Example::
+
+        >>> [str(a) for a in one_f_one_b_plan(2, 3).compute(0)]
+        ['F0@s0', 'F1@s0', 'B0@s0', 'F2@s0', 'B1@s0', 'B2@s0']
     """
     _check(num_stages, n_microbatches)
     p, m = num_stages, n_microbatches
@@ -222,6 +253,12 @@ def interleaved_1f1b_plan(num_stages: int, n_microbatches: int, virtual_stages: 
     Virtual micro-batch k (of m*v) is micro-batch ``(k // (p v)) p + k % p`` on chunk
     ``(k // p) % v`` (backwards visit the chunks in reverse). Warm-up is ``2(p-r-1) + (v-1)p``
     forwards. Needs ``n_microbatches % num_stages == 0`` (Megatron's rule).
+
+    Example::
+
+        >>> plan = interleaved_1f1b_plan(2, 4, virtual_stages=2)
+        >>> plan.num_stages, sorted({a.stage for a in plan.compute(0)})
+        (4, [0, 2])
     """
     _check(num_stages, n_microbatches, virtual_stages)
     p, m, v = num_stages, n_microbatches, virtual_stages
@@ -260,12 +297,28 @@ def interleaved_1f1b_plan(num_stages: int, n_microbatches: int, virtual_stages: 
 
 
 class DeadlockError(RuntimeError):
-    """A simulated schedule stopped with ranks still waiting on receives nobody will send."""
+    """A simulated schedule stopped with ranks still waiting on receives nobody will send.
+
+    Example::
+
+        >>> bad = PipelinePlan("bad", 2, 1, 1, ((Action("RECV_B", 0, 0, 1),), (Action("RECV_F", 0, 1, 0),)))
+        >>> try:
+        ...     simulate(bad)
+        ... except DeadlockError as exc:
+        ...     print(exc)
+        schedule deadlocks: rank 0 waits at RECV_B0@s0<-r1; rank 1 waits at RECV_F0@s1<-r0
+    """
 
 
 @dataclass(frozen=True)
 class Event:
-    """One compute action of a simulated (or measured) run: rank, action, start and end time."""
+    """One compute action of a simulated (or measured) run: rank, action, start and end time.
+
+    Example::
+
+        >>> simulate(gpipe_plan(2, 2)).events[0]
+        Event(rank=0, action=Action(kind='F', microbatch=0, stage=0, peer=None), start=0.0, end=1.0)
+    """
 
     rank: int
     action: Action
@@ -275,6 +328,16 @@ class Event:
 
 @dataclass(frozen=True)
 class Simulation:
+    """The outcome of :func:`simulate`: the compute ``events``, the ``makespan``, and per rank the
+    most micro-batch activations alive at once (``max_in_flight``).
+
+    Example::
+
+        >>> sim = simulate(gpipe_plan(2, 2))
+        >>> sim.makespan, sim.max_in_flight, round(sim.bubble_fraction, 3)
+        (6.0, (2, 2), 0.333)
+    """
+
     plan: PipelinePlan
     events: tuple[Event, ...]
     makespan: float
@@ -286,7 +349,13 @@ class Simulation:
 
 
 def bubble_fraction(events: Sequence[Event], num_ranks: int) -> float:
-    """Idle share of ``num_ranks`` ranks between the first start and the last end of ``events``."""
+    """Idle share of ``num_ranks`` ranks between the first start and the last end of ``events``.
+
+    Example::
+
+        >>> round(bubble_fraction(simulate(one_f_one_b_plan(4, 8)).events, 4), 3)
+        0.273
+    """
     if not events:
         return 0.0
     start = min(e.start for e in events)
@@ -311,6 +380,11 @@ def simulate(plan: PipelinePlan, f_time: float = 1.0, b_time: float = 1.0, comm_
 
     ``max_in_flight`` counts a micro-batch from its ``F`` to the action that frees the last of
     its saved tensors: its ``W`` when the plan has one, else its ``B``.
+
+    Example::
+
+        >>> simulate(one_f_one_b_plan(2, 4), f_time=1.0, b_time=2.0).makespan
+        15.0
     """
     v, p = plan.virtual_stages, plan.num_ranks
     split = {(a.microbatch, a.stage) for acts in plan.by_rank for a in acts if a.kind == W}
@@ -397,14 +471,27 @@ def _local_input(plan: PipelinePlan, rank: int, a: Action) -> tuple[int, int] | 
 
 
 def theoretical_bubble(num_ranks: int, n_microbatches: int, virtual_stages: int = 1) -> float:
-    """``(p-1) / (v m + p - 1)``: the idle share of GPipe/1F1B (v=1) and interleaved 1F1B."""
+    """``(p-1) / (v m + p - 1)``: the idle share of GPipe/1F1B (v=1) and interleaved 1F1B.
+
+    Example::
+
+        >>> round(theoretical_bubble(4, 8), 3), round(theoretical_bubble(4, 8, virtual_stages=2), 3)
+        (0.273, 0.158)
+    """
     p, m, v = num_ranks, n_microbatches, virtual_stages
     return (p - 1) / (v * m + p - 1)
 
 
 def format_timeline(events: Sequence[Event], num_ranks: int, title: str = "", chunks: int = 1,
                     slot: float | None = None) -> str:
-    """An ASCII time-line, one row per rank; each ``slot`` of time is one 3-character cell."""
+    """An ASCII time-line, one row per rank; each ``slot`` of time is one 3-character cell.
+
+    Example::
+
+        >>> print(format_timeline(simulate(gpipe_plan(2, 2)).events, 2))
+        rank 0 | F0 F1 .. .. B0 B1
+        rank 1 | .. F0 F1 B0 B1 ..
+    """
     events = list(events)
     if not events:
         return title
@@ -429,7 +516,15 @@ def format_timeline(events: Sequence[Event], num_ranks: int, title: str = "", ch
 def format_schedule(plan: PipelinePlan, f_time: float = 1.0, b_time: float = 1.0, w_time: float | None = None) -> str:
     """``plan`` simulated with unit compute times, as an ASCII time-line per rank.
 
-    ``w_time`` defaults to 1 for plans with ``W`` actions (unit F, B, W) and 0 otherwise."""
+    ``w_time`` defaults to 1 for plans with ``W`` actions (unit F, B, W) and 0 otherwise.
+
+    Example::
+
+        >>> print(format_schedule(one_f_one_b_plan(2, 2)))
+        1F1B (ranks=2, microbatches=2)
+        rank 0 | F0 F1 .. B0 .. B1
+        rank 1 | .. F0 B0 F1 B1 ..
+    """
     if w_time is None:
         w_time = 1.0 if any(a.kind == W for acts in plan.by_rank for a in acts) else 0.0
     sim = simulate(plan, f_time, b_time, w_time=w_time)
@@ -439,7 +534,14 @@ def format_schedule(plan: PipelinePlan, f_time: float = 1.0, b_time: float = 1.0
 
 
 def format_actions(plan: PipelinePlan) -> str:
-    """Every rank's full action list, communication included, one line per rank."""
+    """Every rank's full action list, communication included, one line per rank.
+
+    Example::
+
+        >>> print(format_actions(gpipe_plan(2, 1)))
+        rank 0: F0@s0 SEND_F0@s0->r1 RECV_B0@s0<-r1 B0@s0
+        rank 1: RECV_F0@s1<-r0 F0@s1 B0@s1 SEND_B0@s1->r0
+    """
     return "\n".join(f"rank {r}: " + " ".join(str(a) for a in acts) for r, acts in enumerate(plan.by_rank))
 
 

@@ -38,7 +38,13 @@ def _count(module: Module) -> int:
 
 def balanced_split_points(weights: Sequence[float], num_stages: int) -> list[int]:
     """Split points (cut before these indices) of the contiguous partition of ``weights`` into
-    ``num_stages`` non-empty parts whose largest sum is smallest (ties: earliest cuts)."""
+    ``num_stages`` non-empty parts whose largest sum is smallest (ties: earliest cuts).
+
+    Example::
+
+        >>> balanced_split_points([4, 1, 1, 1, 1, 4], 3)      # parts [4], [1, 1, 1, 1], [4]
+        [1, 5]
+    """
     n = len(weights)
     if not 1 <= num_stages <= n:
         raise ValueError(f"num_stages={num_stages} must be between 1 and the number of layers ({n})")
@@ -64,7 +70,13 @@ def balanced_split_points(weights: Sequence[float], num_stages: int) -> list[int
 
 
 def even_split_points(n: int, num_stages: int) -> list[int]:
-    """Equal layer counts (the first ``n % num_stages`` stages get one more)."""
+    """Equal layer counts (the first ``n % num_stages`` stages get one more).
+
+    Example::
+
+        >>> even_split_points(5, 2)                           # 3 layers, then 2
+        [3]
+    """
     if not 1 <= num_stages <= n:
         raise ValueError(f"num_stages={num_stages} must be between 1 and the number of layers ({n})")
     base, extra = divmod(n, num_stages)
@@ -76,7 +88,18 @@ def even_split_points(n: int, num_stages: int) -> list[int]:
 
 
 class GPTStage(Module):
-    """Blocks ``[start, stop)`` of a ``GPT``, plus its embeddings (first) and final norm + head (last)."""
+    """Blocks ``[start, stop)`` of a ``GPT``, plus its embeddings (first) and final norm + head (last).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch import nn
+        >>> from neural_arch.core.tensor import Tensor
+        >>> gpt = nn.GPT(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=32)
+        >>> first = GPTStage(gpt, 0, 1)                      # embeddings + block 0
+        >>> first(Tensor(np.zeros((1, 4), dtype=np.int64))).shape
+        (1, 4, 32)
+    """
 
     def __init__(self, gpt: GPT, start: int, stop: int):
         super().__init__()
@@ -103,7 +126,15 @@ class GPTStage(Module):
 
 
 class Pipe:
-    """The result of :func:`pipeline`: ``pipe[k]`` is stage k's module; ``build_stage`` wraps one."""
+    """The result of :func:`pipeline`: ``pipe[k]`` is stage k's module; ``build_stage`` wraps one.
+
+    Example::
+
+        >>> from neural_arch import nn
+        >>> pipe = pipeline(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), split_points=[2])
+        >>> pipe.num_stages, len(pipe[0]), len(pipe[1])
+        (2, 2, 1)
+    """
 
     def __init__(self, stages: list[Module], split_points: list[int]):
         self.stages = stages
@@ -148,6 +179,14 @@ def pipeline(module: Module, split_points: Sequence[int] | None = None, num_stag
             starts, increasing, e.g. ``[2, 4]`` for 3 stages. Or give ``num_stages``.
         num_stages: the number of stages, split points chosen by ``balance``.
         balance: ``"params"`` (equalise parameter counts) or ``"layers"`` (equalise layer counts).
+
+    Example::
+
+        >>> from neural_arch import nn
+        >>> gpt = nn.GPT(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=16)
+        >>> pipe = pipeline(gpt, num_stages=2)
+        >>> pipe.split_points, type(pipe[0]).__name__
+        ([1], 'GPTStage')
     """
     if isinstance(module, GPT):
         units = list(module.blocks)

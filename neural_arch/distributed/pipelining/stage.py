@@ -6,8 +6,9 @@ previous stage) and the output (which receives the next stage's gradient). Sendi
 receiving are the executor's job; the stage only computes.
 
 With ``dp_group`` (pipeline x data parallel) the stage's parameters are broadcast from the dp
-group's first rank at construction (as DDP does) and :meth:`sync_gradients` averages its
-gradients over the dp group once per step, after the schedule's last backward.
+group's first rank at construction (as DDP does) and
+:meth:`~neural_arch.distributed.pipelining.stage.PipelineStage.sync_gradients` averages its gradients
+over the dp group once per step, after the schedule's last backward.
 
 Example (2 ranks, each runs its own stage)::
 
@@ -47,13 +48,19 @@ class PipelineStage:
 
     Args:
         submodule: the stage's layers (a ``Module`` whose ``forward`` takes one tensor and
-            returns one tensor; :func:`pipeline` builds these).
+            returns one tensor; :func:`~neural_arch.distributed.pipelining.split.pipeline` builds these).
         stage_index, num_stages: position in the pipeline. ``num_stages`` may be a multiple of
             the group size (interleaved schedules: stage s runs on group rank ``s % size``;
             ``ScheduleZBVZeroBubble``: ``num_stages = 2 * size``, V placement).
         device: accepted for torch compatibility; arrays stay where the submodule's are.
         group: the pipeline group (default: the world); its ranks, in order, hold the stages.
         dp_group: optional data-parallel group of replicas of *this* stage.
+
+    Example::
+
+        pipe = pipeline(model, num_stages=2)
+        stage = PipelineStage(pipe[rank], stage_index=rank, num_stages=2)   # or pipe.build_stage(rank)
+        schedule = ScheduleGPipe(stage, n_microbatches=4, loss_fn=F.cross_entropy)
     """
 
     def __init__(self, submodule: Module, stage_index: int, num_stages: int, device=None,
@@ -80,15 +87,15 @@ class PipelineStage:
                              f"{rank} (or {rank} + k*{size}){v_hint} here")
         self.submodule = submodule
         first = next(iter(submodule.parameters()), None)
-        #: the array module of this stage's parameters (NumPy or CuPy): activations and gradients
-        #: received for it are allocated there, so a stage on a GPU never stages through the host
+        #: The array module of this stage's parameters, NumPy or CuPy. Activations and gradients
+        #: received for it are allocated there, so a stage on a GPU never stages through the host.
         self.xp = _backend.get_array_module(first.data) if first is not None else np
         self.stage_index = stage_index
         self.num_stages = num_stages
         self.device = device
         self.is_first = stage_index == 0
         self.is_last = stage_index == num_stages - 1
-        #: torch's name: stage index -> group rank; the ZB-V schedule sets the "v" placement
+        #: Stage index -> group rank (torch's name); the ZB-V schedule sets the ``"v"`` placement.
         self.stage_index_to_group_rank = generate_stage_to_rank_mapping(size, num_stages)
         # micro-batch -> (input leaf or None, output tensor, loss or None)
         self._cache: dict[int, tuple[Tensor | None, Tensor, Tensor | None]] = {}

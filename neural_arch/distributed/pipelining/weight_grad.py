@@ -56,7 +56,23 @@ class _Call:
 
 
 class WeightGradStash:
-    """The deferred weight gradients of one micro-batch on one stage."""
+    """The deferred weight gradients of one micro-batch on one stage.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.core.tensor import Tensor
+        >>> from neural_arch.nn import Linear
+        >>> layer, stash = Linear(3, 2), WeightGradStash()
+        >>> with defer_linear_weight_grads(layer, stash):
+        ...     out = layer(Tensor(np.ones((4, 3)), requires_grad=True))
+        >>> out.sum().backward()                  # B: the input gradient only
+        >>> layer.weight.grad is None, len(stash)
+        (True, 1)
+        >>> stash.apply()                         # W: the weight gradients
+        >>> layer.weight.grad.shape
+        (2, 3)
+    """
 
     def __init__(self):
         self.calls: list[_Call] = []
@@ -146,7 +162,16 @@ def _deferred_linear(m: Linear, x, stash: WeightGradStash) -> Tensor:
 
 @contextlib.contextmanager
 def defer_linear_weight_grads(module: Module, stash: WeightGradStash):
-    """Within the block, plain Linear layers of ``module`` record into ``stash`` (see module doc)."""
+    """Within the block, plain Linear layers of ``module`` record into ``stash`` (see module doc).
+
+    Example::
+
+        stash = WeightGradStash()
+        with defer_linear_weight_grads(stage_module, stash):
+            out = stage_module(x)
+        out.backward(grad)                        # B
+        stash.apply()                             # W, later, in an idle slot
+    """
     patched = []
     try:
         for m in module.modules():

@@ -55,6 +55,14 @@ def zero_bubble_plan(num_stages: int, n_microbatches: int) -> PipelinePlan:
     Every rank runs each micro-batch's ``F``, ``B`` and ``W`` (in that order, micro-batches in
     increasing order within each kind); at most ``num_stages`` micro-batches are between their
     ``F`` and their ``W`` on any rank.
+
+    Example::
+
+        >>> from neural_arch.distributed.pipelining.schedules import format_schedule
+        >>> print(format_schedule(zero_bubble_plan(2, 2)))
+        ZB-H1 (ranks=2, microbatches=2)
+        rank 0 | F0 F1 .. B0 W0 B1 W1
+        rank 1 | .. F0 B0 F1 B1 W0 W1
     """
     _check(num_stages, n_microbatches)
     p, m = num_stages, n_microbatches
@@ -123,6 +131,13 @@ class RankView(NamedTuple):
     ``backward``: the chunks (0 .. v-1, the rank's stages in increasing order) whose next ``F`` /
     ``B`` could start now; ``next_b``: per chunk, the micro-batch its next ``B`` is;
     ``weights``: ``(chunk, micro-batch)`` whose ``B`` ran and ``W`` did not, oldest first.
+
+    Example::
+
+        def policy(view):                          # a list-scheduler policy
+            if view.backward:
+                return ("B", view.backward[0])     # run a B when one is ready
+            return ("F", view.forward[0]) if view.forward else None
     """
 
     alive: int
@@ -133,7 +148,17 @@ class RankView(NamedTuple):
 
 
 def check_costs(costs) -> tuple[int, int, int]:
-    """``costs`` as a tuple of 3 positive ints (relative F, B, W durations), or ValueError."""
+    """``costs`` as a tuple of 3 positive ints (relative F, B, W durations), or ValueError.
+
+    Example::
+
+        >>> check_costs((2, 1, 1))
+        (2, 1, 1)
+        >>> check_costs((1, 0, 1))
+        Traceback (most recent call last):
+        ...
+        ValueError: costs=(1, 0, 1) must be 3 positive ints, ...
+    """
     if (not isinstance(costs, (tuple, list)) or len(costs) != 3
             or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in costs)):
         raise ValueError(f"costs={costs!r} must be 3 positive ints, the relative durations of F, B and W, "
@@ -220,6 +245,11 @@ def zero_bubble_theory(num_ranks: int, n_microbatches: int) -> float:
     """ZB-H1's idle share with unit F, B and W: ``(p-1)/(3m+p-1)`` (valid for ``m >= p``).
 
     1F1B's is ``(p-1)/(m+p-1)`` = ``3(p-1)/(3m+3(p-1))`` with the same unit costs.
+
+    Example::
+
+        >>> round(zero_bubble_theory(4, 8), 3)       # 1F1B: 0.273
+        0.111
     """
     p, m = num_ranks, n_microbatches
     return (p - 1) / (3 * m + p - 1)

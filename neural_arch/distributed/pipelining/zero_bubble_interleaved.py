@@ -57,6 +57,12 @@ def interleaved_zero_bubble_plan(num_stages: int, n_microbatches: int, virtual_s
     Every stage runs each micro-batch's ``F``, ``B`` and ``W`` in that order, micro-batches in
     increasing order within each kind; at most ``v p + p - 1`` stage micro-batches are between
     their ``F`` and their ``W`` on any rank (interleaved 1F1B's peak).
+
+    Example::
+
+        >>> plan = interleaved_zero_bubble_plan(2, 4, 2)
+        >>> plan.name, plan.num_stages
+        ('InterleavedZB', 4)
     """
     _check(num_stages, n_microbatches, virtual_stages)
     costs = check_costs(costs)
@@ -79,14 +85,26 @@ def interleaved_zero_bubble_plan(num_stages: int, n_microbatches: int, virtual_s
 
 def interleaved_zero_bubble_memory_bound(num_ranks: int, virtual_stages: int) -> int:
     """``v p + p - 1``: the most stage micro-batches alive (F done, W not) on any rank -- interleaved
-    1F1B's peak on rank 0 (its warm-up ``(v-1)p + 2(p-1)`` plus the first steady forward)."""
+    1F1B's peak on rank 0 (its warm-up ``(v-1)p + 2(p-1)`` plus the first steady forward).
+
+    Example::
+
+        >>> interleaved_zero_bubble_memory_bound(4, 2)   # v p + p - 1
+        11
+    """
     return virtual_stages * num_ranks + num_ranks - 1
 
 
 def interleaved_zero_bubble_theory(num_ranks: int, n_microbatches: int, virtual_stages: int) -> float:
     """The idle share with unit F, B and W per stage when the ramps are the only idle time:
     ``(p-1)/(3vm+p-1)`` (each rank runs ``3vm`` stage actions and waits ``p-1`` of them while the
-    first forward wave arrives and the last backward wave leaves). ZB-H1 is ``(p-1)/(3m+p-1)``."""
+    first forward wave arrives and the last backward wave leaves). ZB-H1 is ``(p-1)/(3m+p-1)``.
+
+    Example::
+
+        >>> round(interleaved_zero_bubble_theory(4, 8, 2), 3)
+        0.059
+    """
     p, m, v = num_ranks, n_microbatches, virtual_stages
     return (p - 1) / (3 * v * m + p - 1)
 

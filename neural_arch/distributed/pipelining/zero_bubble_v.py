@@ -63,6 +63,12 @@ def zero_bubble_v_plan(num_stages: int, n_microbatches: int, costs: tuple[int, i
     Every stage runs each micro-batch's ``F``, ``B`` and ``W`` in that order, micro-batches in
     increasing order within each kind; at most ``2 * num_stages`` stage micro-batches are between
     their ``F`` and their ``W`` on any rank.
+
+    Example::
+
+        >>> plan = zero_bubble_v_plan(2, 2)
+        >>> plan.name, plan.num_stages, plan.placement
+        ('ZB-V', 4, 'v')
     """
     _check(num_stages, n_microbatches)
     costs = check_costs(costs)
@@ -90,6 +96,11 @@ def zero_bubble_v_theory(num_ranks: int, n_microbatches: int) -> float:
     Each rank runs ``6m`` stage actions; it waits ``r`` steps for the first forward wave and
     ``p-1-r`` steps after its last action for the backward wave to finish elsewhere. ZB-H1 (one
     stage of double size per rank) is ``(p-1)/(3m+p-1)``: twice the idle time.
+
+    Example::
+
+        >>> round(zero_bubble_v_theory(4, 8), 3)      # ZB-H1: 0.111
+        0.059
     """
     p, m = num_ranks, n_microbatches
     return (p - 1) / (6 * m + p - 1)

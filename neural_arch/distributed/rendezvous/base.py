@@ -58,7 +58,20 @@ def _to_int(value: bytes, key: str) -> int:
 
 # -- the interface ------------------------------------------------------------------------------
 class Store:
-    """Base class: subclasses implement the methods; helpers shared by all live here."""
+    """Base class: subclasses implement the methods; helpers shared by all live here.
+
+    Every store has torch's methods, so code written against one runs on any of them.
+
+    Example::
+
+        >>> import os, tempfile
+        >>> from neural_arch.distributed.rendezvous.file_store import FileStore
+        >>> with FileStore(os.path.join(tempfile.mkdtemp(), "rdzv"), timeout=5) as store:
+        ...     store.set("ready", "yes")
+        ...     store.wait(["ready"])
+        ...     store.get("ready"), store.add("count", 2), store.check("count")
+        (b'yes', 2, True)
+    """
 
     timeout: float = 300.0
 

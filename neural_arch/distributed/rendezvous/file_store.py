@@ -46,7 +46,14 @@ _USERS, _CLOSED = "\x00users", "\x00closed"
 
 
 class FileStore(Store):
-    """Key-value store on the file ``path`` (created if missing). See the module docstring."""
+    """Key-value store on the file ``path`` (created if missing). See the module docstring.
+
+    Example::
+
+        # every rank, with the same path on a shared file system
+        store = FileStore("/shared/job42/rdzv", world_size=4)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=4)
+    """
 
     def __init__(self, path: str, world_size: int | None = None, timeout: float = 300.0):
         self.path, self.world_size, self.timeout = str(path), world_size, float(timeout)

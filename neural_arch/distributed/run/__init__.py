@@ -1,3 +1,11 @@
-"""Process management: the launcher (:mod:`.launcher`, :mod:`.config`), the per-node agent,
-child processes (:mod:`.procs`, :mod:`.bootstrap`), the job environment (:mod:`.env`),
-``launch``/``spawn`` for functions (:mod:`.spawn`, :mod:`.rank_worker`) and restarts (:mod:`.elastic`)."""
+"""Process management: the launcher's configuration (:mod:`.launch_config`; the launcher itself is
+:mod:`neural_arch.distributed.launcher`), the per-node agent (:mod:`.agent`), child processes
+(:mod:`.procs`, :mod:`.bootstrap`, :mod:`.parent_watch`), the job environment (:mod:`.child_env`,
+:mod:`.device`), ``launch``/``spawn`` for functions (:mod:`.spawn`, :mod:`.pool`, :mod:`.rank_worker`);
+restarts are :mod:`neural_arch.distributed.elastic`.
+
+Example::
+
+    from neural_arch.distributed.run.spawn import spawn
+    spawn(train, args=(config,), nprocs=2)       # train(rank, config) on 2 new processes
+"""

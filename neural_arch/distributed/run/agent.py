@@ -173,7 +173,14 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 class NodeAgentServer:
-    """Node 0's side: authenticates the other launchers, checks they agree, hands out the layout."""
+    """Node 0's side: authenticates the other launchers, checks they agree, hands out the layout.
+
+    Example::
+
+        server = NodeAgentServer(port=29400, nnodes=2, nproc_per_node=4, token=token, host="0.0.0.0")
+        layout = server.wait_layout(timeout=600)     # a NodeLayout once node 1 has joined
+        server.close()
+    """
 
     def __init__(self, port: int, nnodes: int, nproc_per_node: int, token: str, host: str = "127.0.0.1",
                  backend: str = "gloo", master_port: int | None = None,
@@ -423,6 +430,11 @@ def join_node0(addr: str, port: int, node_rank: int, nproc_per_node: int, token:
     Raises ``RuntimeError`` when node 0 refuses (wrong token, a disagreement about the job: then
     every node fails with the same reason) or cannot prove it knows the token, ``TimeoutError``
     when node 0 cannot be reached or the job does not form in time.
+
+    Example::
+
+        layout = join_node0("node0.example", 29400, node_rank=1, nproc_per_node=4, token=token, timeout=600)
+        first_rank = layout.rank_offset(1)
     """
     if not token:
         raise RuntimeError("joining node 0 needs NEURAL_ARCH_AUTH_TOKEN: export the same value on "

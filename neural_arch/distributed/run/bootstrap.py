@@ -75,6 +75,14 @@ def report_error(exc: BaseException, folder: str | None = None) -> None:
     (Wall-clock, not monotonic: the records of different processes are compared.)
 
     Example: ``{"rank": 1, "time": 1732700000.25, "type": "ValueError", "message": "bad shape"}``.
+
+    Example::
+
+        try:
+            run_user_script()
+        except BaseException as exc:
+            report_error(exc)                # error_{rank}.json in $NEURAL_ARCH_READY_DIR
+            raise
     """
     import time
 
@@ -108,6 +116,12 @@ def _set_path0(folder: str) -> None:
 
 
 def main(argv: list[str]) -> None:
+    """Run ``argv`` (``script.py args`` or ``-m module args``) as this rank, steps (1) to (4) above.
+
+    Example::
+
+        python /path/to/neural_arch/distributed/run/bootstrap.py train.py --epochs 3
+    """
     _config = _load_settings()
     _install_parent_watch(_config)
     if not argv:

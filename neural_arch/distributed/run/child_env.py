@@ -39,7 +39,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def package_root() -> str:
-    """Folder that contains the ``neural_arch`` package, so children import the same code."""
+    """Folder that contains the ``neural_arch`` package, so children import the same code.
+
+    Example::
+
+        >>> import os
+        >>> os.path.isdir(os.path.join(package_root(), "neural_arch"))
+        True
+    """
     here = os.path.abspath(__file__)  # <root>/neural_arch/distributed/run/child_env.py
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(here))))
 

@@ -1,4 +1,5 @@
-"""Launcher configuration (:class:`LaunchConfig`) and command-line parsing.
+"""Launcher configuration (:class:`~neural_arch.distributed.run.launch_config.LaunchConfig`) and
+command-line parsing.
 
 Command-line rule (chosen so that the seed documents' commands work as written)::
 
@@ -112,7 +113,8 @@ class LaunchConfig:
 
     @property
     def elastic(self) -> bool:
-        """Multi-node with a node range or restarts: node 0's agent runs rendezvous rounds."""
+        """True for a multi-node job with a node range or restarts (node 0's agent then runs
+        rendezvous rounds)."""
         return self.nnodes > 1 and (self.min_nnodes < self.nnodes or self.max_restarts > 0)
 
     @property
@@ -308,6 +310,12 @@ def parse_command_line(argv: list[str], warn=None) -> tuple[LaunchConfig, str, l
     """Split ``argv`` into (config, script-or-module, script args) following the module's rule.
 
     Raises ``SystemExit(2)`` with a message on bad usage, ``SystemExit(0)`` for ``-h``.
+
+    Example::
+
+        >>> cfg, target, args = parse_command_line(["--nproc_per_node=2", "train.py", "--epochs", "3"])
+        >>> cfg.nproc_per_node, target, args
+        (2, 'train.py', ['--epochs', '3'])
     """
     warn = warn or (lambda msg: print(f"neural_arch.launcher: {msg}", file=sys.stderr))
     try:

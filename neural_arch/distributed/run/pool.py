@@ -43,7 +43,15 @@ __all__ = ["RankFailure", "RankPool", "RankResult", "mpiexec_path"]
 
 
 class RankFailure(DistributedError):
-    """One or more ranks raised (or died, or timed out) while running a pool function."""
+    """One or more ranks raised (or died, or timed out) while running a pool function.
+
+    Example::
+
+        try:
+            pool.run(fn)
+        except RankFailure as exc:
+            failed = [r.rank for r in exc.results if not r.ok]
+    """
 
     def __init__(self, message: str, results: list[RankResult] | None = None):
         super().__init__(message)
@@ -52,7 +60,13 @@ class RankFailure(DistributedError):
 
 @dataclass
 class RankResult:
-    """What happened on one rank: ``ok`` with ``value``, or an ``error`` (type name in ``exc_type``)."""
+    """What happened on one rank: ``ok`` with ``value``, or an ``error`` (type name in ``exc_type``).
+
+    Example::
+
+        >>> RankResult(rank=0, ok=True, value=42).value
+        42
+    """
 
     rank: int
     ok: bool
@@ -152,6 +166,12 @@ class RankPool:
         master_addr, master_port: the rendezvous address (default: loopback, a free port).
         echo: copy the ranks' output here, each line prefixed ``[rank{r}]: `` (what ``launch()``
             does, for notebooks); otherwise it goes to log files shown when a rank fails.
+
+    Example::
+
+        with RankPool(world_size=3) as pool:
+            ranks = pool.run(get_rank)               # [0, 1, 2]: fn runs on every rank
+            sums = pool.run(all_reduce_ones)         # the ranks stay up between calls
     """
 
     def __init__(self, world_size: int, backend: str = "gloo", timeout: float = 60.0,
@@ -395,9 +415,9 @@ class RankPool:
 
     def run_packed(self, blob: bytes, main_path: str | None, timeout: float | None,
                    failure_grace: float = 10.0) -> list[RankResult]:
-        """Run a :func:`pack_call` payload (``launch()``/``spawn()`` pack once, up front, so an
-        unsendable function fails before any process starts); after a failure the other ranks
-        get ``failure_grace`` s to report before they are stopped."""
+        """Run a :func:`~neural_arch.distributed.run.rank_worker.pack_call` payload (``launch()`` and
+        ``spawn()`` pack once, up front, so an unsendable function fails before any process starts);
+        after a failure the other ranks get ``failure_grace`` s to report before they are stopped."""
         self.start()
         timeout = self.timeout if timeout is None else timeout
         results: dict[int, RankResult] = {}

@@ -1,7 +1,7 @@
 """Child-process plumbing shared by the launcher and :func:`neural_arch.distributed.launch`.
 
 * :class:`OutputPump` reads each child's stdout/stderr in threads and writes *whole lines* with a
-  ``[rank{r}]: `` prefix under one lock, so lines from different ranks never interleave mid-line.
+  ``[rank{r}]:`` prefix (and a space) under one lock, so lines from different ranks never interleave mid-line.
   A partial last line is flushed (with a newline) at EOF, so nothing is lost when a child dies.
 * :func:`start_child` starts a child in its own session (process group) so that teardown can signal
   the child *and* anything it spawned (data-loader workers) with one ``killpg``.
@@ -41,6 +41,13 @@ __all__ = ["Child", "OutputPump", "describe_exit", "open_log", "prepare_log_dir"
 
 
 def signal_name(signum: int) -> str:
+    """The name of signal ``signum`` (``SIGKILL``), or ``signal N`` for a number without one.
+
+    Example::
+
+        >>> signal_name(9), signal_name(250)
+        ('SIGKILL', 'signal 250')
+    """
     try:
         return signal.Signals(signum).name
     except ValueError:
@@ -48,7 +55,13 @@ def signal_name(signum: int) -> str:
 
 
 def describe_exit(returncode: int | None) -> str:
-    """Human wording of a Popen return code: ``exit code 3`` / ``killed by SIGKILL``."""
+    """Human wording of a Popen return code: ``exit code 3`` / ``killed by SIGKILL``.
+
+    Example::
+
+        >>> describe_exit(3), describe_exit(-9), describe_exit(None)
+        ('exit code 3', 'killed by SIGKILL', 'still running')
+    """
     if returncode is None:
         return "still running"
     if returncode < 0:
@@ -66,6 +79,12 @@ class OutputPump:
 
     ``stdout``/``stderr`` default to ``sys.stdout``/``sys.stderr`` *at write time*, so pytest's
     capture and Jupyter's stream redirection both see the lines.
+
+    Example::
+
+        pump = OutputPump()
+        child = start_child([sys.executable, "train.py"], env, rank=0, pump=pump)
+        # the child's lines appear here as "[rank0]: ..."
     """
 
     def __init__(self, stdout: IO[str] | None = None, stderr: IO[str] | None = None,
@@ -176,7 +195,14 @@ def open_log(path: str) -> IO[str]:
 
 @dataclass
 class Child:
-    """One started rank: its process, identity and the threads copying its output."""
+    """One started rank: its process, identity and the threads copying its output.
+
+    Example::
+
+        child = start_child([sys.executable, "train.py"], env, rank=1, pump=OutputPump())
+        child.proc.wait()
+        print(child.rank, describe_exit(child.returncode))
+    """
 
     rank: int
     proc: subprocess.Popen
@@ -198,6 +224,11 @@ def start_child(cmd: list[str], env: dict, rank: int, pump: OutputPump, local_ra
 
     ``stdin`` is the child's standard input: none by default; ``None`` inherits this process's
     (the launcher gives it to rank 0, as torchrun does).
+
+    Example::
+
+        pump = OutputPump()
+        children = [start_child(cmd, rank_env(rank=r, world_size=2), rank=r, pump=pump) for r in range(2)]
     """
     log_file = None
     if log_path is not None:
@@ -245,6 +276,10 @@ def terminate_all(children: list[Child], grace: float = 5.0, sig: int = signal.S
 
     Also SIGKILLs each child's process group at the end so that grandchildren a rank started
     (and that outlived it) do not linger.
+
+    Example::
+
+        terminate_all(children, grace=5.0)           # SIGTERM, then SIGKILL whatever is left
     """
     if not already_signalled:
         send_signal_all(children, sig)

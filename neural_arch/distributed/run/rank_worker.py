@@ -34,6 +34,12 @@ def pack_call(fn, args: tuple, kwargs: dict, user_fn=None) -> tuple[bytes, str |
     ``user_fn`` (default ``fn``) is the function whose home decides that script: ``spawn()`` sends
     a wrapper that calls the user's function, which is the one that may live in ``__main__``.
     Raises ``ValueError`` (saying what to do) when ``fn`` cannot reach another process.
+
+    Example::
+
+        >>> blob, main_path = pack_call(print, ("hello",), {})
+        >>> isinstance(blob, bytes), main_path       # a library function needs no script
+        (True, None)
     """
     probe = fn if user_fn is None else user_fn
     try:
@@ -103,6 +109,12 @@ def _export_identity() -> None:
 
 
 def main() -> int:
+    """One pool rank: connect back to the pool, then run each call it is sent until told to stop.
+
+    Example::
+
+        python -m neural_arch.distributed.run.rank_worker      # started by RankPool, not by users
+    """
     from multiprocessing.connection import Client
 
     from neural_arch import config

@@ -67,7 +67,15 @@ _FAILURE_GRACE_S = 1.0
 
 
 class SpawnError(RuntimeError):
-    """A rank of :func:`launch` failed; ``rank``, ``exitcode`` and ``remote_traceback`` say how."""
+    """A rank of :func:`launch` failed; ``rank``, ``exitcode`` and ``remote_traceback`` say how.
+
+    Example::
+
+        try:
+            launch(train, nprocs=2)
+        except SpawnError as exc:
+            print(exc.rank, exc.exitcode, exc.remote_traceback)
+    """
 
     def __init__(self, rank: int, exitcode: int | None, remote_traceback: str | None) -> None:
         self.rank, self.exitcode, self.remote_traceback = rank, exitcode, remote_traceback
@@ -106,6 +114,13 @@ def launch(fn: Callable, nprocs: int, args: Sequence[Any] = (), backend: str = "
 
     ``init_process_group=False`` skips the process-group set-up (``fn`` then sees only the env
     variables). ``env`` adds variables to the children's environment.
+
+    Example::
+
+        def work():
+            return dist.get_rank() * 10
+
+        launch(work, nprocs=2)                       # [0, 10]
     """
     if int(nprocs) < 1:
         raise ValueError(f"nprocs={nprocs}: launch at least one process")
@@ -133,7 +148,15 @@ def launch(fn: Callable, nprocs: int, args: Sequence[Any] = (), backend: str = "
 
 # ---------------------------------------------------------------------------------- spawn (torch)
 class ProcessException(Exception):
-    """torch.multiprocessing's base: ``error_index`` (the rank) and ``error_pid``."""
+    """torch.multiprocessing's base: ``error_index`` (the rank) and ``error_pid``.
+
+    Example::
+
+        try:
+            spawn(train, nprocs=2)
+        except ProcessException as exc:
+            print(exc.error_index, exc.pid)         # the rank that failed, and its pid
+    """
 
     def __init__(self, msg: str, error_index: int, error_pid: int | None = None) -> None:
         super().__init__(msg)
@@ -144,11 +167,27 @@ class ProcessException(Exception):
 
 
 class ProcessRaisedException(ProcessException):
-    """A rank raised; the message carries its traceback (torch's wording)."""
+    """A rank raised; the message carries its traceback (torch's wording).
+
+    Example::
+
+        try:
+            spawn(train, nprocs=2)
+        except ProcessRaisedException as exc:
+            print(exc)                              # the failing rank's traceback
+    """
 
 
 class ProcessExitedException(ProcessException):
-    """A rank exited (non-zero) or was killed by a signal before ``fn`` returned."""
+    """A rank exited (non-zero) or was killed by a signal before ``fn`` returned.
+
+    Example::
+
+        try:
+            spawn(train, nprocs=2)
+        except ProcessExitedException as exc:
+            print(exc.error_index, exc.exit_code)   # e.g. -9: killed by SIGKILL
+    """
 
     def __init__(self, msg: str, error_index: int, error_pid: int | None = None, exit_code: int | None = None,
                  signal_name: str | None = None) -> None:
@@ -215,7 +254,14 @@ def _spawn_error(results, nprocs: int, timeout: float | None) -> BaseException |
 
 
 class SpawnContext:
-    """What ``spawn(..., join=False)`` returns (torch's ``ProcessContext``): call :meth:`join`."""
+    """What ``spawn(..., join=False)`` returns (torch's ``ProcessContext``): call :meth:`join`.
+
+    Example::
+
+        ctx = spawn(train, args=(cfg,), nprocs=2, join=False)
+        while not ctx.join(timeout=1.0):
+            pass                                     # do other work while the ranks run
+    """
 
     def __init__(self, pool: RankPool, blob: bytes, main_path: str | None, nprocs: int,
                  timeout: float | None) -> None:
@@ -259,6 +305,14 @@ def spawn(fn: Callable, args: Sequence[Any] = (), nprocs: int = 1, join: bool = 
     rank and is re-raised here as :class:`ProcessRaisedException` with its traceback.
     ``start_method`` must be ``"spawn"`` (forking a process that holds threads and sockets is
     unsafe; say so rather than pretend). ``timeout`` (seconds, default none) is our addition.
+
+    Example::
+
+        def train(rank, cfg):
+            dist.init_process_group("gloo", rank=rank, world_size=2)
+            ...
+
+        spawn(train, args=(cfg,), nprocs=2)
     """
     if start_method != "spawn":
         raise ValueError(f"spawn(start_method={start_method!r}): only 'spawn' is supported (each rank is a "

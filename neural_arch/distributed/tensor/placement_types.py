@@ -21,7 +21,13 @@ __all__ = ["Partial", "Placement", "Replicate", "Shard"]
 
 
 class Placement:
-    """Base of the placements (torch's ``Placement``): the ``is_*`` queries."""
+    """Base of the placements (torch's ``Placement``): the ``is_*`` queries.
+
+    Example::
+
+        >>> [p.is_shard() for p in (Shard(0), Replicate(), Partial())]
+        [True, False, False]
+    """
 
     def is_shard(self, dim: int | None = None) -> bool:
         return isinstance(self, Shard) and (dim is None or self.dim == dim)
@@ -35,7 +41,13 @@ class Placement:
 
 @dataclass(frozen=True)
 class Shard(Placement):
-    """Split along tensor dimension ``dim`` (``torch.chunk`` sizes: uneven tails allowed)."""
+    """Split along tensor dimension ``dim`` (``torch.chunk`` sizes: uneven tails allowed).
+
+    Example::
+
+        >>> Shard(1), Shard(1).is_shard(dim=1), Shard(1) == Shard(1)
+        (Shard(dim=1), True, True)
+    """
 
     dim: int = -1
 
@@ -49,7 +61,13 @@ class Shard(Placement):
 
 @dataclass(frozen=True)
 class Replicate(Placement):
-    """Every rank of the mesh dimension holds the whole tensor."""
+    """Every rank of the mesh dimension holds the whole tensor.
+
+    Example::
+
+        >>> Replicate().is_replicate()
+        True
+    """
 
     def __repr__(self) -> str:
         return "Replicate()"
@@ -60,7 +78,13 @@ _PARTIAL_OPS = ("sum", "avg")
 
 @dataclass(frozen=True)
 class Partial(Placement):
-    """Every rank holds a term of the global tensor: their ``reduce_op`` ("sum" or "avg")."""
+    """Every rank holds a term of the global tensor: their ``reduce_op`` ("sum" or "avg").
+
+    Example::
+
+        >>> Partial(), Partial("avg").reduce_op, Partial().is_partial()
+        (Partial(sum), 'avg', True)
+    """
 
     reduce_op: str = "sum"
 

@@ -31,6 +31,16 @@ class DistributedMonitor:
         rank: this process's rank (default: the default group's, 0 without one); only rank 0 writes.
         tensorboard: also write TensorBoard scalars when ``tensorboardX`` is installed
             (``pip install 'neural_arch[tensorboard]'``); without it only the CSV is written.
+
+    Example::
+
+        >>> import os, tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> monitor = DistributedMonitor(folder, rank=0, tensorboard=False)
+        >>> row = monitor.log_training_step(loss=0.5, batch_size=32, step_time=0.1, comm_time=0.01)
+        >>> monitor.close()
+        >>> os.listdir(folder)
+        ['training_log.csv']
     """
 
     def __init__(self, log_dir, rank: int | None = None, tensorboard: bool = True):

@@ -1,16 +1,16 @@
 """The trainer's parallel strategies as plain data: what wraps the model, what is sharded, how
 micro-batches before a window's last one avoid synchronising.
 
-=================  ============================  =========  ==========  ==========  ===============================
-name               the model becomes             optimizer  gradients   parameters  micro-batches before the last
-=================  ============================  =========  ==========  ==========  ===============================
-``ddp``            ``DistributedDataParallel``   replicated replicated  replicated  ``no_sync()``: no all-reduce
-``zero1``          DDP + ``ZeroRedundancyOpt.``  sharded    replicated  replicated  ``no_sync()``: no all-reduce
-``zero2``          the model (ZeRO-2 reduces)    sharded    sharded     replicated  reduce-scatter every micro-batch
-``fsdp``           ``FullyShardedDataParallel``  sharded    sharded     sharded     reduce-scatter every micro-batch
-``fully_shard``    (FSDP2: not in the project)   -          -           -           -
-``tp`` / ``pp``    (need a per-model plan)       -          -           -           -
-=================  ============================  =========  ==========  ==========  ===============================
+===============  ============================  ==========  ==========  ==========  ===========================
+name             the model becomes             optimizer   gradients   parameters  earlier micro-batches
+===============  ============================  ==========  ==========  ==========  ===========================
+``ddp``          ``DistributedDataParallel``   replicated  replicated  replicated  no all-reduce (``no_sync``)
+``zero1``        DDP + ``ZeroRedundancyOpt.``  sharded     replicated  replicated  no all-reduce (``no_sync``)
+``zero2``        the model (ZeRO-2 reduces)    sharded     sharded     replicated  reduce-scatter each one
+``fsdp``         ``FullyShardedDataParallel``  sharded     sharded     sharded     reduce-scatter each one
+``fully_shard``  (FSDP2: not in the project)   -           -           -           -
+``tp`` / ``pp``  (need a per-model plan)       -           -           -           -
+===============  ============================  ==========  ==========  ==========  ===========================
 
 FSDP and ZeRO-2 have no ``no_sync()`` here: their gradients are reduced into the shards at every
 backward and *accumulate there* (the same sums, more communication). A device-mesh spec such as
@@ -33,7 +33,14 @@ __all__ = ["STRATEGIES", "Strategy", "resolve_strategy"]
 
 @dataclass(frozen=True)
 class Strategy:
-    """One row of the table above."""
+    """One row of the table above.
+
+    Example::
+
+        >>> s = resolve_strategy("zero1")
+        >>> s.wraps, s.zero_stage, s.shards_parameters
+        ('DistributedDataParallel', 1, False)
+    """
 
     name: str
     wraps: str
@@ -72,6 +79,13 @@ def resolve_strategy(spec, world_size: int | None = None) -> Strategy:
     """The :class:`Strategy` for ``spec`` (a name or a device-mesh dict); a clear error otherwise.
 
     ``world_size``, when given, must equal the product of a mesh spec's sizes.
+
+    Example::
+
+        >>> resolve_strategy("fsdp").shards_parameters
+        True
+        >>> resolve_strategy({"dp": 4}, world_size=4).name
+        'ddp'
     """
     if isinstance(spec, dict):
         unknown = [k for k in spec if k not in _MESH_DIMS]

@@ -137,6 +137,12 @@ class DistributedTrainer:
 
     If no process group is initialised the trainer calls ``init_process_group()`` (a world of
     one under plain ``python``) and :meth:`close` destroys it again.
+
+    Example::
+
+        trainer = DistributedTrainer(model, strategy="ddp", gradient_accumulation_steps=2)
+        optimizer = optim.Adam(trainer.model.parameters(), lr=1e-3)
+        history = trainer.fit(loader, epochs=3, optimizer=optimizer, criterion=F.cross_entropy)
     """
 
     def __init__(self, model, strategy="ddp", mixed_precision=False, gradient_accumulation_steps: int = 1, *,
@@ -360,7 +366,8 @@ class DistributedTrainer:
         Returns ``{"loss", "compute_time", "communication_time", "step", "lr", "grad_norm",
         "skipped", "accumulating"}``: ``loss`` as the criterion computed it (not divided by the
         accumulation steps); ``communication_time`` the seconds collectives ran during this call
-        and ``compute_time`` the rest of its wall time (both from :class:`DistributedMetrics`);
+        and ``compute_time`` the rest of its wall time (both from
+        :class:`~neural_arch.distributed.metrics.DistributedMetrics`);
         ``step`` the optimizer steps done; ``grad_norm`` the global gradient norm before
         clipping (None while accumulating); ``skipped``: the GradScaler skipped the step (inf/NaN).
         """
@@ -431,7 +438,8 @@ class DistributedTrainer:
 
     # ------------------------------------------------------------------ metrics
     def get_performance_metrics(self) -> dict:
-        """Seed 003's numbers from this rank's :class:`DistributedMetrics` (no collective).
+        """Seed 003's numbers from this rank's
+        :class:`~neural_arch.distributed.metrics.DistributedMetrics` (no collective).
 
         ``samples_per_second_per_gpu`` is **this rank's** throughput (on CPU a rank is a process,
         not a GPU); ``communication_overhead_percent`` is the exposed (not overlapped)

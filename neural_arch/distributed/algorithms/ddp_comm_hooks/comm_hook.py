@@ -13,7 +13,7 @@ communication it likes, and returns a :class:`~neural_arch.distributed.comm.work
 place, or a new array of the same shape and dtype). Every rank must issue the same collectives
 in the same order: the reducer calls the hook for bucket 0, 1, 2, ... in that order on every rank.
 
-:func:`allreduce_hook` (the default) is the one place where DDP's averaging is defined.
+:func:`~neural_arch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook` (the default) is the one place where DDP's averaging is defined.
 
 What the reducer may do for a hook is declared by :class:`CommHook` (``accepts_prescaled``,
 ``supports_inline``); a plain function is accepted as well and declares nothing.
@@ -165,6 +165,12 @@ def then(work: Work, fn: Callable[[Work], Any]) -> Work:
 
     ``fn`` runs on the thread that completes ``work``; an exception it raises fails the
     returned Work (and is raised by its ``wait()``), never the progress thread.
+
+    Example:
+        >>> from neural_arch.distributed.comm.work import Work
+        >>> doubled = then(Work.completed(21), lambda done: done.result() * 2)
+        >>> doubled.wait(), doubled.result()
+        (True, 42)
     """
     chained = Work(work.info)
 
@@ -220,7 +226,13 @@ def deferred(work: Work, rest: Callable[[Work], Any]) -> Work:
 
 def hook_backend(process_group):
     """The backend a hook's ``process_group`` state means: a ProcessGroup, a backend, or None
-    for the default group (torch's convention for the built-in hooks)."""
+    for the default group (torch's convention for the built-in hooks).
+
+    Example::
+
+        def my_hook(process_group, bucket):
+            return hook_backend(process_group).allreduce(bucket.buffer(), op=ReduceOp.AVG, async_op=True)
+    """
     if process_group is None:
         return get_default_group().backend
     return getattr(process_group, "backend", process_group)

@@ -35,6 +35,11 @@ def allreduce_hook(process_group, bucket: GradBucket, async_op: bool = True) -> 
     backend, or None for the default group. ``async_op=False`` runs the all-reduce on the
     calling thread (the reducer does so for buckets left at the end of backward, which it is
     about to wait for anyway: it saves two thread hand-offs).
+
+    Example::
+
+        ddp = DistributedDataParallel(model)
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)   # what DDP does by default
     """
     backend = hook_backend(process_group)
     buffer = bucket.buffer()
@@ -60,14 +65,26 @@ def _compress_hook(process_group, bucket: GradBucket, wire_dtype) -> Work:
 
 @comm_hook()
 def fp16_compress_hook(process_group, bucket: GradBucket) -> Work:
-    """torch's ``fp16_compress_hook``: gradients travel as float16 (half the bytes of float32)."""
+    """torch's ``fp16_compress_hook``: gradients travel as float16 (half the bytes of float32).
+
+    Example::
+
+        ddp = DistributedDataParallel(model)
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)   # None: the default group
+    """
     return _compress_hook(process_group, bucket, np.float16)
 
 
 @comm_hook()
 def bf16_compress_hook(process_group, bucket: GradBucket) -> Work:
     """torch's ``bf16_compress_hook``: gradients travel as bfloat16 (``ml_dtypes.bfloat16`` on NumPy:
-    float32's exponent range with an 8-bit mantissa, so no overflow where float16 would)."""
+    float32's exponent range with an 8-bit mantissa, so no overflow where float16 would).
+
+    Example::
+
+        ddp = DistributedDataParallel(model)
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    """
     import ml_dtypes  # a dependency of neural_arch; imported here to keep importing hooks cheap
 
     return _compress_hook(process_group, bucket, ml_dtypes.bfloat16)

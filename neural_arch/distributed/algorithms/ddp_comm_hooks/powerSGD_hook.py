@@ -48,6 +48,11 @@ class PowerSGDState:
     ``matrix_approximation_rank`` (``r``), ``start_powerSGD_iter`` (plain all-reduce before it),
     ``min_compression_rate`` (compress a matrix only if ``n*m / ((n+m)*r)`` is at least this),
     ``use_error_feedback``, ``warm_start``, ``random_seed``.
+
+    Example:
+        >>> state = PowerSGDState(matrix_approximation_rank=2, start_powerSGD_iter=10)
+        >>> state.matrix_approximation_rank
+        2
     """
 
     def __init__(self, process_group=None, matrix_approximation_rank: int = 1, start_powerSGD_iter: int = 1_000,
@@ -81,7 +86,15 @@ def _orthonormalize(xp, p):
 
 @comm_hook()
 def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> Work:
-    """Compress each gradient matrix of ``bucket`` to rank ``state.matrix_approximation_rank``."""
+    """Compress each gradient matrix of ``bucket`` to rank ``state.matrix_approximation_rank``.
+
+    Example::
+
+        from neural_arch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+        state = powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                       start_powerSGD_iter=10)
+        ddp.register_comm_hook(state, powerSGD.powerSGD_hook)
+    """
     backend = hook_backend(state.process_group)
     world = backend.size
     buffer = bucket.buffer()

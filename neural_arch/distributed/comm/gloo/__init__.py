@@ -3,7 +3,7 @@
 =================  ================================================================
 module             what it owns
 =================  ================================================================
-``backend``        :class:`GlooBackend`: connects the mesh, runs each op
+``backend``        ``GlooBackend``: connects the mesh, runs each op
 ``plans``          collective schedules as data (ring, recursive halving, trees...)
 ``executor``       runs a plan's steps over the links; the one plan cache
 ``shm_direct``     same-host collectives on one shared segment

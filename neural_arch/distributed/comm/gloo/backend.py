@@ -82,10 +82,18 @@ def _group_block(path: Tuple[int, ...]) -> int:
 class GlooBackend(Backend):
     """Collectives over the neural_arch transport (see the module docstring).
 
-    Build it with :meth:`create`; sub-groups come from :meth:`new_group`. It holds ``plans``, the
+    Build it with :meth:`create`; sub-groups come from
+    :meth:`~neural_arch.distributed.comm.backend.Backend.new_group`. It holds ``plans``, the
     :class:`~neural_arch.distributed.comm.gloo.executor.PlanExecutor` that runs every collective the
     direct shared-memory path does not, and offers its testing seam under the same names
     (:meth:`forced_algorithm`, :meth:`chosen_algorithm`, :meth:`compiled_plans`).
+
+    Example::
+
+        store = TCPStore("10.0.0.1", 29500, world_size=4, is_master=(rank == 0))
+        world = GlooBackend.create(store, rank, world_size=4, transport="auto")
+        world.allreduce(grads, ReduceOp.AVG)
+        world.shutdown()
     """
 
     name = "gloo"

@@ -22,7 +22,8 @@ reduce           binomial tree                          ring reduce-scatter + ga
 all_gather       ring (p - 1 steps of n)                ring
 reduce_scatter   ring                                   ring
 all_to_all       pairwise exchange                      pairwise exchange
-barrier          dissemination (ceil(log2 p) rounds of one byte)
+barrier          dissemination: ceil(log2 p) rounds of  dissemination
+                 one byte
 ===============  =====================================  ==========================================
 
 Thresholds
@@ -90,7 +91,17 @@ ALGO_ENV = "NEURAL_ARCH_GLOO_ALGO"
 
 
 def allreduce_algorithm(size: int, nelems: int, nbytes: int, force: Optional[str] = None) -> str:
-    """The name of the all_reduce plan for ``size`` ranks and ``nelems`` elements / ``nbytes`` bytes."""
+    """The name of the all_reduce plan for ``size`` ranks and ``nelems`` elements / ``nbytes`` bytes.
+
+    Example::
+
+        >>> allreduce_algorithm(4, nelems=16, nbytes=64)
+        'recursive_doubling_allreduce'
+        >>> allreduce_algorithm(4, nelems=1 << 22, nbytes=1 << 24)
+        'ring_allreduce'
+        >>> allreduce_algorithm(4, nelems=16, nbytes=64, force="ring")
+        'ring_allreduce'
+    """
     force = force or ""
     if "ring" in force:
         return "ring_allreduce"
@@ -103,13 +114,28 @@ def allreduce_algorithm(size: int, nelems: int, nbytes: int, force: Optional[str
 
 
 def allreduce_plan(size: int, nelems: int, nbytes: int, force: Optional[str] = None) -> P.Plan:
-    """The all_reduce plan for ``size`` ranks and a buffer of ``nelems`` elements / ``nbytes`` bytes."""
+    """The all_reduce plan for ``size`` ranks and a buffer of ``nelems`` elements / ``nbytes`` bytes.
+
+    Example::
+
+        >>> plan = allreduce_plan(2, nelems=8, nbytes=32)
+        >>> plan.name, plan.size, len(plan.by_rank[0])      # p = 2: one exchange
+        ('recursive_doubling_allreduce', 2, 1)
+    """
     if allreduce_algorithm(size, nelems, nbytes, force) == "ring_allreduce":
         return P.ring_allreduce_plan(size, nelems)
     return P.recursive_doubling_plan(size, nelems)
 
 
 def broadcast_algorithm(size: int, nbytes: int, force: Optional[str] = None) -> str:
+    """The name of the broadcast plan for ``size`` ranks and ``nbytes`` bytes: a binomial tree, or a
+    pipelined chain for large messages on three ranks or more.
+
+    Example::
+
+        >>> broadcast_algorithm(3, nbytes=64), broadcast_algorithm(3, nbytes=1 << 24)
+        ('binomial_broadcast', 'chain_broadcast')
+    """
     force = force or ""
     if "tree" not in force and ("chain" in force or (size >= 3 and nbytes >= CHAIN_BROADCAST_MIN_BYTES)):
         return "chain_broadcast"
@@ -117,6 +143,14 @@ def broadcast_algorithm(size: int, nbytes: int, force: Optional[str] = None) -> 
 
 
 def broadcast_plan(size: int, nelems: int, nbytes: int, root: int, force: Optional[str] = None) -> P.Plan:
+    """The broadcast plan from ``root`` (:func:`broadcast_algorithm` picks it; a chain is cut into
+    segments so that every rank forwards while it receives).
+
+    Example::
+
+        >>> broadcast_plan(4, nelems=8, nbytes=32, root=0).name
+        'binomial_broadcast'
+    """
     if broadcast_algorithm(size, nbytes, force) == "chain_broadcast":
         segments = min(_MAX_SEGMENTS, max(2, nbytes // CHAIN_SEGMENT_BYTES))
         return P.chain_broadcast_plan(size, nelems, root, int(segments))
@@ -124,6 +158,14 @@ def broadcast_plan(size: int, nelems: int, nbytes: int, root: int, force: Option
 
 
 def reduce_algorithm(size: int, nelems: int, nbytes: int, force: Optional[str] = None) -> str:
+    """The name of the reduce plan: a binomial tree, or ring reduce-scatter + gather for large
+    buffers on three ranks or more.
+
+    Example::
+
+        >>> reduce_algorithm(3, nelems=16, nbytes=64), reduce_algorithm(3, nelems=1 << 22, nbytes=1 << 24)
+        ('binomial_reduce', 'ring_reduce')
+    """
     force = force or ""
     if "ring" in force:   # forced (tests, measurements): also for tiny or short buffers
         return "ring_reduce"
@@ -133,6 +175,13 @@ def reduce_algorithm(size: int, nelems: int, nbytes: int, force: Optional[str] =
 
 
 def reduce_plan(size: int, nelems: int, nbytes: int, root: int, force: Optional[str] = None) -> P.Plan:
+    """The reduce plan to ``root`` (:func:`reduce_algorithm` picks it).
+
+    Example::
+
+        >>> reduce_plan(4, nelems=8, nbytes=32, root=1).name
+        'binomial_reduce'
+    """
     if reduce_algorithm(size, nelems, nbytes, force) == "ring_reduce":
         return P.ring_reduce_plan(size, nelems, root)
     return P.binomial_reduce_plan(size, nelems, root)
@@ -180,6 +229,14 @@ class CompiledPlan(NamedTuple):
     shape then takes the latency path (:meth:`PlanExecutor.allreduce`), which runs exactly these
     exchanges with ``exchange_scratch`` as the receive buffer and skips step decoding and slicing.
     (A named tuple: the first three fields keep the order of the tuples it replaced.)
+
+    Example::
+
+        >>> import numpy as np
+        >>> plan = CompiledPlan(nelems=8, steps=(), pipelined=False, algorithm="none", op="all_reduce",
+        ...                     dtype=np.dtype("float32"))
+        >>> plan.algorithm, plan.exchange_peers
+        ('none', None)
     """
 
     nelems: int
@@ -218,7 +275,7 @@ class PlanExecutor:
         self._rank = rank
         self._size = size
         self._coll_channel = channel
-        #: the forced algorithm (None: choose by size); see :meth:`forced_algorithm`
+        #: The forced algorithm, or None to choose by size (see :meth:`forced_algorithm`).
         self.force: Optional[str] = force
         self._compiled_plans: Dict[tuple, CompiledPlan] = {}   # the one plan cache
         self._buffers: Dict[tuple, np.ndarray] = {}
@@ -552,7 +609,13 @@ _KNOWN_ALGORITHMS = frozenset({"ring", "rd", "chain", "tree", "direct"})
 
 def parse_algorithms(text: Optional[str], source: str = ALGO_ENV) -> Optional[str]:
     """A forced-algorithm setting, normalised (``" Ring,rd "`` -> ``"ring,rd"``; empty -> None).
-    An unknown name is a ValueError naming ``source`` and the known ones."""
+    An unknown name is a ValueError naming ``source`` and the known ones.
+
+    Example::
+
+        >>> parse_algorithms(" Ring,rd "), parse_algorithms("")
+        ('ring,rd', None)
+    """
     chosen = [v.strip() for v in (text or "").lower().split(",") if v.strip()]
     bad = [v for v in chosen if v not in _KNOWN_ALGORITHMS]
     if bad:
@@ -562,5 +625,11 @@ def parse_algorithms(text: Optional[str], source: str = ALGO_ENV) -> Optional[st
 
 
 def force_algo_from_env() -> Optional[str]:
-    """``NEURAL_ARCH_GLOO_ALGO``, parsed (None: choose by size)."""
+    """``NEURAL_ARCH_GLOO_ALGO``, parsed (None: choose by size).
+
+    Example::
+
+        # NEURAL_ARCH_GLOO_ALGO=ring python train.py   -> every all_reduce uses the ring
+        force = force_algo_from_env()       # "ring"
+    """
     return parse_algorithms(config.get(ALGO_ENV), ALGO_ENV)

@@ -3,7 +3,7 @@
 A *plan* says, for every rank and every step, whom to send which slice of the flat buffer
 to, whom to receive which slice from, and whether the received slice is *reduced* into the
 buffer or *copied* over it. The gloo backend executes exactly these plans, so the unit tests
-that simulate them in pure NumPy (``tests/plans/``) test the algorithms that run.
+that simulate them in pure NumPy (``tests/comm/gloo/``) test the algorithms that run.
 
 Slices are ``(start, stop)`` element ranges of the flattened array. Within one step a rank
 sends and receives concurrently (``Transport.sendrecv``), and the data it sends is the
@@ -12,21 +12,21 @@ buffer as it was *before* the step, which is what :func:`simulate` models.
 The builders are pure and not memoised: the gloo executor builds a plan on a miss of its one plan
 cache (``PlanExecutor._compiled_plans``, compiled per rank), so a plan is built once per group and size.
 
-=============================  ===========================================  ===================
-plan                           algorithm                                    steps (p ranks)
-=============================  ===========================================  ===================
-``ring_reduce_scatter_plan``   ring; rank r ends owning chunk r              p - 1
-``ring_allgather_plan``        ring; rank r starts owning chunk r            p - 1
-``ring_allreduce_plan``        the two above, back to back (bandwidth-opt.)  2(p - 1)
-``recursive_doubling_plan``    allreduce, whole buffer each step; non-       log2 p (+2)
-                               power-of-two fix-up (fold extra ranks in)
-``binomial_broadcast_plan``    binomial tree from ``root``                   ceil(log2 p)
-``chain_broadcast_plan``       pipelined chain in ``segments`` pieces        segments + p - 2
-``binomial_reduce_plan``       binomial tree into ``root``                   ceil(log2 p)
-``ring_reduce_plan``           ring reduce-scatter, then chunks to ``root``  2(p - 1)
-``pairwise_alltoall_plan``     step s: send block r+s, receive block r-s     p (incl. self copy)
-``dissemination_barrier_plan`` step k: send to r+2^k, receive from r-2^k     ceil(log2 p)
-=============================  ===========================================  ===================
+==============================  ============================================  ===================
+plan                            algorithm                                     steps (p ranks)
+==============================  ============================================  ===================
+``ring_reduce_scatter_plan``    ring; rank r ends owning chunk r              p - 1
+``ring_allgather_plan``         ring; rank r starts owning chunk r            p - 1
+``ring_allreduce_plan``         the two above, back to back (bandwidth-opt.)  2(p - 1)
+``recursive_doubling_plan``     allreduce, whole buffer each step; non-       log2 p (+2)
+                                power-of-two fix-up (fold extra ranks in)
+``binomial_broadcast_plan``     binomial tree from ``root``                   ceil(log2 p)
+``chain_broadcast_plan``        pipelined chain in ``segments`` pieces        segments + p - 2
+``binomial_reduce_plan``        binomial tree into ``root``                   ceil(log2 p)
+``ring_reduce_plan``            ring reduce-scatter, then chunks to ``root``  2(p - 1)
+``pairwise_alltoall_plan``      step s: send block r+s, receive block r-s     p (incl. self copy)
+``dissemination_barrier_plan``  step k: send to r+2^k, receive from r-2^k     ceil(log2 p)
+==============================  ============================================  ===================
 
 Example::
 
@@ -58,6 +58,12 @@ class Step:
     ``send_to == recv_from == rank`` is a local copy (``pairwise_alltoall_plan``'s step 0).
     ``action`` says what happens to the received slice: ``"reduce"`` into the buffer, or
     ``"copy"`` over it.
+
+    Example::
+
+        >>> step = Step(step=0, rank=0, send_to=1, send_chunk=(0, 4), recv_from=None, recv_chunk=(0, 0))
+        >>> step.send_len, step.recv_len, step.action
+        (4, 0, 'copy')
     """
 
     step: int
@@ -84,6 +90,12 @@ class Plan:
     ``by_rank[r]`` is rank r's steps in execution order. ``two_buffers`` plans (alltoall)
     read sends from the input buffer and write receives into a separate output buffer.
     Iterating a plan yields every step ordered by (step, rank).
+
+    Example::
+
+        >>> plan = ring_allreduce_plan(3, 6)
+        >>> plan.nsteps, len(plan), len(plan.for_rank(0))       # 2(p - 1) steps, each rank in each
+        (4, 12, 4)
     """
 
     name: str
@@ -167,6 +179,11 @@ def ring_reduce_scatter_plan(size: int, nelems: int, bounds: Optional[Tuple[Chun
     At step s rank r sends chunk ``r - s - 1`` to ``r + 1`` and reduces chunk ``r - s - 2``
     received from ``r - 1`` (indices mod size). Every rank sends and receives (n/p) per
     step: bandwidth-optimal. ``bounds`` overrides the array_split chunking.
+
+    Example::
+
+        >>> ring_reduce_scatter_plan(3, 6).for_rank(0)[0]
+        Step(step=0, rank=0, send_to=1, send_chunk=(4, 6), recv_from=2, recv_chunk=(2, 4), action='reduce')
     """
     _check(size, nelems)
     bounds = bounds or chunk_bounds(nelems, size)
@@ -180,7 +197,13 @@ def ring_reduce_scatter_plan(size: int, nelems: int, bounds: Optional[Tuple[Chun
 
 def ring_allgather_plan(size: int, nelems: int, bounds: Optional[Tuple[Chunk, ...]] = None,
                         first_step: int = 0) -> Plan:
-    """Ring all-gather: rank r starts owning chunk r; at step s it forwards chunk ``r - s``."""
+    """Ring all-gather: rank r starts owning chunk r; at step s it forwards chunk ``r - s``.
+
+    Example::
+
+        >>> ring_allgather_plan(3, 6).for_rank(0)[0]
+        Step(step=0, rank=0, send_to=1, send_chunk=(0, 2), recv_from=2, recv_chunk=(4, 6), action='copy')
+    """
     _check(size, nelems)
     bounds = bounds or chunk_bounds(nelems, size)
     rows = []
@@ -192,7 +215,15 @@ def ring_allgather_plan(size: int, nelems: int, bounds: Optional[Tuple[Chunk, ..
 
 
 def ring_allreduce_plan(size: int, nelems: int) -> Plan:
-    """Ring reduce-scatter followed by ring all-gather: 2(p-1) steps of n/p elements."""
+    """Ring reduce-scatter followed by ring all-gather: 2(p-1) steps of n/p elements.
+
+    Example::
+
+        >>> import numpy as np
+        >>> plan = ring_allreduce_plan(3, 6)
+        >>> simulate(plan, [np.arange(6.0)] * 3)[0]             # every rank ends with the sum
+        array([ 0.,  3.,  6.,  9., 12., 15.])
+    """
     rs = ring_reduce_scatter_plan(size, nelems)
     ag = ring_allgather_plan(size, nelems, first_step=size - 1)
     return Plan("ring_allreduce", size, nelems, tuple(a + b for a, b in zip(rs.by_rank, ag.by_rank)))
@@ -212,6 +243,11 @@ def recursive_doubling_plan(size: int, nelems: int) -> Plan:
     ranks ``0, 2, ..., 2*extra-2`` first fold their data into their odd neighbour (step 0)
     and sit out; the remaining q ranks run recursive doubling; then each odd neighbour
     sends the result back (last step). Two ranks: one exchange.
+
+    Example::
+
+        >>> recursive_doubling_plan(4, 8).nsteps, recursive_doubling_plan(3, 8).nsteps
+        (2, 3)
     """
     _check(size, nelems)
     whole = (0, nelems)
@@ -247,7 +283,15 @@ def recursive_doubling_plan(size: int, nelems: int) -> Plan:
 
 
 def binomial_broadcast_plan(size: int, nelems: int, root: int = 0) -> Plan:
-    """Binomial tree: in round k, ranks that have the data (relative rank < 2^k) send it on."""
+    """Binomial tree: in round k, ranks that have the data (relative rank < 2^k) send it on.
+
+    Example::
+
+        >>> import numpy as np
+        >>> plan = binomial_broadcast_plan(4, 2, root=1)
+        >>> plan.nsteps, [b.tolist() for b in simulate(plan, [np.full(2, float(r)) for r in range(4)])]
+        (2, [[1.0, 1.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
+    """
     _check(size, nelems)
     whole = (0, nelems)
     rows: List[List[Step]] = [[] for _ in range(size)]
@@ -269,6 +313,11 @@ def chain_broadcast_plan(size: int, nelems: int, root: int = 0, segments: int = 
     At step t the rank at chain position v forwards segment ``t - v`` while receiving
     segment ``t - v + 1``, so every link is busy once the pipe is full:
     ``segments + p - 2`` steps of n/segments elements (vs log2 p steps of n for a tree).
+
+    Example::
+
+        >>> chain_broadcast_plan(4, 8, root=0, segments=4).nsteps     # segments + p - 2
+        6
     """
     _check(size, nelems)
     segs = chunk_bounds(nelems, max(1, segments))
@@ -291,6 +340,13 @@ def binomial_reduce_plan(size: int, nelems: int, root: int = 0) -> Plan:
 
     Ranks other than ``root`` accumulate into a scratch copy (the executor's business):
     ``reduce`` leaves their input unchanged.
+
+    Example::
+
+        >>> import numpy as np
+        >>> plan = binomial_reduce_plan(4, 2, root=0)
+        >>> plan.nsteps, simulate(plan, [np.ones(2)] * 4)[0]
+        (2, array([4., 4.]))
     """
     _check(size, nelems)
     whole = (0, nelems)
@@ -313,6 +369,13 @@ def ring_reduce_plan(size: int, nelems: int, root: int = 0) -> Plan:
 
     Each rank moves about 2n/p elements in all, against n per tree level for the binomial tree.
     Ranks other than ``root`` work on a scratch copy (the executor's business).
+
+    Example::
+
+        >>> import numpy as np
+        >>> plan = ring_reduce_plan(4, 8, root=0)
+        >>> plan.nsteps, simulate(plan, [np.ones(8)] * 4)[0].tolist()
+        (6, [4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0])
     """
     rs = ring_reduce_scatter_plan(size, nelems)
     bounds = chunk_bounds(nelems, size)
@@ -334,6 +397,14 @@ def pairwise_alltoall_plan(size: int, nelems: int) -> Plan:
     """Step 0 copies the own block; step s sends block r+s to r+s and receives block r-s.
 
     ``nelems`` (of the input, = of the output) must be divisible by ``size``.
+
+    Example::
+
+        >>> import numpy as np
+        >>> plan = pairwise_alltoall_plan(2, 4)
+        >>> inputs = [np.array([0.0, 1.0, 2.0, 3.0]), np.array([10.0, 11.0, 12.0, 13.0])]
+        >>> [out.tolist() for out in simulate(plan, inputs)]
+        [[0.0, 1.0, 10.0, 11.0], [2.0, 3.0, 12.0, 13.0]]
     """
     _check(size, nelems)
     if nelems % size:
@@ -350,7 +421,13 @@ def pairwise_alltoall_plan(size: int, nelems: int) -> Plan:
 
 
 def dissemination_barrier_plan(size: int) -> Plan:
-    """Round k: send one byte to r + 2^k, receive one from r - 2^k. Nobody leaves before all arrive."""
+    """Round k: send one byte to r + 2^k, receive one from r - 2^k. Nobody leaves before all arrive.
+
+    Example::
+
+        >>> dissemination_barrier_plan(5).nsteps        # ceil(log2 5)
+        3
+    """
     _check(size, 1)
     rows: List[List[Step]] = [[] for _ in range(size)]
     dist, k = 1, 0
@@ -373,6 +450,13 @@ def simulate(plan: Plan, buffers: Sequence[np.ndarray], reduce: Callable[[np.nda
     ``AssertionError`` when a message is missing, unexpected or of the wrong length, so a
     plan that simulates cleanly cannot deadlock or desynchronise on the wire.
     ``reduce(dst, src)`` is applied in place for ``"reduce"`` actions.
+
+    Example::
+
+        >>> import numpy as np
+        >>> results = simulate(ring_allreduce_plan(2, 4), [np.ones(4), np.arange(4.0)])
+        >>> results[0].tolist(), results[1].tolist()
+        ([1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0])
     """
     if len(buffers) != plan.size:
         raise ValueError(f"simulate: {len(buffers)} buffers for a plan of size {plan.size}")
@@ -413,6 +497,14 @@ def format_plan(plan: Plan, max_ranks: int = 16) -> str:
 
     ``>d[a:b]`` sends ``[a:b]`` to rank d, ``<s[a:b]`` receives it from rank s; a trailing
     ``+`` means the received slice is reduced into the buffer, ``=`` that it is copied.
+
+    Example::
+
+        >>> print(format_plan(ring_allreduce_plan(2, 4)))
+        ring_allreduce (size=2, nelems=4)
+        step  rank 0            rank 1
+        0     >1[2:4] <1[0:2]+  >0[0:2] <0[2:4]+
+        1     >1[0:2] <1[2:4]=  >0[2:4] <0[0:2]=
     """
     ranks = list(range(min(plan.size, max_ranks)))
     cells: Dict[Tuple[int, int], str] = {}

@@ -23,7 +23,7 @@ Every rank of a group on one host maps one :class:`~neural_arch.distributed.comm
   all ranks' after it -- a different op, dtype, size, root or order is a CollectiveMismatchError on
   every rank, never a wrong result.
 
-When the direct path is used (:func:`choose`): the table :data:`ALGORITHMS` below, keyed by world
+When the direct path is used (:func:`choose`): the table ``ALGORITHMS`` below, keyed by world
 size and byte count, measured with ``benchmarks/bench_collectives.py`` (see the numbers there). Ops
 and dtypes outside it (all_to_all, gather, scatter, CuPy arrays, sub-groups spanning hosts) use the plans.
 
@@ -68,13 +68,25 @@ _AVG = ReduceOp.AVG
 
 def direct_for_every_size(world: int) -> bool:
     """Whether :func:`choose` says "direct" for every byte count on ``world`` ranks (then callers can
-    skip asking per op)."""
+    skip asking per op).
+
+    Example::
+
+        >>> direct_for_every_size(4)
+        True
+    """
     rows = ALGORITHMS.get(world, ALGORITHMS[None])
     return all(algo == "direct" for _, algo in rows) and rows[-1][0] >= 1 << 62
 
 
 def choose(world: int, nbytes: int) -> str:
-    """``"direct"`` or ``"plans"`` for a collective of ``nbytes`` bytes per rank on ``world`` ranks."""
+    """``"direct"`` or ``"plans"`` for a collective of ``nbytes`` bytes per rank on ``world`` ranks.
+
+    Example::
+
+        >>> choose(4, 1024)
+        'direct'
+    """
     for limit, algo in ALGORITHMS.get(world, ALGORITHMS[None]):
         if nbytes <= limit:
             return algo
@@ -82,7 +94,13 @@ def choose(world: int, nbytes: int) -> str:
 
 
 def format_table() -> str:
-    """The selection table as text (for notebooks and docs)."""
+    """The selection table as text (for notebooks and docs).
+
+    Example::
+
+        >>> print(format_table().splitlines()[0])
+        world size | up to bytes | algorithm
+    """
     lines = ["world size | up to bytes | algorithm", "--- | --- | ---"]
     for world, rows in ALGORITHMS.items():
         for limit, algo in rows:
@@ -96,6 +114,13 @@ class DirectCollectives:
 
     Arrays are flat, C-contiguous host NumPy arrays; ``info`` is the op's ``OpInfo`` (deadline,
     check word). Every method leaves the group consistent or raises (the backend then poisons it).
+
+    Example::
+
+        # on every rank of a one-host group, over the segment they all mapped
+        direct = DirectCollectives(segment)
+        direct.all_reduce(flat_grads, ReduceOp.SUM, info)     # info: the op's OpInfo
+        direct.barrier(info)
     """
 
     def __init__(self, seg):

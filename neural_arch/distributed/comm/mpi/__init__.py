@@ -3,7 +3,7 @@
 ==============  ====================================================================
 module          what it owns
 ==============  ====================================================================
-``backend``     :class:`MPIBackend`: the six primitives on mpi4py, persistent requests
+``backend``     ``MPIBackend``: the six primitives on mpi4py, persistent requests
 ``allreduce``   the all-reduce strategies (two-rank exchange window, pairwise, native)
 ``check``       the call check every collective starts with (one fixed-size allgather)
 ``progress``    watchdog waits: every blocking MPI call has a deadline

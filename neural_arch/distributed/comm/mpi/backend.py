@@ -1,10 +1,11 @@
 """The MPI backend: mpi4py's buffer API on NumPy arrays, made interruptible.
 
-Every collective first runs the **call check** (:mod:`.mpi_check`): one persistent allgather of
+Every collective first runs the **call check** (:mod:`neural_arch.distributed.comm.mpi.check`): one persistent allgather of
 fixed-size slots in which every rank states what it called (op kind, sequence number, dtype, reduce
 op, byte count, root). MPI itself never compares these -- two ranks whose all_reduce buffers differ
 in size both returned, one with values from MPICH's scratch memory -- so without it a mismatch was
-silently wrong; with it, a mismatch is a :class:`CollectiveMismatchError` on every rank before any
+silently wrong; with it, a mismatch is a
+:class:`~neural_arch.distributed.errors.CollectiveMismatchError` on every rank before any
 data moves. Collectives of up to 2 KiB (all_reduce, broadcast, all_gather, reduce_scatter; less on
 groups above 8 ranks) ride inside the check: one MPI operation in all. Larger ones then map to one
 MPI call on the array's own buffer (never mpi4py's lowercase, pickling methods): ``Iallreduce`` with
@@ -17,13 +18,14 @@ communicators.
 Why the nonblocking variants: a blocking MPI call cannot be interrupted, so a rank that never
 arrives would hang its peers forever. Each call here starts the nonblocking operation and waits
 for it in **one C call**, ``MPI_Waitany`` over the op's requests and this thread's wake-up
-request, which a watchdog thread completes at the op's deadline (:mod:`.mpi_progress`): the
+request, which a watchdog thread completes at the op's deadline
+(:mod:`neural_arch.distributed.comm.mpi.progress`): the
 wait runs at raw MPI speed with the GIL released, yet a missing rank still gives a
-:class:`CollectiveTimeoutError` (naming op, sequence number, shape, dtype and group) *raised in
+:class:`~neural_arch.distributed.errors.CollectiveTimeoutError` (naming op, sequence number, shape, dtype and group) *raised in
 the caller*. (Below ``MPI_THREAD_MULTIPLE`` the watchdog cannot call MPI while the waiter is in
 it, and the wait falls back to polling ``Request.Test`` with a short backoff.)
 MPI never says *which* ranks are missing, so each process runs a small daemon thread
-(:class:`~.mpi_progress.Presence`) on a private communicator that answers peers' "what are you
+(:class:`~neural_arch.distributed.comm.mpi.progress.Presence`) on a private communicator that answers peers' "what are you
 doing?"; the timeout error then reads "ranks [2] did not arrive; ranks [0, 1] were waiting
 (rank 2 is in barrier #7 on group [0, 1, 2])".
 
@@ -52,7 +54,8 @@ would wait for the pending operation forever and the peers stuck in it would nev
 We do not abort *inside* the failing call: the caller gets the exception first, to log it or
 save a checkpoint -- except with ``blocking_collectives=True``, where the watchdog aborts the job at
 the deadline of a blocking call (no error can reach its caller). (A rank that *dies* is handled by
-``mpiexec``, which ends the whole job.) The policy's code: :mod:`.mpi_failure`.
+``mpiexec``, which ends the whole job.) The policy's code:
+:mod:`neural_arch.distributed.comm.mpi.failure`.
 
 Reductions: ``ReduceOp`` maps to MPI's ops (AVG = SUM, then divide); float16 and bfloat16 are
 reduced **in float32 on the host** (MPI has no half or bfloat16 type): each rank widens its array
@@ -139,7 +142,14 @@ class MPIBackend(Backend):
 
     It holds its all_reduce strategies besides ``Iallreduce`` (:mod:`.allreduce`): ``_inline``, the
     all_reduce inside the call check, and ``_pairwise``, the two-rank exchange (None where it does not
-    apply); both exist once the call check does (:meth:`_attach_check`, :meth:`_enable_pairwise`).
+    apply); both exist once the call check does (``_attach_check``, ``_enable_pairwise``).
+
+    Example::
+
+        # mpiexec -n 4 python train.py
+        world = MPIBackend.create(timeout=60.0)          # MPI decides rank and size
+        world.allreduce(grads, ReduceOp.AVG)
+        evens = world.new_group([0, 2])                   # a Comm.Split; None on ranks 1 and 3
     """
 
     name = "mpi"

@@ -13,8 +13,8 @@ of header -- the op's check word (kind, dtype, reduce op, sequence number: ``com
 its byte count, root and whether the payload rides along -- then ``inline_bytes`` of payload. Every
 collective starts with it, so it always matches on every rank whatever the ranks called, and every
 rank then reads *every* rank's header: they all take the same decision, an error on every rank
-(:class:`CollectiveMismatchError`, naming what each rank called) or go on. Nothing of the data was sent yet when a mismatch is found,
-so no MPI operation is left pending.
+(:class:`~neural_arch.distributed.errors.CollectiveMismatchError`, naming what each rank called) or
+go on. Nothing of the data was sent yet when a mismatch is found, so no MPI operation is left pending.
 
 A cache of "signatures already agreed" would be cheaper but is unsound: rank A's key can be cached
 while rank B's is new, and then one rank checks while the other does not -- the check itself
@@ -53,8 +53,9 @@ __all__ = ["DATA_FOLLOWS", "DATA_INLINE", "DATA_PAIRWISE", "HEADER_BYTES", "INLI
 
 HEADER_BYTES = 32            # check word, byte count, root + 1, mode (uint64 each): the payload stays 8-aligned
 _HEADER = struct.Struct("<QQQQ")
-#: the header's mode word: how the data moves -- in a separate MPI collective, in the slot, or in the
-#: two-rank pairwise exchange (mpi_allreduce): ranks whose choices differ must not go on, so it is compared
+#: The header's mode word, how the data moves (in a separate MPI collective, in the slot, or in the
+#: two-rank pairwise exchange of ``mpi.allreduce``). Ranks whose choices differ must not go on, so it
+#: is compared.
 DATA_FOLLOWS, DATA_INLINE, DATA_PAIRWISE = 0, 1, 2
 _MODE_TEXT = {DATA_INLINE: " (data in the check)", DATA_PAIRWISE: " (pairwise exchange)"}
 INLINE_MAX_BYTES = 2 << 10   # collectives up to this many bytes ride inside the check (groups of <= 8 ranks)
@@ -79,6 +80,12 @@ class CallCheck:
 
     Collective to build (``Comm.Dup``, ``Allgather_init``): built where every member builds the
     backend. Not thread-safe: a group runs one collective at a time.
+
+    Example::
+
+        check = CallCheck(MPI, comm)                       # every member of ``comm``, once
+        check.stamp(info, nbytes=array.nbytes)             # this rank's header for the op
+        # ... the backend then starts the allgather and compares every rank's header
     """
 
     def __init__(self, MPI, comm, persistent: bool = True):

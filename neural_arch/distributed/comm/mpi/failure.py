@@ -8,7 +8,8 @@ MPI cannot cancel a started collective, and a blocking MPI call cannot be interr
 * once the MPI backend is up, an uncaught exception on one rank ends the job at once with
   ``MPI_Abort`` (:func:`abort_on_uncaught_exception`, ``NEURAL_ARCH_MPI_ABORT_ON_EXCEPTION``), as
   ``python -m mpi4py`` does, instead of the other ranks waiting out their timeout;
-* a timed-out *nonblocking* operation raises :class:`CollectiveTimeoutError` in the caller, the group
+* a timed-out *nonblocking* operation raises
+  :class:`~neural_arch.distributed.errors.CollectiveTimeoutError` in the caller, the group
   is refused from then on, and when the process exits :func:`_abort_if_broken` calls
   ``MPI_Abort`` (``MPI_Finalize`` would wait for the pending operation forever);
 * a *blocking* MPI call that passes its deadline (``MPIBackend(blocking_collectives=True)``) cannot
@@ -16,7 +17,8 @@ MPI cannot cancel a started collective, and a blocking MPI call cannot be interr
   (:func:`abort_job`), as PyTorch's NCCL watchdog tears a process down.
 
 Every message names the op, its sequence number and the ranks that did not arrive
-(:func:`timeout_message`, which asks the peers' :class:`~.mpi_progress.Presence` threads).
+(:func:`timeout_message`, which asks the peers'
+:class:`~neural_arch.distributed.comm.mpi.progress.Presence` threads).
 
 Example::
 
@@ -140,6 +142,13 @@ def timeout_message(info: OpInfo, waited: float, presence, tail: str, missing_pe
 
     ``missing_peer`` (a global rank): a point-to-point op, whose missing rank is known. Otherwise
     the peers' presence threads are asked (``presence`` None: MPI does not say which rank is late).
+
+    Example::
+
+        >>> from neural_arch.distributed.comm.work import OpInfo
+        >>> info = OpInfo("barrier", 4, [0, 1, 2], 0)
+        >>> timeout_message(info, 5.0, None, tail="").split(":")[0]
+        'barrier #4 on group [0, 1, 2] timed out after 5.0 s on rank 0'
     """
     if missing_peer is not None:
         return p2p_timeout_message(info, waited, missing_peer)
@@ -264,7 +273,13 @@ def abort_on_uncaught_exception(environ=None) -> bool:
 
 def abort_job(message: str) -> None:
     """Print ``message`` (a CollectiveTimeoutError's text) and abort the whole MPI job now: what the
-    watchdog does when a *blocking* MPI call passed its deadline (nothing can return to its caller)."""
+    watchdog does when a *blocking* MPI call passed its deadline (nothing can return to its caller).
+
+    Example::
+
+        # the watchdog thread, when a blocking MPI_Allreduce passed its deadline
+        abort_job(timeout_message(info, waited, presence, tail=""))     # never returns
+    """
     _BROKEN.append(message)
     _flush()
     sys.stderr.write(f"neural_arch MPI backend: CollectiveTimeoutError: {message}\n"

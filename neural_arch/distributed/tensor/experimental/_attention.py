@@ -89,7 +89,14 @@ ring_stats = {"bytes_sent": 0, "compute_s": 0.0, "wait_s": 0.0, "steps": 0, "ski
 
 
 def set_rotate_method(rotate_method: str) -> None:
-    """How :func:`context_parallel` moves K/V: ``"alltoall"``/``"p2p"`` (the ring) or ``"allgather"``."""
+    """How :func:`context_parallel` moves K/V: ``"alltoall"``/``"p2p"`` (the ring) or ``"allgather"``.
+
+    Example::
+
+        set_rotate_method("allgather")               # before entering context_parallel(...)
+        with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    """
     if rotate_method not in _ROTATE_METHODS:
         raise ValueError(f"set_rotate_method: {rotate_method!r} is not one of 'alltoall', 'p2p', 'allgather'")
     _cp_options.rotate_method = _ROTATE_METHODS[rotate_method]
@@ -164,6 +171,11 @@ def unshard_sequence(x_local, seq_dim: int, group=None, load_balance: bool = Tru
 
     A Tensor goes through the differentiable all-gather (torch semantics: its backward sums the
     gradients of every rank's loss and keeps this rank's share); an array is gathered plainly.
+
+    Example::
+
+        x_local = shard_sequence(x, seq_dim=1, group=cp_group)
+        whole = unshard_sequence(x_local, seq_dim=1, group=cp_group)     # equal to x on every rank
     """
     from neural_arch.distributed.nn.functional import _gather_dim, all_gather
 
@@ -181,7 +193,14 @@ def unshard_sequence(x_local, seq_dim: int, group=None, load_balance: bool = Tru
 
 
 def context_parallel_unshard(mesh, buffers, seq_dims):
-    """torch's ``context_parallel_unshard``: the whole sequences of ``buffers`` (load-balanced layout)."""
+    """torch's ``context_parallel_unshard``: the whole sequences of ``buffers`` (load-balanced layout).
+
+    Example::
+
+        with context_parallel(mesh, buffers=[idx, targets], buffer_seq_dims=[1, 1]):
+            logits = model(idx)
+        (full_logits,) = context_parallel_unshard(mesh, [logits], [1])
+    """
     return [unshard_sequence(b, d, mesh, _cp_options.enable_load_balance) for b, d in zip(buffers, seq_dims)]
 
 
@@ -460,6 +479,11 @@ class ContextParallelAttention:
 
     ``nn.MultiheadAttention.attention_fn`` takes one (``parallelize_gpt(..., context_parallel=True)``
     sets it); :func:`context_parallel` installs one for every attention call.
+
+    Example::
+
+        attn = ContextParallelAttention(cp_group, algorithm="ring")
+        out = attn(q_local, k_local, v_local, is_causal=True)       # (B, H, T/cp, D) shares
     """
 
     def __init__(self, group, rotate: str = "p2p", load_balance: bool = True, algorithm: str = "ring"):

@@ -43,6 +43,12 @@ def vocab_parallel_cross_entropy(vocab_parallel_logits, target, ignore_index: in
         reduction: ``"mean"`` (default, as ``F.cross_entropy``), ``"sum"`` or ``"none"``
             (Megatron's per-token losses, shape of ``target``).
         process_group: the tensor-parallel group (ProcessGroup, 1-d DeviceMesh, None = world).
+
+    Example::
+
+        logits = model(idx)                                    # (B, T, V / tp): this rank's vocabulary slice
+        loss = vocab_parallel_cross_entropy(logits, targets, process_group=tp_group)
+        loss.backward()
     """
     if reduction not in _REDUCTIONS:
         raise ValueError(f"vocab_parallel_cross_entropy: reduction must be one of {_REDUCTIONS}, got {reduction!r}")

@@ -5,7 +5,8 @@ heads; attention infers its local head count from the projection width), ``out_p
 row-parallel (one all-reduce), ``mlp.fc1`` column-parallel, ``mlp.fc2`` row-parallel (one
 all-reduce). The token embedding is vocabulary-parallel; the LM head is column-parallel over
 the vocabulary: with ``loss_parallel=True`` its logits stay sharded ``(B, T, V/p)`` for
-:func:`vocab_parallel_cross_entropy`, otherwise they are all-gathered to ``(B, T, V)``.
+:func:`~neural_arch.distributed.tensor.parallel.cross_entropy.vocab_parallel_cross_entropy`, otherwise
+they are all-gathered to ``(B, T, V)``.
 LayerNorms, the position embedding and the row-parallel biases are replicated; their gradients
 come out identical on every rank (everything after an all-reduce is replicated computation, and
 "f" all-reduces the gradient entering each parallel region), so they need no extra sync.
@@ -47,7 +48,14 @@ __all__ = ["gpt_tp_plan", "parallelize_gpt", "parallelize_gpt_context_parallel"]
 
 
 def gpt_tp_plan(loss_parallel: bool = True, sequence_parallel: bool = False) -> dict:
-    """The ``{pattern: style}`` plan for :class:`neural_arch.nn.GPT` (see the module docstring)."""
+    """The ``{pattern: style}`` plan for :class:`neural_arch.nn.GPT` (see the module docstring).
+
+    Example::
+
+        >>> plan = gpt_tp_plan()
+        >>> plan["blocks.*.attn.q_proj"]
+        ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(dim=-1))
+    """
     if sequence_parallel:
         seq = Shard(1)
         return {
@@ -89,6 +97,13 @@ def parallelize_gpt(model, device_mesh=None, loss_parallel: bool = True, sequenc
     ``context_parallel=True`` shards the *sequence* over ``device_mesh`` instead of the weights
     (see :func:`parallelize_gpt_context_parallel`); combine with TP by calling once per mesh
     dimension (``parallelize_gpt(m, mesh["tp"])`` then ``parallelize_gpt(m, mesh["cp"], context_parallel=True)``).
+
+    Example::
+
+        # the same model, built from the same seed, on every rank
+        model = nn.GPT(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32)
+        parallelize_gpt(model, init_device_mesh("cpu", (2,)), loss_parallel=True)
+        loss = vocab_parallel_cross_entropy(model(idx), targets)
     """
     if context_parallel:
         return parallelize_gpt_context_parallel(model, device_mesh, load_balance=load_balance, rotate=rotate,

@@ -46,7 +46,12 @@ __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding"
 
 
 def shard_range(total: int, group, what: str) -> tuple[int, int]:
-    """``[start, end)`` of this rank's equal shard of ``total`` items; an error if it does not divide."""
+    """``[start, end)`` of this rank's equal shard of ``total`` items; an error if it does not divide.
+
+    Example::
+
+        start, end = shard_range(1024, tp_group, "out_features")   # rank 1 of 4: (256, 512)
+    """
     n, r = group.size(), group.rank()
     if total % n:
         raise ValueError(f"{what} ({total}) must be divisible by the tensor-parallel size {n}; pick a size "
@@ -74,6 +79,12 @@ class ColumnParallelLinear(Module):
 
     ``weight`` has shape ``(out/p, in)``; ``_tp_shard_dims`` tells the state-dict helpers how to
     reassemble it.
+
+    Example::
+
+        fc1 = ColumnParallelLinear(512, 2048, gather_output=False, process_group=tp_group)
+        fc2 = RowParallelLinear(2048, 512, input_is_parallel=True, process_group=tp_group)
+        y = fc2(F.gelu(fc1(x)))                      # one all-reduce, in fc2
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, gather_output: bool = False,
@@ -131,6 +142,11 @@ class RowParallelLinear(Module):
         sequence_parallel: reduce-scatter the output along the sequence (each rank gets
             ``(B, T/p, out)``) instead of all-reducing it; the bias is added to those positions and
             its gradient all-reduced (Megatron's flag).
+
+    Example::
+
+        fc2 = RowParallelLinear(2048, 512, input_is_parallel=True, process_group=tp_group)
+        y = fc2(h_shard)                             # h_shard: (..., 2048 / tp); y: (..., 512) on every rank
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, input_is_parallel: bool = True,
@@ -189,6 +205,11 @@ class VocabParallelEmbedding(Module):
 
     Rank r owns ids ``[r*num/p, (r+1)*num/p)``; every rank returns the full ``(*ids.shape, dim)``
     result (one all-reduce). Ids outside ``[0, num)`` raise ``IndexError`` like ``nn.Embedding``.
+
+    Example::
+
+        emb = VocabParallelEmbedding(50257, 768, process_group=tp_group)
+        h = emb(idx)                                 # (B, T, 768) on every rank
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, process_group=None, dtype=np.float32,

@@ -38,6 +38,13 @@ class SequenceParallel(ParallelStyle):
 
     For LayerNorm, RMSNorm-like and Dropout modules (anything that works position by position).
     Only ``sequence_dim=1`` (``(B, T, C)`` activations) is supported.
+
+    Example::
+
+        parallelize_module(block, tp_mesh, {
+            "ln_1": SequenceParallel(),
+            "attn.q_proj": ColwiseParallel(input_layouts=Shard(1)),
+        })
     """
 
     def __init__(self, *, sequence_dim: int = 1, use_local_output: bool = False):
@@ -68,6 +75,12 @@ class PrepareModuleInput(ParallelStyle):
       sequence-parallel region, e.g. after the embeddings;
     * ``Shard(1)`` -> ``Replicate()``: all-gather the sequence for replicated computation
       (backward keeps this rank's positions).
+
+    Example::
+
+        parallelize_module(model, tp_mesh, {
+            "blocks.0": PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(1)),
+        })
     """
 
     def __init__(self, *, input_layouts=None, desired_input_layouts=None, use_local_output: bool = True):

@@ -41,6 +41,11 @@ class TensorParallelSKLinear(Module):
     Args (seed 004's order): in_features, out_features (divisible by the group size),
     sketch_size, tensor_parallel_group (ProcessGroup, 1-d DeviceMesh or None = world).
     ``gather_output`` (default True, as in the seed) returns the full output on every rank.
+
+    Example::
+
+        layer = TensorParallelSKLinear(512, 1024, sketch_size=64, tensor_parallel_group=tp_group)
+        y = layer(x)                                   # (..., 1024) on every rank
     """
 
     def __init__(self, in_features: int, out_features: int, sketch_size: int, tensor_parallel_group=None,
@@ -83,6 +88,11 @@ class TensorParallelModel(Module):
     """Seed 004's stack: ``TensorParallelSKLinear`` layers with ReLU between them.
 
     ``layer_configs``: dicts with ``in_features``, ``out_features``, ``sketch_size``.
+
+    Example::
+
+        model = TensorParallelModel([{"in_features": 64, "out_features": 128, "sketch_size": 16},
+                                     {"in_features": 128, "out_features": 10, "sketch_size": 8}], tp_group)
     """
 
     def __init__(self, layer_configs, tensor_parallel_group=None, dtype=np.float32):

@@ -26,7 +26,13 @@ __all__ = ["ShardedArray", "full_state_dict", "load_full_state_dict", "sharded_s
 
 @dataclass
 class ShardedArray:
-    """One rank's slice of a parameter: ``local`` is ``full[offset:offset+len]`` along ``dim``."""
+    """One rank's slice of a parameter: ``local`` is ``full[offset:offset+len]`` along ``dim``.
+
+    Example::
+
+        entry = sharded_state_dict(model)["fc1.weight"]
+        entry.local.shape, entry.global_shape, entry.dim, entry.offset   # this rank's rows of the whole
+    """
 
     local: np.ndarray
     global_shape: tuple
@@ -49,7 +55,13 @@ def _shard_specs(module) -> dict:
 
 
 def sharded_state_dict(module) -> OrderedDict[str, object]:
-    """``module.state_dict()`` with each sharded entry wrapped in a :class:`ShardedArray` (local, no I/O)."""
+    """``module.state_dict()`` with each sharded entry wrapped in a :class:`ShardedArray` (local, no I/O).
+
+    Example::
+
+        sd = sharded_state_dict(model)                 # no communication: each rank's slices
+        np.savez(f"tp_rank{rank}.npz", **{k: getattr(v, "local", v) for k, v in sd.items()})
+    """
     specs = _shard_specs(module)
     out = OrderedDict()
     for key, value in module.state_dict().items():
@@ -70,6 +82,12 @@ def full_state_dict(module) -> OrderedDict[str, np.ndarray]:
 
     Collective: every rank of each tensor-parallel group must call it (one all-gather per
     sharded parameter).
+
+    Example::
+
+        sd = full_state_dict(model)                    # on every rank of the group
+        if dist.get_rank() == 0:
+            np.savez("model.npz", **sd)
     """
     out = OrderedDict()
     for key, value in sharded_state_dict(module).items():
@@ -92,6 +110,10 @@ def load_full_state_dict(module, state_dict, strict: bool = True):
 
     Returns ``module.load_state_dict``'s ``IncompatibleKeys``. A full entry whose shape does not
     match the sharded parameter times the group size raises ``ValueError`` naming the key.
+
+    Example::
+
+        load_full_state_dict(model, dict(np.load("model.npz")))   # each rank keeps its slices
     """
     specs = _shard_specs(module)
     local = OrderedDict()

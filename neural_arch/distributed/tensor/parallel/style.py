@@ -54,14 +54,27 @@ def _is_shard_sequence(layout) -> bool:
 
 
 class ParallelStyle:
-    """Base of the styles: ``apply(module, group) -> sharded module``."""
+    """Base of the styles: ``apply(module, group) -> sharded module``.
+
+    Example::
+
+        >>> ColwiseParallel()          # a style is a small record; apply() does the sharding
+        ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(dim=-1))
+        >>> RowwiseParallel(input_layouts=Shard(-1))
+        RowwiseParallel(input_layouts=Shard(dim=-1), output_layouts=Replicate())
+    """
 
     def apply(self, module: Module, group) -> Module:  # pragma: no cover - abstract
         raise NotImplementedError
 
 
 class ColwiseParallel(ParallelStyle):
-    """Shard a Linear's output features (torch's ``ColwiseParallel``)."""
+    """Shard a Linear's output features (torch's ``ColwiseParallel``).
+
+    Example::
+
+        parallelize_module(mlp, tp_mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    """
 
     def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output: bool = True):
         self.input_layouts = input_layouts or Replicate()
@@ -96,7 +109,12 @@ class ColwiseParallel(ParallelStyle):
 
 
 class RowwiseParallel(ParallelStyle):
-    """Shard a Linear's input features, or an Embedding's rows (torch's ``RowwiseParallel``)."""
+    """Shard a Linear's input features, or an Embedding's rows (torch's ``RowwiseParallel``).
+
+    Example::
+
+        parallelize_module(model, tp_mesh, {"tok_emb": RowwiseParallel(), "out_proj": RowwiseParallel()})
+    """
 
     def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output: bool = True):
         self.input_layouts = input_layouts or Shard(-1)
@@ -133,6 +151,11 @@ def parallelize_module(module: Module, device_mesh=None, parallelize_plan=None) 
     or a dict ``{pattern: style}`` applied to the matching submodules in place (``module`` is
     returned). A pattern that matches nothing is an error (a typo would silently leave a layer
     replicated). Every rank of the group must call it with the same model and plan.
+
+    Example::
+
+        mesh = init_device_mesh("cpu", (2,))
+        mlp = parallelize_module(mlp, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
     """
     group = resolve_group_or_mesh(device_mesh, "parallelize_module")
     if parallelize_plan is None:

@@ -1,8 +1,9 @@
 """``TensorParallel``: wrap a module so it runs sharded across a tensor-parallel group.
 
 The name seed 001 left as a placeholder (``neural_arch.distributed.model_parallel.TensorParallel``).
-It applies a plan (default for an ``nn.GPT``: :func:`gpt_tp_plan` with gathered logits, so the
-wrapped model is a drop-in replacement returning ``(B, T, vocab)``) and adds the state-dict helpers.
+It applies a plan (default for an ``nn.GPT``:
+:func:`~neural_arch.distributed.tensor.parallel.gpt.gpt_tp_plan` with gathered logits, so the wrapped model
+is a drop-in replacement returning ``(B, T, vocab)``) and adds the state-dict helpers.
 
 Example (every rank)::
 
@@ -39,6 +40,12 @@ class TensorParallel(Module):
             (other modules need a plan).
         loss_parallel: for the GPT plan, keep logits vocabulary-sharded (use
             ``vocab_parallel_cross_entropy``) instead of gathering them.
+
+    Example::
+
+        model = TensorParallel(nn.GPT(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32))
+        loss = F.cross_entropy(model(idx), targets)
+        full = model.full_state_dict()                 # the single-process model's state dict
     """
 
     def __init__(self, module: Module, device_mesh=None, parallelize_plan=None, loss_parallel: bool = False):

@@ -9,7 +9,8 @@ The collective algorithms (``gloo.py``) only ever call this small interface::
     h = t.isend(peer, array, channel, info); ...; h.wait()      # pipelining
     t.peer_kind(peer)                                           # "shm" or "tcp"
 
-How it works. Each peer has a *link* (:mod:`.links`): a pair of byte streams (a TCP socket, or
+How it works. Each peer has a *link*
+(:class:`~neural_arch.distributed.comm.gloo.transport.framing.Link`): a pair of byte streams (a TCP socket, or
 two shared-memory rings) with non-blocking ``write_some``/``read_some``. On top of a stream every message is a
 32-byte frame header ``(channel, nbytes, check word, op bytes)`` followed by the payload (see
 :mod:`.framing`: the receiver compares all four with its own op's, so ranks that disagree get an error). There is **no
@@ -20,7 +21,7 @@ is for it; a frame for another channel is kept aside (per channel, FIFO) for who
 Fast path (shared memory): a message whose whole frame fits in the ring is written with one copy,
 and one already complete at the ring's head is read with one copy -- no op objects, no queue, no
 progress loop (it about halves a small message's one-way latency: docs/benchmarks.md,
-``tests/transport/bench_transport.py shm``).
+``benchmarks/bench_transport.py shm``).
 
 Rules a caller must know:
 
@@ -28,7 +29,8 @@ Rules a caller must know:
 * ``send`` of a large message may block until the peer reads it: exchanges must use ``sendrecv`` or
   ``isend`` (a plain send/send pair of big messages times out, it never hangs);
 * every wait is bounded by ``info.deadline`` (then ``info.timeout_error([peer], waited)``); a peer that
-  closed or died raises :class:`PeerFailureError` at once, and so does every later op on it;
+  closed or died raises :class:`~neural_arch.distributed.errors.PeerFailureError` at once, and so
+  does every later op on it;
 * after any peer failure the transport is *aborted*: it tells every other rank (an abort frame), and
   every op on every rank then fails fast naming the dead rank -- nobody waits for the full timeout.
 
@@ -107,7 +109,14 @@ _SENT = _Sent()
 
 
 class TransportHandle:
-    """Handle of an ``isend``: ``wait()`` drives it to completion (bounded by its op's deadline)."""
+    """Handle of an ``isend``: ``wait()`` drives it to completion (bounded by its op's deadline).
+
+    Example::
+
+        handle = transport.isend(peer, segment, channel, info)
+        ...                                   # receive or reduce the previous segment meanwhile
+        handle.wait()                         # ``segment`` may be reused from here
+    """
 
     def __init__(self, transport: LinkTransport, op: SendOp, info: OpInfo):
         self._t, self._op, self._info = transport, op, info
@@ -125,7 +134,14 @@ class TransportHandle:
 
 
 class Transport(abc.ABC):
-    """Byte transport between the ``size`` ranks of the world (see the module docstring)."""
+    """Byte transport between the ``size`` ranks of the world (see the module docstring).
+
+    Example::
+
+        transport = connect_transport(store, rank, size, timeout=30.0)
+        transport.sendrecv(right, send_buf, left, recv_buf, channel, info)   # one ring step
+        transport.peer_kind(right)                                          # "shm" or "tcp"
+    """
 
     rank: int
     size: int
@@ -150,7 +166,15 @@ class Transport(abc.ABC):
 
 
 class LinkTransport(Transport):
-    """The transport: one :class:`Link` per peer (TCP or shared memory, chosen per peer)."""
+    """The transport: one :class:`~neural_arch.distributed.comm.gloo.transport.framing.Link` per peer
+    (TCP or shared memory, chosen per peer).
+
+    Example::
+
+        # what connect_transport builds once every link is up
+        transport = LinkTransport(rank, size, {peer: link for peer, link in links.items()})
+        transport.send(peer, np.arange(4.0), channel, info)
+    """
 
     def __init__(self, rank: int, size: int, links: dict[int, Link], local_ranks: int | None = None):
         self.rank, self.size, self.links = rank, size, links
@@ -548,6 +572,12 @@ def connect_transport(store, rank: int, size: int, timeout: float, mode: str = "
     variable ``NEURAL_ARCH_GLOO_TRANSPORT`` may force ``tcp``/``shm``. Every rank must call this
     with the same store (use a fresh ``PrefixStore`` per process-group initialisation).
     ``timeout`` bounds the whole rendezvous; ``auth_token`` (the job token) authenticates TCP links.
+
+    Example::
+
+        store = PrefixStore("pg1/transport", TCPStore(host, port, world_size=size, is_master=rank == 0))
+        transport = connect_transport(store, rank, size, timeout=60.0, mode="auto")
+        transport.close()
     """
     from neural_arch.distributed.comm.gloo.transport import shm as shm_transport
     from neural_arch.distributed.comm.gloo.transport import tcp as tcp_transport

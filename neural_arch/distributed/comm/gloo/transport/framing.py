@@ -6,15 +6,17 @@ everything else -- framing, FIFO queues of pending sends, reading a frame straig
 receiver's buffer, keeping frames for other channels aside -- lives here, written once.
 
 Frame: 32-byte header ``(channel u64, nbytes u64, check u64, op_bytes u64)`` then ``nbytes`` of
-payload. ``check`` is the sending op's :attr:`OpInfo.wire` word (op kind, dtype, reduce op, sequence
-number) and ``op_bytes`` its :attr:`OpInfo.nbytes` (the whole op's byte count on the sender, 0 for
-unchecked messages): a receiver whose own word, op byte count or frame byte count differs gets
-:class:`FrameMismatchError` (the frame is still consumed, so the byte stream stays in step). The op
+payload. ``check`` is the sending op's :attr:`~neural_arch.distributed.comm.work.OpInfo.wire` word
+(op kind, dtype, reduce op, sequence number) and ``op_bytes`` its ``OpInfo.nbytes`` (the whole op's
+byte count on the sender, 0 for unchecked messages): a receiver whose own word, op byte count or
+frame byte count differs gets :class:`~neural_arch.distributed.errors.FrameMismatchError` (the frame
+is still consumed, so the byte stream stays in step). The op
 byte count is what tells a large op's pipelined segment from a small op's whole buffer when the two
 happen to have the same frame size: without it, two ranks whose calls at one sequence number differ
 only in size could exchange a segment for a whole buffer and return mixed data. Channel ``2**63 - 1``
 is reserved for abort frames ("rank N died" / "group poisoned: stop waiting"). A header announcing more than ``MAX_FRAME_BYTES`` (or an
-impossible channel) is a :class:`ProtocolError` that fails the link -- never a ``MemoryError``.
+impossible channel) is a :class:`~neural_arch.distributed.errors.ProtocolError` that fails the
+link -- never a ``MemoryError``.
 
 Example (what ``LinkTransport.send`` does)::
 
@@ -49,10 +51,11 @@ __all__ = [
     "as_bytes_view",
 ]
 
-#: the header's first three words: channel, nbytes, check word (OpInfo.wire) -- enough to vet a frame's
-#: announced size before the rest of the header is read
+#: The header's first three words (channel, nbytes, check word ``OpInfo.wire``), enough to vet a
+#: frame's announced size before the rest of the header is read.
 FRAME = struct.Struct("<QQQ")
-#: the whole header: FRAME, then the op's byte count on the sender (OpInfo.nbytes; 0: unchecked)
+#: The whole header, ``FRAME`` and then the op's byte count on the sender (``OpInfo.nbytes``, or 0
+#: for an unchecked message).
 HEADER = struct.Struct("<QQQQ")
 ABORT_CHANNEL = (1 << 63) - 1        # reserved: "a rank died, stop waiting" (payload: "dead_rank|why")
 CHANNEL_LIMIT = ABORT_CHANNEL
@@ -62,11 +65,27 @@ MAX_FRAME_BYTES = config.get("NEURAL_ARCH_MAX_FRAME_BYTES")
 _ABORT_MAX = 1 << 16
 
 class PeerGone(Exception):
-    """Raised by a stream when the other side closed or died (turned into PeerFailureError)."""
+    """Raised by a stream when the other side closed or died (turned into PeerFailureError).
+
+    Example::
+
+        try:
+            n = link.read_some(view)
+        except PeerGone:
+            link.fail("the peer closed its connection")
+    """
 
 
 def as_bytes_view(buf, writable: bool = False) -> memoryview:
-    """A flat byte view of a C-contiguous array/memoryview, without copying."""
+    """A flat byte view of a C-contiguous array/memoryview, without copying.
+
+    Example::
+
+        >>> import numpy as np
+        >>> view = as_bytes_view(np.zeros(4, np.float32), writable=True)
+        >>> view.nbytes, view.format
+        (16, 'B')
+    """
     if type(buf) is np.ndarray:
         try:
             view = memoryview(buf).cast("B")   # the cheapest zero-copy byte view; C-contiguous only
@@ -102,6 +121,11 @@ class Link:
 
     ``write_some(views) -> int`` and ``read_some(view) -> int`` never block: they move what they can
     (0 when they would block) and raise :class:`PeerGone` when the peer is gone.
+
+    Example::
+
+        link.send_q.append(SendOp(link, as_bytes_view(array), channel))
+        link.pump_sends()                  # writes what the stream accepts now, never blocks
     """
 
     kind = "?"
@@ -129,7 +153,7 @@ class Link:
         raise NotImplementedError
 
     def poll_fd(self) -> int | None:
-        """A socket ``poll()`` can wait on for both directions, or None (see :meth:`arm`)."""
+        """A socket ``poll()`` can wait on for both directions, or None (see ``Link.arm``)."""
         return None
 
     def arm(self, sending: bool) -> int | None:
@@ -339,7 +363,14 @@ class Frame:
     """A frame being read from the stream in pieces: where its payload goes (``view``: the waiting
     receiver's buffer, or a spare one kept aside for another channel's receiver), how much of it
     arrived (``got``), the op it completes (``owner``, or None when it is stashed) and the error
-    that op gets (a size or check-word mismatch; the frame is consumed anyway)."""
+    that op gets (a size or check-word mismatch; the frame is consumed anyway).
+
+    Example::
+
+        >>> frame = Frame(channel=7, view=memoryview(bytearray(16)), owner=None, error=None, check=0)
+        >>> frame.got, frame.view.nbytes
+        (0, 16)
+    """
 
     __slots__ = ("channel", "check", "error", "got", "op_bytes", "owner", "view")
 
@@ -349,6 +380,16 @@ class Frame:
 
 
 class SendOp:
+    """One frame to write (header, then payload), written in as many pieces as the stream takes.
+
+    Example::
+
+        >>> import numpy as np
+        >>> op = SendOp(None, as_bytes_view(np.arange(4, dtype=np.float32)), channel=7)
+        >>> op.total, op.done                  # the 32-byte header and 16 bytes of payload
+        (48, False)
+    """
+
     __slots__ = ("channel", "done", "link", "pieces", "sent", "total")
 
     def __init__(self, link: Link, view: memoryview, channel: int, check: int = 0, op_bytes: int = 0):
@@ -381,6 +422,17 @@ class SendOp:
 
 
 class RecvOp:
+    """A receive waiting for the next frame of its channel, read straight into ``view``.
+
+    Example::
+
+        >>> import numpy as np
+        >>> out = np.empty(4, np.float32)
+        >>> op = RecvOp(None, as_bytes_view(out, writable=True), channel=7)
+        >>> op.done, op.view.nbytes
+        (False, 16)
+    """
+
     __slots__ = ("channel", "done", "error", "link", "op_bytes", "view", "wire")
 
     def __init__(self, link: Link, view: memoryview, channel: int, check: int = 0, op_bytes: int = 0):
@@ -396,7 +448,13 @@ class RecvOp:
 
 
 def abandon(op) -> None:
-    """Forget an op whose deadline passed; a half-moved message leaves the stream unusable."""
+    """Forget an op whose deadline passed; a half-moved message leaves the stream unusable.
+
+    Example::
+
+        if time.monotonic() > info.deadline:
+            abandon(op)                 # then raise the op's timeout error
+    """
     link = op.link
     if isinstance(op, SendOp):
         with link.lock:

@@ -30,7 +30,7 @@ group's poison flag and, every ~0.1 s, whether the missing ranks' processes are 
 
 The file is named ``na-<pid>-<hex>-coll`` in ``/dev/shm`` and unlinked as soon as every rank mapped
 it (a SIGKILL before that is removed by the survivors, whose set-up waits notice the dead rank, and
-by every later rendezvous: :func:`.shm.clean_stale_rings`). Its pages are reserved before it is mapped
+by every later rendezvous: ``shm.clean_stale_rings()``). Its pages are reserved before it is mapped
 (:func:`.shm.create_mapped`): a full ``/dev/shm`` is an error at set-up, not a SIGBUS.
 
 A collective with one barrier (every small-message op) calls :meth:`ShmSegment.sync`: its op words,
@@ -126,7 +126,12 @@ def pack_words(nbytes: int, aux: int) -> int:
 
 def direct_supported() -> bool:
     """Whether this machine can run the direct path: Linux on x86-64 (the barrier relies on x86's
-    store order, like the rings of :mod:`.shm`, and sleeps on a Linux futex)."""
+    store order, like the rings of :mod:`.shm`, and sleeps on a Linux futex).
+
+    Example::
+
+        direct = DirectCollectives(segment) if direct_supported() else None    # else: the plans
+    """
     return sys.platform.startswith("linux") and platform.machine().lower() in ("x86_64", "amd64")
 
 
@@ -140,6 +145,11 @@ def default_chunk_bytes(local_ranks: int) -> int:
     oversubscribed host each barrier can cost a sleep and a wake-up, which argues for few chunks too.
     Halved (down to 64 KiB) while the segment would pass a quarter of the free space in ``/dev/shm``
     (containers often have only 64 MiB there).
+
+    Example::
+
+        >>> (64 << 10) <= default_chunk_bytes(local_ranks=2) <= (1 << 20)
+        True
     """
     forced = config.get(CHUNK_ENV)
     if forced is not None:
@@ -184,7 +194,15 @@ class _Futex:
 
 
 class ShmSegment:
-    """The mapped segment of one group (see the module docstring)."""
+    """The mapped segment of one group (see the module docstring).
+
+    Example::
+
+        # every rank of a one-host group, through the group's rendezvous store
+        segment = ShmSegment.connect(store, rank, size, deadline=time.monotonic() + 30)
+        segment.barrier(info)                 # info: the op's OpInfo (deadline, check word)
+        segment.close()
+    """
 
     def __init__(self, mm: mmap.mmap, rank: int, size: int, names, local_ranks: int | None = None):
         self.mm, self.rank, self.size = mm, rank, size

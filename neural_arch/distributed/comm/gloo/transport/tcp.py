@@ -1,15 +1,16 @@
 """TCP links for the transport: a full mesh of authenticated, non-blocking sockets.
 
-Setup (inside :func:`connect_transport`): every rank listens on its bind address (port chosen by
-the kernel) and publishes ``host:port`` in the store; a rank *connects* to its lower-ranked TCP
-peers and *accepts* the higher ones. Each connection starts with the shared authenticated
-handshake (:mod:`.handshake`, purpose ``b"tcp"``, identity = the connecting rank): the key is the
-mesh key that :func:`~.engine.connect_transport` derives from the job key (token or per-user job
-secret) **and** random nonces every rank published at this rendezvous, so only processes that took
-part in it can join. Handshakes run concurrently, each with a ``HANDSHAKE_TIMEOUT`` deadline: idle
-connections cannot hold the rendezvous up. A connection that fails is logged and dropped; the mesh
-keeps waiting for the real peers until the rendezvous deadline, then names the ranks that never
-connected.
+Setup (inside :func:`~neural_arch.distributed.comm.gloo.transport.engine.connect_transport`): every
+rank listens on its bind address (port chosen by the kernel) and publishes ``host:port`` in the
+store; a rank *connects* to its lower-ranked TCP peers and *accepts* the higher ones. Each
+connection starts with the shared authenticated handshake (:mod:`neural_arch.distributed.auth`,
+purpose ``b"tcp"``, identity = the connecting rank): the key is the mesh key that
+:func:`~neural_arch.distributed.comm.gloo.transport.engine.connect_transport` derives from the job
+key (token or per-user job secret) **and** random nonces every rank published at this rendezvous, so
+only processes that took part in it can join. Handshakes run concurrently, each with a
+``HANDSHAKE_TIMEOUT`` deadline: idle connections cannot hold the rendezvous up. A connection that
+fails is logged and dropped; the mesh keeps waiting for the real peers until the rendezvous
+deadline, then names the ranks that never connected.
 
 Where a rank listens: ``NEURAL_ARCH_BIND_ADDR`` if set; else the local address that routes to
 ``MASTER_ADDR`` (so multi-host jobs use the interface the store is reached on); else 127.0.0.1.
@@ -48,7 +49,13 @@ _FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
 
 
 class TcpLink(Link):
-    """One peer over one TCP socket (both directions)."""
+    """One peer over one TCP socket (both directions).
+
+    Example::
+
+        links = connect_tcp_links(store, rank, peers=[0, 2], deadline=time.monotonic() + 30)
+        links[2].kind, links[2].poll_fd()        # "tcp", the socket's fd
+    """
 
     kind = "tcp"
 
@@ -95,7 +102,13 @@ class TcpLink(Link):
 
 
 def bind_address() -> str:
-    """The address this rank listens on (see the module docstring)."""
+    """The address this rank listens on (see the module docstring).
+
+    Example::
+
+        # NEURAL_ARCH_BIND_ADDR=10.0.0.5 python train.py   -> listen on that interface
+        listener.bind((bind_address(), 0))
+    """
     env = (config.get(BIND_ENV) or "").strip()
     if env:
         return env
@@ -215,7 +228,13 @@ def _connect(addr: str, rank: int, peer: int, token: bytes | None, deadline: flo
 
 
 def connect_tcp_links(store, rank: int, peers: list[int], deadline: float, auth_token=None) -> dict[int, TcpLink]:
-    """Build TCP links to ``peers`` (world ranks). Called by every rank with symmetric peer sets."""
+    """Build TCP links to ``peers`` (world ranks). Called by every rank with symmetric peer sets.
+
+    Example::
+
+        # rank 1 of 3: a link to each other rank; auth_token is the mesh key (None: open, opt-in only)
+        links = connect_tcp_links(store, 1, peers=[0, 2], deadline=time.monotonic() + 30, auth_token=key)
+    """
     token = _token(auth_token)
     addr = bind_address()
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET

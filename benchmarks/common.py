@@ -22,7 +22,7 @@ API (all plain functions):
 
 Example::
 
-    >>> from benchmarks._common import median_time, format_table
+    >>> from benchmarks.common import median_time, format_table
     >>> stats = median_time(lambda: sum(range(1000)), repeat=5, warmup=1)
     >>> sorted(stats)[:3]
     ['max', 'mean', 'median']

@@ -21,7 +21,7 @@ import textwrap
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.abspath(os.path.join(HERE, *[os.pardir] * 4))  # tests/comm/gloo/transport -> the repository
 
 PRELUDE = textwrap.dedent("""
     import json, os, sys, time
