@@ -175,13 +175,13 @@ def public_api(modname: str) -> list[tuple[str, str, str | None]]:
 def submodules(pkgname: str) -> tuple[list[str], list[str]]:
     """The public submodules of package ``pkgname`` (short names), split in two: those autosummary can
     reach by name, and those *shadowed* by a same-named attribute of the package
-    (``neural_arch.profiler`` exports the class ``profile`` over the module
-    ``neural_arch.profiler.profile``), whose pages :func:`_prepare_generated_pages` writes.
+    (none today: ``tests/architecture`` forbids it, but a shadowed page would still be written by
+    :func:`_prepare_generated_pages`).
 
     Example::
 
-        >>> submodules("neural_arch.profiler")[1]
-        ['profile']
+        >>> submodules("neural_arch.profiler")
+        (['chrome', 'clock', 'events', 'profiler', 'recorder'], [])
     """
     package = importlib.import_module(pkgname)
     reachable, shadowed = [], []
@@ -260,8 +260,8 @@ autosummary_context = {"public_api": public_api, "submodules": submodules, "type
 def _prepare_generated_pages(app):
     # Runs before autosummary writes its pages. (1) A page left by a module that moved or went away
     # would be read as a document and fail the build: remove the pages of modules that no longer exist.
-    # (2) autosummary imports "neural_arch.profiler.profile" as the attribute of neural_arch.profiler (a
-    # class), so it cannot write that module's page: write it here from the same template.
+    # (2) autosummary imports a submodule shadowed by a same-named attribute of its package as that
+    # attribute, so it cannot write the module's page: write it here from the same template.
     from sphinx.ext.autosummary.generate import AutosummaryRenderer, generate_autosummary_content
 
     out = Path(app.srcdir, "api", "generated")

@@ -71,7 +71,7 @@ from .core.factory import (
     zeros,
     zeros_like,
 )
-from .core.ops_basic import return_types
+from .core.ops_reduce import return_types
 from .core.ops_shape import cat, concatenate, stack
 from .core.rng import get_generator, manual_seed
 from .core.tensor import Tensor, tensor

@@ -20,29 +20,11 @@ from .autograd import (
     queue_callback,
     set_grad_enabled,
 )
-from .ops_basic import (
-    add,
-    amax,
-    amin,
-    argmax,
-    argmin,
-    div,
-    matmul,
-    max,
-    maximum,
-    mean,
-    min,
-    minimum,
-    mul,
-    neg,
-    pow,
-    return_types,
-    std,
-    sub,
-    sum,
-    unbroadcast,
-    var,
+from .ops_basic import add, div, matmul, mul, neg, pow, sub
+from .ops_reduce import (
+    amax, amin, argmax, argmin, max, maximum, mean, min, minimum, return_types, std, sum, var,
 )
+from .op_utils import unbroadcast
 from .ops_shape import (
     broadcast_to,
     cat,
@@ -60,30 +42,11 @@ from .ops_shape import (
     unsqueeze,
     view,
 )
-from .ops_nn import (
-    abs,
-    clamp,
-    clip,
-    cross_entropy,
-    dropout,
-    embedding,
-    exp,
-    gelu,
-    layer_norm,
-    leaky_relu,
-    linear,
-    log,
-    log_softmax,
-    mse_loss,
-    nll_loss,
-    relu,
-    sigmoid,
-    silu,
-    softmax,
-    sqrt,
-    tanh,
-    where,
+from .ops_nn import dropout, embedding, layer_norm, linear
+from .ops_activation import (
+    abs, clamp, clip, exp, gelu, leaky_relu, log, log_softmax, relu, sigmoid, silu, softmax, sqrt, tanh, where,
 )
+from .ops_loss import cross_entropy, mse_loss, nll_loss
 from .ops_conv import adaptive_avg_pool2d, avg_pool2d, conv2d, dropout2d, max_pool2d, pad
 from .ops_norm import (
     batch_norm,

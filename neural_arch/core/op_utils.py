@@ -4,7 +4,7 @@ operand, undoing broadcasting in a backward (``unbroadcast``), reduction axes, a
 that works on NumPy and CuPy.
 
 Names keep their leading underscore: they are the ops' internals, not a public API
-(``ops_basic`` re-exports them, where the other op modules used to import them from).
+(every op module imports them from here).
 
 Example::
 

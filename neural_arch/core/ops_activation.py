@@ -2,8 +2,8 @@
 ``tanh``, ``sigmoid``, ``relu``, ``leaky_relu``, ``silu``, ``gelu``, ``clip``, ``where``,
 ``softmax``, ``log_softmax`` (one fused node each, with its hand-derived backward).
 
-``neural_arch.core.ops_nn`` re-exports all of them (their historical home) and binds the
-Tensor methods (``x.relu()``, ``x.softmax(-1)``...).
+This module binds their Tensor methods (``x.relu()``, ``x.softmax(-1)``...); their functional
+face is :mod:`neural_arch.nn.functional`.
 
 Example::
 
@@ -204,8 +204,8 @@ def _erf(xp, x):
 def _erfc_abs_and_gauss(xp, z):
     """``(erfc(|z|), exp(-z*z))`` as two fresh arrays of ``z``'s dtype.
 
-    Every step writes in place: on a 16x64x512 float32 activation the former expression form
-    spent most of its ~5 ms allocating and page-faulting ~15 temporaries; this one makes two.
+    Every step writes in place: the former expression form spent most of its time allocating and
+    page-faulting about fifteen temporaries; this one makes two (docs/benchmarks.md, fused GELU).
     """
     t = xp.abs(z)
     t *= _AS_P
@@ -417,3 +417,13 @@ def log_softmax(x: Tensor, axis: int = -1, *, dim=None) -> Tensor:
         return (g - xp.exp(out) * g.sum(axis=axis, keepdims=True),)
 
     return _result(out, Node(fn, (x,), "LogSoftmax"))
+
+
+def _bind_methods(T) -> None:
+    T.exp, T.log, T.sqrt, T.abs, T.tanh = exp, log, sqrt, abs, tanh
+    T.__abs__ = abs
+    T.sigmoid, T.relu, T.gelu = sigmoid, relu, gelu
+    T.clip = clip
+    T.clamp = clip
+    T.softmax = softmax
+    T.log_softmax = log_softmax

@@ -1,5 +1,5 @@
-"""Differentiable array ops: arithmetic, comparisons and matmul; the reductions (:mod:`.ops_reduce`)
-and the ops' shared plumbing (:mod:`.op_utils`) are re-exported here (shape ops live in ``ops_shape``).
+"""Differentiable array ops: arithmetic, comparisons and matmul (the reductions live in
+:mod:`.ops_reduce`, shape ops in :mod:`.ops_shape`, the ops' shared plumbing in :mod:`.op_utils`).
 
 Each op computes with its inputs' array module (NumPy or CuPy: the array methods and ``xp``
 found from the data), and records a backward closure only when grad mode is on and an input
@@ -20,37 +20,13 @@ from __future__ import annotations
 
 from .. import backend as _backend
 from .autograd import Node
-from .op_utils import (  # noqa: F401 - re-exported: the op modules (and weight_grad) import them from here
+from .op_utils import (
     _SCALARS,
-    _as_array,
-    _bmax,
-    _expand_reduced,
     _needs,
-    _norm_axes,
     _operand,
     _result,
-    _same_device,
     _xp,
-    scatter_add,
     unbroadcast,
-)
-from .ops_reduce import (  # noqa: F401 - re-exported: ops_basic is where these were always found
-    _all,
-    _any,
-    _reduce_args,
-    amax,
-    amin,
-    argmax,
-    argmin,
-    max,
-    maximum,
-    mean,
-    min,
-    minimum,
-    return_types,
-    std,
-    sum,
-    var,
 )
 from .tensor import Tensor
 
@@ -380,9 +356,6 @@ def _bind_methods(T) -> None:
     T.__ne__ = _compare(operator.ne)
     T.__hash__ = object.__hash__
     T.add, T.sub, T.mul, T.div, T.pow, T.neg, T.matmul = add, sub, mul, div, pow, neg, matmul
-    T.sum, T.mean, T.max, T.min, T.var, T.std = sum, mean, max, min, var, std
-    T.amax, T.amin, T.maximum, T.minimum = amax, amin, maximum, minimum
-    T.any, T.all, T.argmax, T.argmin = _any, _all, argmax, argmin
     for name, op in (("eq", operator.eq), ("ne", operator.ne), ("lt", operator.lt),
                      ("le", operator.le), ("gt", operator.gt), ("ge", operator.ge)):
         setattr(T, name, _compare_method(name, op))

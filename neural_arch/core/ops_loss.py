@@ -4,7 +4,6 @@ targets, ``ignore_index``, ``label_smoothing``), ``nll_loss`` and ``mse_loss``.
 Targets are validated without stalling a GPU: on the host out-of-range classes raise at once; on
 a device the check rides on the loss and raises when its value is read (``_CheckedLoss``), unless
 ``NEURAL_ARCH_EAGER_CHECKS=1`` asks for eager checks (read through :mod:`neural_arch.config`).
-``neural_arch.core.ops_nn`` re-exports these (their historical home).
 
 Example::
 

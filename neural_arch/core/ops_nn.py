@@ -1,6 +1,6 @@
-"""Differentiable neural-network ops: dropout, embedding, layer_norm and the fused ``linear``; the
-home of the functional names, re-exporting the activations (:mod:`.ops_activation`) and the
-losses (:mod:`.ops_loss`), and binding the Tensor methods of all three.
+"""Differentiable neural-network ops: dropout, embedding, layer_norm and the fused ``linear``
+(the activations live in :mod:`.ops_activation`, the losses in :mod:`.ops_loss`; the functional
+face of them all is :mod:`neural_arch.nn.functional`).
 
 Several of these are fused (one graph node, a hand-derived backward) because they sit on the hot
 path of every training step: ``linear``, ``layer_norm``, ``cross_entropy``, ``log_softmax``.
@@ -9,7 +9,7 @@ Example::
 
     >>> import numpy as np
     >>> from neural_arch.core.tensor import Tensor
-    >>> from neural_arch.core import ops_nn as F
+    >>> from neural_arch.nn import functional as F
     >>> x = Tensor(np.ones((4, 3)), requires_grad=True)
     >>> w = Tensor(np.ones((2, 3)), requires_grad=True)           # (out_features, in_features)
     >>> loss = F.cross_entropy(F.linear(x, w), np.array([0, 1, 1, 0]))
@@ -25,24 +25,6 @@ import numpy as np
 from .. import backend as _backend
 from .autograd import Node
 from .op_utils import _needs, _result, _xp, scatter_add
-from .ops_activation import (  # noqa: F401 - re-exported: ops_nn is where these were always found
-    abs,
-    clamp,
-    clip,
-    exp,
-    gelu,
-    leaky_relu,
-    log,
-    log_softmax,
-    relu,
-    sigmoid,
-    silu,
-    softmax,
-    sqrt,
-    tanh,
-    where,
-)
-from .ops_loss import TargetDtypeError, cross_entropy, mse_loss, nll_loss  # noqa: F401 - re-exported
 from .rng import get_generator
 from .tensor import Tensor
 
@@ -243,11 +225,3 @@ def linear(x: Tensor, weight: Tensor, bias=None) -> Tensor:
 
 
 # ============================================================================ method binding
-def _bind_methods(T) -> None:
-    T.exp, T.log, T.sqrt, T.abs, T.tanh = exp, log, sqrt, abs, tanh
-    T.__abs__ = abs
-    T.sigmoid, T.relu, T.gelu = sigmoid, relu, gelu
-    T.clip = clip
-    T.clamp = clip
-    T.softmax = softmax
-    T.log_softmax = log_softmax

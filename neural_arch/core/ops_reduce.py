@@ -3,8 +3,7 @@ per-``dim`` with indices as torch's ``return_types``, or elementwise with a seco
 ``maximum``/``minimum``, ``var``/``std``, and the gradient-free ``argmax``/``argmin``/``any``/``all``.
 
 Every op takes torch's ``dim``/``keepdim`` and NumPy's ``axis``/``keepdims`` spellings.
-``neural_arch.core.ops_basic`` re-exports all of them (their historical home) and binds the
-Tensor methods.
+This module binds their Tensor methods (``x.sum()``, ``x.max(dim=1)``...).
 
 Example::
 
@@ -364,3 +363,9 @@ argmin = _index_reduce("argmin")
 # Not module-level `any`/`all`: this module still uses Python's builtins of those names.
 _any = _index_reduce("any")
 _all = _index_reduce("all")
+
+
+def _bind_methods(T) -> None:
+    T.sum, T.mean, T.max, T.min, T.var, T.std = sum, mean, max, min, var, std
+    T.amax, T.amin, T.maximum, T.minimum = amax, amin, maximum, minimum
+    T.any, T.all, T.argmax, T.argmin = _any, _all, argmax, argmin

@@ -501,13 +501,15 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False, pin_memor
 
 # Ops are bound as methods at the end (they import Tensor from this module).
 from . import factory as _factory
+from . import ops_activation as _ops_activation
 from . import ops_basic as _ops_basic
 from . import ops_inplace as _ops_inplace
-from . import ops_nn as _ops_nn
+from . import ops_reduce as _ops_reduce
 from . import ops_shape as _ops_shape
 
 _ops_basic._bind_methods(Tensor)
+_ops_reduce._bind_methods(Tensor)
 _ops_shape._bind_methods(Tensor)
-_ops_nn._bind_methods(Tensor)
+_ops_activation._bind_methods(Tensor)
 _ops_inplace._bind_methods(Tensor)
 _factory._bind_methods(Tensor)

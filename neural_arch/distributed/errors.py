@@ -28,12 +28,9 @@ class NotInitializedError(DistributedError):
 
     Example::
 
-        >>> import neural_arch.distributed as dist
-        >>> try:
-        ...     dist.get_default_group()
-        ... except dist.NotInitializedError:
-        ...     print("call init_process_group() first")
-        call init_process_group() first
+        >>> from neural_arch.distributed.errors import DistributedError, NotInitializedError
+        >>> issubclass(NotInitializedError, DistributedError)
+        True
     """
 
 

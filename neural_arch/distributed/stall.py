@@ -286,8 +286,7 @@ def start_stall_inspector(world=None, environ=None) -> StallInspector | None:
 
     Example::
 
-        >>> start_stall_inspector(environ={"NEURAL_ARCH_STALL_WARNING_S": "0"}) is None   # turned off
-        True
+        inspector = start_stall_inspector(world)      # None when turned off or a world of one
     """
     global _INSPECTOR
     threshold = warning_threshold(environ)
@@ -302,7 +301,7 @@ def stop_stall_inspector() -> None:
 
     Example::
 
-        >>> stop_stall_inspector()     # nothing running: a no-op
+        stop_stall_inspector()          # a no-op when none runs
     """
     global _INSPECTOR
     inspector, _INSPECTOR = _INSPECTOR, None

@@ -17,26 +17,24 @@ Example::
     (1, 4, 4, 4)
 """
 
-from neural_arch.core.ops_basic import (  # noqa: F401
-    add,
-    amax,
-    amin,
-    argmax,
-    argmin,
-    div,
-    matmul,
-    max,
-    maximum,
-    mean,
-    min,
-    minimum,
-    mul,
-    pow,
-    std,
-    sub,
-    sum,
-    var,
+from neural_arch.core.ops_activation import (
+    abs,
+    clamp,
+    clip,
+    exp,
+    gelu,
+    leaky_relu,
+    log,
+    log_softmax,
+    relu,
+    sigmoid,
+    silu,
+    softmax,
+    sqrt,
+    tanh,
+    where,
 )
+from neural_arch.core.ops_basic import add, div, matmul, mul, pow, sub  # noqa: F401
 from neural_arch.core.ops_conv import (
     adaptive_avg_pool2d,
     avg_pool2d,
@@ -45,7 +43,23 @@ from neural_arch.core.ops_conv import (
     max_pool2d,
     pad,
 )
+from neural_arch.core.ops_loss import cross_entropy, mse_loss, nll_loss
+from neural_arch.core.ops_nn import dropout, embedding, layer_norm, linear  # noqa: F401
 from neural_arch.core.ops_norm import batch_norm
+from neural_arch.core.ops_reduce import (
+    amax,
+    amin,
+    argmax,
+    argmin,
+    max,
+    maximum,
+    mean,
+    min,
+    minimum,
+    std,
+    sum,
+    var,
+)
 from neural_arch.core.ops_shape import (  # noqa: F401
     broadcast_to,
     cat,
@@ -59,30 +73,6 @@ from neural_arch.core.ops_shape import (  # noqa: F401
     stack,
     transpose,
     unsqueeze,
-)
-from neural_arch.core.ops_nn import (  # noqa: F401
-    abs,
-    clamp,
-    clip,
-    cross_entropy,
-    dropout,
-    embedding,
-    exp,
-    gelu,
-    layer_norm,
-    leaky_relu,
-    linear,
-    log,
-    log_softmax,
-    mse_loss,
-    nll_loss,
-    relu,
-    sigmoid,
-    silu,
-    softmax,
-    sqrt,
-    tanh,
-    where,
 )
 
 __all__ = [

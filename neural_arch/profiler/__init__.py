@@ -16,7 +16,7 @@ Example::
     # traces/trace.json on rank 0: open it in chrome://tracing or ui.perfetto.dev
 """
 from neural_arch.profiler import events
-from neural_arch.profiler.profile import (
+from neural_arch.profiler.profiler import (
     TIMELINE_ENV,
     current_timeline,
     profile,

@@ -28,6 +28,8 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+
 from neural_arch.core import rng as _rng
 from neural_arch.core.autograd import Node, enable_grad, is_backward_running, is_grad_enabled, no_grad
 from neural_arch.core.tensor import Tensor
@@ -36,8 +38,10 @@ __all__ = [
     "CheckpointWrapper",
     "apply_activation_checkpointing",
     "checkpoint",
+    "checkpoint_scope",
     "checkpoint_sequential",
     "checkpoint_wrapper",
+    "is_checkpointing_enabled",
 ]
 
 
@@ -238,3 +242,66 @@ def apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapp
             checkpoint_wrapper_fn(m)
             wrapped.append(m)
     return wrapped
+
+
+# -- seed 002's scope: checkpoint a model's blocks while a `with` block is open ------------------
+#: how many checkpoint_scope blocks are open (modules wrapped with only_if=is_checkpointing_enabled
+#: consult it)
+_depth = 0
+
+
+def is_checkpointing_enabled() -> bool:
+    """True inside a :func:`checkpoint_scope`.
+
+    Example::
+
+        >>> from neural_arch.utils.checkpoint import checkpoint_scope, is_checkpointing_enabled
+        >>> with checkpoint_scope():
+        ...     is_checkpointing_enabled()
+        True
+        >>> is_checkpointing_enabled()
+        False
+    """
+    return _depth > 0
+
+
+def _default_targets(model):
+    from neural_arch.nn.container import ModuleList
+
+    lists = [m for _, m in model.named_modules() if isinstance(m, ModuleList)]
+    if lists:
+        return [child for ml in lists for child in ml.children()]
+    return list(model.children())
+
+
+@contextlib.contextmanager
+def checkpoint_scope(model=None, check_fn=None):
+    """Checkpoint ``model``'s blocks while the scope is open (see the module docstring).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> from neural_arch.utils.checkpoint import checkpoint_scope
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+        >>> with checkpoint_scope(model):
+        ...     model(na.ones(2, 4)).sum().backward()
+        >>> model[0].weight.grad.shape
+        (4, 4)
+    """
+    global _depth
+    wrapped = []
+    if model is not None:
+        targets = ([m for _, m in model.named_modules() if m is not model and check_fn(m)]
+                   if check_fn is not None else _default_targets(model))
+        for m in targets:
+            if "_checkpoint_wrapper" not in m.__dict__:
+                checkpoint_wrapper(m)
+                wrapped.append(m)
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        for m in wrapped:
+            m.__dict__["_checkpoint_wrapper"].unwrap()

@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", ["neural_arch.config", "neural_arch.backend", "neural_arch.memory", "neural_arch.utils.atomic_file",
                     "neural_arch.profiler", "neural_arch.cuda"]),
     ("core", ["neural_arch.core"]),                       # Tensor, autograd, the ops
-    ("functional", ["neural_arch.nn.functional", "neural_arch.optim.clip", "neural_arch.utils.checkpoint"]),
+    ("functional", ["neural_arch.nn.functional", "neural_arch.optim.clip"]),
     ("nn", ["neural_arch.nn", "neural_arch.serialization", "neural_arch.utils"]),
     ("training", ["neural_arch.optim", "neural_arch.amp", "neural_arch.data", "neural_arch.optimization"]),
     ("torch face", ["neural_arch"]),                      # `import neural_arch as na`
@@ -60,8 +60,7 @@ LAYERS: list[tuple[str, list[str]]] = [
 #: The one cycle the design keeps (rule 2): Tensor's methods are the ops, the ops return Tensors.
 CORE_CYCLE = frozenset({
     "neural_arch.core.tensor", "neural_arch.core.factory", "neural_arch.core.op_utils", "neural_arch.core.ops_activation",
-    "neural_arch.core.ops_basic", "neural_arch.core.ops_inplace", "neural_arch.core.ops_loss", "neural_arch.core.ops_nn",
-    "neural_arch.core.ops_reduce", "neural_arch.core.ops_shape",
+    "neural_arch.core.ops_basic", "neural_arch.core.ops_inplace", "neural_arch.core.ops_reduce", "neural_arch.core.ops_shape",
 })
 
 #: Packages whose modules stand for themselves in the folder graph (torch keeps these flat too).

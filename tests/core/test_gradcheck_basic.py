@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import neural_arch.nn.functional as F
-from neural_arch.core import ops_basic as ob
+from neural_arch.core import op_utils
 from neural_arch.core import ops_shape as osh
 
 SETTINGS = settings(deadline=None, max_examples=20)
@@ -123,7 +123,7 @@ def _axes(shape):
 def test_reductions(name, data, shape, keepdims, seed):
     axis = data.draw(_axes(shape))
     if name == "var":
-        n = int(np.prod([shape[a] for a in ob._norm_axes(axis, len(shape))])) if shape else 1
+        n = int(np.prod([shape[a] for a in op_utils._norm_axes(axis, len(shape))])) if shape else 1
         if n < 2 and axis is not None:
             axis = None
     x = randn(seed, shape, spread=True)

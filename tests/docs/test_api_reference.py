@@ -73,7 +73,7 @@ def test_the_reference_has_every_layer_and_the_notebooks(build):
     assert (html / "index.html").is_file(), proc.stderr[-3000:]
     pages = {p.stem for p in (html / "api" / "generated").glob("*.html")}
     for module in ("neural_arch", "neural_arch.core.tensor", "neural_arch.nn", "neural_arch.optim",
-                   "neural_arch.distributed", "neural_arch.distributed.ddp", "neural_arch.profiler.profile"):
+                   "neural_arch.distributed", "neural_arch.distributed.ddp", "neural_arch.profiler.profiler"):
         assert module in pages, f"no reference page for {module}"
     notebooks = {p.stem for p in (html / "notebooks").glob("*.html")}
     assert {p.stem for p in (REPO / "examples" / "notebooks").glob("*.ipynb")} <= notebooks

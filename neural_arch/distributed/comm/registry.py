@@ -132,7 +132,10 @@ def installed_backends() -> List[str]:
 
 def available_backends() -> List[str]:
     """Backends that can be used here: each registered one whose module imports and whose
-    requirements are met (unlike :func:`installed_backends`, this imports the backends).
+    requirements are met.
+
+    Unlike :func:`~neural_arch.distributed.comm.registry.installed_backends`, this imports the
+    backends.
 
     Example::
 

@@ -38,7 +38,7 @@ import contextlib
 
 from neural_arch.core import autograd as _ag
 from neural_arch.core.autograd import Node
-from neural_arch.core.ops_basic import _result
+from neural_arch.core.op_utils import _result
 from neural_arch.core.tensor import Tensor
 from neural_arch.nn.linear import Linear, _as_tensor
 from neural_arch.nn.module import Module

@@ -1,8 +1,12 @@
-"""Process management: the launcher's configuration (:mod:`.launch_config`; the launcher itself is
-:mod:`neural_arch.distributed.launcher`), the per-node agent (:mod:`.agent`), child processes
-(:mod:`.procs`, :mod:`.bootstrap`, :mod:`.parent_watch`), the job environment (:mod:`.child_env`,
-:mod:`.device`), ``launch``/``spawn`` for functions (:mod:`.spawn`, :mod:`.pool`, :mod:`.rank_worker`);
-restarts are :mod:`neural_arch.distributed.elastic`.
+"""Process management for the launcher (:mod:`neural_arch.distributed.launcher`) and ``launch``/``spawn``.
+
+Modules: :mod:`~neural_arch.distributed.run.launch_config` (the launcher's options),
+:mod:`~neural_arch.distributed.run.agent` (the per-node agent), :mod:`~neural_arch.distributed.run.procs`,
+:mod:`~neural_arch.distributed.run.bootstrap` and :mod:`~neural_arch.distributed.run.parent_watch`
+(child processes), :mod:`~neural_arch.distributed.run.child_env` and
+:mod:`~neural_arch.distributed.run.device` (the job environment), :mod:`~neural_arch.distributed.run.spawn`,
+:mod:`~neural_arch.distributed.run.pool` and :mod:`~neural_arch.distributed.run.rank_worker` (functions
+on new processes); restarts are :mod:`neural_arch.distributed.elastic`.
 
 Example::
 

@@ -41,9 +41,9 @@ exchange of the whole buffer (``Irecv`` + ``Isend`` on a private duplicate commu
 ``Waitany``) and one NumPy reduction in rank order, the same bits on both ranks: MPICH's nonblocking
 all_reduce takes two steps there (``PAIRWISE_MIN_BYTES``; ``bench_mpi_backend.py --probes``).
 Others are ``Iallreduce`` on the caller's array + one ``Waitany``, not the blocking ``MPI_Allreduce``:
-on busy cores (2 ranks, load 11-15 on 2 cores) MPICH 5's blocking all_reduce took 2.5-37x as long at
-64-256 KiB, in 5 of 5 runs (``MPIBackend.create``'s ``blocking_collectives=True`` opts in to it, with
-a job abort at the deadline).
+on busy cores MPICH's blocking all_reduce was several times slower at 64-256 KiB in every run
+(docs/benchmarks.md, "MPI blocking vs nonblocking"; ``MPIBackend.create``'s
+``blocking_collectives=True`` opts in to it, with a job abort at the deadline).
 
 **Timeout and abort policy.** MPI cannot cancel a started collective: after a timeout the
 request is still pending inside MPI, its buffer still in use, and the communicator unusable.

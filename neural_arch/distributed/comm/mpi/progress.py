@@ -10,7 +10,8 @@ private communicator, from this very rank, with a tag of its own. A wait is one 
 ``MPI_Waitany([the op's requests..., wake-up])``, which releases the GIL and lets MPICH progress
 at full speed. A :class:`Watchdog` thread looks at the waiters every ``interval`` seconds; when a
 waiter's deadline has passed it sends the 8-byte wake-up message to its own rank, ``Waitany``
-returns the wake-up's index, and the waiter raises :class:`CollectiveTimeoutError` in its own
+returns the wake-up's index, and the waiter raises
+:class:`~neural_arch.distributed.errors.CollectiveTimeoutError` in its own
 thread -- the caller gets the exception (to log it, save a checkpoint), exactly as with polling.
 The hot path costs two attribute writes (what the thread waits on) around the C call.
 A wake-up that arrives after its op completed (the watchdog fired as the op finished) is
@@ -59,7 +60,14 @@ _STATUS_LEN = 1024
 
 def describe_op(info: OpInfo) -> str:
     """``all_reduce #5 (shape (4,), float32)``; a point-to-point op names its peer (a global rank), not a
-    root: ``send #2 (shape (4,), float32) to rank 1``."""
+    root: ``send #2 (shape (4,), float32) to rank 1``.
+
+    Example::
+
+        >>> from neural_arch.distributed.comm.work import OpInfo
+        >>> describe_op(OpInfo("send", 2, [0, 1], 0, (4,), "float32", 1))
+        'send #2 (shape (4,), float32) to rank 1'
+    """
     if info.name not in ("send", "recv"):
         return info.describe()
     text = f"{info.name} #{info.seq}"
@@ -71,13 +79,28 @@ def describe_op(info: OpInfo) -> str:
 
 
 def where(info: OpInfo) -> str:
-    """How a rank describes the operation it waits in (peers compare these strings)."""
+    """How a rank describes the operation it waits in (peers compare these strings).
+
+    Example::
+
+        >>> from neural_arch.distributed.comm.work import OpInfo
+        >>> where(OpInfo("barrier", 7, [0, 1, 2], 0))
+        'in barrier #7 on group [0, 1, 2]'
+    """
     return f"in {describe_op(info)} on group {list(info.group_ranks)}"
 
 
 class DeadlinePassed(Exception):
     """Raised by :meth:`Watchdog.wait` when the watchdog woke the waiter at its deadline (the
-    backend turns it into a CollectiveTimeoutError naming op, sequence number and ranks)."""
+    backend turns it into a CollectiveTimeoutError naming op, sequence number and ranks).
+
+    Example::
+
+        try:
+            watchdog.wait([request], info)
+        except DeadlinePassed:
+            raise info.timeout_error(missing, waited) from None
+    """
 
 
 class _Slot:
@@ -102,7 +125,14 @@ class _Slot:
 
 
 class Watchdog:
-    """Wakes waiting threads whose deadline passed (see the module docstring)."""
+    """Wakes waiting threads whose deadline passed (see the module docstring).
+
+    Example::
+
+        watchdog = Watchdog(MPI, MPI.COMM_WORLD.Dup(), interval=0.05)
+        request = comm.Iallreduce(MPI.IN_PLACE, x, MPI.SUM)
+        watchdog.wait([request], info)          # DeadlinePassed at info.deadline
+    """
 
     def __init__(self, MPI, comm, interval: float = 0.05):
         self.MPI, self.comm = MPI, comm
@@ -193,6 +223,7 @@ class Watchdog:
 
     @staticmethod
     def end_blocking(slot: _Slot) -> None:
+        """This thread left the blocking MPI call that :meth:`begin_blocking` announced."""
         slot.info = None     # first: from here on the watchdog leaves this slot alone
         slot.abort = None
 
@@ -246,6 +277,13 @@ class Presence:
     (no pickle). Needs MPI_THREAD_MULTIPLE; without it, errors fall back to "some of ranks".
     What this rank waits in comes from the :class:`Watchdog`'s slots and from
     :meth:`enter`/:meth:`leave` (the polling fallback).
+
+    Example::
+
+        presence = Presence(MPI, MPI.COMM_WORLD.Dup(), watchdog)     # every rank, once
+        presence.enter("op", info)          # the polling fallback says what it waits in
+        ...
+        presence.leave("op")
     """
 
     def __init__(self, MPI, comm, watchdog: Watchdog | None = None):
@@ -261,10 +299,12 @@ class Presence:
         self._thread.start()
 
     def enter(self, key, info: OpInfo) -> None:
+        """Say that this rank waits in ``info`` (under ``key``) until :meth:`leave`."""
         with self._lock:
             self._active[key] = info
 
     def leave(self, key) -> None:
+        """This rank no longer waits in what it :meth:`enter`-ed under ``key``."""
         with self._lock:
             self._active.pop(key, None)
 

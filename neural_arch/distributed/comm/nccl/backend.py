@@ -17,10 +17,11 @@ Example (one process per GPU, started by the launcher or ``mpiexec``)::
 How an operation runs (and what it costs)
 -----------------------------------------
 1. **Rendezvous.** Rank 0 calls ``nccl.get_unique_id()`` and publishes it as plain bytes
-   (:func:`encode_unique_id`, no pickle) under ``nccl/uid`` in the store; the others read it.
+   (:func:`~neural_arch.distributed.comm.nccl.support.encode_unique_id`, no pickle) under ``nccl/uid``
+   in the store; the others read it.
    The device is ``LOCAL_RANK % device_count`` unless ``device=`` says otherwise. Creating the
    communicator blocks until every rank joins, so it runs on a helper thread joined with the
-   timeout: a missing rank is a :class:`RendezvousError`, never a hang.
+   timeout: a missing rank is a :class:`~neural_arch.distributed.errors.RendezvousError`, never a hang.
 2. **Ordering.** Each backend owns one non-blocking *communication stream*. When an op is
    *submitted* (in the caller's thread, see :meth:`NCCLBackend._new_info`) an event is
    recorded on the caller's current stream; the primitive makes the comm stream wait on it,
@@ -30,8 +31,9 @@ How an operation runs (and what it costs)
    "done", so each primitive records a *done* event on the comm stream and polls it
    (``event.done`` + ``comm.check_async_error()``), spinning briefly and then sleeping with
    a back-off capped at 1 ms, until ``info.deadline``. Past the deadline the communicator is
-   aborted (``comm.abort()``) and a :class:`CollectiveTimeoutError` is raised; an
-   asynchronous NCCL error aborts it and raises :class:`PeerFailureError`. A host call that
+   aborted (``comm.abort()``) and a :class:`~neural_arch.distributed.errors.CollectiveTimeoutError`
+   is raised; an asynchronous NCCL error aborts it and raises
+   :class:`~neural_arch.distributed.errors.PeerFailureError`. A host call that
    itself blocks (lazy connection set-up, ``commSplit``) is covered by a watchdog thread that
    aborts the communicator at the deadline, which makes the blocked call return.
 4. **Cost of this design.** A synchronous op blocks its host thread until the GPU finished
@@ -89,7 +91,14 @@ _log = logging.getLogger(__name__)
 
 
 class NCCLBackend(Backend):
-    """One group's NCCL communicator, bound to one GPU. Build it with :meth:`create`."""
+    """One group's NCCL communicator, bound to one GPU. Build it with :meth:`create`.
+
+    Example::
+
+        store = TCPStore(master_addr, 29500, world_size=world_size, is_master=(rank == 0))
+        backend = NCCLBackend.create(store, rank, world_size=world_size, timeout=60)
+        backend.allreduce(cupy.ones(1024, dtype=cupy.float32), ReduceOp.AVG)
+    """
 
     name = "nccl"
     devices = ("cuda",)

@@ -67,7 +67,14 @@ def encode_unique_id(uid) -> bytes:
 
 
 def decode_unique_id(data: bytes) -> tuple:
-    """Store bytes -> the tuple of signed ints ``NcclCommunicator`` takes (see :func:`uid_for`)."""
+    """Store bytes -> the tuple of signed ints ``NcclCommunicator`` takes.
+
+    Example::
+
+        >>> uid = tuple(range(-64, 64))                   # what nccl.get_unique_id() gives
+        >>> decode_unique_id(encode_unique_id(uid)) == uid
+        True
+    """
     data = bytes(data)
     if not data.startswith(UID_MAGIC) or len(data) != len(UID_MAGIC) + UID_BYTES:
         raise RendezvousError(
@@ -78,7 +85,13 @@ def decode_unique_id(data: bytes) -> tuple:
 
 
 def version_tuple(code: int) -> tuple:
-    """``nccl.get_version()`` -> (major, minor, patch); NCCL changed the encoding at 2.9."""
+    """``nccl.get_version()`` -> (major, minor, patch); NCCL changed the encoding at 2.9.
+
+    Example::
+
+        >>> version_tuple(21803), version_tuple(2708)
+        ((2, 18, 3), (2, 7, 8))
+    """
     code = int(code)
     if code >= 10000:                      # 2.9 and later: major*10000 + minor*100 + patch
         return code // 10000, (code % 10000) // 100, code % 100
@@ -86,7 +99,15 @@ def version_tuple(code: int) -> tuple:
 
 
 def nccl_dtype(dtype, nccl) -> int:
-    """The NCCL datatype code of ``dtype`` (bool -> uint8); a clear TypeError otherwise."""
+    """The NCCL datatype code of ``dtype`` (bool -> uint8); a clear TypeError otherwise.
+
+    Example::
+
+        >>> from types import SimpleNamespace
+        >>> nccl = SimpleNamespace(NCCL_FLOAT32=7, NCCL_UINT8=1)     # stands for cupy.cuda.nccl
+        >>> nccl_dtype("float32", nccl), nccl_dtype("bool", nccl)
+        (7, 1)
+    """
     name = str(np.dtype(dtype))
     if name not in DTYPE_TO_NCCL:
         raise TypeError(f"dtype {name} cannot travel over NCCL; use one of {sorted(DTYPE_TO_NCCL)}")
@@ -94,7 +115,15 @@ def nccl_dtype(dtype, nccl) -> int:
 
 
 def nccl_reduce_op(op, nccl, version: tuple) -> tuple:
-    """``(nccl op code, divide_after)``: AVG is native from NCCL 2.10, else SUM then divide."""
+    """``(nccl op code, divide_after)``: AVG is native from NCCL 2.10, else SUM then divide.
+
+    Example::
+
+        >>> from types import SimpleNamespace
+        >>> nccl = SimpleNamespace(NCCL_SUM=0, NCCL_AVG=4)            # stands for cupy.cuda.nccl
+        >>> nccl_reduce_op("avg", nccl, (2, 18, 3)), nccl_reduce_op("avg", nccl, (2, 8, 0))
+        ((4, False), (0, True))
+    """
     op = ReduceOp.coerce(op)
     if op is ReduceOp.AVG:
         if tuple(version) >= AVG_MIN_VERSION and hasattr(nccl, "NCCL_AVG"):
@@ -104,7 +133,13 @@ def nccl_reduce_op(op, nccl, version: tuple) -> tuple:
 
 
 def select_device(local_rank: int, device_count: int, device=None) -> int:
-    """The GPU index for this rank: ``device`` ("cuda:N", N or None) or ``local_rank % count``."""
+    """The GPU index for this rank: ``device`` ("cuda:N", N or None) or ``local_rank % count``.
+
+    Example::
+
+        >>> select_device(local_rank=3, device_count=2), select_device(0, 2, device="cuda:1")
+        (1, 1)
+    """
     if device_count < 1:
         raise DistributedError(f"the 'nccl' backend needs a GPU but CUDA sees none. {GPU_HINT}")
     if device is not None and not isinstance(device, (str, int, np.integer)):
@@ -127,7 +162,12 @@ def select_device(local_rank: int, device_count: int, device=None) -> int:
 
 
 def local_rank_from_env(rank: int) -> int:
-    """``LOCAL_RANK`` (set by our launcher, torchrun, ...) or, failing that, the global rank."""
+    """``LOCAL_RANK`` (set by our launcher, torchrun, ...) or, failing that, the global rank.
+
+    Example::
+
+        device_id = select_device(local_rank_from_env(rank), cupy.cuda.runtime.getDeviceCount())
+    """
     for var in ("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"):
         value = os.environ.get(var, "").strip()
         if value.isdigit():
@@ -142,6 +182,12 @@ def poll_until(done: Callable[[], bool], check_error: Callable[[], None], deadli
 
     A short spin first (small collectives finish in microseconds), then sleeps doubling up to
     ``max_sleep_s``: a long collective costs about one CUDA query per millisecond.
+
+    Example::
+
+        >>> import time
+        >>> poll_until(lambda: True, lambda: None, deadline=time.monotonic() + 1.0)
+        True
     """
     spin_end = time.monotonic() + spin_s
     delay = 10e-6
@@ -172,7 +218,13 @@ def _import_nccl():
 
 
 def missing_requirement() -> str | None:
-    """What keeps the NCCL backend from running here (a sentence), or None when nothing does."""
+    """What keeps the NCCL backend from running here (a sentence), or None when nothing does.
+
+    Example::
+
+        reason = missing_requirement()
+        backend = "nccl" if reason is None else "gloo"     # and log the reason
+    """
     cp, nccl = _import_nccl()
     if cp is None:
         return f"CuPy is not installed (or fails to import): {GPU_HINT}"

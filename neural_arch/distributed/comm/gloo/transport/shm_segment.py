@@ -138,9 +138,8 @@ def direct_supported() -> bool:
 def default_chunk_bytes(local_ranks: int) -> int:
     """Pipeline chunk per rank slot: 1 MiB unless ``NEURAL_ARCH_SHM_CHUNK_BYTES`` is set.
 
-    Measured (all_reduce of 256 KiB-4 MiB, the direct path alone on one core, best of 5, CPU time):
-    64 KiB chunks 5.0-5.1 GB/s, 256 KiB 7.7-8.4, 512 KiB 7.5-10.8, 1 MiB 8.7-10.3, 4 MiB 3.8-8.9
-    (two 4 MiB buffers per rank plus results no longer fit the 32 MiB L3). Smaller chunks pay
+    1 MiB was the fastest chunk in the measurements (docs/benchmarks.md, "shared-memory chunk size"):
+    larger chunks stop fitting the cache with two buffers per rank. Smaller chunks pay
     Python's per-call overhead on every chunk, and every chunk is a barrier: on a busy or
     oversubscribed host each barrier can cost a sleep and a wake-up, which argues for few chunks too.
     Halved (down to 64 KiB) while the segment would pass a quarter of the free space in ``/dev/shm``

@@ -188,7 +188,7 @@ def current_timeline() -> profile | None:
 
     Example::
 
-        >>> from neural_arch.profiler.profile import current_timeline
+        >>> from neural_arch.profiler.profiler import current_timeline
         >>> current_timeline() is None        # NEURAL_ARCH_TIMELINE unset: no job-long profile
         True
     """
@@ -201,7 +201,7 @@ def start_timeline_from_env(group=None, environ=None) -> profile | None:
 
     Example::
 
-        >>> from neural_arch.profiler.profile import start_timeline_from_env
+        >>> from neural_arch.profiler.profiler import start_timeline_from_env
         >>> start_timeline_from_env(environ={}) is None        # no NEURAL_ARCH_TIMELINE: no-op
         True
     """
@@ -219,7 +219,7 @@ def stop_timeline(merge: bool = True) -> str | None:
 
     Example::
 
-        >>> from neural_arch.profiler.profile import stop_timeline
+        >>> from neural_arch.profiler.profiler import stop_timeline
         >>> stop_timeline() is None                           # no timeline running: nothing written
         True
     """

@@ -6,7 +6,7 @@ the default pool). NumPy has no pool to manage: on CPU the scope does nothing.
 
 Example::
 
-    from neural_arch.optimization import memory_pool_scope
+    from neural_arch.cuda.memory_pool import memory_pool_scope
     with memory_pool_scope():
         loss = model(x).sum(); loss.backward()
 """
@@ -25,7 +25,7 @@ def memory_pool_scope(enabled: bool = True):
 
     Example::
 
-        >>> from neural_arch.optimization.memory_pool import memory_pool_scope
+        >>> from neural_arch.cuda.memory_pool import memory_pool_scope
         >>> with memory_pool_scope() as pool:      # on CPU (or without CuPy) there is no pool to scope
         ...     pool is None
         True
