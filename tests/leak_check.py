@@ -2,7 +2,12 @@
 
 At the end of the session it looks for what tests left running or lying around -- processes still
 descended from pytest, shared-memory segments of neural_arch (``na-*``) or MPICH (``mpich_shm_*``) that
-appeared during the run -- removes them, and fails the run naming each one, so a leak cannot land.
+appeared during the run, files and folders left in the temporary directory -- removes them, and fails
+the run naming each one, so a leak cannot land.
+
+Temporary files: the session points ``TMPDIR`` (and :mod:`tempfile`) at a private folder, which every
+process the tests start inherits; whatever is left there at the end, except pytest's own
+``pytest-of-*`` (its ``tmp_path`` folders, which pytest keeps for inspection), is a leak.
 
 MPICH leaves its segments when ``mpiexec`` kills or aborts a job (the MPI fault tests do that on
 purpose); the harness layer removes those after every ``mpi`` test, once no live process maps them
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import time
 
 import psutil
@@ -29,6 +36,7 @@ PATTERNS = ("na-", "mpich_shm_")
 GRACE_S = 3.0
 _BEFORE: set[str] = set()
 _LIVE: set[str] = set()     # MPICH segments in use at the last look
+_TMP: dict = {}             # the private temporary folder of this session, and what TMPDIR was
 
 
 def _segments() -> set[str]:
@@ -77,6 +85,30 @@ def pytest_sessionstart(session):
     _BEFORE.clear()
     _BEFORE.update(_segments())
     _LIVE.clear()
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        _TMP["previous"] = os.environ.get("TMPDIR")
+        _TMP["dir"] = tempfile.mkdtemp(prefix="na-tests-")
+        os.environ["TMPDIR"] = tempfile.tempdir = _TMP["dir"]
+
+
+def _leftover_temp_files() -> list[str]:
+    """What is left in the session's temporary folder (pytest's own ``pytest-of-*`` aside), removed."""
+    folder = _TMP.get("dir")
+    if folder is None:
+        return []
+    left = []
+    with contextlib.suppress(OSError):
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            if name.startswith("pytest-of-"):
+                continue
+            left.append(f"temporary {'folder' if os.path.isdir(path) else 'file'} {name}")
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+    return left
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -96,11 +128,17 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 def _creator_alive(name: str) -> bool:
-    """neural_arch's segments are named ``na-<creator pid>-...``: one whose creator lives is not a leak yet."""
+    """neural_arch's segments are named ``na-<creator pid>-...``: one whose creator lives is not a leak yet.
+    A process with that pid that started after the segment was made is not its creator (pids are reused)."""
     parts = name.split("-")
-    if name.startswith("na-") and len(parts) > 2 and parts[1].isdigit():
-        return psutil.pid_exists(int(parts[1]))
-    return False
+    if not (name.startswith("na-") and len(parts) > 2 and parts[1].isdigit()):
+        return False
+    try:
+        born = psutil.Process(int(parts[1])).create_time()
+        made = os.stat(os.path.join(SHM, name)).st_mtime
+    except (psutil.Error, OSError):
+        return False
+    return born <= made + 1.0   # create_time is rounded: a second of slack
 
 
 def _leftover_processes() -> list[psutil.Process]:
@@ -133,6 +171,7 @@ def pytest_sessionfinish(session, exitstatus):
         leaks.append(_describe(proc))
         with contextlib.suppress(psutil.Error):
             proc.kill()
+    leaks += _leftover_temp_files()
     new = _segments() - _BEFORE
     mapped = _mapped_files() if new else set()
     for name in sorted(new):
@@ -151,3 +190,20 @@ def pytest_sessionfinish(session, exitstatus):
             reporter.write_line(text)
         if session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    _drop_temp_folder(keep=session.exitstatus != 0)
+
+
+def _drop_temp_folder(keep: bool) -> None:
+    """Restore ``TMPDIR``; remove the session's folder unless the run failed (pytest's ``tmp_path``
+    folders of a failed run stay for inspection)."""
+    folder = _TMP.pop("dir", None)
+    if folder is None:
+        return
+    previous = _TMP.pop("previous", None)
+    if previous is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = previous
+    tempfile.tempdir = None
+    if not keep:
+        shutil.rmtree(folder, ignore_errors=True)

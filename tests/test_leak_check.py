@@ -1,4 +1,5 @@
-"""The leak check itself (tests/leak_check.py): a test that leaves a process or a segment behind fails the run."""
+"""The leak check itself (tests/leak_check.py): a test that leaves a process, a segment or a temporary
+folder behind fails the run."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ LEAKY = textwrap.dedent('''
     def test_leaves_a_segment():
         with open("/dev/shm/na-{tag}-leak-check", "wb") as f:   # named by a creator that has exited
             f.write(b"x")
+
+    def test_leaves_a_temporary_folder():
+        import tempfile
+        tempfile.mkdtemp(prefix="leak-check-{tag}-")          # never removed
 ''')
 
 
@@ -28,11 +33,13 @@ def test_a_leaked_process_and_segment_fail_the_run_and_are_removed(tmp_path):
     (tmp_path / "conftest.py").write_text('import leak_check\n\nleak_check.GRACE_S = 0.3\n'
                                           'pytest_plugins = ["leak_check"]\n')
     (tmp_path / "test_leaky.py").write_text(LEAKY.replace("{tag}", tag))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    # the inner run keeps its temporary folder when it fails: inside tmp_path, not in this session's
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]), TMPDIR=str(tmp_path))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout
-    assert "2 passed" in proc.stdout and "tests left behind" in proc.stdout, proc.stdout
+    assert "3 passed" in proc.stdout and "tests left behind" in proc.stdout, proc.stdout
+    assert f"temporary folder leak-check-{tag}-" in proc.stdout, proc.stdout
     assert "time.sleep(60)" in proc.stdout, proc.stdout
     assert f"/dev/shm/na-{tag}-leak-check" in proc.stdout, proc.stdout
     assert not os.path.exists(f"/dev/shm/na-{tag}-leak-check")
@@ -41,7 +48,8 @@ def test_a_leaked_process_and_segment_fail_the_run_and_are_removed(tmp_path):
 def test_a_clean_run_passes(tmp_path):
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["leak_check"]\n')
     (tmp_path / "test_clean.py").write_text("def test_nothing():\n    pass\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    # the inner run keeps its temporary folder when it fails: inside tmp_path, not in this session's
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]), TMPDIR=str(tmp_path))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "left behind" not in proc.stdout, proc.stdout

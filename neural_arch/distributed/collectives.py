@@ -77,7 +77,7 @@ __all__ = [
 
 #: torch's ``dist.group.WORLD``: ``group.WORLD`` is the default group once initialised.
 group = GroupMember
-#: torch's deprecated lower-case alias of :class:`ReduceOp` (old scripts still write it).
+#: torch's deprecated lower-case alias of :class:`~neural_arch.distributed.comm.work.ReduceOp` (old scripts still write it).
 reduce_op = ReduceOp
 
 

@@ -9,10 +9,7 @@ with one difference from the full build (``sphinx-build -W --keep-going -b html 
 which executes the notebooks so their outputs and plots are on the pages): the notebooks are not
 executed here, because ``tests/examples`` already executes them.
 
-``neural_arch/distributed`` is being reorganised (issue 29): its warnings and docstrings are held to the
-same rule by :func:`test_the_whole_reference_builds_with_warnings_as_errors`, which is expected to fail
-until they are fixed, and fails loudly (strict xfail) the day it passes, so the mark cannot outlive the
-debt.
+Every module is held to both rules, ``neural_arch.distributed`` included.
 """
 
 from __future__ import annotations
@@ -40,7 +37,6 @@ pytestmark = pytest.mark.slow
 EXAMPLE = re.compile(r"^\s*>>> |\bExamples?\b[^\n]*::[ \t]*$|^\s*Examples?:[ \t]*$", re.MULTILINE)
 
 #: a folder still being reorganised by others; its offenders are listed, not yet enforced
-REORGANISED = "neural_arch.distributed"
 
 
 def _conf():
@@ -48,12 +44,6 @@ def _conf():
     conf = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(conf)
     return conf
-
-
-def _from_reorganised_folder(warning: str) -> bool:
-    location, _, message = re.split(r"(WARNING|ERROR):", warning, maxsplit=1)   # the fixture's filter
-    where = location if "/" in location else message     # "<unknown>" or none: the message names it
-    return bool(re.search(r"neural_arch[/.]distributed\b", where))
 
 
 @pytest.fixture(scope="module")
@@ -80,18 +70,10 @@ def test_the_reference_has_every_layer_and_the_notebooks(build):
     assert (html / "architecture.html").is_file()
 
 
-def test_the_reference_builds_without_warnings_outside_the_reorganised_folder(build):
-    proc, _, warnings = build
-    ours = [w for w in warnings if not _from_reorganised_folder(w)]
-    assert not ours, f"{len(ours)} warning(s) (warnings are errors):\n" + "\n".join(ours)
-    assert proc.returncode == 0 or warnings, proc.stderr[-3000:]
-
-
-@pytest.mark.xfail(strict=True, reason="neural_arch/distributed docstrings: dangling references and "
-                                       "reST errors, to fix once its files stop moving (issue 29)")
 def test_the_whole_reference_builds_with_warnings_as_errors(build):
     proc, _, warnings = build
-    assert proc.returncode == 0, "\n".join(warnings) or proc.stderr[-3000:]
+    assert not warnings, f"{len(warnings)} warning(s) (warnings are errors):\n" + "\n".join(warnings)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def _lacking_an_example(modnames) -> list[str]:
@@ -109,7 +91,7 @@ def _lacking_an_example(modnames) -> list[str]:
 
 
 def test_every_public_name_has_a_docstring_with_an_example():
-    modules = [m for m in _conf()._public_modules() if not m.startswith(REORGANISED)]
+    modules = list(_conf()._public_modules())
     offenders = _lacking_an_example(modules)
     assert not offenders, f"{len(offenders)} public name(s):\n" + "\n".join(offenders)
 

@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from transport_procs import run_ranks
+from rank_snippets import run_ranks
 
 from neural_arch.distributed import auth as handshake
 from neural_arch.distributed.errors import AuthenticationError, PeerFailureError, RendezvousError

@@ -9,7 +9,7 @@ import socket
 import time
 
 import pytest
-from transport_procs import reap, run_ranks, start_ranks
+from rank_snippets import reap, run_ranks, start_ranks
 
 from neural_arch.distributed.rendezvous.store import TCPStore
 
@@ -156,7 +156,7 @@ def test_default_ring_size_shrinks_with_peers_and_free_space(monkeypatch):
 
 def test_auto_mode_mixes_shm_within_and_tcp_across_hosts(master):
     """Ranks 0,1 on "host A" and 2,3 on "host B" (NEURAL_ARCH_HOST_ID): shm inside, tcp across."""
-    from transport_procs import reap, start_ranks
+    from rank_snippets import reap, start_ranks
 
     procs = []
     for r, host in enumerate("AABB"):

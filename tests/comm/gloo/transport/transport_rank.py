@@ -1,6 +1,6 @@
 """Rank-side helpers for the transport tests (imported by the rank processes, not by pytest).
 
-Example (inside a rank started by ``transport_procs.run_ranks`` with ``PORT``/``MODE`` set)::
+Example (inside a rank started by ``rank_snippets.run_ranks`` with ``PORT``/``MODE`` set)::
 
     t, store = connect()
     t.send(1, np.ones(3), 0, info(10))

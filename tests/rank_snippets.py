@@ -20,8 +20,13 @@ import sys
 import textwrap
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.abspath(os.path.join(HERE, *[os.pardir] * 4))  # tests/comm/gloo/transport -> the repository
+HERE = os.path.dirname(os.path.abspath(__file__))   # tests/
+REPO = os.path.dirname(HERE)
+
+
+def _test_dirs() -> list[str]:
+    """The test folders pytest put on ``sys.path`` (so a rank's code imports the helpers next to its test)."""
+    return [p for p in sys.path if os.path.abspath(p or ".").startswith(HERE)]
 
 PRELUDE = textwrap.dedent("""
     import json, os, sys, time
@@ -35,7 +40,7 @@ PRELUDE = textwrap.dedent("""
 def start_ranks(code: str, n: int, env: dict[str, str] | None = None, ranks=None) -> list[subprocess.Popen]:
     procs = []
     for rank in (range(n) if ranks is None else ranks):
-        e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(n), PYTHONPATH=REPO + os.pathsep + HERE,
+        e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(n), PYTHONPATH=os.pathsep.join([REPO, *_test_dirs()]),
                  PYTHONUNBUFFERED="1")
         e.update(env or {})
         procs.append(subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(code)], env=e,
