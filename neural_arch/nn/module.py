@@ -36,7 +36,26 @@ from neural_arch.core.autograd import RemovableHandle, add_hook
 from neural_arch.core.tensor import Tensor
 from neural_arch.nn.parameter import Parameter
 
-__all__ = ["Module", "IncompatibleKeys"]
+__all__ = ["Module", "IncompatibleKeys", "register_module_forward_pre_hook"]
+
+#: hooks called before *every* module's forward (torch's ``register_module_forward_pre_hook``)
+_GLOBAL_FORWARD_PRE_HOOKS: dict = {}
+
+
+def register_module_forward_pre_hook(hook) -> RemovableHandle:
+    """Call ``hook(module, args)`` before the forward of every module (torch's global hook); a non-None
+    return replaces ``args``. Remove it with the returned handle.
+
+    Example::
+
+        >>> from neural_arch import nn
+        >>> seen = []
+        >>> handle = register_module_forward_pre_hook(lambda m, args: seen.append(type(m).__name__))
+        >>> _ = nn.Sequential(nn.Linear(2, 2))(__import__("neural_arch").ones(1, 2))
+        >>> handle.remove(); seen
+        ['Sequential', 'Linear']
+    """
+    return add_hook(_GLOBAL_FORWARD_PRE_HOOKS, hook)
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 IncompatibleKeys.__doc__ = """What ``Module.load_state_dict`` did not match: two lists of names.
@@ -418,9 +437,9 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} must implement forward()")
 
     def __call__(self, *args, **kwargs):
-        if not (self._forward_pre_hooks or self._forward_hooks):
+        if not (self._forward_pre_hooks or self._forward_hooks or _GLOBAL_FORWARD_PRE_HOOKS):
             return self.forward(*args, **kwargs)  # the common case: no hook bookkeeping at all
-        for hook in list(self._forward_pre_hooks.values()):
+        for hook in [*_GLOBAL_FORWARD_PRE_HOOKS.values(), *self._forward_pre_hooks.values()]:
             result = hook(self, args)
             if result is not None:
                 args = result if isinstance(result, tuple) else (result,)

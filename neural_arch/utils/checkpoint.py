@@ -276,7 +276,13 @@ def _default_targets(model):
 
 @contextlib.contextmanager
 def checkpoint_scope(model=None, check_fn=None):
-    """Checkpoint ``model``'s blocks while the scope is open (see the module docstring).
+    """Checkpoint ``model``'s blocks while the scope is open.
+
+    The blocks: every element of the model's ``ModuleList``s (a GPT's transformer blocks), else its
+    direct children; ``check_fn(module) -> bool`` picks them instead. Without ``model`` (seed 002's
+    ``with checkpoint_scope(): output = ddp_model(batch)``) the model is the first module called in
+    the scope: its blocks are wrapped just before its forward runs. Backward may run inside the scope
+    or after it: wrapped blocks keep their checkpointed outputs either way.
 
     Example::
 
@@ -284,24 +290,39 @@ def checkpoint_scope(model=None, check_fn=None):
         >>> from neural_arch import nn
         >>> from neural_arch.utils.checkpoint import checkpoint_scope
         >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
-        >>> with checkpoint_scope(model):
+        >>> with checkpoint_scope():                 # the model is the first module called
         ...     model(na.ones(2, 4)).sum().backward()
         >>> model[0].weight.grad.shape
         (4, 4)
     """
     global _depth
     wrapped = []
-    if model is not None:
-        targets = ([m for _, m in model.named_modules() if m is not model and check_fn(m)]
-                   if check_fn is not None else _default_targets(model))
+
+    def wrap(target_model) -> None:
+        targets = ([m for _, m in target_model.named_modules() if m is not target_model and check_fn(m)]
+                   if check_fn is not None else _default_targets(target_model))
         for m in targets:
             if "_checkpoint_wrapper" not in m.__dict__:
                 checkpoint_wrapper(m)
                 wrapped.append(m)
+
+    handle = None
+    if model is not None:
+        wrap(model)
+    else:
+        from neural_arch.nn.module import register_module_forward_pre_hook
+
+        def first_call(module, args):
+            handle.remove()          # only the outermost module of the first call is the model
+            wrap(module)
+
+        handle = register_module_forward_pre_hook(first_call)
     _depth += 1
     try:
         yield
     finally:
         _depth -= 1
+        if handle is not None:
+            handle.remove()
         for m in wrapped:
             m.__dict__["_checkpoint_wrapper"].unwrap()

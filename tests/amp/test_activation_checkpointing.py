@@ -96,6 +96,52 @@ def test_seed_002_names():
     assert m[0][0].weight.grad is not None
 
 
+def test_seed_002_scope_without_a_model_checkpoints_the_model_called_in_it():
+    """Seed 002 writes ``with checkpoint_scope(): output = ddp_model(batch)``: no model is named, so the
+    first module called in the scope is the model, and its blocks are recomputed in backward."""
+    from neural_arch.optimization import checkpoint_scope
+
+    calls = []
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4, dtype=np.float64)
+
+        def forward(self, x):
+            calls.append("forward")
+            return self.lin(x).tanh()
+
+    class Wrapper(nn.Module):   # a DDP-like wrapper: the blocks sit one level down
+        def __init__(self):
+            super().__init__()
+            self.module = nn.Sequential(*[Block() for _ in range(2)])
+
+        def forward(self, x):
+            return self.module(x)
+
+    def grads(scoped):
+        manual_seed(3)
+        model = Wrapper()
+        calls.clear()
+        x = Tensor(np.linspace(-1, 1, 12).reshape(3, 4))
+        if scoped:
+            with checkpoint_scope():
+                out = model(x)
+                out.sum().backward()
+        else:
+            out = model(x)
+            out.sum().backward()
+        return [p.grad.data.copy() for p in model.parameters()], len(calls), model
+
+    plain, plain_calls, _ = grads(False)
+    ckpt, ckpt_calls, model = grads(True)
+    assert plain_calls == 2 and ckpt_calls == 4           # each block ran again in backward
+    for a, b in zip(plain, ckpt):
+        assert np.array_equal(a, b)
+    assert all("_checkpoint_wrapper" not in m.__dict__ for m in model.modules())   # unwrapped after
+
+
 def test_memory_stats_track_peak():
     memory.reset_peak_memory_stats()
     base = memory.memory_allocated()
