@@ -3,7 +3,7 @@
 The one owner of the pattern for ``neural_arch.save``, the distributed checkpoint's data and
 metadata files and the launcher's restart checkpoints. Every temp file's name carries
 :data:`TMP_MARK`, which is how a cleanup after a crash recognises leftovers
-(``distributed.run.elastic.remove_interrupted_writes``, ``checkpoint.chunkio``).
+(``distributed.elastic.checkpoint_restart.remove_interrupted_writes``, ``checkpoint.chunkio``).
 
 Example::
 

@@ -67,7 +67,7 @@ __all__ = ["TCPStore"]
 log = logging.getLogger("neural_arch.distributed.rendezvous.store")  # one logger for the store layer
 
 # -- wire protocol ------------------------------------------------------------------------------
-# on accept:   the handshake of comm.transport.handshake, purpose b"store"
+# on accept:   the handshake of distributed.auth, purpose b"store"
 # request:     u8 op | u32 nargs | nargs * (u32 len | bytes)
 # response:    u8 status | u32 nargs | nargs * (u32 len | bytes)
 _PURPOSE = b"store"
