@@ -59,6 +59,7 @@ from .core.factory import (
     full_like,
     is_tensor,
     linspace,
+    multinomial,
     ones,
     ones_like,
     rand,
@@ -71,8 +72,11 @@ from .core.factory import (
     zeros,
     zeros_like,
 )
+from .core.generator import Generator
+from .core.ops_activation import masked_fill
+from .core.ops_basic import remainder
 from .core.ops_reduce import return_types
-from .core.ops_shape import cat, concatenate, stack
+from .core.ops_shape import cat, concatenate, stack, tril, triu
 from .core.rng import get_generator, manual_seed
 from .core.tensor import Tensor, tensor
 from .serialization import load, save
@@ -92,10 +96,11 @@ __all__ = [
     "inference_mode",
     "manual_seed",
     "get_generator",
+    "Generator",
     "zeros", "ones", "empty", "full", "arange", "linspace", "eye", "randn", "rand", "randint",
     "randperm", "zeros_like", "ones_like", "empty_like", "full_like", "randn_like", "rand_like",
     "randint_like", "from_numpy", "is_tensor", "device", "cat", "concatenate", "stack",
-    "save", "load", "return_types", "dtype",
+    "save", "load", "return_types", "dtype", "multinomial", "remainder", "masked_fill", "tril", "triu",
     "nn",
     "optim",
     "data",

@@ -20,7 +20,7 @@ from .autograd import (
     queue_callback,
     set_grad_enabled,
 )
-from .ops_basic import add, div, matmul, mul, neg, pow, sub
+from .ops_basic import add, div, matmul, mul, neg, pow, remainder, sub
 from .ops_reduce import (
     amax, amin, argmax, argmin, max, maximum, mean, min, minimum, return_types, std, sum, var,
 )
@@ -39,12 +39,15 @@ from .ops_shape import (
     squeeze,
     stack,
     transpose,
+    tril,
+    triu,
     unsqueeze,
     view,
 )
 from .ops_nn import dropout, embedding, layer_norm, linear
 from .ops_activation import (
-    abs, clamp, clip, exp, gelu, leaky_relu, log, log_softmax, relu, sigmoid, silu, softmax, sqrt, tanh, where,
+    abs, clamp, clip, exp, gelu, leaky_relu, log, log_softmax, masked_fill, relu, sigmoid, silu, softmax, sqrt,
+    tanh, where,
 )
 from .ops_loss import cross_entropy, mse_loss, nll_loss
 from .ops_conv import adaptive_avg_pool2d, avg_pool2d, conv2d, dropout2d, max_pool2d, pad
@@ -55,6 +58,8 @@ from .ops_norm import (
     batch_norm_stats,
     update_running_stats,
 )
+from .factory import multinomial
+from .generator import Generator
 from .rng import get_generator, manual_seed
 
 __all__ = [
@@ -69,4 +74,5 @@ __all__ = [
     "amax", "amin", "argmax", "argmin", "maximum", "minimum", "std", "return_types", "clone", "view",
     "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "pad", "dropout2d", "batch_norm",
     "batch_norm_stats", "batch_norm_gather_stats", "batch_norm_elemt", "update_running_stats",
+    "Generator", "remainder", "masked_fill", "tril", "triu", "multinomial",
 ]

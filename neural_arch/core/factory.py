@@ -1,7 +1,7 @@
 """Tensor creation with torch's names, signatures and default dtypes.
 
-``zeros/ones/empty/full/arange/linspace/eye``, the random ``randn/rand/randint/randperm``, the
-``*_like`` variants and ``from_numpy``. Every creation function takes ``dtype=``, ``device=`` and
+``zeros/ones/empty/full/arange/linspace/eye``, the random ``randn/rand/randint/randperm`` and
+``multinomial``, the ``*_like`` variants and ``from_numpy``. Every creation function takes ``dtype=``, ``device=`` and
 ``requires_grad=`` keywords. Defaults follow torch: float32 for floating results (``zeros``,
 ``randn``, a float ``fill_value``), int64 for integer ones (``arange(5)``, ``randint``, an int
 ``fill_value``), bool for a bool ``fill_value``.
@@ -9,7 +9,7 @@
 Random numbers are drawn on the host from the global generator
 (:func:`~neural_arch.core.manual_seed`), then moved to ``device``: a seed gives the same numbers on CPU and GPU (what DDP's identical-initial-weights
 check relies on), at the price of a host-to-device copy. Pass ``generator=`` (a
-``numpy.random.Generator``) to use your own stream.
+:class:`~neural_arch.Generator`, or a ``numpy.random.Generator``) to use your own stream.
 
 Example::
 
@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import backend as _backend
 from . import dtypes as _dtypes
-from .rng import get_generator
+from .rng import numpy_generator
 from .tensor import Tensor
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "full_like",
     "is_tensor",
     "linspace",
+    "multinomial",
     "ones",
     "ones_like",
     "rand",
@@ -253,7 +254,7 @@ def _random(draw, args, kwargs, who: str) -> Tensor:
     dt = _float_dtype(dtype)
     if not _dtypes.is_floating_dtype(dt):
         raise TypeError(f"{who}(): dtype must be floating point, got {dt} (use randint for integers)")
-    rng = get_generator() if generator is None else generator
+    rng = numpy_generator(generator)
     wide = np.float64 if dt == np.float64 else np.float32
     arr = draw(rng, shape, wide)
     return _finish(arr.astype(dt, copy=False), device, requires_grad)
@@ -311,7 +312,7 @@ def randint(*args, size=None, generator=None, dtype=None, device=None, requires_
     if args or high is None or size is None:
         raise TypeError("randint(): use randint(high, size), randint(low, high, size) or keywords "
                         "low=, high=, size=(...)")
-    rng = get_generator() if generator is None else generator
+    rng = numpy_generator(generator)
     dt = _dtypes.int64 if dtype is None else _dtypes.as_dtype(dtype)
     arr = rng.integers(low, high, size=_size((size,), {}, "randint"), dtype=np.int64).astype(dt)
     return _finish(arr, device, requires_grad)
@@ -328,9 +329,67 @@ def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: 
         [0, 1, 2, 3]
     """
     _no_extra(kwargs, "randperm")
-    rng = get_generator() if generator is None else generator
+    rng = numpy_generator(generator)
     dt = _dtypes.int64 if dtype is None else _dtypes.as_dtype(dtype)
     return _finish(rng.permutation(builtins.int(n)).astype(dt), device, requires_grad)
+
+
+def multinomial(input, num_samples: int, replacement: bool = False, *, generator=None) -> Tensor:
+    """Indices drawn from the categories weighted by ``input`` (``torch.multinomial``).
+
+    ``input`` holds non-negative weights, 1-d ``(C,)`` or 2-d ``(N, C)`` (one distribution per
+    row); they need not sum to one. Returns int64 indices ``(num_samples,)`` or
+    ``(N, num_samples)`` on ``input``'s device. Without ``replacement`` each row's indices are
+    distinct, in the order drawn, and a row needs at least ``num_samples`` non-zero weights.
+    Raises ``RuntimeError`` as torch does for a negative, ``inf`` or ``nan`` weight, an all-zero
+    row, ``num_samples <= 0`` or more samples than categories without replacement.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> g = na.Generator().manual_seed(0)
+        >>> na.multinomial(na.tensor([0.0, 1.0, 0.0]), 2, replacement=True, generator=g).tolist()
+        [1, 1]
+        >>> sorted(na.multinomial(na.tensor([[1.0, 2.0, 3.0]]), 3, generator=g).tolist()[0])
+        [0, 1, 2]
+    """
+    ref = input if isinstance(input, Tensor) else Tensor(input)
+    if ref.ndim not in (1, 2):
+        raise RuntimeError(f"prob_dist must be 1 or 2 dim, got {ref.ndim}")
+    if not _dtypes.is_floating_dtype(ref.dtype):
+        raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: {ref.dtype}")
+    n = builtins.int(num_samples)
+    if n <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    categories = ref.shape[-1]
+    if not replacement and n > categories:
+        raise RuntimeError(f"cannot sample n_sample > prob_dist.size(-1) samples without replacement "
+                           f"({n} > {categories})")
+    # Drawn on the host in float64 (as the random functions above): same seed, same indices on
+    # every device, and no round-off in the cumulative sums of a large vocabulary.
+    probs = np.atleast_2d(_backend.to_host(ref.data).astype(np.float64))
+    if not np.isfinite(probs).all() or (probs < 0).any():
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    totals = probs.sum(axis=-1)
+    if (totals <= 0).any():
+        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+    rng = numpy_generator(generator)
+    if replacement:
+        cdf = np.cumsum(probs, axis=-1)
+        cdf /= cdf[:, -1:]  # the last entry is exactly 1: a uniform in [0, 1) always lands
+        uniforms = rng.random((probs.shape[0], n))
+        # side="right": a zero-weight category has an empty interval and is never picked
+        out = np.stack([np.searchsorted(c, u, side="right") for c, u in zip(cdf, uniforms)])
+    else:
+        if ((probs > 0).sum(axis=-1) < n).any():
+            raise RuntimeError("invalid multinomial distribution (with replacement=False, not enough "
+                               "non-negative category to sample)")
+        # torch's algorithm: the top n of p / q with q ~ Exp(1) is a draw without replacement,
+        # in the order drawn (the exponential race).
+        keys = probs / rng.standard_exponential(probs.shape)
+        out = np.argsort(-keys, axis=-1, kind="stable")[:, :n]
+    out = out.astype(np.int64).reshape(ref.shape[:-1] + (n,))
+    return _finish(out, ref.device, False)
 
 
 # ----------------------------------------------------------------------------------- *_like
@@ -395,7 +454,8 @@ def full_like(input, fill_value, *, dtype=None, device=None, requires_grad: bool
                 device=ref.device if device is None else device, requires_grad=requires_grad)
 
 
-def randn_like(input, *, dtype=None, device=None, requires_grad: bool = False, **kwargs) -> Tensor:
+def randn_like(input, *, generator=None, dtype=None, device=None, requires_grad: bool = False,
+               **kwargs) -> Tensor:
     """Standard-normal samples with ``input``'s shape, dtype and device.
 
     Example::
@@ -405,10 +465,11 @@ def randn_like(input, *, dtype=None, device=None, requires_grad: bool = False, *
         dtype('float64')
     """
     _no_extra(kwargs, "randn_like")
-    return _like(randn, input, dtype, device, requires_grad)
+    return _like(randn, input, dtype, device, requires_grad, generator=generator)
 
 
-def rand_like(input, *, dtype=None, device=None, requires_grad: bool = False, **kwargs) -> Tensor:
+def rand_like(input, *, generator=None, dtype=None, device=None, requires_grad: bool = False,
+              **kwargs) -> Tensor:
     """Uniform ``[0, 1)`` samples with ``input``'s shape, dtype and device.
 
     Example::
@@ -418,11 +479,11 @@ def rand_like(input, *, dtype=None, device=None, requires_grad: bool = False, **
         (2, 3)
     """
     _no_extra(kwargs, "rand_like")
-    return _like(rand, input, dtype, device, requires_grad)
+    return _like(rand, input, dtype, device, requires_grad, generator=generator)
 
 
-def randint_like(input, low, high=None, *, dtype=None, device=None, requires_grad: bool = False,
-                 **kwargs) -> Tensor:
+def randint_like(input, low, high=None, *, generator=None, dtype=None, device=None,
+                 requires_grad: bool = False, **kwargs) -> Tensor:
     """Integers on ``[low, high)`` (or ``[0, low)``) with ``input``'s shape, dtype and device.
 
     Example::
@@ -436,7 +497,7 @@ def randint_like(input, low, high=None, *, dtype=None, device=None, requires_gra
     if high is None:
         low, high = 0, low
     ref = input if isinstance(input, Tensor) else Tensor(input)
-    return randint(low, high, ref.shape, dtype=ref.dtype if dtype is None else dtype,
+    return randint(low, high, ref.shape, generator=generator, dtype=ref.dtype if dtype is None else dtype,
                    device=ref.device if device is None else device, requires_grad=requires_grad)
 
 
@@ -508,3 +569,4 @@ def _bind_methods(T) -> None:
                       device=self.device if device is None else device, requires_grad=requires_grad)
 
     T.new_full, T.new_tensor = new_full, new_tensor
+    T.multinomial = multinomial

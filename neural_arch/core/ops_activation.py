@@ -1,6 +1,6 @@
 """Elementwise math and activations, and the softmax family: ``exp``, ``log``, ``sqrt``, ``abs``,
 ``tanh``, ``sigmoid``, ``relu``, ``leaky_relu``, ``silu``, ``gelu``, ``clip``, ``where``,
-``softmax``, ``log_softmax`` (one fused node each, with its hand-derived backward).
+``masked_fill``, ``softmax``, ``log_softmax`` (one fused node each, with its hand-derived backward).
 
 This module binds their Tensor methods (``x.relu()``, ``x.softmax(-1)``...); their functional
 face is :mod:`neural_arch.nn.functional`.
@@ -362,6 +362,50 @@ def where(cond, a, b) -> Tensor:
     return _result(out, Node(fn, (at if ra else None, bt if rb else None), "Where"))
 
 
+def masked_fill(input: Tensor, mask, value) -> Tensor:
+    """``value`` where the boolean ``mask`` is true, ``input`` elsewhere (``torch.masked_fill``).
+
+    ``mask`` broadcasts with ``input``; ``value`` is a number or a 0-d tensor, cast to
+    ``input``'s dtype. The gradient reaching ``input`` is zero where ``mask`` is true; a 0-d
+    ``value`` tensor that requires grad receives the sum of the gradient where it was written.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> scores = na.ones(2, 2)
+        >>> scores.masked_fill(na.tril(na.ones(2, 2)) == 0, float("-inf")).tolist()
+        [[1.0, -inf], [1.0, 1.0]]
+    """
+    md = mask.data if isinstance(mask, Tensor) else mask
+    if getattr(md, "dtype", None) is None or md.dtype != np.bool_:
+        got = getattr(md, "dtype", type(md).__name__)
+        raise RuntimeError(f"masked_fill only supports boolean masks, but got mask with dtype {got}")
+    vt = value if isinstance(value, Tensor) else None
+    if vt is not None and vt.ndim != 0:
+        raise RuntimeError(f"masked_fill only supports a 0-dimensional value tensor, but got tensor "
+                           f"with {vt.ndim} dimension(s).")
+    xd = input.data
+    vd = vt.data if vt is not None else value
+    arrays = [xd, md] + ([vd] if vt is not None else [])
+    _same_device(arrays, "masked_fill")
+    xp = _xp(xd)
+    fill = xp.asarray(vd).astype(xd.dtype)  # torch casts the value to the input's dtype
+    out = xp.where(md, fill, xd)
+    rv = vt is not None and vt.requires_grad
+    if not _needs(input, vt if rv else None):
+        return _result(out, None)
+    xsh = xd.shape
+    rx = input.requires_grad
+
+    def fn(g):
+        zero = xp.zeros((), dtype=g.dtype)
+        gx = unbroadcast(xp.where(md, zero, g), xsh) if rx else None
+        gv = xp.where(md, g, zero).sum().astype(vd.dtype) if rv else None
+        return gx, gv
+
+    return _result(out, Node(fn, (input if rx else None, vt if rv else None), "MaskedFill"))
+
+
 # ============================================================================ softmax family
 def softmax(x: Tensor, axis: int = -1, *, dim=None) -> Tensor:
     """Softmax along ``axis`` (``dim=`` accepted as torch's alias).
@@ -426,4 +470,5 @@ def _bind_methods(T) -> None:
     T.clip = clip
     T.clamp = clip
     T.softmax = softmax
+    T.masked_fill = masked_fill
     T.log_softmax = log_softmax

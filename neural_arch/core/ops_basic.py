@@ -18,6 +18,8 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+
 from .. import backend as _backend
 from .autograd import Node
 from .op_utils import (
@@ -239,6 +241,90 @@ def rpow(a: Tensor, b) -> Tensor:
     return _result(out, Node(fn, (a if ra else None, bt), "RPow"))
 
 
+def _integral(d) -> bool:
+    return d.dtype.kind in "biu" if hasattr(d, "dtype") else isinstance(d, int)
+
+
+def _errstate(xp):
+    """Silence NumPy's divide-by-zero warnings (CuPy does not warn, and has no ``errstate``)."""
+    if hasattr(xp, "errstate"):
+        return xp.errstate(divide="ignore", invalid="ignore")
+    return contextlib.nullcontext()
+
+
+def _mod(ad, bd, who: str):
+    """``ad mod bd`` with Python's sign rule, and torch's error for an integer division by zero."""
+    xp = _xp(ad if hasattr(ad, "dtype") else bd)  # one side is an array; the other may be a number
+    if _integral(ad) and _integral(bd) and bool((xp.asarray(bd) == 0).any()):
+        raise RuntimeError(f"ZeroDivisionError: {who}: integer modulo by zero")
+    with _errstate(xp):  # a float modulo 0 is nan, as in torch: not worth a warning
+        return xp.remainder(ad, bd)
+
+
+def remainder(input, other) -> Tensor:
+    """``input % other`` elementwise with Python's sign rule (the result has the sign of
+    ``other``), as ``torch.remainder`` and ``numpy.mod``. Either side may be a number.
+
+    Differentiable in float: ``d/dinput = 1``, ``d/dother = -floor(input / other)``. Integer
+    tensors give integers (no gradient); an integer modulo zero raises ``RuntimeError`` as torch.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.remainder(na.tensor([-3.0, 3.0]), 2).tolist(), (na.tensor([-3, 3]) % -2).tolist()
+        ([1.0, 1.0], [-1, -1])
+        >>> (5 % na.tensor([3.0, -3.0])).tolist()
+        [2.0, -1.0]
+    """
+    if not isinstance(input, Tensor):
+        if not isinstance(other, Tensor):
+            raise TypeError("remainder(): expected a Tensor for input or other, got two numbers")
+        return rremainder(other, input)
+    bd, bt = _operand(input, other)
+    ad = input.data
+    out = _mod(ad, bd, "remainder")
+    if not _needs(input, bt):
+        return _result(out, None)
+    ash, bsh = ad.shape, getattr(bd, "shape", ())
+    ra, rb = input.requires_grad, bt is not None
+
+    def fn(g):
+        gb = None
+        if rb:
+            with _errstate(_xp(g)):
+                gb = unbroadcast(-g * _xp(g).floor_divide(ad, bd), bsh)
+        return (unbroadcast(g, ash) if ra else None, gb)
+
+    return _result(out, Node(fn, (input if ra else None, bt), "Remainder"))
+
+
+def rremainder(a: Tensor, b) -> Tensor:
+    """``b % a`` (what ``number % tensor`` calls).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.core.ops_basic.rremainder(na.tensor([4.0]), 7.0).tolist()
+        [3.0]
+    """
+    bd, bt = _operand(a, b)
+    ad = a.data
+    out = _mod(bd, ad, "remainder")
+    if not _needs(a, bt):
+        return _result(out, None)
+    ash, bsh = ad.shape, getattr(bd, "shape", ())
+    ra, rb = a.requires_grad, bt is not None
+
+    def fn(g):
+        ga = None
+        if ra:
+            with _errstate(_xp(g)):
+                ga = unbroadcast(-g * _xp(g).floor_divide(bd, ad), ash)
+        return (ga, unbroadcast(g, bsh) if rb else None)
+
+    return _result(out, Node(fn, (a if ra else None, bt), "RRemainder"))
+
+
 def neg(a: Tensor) -> Tensor:
     """``-a`` elementwise.
 
@@ -346,6 +432,8 @@ def _bind_methods(T) -> None:
     T.__pow__ = pow
     T.__rpow__ = rpow
     T.__neg__ = neg
+    T.__mod__ = remainder
+    T.__rmod__ = rremainder
     T.__matmul__ = matmul
     T.__rmatmul__ = rmatmul
     T.__lt__ = _compare(operator.lt)
@@ -356,6 +444,7 @@ def _bind_methods(T) -> None:
     T.__ne__ = _compare(operator.ne)
     T.__hash__ = object.__hash__
     T.add, T.sub, T.mul, T.div, T.pow, T.neg, T.matmul = add, sub, mul, div, pow, neg, matmul
+    T.remainder = remainder
     for name, op in (("eq", operator.eq), ("ne", operator.ne), ("lt", operator.lt),
                      ("le", operator.le), ("gt", operator.gt), ("ge", operator.ge)):
         setattr(T, name, _compare_method(name, op))

@@ -1,5 +1,5 @@
 """Differentiable shape ops: reshape/view, transpose/permute, expand, clone, casting and device
-moves, indexing (basic, integer-array, boolean) and joining/splitting (cat, stack, split, chunk).
+moves, indexing (basic, integer-array, boolean, the triangles ``tril``/``triu``) and joining/splitting (cat, stack, split, chunk).
 
 Example::
 
@@ -420,6 +420,48 @@ def setitem(x: Tensor, idx, value) -> None:
     x.data[idx] = val
 
 
+def _triangle(x: Tensor, diagonal, keep: str) -> Tensor:
+    """The lower (``keep="tril"``) or upper triangle of the last two dims; zeros elsewhere."""
+    if x.ndim < 2:
+        raise RuntimeError(f"{keep}: input tensor must have at least 2 dimensions, got {x.ndim}")
+    k = int(diagonal)
+    xd = x.data
+    pick = getattr(_xp(xd), keep)  # NumPy's and CuPy's tril/triu act on the last two axes
+    out = pick(xd, k)
+    if not _needs(x):
+        return _result(out, None)
+    # the gradient of a masking op is the same mask applied to the upstream gradient
+    return _result(out, Node(lambda g: (pick(g, k),), (x,), keep.capitalize()))
+
+
+def tril(input: Tensor, diagonal: int = 0) -> Tensor:
+    """The lower triangle of each matrix (the last two dims), zeros above diagonal ``diagonal``
+    (0 the main one, positive above it, negative below), as ``torch.tril``. Differentiable.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.tril(na.ones(3, 3)).tolist()
+        [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]
+        >>> na.ones(2, 3).tril(diagonal=1).tolist()
+        [[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]
+    """
+    return _triangle(input, diagonal, "tril")
+
+
+def triu(input: Tensor, diagonal: int = 0) -> Tensor:
+    """The upper triangle of each matrix (the last two dims), zeros below diagonal ``diagonal``,
+    as ``torch.triu``. Differentiable.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.triu(na.ones(3, 3), diagonal=1).tolist()
+        [[0.0, 1.0, 1.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]
+    """
+    return _triangle(input, diagonal, "triu")
+
+
 # ============================================================================ joining / splitting
 def concatenate(tensors, axis: int = 0, *, dim=None) -> Tensor:
     """Join tensors along an existing axis (``cat``; ``dim=`` is torch's alias).
@@ -557,6 +599,8 @@ def _bind_methods(T) -> None:
     T.type_as = lambda self, other: astype(self, other.dtype)
     T.split = split
     T.chunk = chunk
+    T.tril = tril
+    T.triu = triu
     T.float = lambda self: astype(self, np.float32)
     T.double = lambda self: astype(self, np.float64)
     T.half = lambda self: astype(self, np.float16)

@@ -1,4 +1,5 @@
-"""The global random generator used by initialisers and dropout.
+"""The global random generator used by initialisers and dropout (a ``generator=`` argument picks
+another stream: :func:`numpy_generator`; the ``Generator`` objects live in :mod:`.generator`).
 
 Example::
 
@@ -16,7 +17,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["manual_seed", "get_generator", "seed"]
+__all__ = ["manual_seed", "get_generator", "numpy_generator", "seed"]
 
 _generator = np.random.default_rng()
 _seed = None
@@ -78,3 +79,29 @@ def seed() -> int | None:
         7
     """
     return _seed
+
+
+def numpy_generator(generator=None) -> np.random.Generator:
+    """The ``numpy.random.Generator`` to draw from for a ``generator=`` argument.
+
+    ``None`` means the global generator; a :class:`Generator` gives its own stream; a
+    ``numpy.random.Generator`` is used as is (accepted before :class:`Generator` existed).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.core.rng import numpy_generator, get_generator
+        >>> numpy_generator(None) is get_generator(), type(numpy_generator(na.Generator())).__name__
+        (True, 'Generator')
+    """
+    if generator is None:
+        return _generator
+    if isinstance(generator, np.random.Generator):
+        return generator
+    # A neural_arch.Generator, known by its stream: importing its class here would pull
+    # Tensor (its get_state returns one) below the ops that import this module.
+    stream = getattr(generator, "_stream", None)
+    if isinstance(stream, np.random.Generator):
+        return stream
+    raise TypeError(f"generator must be a neural_arch.Generator (or a numpy.random.Generator), "
+                    f"got {type(generator).__name__}")

@@ -12,8 +12,7 @@ Example::
     )
 """
 
-from neural_arch.nn import functional
-from neural_arch.nn import init, utils
+from neural_arch.nn import functional, init, utils
 from neural_arch.nn.activation import GELU, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh
 from neural_arch.nn.attention import MultiheadAttention
 from neural_arch.nn.batchnorm import BatchNorm1d, BatchNorm2d

@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from neural_arch import backend as _backend
-from neural_arch.nn import functional as F
 from neural_arch.core.tensor import Tensor
+from neural_arch.nn import functional as F
 from neural_arch.nn.linear import Linear
 from neural_arch.nn.module import Module
 from neural_arch.nn.normalization import Dropout

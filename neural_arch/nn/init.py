@@ -24,7 +24,8 @@ import math
 import numpy as np
 
 from neural_arch import backend as _backend
-from neural_arch.core.tensor import Tensor, get_generator
+from neural_arch.core.rng import numpy_generator
+from neural_arch.core.tensor import Tensor
 
 __all__ = [
     "calculate_gain", "uniform_", "normal_", "constant_", "zeros_", "ones_",
@@ -47,7 +48,7 @@ def _fill(tensor: Tensor, values: np.ndarray) -> Tensor:
 
 
 def _rng(generator):
-    return get_generator() if generator is None else generator
+    return numpy_generator(generator)
 
 
 def _fans(tensor: Tensor) -> tuple[int, int]:

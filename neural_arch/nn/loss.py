@@ -11,8 +11,8 @@ Example::
 
 from __future__ import annotations
 
-from neural_arch.nn import functional as F
 from neural_arch.core.tensor import Tensor
+from neural_arch.nn import functional as F
 from neural_arch.nn.module import Module
 
 __all__ = ["CrossEntropyLoss", "MSELoss"]

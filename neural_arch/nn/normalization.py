@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from neural_arch.nn import functional as F
 from neural_arch.core.tensor import Tensor
+from neural_arch.nn import functional as F
 from neural_arch.nn.module import Module
 from neural_arch.nn.parameter import Parameter
 

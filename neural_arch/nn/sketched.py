@@ -41,8 +41,9 @@ import math
 
 import numpy as np
 
+from neural_arch.core.rng import numpy_generator
+from neural_arch.core.tensor import Tensor, no_grad
 from neural_arch.nn import functional as F
-from neural_arch.core.tensor import Tensor, get_generator, no_grad
 from neural_arch.nn import init
 from neural_arch.nn.module import Module
 from neural_arch.nn.parameter import Parameter
@@ -82,7 +83,7 @@ class SKLinear(Module):
                 raise ValueError(f"SKLinear: {name} must be a positive integer, got {value}")
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.sketch_size = int(sketch_size)
-        rng = get_generator() if generator is None else generator
+        rng = numpy_generator(generator)
         # The dense init W0 is drawn exactly like Linear's (kaiming_uniform(a=sqrt(5)) bounds).
         bound = 1.0 / math.sqrt(self.in_features)
         w0 = rng.uniform(-bound, bound, size=(self.out_features, self.in_features))

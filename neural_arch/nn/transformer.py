@@ -28,7 +28,7 @@ import numpy as np
 
 from neural_arch import backend as _backend
 from neural_arch.core.autograd import no_grad
-from neural_arch.core.rng import get_generator
+from neural_arch.core.rng import numpy_generator
 from neural_arch.core.tensor import Tensor
 from neural_arch.nn import init
 from neural_arch.nn.activation import GELU
@@ -147,6 +147,14 @@ class GPT(Module):
         >>> model(np.zeros((3, 8), dtype=np.int64)).shape
         (3, 8, 50)
     """
+
+    #: How :meth:`generate` turns the last position's logits into token ids; None (the default) chooses
+    #: on this process with the whole vocabulary. Tensor parallelism installs a vocabulary-parallel one
+    #: (:class:`~neural_arch.distributed.tensor.parallel.generation.VocabParallelTokenSelector`) whose logits
+    #: are this rank's vocabulary shard: ``selector(last_logits, choose, do_sample) -> (B,) ids``, where
+    #: ``choose(full_logits)`` is the single-process rule (greedy or the configured sampling). The hook keeps
+    #: ``nn`` free of ``distributed`` imports.
+    token_selector = None
 
     def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int,
                  dropout: float = 0.0, *, moe_num_experts: int = 0, moe_every: int = 1,
@@ -274,7 +282,7 @@ class GPT(Module):
         ``softmax(logits / temperature)`` after top-k then top-p (nucleus) filtering (Hugging Face's
         order and semantics: top-k keeps ties with the k-th logit, top-p keeps the smallest set of
         most likely tokens whose probability reaches ``top_p``, at least one). Draws come from
-        ``generator`` (a ``numpy.random.Generator``) or the global one (``neural_arch.manual_seed``).
+        ``generator`` (a ``neural_arch.Generator`` or ``numpy.random.Generator``) or the global one (``neural_arch.manual_seed``).
 
         Runs under ``no_grad`` in eval mode (the previous mode is restored) with a
         :class:`~neural_arch.nn.kv_cache.KVCache`: the prompt is run once, then one token per step,
@@ -294,6 +302,11 @@ class GPT(Module):
         ``idx[:, -(block_size - max_new_tokens):]``.
 
         Returns ``(B, T + n)`` token ids, a Tensor if ``idx`` was one, else an array.
+
+        Tensor parallel: on a model from ``parallelize_gpt`` every rank of the tp group calls this with
+        the same arguments; each rank caches its own heads and :attr:`token_selector` chooses the
+        tokens from the vocabulary-parallel logits, the same on every rank
+        (``neural_arch.distributed.tensor.parallel.generation``).
 
         Example::
 
@@ -338,7 +351,10 @@ class GPT(Module):
         eos = None
         if eos_token_id is not None:
             eos = xp.asarray(np.atleast_1d(np.asarray(eos_token_id, dtype=np.int64)))
-        gen = generator if generator is not None else get_generator()
+        gen = numpy_generator(generator)
+
+        def choose(last_logits):
+            return _next_token(last_logits, do_sample, temperature, top_k, top_p, gen, xp)
 
         was_training = self.training
         self.eval()
@@ -353,7 +369,11 @@ class GPT(Module):
                         logits = self(step_ids, attention_mask=step_mask, kv_cache=cache)
                     else:
                         logits = self(out, attention_mask=step_mask)
-                    nxt = _next_token(logits.data[:, -1, :], do_sample, temperature, top_k, top_p, gen, xp)
+                    last = logits.data[:, -1, :]
+                    if self.token_selector is None:
+                        nxt = choose(last)
+                    else:
+                        nxt = self.token_selector(last, choose, do_sample)
                     if eos is not None:
                         nxt = xp.where(done, eos[0], nxt)
                         done = done | xp.isin(nxt, eos)

@@ -25,6 +25,7 @@ MODULES = [
     "neural_arch.core.ops_activation",
     "neural_arch.core.ops_loss",
     "neural_arch.core.rng",
+    "neural_arch.core.generator",
     "neural_arch.core.dtypes",
     "neural_arch.core.factory",
     "neural_arch.core.ops_inplace",

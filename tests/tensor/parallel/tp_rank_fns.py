@@ -571,3 +571,118 @@ def sequence_parallel_block_run(seed: int = 3):
             "x_grad": float(np.abs(_g(xt) - _g(xr)[:, mine]).max()),
             "grads": _param_diff(tp, ref, group, "grad"),
             "shape": tuple(yt.shape)}
+
+
+# ---------------------------------------------------------------------------------- generation
+TP_GENERATE_SHAPE = {"vocab_size": 32, "block_size": 16, "n_layer": 2, "n_head": 4, "n_embd": 16}
+
+
+class _Recorder:
+    """A ``token_selector`` that records each step's last-position logits and how many collectives of
+    each kind this process had run when the step's forward ended, then chooses as ``inner`` would."""
+
+    def __init__(self, inner, counts):
+        self.inner, self.counts = inner, counts
+        self.logits, self.marks = [], []
+
+    def __call__(self, last_logits, choose, do_sample):
+        self.logits.append(np.array(last_logits))
+        self.marks.append(dict(self.counts))
+        return choose(last_logits) if self.inner is None else self.inner(last_logits, choose, do_sample)
+
+
+def tp_generate_run(loss_parallel: bool, do_sample: bool = False, padded: bool = False, seed: int = 0,
+                    max_new_tokens: int = 6, rank_seeds_differ: bool = False):
+    """``generate`` on a TP GPT vs the single-process GPT with the same weights (float64).
+
+    Returns the tokens of both, the largest logit difference over every step (against this rank's
+    vocabulary slice when the head is vocabulary-parallel), the collectives per decode step
+    (``{op: count}`` for each step after the first, with the choice of the step before it), the prefill's
+    forward (``first_step``) and the last choice alone (``last_choice``), and the local KV cache's head count.
+    """
+    from neural_arch.distributed.tensor.parallel import parallelize_gpt
+    from neural_arch.nn.kv_cache import KVCache
+    from neural_arch.profiler import events
+
+    dist = _dist()
+    group = dist.get_default_group()
+    n, r = group.size(), group.rank()
+    cfg = TP_GENERATE_SHAPE
+    ref = _gpt(seed, cfg)
+    tp = parallelize_gpt(_gpt(seed, cfg), None, loss_parallel=loss_parallel)
+    rng = np.random.default_rng(seed + 7)
+    lengths = [5, 2, 4] if padded else [4, 4]
+    width = max(lengths)
+    idx = rng.integers(0, cfg["vocab_size"], size=(len(lengths), width))
+    mask = np.array([[0] * (width - k) + [1] * k for k in lengths])
+    idx = np.where(mask == 1, idx, 0)
+    kwargs = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "temperature": 0.8, "top_k": 12,
+              "top_p": 0.9}
+    if padded:
+        kwargs["attention_mask"] = mask
+
+    counts: dict = {}
+
+    def count(span):
+        if span.category == "collective":
+            counts[span.name] = counts.get(span.name, 0) + 1
+
+    ref.token_selector = ref_rec = _Recorder(None, counts)
+    tp.token_selector = tp_rec = _Recorder(tp.token_selector, counts)
+    ref_tokens = ref.generate(idx, generator=np.random.default_rng(seed), **kwargs)
+    gen_seed = seed + (r if rank_seeds_differ else 0)
+    events.subscribe(count)
+    try:
+        tp_tokens = tp.generate(idx, generator=np.random.default_rng(gen_seed), **kwargs)
+        end = dict(counts)
+    finally:
+        events.unsubscribe(count)
+    marks = tp_rec.marks + [end]
+    ops = sorted({op for m in marks for op in m})
+    per_step = [{op: marks[i + 1].get(op, 0) - marks[i].get(op, 0) for op in ops
+                 if marks[i + 1].get(op, 0) != marks[i].get(op, 0)} for i in range(len(marks) - 1)]
+    last_choice = per_step.pop()
+    worst = 0.0
+    for a, b in zip(tp_rec.logits, ref_rec.logits):
+        if a.shape[-1] != b.shape[-1]:
+            per = b.shape[-1] // n
+            b = b[:, r * per:(r + 1) * per]
+        worst = max(worst, float(np.abs(a - b).max()))
+    cache = KVCache()
+    tp.token_selector = None
+    tp(idx, kv_cache=cache, **({"attention_mask": mask} if padded else {}))
+    return {"ref": ref_tokens.tolist(), "tp": tp_tokens.tolist(), "logits": worst, "steps": len(tp_rec.logits),
+            "per_step": per_step, "first_step": tp_rec.marks[0], "last_choice": last_choice, "cache_heads": int(cache.key_cache[0].shape[1]),
+            "n_layer": cfg["n_layer"]}
+
+
+def vocab_parallel_argmax_run():
+    """``vocab_parallel_argmax`` on this rank's vocabulary slice vs ``np.argmax`` of whole rows built to
+    tie across the shard boundary, tie inside a shard, hold a NaN, or be all equal."""
+    from neural_arch.distributed.tensor.parallel import vocab_parallel_argmax
+
+    dist = _dist()
+    group = dist.get_default_group()
+    n, r = group.size(), group.rank()
+    v = 4 * n
+    rows = np.random.default_rng(5).normal(size=(6, v))
+    rows[0, [1, v - 1]] = 9.0            # tie across shards: the lower id wins
+    rows[1, [v - 2, v - 1]] = 9.0        # tie inside the last shard
+    rows[2, v - 3] = np.nan              # NaN wins, as in np.argmax
+    rows[3] = 1.0                        # all equal: id 0
+    rows[4, [0, v - 1]] = np.nan         # first NaN
+    per = v // n
+    got = vocab_parallel_argmax(rows[:, r * per:(r + 1) * per].astype(np.float32), group)
+    return got.tolist(), np.argmax(rows.astype(np.float32), axis=-1).tolist()
+
+
+def sequence_parallel_generate_run():
+    """``generate`` on a sequence-parallel TP GPT: the error each rank raises (a decode step has one position)."""
+    from neural_arch.distributed.tensor.parallel import parallelize_gpt
+
+    tp = parallelize_gpt(_gpt(0, TP_GENERATE_SHAPE), None, sequence_parallel=True)
+    try:
+        tp.generate(np.array([[1, 2, 3, 4]]), max_new_tokens=2)
+    except ValueError as exc:
+        return str(exc)
+    return None

@@ -8,6 +8,7 @@ module                 what
 ``style``              parallelize_module, ColwiseParallel, RowwiseParallel, Shard, Replicate
 ``sequence_parallel``  SequenceParallel, PrepareModuleInput (Megatron's sequence parallelism)
 ``gpt``                gpt_tp_plan / parallelize_gpt for ``nn.GPT``
+``generation``         VocabParallelTokenSelector, vocab_parallel_argmax (``GPT.generate`` under TP)
 ``sketched``           TensorParallelSKLinear, TensorParallelModel (seed 004)
 ``state_dict``         sharded_state_dict, full_state_dict, load_full_state_dict
 ``wrapper``            TensorParallel (seed 001's placeholder name)
@@ -22,6 +23,10 @@ The mappings these layers use ("f", "g", scatter, gather) are in
 """
 
 from neural_arch.distributed.tensor.parallel.cross_entropy import vocab_parallel_cross_entropy
+from neural_arch.distributed.tensor.parallel.generation import (
+    VocabParallelTokenSelector,
+    vocab_parallel_argmax,
+)
 from neural_arch.distributed.tensor.parallel.gpt import gpt_tp_plan, parallelize_gpt
 from neural_arch.distributed.tensor.parallel.layers import (
     ColumnParallelLinear,
@@ -52,6 +57,6 @@ from neural_arch.distributed.tensor.parallel.wrapper import TensorParallel
 __all__ = [
     "ColumnParallelLinear", "ColwiseParallel", "ParallelStyle", "PrepareModuleInput", "Replicate",
     "RowParallelLinear", "RowwiseParallel", "SequenceParallel", "Shard", "ShardedArray", "TensorParallel", "TensorParallelModel", "TensorParallelSKLinear",
-    "VocabParallelEmbedding", "full_state_dict", "gpt_tp_plan", "load_full_state_dict", "parallelize_gpt",
-    "parallelize_module", "sharded_state_dict", "vocab_parallel_cross_entropy",
+    "VocabParallelEmbedding", "VocabParallelTokenSelector", "full_state_dict", "gpt_tp_plan", "load_full_state_dict", "parallelize_gpt",
+    "parallelize_module", "sharded_state_dict", "vocab_parallel_argmax", "vocab_parallel_cross_entropy",
 ]

@@ -21,6 +21,10 @@ the group size. Results equal the plain plan's (and single-process training).
 global positions for the position embedding, ring (or Ulysses) attention, gradients averaged over
 the context-parallel group; a second call with the tp mesh dimension adds TP on top.
 
+Generation: ``model.generate(...)`` works on the returned model (every rank, same prompt): each
+rank's KV cache holds its own heads and the next token is chosen vocabulary-parallel
+(:mod:`neural_arch.distributed.tensor.parallel.generation`, installed as ``model.token_selector``).
+
 Example (every rank of the tp group)::
 
     model = nn.GPT(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32)   # same seed everywhere
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 from neural_arch import backend as _backend
 from neural_arch.distributed.device_mesh import resolve_group_or_mesh
+from neural_arch.distributed.tensor.parallel.generation import VocabParallelTokenSelector
 from neural_arch.distributed.tensor.parallel.sequence_parallel import (
     PrepareModuleInput,
     SequenceParallel,
@@ -117,6 +122,8 @@ def parallelize_gpt(model, device_mesh=None, loss_parallel: bool = True, sequenc
                              f"size {p}")
     parallelize_module(model, group, gpt_tp_plan(loss_parallel, sequence_parallel))
     model.tp_group = group
+    # generate() chooses tokens from this rank's vocabulary shard (see tensor/parallel/generation.py)
+    model.token_selector = VocabParallelTokenSelector(group, model.vocab_size, sequence_parallel=sequence_parallel)
     model.loss_parallel = bool(loss_parallel)
     model.sequence_parallel = bool(sequence_parallel)
     return model
