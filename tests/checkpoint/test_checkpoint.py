@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from polling import wait_for
 
 from neural_arch.distributed import checkpoint as dcp
 from neural_arch.distributed.checkpoint import CheckpointError, CheckpointManager, ShardedArray
@@ -260,11 +261,9 @@ def test_sigkill_during_save_leaves_a_loadable_latest(tmp_path, mode):
         try:
             # Wait for a first commit (import time varies a lot on a loaded machine), then kill at
             # a random moment among the saves that follow.
-            deadline = time.monotonic() + 60
-            while CheckpointManager(directory).latest() is None and proc.poll() is None \
-                    and time.monotonic() < deadline:
-                time.sleep(0.02)
-            time.sleep(rng.random() * 1.5)
+            wait_for(lambda d=directory, p=proc: CheckpointManager(d).latest() is not None or p.poll() is not None,
+                     60, interval=0.02)
+            time.sleep(rng.random() * 1.5)  # the random kill moment is the test, not synchronisation
             proc.kill()
         finally:
             proc.wait(10)

@@ -315,12 +315,16 @@ def test_async_point_to_point_keeps_issue_order_per_peer_and_tag():
 
 
 def test_a_raising_done_callback_does_not_stop_later_operations():
+    attached = threading.Event()
+
     def fn(b):
         if b.rank == 1:
-            time.sleep(0.2)  # rank 0 attaches its callback while the op is still pending
+            assert attached.wait(10)  # rank 0 attaches its callback while the op is still pending
         w1 = b.allreduce(np.ones(2), async_op=True)
         if b.rank == 0:
+            assert not w1.is_completed()  # rank 1 has not joined yet
             w1.add_done_callback(lambda w: 1 / 0)
+            attached.set()
         w2 = b.allreduce(np.ones(2), async_op=True)
         w1.wait(timeout=5)
         w2.wait(timeout=5)

@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import pytest
+from polling import wait_for
 
 from neural_arch.distributed.comm.backend import Backend
 from neural_arch.distributed.comm.debug import wire_word
@@ -225,11 +226,9 @@ def test_an_op_in_flight_sits_in_its_backends_slot_where_the_stall_inspector_fin
         b.gate.clear()
         t = threading.Thread(target=call)
         t.start()
-        deadline = time.monotonic() + 5
-        while not _ops_of(b) and time.monotonic() < deadline:
-            time.sleep(0.001)
+        assert wait_for(lambda: _ops_of(b), 5, interval=0.001)
         assert _ops_of(b) == [expected]
-        time.sleep(0.06)                                  # past the (tiny) threshold
+        time.sleep(0.06)   # the stall itself (the op waits past warning_s): what the inspector must report
         reports = inspector.check()
         assert [(r.op, r.seq) for r in reports] == [expected]
         assert f"{expected[0]} #{expected[1]} of group [0, 1] has waited" in reports[0].message

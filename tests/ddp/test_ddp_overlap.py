@@ -8,10 +8,12 @@ this process mapping one segment (a FileStore rendezvous), so no process start i
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
 import pytest
+from polling import wait_for
 
 from neural_arch.distributed.comm import work as work_mod
 from neural_arch.distributed.comm.gloo.transport import shm_segment
@@ -25,11 +27,17 @@ pytestmark = [pytest.mark.timeout(30),
 
 
 def _until(cond, timeout=5.0):
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError("condition not reached in time")
-        time.sleep(1e-3)
+    assert wait_for(cond, timeout, interval=1e-3), "condition not reached in time"
+
+
+def _blocked_in_work_wait(thread) -> bool:
+    """``thread`` sleeps inside ``Work.wait``'s event wait (its Python stack says so)."""
+    frame = sys._current_frames().get(thread.ident)
+    names = []
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return "_blocking_wait" in names and names[0] == "wait"
 
 
 # -- the counter ---------------------------------------------------------------------------------------
@@ -69,8 +77,7 @@ def test_a_wait_on_another_thread_is_not_counted():
     work, during = Work(), []
     t = threading.Thread(target=work.wait, daemon=True)
     t.start()
-    _until(lambda: work._event is not None)
-    time.sleep(0.01)
+    _until(lambda: _blocked_in_work_wait(t))
     during.append(work_mod.main_thread_waiting)
     work._set_result(None)
     t.join(5)
@@ -133,7 +140,7 @@ def test_progress_thread_spins_in_the_barrier_while_the_main_thread_waits(segmen
 
     def late_peer():                  # arrives once the main thread has blocked, well after 2 ms slices
         _until(lambda: work_mod.main_thread_waiting == 1)
-        time.sleep(0.02)
+        time.sleep(0.02)              # late on purpose: the spin across slices is the case under test
         seg1.barrier(_info())
 
     peer = threading.Thread(target=late_peer, daemon=True)
@@ -164,7 +171,7 @@ def test_poison_ends_a_progress_thread_spinning_for_the_waiting_main_thread(segm
 
     def failing_peer():
         _until(lambda: work_mod.main_thread_waiting == 1)
-        time.sleep(0.01)
+        time.sleep(0.01)              # late on purpose: the poison must reach a thread already spinning
         seg1.poison("rank 1 failed on purpose")
 
     peer = threading.Thread(target=failing_peer, daemon=True)

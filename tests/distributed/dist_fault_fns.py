@@ -7,6 +7,7 @@ import signal
 import time
 
 import numpy as np
+from polling import pid_alive, wait_for
 
 import neural_arch.distributed as dist
 from neural_arch.core.tensor import Tensor
@@ -79,13 +80,16 @@ def reinit_fn():
 
 # ---------------------------------------------------------------------------------- faults
 def kill_peer_fn(victim: int):
-    """One all_reduce works; then ``victim`` SIGKILLs itself and the others all_reduce again."""
+    """One all_reduce works (it also tells every rank the others' pids); then ``victim`` SIGKILLs
+    itself and the others, once it is dead, all_reduce again."""
     r = dist.get_rank()
-    dist.all_reduce(Tensor(np.ones(4)))
+    pids = np.zeros(dist.get_world_size())
+    pids[r] = os.getpid()
+    victim_pid = int(dist.all_reduce(Tensor(pids)).data[victim])
     if r == victim:
         os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(30)
-    time.sleep(0.3)  # let the victim die before we start
+        time.sleep(30)  # never reached: SIGKILL is not deferred
+    assert wait_for(lambda: not pid_alive(victim_pid), 10), "the victim outlived its SIGKILL"
     return _catch(lambda: dist.all_reduce(Tensor(np.ones(1000))))
 
 

@@ -20,7 +20,8 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # run as a script too: launcher_helpers imports tests/polling.py
 from launcher_helpers import ROOT, free_port, reap, start_launcher, wait_for
 
 EXAMPLE = os.path.join(ROOT, "examples", "train_elastic.py")

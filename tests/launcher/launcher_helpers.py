@@ -10,7 +10,8 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+
+from polling import pid_alive, wait_for  # noqa: F401 - the launcher tests import them from here too
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -33,6 +34,9 @@ def free_port() -> int:
 
 
 def start_launcher(args: list[str], cwd, env: dict | None = None) -> subprocess.Popen:
+    # The launcher's temporary files (its ready folder) go to the test's working folder: a test that
+    # SIGKILLs the launcher leaves them there, not in the session's temporary directory.
+    env = {"TMPDIR": str(cwd), **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "neural_arch.distributed.launcher", *map(str, args)],
                             cwd=str(cwd), env=child_env(env), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -59,25 +63,6 @@ def run_launcher(args: list[str], cwd, timeout: float = 30, env: dict | None = N
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     finally:
         reap(proc)
-
-
-def pid_alive(pid: int) -> bool:
-    """True for a running process; zombies (exited, not yet reaped by init) count as gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def kill_pids(pids) -> None:

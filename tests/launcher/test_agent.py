@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from polling import wait_for
 
 from neural_arch.distributed.auth import greet
 from neural_arch.distributed.run.agent import NodeAgentServer, NodeLayout, join_node0
@@ -41,10 +42,8 @@ def join_in_background(port: int, node: int, nproc: int, token: str = TOKEN, **k
 
 def _wait_joined(server, node: int, timeout: float = 10.0) -> None:
     """Poll until ``node`` has joined (instead of sleeping and hoping it has)."""
-    deadline = time.monotonic() + timeout
-    while node not in server.joined():
-        assert time.monotonic() < deadline, f"node {node} did not join within {timeout} s"
-        time.sleep(0.005)
+    assert wait_for(lambda: node in server.joined(), timeout, interval=0.005), \
+        f"node {node} did not join within {timeout} s"
 
 @pytest.mark.timeout(20)
 def test_listens_on_the_given_address_only(server):

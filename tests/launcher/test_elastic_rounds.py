@@ -3,9 +3,8 @@ clients speaking the real protocol over loopback (real sockets, real handshake).
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from polling import wait_for
 
 from neural_arch.distributed.elastic.agent import ElasticAgentServer, ElasticMember
 
@@ -33,7 +32,7 @@ def test_rounds_are_dense_in_join_order_with_node0_first_and_a_fresh_port_each()
     srv = server(max_restarts=1)
     late, zero = member(srv, 2, nproc=3), None
     try:
-        time.sleep(0.2)
+        assert wait_for(lambda: srv.joined() == {2}, 5)  # node 2's join is on record before node 0 comes
         zero = member(srv, 0, nproc=2)  # joins second, still node rank 0
         a, b = expect(zero, "round"), expect(late, "round")
         assert (a["node_rank"], b["node_rank"]) == (0, 1) and a["layout"] == b["layout"] == [2, 3]
@@ -96,11 +95,14 @@ def test_a_node_joining_mid_round_restarts_the_group_with_it_and_a_lost_node_shr
 @pytest.mark.timeout(30)
 def test_a_node_joining_while_the_ranks_finish_does_not_restart_the_job():
     srv = server(min_nodes=2, max_nodes=3, last_call=0.0)
+    # The server handles its events in arrival order: node 2 must come after node 0's "done" arrived.
+    arrived, put = [], srv._events.put
+    srv._events.put = lambda event, *a, **kw: (arrived.append(event), put(event, *a, **kw))
     zero, one = member(srv, 0), member(srv, 1)
     try:
         expect(zero, "round"), expect(one, "round")
         zero.send({"done": 0})                  # node 0's ranks finished: the job is ending
-        time.sleep(0.2)
+        assert wait_for(lambda: any(kind == "msg" and msg == {"done": 0} for kind, _, msg in arrived), 5)
         late = member(srv, 2)
         assert one.get(0.5) is None             # no restart for the newcomer
         one.send({"done": 0})

@@ -46,8 +46,15 @@ SLEEP_OR_FAIL = """
 import os, sys, time
 rank = int(os.environ["RANK"])
 open(os.path.join(sys.argv[1], f"pid_{rank}"), "w").write(str(os.getpid()))
-if rank == 1:
-    time.sleep(0.5)
+if rank == 1:  # fails once every rank wrote its pid file (the test reads them all after the teardown)
+    def written(r):
+        try:
+            return open(os.path.join(sys.argv[1], f"pid_{r}")).read() != ""
+        except FileNotFoundError:
+            return False
+    deadline = time.monotonic() + 20
+    while not all(written(r) for r in range(int(os.environ["WORLD_SIZE"]))) and time.monotonic() < deadline:
+        time.sleep(0.01)
     print("rank 1 failing now", flush=True)
     sys.exit(3)
 time.sleep(60)

@@ -12,8 +12,8 @@ TOKEN = {"NEURAL_ARCH_AUTH_TOKEN": "c0ffee00" * 4}
 def _two_nodes(tmp_path, script, node0_extra, node1_extra, env=None):
     port, agent = free_port(), free_port()
     common = ["--master_addr=127.0.0.1", f"--master_port={port}", f"--agent_port={agent}", "--start_timeout=30"]
+    # Started together: a joiner that comes first retries until node 0 listens (the launcher's job, not the test's).
     node0 = start_launcher([*common, "--node_rank=0", *node0_extra, script], tmp_path, env={**TOKEN, **(env or {})})
-    time.sleep(0.3)  # node 0 listens first (a joiner retries anyway; this keeps the test's timing simple)
     node1 = start_launcher([*common, "--node_rank=1", *node1_extra, script], tmp_path, env={**TOKEN, **(env or {})})
     return node0, node1
 

@@ -36,15 +36,14 @@ TOKEN = "5f3ca9e1" * 5                 # 160 bits: strong enough for the handsha
 FIRST_ERROR = """
 import atexit, os, sys, time
 rank = int(os.environ["RANK"])
-marker = os.path.join(os.getcwd(), "rank0_raised")
+record = os.path.join(os.environ["NEURAL_ARCH_READY_DIR"], "error_0.json")
 if rank == 0:
     atexit.register(time.sleep, 20)      # a slow teardown: rank 0 is not the first to exit
-    open(marker, "w").close()
     raise RuntimeError("the real cause: batch 7 has NaNs")
+# rank 1 raises once rank 0's error is on record (the bootstrap writes error_0.json as rank 0 raises)
 deadline = time.monotonic() + 20
-while not os.path.exists(marker) and time.monotonic() < deadline:
+while not os.path.exists(record) and time.monotonic() < deadline:
     time.sleep(0.02)
-time.sleep(0.2)
 raise ConnectionError("lost the connection to rank 0")   # what a peer sees a moment later
 """
 

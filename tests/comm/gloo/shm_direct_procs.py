@@ -140,7 +140,7 @@ def kill_or_stop_last(how, nbytes, stop_s=0.0):
             os.kill(os.getpid(), signal.SIGKILL)
         parent = os.getpid()
         if os.fork() == 0:      # the helper: sleep, resume the stopped rank, vanish
-            time.sleep(stop_s)
+            time.sleep(stop_s)  # how long the rank stays stopped: the scenario, not synchronisation
             os.kill(parent, signal.SIGCONT)
             os._exit(0)
         os.kill(parent, signal.SIGSTOP)

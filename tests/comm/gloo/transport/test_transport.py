@@ -6,9 +6,9 @@ import glob
 import os
 import signal
 import socket
-import time
 
 import pytest
+from polling import wait_for
 from rank_snippets import reap, run_ranks, start_ranks
 
 from neural_arch.distributed.rendezvous.store import TCPStore
@@ -215,16 +215,14 @@ _VICTIM = """
 
 def _wait_until_blocked(pid: int, timeout: float = 10.0) -> None:
     """Poll until every thread of ``pid`` sleeps (state S: blocked in the kernel), not a fixed sleep."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def blocked():
         states = []
         for tid in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{tid}/stat") as f:
                 states.append(f.read().rsplit(")", 1)[1].split()[0])
-        if states and all(s == "S" for s in states):
-            return
-        time.sleep(0.005)
-    raise AssertionError(f"rank 0 (pid {pid}) never blocked within {timeout} s")
+        return states and all(s == "S" for s in states)
+
+    assert wait_for(blocked, timeout, interval=0.005), f"rank 0 (pid {pid}) never blocked within {timeout} s"
 
 
 @pytest.mark.parametrize("mode,what", [("tcp", "send"), ("shm", "send"), ("tcp", "recv"), ("shm", "recv")])
