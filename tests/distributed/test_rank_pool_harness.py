@@ -105,7 +105,8 @@ def test_ranks_end_when_the_pool_process_is_sigkilled(tmp_path):
             "print(' '.join(str(p) for p in pool.run(os.getpid)), flush=True)\n"
             "time.sleep(60)\n")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    # TMPDIR: the SIGKILLed pool cannot remove its log folder; it stays in tmp_path, not in the session's
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]), TMPDIR=str(tmp_path))
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     pids = []
