@@ -86,6 +86,9 @@ VARIABLES: tuple[EnvVar, ...] = (
     # -- observability -----------------------------------------------------------------------------
     _v("TIMELINE", str, None, "user", "directory: every rank records a Chrome trace, rank 0 merges them"),
     _v("STALL_WARNING_S", float, 60.0, "user", "warn (naming the missing ranks) when a collective waits this long; 0 = off"),
+    _v("FLIGHT_RECORDER_SIZE", int, 2000, "user", "records of each rank's flight recorder (its last collective and point-to-point ops, dumped on a timeout, poisoning, a peer's failure or SIGUSR1; analyzed by python -m neural_arch.distributed.flight_recorder DIR); 0 = off"),
+    _v("FLIGHT_RECORDER_CALLER", bool, False, "user", "1 adds the caller's file:line to every flight-recorder record (a stack walk per op: most of the recorder's cost on small all_reduces, docs/benchmarks.md); off, dumps still name op, group, sequence number, shapes and state"),
+    _v("FLIGHT_RECORDER_DIR", str, None, "user", "directory for the flight recorder's dumps (one rank<R>.json per rank); unset: the rendezvous store when there is one (MPI jobs have none: set it there)"),
     _v("EAGER_CHECKS", bool, False, "user", "check device-side cross_entropy targets eagerly (one sync per call; core reads it)"),
     # -- parallel strategies -----------------------------------------------------------------------
     _v("FSDP_SHARD_SIZE", int, None, "user", "ranks per shard group of HYBRID_SHARD (default: LOCAL_WORLD_SIZE)"),

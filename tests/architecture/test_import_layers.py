@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("training", ["neural_arch.optim", "neural_arch.amp", "neural_arch.data", "neural_arch.optimization"]),
     ("torch face", ["neural_arch"]),                      # `import neural_arch as na`
     # -- distributed, lowest first --------------------------------------------------------------
-    ("shared low-level", [D + "errors", D + "host", D + "launch_env", D + "auth"]),
+    ("shared low-level", [D + "errors", D + "host", D + "launch_env", D + "auth", D + "flight_recorder"]),
     ("rendezvous", [D + "rendezvous"]),
     ("comm", [D + "comm"]),                               # arrays only: the Backend interface and its runner
     ("backends", [D + "comm.gloo", D + "comm.mpi", D + "comm.nccl", D + "comm.local"]),
@@ -53,7 +53,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("strategies", [D + "ddp", D + "tensor", D + "pipelining", D + "fsdp", D + "optim", D + "checkpoint", D + "data",
                     D + "expert_parallel", D + "model_parallel"]),
     ("processes", [D + "run", D + "testing", D + "elastic"]),
-    ("launcher and trainer", [D + "launcher", D + "trainer"]),
+    ("launcher and trainer", [D + "launcher", D + "trainer", D + "scale"]),
     ("distributed face", ["neural_arch.distributed"]),
 ]
 

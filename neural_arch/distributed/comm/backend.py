@@ -88,6 +88,9 @@ from neural_arch.distributed.comm.dtypes import (
 from neural_arch.distributed.comm.runner import OpRunner
 from neural_arch.distributed.comm.work import UNSHARED_REFS as _UNSHARED_REFS
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp, Work
+from neural_arch.distributed.flight_recorder.buffer import COMPLETED as _COMPLETED
+from neural_arch.distributed.flight_recorder.buffer import STARTED as _STARTED
+from neural_arch.distributed.flight_recorder.buffer import mark_failed as _fr_failed
 from neural_arch.profiler import events as _events
 
 _monotonic = time.monotonic
@@ -304,6 +307,7 @@ class Backend(OpRunner):
         # docs/benchmarks.md, "small messages"; benchmarks/bench_small_messages.py --overhead).
         if fast is not None and not async_op and self._fast and not self._lane.pending:
             seq = self._seq = self._seq + 1
+            now = _monotonic()
             info = self._fast_info
             if _refcount(info) == _UNSHARED_REFS:
                 # Nobody but this slot holds the previous call's OpInfo (no Work, span, error, stall
@@ -313,13 +317,22 @@ class Backend(OpRunner):
                 info.shape = array.shape
                 info.dtype = fast[0]
                 info.reduce_op = op._value_
-                info.deadline = _monotonic() + self.timeout
+                info.deadline = now + self.timeout
                 info._wire = fast[1] | (seq & _SEQ_MASK)
                 info.nbytes = array.nbytes
             else:
                 info = self._fast_info = OpInfo(
                     "all_reduce", seq, self.group_ranks, self._global_rank, array.shape, fast[0], None,
-                    op._value_, _monotonic() + self.timeout, None, fast[1] | (seq & _SEQ_MASK), array.nbytes)
+                    op._value_, now + self.timeout, None, fast[1] | (seq & _SEQ_MASK), array.nbytes)
+            rec = None
+            ring = self._fr
+            if ring is not None:
+                # the flight recorder's record (the fields of flight_recorder.buffer, by index), as _run builds it
+                code, offset = self._fr_caller()
+                index = ring.next_index()
+                rec = ring.slots[index % ring.size]   # a slot reused in place (flight_recorder.buffer.Ring)
+                rec[:] = (self.group_ranks, seq, "all_reduce", info.shape, fast[0], op._value_, None,
+                          _STARTED, now, 0.0, code, offset, None, False, index)
             span = None
             if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
                 span = _spans.begin(self, info, "default")   # a profiler, metrics
@@ -328,9 +341,14 @@ class Backend(OpRunner):
                 self._allreduce(array, op, info)
             except BaseException as exc:
                 self._op_now = None
-                self._failed(info, exc, span)      # poison the group, as _run does
+                if rec is not None:
+                    _fr_failed(rec, exc)
+                self._failed(info, exc, span)      # poison the group (and dump the recorder), as _run does
                 raise
             self._op_now = None
+            if rec is not None:
+                rec[7] = _COMPLETED
+                rec[9] = _monotonic()
             if span is not None:
                 _spans.end(span, info)
             return Work.completed(array, info) if _work else None

@@ -16,6 +16,10 @@ lanes and its failure state, and runs each operation the same way:
   ops), where the stall inspector finds it (``spans.in_flight``) without any per-op record;
 * an op that fails once data may have moved **poisons** the group (``_failed``): every later op
   here fails naming that first failure, and ``_poison_peers`` (the backend's) tells the other ranks.
+* each op is one record in the flight recorder's ring (``_fr``;
+  :mod:`neural_arch.distributed.flight_recorder`), built in the caller's thread and moved from
+  queued to started to completed or failed; a group's first failure dumps the ring
+  (``_failed``), for ``python -m neural_arch.distributed.flight_recorder``.
 
 Example (any backend; the world of one runs everything inline)::
 
@@ -51,6 +55,9 @@ from neural_arch.distributed.comm.dtypes import _dtype_name
 from neural_arch.distributed.comm.lanes import SerialLane
 from neural_arch.distributed.comm.work import OpInfo, Work
 from neural_arch.distributed.errors import CollectiveMismatchError, DistributedError, GroupPoisonedError
+from neural_arch.distributed.flight_recorder import buffer as _fr
+from neural_arch.distributed.flight_recorder.writer import dump as _fr_dump
+from neural_arch.distributed.flight_recorder.writer import install_signal_handler
 from neural_arch.profiler import events as _events
 
 __all__ = ["DEBUG_ENV", "OpRunner", "debug_mode_from_env"]
@@ -59,6 +66,8 @@ DEBUG_ENV = "NEURAL_ARCH_DISTRIBUTED_DEBUG"
 _log = logging.getLogger("neural_arch.distributed")
 _INF = float("inf")
 _monotonic = time.monotonic
+_QUEUED, _STARTED, _COMPLETED = _fr.QUEUED, _fr.STARTED, _fr.COMPLETED
+_fr_failed = _fr.mark_failed
 
 
 def debug_mode_from_env() -> bool:
@@ -118,6 +127,14 @@ class OpRunner(abc.ABC):
         #: the fused all_reduce path's OpInfo, reused while nobody else holds it (Backend.allreduce)
         self._fast_info: OpInfo | None = None
         self._p2p_now: dict = {}
+        # The flight recorder's ring (None: off), and the records of ops queued on a lane until
+        # the lane runs them (keyed by their Work's id: Work has no slot to spare)
+        self._fr = _fr.RECORDER.ring
+        self._fr_caller = _fr.RECORDER.caller
+        self._fr_queued: dict = {}
+        if self._fr is not None:
+            _fr.RECORDER.attach(self)
+            install_signal_handler()
         _spans.register(self)
         self._refresh_fast()
 
@@ -185,8 +202,20 @@ class OpRunner(abc.ABC):
             self._check_usable(info)
         if lane is None:
             lane = self._lane
+        ring = self._fr
+        rec = None
+        if ring is not None:
+            # the flight recorder's record of this op (the fields of flight_recorder.buffer, by index): built here, in the
+            # caller's thread, where the caller's file:line is
+            code, offset = self._fr_caller()
+            index = ring.next_index()
+            rec = ring.slots[index % ring.size]
+            rec[:] = (self.group_ranks, info.seq, info.name, info.shape, info.dtype, info.reduce_op, info.root,
+                      _QUEUED, 0.0, 0.0, code, offset, None, lane is not self._lane, index)
         if async_op or lane.pending:
             work = Work(info)
+            if rec is not None:
+                self._fr_queued[id(work)] = (rec, index)
             lane.submit(work, fn)
             if not async_op:
                 work.wait()
@@ -194,7 +223,11 @@ class OpRunner(abc.ABC):
         # The synchronous fast path, inline (one call layer less on every small collective): run on
         # the caller's thread, raise in it, return a done Work. Same checks, spans and poisoning as
         # _execute; the Work needs no lock or Event because no other thread has seen it.
-        info.deadline = _monotonic() + self.timeout
+        now = _monotonic()
+        info.deadline = now + self.timeout
+        if rec is not None:
+            rec[7] = _STARTED
+            rec[8] = now
         span = None
         if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
             span = _spans.begin(self, info, "default" if lane is self._lane else lane.name)
@@ -206,9 +239,14 @@ class OpRunner(abc.ABC):
             result = fn()
         except BaseException as exc:
             self._op_done(info, collective)
+            if rec is not None:
+                _fr_failed(rec, exc)
             self._failed(info, exc, span)
             raise
         self._op_done(info, collective)
+        if rec is not None:
+            rec[7] = _COMPLETED
+            rec[9] = _monotonic()
         if span is not None:
             _spans.end(span, info)
         return Work.completed(result, info)
@@ -246,13 +284,25 @@ class OpRunner(abc.ABC):
     def _execute(self, work: Work, fn: Callable[[], Any]) -> None:
         """Run one queued op on its lane's thread; the outcome goes into ``work``."""
         info = work.info
-        info.deadline = time.monotonic() + self.timeout
+        now = _monotonic()
+        info.deadline = now + self.timeout
         work.started_at = time.perf_counter()
+        rec = None
+        if self._fr_queued:
+            rec, index = self._fr_queued.pop(id(work), (None, -1))
+            if rec is not None and rec[14] != index:
+                rec = None          # its slot was taken again while it waited: N newer ops ran
         if self._fatal is not None:
             # queued behind an op that failed: peers are mid-protocol, so running it could
             # match a late message from the failed op and return wrong data
-            work._set_exception(self._poisoned_error(info, "was not run"))
+            exc = self._poisoned_error(info, "was not run")
+            if rec is not None:
+                _fr_failed(rec, exc)
+            work._set_exception(exc)
             return
+        if rec is not None:
+            rec[7] = _STARTED
+            rec[8] = now
         span = None
         if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
             span = _spans.begin(self, info, _spans.lane_label(threading.current_thread().name))
@@ -264,10 +314,15 @@ class OpRunner(abc.ABC):
             result = fn()
         except BaseException as exc:  # noqa: BLE001 - stored, raised by Work.wait()
             self._op_done(info, collective)
+            if rec is not None:
+                _fr_failed(rec, exc)
             self._failed(info, exc, span)
             work._set_exception(exc)
         else:
             self._op_done(info, collective)
+            if rec is not None:
+                rec[7] = _COMPLETED
+                rec[9] = _monotonic()
             if span is not None:
                 _spans.end(span, info)
             work._set_result(result)
@@ -287,6 +342,10 @@ class OpRunner(abc.ABC):
                 self._poison_peers(info, exc)
             except Exception as poison_exc:  # noqa: BLE001 - best effort: the local error matters more
                 _log.debug("could not tell the peers that %s failed: %s", info.describe(), poison_exc)
+            # after telling the peers (they fail, and dump, sooner): this rank's history for the
+            # flight recorder's analyzer -- a timeout, a mismatch, a peer's failure or an abort
+            if self._fr is not None and self._size > 1:     # (a world of one cannot desync)
+                _fr_dump(f"{info.describe()} on group {self.group_ranks} failed: {type(exc).__name__}: {exc}"[:2000])
 
     def abort(self, reason: str) -> None:
         """Make this group unusable here and on every other rank, naming ``reason`` (torch's
@@ -341,3 +400,4 @@ class OpRunner(abc.ABC):
         """Fail every queued op with ``reason`` and stop the lanes' threads."""
         for lane in [self._lane, *self._p2p_lanes.values()]:
             lane.close(reason)
+        self._fr_queued.clear()
