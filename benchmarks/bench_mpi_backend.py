@@ -6,6 +6,12 @@ the same ranks alternate the two every round (backend, raw, raw, backend, ...: t
 round) at every size, so both see the same load; the ratio is taken per size from the medians over
 rounds.
 
+Every cell also has its CPU time (``time.process_time`` over the same calls: every thread of the rank,
+MPICH's and the backend's watchdog included) beside its wall time. CPU close to wall means the
+contender computes or spins (MPICH's shared-memory progress spins while it waits); CPU far below wall
+means it sleeps, and then the figure measures the machine's wake-ups more than either library. The JSON
+keeps every round of every rank (``rounds_per_rank``), the commit and the load average before and after.
+
 Contenders: ``mpi`` = ``MPIBackend.allreduce(x)`` (also ``broadcast``/``allgather`` with
 ``--ops``), ``mpi4py`` = ``comm.Allreduce(MPI.IN_PLACE, x)`` on a duplicate of COMM_WORLD.
 float32, zeros (repeated sums never overflow). Each cell: the slowest rank's median.
@@ -32,6 +38,7 @@ Usage::
 
     python benchmarks/bench_mpi_backend.py                     # 2 ranks, all_reduce, 1 KiB..4 MiB
     python benchmarks/bench_mpi_backend.py --ops all_reduce,broadcast,all_gather --rounds 21
+    python benchmarks/bench_mpi_backend.py --windows 0,32768 --size-list 16384,65536,262144   # window A/B
 """
 
 from __future__ import annotations
@@ -112,7 +119,7 @@ def worker(args) -> None:
         trio = [None, None, wake]
 
         def pairwise(x, out):
-            # what the backend does for 2-rank all_reduces of 16-512 KiB: one whole-buffer exchange + one add
+            # what the backend does for 2-rank all_reduces in its pairwise window: one whole-buffer exchange + one add
             other = scratch.get(x.nbytes)
             if other is None:
                 other = scratch[x.nbytes] = np.empty_like(x)
@@ -130,7 +137,13 @@ def worker(args) -> None:
             probes["unpaired"] = lambda x, out: unpaired.allreduce(x)
     else:
         probes = {}
+    windows = {}
+    for limit in args.windows:
+        # the same backend with another two-rank pairwise window: an A/B of the window's end, interleaved
+        windows[limit] = MPIBackend.create(None, timeout=120, pairwise_max_bytes=limit)
+        probes[f"window-{limit}"] = lambda x, out, b=windows[limit]: b.allreduce(x)
     times: dict = {}
+    cpu_times: dict = {}
     for op in args.ops.split(","):
         for nbytes in args.sizes:
             n = max(1, nbytes // 4)
@@ -149,15 +162,20 @@ def worker(args) -> None:
                 # barrier (a guard: identical contenders showed no order effect on MPICH)
                 for name, fn in (contenders if rnd % 2 == 0 else contenders[::-1]):
                     comm.Barrier()
+                    c0 = time.process_time()
                     t0 = time.perf_counter()
                     for _ in range(inner):
                         fn(x, out)
-                    times.setdefault(f"{op}:{nbytes}:{name}", []).append((time.perf_counter() - t0) / inner)
+                    t1 = time.perf_counter()
+                    key = f"{op}:{nbytes}:{name}"
+                    times.setdefault(key, []).append((t1 - t0) / inner)
+                    cpu_times.setdefault(key, []).append((time.process_time() - c0) / inner)
     pick = min if args.stat == "min" else statistics.median
-    medians = {k: pick(v) for k, v in times.items()}
-    reports = comm.gather(medians, root=0)
+    reports = comm.gather({"wall": times, "cpu": cpu_times}, root=0)
     backend.shutdown()
-    if probes:
+    for other in windows.values():
+        other.shutdown()
+    if args.probes:
         blocking.shutdown()
         if world == 2:
             unpaired.shutdown()
@@ -168,8 +186,25 @@ def worker(args) -> None:
             req.Free()
         check.free()
     if comm.Get_rank() == 0:
-        merged = {k: max(r[k] for r in reports) for k in medians}
-        print(json.dumps({"ranks": world, "results": merged}), flush=True)
+        # each cell: the slowest rank's statistic (wall), and the busiest rank's CPU time
+        merged = {k: max(pick(r["wall"][k]) for r in reports) for k in times}
+        cpu = {k: max(pick(r["cpu"][k]) for r in reports) for k in times}
+        print(json.dumps({"ranks": world, "results": merged, "cpu_results": cpu, "rounds_per_rank": reports}),
+              flush=True)
+
+
+def _commit() -> dict:
+    """The commit this tree is at and the files that differ from it (what a reader checks out)."""
+    import subprocess
+
+    def git(*cmd):
+        try:
+            return subprocess.run(["git", "-C", ROOT, *cmd], check=False, capture_output=True, text=True,
+                                  timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"commit": git("rev-parse", "HEAD").strip() or None,
+            "modified": [ln[3:] for ln in git("status", "--porcelain", "--untracked-files=no").splitlines()]}
 
 
 def main(argv=None) -> None:
@@ -184,33 +219,49 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=os.path.join(HERE, "results", "bench_mpi_backend.json"))
     ap.add_argument("--probes", action="store_true", help="also time raw Iallreduce+Wait / +Waitany (see above)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--windows", default="",
+                    help="pairwise_max_bytes values, comma separated: all_reduce contenders window-<N> (the "
+                         "backend with that two-rank pairwise window; 0: MPICH's Iallreduce at every size)")
     ap.add_argument("--size-list", default=",".join(map(str, SIZES)), help="bytes, comma separated")
     args = ap.parse_args(argv)
     args.sizes = [int(s) for s in args.size_list.split(",")]
+    args.windows = [int(s) for s in args.windows.split(",") if s]
     if args.worker:
         return worker(args)
     # run_mpiexec: a clean environment (one BLAS thread per rank) and, past --timeout, the whole job
     # reaped (mpiexec, its proxy and every rank), not only mpiexec
     worker_args = ["--worker", "--ops", args.ops, "--rounds", args.rounds, "--size-list", args.size_list,
-                   "--stat", args.stat] + (["--probes"] if args.probes else [])
+                   "--stat", args.stat, "--windows", ",".join(map(str, args.windows))] + (["--probes"] if args.probes else [])
+    load_before = os.getloadavg()[0]
     proc = run_mpiexec(os.path.abspath(__file__), args.ranks, args=worker_args, env=thread_env(1, base={}),
                        timeout=args.timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"mpiexec failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     result = json.loads(lines[-1])
-    payload = {"ranks": args.ranks, "loadavg_1min": os.getloadavg()[0], "ops": args.ops.split(","), "sizes": args.sizes, "rounds": args.rounds,
+    payload = {"ranks": args.ranks, **_commit(), "loadavg_1min_before": load_before,
+               "loadavg_1min": os.getloadavg()[0], "ops": args.ops.split(","), "sizes": args.sizes, "rounds": args.rounds,
                "stat": args.stat,
-               "results": result["results"],
+               "results": result["results"], "cpu_results": result["cpu_results"],
+               "rounds_per_rank": result["rounds_per_rank"],
                "command": "python " + " ".join([os.path.relpath(__file__, ROOT)] + (argv or sys.argv[1:]))}
     for op in args.ops.split(","):
         rows = []
         for nbytes in args.sizes:
             ours, raw = (result["results"][f"{op}:{nbytes}:{k}"] for k in ("mpi", "mpi4py"))
+            ours_cpu, raw_cpu = (result["cpu_results"][f"{op}:{nbytes}:{k}"] for k in ("mpi", "mpi4py"))
             rows.append([_label(nbytes), f"{ours * 1e6:.1f}", f"{raw * 1e6:.1f}", f"{raw / ours:.2f}x",
-                         f"{ours / raw:.2f}x"])
+                         f"{ours / raw:.2f}x", f"{ours_cpu * 1e6:.1f}", f"{raw_cpu * 1e6:.1f}"])
         print(f"\n{op}, {args.ranks} ranks, float32, interleaved rounds: slowest rank's {args.stat}")
-        print(format_table(rows, ["size", "mpi backend us", "raw mpi4py us", "speed vs raw", "latency vs raw"]))
+        print(format_table(rows, ["size", "mpi backend us", "raw mpi4py us", "speed vs raw", "latency vs raw",
+                                  "mpi backend CPU us", "raw mpi4py CPU us"]))
+        if args.windows and op == "all_reduce":
+            names = [f"window-{w}" for w in args.windows]
+            rows = [[_label(n), f"{result['results'][f'{op}:{n}:mpi'] * 1e6:.1f}"]
+                    + [f"{result['results'][f'{op}:{n}:{k}'] * 1e6:.1f}" for k in names]
+                    + [f"{result['results'][f'{op}:{n}:mpi4py'] * 1e6:.1f}"] for n in args.sizes]
+            print("\ntwo-rank pairwise window A/B (us): the default backend, the backend with each window, raw")
+            print(format_table(rows, ["size", "mpi backend"] + [f"window {w}" for w in args.windows] + ["raw mpi4py"]))
         if args.probes and op == "all_reduce":
             probe_names = ["mpi", "blocking", "check", "persistent", "nb-waitany", "nb-wait", "mpi4py"]
             headers = ["size", "mpi backend", "blocking backend", "call check alone", "persistent+copies",
@@ -228,7 +279,7 @@ def main(argv=None) -> None:
                   "exchange + add alone, MPICH's nonblocking collective with the backend's wait and with Wait, "
                   "the blocking one")
             print(format_table(rows, headers + ["nonblocking speed vs blocking"]))
-    print(f"\nload average (1 min) at the end: {payload['loadavg_1min']:.1f}")
+    print(f"\nload average (1 min) before: {load_before:.1f}, at the end: {payload['loadavg_1min']:.1f}")
     print(f"\nwrote {write_json(args.out, payload)}")
 
 

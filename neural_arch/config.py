@@ -81,7 +81,7 @@ VARIABLES: tuple[EnvVar, ...] = (
     # -- MPI ---------------------------------------------------------------------------------------
     _v("MPI_WATCHDOG_S", float, 0.1, "user", "poll interval of the MPI timeout watchdog"),
     _v("MPI_SPIN_S", float, 0.001, "user", "spin of MPI nonblocking waits before sleeping"),
-    _v("MPI_PAIRWISE_MAX_BYTES", int, 512 << 10, "user", "2-rank MPI groups: all_reduces of 16 KiB up to this many bytes are one whole-buffer exchange + a NumPy reduction instead of MPICH's Iallreduce (0: off; every rank must agree)"),
+    _v("MPI_PAIRWISE_MAX_BYTES", int, 32 << 10, "user", "2-rank MPI groups: all_reduces of 16 KiB up to this many bytes are one whole-buffer exchange + a NumPy reduction instead of MPICH's Iallreduce (0: off; every rank must agree)"),
     _v("MPI_ABORT_ON_EXCEPTION", bool, True, "user", "an uncaught exception on one rank of an MPI job calls MPI_Abort once the MPI backend is up, so the other ranks end at once instead of waiting out their timeout (0: off)"),
     # -- observability -----------------------------------------------------------------------------
     _v("TIMELINE", str, None, "user", "directory: every rank records a Chrome trace, rank 0 merges them"),

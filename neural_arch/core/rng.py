@@ -1,5 +1,5 @@
 """The global random generator used by initialisers and dropout (a ``generator=`` argument picks
-another stream: :func:`numpy_generator`; the ``Generator`` objects live in :mod:`.generator`).
+another stream: :func:`~neural_arch.core.rng.numpy_generator`; the ``Generator`` objects live in :mod:`.generator`).
 
 Example::
 

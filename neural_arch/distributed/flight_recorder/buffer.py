@@ -173,8 +173,8 @@ class FlightRecorder:
         self.rank: int | None = None
         self.world_size: int = 0
         self.backend: str | None = None
-        #: the rendezvous store to dump to; None: the largest group's own store, if it has one
-        #: (gloo's; MPI jobs have none), looked up when a dump needs it
+        #: The rendezvous store to dump to (``None`` means the largest group's own store, if it has
+        #: one -- gloo's; MPI jobs have none -- looked up when a dump needs it).
         self.store = None
         self._largest = None
 

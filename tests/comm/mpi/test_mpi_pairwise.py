@@ -1,4 +1,4 @@
-"""Two-rank MPI all_reduces of 16-512 KiB run as one pairwise exchange (comm/mpi/backend.py), under a real
+"""Two-rank MPI all_reduces of 16-32 KiB run as one pairwise exchange (comm/mpi/backend.py), under a real
 ``mpiexec``: results equal NumPy's ``op(rank 0's, rank 1's)`` bit for bit on both ranks at every
 dtype and op, on both sides of the window and through the general path (float16, async); ranks
 that disagree on the window are refused; a stale watchdog wake-up never ends a later exchange; a
@@ -100,7 +100,7 @@ from mpi4py import MPI
 rank = MPI.COMM_WORLD.Get_rank()
 dist.init_process_group(timeout=20.0)
 pair = dist.new_group([0, 2])
-x = np.full(8192, float(rank + 1))
+x = np.full(4096, float(rank + 1))   # 32 KiB: inside the pairwise window
 seen = []
 if rank != 1:
     dist.all_reduce(x, group=pair)
@@ -121,7 +121,7 @@ def test_pairwise_all_reduce_matches_numpy_bitwise_and_fails_clearly(tmp_path):
     results = [eval((tmp_path / f"result_{r}.txt").read_text()) for r in (0, 1)]
     for out in results:
         assert "pairwise_max_bytes (NEURAL_ARCH_MPI_PAIRWISE_MAX_BYTES) differs across ranks" in out["refused"], text
-        assert out["window"] == (16 << 10, 512 << 10)
+        assert out["window"] == (16 << 10, 32 << 10)
         assert out["wrong"] == [] and out["used"], out
         assert out["stale"] == [True, True, True]
     digests = [hashlib.sha256((tmp_path / f"digest_{r}.bin").read_bytes()).hexdigest() for r in (0, 1)]

@@ -15,7 +15,7 @@ each threshold are with its constant below.
 Example (what ``MPIBackend`` does; run under ``mpiexec -n 2``)::
 
     backend = MPIBackend.create(None, timeout=30)          # two ranks: the window is open
-    x = np.ones(8192)                                      # 64 KiB: one exchange + np.add
+    x = np.ones(4096)                                      # 32 KiB: one exchange + np.add
     backend.allreduce(x)                                   # x == 2.0 on both ranks
     backend._pairwise.views                                # the scratch views it received into
 """
@@ -45,15 +45,18 @@ PERSISTENT_MAX_BYTES = INLINE_MAX_BYTES
 # Two-rank all_reduces of PAIRWISE_MIN_BYTES .. PAIRWISE_MAX_BYTES are one exchange of the whole buffer
 # (Irecv + Isend on a private duplicate communicator, one Waitany) and one NumPy reduction, in rank
 # order on both ranks (PairwiseAllReduce). MPICH's nonblocking all_reduce takes two steps there
-# (reduce-scatter, then all-gather: its rule for every power-of-two count above 2 KiB). Measured with
-# raw mpi4py (2 ranks, quiet machine, docs/benchmarks.md), exchange + add beat Iallreduce + Waitany by
-# about a tenth at 16, 64 and 256 KiB. It loses at 8-12 KiB (a whole-buffer message crosses MPICH's
-# eager limit before Iallreduce's halves do). From 1 MiB it moves and reduces twice Iallreduce's bytes per
-# rank: 18% faster on a quiet machine, 8-31% slower at 1-4 MiB when memory bandwidth is contended (the
-# same run, benchmarks/bench_mpi_backend.py --probes), so the default window ends at 512 KiB, where it
-# won in both states. NEURAL_ARCH_MPI_PAIRWISE_MAX_BYTES / create(pairwise_max_bytes=) move the end.
+# (reduce-scatter, then all-gather: its rule for every power-of-two count above 2 KiB). The exchange
+# moves and reduces the whole buffer on each rank, twice Iallreduce's bytes, so it wins only while
+# the per-step latency dominates. It loses at 8-12 KiB (a whole-buffer message crosses MPICH's eager
+# limit before Iallreduce's halves do). An earlier quiet-machine measurement had it ahead by a tenth
+# up to 256 KiB; the issue-30 re-measurement (benchmarks/bench_mpi_backend.py --windows, the backend
+# with another window interleaved in one job, nine runs, docs/benchmarks.md) had it behind the backend's
+# Iallreduce at 128-512 KiB in 25 of 27 size-runs and at 256 KiB in all nine (by a median of a fifth),
+# a wash at 16 and 64 KiB (median ratio 0.99 and 1.12, either way from run to run), ahead by a few per
+# cent at 32 KiB. So the default window ends at 32 KiB. NEURAL_ARCH_MPI_PAIRWISE_MAX_BYTES /
+# create(pairwise_max_bytes=) move the end.
 PAIRWISE_MIN_BYTES = 16 << 10
-PAIRWISE_MAX_BYTES = config.get("NEURAL_ARCH_MPI_PAIRWISE_MAX_BYTES", {})   # the default (512 KiB)
+PAIRWISE_MAX_BYTES = config.get("NEURAL_ARCH_MPI_PAIRWISE_MAX_BYTES", {})   # the default (32 KiB)
 # keyed by the op's value: hashing an Enum member is a measurable part of a small all_reduce
 _UFUNC = {op._value_: ufunc for op, ufunc in REDUCE_UFUNCS.items()}
 _PAIRWISE_VIEWS = 256       # cached scratch views (one per size and dtype) before the cache starts over

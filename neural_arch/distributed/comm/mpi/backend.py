@@ -10,7 +10,7 @@ data moves. Collectives of up to 2 KiB (all_reduce, broadcast, all_gather, reduc
 groups above 8 ranks) ride inside the check: one MPI operation in all. Larger ones then map to one
 MPI call on the array's own buffer (never mpi4py's lowercase, pickling methods): ``Iallreduce`` with
 ``MPI.IN_PLACE``, ``Ibcast``, ``Ireduce``, ``Iallgather``, ``Igather``, ``Iscatter``,
-``Ireduce_scatter_block``, ``Ialltoall`` -- except a two-rank all_reduce of 16-512 KiB, which is one
+``Ireduce_scatter_block``, ``Ialltoall`` -- except a two-rank all_reduce of 16-32 KiB, which is one
 ``Irecv`` + ``Isend`` pair (below). ``Isend``/``Irecv`` with tags carry point-to-point messages (the
 receiver checks the byte count). A barrier is the check alone. Sub-groups are ``Comm.Split``
 communicators.
@@ -36,7 +36,7 @@ once per group, ``Start`` per call): building MPICH's nonblocking schedule was a
 all_reduce. What the check costs (``bench_mpi_backend.py --probes``, its ``check`` column; against
 the code before it, docs/benchmarks.md): a little Python on a 1 KiB all_reduce, which rides
 inside it, and one small allgather on larger collectives; a broadcast becomes synchronising (the
-root hears from every rank before it returns). On two ranks, all_reduces of 16-512 KiB are one
+root hears from every rank before it returns). On two ranks, all_reduces of 16-32 KiB are one
 exchange of the whole buffer (``Irecv`` + ``Isend`` on a private duplicate communicator, one
 ``Waitany``) and one NumPy reduction in rank order, the same bits on both ranks: MPICH's nonblocking
 all_reduce takes two steps there (``PAIRWISE_MIN_BYTES``; ``bench_mpi_backend.py --probes``).
@@ -211,7 +211,7 @@ class MPIBackend(Backend):
         turns timeouts into job aborts, and MPICH 5's blocking all_reduce degrades badly on busy
         cores (module docstring); compare with ``benchmarks/bench_mpi_backend.py --probes``.
 
-        ``pairwise_max_bytes`` (default ``NEURAL_ARCH_MPI_PAIRWISE_MAX_BYTES``, 512 KiB; 0 turns it off;
+        ``pairwise_max_bytes`` (default ``NEURAL_ARCH_MPI_PAIRWISE_MAX_BYTES``, 32 KiB; 0 turns it off;
         checked equal on every rank at the rendezvous): on two ranks, all_reduces of
         ``PAIRWISE_MIN_BYTES`` up to this many bytes are one exchange (:class:`.allreduce.PairwiseAllReduce`).
         """
