@@ -50,7 +50,8 @@ def _conf():
 def build(tmp_path_factory):
     out = tmp_path_factory.mktemp("docs")
     proc = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-D", "nb_execution_mode=off",
+        # -j 2: reading the modules is most of the build, and it splits over this machine's two cores
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-j", "2", "-D", "nb_execution_mode=off",
          "-b", "html", "-d", str(out / "doctrees"), str(DOCS), str(out / "html")],
         check=False, cwd=REPO, capture_output=True, text=True, timeout=300,
     )
