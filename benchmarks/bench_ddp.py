@@ -105,7 +105,8 @@ def worker_neural_arch(args) -> dict:
 
     import neural_arch.distributed as dist
     import neural_arch.nn.functional as F
-    from neural_arch import nn, optim
+    from benchmarks.common import mlp
+    from neural_arch import optim
     from neural_arch.core.tensor import Tensor, manual_seed
 
     distributed = args.backend != "none"
@@ -115,12 +116,7 @@ def worker_neural_arch(args) -> dict:
         dist.init_process_group(backend=args.backend)
     rank = dist.get_rank() if distributed else 0
     manual_seed(0)
-    layers = []
-    for i in range(len(SIZES) - 1):
-        layers.append(nn.Linear(SIZES[i], SIZES[i + 1]))
-        if i < len(SIZES) - 2:
-            layers.append(nn.ReLU())
-    model = nn.Sequential(*layers)
+    model = mlp(SIZES)
     ddp = dist.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb,
                                        gradient_as_bucket_view=True) if distributed else model
     opt = optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)

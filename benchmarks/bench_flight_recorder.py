@@ -13,8 +13,9 @@ is printed, since on a busy machine the two-rank figures move by more than the r
   the 2-core development machine, depending on its load), 2 ranks on gloo.
 
 The mode is switched on every backend of the process at once (``spans.RUNNERS``: ``_fr``, the
-ring or None, and ``_fr_caller``), which is what ``NEURAL_ARCH_FLIGHT_RECORDER_SIZE=0`` /
-``NEURAL_ARCH_FLIGHT_RECORDER_CALLER=0`` give at start-up.
+ring or None, and ``_fr_caller``), which is what ``NEURAL_ARCH_FLIGHT_RECORDER_SIZE=0`` ("off") and
+``NEURAL_ARCH_FLIGHT_RECORDER_CALLER=1`` ("on": with the caller's file:line) give at start-up; "on, no
+caller" is the default.
 
 Run::
 
@@ -33,7 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from common import print_table, write_json
+from common import mlp, print_table, write_json
 
 MODES = ("off", "on", "on, no caller")
 SIZES = (512, 1024, 1024, 10)     # the MLP of the training step
@@ -85,16 +86,11 @@ def ranks_fn(rounds: int, calls: int, steps: int) -> dict:
 
     import neural_arch.distributed as dist
     import neural_arch.nn.functional as F
-    from neural_arch import nn, optim
+    from neural_arch import optim
     from neural_arch.core.tensor import Tensor, manual_seed
 
     manual_seed(0)
-    layers = []
-    for i in range(len(SIZES) - 1):
-        layers.append(nn.Linear(SIZES[i], SIZES[i + 1]))
-        if i < len(SIZES) - 2:
-            layers.append(nn.ReLU())
-    ddp = dist.DistributedDataParallel(nn.Sequential(*layers), bucket_cap_mb=1)
+    ddp = dist.DistributedDataParallel(mlp(SIZES), bucket_cap_mb=1)
     opt = optim.SGD(ddp.parameters(), lr=0.01)
     rng = np.random.default_rng(dist.get_rank())
     X = Tensor(rng.normal(size=(BATCH, SIZES[0])).astype(np.float32))

@@ -214,3 +214,20 @@ def write_json(path: str, payload: dict) -> str:
         json.dump({"environment": environment(), **payload}, fh, indent=2, default=str)
         fh.write("\n")
     return path
+
+
+def mlp(sizes):
+    """The benchmarks' MLP: ``Linear`` layers of ``sizes`` with a ReLU between each pair.
+
+    >>> [type(m).__name__ for m in mlp((4, 8, 2))]
+    ['Linear', 'ReLU', 'Linear']
+    """
+    from neural_arch import nn
+
+    layers = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+

@@ -48,19 +48,15 @@ def world_of_one(monkeypatch):
         dist.destroy_process_group()
 
 
-@pytest.fixture(autouse=True)
-def _docstring_examples_write_in_tmp_path(request, tmp_path_factory, monkeypatch):
-    """Docstring examples are documentation: they call ``tempfile.mkdtemp()`` as a reader would and do
-    not clean up. Tests that run them (named ``test_docstring_examples``) get a ``tempfile`` folder of
-    their own under pytest's ``tmp_path`` root, so the leak check (which fails the run on anything left
-    in the temporary directory) sees nothing of theirs."""
-    if not request.node.name.startswith("test_docstring_examples"):
-        yield
-        return
+@pytest.fixture
+def doctest_tempdir(tmp_path_factory, monkeypatch):
+    """A ``tempfile`` folder of the test's own under pytest's ``tmp_path`` root, for tests that run
+    docstring examples: those are documentation, call ``tempfile.mkdtemp()`` as a reader would and do
+    not clean up, and the leak check fails the run on anything left in the temporary directory."""
     folder = str(tmp_path_factory.mktemp("docstring-examples"))
     monkeypatch.setattr(tempfile, "tempdir", folder)
     monkeypatch.setenv("TMPDIR", folder)
-    yield
+    return folder
 
 
 @pytest.fixture(autouse=True)

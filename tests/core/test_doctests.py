@@ -37,6 +37,7 @@ MODULES = [
 
 
 @pytest.mark.parametrize("name", MODULES)
+@pytest.mark.usefixtures("doctest_tempdir")
 def test_docstring_examples(name):
     result = doctest.testmod(importlib.import_module(name), verbose=False)
     assert result.failed == 0, f"{result.failed} docstring example(s) failed in {name}"

@@ -213,11 +213,3 @@ def test_multinomial_errors_as_torch():
     with pytest.raises(RuntimeError, match="not enough non-negative category"):
         na.multinomial(na.tensor([0.0, 1.0, 0.0]), 2)
     assert na.multinomial(na.tensor([0.0, 1.0, 0.0]), 5, replacement=True).tolist() == [1] * 5
-
-
-def test_generator_module_docstring_examples():
-    import doctest
-
-    import neural_arch.core.generator as generator_module
-
-    assert doctest.testmod(generator_module).failed == 0

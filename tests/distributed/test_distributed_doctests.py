@@ -27,6 +27,7 @@ def _modules() -> list[str]:
 
 
 @pytest.mark.parametrize("name", _modules())
+@pytest.mark.usefixtures("doctest_tempdir")
 def test_docstring_examples(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, verbose=False, optionflags=doctest.ELLIPSIS)

@@ -178,6 +178,7 @@ def test_arguments_are_checked():
         model(np.array([[1, 2]]), attention_mask=np.ones((1, 3)))
 
 
+@pytest.mark.usefixtures("doctest_tempdir")
 def test_docstring_examples():
     for module in (kv_cache_module, transformer_module):
         assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0

@@ -144,6 +144,7 @@ def test_bad_arguments_are_clear_errors():
         nn.MoE(4, 2)(Tensor(np.ones((2, 3))))
 
 
+@pytest.mark.usefixtures("doctest_tempdir")
 def test_docstring_examples():
     assert doctest.testmod(moe_module, verbose=False).failed == 0
 

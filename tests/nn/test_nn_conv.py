@@ -207,6 +207,7 @@ def test_small_cnn_learns():
 
 @pytest.mark.parametrize("name", ["neural_arch.nn.conv", "neural_arch.nn.pooling", "neural_arch.nn.batchnorm",
                                   "neural_arch.nn.flatten", "neural_arch.nn.utils", "neural_arch.nn.normalization"])
+@pytest.mark.usefixtures("doctest_tempdir")
 def test_docstring_examples(name):
     result = doctest.testmod(importlib.import_module(name), verbose=False)
     assert result.failed == 0, f"{result.failed} docstring example(s) failed in {name}"

@@ -301,6 +301,7 @@ def test_zero_norms_give_trust_one_without_dividing_by_zero():
         assert all(np.allclose(p.data, -0.1) for p in ps)
 
 
+@pytest.mark.usefixtures("doctest_tempdir")
 def test_docstring_examples():
     import doctest
     import importlib

@@ -165,6 +165,7 @@ def test_multihead_attention_uses_sdpa_and_equals_the_naive_form():
 
 
 @pytest.mark.parametrize("name", ["neural_arch.core.ops_attention"])  # distributed modules: their own doctest run
+@pytest.mark.usefixtures("doctest_tempdir")
 def test_docstring_examples(name):
     import doctest
     import importlib

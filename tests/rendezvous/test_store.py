@@ -293,6 +293,7 @@ def test_wait_for_workers_and_wait_names_missing_keys(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["neural_arch.distributed.rendezvous.store", "neural_arch.distributed.rendezvous.file_store"])
+@pytest.mark.usefixtures("doctest_tempdir")
 def test_docstring_examples(name):
     import doctest
     import importlib

@@ -90,6 +90,8 @@ from neural_arch.distributed.comm.work import UNSHARED_REFS as _UNSHARED_REFS
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp, Work
 from neural_arch.distributed.flight_recorder.buffer import COMPLETED as _COMPLETED
 from neural_arch.distributed.flight_recorder.buffer import STARTED as _STARTED
+from neural_arch.distributed.flight_recorder.buffer import STATE as _STATE
+from neural_arch.distributed.flight_recorder.buffer import T_END as _T_END
 from neural_arch.distributed.flight_recorder.buffer import mark_failed as _fr_failed
 from neural_arch.profiler import events as _events
 
@@ -347,8 +349,8 @@ class Backend(OpRunner):
                 raise
             self._op_now = None
             if rec is not None:
-                rec[7] = _COMPLETED
-                rec[9] = _monotonic()
+                rec[_STATE] = _COMPLETED
+                rec[_T_END] = _monotonic()
             if span is not None:
                 _spans.end(span, info)
             return Work.completed(array, info) if _work else None

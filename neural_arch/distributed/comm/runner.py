@@ -67,6 +67,7 @@ _log = logging.getLogger("neural_arch.distributed")
 _INF = float("inf")
 _monotonic = time.monotonic
 _QUEUED, _STARTED, _COMPLETED = _fr.QUEUED, _fr.STARTED, _fr.COMPLETED
+_STATE, _T_START, _T_END, _INDEX = _fr.STATE, _fr.T_START, _fr.T_END, _fr.INDEX   # a record's fields
 _fr_failed = _fr.mark_failed
 
 
@@ -226,8 +227,8 @@ class OpRunner(abc.ABC):
         now = _monotonic()
         info.deadline = now + self.timeout
         if rec is not None:
-            rec[7] = _STARTED
-            rec[8] = now
+            rec[_STATE] = _STARTED
+            rec[_T_START] = now
         span = None
         if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
             span = _spans.begin(self, info, "default" if lane is self._lane else lane.name)
@@ -245,8 +246,8 @@ class OpRunner(abc.ABC):
             raise
         self._op_done(info, collective)
         if rec is not None:
-            rec[7] = _COMPLETED
-            rec[9] = _monotonic()
+            rec[_STATE] = _COMPLETED
+            rec[_T_END] = _monotonic()
         if span is not None:
             _spans.end(span, info)
         return Work.completed(result, info)
@@ -290,7 +291,7 @@ class OpRunner(abc.ABC):
         rec = None
         if self._fr_queued:
             rec, index = self._fr_queued.pop(id(work), (None, -1))
-            if rec is not None and rec[14] != index:
+            if rec is not None and rec[_INDEX] != index:
                 rec = None          # its slot was taken again while it waited: N newer ops ran
         if self._fatal is not None:
             # queued behind an op that failed: peers are mid-protocol, so running it could
@@ -301,8 +302,8 @@ class OpRunner(abc.ABC):
             work._set_exception(exc)
             return
         if rec is not None:
-            rec[7] = _STARTED
-            rec[8] = now
+            rec[_STATE] = _STARTED
+            rec[_T_START] = now
         span = None
         if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
             span = _spans.begin(self, info, _spans.lane_label(threading.current_thread().name))
@@ -321,8 +322,8 @@ class OpRunner(abc.ABC):
         else:
             self._op_done(info, collective)
             if rec is not None:
-                rec[7] = _COMPLETED
-                rec[9] = _monotonic()
+                rec[_STATE] = _COMPLETED
+                rec[_T_END] = _monotonic()
             if span is not None:
                 _spans.end(span, info)
             work._set_result(result)
