@@ -19,6 +19,7 @@ sys.exit(int(sys.argv[1]))
 """
 
 
+@pytest.mark.timeout(90)   # two launcher jobs of 2 ranks; the launcher reaps its ranks on the way out
 def test_run_local_completes_and_fails(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
