@@ -2,6 +2,11 @@
 
 Example::
 
+    from neural_arch.distributed.fsdp import fully_shard          # FSDP2 (per-parameter DTensor shards)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+
     from neural_arch.distributed.fsdp import (FullyShardedDataParallel as FSDP, ShardingStrategy,
                                               MixedPrecision, CPUOffload, ModuleWrapPolicy)
     model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({nn.TransformerBlock}))
@@ -18,6 +23,12 @@ module                             what
 ``state_dict``                     ``FSDPStateDicts``: full and sharded state dicts (a component FSDP holds)
 ``fully_sharded_data_parallel``    ``FullyShardedDataParallel``: the gather/free schedule and its hooks
 ``sharded_grad_scaler``            ``ShardedGradScaler``: found-inf agreed over the ranks
+``_fully_shard``                   FSDP2 (torch's ``_fully_shard`` files): ``fully_shard`` and ``FSDPModule``
+                                   (per-parameter ``DTensor(Shard(0))`` shards, no flat units; see
+                                   ``docs/fully_shard.md``)
+``_fsdp_param_group``              FSDP2's ``FSDPParamGroup``: one module's parameters, one collective each way
+``_fsdp_param``                    FSDP2's ``FSDPParam``: one parameter, sharded (a DTensor) and unsharded
+``_fsdp_api``                      FSDP2's ``MixedPrecisionPolicy``, ``OffloadPolicy``, ``CPUOffloadPolicy``
 =================================  ======================================================================
 
 The flat layout (:mod:`neural_arch.distributed.flat_param`) and the gradient buckets
@@ -25,6 +36,8 @@ The flat layout (:mod:`neural_arch.distributed.flat_param`) and the gradient buc
 (:mod:`neural_arch.distributed.optim`).
 """
 
+from neural_arch.distributed.fsdp._fsdp_api import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+from neural_arch.distributed.fsdp._fully_shard import FSDPModule, UnshardHandle, fully_shard
 from neural_arch.distributed.fsdp.api import (
     BackwardPrefetch,
     CPUOffload,
@@ -43,7 +56,8 @@ from neural_arch.distributed.fsdp.wrap import (
 FSDP = FullyShardedDataParallel
 
 __all__ = [
-    "FSDP", "BackwardPrefetch", "CPUOffload", "FullyShardedDataParallel", "MixedPrecision", "ModuleWrapPolicy",
-    "ShardedGradScaler", "ShardingStrategy", "StateDictType", "size_based_auto_wrap_policy",
+    "FSDP", "BackwardPrefetch", "CPUOffload", "CPUOffloadPolicy", "FSDPModule", "FullyShardedDataParallel",
+    "MixedPrecision", "MixedPrecisionPolicy", "ModuleWrapPolicy", "OffloadPolicy", "ShardedGradScaler",
+    "ShardingStrategy", "StateDictType", "UnshardHandle", "fully_shard", "size_based_auto_wrap_policy",
     "transformer_auto_wrap_policy",
 ]

@@ -1,0 +1,276 @@
+"""``FSDPParamGroup``: the parameters of one ``fully_shard``-ed module, moved together: one
+all-gather unshards them all, one reduce-scatter (plus, for HSDP, one all-reduce) reduces all their
+gradients (torch's ``FSDPParamGroup``).
+
+Layout of the collectives (torch's): each parameter is split on dim 0 into ``n`` chunks of
+``ceil(rows / n)`` rows (``torch.chunk``; the last ranks may hold fewer rows or none). Every rank
+packs its chunks, each zero-padded to the full chunk size, one after another into a flat array of
+``per_rank`` elements; the all-gather's ``(n, per_rank)`` output is copied out into the *unsharded
+buffer*, where each parameter is contiguous, and each unsharded parameter is a view of it. The
+gradients travel the other way: each unsharded gradient is padded to ``n`` chunks and written into
+an ``(n, per_rank)`` array in the reduce dtype; the reduce-scatter leaves this rank its
+``per_rank`` elements (the sum over the shard group), HSDP then all-reduces them over the replicate
+group, and the sum is divided by the data-parallel degree (the mean, as DDP) and stored, in the
+sharded parameter's dtype, as (or added to) the sharded parameter's gradient.
+
+Resharding gives the unsharded buffer's memory back (host arrays from
+:mod:`neural_arch.distributed.fsdp.storage`: the autograd graph's saved views stay valid) and puts
+the sharded parameters back in the module; unsharding restores it and re-gathers into the same
+buffer, so the views the graph saved read the right values again in backward.
+
+Example::
+
+    group = FSDPParamGroup(fsdp_params, module, mesh, MixedPrecisionPolicy(), OffloadPolicy())
+    group.unshard(); y = module(x); group.reshard()
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from neural_arch import backend as _backend
+from neural_arch.core.autograd import queue_callback
+from neural_arch.core.tensor import Tensor
+from neural_arch.distributed.comm.work import ReduceOp
+from neural_arch.distributed.fsdp import storage
+from neural_arch.distributed.fsdp._fsdp_api import CPUOffloadPolicy
+from neural_arch.distributed.fsdp._fsdp_param import ShardedGrad
+
+__all__ = ["FSDPParamGroup"]
+
+
+def _tensors(out) -> list:
+    """Every Tensor in ``out`` (a Tensor, or tuples/lists/dicts of them) that carries a gradient."""
+    if isinstance(out, Tensor):
+        return [out] if out.requires_grad and out.grad_fn is not None else []
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _tensors(o)]
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in _tensors(o)]
+    return []
+
+
+class FSDPParamGroup:
+    """The :class:`~neural_arch.distributed.fsdp._fsdp_param.FSDPParam` s of one
+    module: unshard / reshard / reduce as one collective each, and the hooks' state per backward.
+
+    ``mesh`` is 1-d (shard over it) or 2-d ``(replicate, shard)`` (HSDP).
+
+    Example::
+
+        group.unshard()          # one all-gather; the module's slots hold the full parameters
+        group.reshard()          # the sharded parameters are back; the buffer's memory is returned
+    """
+
+    def __init__(self, fsdp_params, mesh, mp_policy, offload_policy, reshard_after_forward: bool,
+                 shard_dim: int, replicate_dim: int | None):
+        self.fsdp_params = list(fsdp_params)
+        self.mesh = mesh
+        self.shard_group = mesh.get_group(shard_dim)
+        self.replicate_group = mesh.get_group(replicate_dim) if replicate_dim is not None else None
+        self.shard_size = mesh.size(shard_dim)
+        self.dp_size = mesh.size(shard_dim) * (mesh.size(replicate_dim) if replicate_dim is not None else 1)
+        self.mp_policy = mp_policy
+        self.host_offload = isinstance(offload_policy, CPUOffloadPolicy)
+        self.reshard_after_forward = bool(reshard_after_forward)
+        self.reshard_after_backward = True
+        self.requires_gradient_sync = True
+        dtypes = {np.dtype(fp.orig_dtype) for fp in self.fsdp_params}
+        if mp_policy.param_dtype is None and len(dtypes) > 1:
+            raise ValueError(f"fully_shard: the parameters of one module have several dtypes {sorted(map(str, dtypes))}; "
+                             "give them one dtype, or set MixedPrecisionPolicy(param_dtype=...)")
+        self.param_dtype = np.dtype(mp_policy.param_dtype) if mp_policy.param_dtype is not None else (
+            dtypes.pop() if dtypes else np.dtype(np.float32))
+        self.reduce_dtype = np.dtype(mp_policy.reduce_dtype) if mp_policy.reduce_dtype is not None else self.param_dtype
+        offset = unsharded = 0
+        for fp in self.fsdp_params:
+            fp.offset, fp.unsharded_offset = offset, unsharded
+            offset += fp.padded_numel
+            unsharded += fp.numel
+        self.per_rank, self.unsharded_numel = offset, unsharded
+        self.device = self.fsdp_params[0].device if self.fsdp_params else "cpu"
+        self.buffer = None
+        self.is_unsharded = False
+        self._trainable = [fp for fp in self.fsdp_params if fp.requires_grad]
+        self._ready: set[int] = set()
+        self._reduced = False
+        self._callback_queued = False
+        self._pending = None          # a prefetched all-gather: (work, table)
+        #: the group whose module ran just before this one in the last forward (its backward comes
+        #: next): prefetched when this module's backward starts (torch's backward prefetch)
+        self.backward_prefetch: FSDPParamGroup | None = None
+
+    # ------------------------------------------------------------------ arrays
+    def _xp(self):
+        return _backend.get_array_module(self.fsdp_params[0].sharded_param.data)
+
+    def _on_device(self, array):
+        if self.host_offload and self.device != "cpu":
+            return _backend.to_device(array, self.device)
+        return array
+
+    def _alloc_buffer(self):
+        if self.device == "cpu":
+            buf = storage.empty(self.unsharded_numel, self.param_dtype)
+        else:
+            buf = _backend.to_device(np.empty(0, self.param_dtype), self.device)
+            buf = _backend.get_array_module(buf).empty(self.unsharded_numel, dtype=self.param_dtype)
+        self.buffer = buf
+        for fp in self.fsdp_params:
+            view = buf[fp.unsharded_offset:fp.unsharded_offset + fp.numel].reshape(fp.shape)
+            fp.unsharded = Tensor(view, requires_grad=fp.requires_grad)
+            if fp.requires_grad:
+                fp.unsharded.register_post_accumulate_grad_hook(lambda t, fp=fp: self._on_grad_final(fp))
+
+    # ------------------------------------------------------------------ unshard / reshard
+    def _start_gather(self, async_op: bool):
+        """Pack this rank's shards (in ``param_dtype``) and all-gather them: ``(work, table)``."""
+        xp = self._xp()
+        send = xp.zeros(self.per_rank, dtype=self.param_dtype)
+        for fp in self.fsdp_params:
+            size = fp.local_rows * fp.row_numel
+            send[fp.offset:fp.offset + size] = fp.sharded_param.data.reshape(-1)
+        send = self._on_device(send)
+        table = _backend.get_array_module(send).empty((self.shard_size, self.per_rank), dtype=self.param_dtype)
+        return self.shard_group.backend.allgather(table, send, async_op=async_op), table
+
+    def prefetch(self) -> None:
+        """Start this group's all-gather in the background (the next :meth:`unshard` waits for it):
+        issued when the module that follows this one in forward starts its backward."""
+        if self.is_unsharded or self._pending is not None or not self.fsdp_params:
+            return
+        self._arm()
+        self._pending = self._start_gather(async_op=True)
+
+    def _drop_prefetch(self) -> None:
+        if self._pending is not None:
+            self._pending[0].wait()
+            self._pending = None
+
+    def unshard(self) -> None:
+        """All-gather every parameter of the group (one collective) and install the full ones."""
+        if self.is_unsharded or not self.fsdp_params:
+            return
+        work, table = self._pending if self._pending is not None else self._start_gather(async_op=False)
+        self._pending = None
+        work.wait()
+        if self.buffer is None:
+            self._alloc_buffer()
+        else:
+            storage.restore(self.buffer)
+        n = self.shard_size
+        for fp in self.fsdp_params:
+            full = table[:, fp.offset:fp.offset + fp.padded_numel].reshape((n * fp.chunk,) + fp.shape[1:])
+            fp.unsharded.data[...] = full[:fp.rows]
+            fp.install(fp.unsharded)
+        self.is_unsharded = True
+
+    def reshard(self) -> None:
+        """Put the sharded parameters back in the module and give the gathered memory back."""
+        if not self.is_unsharded:
+            return
+        for fp in self.fsdp_params:
+            fp.install(fp.sharded_param)
+        storage.release(self.buffer)
+        self.is_unsharded = False
+
+    # ------------------------------------------------------------------ forward / backward hooks
+    def pre_forward(self, args):
+        self.unshard()
+        dt = self.mp_policy.param_dtype
+        if dt is None or not self.mp_policy.cast_forward_inputs:
+            return None
+        return tuple(a.to(dt) if isinstance(a, Tensor) and a.is_floating_point() and a.dtype != dt else a
+                     for a in args)
+
+    def post_forward(self, out, reshard: bool):
+        if reshard:
+            self.reshard()
+        for t in _tensors(out):
+            t.register_hook(self._pre_backward)
+        dt = self.mp_policy.output_dtype
+        if dt is not None:
+            out = _cast_floating(out, dt)
+        return out
+
+    def _arm(self) -> None:
+        if not self._callback_queued:
+            queue_callback(self._finish_backward)
+            self._callback_queued = True
+
+    def _pre_backward(self, grad):
+        self._arm()
+        self.unshard()   # resharded after forward: the graph's saved views need the values again
+        if self.backward_prefetch is not None:
+            self.backward_prefetch.prefetch()
+
+    def _on_grad_final(self, fp) -> None:
+        self._arm()
+        self._ready.add(id(fp))
+        if len(self._ready) == len(self._trainable):
+            self._post_backward()
+
+    def _post_backward(self) -> None:
+        if self._reduced:
+            return
+        self._reduced = True
+        if self.requires_gradient_sync:
+            self.reduce_grads()
+        if self.reshard_after_backward:
+            self.reshard()
+
+    def _finish_backward(self) -> None:
+        self._drop_prefetch()   # prefetched but never needed: the shards change before the next forward
+        # the parameters that got no gradient in this backward never reported final: reduce now
+        if self._ready and not self._reduced:
+            self._post_backward()
+        elif self.reshard_after_backward:
+            self.reshard()
+        self._ready.clear()
+        self._reduced = False
+        self._callback_queued = False
+
+    # ------------------------------------------------------------------ gradients
+    def reduce_grads(self) -> None:
+        """Reduce-scatter the unsharded gradients (one collective; HSDP: then one all-reduce over the
+        replicate group), average over the data-parallel ranks, add to the sharded gradients."""
+        grads = [(fp, fp.unsharded.grad) for fp in self._trainable]
+        if all(g is None for _, g in grads):
+            return
+        xp = _backend.get_array_module(next(g for _, g in grads if g is not None).data)
+        n = self.shard_size
+        send = xp.zeros((n, self.per_rank), dtype=self.reduce_dtype)
+        for fp, g in grads:
+            if g is None:
+                continue
+            padded = xp.zeros(n * fp.padded_numel, dtype=self.reduce_dtype)
+            padded[:fp.numel] = g.data.reshape(-1)
+            send[:, fp.offset:fp.offset + fp.padded_numel] = padded.reshape(n, fp.padded_numel)
+            fp.unsharded.grad = None
+        out = xp.empty(self.per_rank, dtype=self.reduce_dtype)
+        self.shard_group.backend.reduce_scatter(out, send.reshape(-1), ReduceOp.SUM)
+        if self.replicate_group is not None:
+            self.replicate_group.backend.allreduce(out, ReduceOp.SUM)
+        out /= self.dp_size
+        if self.host_offload and self.device != "cpu":
+            out = _backend.to_device(out, "cpu")
+        for fp, g in grads:
+            sp = fp.sharded_param
+            piece = out[fp.offset:fp.offset + fp.local_rows * fp.row_numel]
+            piece = piece.reshape((fp.local_rows,) + fp.shape[1:]).astype(fp.orig_dtype, copy=True)
+            if sp._grad is None:
+                sp._grad = ShardedGrad(piece, sp.device_mesh, sp.placements, fp.shape)
+            else:
+                sp._grad.data += piece
+
+
+def _cast_floating(out, dtype):
+    if isinstance(out, Tensor):
+        return out.to(dtype) if out.is_floating_point() and out.dtype != dtype else out
+    if isinstance(out, tuple):
+        return tuple(_cast_floating(o, dtype) for o in out)
+    if isinstance(out, list):
+        return [_cast_floating(o, dtype) for o in out]
+    if isinstance(out, dict):
+        return {k: _cast_floating(v, dtype) for k, v in out.items()}
+    return out
