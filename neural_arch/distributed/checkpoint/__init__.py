@@ -37,6 +37,9 @@ The contract for parallel layouts (what a strategy puts in its state dict)
 * **Box shards** (tensor parallel): ``ShardedArray(local, global_shape, offsets)``: ``local`` is
   ``global[offsets[0]:offsets[0]+local.shape[0], ...]``; the same key on every rank, pieces tile the
   global array exactly (a key may be absent on ranks that hold no piece of it).
+* **DTensors** (tensor parallel and ``fully_shard`` parameters, what ``state_dict.get_state_dict``
+  gives for them): under ``Shard``/``Replicate`` placements this rank's piece is a box, saved as
+  one (see ``dtensor_box``); load fills the DTensors of any mesh in place. ``Partial`` is refused.
 * **Flat shards** (FSDP / ZeRO-2; what ``state_dict.get_state_dict`` gives for them): give
   **each parameter** (and each optimizer-state array) as
   ``ShardedArray(piece_1d, global_shape=param.shape, flat_offset=k)``: ``piece_1d`` is the part of

@@ -5,8 +5,8 @@
 *path* (the real keys, ints stay ints) so a load can write back into the caller's containers,
 and build missing ones (a fresh optimizer has an empty ``state``) with the right key types.
 
-Leaves are arrays (``np.ndarray``, NumPy scalars, CuPy arrays, ``Tensor``), ``ShardedArray``, or
-plain values (numbers, strings, None, bools, lists/tuples of those) which are stored in the
+Leaves are arrays (``np.ndarray``, NumPy scalars, CuPy arrays, ``Tensor``), ``ShardedArray``,
+``DTensor`` (given as its box ``ShardedArray``, see :mod:`.dtensor_box`), or plain values (numbers, strings, None, bools, lists/tuples of those) which are stored in the
 metadata as JSON. Lists and tuples that contain dicts or arrays are walked by index.
 
 Example::
@@ -23,6 +23,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from neural_arch import backend as _backend
+from neural_arch.distributed.checkpoint.dtensor_box import as_sharded_array, is_dtensor
 from neural_arch.distributed.checkpoint.sharded import ShardedArray
 
 __all__ = ["decode_object", "encode_object", "flatten_state_dict", "is_array_leaf", "to_host"]
@@ -44,7 +45,7 @@ def is_array_leaf(value) -> bool:
         >>> is_array_leaf(np.zeros(2)), is_array_leaf([1.0, 2.0])
         (True, False)
     """
-    if isinstance(value, (np.ndarray, np.generic, ShardedArray)):
+    if isinstance(value, (np.ndarray, np.generic, ShardedArray)) or is_dtensor(value):
         return True
     return _backend.is_device_array(value) or type(value).__name__ in ("Tensor", "Parameter")
 
@@ -77,7 +78,9 @@ def flatten_state_dict(state_dict, prefix: tuple = ()) -> list[tuple[str, list, 
         if not is_array_leaf(value) and _walkable(value):
             out.extend(flatten_state_dict(value, path))
         else:
-            out.append((".".join(str(p) for p in path), list(path), value))
+            key = ".".join(str(p) for p in path)
+            # a DTensor is saved and loaded as its box (sharing its local array: loads are in place)
+            out.append((key, list(path), as_sharded_array(value, repr(key)) if is_dtensor(value) else value))
     return out
 
 

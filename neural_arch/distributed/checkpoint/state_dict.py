@@ -25,6 +25,14 @@ The optimizer state dict is ``{"state": {name: {"step": 3, "exp_avg": ...}}, "pa
 empty, and ``dcp.load`` fills it with whole arrays, of which ``set_optimizer_state_dict`` keeps
 this rank's part (unlike torch, no optimizer step is taken to create the state first).
 
+A DTensor parameter (tensor parallel's styles, ``fully_shard``'s) is given as a DTensor: a host
+copy of this rank's piece with the parameter's mesh and placements (no communication), and the
+state of such a parameter (Adam's ``exp_avg``, ...) as a DTensor of the same placements;
+``dcp.save`` writes each distinct piece once and ``dcp.load`` fills any other mesh's pieces
+(see :mod:`~neural_arch.distributed.checkpoint.dtensor_box`)::
+
+    msd = get_model_state_dict(tp_model)        # {"fc1.weight": DTensor(Shard(0)), "fc2.bias": DTensor(Replicate()), ...}
+
 How the shards are known (nothing here imports a parallel strategy): a flat shard parameter
 carries ``_flat_shard`` (FSDP's ``flat_param``, ZeRO-2's bucket shards: which elements of which
 original parameters it holds); a wrapper whose ``state_dict`` is its ``.module``'s (DDP, FSDP)
@@ -41,7 +49,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from neural_arch import backend as _backend
+from neural_arch.core.tensor import Tensor
+from neural_arch.distributed.checkpoint.dtensor_box import as_sharded_array, global_shape_of, is_dtensor
 from neural_arch.distributed.checkpoint.sharded import Region, ShardedArray, copy_overlap
+from neural_arch.distributed.tensor._api import DTensor, compute_local_shape_and_global_offset
 from neural_arch.nn.module import Module
 from neural_arch.optim.optimizer import Optimizer, ParamState
 
@@ -59,9 +70,10 @@ __all__ = [
 @dataclass
 class StateDictOptions:
     """torch's options. ``full_state_dict=True``: whole arrays on every rank (a collective)
-    instead of this rank's shards. ``cpu_offload``: accepted (state dicts hold host arrays
-    anyway). ``ignore_frozen_params``: leave parameters with ``requires_grad=False`` out of the
-    model state dict. ``strict``: ``set_*`` raise on missing or unexpected names.
+    instead of this rank's shards (DTensors, flat ``ShardedArray`` s). ``cpu_offload``: state
+    dicts hold host arrays anyway; with ``full_state_dict=True`` only rank 0 keeps the whole
+    arrays, the other ranks get an empty dict (torch's). ``ignore_frozen_params``: leave
+    parameters with ``requires_grad=False`` out of the model state dict. ``strict``: ``set_*`` raise on missing or unexpected names.
 
     Example:
         >>> StateDictOptions(full_state_dict=True).strict
@@ -159,7 +171,8 @@ def _is_state_array(value, p) -> bool:
 # ------------------------------------------------------------------------------------ model
 def get_model_state_dict(model, *, submodules=None, options: StateDictOptions | None = None) -> dict:
     """``{name: array}`` for parameters and persistent buffers; a parameter FSDP shards over the
-    ranks is this rank's part of it, a flat ``ShardedArray`` (``full_state_dict=True``: whole).
+    ranks is this rank's part of it, a flat ``ShardedArray``; a DTensor parameter (TP,
+    ``fully_shard``) a DTensor of this rank's piece (``full_state_dict=True``: whole arrays).
 
     Example::
 
@@ -186,7 +199,9 @@ def get_model_state_dict(model, *, submodules=None, options: StateDictOptions | 
             if p is None or name in out or (options.ignore_frozen_params and not p.requires_grad):
                 continue
             if id(p) not in sharded:
-                out[name] = _backend.to_host(p.data).copy()
+                # a DTensor parameter (tensor parallel, fully_shard): this rank's piece and its
+                # placements, no communication; anything else is whole on this rank
+                out[name] = _host_dtensor(p, p) if is_dtensor(p) else _backend.to_host(p.data).copy()
             elif sharded[id(p)] is not None:
                 shape, start, piece = sharded[id(p)]
                 out[name] = piece.reshape(shape).copy() if piece.size == math.prod(shape) else \
@@ -194,7 +209,24 @@ def get_model_state_dict(model, *, submodules=None, options: StateDictOptions | 
         for n, b in sub._buffers.items():
             if b is not None and n not in sub._non_persistent:
                 out[f"{prefix}.{n}" if prefix else n] = _backend.to_host(b.data).copy()
-    return _gather_full(out) if options.full_state_dict else out
+    return _full(out, options) if options.full_state_dict else out
+
+
+def _host_dtensor(dt, like) -> DTensor:
+    """A DTensor whose local piece is a host copy of ``dt``'s, with ``like``'s mesh and placements."""
+    local = Tensor(_backend.to_host(dt._local_tensor.data if isinstance(dt, DTensor) else dt).copy())
+    return DTensor(local, like.device_mesh, like.placements, shape=global_shape_of(like))
+
+
+def _full(tree: dict, options: StateDictOptions) -> dict:
+    """The whole arrays of ``tree`` (a collective); ``cpu_offload``: on rank 0 only."""
+    full = _gather_full(tree)
+    if options.cpu_offload:
+        from neural_arch.distributed import groups
+
+        if groups.is_initialized() and groups.get_rank() != 0:
+            return {}
+    return full
 
 
 def set_model_state_dict(model, model_state_dict: dict, *, options: StateDictOptions | None = None):
@@ -243,7 +275,10 @@ def set_model_state_dict(model, model_state_dict: dict, *, options: StateDictOpt
     if options.strict and (missing or unexpected):
         raise RuntimeError(f"set_model_state_dict(strict=True): missing keys {missing}, unexpected keys {unexpected}")
     for name, t in targets.items():
-        if name in model_state_dict:
+        if name in model_state_dict and is_dtensor(t):
+            piece = _my_piece(model_state_dict[name], t, name, "set_model_state_dict")
+            t._local_tensor.data[...] = _backend.to_device(piece, _backend.device_of(t._local_tensor.data))
+        elif name in model_state_dict:
             value = model_state_dict[name]
             if isinstance(value, ShardedArray):
                 whole = np.empty(value.global_shape, dtype=value.dtype)
@@ -254,6 +289,40 @@ def set_model_state_dict(model, model_state_dict: dict, *, options: StateDictOpt
                                    f"is {tuple(t.shape)}")
             t.data[...] = _backend.to_device(np.asarray(value), _backend.device_of(t.data))
     return missing, unexpected
+
+
+def _my_piece(value, like, name: str, op: str) -> np.ndarray:
+    """This rank's piece (a host array) of ``value`` for the DTensor ``like``: ``value`` is a DTensor
+    (of the same layout: its local piece; of another layout on the same mesh: redistributed, a
+    collective), a whole array, or a ``ShardedArray`` that covers this rank's box."""
+    shape = global_shape_of(like)
+    local_shape, offsets = compute_local_shape_and_global_offset(shape, like.device_mesh, like.placements)
+    if is_dtensor(value):
+        if global_shape_of(value) != shape:
+            raise ValueError(f"{op}: {name!r} has global shape {global_shape_of(value)} in the state dict but "
+                             f"{shape} here")
+        if tuple(value.placements) != tuple(like.placements) or value.device_mesh != like.device_mesh:
+            if value.device_mesh != like.device_mesh:
+                value = as_sharded_array(value, repr(name))  # another mesh: only an overlapping box helps
+            else:
+                value = value.redistribute(like.device_mesh, like.placements)
+        if is_dtensor(value):
+            return _backend.to_host(value._local_tensor.data)
+    dst = np.empty(local_shape, dtype=np.dtype(value.dtype))
+    if isinstance(value, ShardedArray):
+        if value.global_shape != shape:
+            raise ValueError(f"{op}: {name!r} has global shape {value.global_shape} in the state dict but {shape} here")
+        box = Region(shape, tuple(offsets), tuple(local_shape))
+        got = copy_overlap(Region.of(value), _backend.to_host(value.local), box, dst)
+        if got != dst.size:
+            raise ValueError(f"{op}: {name!r}: the state dict holds {Region.of(value).to_json()} of it, this rank "
+                             f"needs the box at {offsets} of shape {local_shape}; load into the state dict of "
+                             "*this* layout (get_model_state_dict / get_optimizer_state_dict of it) with dcp.load first")
+        return dst
+    value = _backend.to_host(value)
+    if tuple(value.shape) != shape:
+        raise ValueError(f"{op}: {name!r} has shape {tuple(value.shape)} in the state dict but {shape} here")
+    return value[tuple(slice(o, o + n) for o, n in zip(offsets, local_shape))]
 
 
 def _fill_piece(dst: np.ndarray, value, shape: tuple, start: int, name: str) -> None:
@@ -278,7 +347,8 @@ def _fill_piece(dst: np.ndarray, value, shape: tuple, start: int, name: str) -> 
 # ------------------------------------------------------------------------------------ optimizer
 def get_optimizer_state_dict(model, optimizers, *, submodules=None, options: StateDictOptions | None = None) -> dict:
     """The optimizer state under the model's parameter names, each rank's shard of it as a flat
-    ``ShardedArray`` (FSDP, ZeRO-2), ready for ``dcp.save`` on every rank.
+    ``ShardedArray`` (FSDP, ZeRO-2) or, for a DTensor parameter, a DTensor with the parameter's
+    placements; ready for ``dcp.save`` on every rank.
 
     Example::
 
@@ -305,21 +375,30 @@ def get_optimizer_state_dict(model, optimizers, *, submodules=None, options: Sta
                     _get_param_state(p, st, names, state)
     out = {"state": state, "param_groups": groups}
     if options.full_state_dict:
-        out["state"] = _gather_full(state)
+        out["state"] = _full(state, options)
     return out
 
 
 def _get_param_state(p, st: dict, names: dict, state: dict) -> None:
+    if is_dtensor(p) and getattr(p, "_flat_shard", None) is None:
+        # the state of a DTensor parameter is laid out like it: a DTensor of the same placements
+        entry = state.setdefault(_name_of(p, names), {})
+        for k, v in st.items():
+            entry[k] = _host_dtensor(v, p) if _is_state_array(v, p) else _plain_copy(v)
+        return
     for name, shape, start, at, n, whole in _segments(p, names):
         entry = state.setdefault(name, {})
         for k, v in st.items():
             if not _is_state_array(v, p):
-                entry[k] = _backend.to_host(v).copy() if _backend.is_device_array(v) or isinstance(v, np.ndarray) \
-                    else copy.deepcopy(v)
+                entry[k] = _plain_copy(v)
                 continue
             flat = _backend.to_host(v).reshape(-1)
             piece = flat[at:at + n]
             entry[k] = piece.reshape(shape).copy() if whole else ShardedArray(piece.copy(), shape, flat_offset=start)
+
+
+def _plain_copy(v):
+    return _backend.to_host(v).copy() if _backend.is_device_array(v) or isinstance(v, np.ndarray) else copy.deepcopy(v)
 
 
 def set_optimizer_state_dict(model, optimizers, optim_state_dict: dict, *,
@@ -377,7 +456,27 @@ def set_optimizer_state_dict(model, optimizers, optim_state_dict: dict, *,
             local()  # ZeRO: the inner optimizer's groups follow the outer ones
 
 
+def _set_dtensor_state(p, names: dict, saved_state: dict, used: set) -> dict:
+    """The state of the DTensor parameter ``p``: this rank's piece of every array of its global shape."""
+    name = _name_of(p, names)
+    if name not in saved_state:
+        return {}
+    used.add(name)
+    shape, device, out = global_shape_of(p), _backend.device_of(p.data), {}
+    for k, v in saved_state[name].items():
+        vshape = global_shape_of(v) if is_dtensor(v) else v.global_shape if isinstance(v, ShardedArray) \
+            else tuple(np.shape(v)) if isinstance(v, np.ndarray) or _backend.is_device_array(v) else None
+        if vshape == shape and len(shape) > 0:
+            piece = _my_piece(v, p, f"{name}.{k}", "set_optimizer_state_dict")
+            out[k] = _backend.to_device(np.array(piece, copy=True), device)
+        else:
+            out[k] = copy.deepcopy(v) if not isinstance(v, np.ndarray) else v.copy()
+    return out
+
+
 def _set_param_state(p, names: dict, saved_state: dict, used: set) -> dict:
+    if is_dtensor(p) and getattr(p, "_flat_shard", None) is None:
+        return _set_dtensor_state(p, names, saved_state, used)
     segs = _segments(p, names)
     have = [s for s in segs if s[0] in saved_state]
     if not have:
@@ -443,6 +542,7 @@ def _gather_full(tree: dict) -> dict:
     peers only, as every ``*_object`` helper)."""
     from neural_arch.distributed import groups
 
+    tree = _boxes(tree)  # DTensors as their boxes: placements and offsets, no mesh to pickle
     every = [tree]
     if groups.is_initialized() and groups.get_world_size() > 1:
         from neural_arch.distributed.collectives import all_gather_object
@@ -450,6 +550,15 @@ def _gather_full(tree: dict) -> dict:
         every = [None] * groups.get_world_size()
         all_gather_object(every, tree)
     return _merge(every)
+
+
+def _boxes(tree):
+    if isinstance(tree, dict):
+        return {k: _boxes(v) for k, v in tree.items()}
+    if is_dtensor(tree):
+        box = as_sharded_array(tree)
+        return ShardedArray(_backend.to_host(box.local), box.global_shape, offsets=box.offsets)
+    return tree
 
 
 def _merge(trees: list) -> dict:

@@ -35,7 +35,7 @@ Example (every rank of the tp group)::
 from __future__ import annotations
 
 from neural_arch import backend as _backend
-from neural_arch.distributed.device_mesh import resolve_group_or_mesh
+from neural_arch.distributed.device_mesh import DeviceMesh, resolve_group_or_mesh
 from neural_arch.distributed.tensor.parallel.generation import VocabParallelTokenSelector
 from neural_arch.distributed.tensor.parallel.sequence_parallel import (
     PrepareModuleInput,
@@ -120,7 +120,9 @@ def parallelize_gpt(model, device_mesh=None, loss_parallel: bool = True, sequenc
         if value % p:
             raise ValueError(f"parallelize_gpt: {what} ({value}) must be divisible by the tensor-parallel "
                              f"size {p}")
-    parallelize_module(model, group, gpt_tp_plan(loss_parallel, sequence_parallel))
+    # the mesh itself when there is one: the DTensor parameters then live on it
+    parallelize_module(model, device_mesh if isinstance(device_mesh, DeviceMesh) else group,
+                       gpt_tp_plan(loss_parallel, sequence_parallel))
     model.tp_group = group
     # generate() chooses tokens from this rank's vocabulary shard (see tensor/parallel/generation.py)
     model.token_selector = VocabParallelTokenSelector(group, model.vocab_size, sequence_parallel=sequence_parallel)

@@ -15,6 +15,13 @@ as the single-process layer (``nn.Linear`` / ``nn.Embedding``) would, then keeps
 tensor-parallel model built after ``manual_seed(s)`` holds exactly the single-process model's
 weights, whatever ``p`` is. ``from_linear`` / ``from_embedding`` shard an existing layer.
 
+Parameters are :class:`~neural_arch.distributed.tensor._parameter.DTensorParameter` s, as torch's
+styles make them: the Tensor face is this rank's slice (what the layer computes with and the
+optimizer steps), the DTensor face says where it lies in the whole parameter (column parallel:
+weight and bias ``Shard(0)``; row parallel: weight ``Shard(1)``, bias ``Replicate()``; vocab
+parallel: weight ``Shard(0)``), on the 1-d mesh of ``process_group`` (:func:`tp_device_mesh`).
+``fc1.weight.full_tensor()`` all-gathers the whole weight.
+
 Example (every rank of ``tp``)::
 
     fc1 = ColumnParallelLinear(64, 256, process_group=tp)        # (.., 64) -> (.., 256/p)
@@ -27,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from neural_arch.core.tensor import Tensor
-from neural_arch.distributed.device_mesh import resolve_group_or_mesh
+from neural_arch.distributed.device_mesh import DeviceMesh, resolve_group_or_mesh
 from neural_arch.distributed.nn.functional import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
@@ -36,13 +43,14 @@ from neural_arch.distributed.nn.functional import (
     reduce_scatter_to_sequence_parallel_region,
     scatter_to_tensor_model_parallel_region,
 )
+from neural_arch.distributed.tensor._parameter import DTensorParameter
+from neural_arch.distributed.tensor.placement_types import Replicate, Shard
 from neural_arch.nn import functional as F
 from neural_arch.nn.linear import Embedding, Linear
 from neural_arch.nn.module import Module
-from neural_arch.nn.parameter import Parameter
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", 
-           "shard_range"]
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "shard_range",
+           "tp_device_mesh"]
 
 
 def shard_range(total: int, group, what: str) -> tuple[int, int]:
@@ -60,9 +68,32 @@ def shard_range(total: int, group, what: str) -> tuple[int, int]:
     return r * step, (r + 1) * step
 
 
-def _param(array, like: Tensor) -> Parameter:
+def tp_device_mesh(process_group=None, device: str = "cpu") -> DeviceMesh:
+    """The 1-d DeviceMesh a tensor-parallel layer's DTensor parameters live on.
+
+    ``process_group`` itself when it is a 1-d DeviceMesh (e.g. ``mesh["tp"]``); otherwise a mesh
+    over the ranks of the group (a ProcessGroup, or None for the world) that reuses that group:
+    torch's ``DeviceMesh.from_group``, with no collective (groups are created collectively, and
+    the group exists already).
+
+    Example::
+
+        tp_device_mesh(tp_group).mesh.tolist()      # e.g. [2, 3] on ranks 2 and 3
+    """
+    if isinstance(process_group, DeviceMesh):
+        resolve_group_or_mesh(process_group, "tp_device_mesh")  # the same error for a 2-d mesh
+        return process_group
+    group = resolve_group_or_mesh(process_group, "tp_device_mesh")
+    ranks = [int(r) for r in group.ranks]
+    # `_parent` marks a mesh over part of the world (it skips the every-rank-once check); the
+    # group of its one dimension is `group` itself
+    return DeviceMesh(str(device).split(":")[0], ranks, _groups=({0: group}, {0: [ranks]}), _parent=group)
+
+
+def _param(array, like: Tensor, mesh: DeviceMesh, placement, global_shape) -> DTensorParameter:
+    """This rank's piece ``array`` of ``like`` (the whole parameter) as a DTensor parameter."""
     xp_array = array.copy() if hasattr(array, "copy") else np.array(array)
-    return Parameter(xp_array, device=like.device)
+    return DTensorParameter(xp_array, mesh, [placement], global_shape, device=like.device)
 
 
 class ColumnParallelLinear(Module):
@@ -100,9 +131,10 @@ class ColumnParallelLinear(Module):
         self.out_features_per_partition = end - start
         full = _from if _from is not None else Linear(in_features, out_features, bias=bias, dtype=dtype,
                                                       device=device)
-        self.weight = _param(full.weight.data[start:end], full.weight)
+        mesh = tp_device_mesh(process_group, full.weight.device)
+        self.weight = _param(full.weight.data[start:end], full.weight, mesh, Shard(0), full.weight.shape)
         if full.bias is not None:
-            self.bias = _param(full.bias.data[start:end], full.bias)
+            self.bias = _param(full.bias.data[start:end], full.bias, mesh, Shard(0), full.bias.shape)
         else:
             self.register_parameter("bias", None)
         self._tp_shard_dims = {"weight": 0, "bias": 0}
@@ -165,9 +197,10 @@ class RowParallelLinear(Module):
         self.in_features_per_partition = end - start
         full = _from if _from is not None else Linear(in_features, out_features, bias=bias, dtype=dtype,
                                                       device=device)
-        self.weight = _param(full.weight.data[:, start:end], full.weight)
+        mesh = tp_device_mesh(process_group, full.weight.device)
+        self.weight = _param(full.weight.data[:, start:end], full.weight, mesh, Shard(1), full.weight.shape)
         if full.bias is not None:
-            self.bias = _param(full.bias.data, full.bias)
+            self.bias = _param(full.bias.data, full.bias, mesh, Replicate(), full.bias.shape)
         else:
             self.register_parameter("bias", None)
         self._tp_shard_dims = {"weight": 1}
@@ -221,7 +254,9 @@ class VocabParallelEmbedding(Module):
         self.vocab_start_index, self.vocab_end_index = shard_range(
             self.num_embeddings, self.process_group, "VocabParallelEmbedding: num_embeddings")
         full = _from if _from is not None else Embedding(num_embeddings, embedding_dim, dtype=dtype, device=device)
-        self.weight = _param(full.weight.data[self.vocab_start_index:self.vocab_end_index], full.weight)
+        mesh = tp_device_mesh(process_group, full.weight.device)
+        self.weight = _param(full.weight.data[self.vocab_start_index:self.vocab_end_index], full.weight, mesh,
+                             Shard(0), full.weight.shape)
         self._tp_shard_dims = {"weight": 0}
 
     @classmethod

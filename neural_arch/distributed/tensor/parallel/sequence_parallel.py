@@ -9,7 +9,8 @@ volume is unchanged while the region's activations shrink p-fold.
 
 Parameters inside the region (LayerNorm's weight and bias, a row-parallel bias) see only this
 rank's positions, so their gradients are partial sums: :class:`SequenceParallel` all-reduces them
-over the tensor-parallel group as they are produced, keeping them identical on every rank.
+over the tensor-parallel group as they are produced, keeping them identical on every rank. It also
+makes them ``Replicate()`` DTensor parameters on the tp mesh (as torch's does; same values).
 
 Example (a pre-LN MLP block as a plan; ``x`` is this rank's ``(B, T/p, C)``)::
 
@@ -22,11 +23,15 @@ Example (a pre-LN MLP block as a plan; ``x`` is this rank's ``(B, T/p, C)``)::
 
 from __future__ import annotations
 
+from neural_arch.distributed.device_mesh import resolve_group_or_mesh
 from neural_arch.distributed.nn.functional import (
     _allreduce,
     gather_from_sequence_parallel_region,
     scatter_to_sequence_parallel_region,
 )
+from neural_arch.distributed.tensor._api import DTensor
+from neural_arch.distributed.tensor._parameter import DTensorParameter
+from neural_arch.distributed.tensor.parallel.layers import tp_device_mesh
 from neural_arch.distributed.tensor.parallel.style import ParallelStyle, Replicate, Shard
 from neural_arch.nn.module import Module
 
@@ -54,6 +59,16 @@ class SequenceParallel(ParallelStyle):
         self.sequence_dim = sequence_dim
 
     def apply(self, module: Module, group) -> Module:
+        mesh = None
+        for name, p in list(module._parameters.items()):
+            if p is not None and not isinstance(p, DTensor):
+                # torch's SequenceParallel makes them Replicate() DTensors on the tp mesh: the same
+                # local values (the Tensor face), now saying they are whole on every tp rank
+                mesh = mesh if mesh is not None else tp_device_mesh(group, p.device)
+                module._parameters[name] = DTensorParameter(p.data, mesh, [Replicate()], p.shape,
+                                                            requires_grad=p.requires_grad, device=p.device)
+        group = resolve_group_or_mesh(group, "SequenceParallel")
+
         def all_reduce_grad(grad):
             # the replicated parameter saw only this rank's positions: sum the parts over the group
             return type(grad)._wrap(_allreduce(group, grad.data)) if group.size() > 1 else grad
@@ -93,6 +108,7 @@ class PrepareModuleInput(ParallelStyle):
                                       "is not supported; use Replicate() <-> Shard(1)")
 
     def apply(self, module: Module, group) -> Module:
+        group = resolve_group_or_mesh(group, "PrepareModuleInput")
         enter = isinstance(self.desired_input_layouts, Shard)
 
         def convert(_module, args):

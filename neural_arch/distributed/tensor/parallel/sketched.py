@@ -26,7 +26,9 @@ from neural_arch.distributed.nn.functional import (
     copy_to_tensor_model_parallel_region,
     gather_from_tensor_model_parallel_region,
 )
-from neural_arch.distributed.tensor.parallel.layers import shard_range
+from neural_arch.distributed.tensor._parameter import DTensorParameter
+from neural_arch.distributed.tensor.parallel.layers import shard_range, tp_device_mesh
+from neural_arch.distributed.tensor.placement_types import Shard
 from neural_arch.nn.activation import ReLU
 from neural_arch.nn.container import ModuleList
 from neural_arch.nn.module import Module
@@ -61,10 +63,14 @@ class TensorParallelSKLinear(Module):
         local = SKLinear(self.in_features, self.local_out_features, self.sketch_size, bias=full.bias is not None,
                          dtype=full.weight_u.data.dtype, generator=np.random.default_rng(0))
         # Overwrite the placeholder draw with this rank's shard of the full layer.
-        local.weight_u.data = full.weight_u.data[start:end].copy()
+        # (DTensor parameters, Shard(0) on the tp mesh, as ColumnParallelLinear's)
+        mesh = tp_device_mesh(tensor_parallel_group, full.weight_u.device)
+        local.weight_u = DTensorParameter(full.weight_u.data[start:end].copy(), mesh, [Shard(0)],
+                                          full.weight_u.shape, device=full.weight_u.device)
         local.sketch_matrix.data = full.sketch_matrix.data.copy()
         if full.bias is not None:
-            local.bias.data = full.bias.data[start:end].copy()
+            local.bias = DTensorParameter(full.bias.data[start:end].copy(), mesh, [Shard(0)], full.bias.shape,
+                                          device=full.bias.device)
         self.local_sklinear = local
         self._tp_shard_dims = {"local_sklinear.weight_u": 0, "local_sklinear.bias": 0}
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import fnmatch
 
-from neural_arch.distributed.device_mesh import resolve_group_or_mesh
+from neural_arch.distributed.device_mesh import DeviceMesh, resolve_group_or_mesh
 from neural_arch.distributed.tensor.parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -54,7 +54,8 @@ def _is_shard_sequence(layout) -> bool:
 
 
 class ParallelStyle:
-    """Base of the styles: ``apply(module, group) -> sharded module``.
+    """Base of the styles: ``apply(module, group) -> sharded module`` (``group``: a ProcessGroup or
+    a 1-d DeviceMesh).
 
     Example::
 
@@ -158,11 +159,14 @@ def parallelize_module(module: Module, device_mesh=None, parallelize_plan=None) 
         mlp = parallelize_module(mlp, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
     """
     group = resolve_group_or_mesh(device_mesh, "parallelize_module")
+    # the styles take the 1-d mesh itself when there is one: the DTensor parameters they make
+    # then live on it (``param.device_mesh == mesh``), as torch's do
+    target = device_mesh if isinstance(device_mesh, DeviceMesh) else group
     if parallelize_plan is None:
         raise ValueError("parallelize_module: parallelize_plan is required (a ParallelStyle or a dict "
                          "{'name.pattern': ColwiseParallel() | RowwiseParallel()})")
     if isinstance(parallelize_plan, ParallelStyle):
-        return parallelize_plan.apply(module, group)
+        return parallelize_plan.apply(module, target)
     if not isinstance(parallelize_plan, dict):
         raise TypeError(f"parallelize_module: parallelize_plan must be a ParallelStyle or a dict, got "
                         f"{type(parallelize_plan).__name__}")
@@ -180,5 +184,5 @@ def parallelize_module(module: Module, device_mesh=None, parallelize_plan=None) 
             parent = module.get_submodule(parent_name) if parent_name else module
             # Replace in the registry directly: setattr would move the child to the end of
             # the ordered registry, and Sequential runs its children in that order.
-            parent._modules[child] = style.apply(parent._modules[child], group)
+            parent._modules[child] = style.apply(parent._modules[child], target)
     return module
