@@ -52,9 +52,10 @@ LAYERS: list[tuple[str, list[str]]] = [
                      D + "metrics", D + "flat_param", D + "bucketing"]),
     ("strategies", [D + "ddp", D + "tensor", D + "pipelining", D + "fsdp", D + "optim", D + "checkpoint", D + "data",
                     D + "expert_parallel", D + "model_parallel"]),
-    ("processes", [D + "run", D + "testing", D + "elastic"]),
+    ("processes", [D + "run", D + "testing", D + "elastic", D + "ft"]),
     ("launcher and trainer", [D + "launcher", D + "trainer", D + "scale"]),
     ("distributed face", ["neural_arch.distributed"]),
+    ("serving", ["neural_arch.serve"]),                   # HTTP on rank 0 over TP ranks the launcher starts
 ]
 
 #: The one cycle the design keeps (rule 2): Tensor's methods are the ops, the ops return Tensors.

@@ -1,0 +1,51 @@
+"""Per-step fault tolerance across data-parallel replicas (torchft's model), one package.
+
+==========================  ===============================================================
+module                      what
+==========================  ===============================================================
+``lighthouse``              ``Lighthouse``: decides each step's quorum from heartbeats
+``quorum``                  ``plan_quorum``: the quorum rule as a pure function (plans as data)
+``manager``                 ``Manager``: ``start_quorum`` / ``allreduce`` / ``should_commit``,
+                            healing a replacement from a live peer
+``replica_group``           ``ProcessGroupGloo``: the cross-replica group, rebuilt per quorum
+``transfer``                the heal's wire format (arrays raw, a pickled skeleton)
+``optim``, ``ddp``          ``OptimizerWrapper``, ``DistributedDataParallel``
+``protocol``                the store keys the lighthouse and managers share
+==========================  ===============================================================
+
+Each replica is one process for now (ZeRO/FSDP inside a replica is not done yet). See
+docs/ft.md. Names load lazily::
+
+    from neural_arch.distributed import ft
+    with ft.Lighthouse(min_replicas=2) as lighthouse:
+        ...   # replicas: ft.Manager(lighthouse_addr=lighthouse.address, ...)
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "Lighthouse": "lighthouse",
+    "Manager": "manager",
+    "Quorum": "quorum", "QuorumRequest": "quorum", "plan_quorum": "quorum",
+    "ProcessGroupGloo": "replica_group",
+    "OptimizerWrapper": "optim",
+    "DistributedDataParallel": "ddp",
+}
+
+__all__ = ["DistributedDataParallel", "Lighthouse", "Manager", "OptimizerWrapper", "ProcessGroupGloo", "Quorum",
+           "QuorumRequest", "plan_quorum"]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'neural_arch.distributed.ft' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

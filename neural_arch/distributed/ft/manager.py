@@ -1,0 +1,295 @@
+"""``Manager``: one replica's side of per-step fault tolerance (torchft's ``Manager``).
+
+Every step is a transaction across the replicas of the current quorum::
+
+    manager.start_quorum()          # ask the lighthouse who steps; rebuild the group if it changed;
+                                    # heal from a live peer if this replica is behind
+    ...forward, backward...
+    manager.allreduce(grad)         # sum across the quorum / num_participants (an error is recorded,
+                                    # not raised)
+    if manager.should_commit():     # every member's step succeeded: apply it
+        optimizer.step()            # else every member discards it, and the next start_quorum
+                                    # re-forms the quorum without the failed replica
+
+No process restarts and nothing is read from disk: survivors keep their (uncommitted, so still
+consistent) state and redo the step with the new quorum; a replacement replica copies weights,
+optimizer state, step, RNG and data position (whatever ``state_dict()`` returns) from an
+up-to-date peer over the new process group (:mod:`~neural_arch.distributed.ft.transfer`) inside
+its first ``start_quorum``, then steps with the others.
+
+The commit decision is taken once per quorum round in the lighthouse's store: each member votes,
+and the first member that knows the outcome (a failure of its own, or every vote in) sets it with
+compare-and-set; everyone reads that one value, so no two members ever disagree about a step, even
+when a member dies between its vote and the others'. A missing vote counts as a failure after
+``timeout`` seconds.
+
+Each replica here is ONE process (plain data parallelism across replicas). Replicas that are
+themselves sharded (ZeRO/FSDP inside a replica, healing shard by shard) are not done yet.
+
+Example::
+
+    manager = Manager(pg=ProcessGroupGloo(timeout=10), load_state_dict=load, state_dict=save,
+                      min_replica_size=2, replica_id="replica_1", lighthouse_addr="10.0.0.1:29510")
+    for batch in batches:
+        manager.start_quorum()
+        loss = loss_fn(model(batch)); loss.backward()
+        for p in model.parameters():
+            manager.allreduce(p.grad)
+        if manager.should_commit():
+            optimizer.step()
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+
+import numpy as np
+
+from neural_arch.distributed.comm.work import ReduceOp
+from neural_arch.distributed.errors import DistributedError, StoreTimeoutError
+from neural_arch.distributed.ft import protocol
+from neural_arch.distributed.ft.quorum import Quorum
+from neural_arch.distributed.ft.replica_group import ProcessGroupGloo
+from neural_arch.distributed.ft.transfer import recv_state, send_state, split_arrays
+from neural_arch.distributed.rendezvous.tcp_store import TCPStore
+
+__all__ = ["Manager"]
+
+log = logging.getLogger("neural_arch.distributed.ft")
+
+
+class Manager:
+    """Quorum, gradient all-reduce, commit vote and healing for one replica (module docstring).
+
+    Args:
+        pg: the cross-replica group (default :class:`~neural_arch.distributed.ft.replica_group.ProcessGroupGloo`
+            with ``timeout``); rebuilt for every new quorum.
+        load_state_dict: ``fn(state)`` that loads what ``state_dict()`` returned on a live peer
+            (model, optimizer, sampler position, RNG ...): how a replacement heals.
+        state_dict: ``fn() -> state``: nested dicts/lists of NumPy arrays and plain values.
+        min_replica_size: the smallest quorum this replica steps in.
+        replica_id: this replica group's name (a replacement may reuse the dead one's; a random
+            suffix keeps the two members apart).
+        lighthouse_addr: ``"host:port"`` of the :class:`~neural_arch.distributed.ft.lighthouse.Lighthouse`.
+        timeout: seconds for each collective, the heal transfer and the commit vote.
+        quorum_timeout: seconds ``start_quorum`` waits for the lighthouse's answer.
+        heartbeat_interval: seconds between heartbeats (the lighthouse's ``heartbeat_timeout``
+            must be several of these).
+        auth_token: the lighthouse store's token (None: loopback, per-user secret).
+        init_sync: at step 0, copy the first member's state to the others (set False when every
+            replica initialises from the same seed: then nothing is sent at step 0).
+
+    Example::
+
+        manager = Manager(load_state_dict=load, state_dict=save, replica_id="r0",
+                          lighthouse_addr=lighthouse.address, timeout=5.0)
+        manager.start_quorum()
+        manager.num_participants(), manager.participating_rank(), manager.current_step()
+    """
+
+    def __init__(self, pg=None, load_state_dict=None, state_dict=None, min_replica_size: int = 1,
+                 replica_id: str | None = None, lighthouse_addr: str | None = None, timeout: float = 60.0,
+                 quorum_timeout: float = 120.0, heartbeat_interval: float = 0.1, auth_token=None,
+                 init_sync: bool = True):
+        if lighthouse_addr is None:
+            raise ValueError("Manager(lighthouse_addr='host:port') is required: the address of the Lighthouse "
+                             "that decides the quorums (Lighthouse(...).address)")
+        host, _, port = str(lighthouse_addr).rpartition(":")
+        self.timeout, self.quorum_timeout = float(timeout), float(quorum_timeout)
+        self._pg = pg if pg is not None else ProcessGroupGloo(timeout=self.timeout)
+        self._load_state_dict, self._state_dict = load_state_dict, state_dict
+        self.min_replica_size = int(min_replica_size)
+        self.init_sync = bool(init_sync)
+        self._auth_token = auth_token
+        self.replica_id = str(replica_id if replica_id is not None else uuid.uuid4().hex[:8])
+        self.member = f"{self.replica_id}:{uuid.uuid4().hex[:8]}"
+        self._store = TCPStore(host, int(port), timeout=self.quorum_timeout, auth_token=auth_token)
+        # the heartbeat has its own connection: a long blocking get on the main one must not stop it
+        self._beat_store = TCPStore(host, int(port), timeout=self.quorum_timeout, auth_token=auth_token)
+        index = int(self._store.add(protocol.MEMBERS, 1)) - 1
+        self._store.set(protocol.member_key(index), self.member)
+        self._stop = threading.Event()
+        self._beat_interval = float(heartbeat_interval)
+        self._beat_store.add(protocol.heartbeat_key(self.member), 1)
+        self._beater = threading.Thread(target=self._heartbeat, name=f"ft-heartbeat-{self.member}", daemon=True)
+        self._beater.start()
+        self._step = 0
+        self._requests = 0
+        self._quorum: Quorum | None = None
+        self._quorum_id: int | None = None
+        self._error: BaseException | None = None
+        self._last_committed = True
+        #: how many times this replica healed, and the bytes it received / sent doing so
+        self.heals, self.heal_bytes_received, self.heal_bytes_sent = 0, 0, 0
+        #: Timings of the last group rebuild and heal as seen by this replica. Keys ``configure_s``
+        #: (seconds the group took to connect), ``send_started_at`` and ``send_s`` (this replica
+        #: sent a state), ``recv_started_at`` and ``loaded_at`` (this replica received one). The
+        #: ``*_at`` values are ``time.time()``, so on one host ``loaded_at - max(send_started_at,
+        #: recv_started_at)`` is the transfer, whatever either side waited for before it.
+        self.timings: dict[str, float] = {}
+
+    # -- heartbeat ---------------------------------------------------------------------------------
+    def _heartbeat(self) -> None:
+        key = protocol.heartbeat_key(self.member)
+        while not self._stop.wait(self._beat_interval):
+            try:
+                self._beat_store.add(key, 1)
+            except Exception as exc:  # noqa: BLE001 - the lighthouse is gone: start_quorum will say so
+                log.warning("ft %s: heartbeat stopped: %s", self.member, exc)
+                return
+
+    # -- the step ------------------------------------------------------------------------------------
+    def start_quorum(self) -> Quorum:
+        """Join the next quorum: ask the lighthouse, rebuild the group if the quorum changed, heal.
+
+        Blocks until the lighthouse answers (``quorum_timeout``). A failure while rebuilding the
+        group or healing is recorded like a failed all-reduce: ``should_commit`` returns False.
+        """
+        self._error = None
+        self._requests += 1
+        n = self._requests
+        self._store.set(protocol.request_key(self.member),
+                        protocol.encode_request(n, self._step, not self._last_committed or self._quorum_id is None,
+                                                self.min_replica_size, self.init_sync))
+        self._store.add(protocol.REQ_SEQ, 1)
+        try:
+            raw = self._store.get(protocol.answer_key(self.member, n))
+        except StoreTimeoutError as exc:
+            raise DistributedError(f"ft {self.member}: the lighthouse gave no quorum within {self.quorum_timeout:g} s "
+                                   f"(fewer than min_replicas replicas alive?)") from exc
+        quorum = self._quorum = Quorum.from_json(json.loads(raw))
+        rank = quorum.rank_of(self.member)
+        try:
+            if quorum.quorum_id != self._quorum_id:
+                self._quorum_id = None
+                start = time.perf_counter()
+                self._pg.configure(self._store, protocol.pg_prefix(quorum.quorum_id), rank, quorum.size,
+                                   auth_token=self._auth_token)
+                self.timings["configure_s"] = time.perf_counter() - start
+                self._quorum_id = quorum.quorum_id
+            self._heal(quorum)
+        except Exception as exc:  # noqa: BLE001 - any failure here voids the step on every member
+            self.report_error(exc)
+        return quorum
+
+    def _heal(self, quorum: Quorum) -> None:
+        source = quorum.heal.get(self.member)
+        if source is not None:
+            self.timings["recv_started_at"] = time.time()
+            state = recv_state(self._pg, quorum.rank_of(source))
+            if self._load_state_dict is not None:
+                self._load_state_dict(state["user"])
+            self._step = int(state["step"])
+            self.timings["loaded_at"] = time.time()
+            self.heals += 1
+            self.heal_bytes_received += _nbytes(state)
+            log.info("ft %s: healed from %s at step %d", self.member, source, self._step)
+        for target, src in sorted(quorum.heal.items()):
+            if src == self.member:
+                start = time.perf_counter()
+                self.timings["send_started_at"] = time.time()
+                user = self._state_dict() if self._state_dict is not None else None
+                self.heal_bytes_sent += send_state(self._pg, {"user": user, "step": self._step},
+                                                   quorum.rank_of(target))
+                self.timings["send_s"] = time.perf_counter() - start
+
+    def allreduce(self, tensor):
+        """Average ``tensor`` (a Tensor or NumPy array, in place) across the quorum's members.
+
+        Sums, then divides by ``num_participants``. A failure (a peer died, timed out or
+        poisoned the group) is recorded, not raised: ``should_commit`` then returns False.
+        After a failure the call does nothing. Returns ``tensor``.
+        """
+        if self._error is not None:
+            return tensor
+        array = tensor if isinstance(tensor, np.ndarray) else tensor.data   # a Tensor's array
+        try:
+            self._pg.allreduce(array, ReduceOp.SUM)
+        except Exception as exc:  # noqa: BLE001 - recorded: the step is void on every member
+            self.report_error(exc)
+            return tensor
+        array /= self.num_participants()
+        return tensor
+
+    def report_error(self, exc: BaseException) -> None:
+        """Mark this step as failed here (it will not be committed anywhere), and abort the group so
+        peers blocked in a collective with this replica fail at once instead of at their timeout."""
+        if self._error is None:
+            log.warning("ft %s: step %d failed: %s: %s", self.member, self._step, type(exc).__name__, exc)
+            self._error = exc
+            self._quorum_id = None     # the next quorum rebuilds the group
+            self._pg.abort(f"replica {self.member} failed its step: {type(exc).__name__}: {exc}")
+
+    def errored(self) -> BaseException | None:
+        """The error recorded in this step, or None."""
+        return self._error
+
+    def should_commit(self) -> bool:
+        """Vote, then return the quorum's one decision: True (apply the step) only if it succeeded on
+        every member. On True the step counter moves on."""
+        quorum = self._quorum
+        if quorum is None:
+            raise RuntimeError("Manager.should_commit() before start_quorum()")
+        ok = self._error is None
+        self._store.set(protocol.vote_key(quorum.round, self.member), b"1" if ok else b"0")
+        decision = self._decide(quorum, ok)
+        self._last_committed = decision
+        if decision:
+            self._step += 1
+        return decision
+
+    def _decide(self, quorum: Quorum, ok: bool) -> bool:
+        key = protocol.commit_key(quorum.round)
+        if not ok:
+            return self._store.compare_set(key, b"", b"0") == b"1"
+        votes = [protocol.vote_key(quorum.round, m) for m in quorum.members]
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                self._store.wait(votes, timeout=max(0.0, min(0.05, deadline - time.monotonic())))
+            except StoreTimeoutError:
+                if self._store.check(key):
+                    return self._store.get(key) == b"1"
+                if time.monotonic() >= deadline:
+                    return self._store.compare_set(key, b"", b"0") == b"1"
+                continue
+            outcome = b"1" if all(self._store.get(v) == b"1" for v in votes) else b"0"
+            return self._store.compare_set(key, b"", outcome) == b"1"
+
+    # -- what the training loop reads ------------------------------------------------------------------
+    def current_step(self) -> int:
+        """Committed steps (the same on every member of a quorum after healing)."""
+        return self._step
+
+    def num_participants(self) -> int:
+        """Replicas in the current quorum (what ``allreduce`` divides by)."""
+        return self._quorum.size if self._quorum is not None else 0
+
+    def participating_rank(self) -> int:
+        """This replica's index in the current quorum (its share of the data)."""
+        return self._quorum.rank_of(self.member) if self._quorum is not None else 0
+
+    @property
+    def quorum(self) -> Quorum | None:
+        """The current :class:`~neural_arch.distributed.ft.quorum.Quorum`."""
+        return self._quorum
+
+    def shutdown(self) -> None:
+        """Leave: tell the lighthouse (it drops this replica at once), stop the heartbeat, drop the group."""
+        self._stop.set()
+        try:
+            self._store.set(protocol.left_key(self.member), b"1")
+        except Exception as exc:  # noqa: BLE001 - the lighthouse is gone already
+            log.debug("ft %s: could not say goodbye: %s", self.member, exc)
+        self._beater.join(2.0)
+        self._pg.shutdown()
+        self._store.close()
+        self._beat_store.close()
+
+
+def _nbytes(state) -> int:
+    return sum(a.nbytes for a in split_arrays(state)[1]) if state is not None else 0

@@ -1,0 +1,108 @@
+"""The store keys the lighthouse and the managers talk through: one place, so both sides agree.
+
+Everything lives under ``ft/`` in the lighthouse's TCPStore:
+
+========================  ==================================================================
+key                       what
+========================  ==================================================================
+``members``               counter: registrations so far (``add``)
+``member/{i}``            the member id of registration ``i``
+``hb/{m}``                counter a member's heartbeat thread bumps; frozen = dead
+``left/{m}``              a member shut down cleanly (drop it at once)
+``req/{m}``               the member's latest quorum request (JSON)
+``req_seq``               counter bumped after every request (the lighthouse's wake-up)
+``quorum/{m}/{n}``        the answer to request ``n`` of member ``m`` (JSON ``Quorum``)
+``pg/{quorum_id}/``       the prefix the quorum's process group rendezvous under
+``vote/{round}/{m}``      ``1``/``0``: did the step succeed on member ``m``
+``commit/{round}``        the round's decision, set once (compare-and-set): ``1`` commit, ``0`` discard
+========================  ==================================================================
+
+Example:
+    >>> answer_key("r0:ab12", 3), vote_key(9, "r0:ab12"), pg_prefix(2)
+    ('ft/quorum/r0:ab12/3', 'ft/vote/9/r0:ab12', 'ft/pg/2/')
+"""
+
+from __future__ import annotations
+
+import json
+
+from neural_arch.distributed.ft.quorum import QuorumRequest
+
+__all__ = ["answer_key", "decode_request", "encode_request", "pg_prefix", "vote_key"]
+
+ROOT = "ft/"
+MEMBERS = ROOT + "members"
+REQ_SEQ = ROOT + "req_seq"
+
+
+def member_key(i: int) -> str:
+    return f"{ROOT}member/{i}"
+
+
+def heartbeat_key(member: str) -> str:
+    return f"{ROOT}hb/{member}"
+
+
+def left_key(member: str) -> str:
+    return f"{ROOT}left/{member}"
+
+
+def request_key(member: str) -> str:
+    return f"{ROOT}req/{member}"
+
+
+def answer_key(member: str, n: int) -> str:
+    """Where the lighthouse answers request ``n`` of ``member``.
+
+    Example:
+        >>> answer_key("a", 1)
+        'ft/quorum/a/1'
+    """
+    return f"{ROOT}quorum/{member}/{n}"
+
+
+def pg_prefix(quorum_id: int) -> str:
+    """The key prefix a quorum's process group rendezvous under (fresh per ``quorum_id``).
+
+    Example:
+        >>> pg_prefix(4)
+        'ft/pg/4/'
+    """
+    return f"{ROOT}pg/{quorum_id}/"
+
+
+def vote_key(round_: int, member: str) -> str:
+    """Where ``member`` votes on the step of quorum round ``round_``.
+
+    Example:
+        >>> vote_key(2, "b")
+        'ft/vote/2/b'
+    """
+    return f"{ROOT}vote/{round_}/{member}"
+
+
+def commit_key(round_: int) -> str:
+    return f"{ROOT}commit/{round_}"
+
+
+def encode_request(n: int, step: int, reconfigure: bool, min_replicas: int, init_sync: bool = True) -> bytes:
+    """A request as the member writes it (the lighthouse adds the member and its own clock).
+
+    Example:
+        >>> decode_request("a", encode_request(2, 5, False, 1), since=0.0)
+        QuorumRequest(member='a', n=2, step=5, since=0.0, reconfigure=False, min_replicas=1, init_sync=True)
+    """
+    return json.dumps({"n": int(n), "step": int(step), "reconfigure": bool(reconfigure),
+                       "min_replicas": int(min_replicas), "init_sync": bool(init_sync)}).encode()
+
+
+def decode_request(member: str, raw: bytes, since: float) -> QuorumRequest:
+    """The lighthouse's reading of ``encode_request`` (see its example).
+
+    Example:
+        >>> decode_request("a", b'{"n": 1, "step": 0, "reconfigure": true, "min_replicas": 2}', 3.0).reconfigure
+        True
+    """
+    d = json.loads(raw)
+    return QuorumRequest(member, int(d["n"]), int(d["step"]), since, bool(d["reconfigure"]), int(d["min_replicas"]),
+                         bool(d.get("init_sync", True)))
