@@ -15,6 +15,8 @@ module                       what
 ``zero_bubble_interleaved``  interleaved zero bubble as data (loop placement, v per rank)
 ``weight_grad``              split backward: Linear weight gradients deferred from ``B`` to ``W``
 ``failure``                  every rank's error names the failed stage (store records + poison)
+``generation``               pipeline-parallel generation: ``PipelineGenerator``; the decode schedule as data
+                             (``decode_plan``, ``simulate_decode``, ``format_decode_timeline``, ``decode_makespan``)
 ===========================  ===========================================================================
 
 Example (2 ranks; see ``examples/train_gpt_3d.py``)::
@@ -26,6 +28,15 @@ Example (2 ranks; see ``examples/train_gpt_3d.py``)::
     losses = schedule.step(x) if rank == 0 else schedule.step(target=y)
 """
 
+from neural_arch.distributed.pipelining.generation import (
+    DecodeAction,
+    DecodeEvent,
+    PipelineGenerator,
+    decode_makespan,
+    decode_plan,
+    format_decode_timeline,
+    simulate_decode,
+)
 from neural_arch.distributed.pipelining.p2p import PipelineError
 from neural_arch.distributed.pipelining.runtime import (
     PipelineSchedule,
@@ -67,10 +78,13 @@ from neural_arch.distributed.pipelining.zero_bubble_v import zero_bubble_v_plan,
 __all__ = [
     "Action",
     "DeadlockError",
+    "DecodeAction",
+    "DecodeEvent",
     "Event",
     "GPTStage",
     "Pipe",
     "PipelineError",
+    "PipelineGenerator",
     "PipelinePlan",
     "PipelineSchedule",
     "PipelineStage",
@@ -82,7 +96,10 @@ __all__ = [
     "ScheduleZBVZeroBubble",
     "Simulation",
     "bubble_fraction",
+    "decode_makespan",
+    "decode_plan",
     "format_actions",
+    "format_decode_timeline",
     "format_schedule",
     "format_timeline",
     "generate_stage_to_rank_mapping",
@@ -93,6 +110,7 @@ __all__ = [
     "one_f_one_b_plan",
     "pipeline",
     "simulate",
+    "simulate_decode",
     "stage_indices",
     "stage_to_rank",
     "theoretical_bubble",

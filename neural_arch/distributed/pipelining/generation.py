@@ -1,0 +1,390 @@
+"""Pipeline-parallel generation: each stage holds its blocks' KV caches, several requests in flight.
+
+Training pipelines overlap stages with micro-batches (1F1B); decoding has no backward, but it has
+a loop instead: the token that the **last** stage chooses for step ``s`` is the input of the
+**first** stage at step ``s + 1``. One request alone therefore keeps one stage busy at a time (a
+bubble of ``(p - 1) / p``). With ``m`` requests (micro-batches) in flight every stage goes round
+them in a fixed order, ``for step: for request:`` -- while stage ``k`` runs request ``r`` the others
+run requests ``r - 1``, ``r - 2``, ... -- and with ``m >= p`` the token of request ``r`` is back at
+the first stage before its turn comes again, so no stage waits in the steady state.
+
+The schedule is plain data (:func:`decode_plan`: one list of :class:`DecodeAction` per stage, as
+the training schedules are), printed by :func:`format_decode_timeline` and simulated by
+:func:`simulate_decode` (the unit tests check deadlock freedom and the makespan against
+:func:`decode_makespan`); :class:`PipelineGenerator` runs exactly these lists on real ranks.
+
+=============================  ==============================================================
+unit forward per stage         makespan of ``n`` steps of ``m`` requests over ``p`` stages
+=============================  ==============================================================
+``m >= p`` (pipeline full)     ``n m + p - 1``: every stage busy but for the fill and drain
+``m < p``                      ``n p + m - 1``: the token loop (``p`` stages long) is the limit
+=============================  ==============================================================
+
+What each stage holds and sends:
+
+* **KV caches**: stage ``k`` runs blocks ``[start, stop)`` of the GPT (split as
+  :func:`~neural_arch.distributed.pipelining.split.pipeline` splits it) and keeps one
+  :class:`~neural_arch.nn.kv_cache.KVCache` per request for those blocks only: ``1 / p`` of the
+  single-process cache per rank.
+* **Activations** ``(B_r, T, n_embd)`` go forward on one tag per edge (``T`` = the prompt's length
+  at the prefill, 1 after); every rank is called with the same prompts, so each receiver knows the
+  shape and no header is sent.
+* **Tokens** ``(B_r,)`` int64 go from the last stage back to the first on their own tag.
+* The first stage embeds (positions per sequence, as ``GPT.forward`` counts them: left padding with
+  an ``attention_mask`` is supported), the last applies ``ln_f`` and the head and chooses the token
+  (greedy, or sampling with the request's own generator: the same rule as ``GPT.generate``).
+* At the end the last stage broadcasts every request's tokens, so every rank returns them.
+
+Every request runs ``max_new_tokens`` steps (no early stop at an end-of-sequence token: the
+schedule is fixed in advance, so every stage knows what comes next without asking).
+
+Example (every rank of a 2-rank group, the model built from the same seed everywhere)::
+
+    gen = PipelineGenerator(nn.GPT(vocab_size=64, block_size=32, n_layer=4, n_head=4, n_embd=32))
+    outs = gen.generate([prompt_a, prompt_b, prompt_c], max_new_tokens=8)   # one (B_r, T_r + 8) array each
+    print(format_decode_timeline(simulate_decode(decode_plan(2, 3, 8)), 2))
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from neural_arch import backend as _backend
+from neural_arch.core.autograd import no_grad
+from neural_arch.distributed.device_mesh import resolve_group_or_mesh
+from neural_arch.distributed.pipelining import p2p
+from neural_arch.distributed.pipelining.schedules import DeadlockError
+from neural_arch.distributed.pipelining.split import even_split_points
+from neural_arch.nn.kv_cache import KVCache
+from neural_arch.nn.transformer import GPT, _next_token
+
+__all__ = ["DecodeAction", "DecodeEvent", "PipelineGenerator", "decode_makespan", "decode_plan",
+           "format_decode_timeline", "simulate_decode"]
+
+FORWARD, SEND_ACT, RECV_ACT, SEND_TOKEN, RECV_TOKEN = "FORWARD", "SEND_ACT", "RECV_ACT", "SEND_TOKEN", "RECV_TOKEN"
+#: Tags of generation's messages: activations on ``ACT_TAG_BASE + edge``, tokens on ``TOKEN_TAG``
+#: (apart from the training schedules' tags, so a stray training message can never be read as one).
+ACT_TAG_BASE = 3000
+TOKEN_TAG = 2999
+
+
+class DecodeAction(NamedTuple):
+    """One thing one stage does for step ``step`` of request ``request``.
+
+    ``kind`` is ``FORWARD`` (run the stage; the last stage also chooses the token), ``SEND_ACT`` /
+    ``RECV_ACT`` (the activation to / from the next / previous stage) or ``SEND_TOKEN`` /
+    ``RECV_TOKEN`` (the chosen token, last stage -> first stage). ``peer`` is the other stage.
+
+    Example::
+
+        >>> str(DecodeAction(FORWARD, 1, 0, 0)), str(DecodeAction(SEND_ACT, 1, 0, 0, 1))
+        ('F1.0', 'SEND_ACT1.0->s1')
+    """
+
+    kind: str
+    request: int
+    step: int
+    stage: int
+    peer: int | None = None
+
+    def __str__(self) -> str:
+        if self.kind == FORWARD:
+            return f"F{self.request}.{self.step}"
+        arrow = "->" if self.kind.startswith("SEND") else "<-"
+        return f"{self.kind}{self.request}.{self.step}{arrow}s{self.peer}"
+
+
+def decode_plan(num_stages: int, n_requests: int, n_steps: int) -> list[list[DecodeAction]]:
+    """Every stage's actions for ``n_steps`` steps (step 0 = the prefill) of ``n_requests`` requests.
+
+    Each stage goes ``for step: for request:`` -- receive (the activation, or at the first stage
+    the token of the step before), forward, send (the activation on, or at the last stage the token
+    back). Sends do not block, so the only waits are the receives.
+
+    Example::
+
+        >>> [str(a) for a in decode_plan(2, 2, 2)[0]]
+        ['F0.0', 'SEND_ACT0.0->s1', 'F1.0', 'SEND_ACT1.0->s1', 'RECV_TOKEN0.0<-s1', 'F0.1', 'SEND_ACT0.1->s1', 'RECV_TOKEN1.0<-s1', 'F1.1', 'SEND_ACT1.1->s1']
+    """
+    for name, value, low in (("num_stages", num_stages, 1), ("n_requests", n_requests, 1), ("n_steps", n_steps, 0)):
+        if not isinstance(value, (int, np.integer)) or value < low:
+            raise ValueError(f"decode_plan: {name} must be an int >= {low}, got {value!r}")
+    p, last = num_stages, num_stages - 1
+    plan: list[list[DecodeAction]] = [[] for _ in range(p)]
+    for k in range(p):
+        for s in range(n_steps):
+            for r in range(n_requests):
+                if k > 0:
+                    plan[k].append(DecodeAction(RECV_ACT, r, s, k, k - 1))
+                elif s > 0 and p > 1:
+                    plan[k].append(DecodeAction(RECV_TOKEN, r, s - 1, k, last))
+                plan[k].append(DecodeAction(FORWARD, r, s, k))
+                if k < last:
+                    plan[k].append(DecodeAction(SEND_ACT, r, s, k, k + 1))
+                elif s < n_steps - 1 and p > 1:
+                    plan[k].append(DecodeAction(SEND_TOKEN, r, s, k, 0))
+    return plan
+
+
+class DecodeEvent(NamedTuple):
+    """A simulated forward: ``stage`` ran step ``step`` of request ``request`` from ``start`` to ``end``.
+
+    Example::
+
+        >>> DecodeEvent(0, 1, 0, 0.0, 1.0).end
+        1.0
+    """
+
+    stage: int
+    request: int
+    step: int
+    start: float
+    end: float
+
+
+def simulate_decode(plan: Sequence[Sequence[DecodeAction]], forward_time: float = 1.0,
+                    comm_time: float = 0.0) -> list[DecodeEvent]:
+    """Run ``plan`` on a model of the machine: every forward takes ``forward_time``, a message arrives
+    ``comm_time`` after its send, sends never block, a receive waits for its message.
+
+    Returns the forwards in the order they ran; raises ``DeadlockError`` if some stage waits for a
+    message that no stage will send.
+
+    Example::
+
+        >>> events = simulate_decode(decode_plan(2, 2, 3))
+        >>> max(e.end for e in events) == decode_makespan(2, 2, 3)
+        True
+    """
+    p = len(plan)
+    pos, clock = [0] * p, [0.0] * p
+    sent: dict = {}          # (kind, request, step, receiver) -> arrival time
+    events: list[DecodeEvent] = []
+    while any(pos[k] < len(plan[k]) for k in range(p)):
+        progressed = False
+        for k in range(p):
+            while pos[k] < len(plan[k]):
+                a = plan[k][pos[k]]
+                if a.kind in (RECV_ACT, RECV_TOKEN):
+                    key = ("ACT" if a.kind == RECV_ACT else "TOKEN", a.request, a.step, k)
+                    if key not in sent:
+                        break
+                    clock[k] = max(clock[k], sent.pop(key))
+                elif a.kind == FORWARD:
+                    events.append(DecodeEvent(k, a.request, a.step, clock[k], clock[k] + forward_time))
+                    clock[k] += forward_time
+                else:
+                    kind = "ACT" if a.kind == SEND_ACT else "TOKEN"
+                    sent[(kind, a.request, a.step, a.peer)] = clock[k] + comm_time
+                pos[k] += 1
+                progressed = True
+        if not progressed:
+            stuck = {k: str(plan[k][pos[k]]) for k in range(p) if pos[k] < len(plan[k])}
+            raise DeadlockError(f"simulate_decode: every unfinished stage waits for a message nobody sends: {stuck}")
+    return events
+
+
+def decode_makespan(num_stages: int, n_requests: int, n_steps: int) -> int:
+    """The simulated length (unit forwards, free messages) of :func:`decode_plan`: ``n max(m, p) +
+    min(m, p) - 1`` -- see the module docstring.
+
+    Example::
+
+        >>> decode_makespan(4, 4, 10), decode_makespan(4, 1, 10)     # full pipeline vs one request
+        (43, 40)
+    """
+    p, m, n = num_stages, n_requests, n_steps
+    return n * max(m, p) + min(m, p) - 1 if n else 0
+
+
+def format_decode_timeline(events: Sequence[DecodeEvent], num_stages: int, title: str = "") -> str:
+    """One line per stage, one column per unit of time: ``r.s`` (request ``r``, step ``s``) or ``..``.
+
+    Example::
+
+        >>> print(format_decode_timeline(simulate_decode(decode_plan(2, 2, 2)), 2))
+        stage 0 | 0.0 1.0 0.1 1.1 ...
+        stage 1 | ... 0.0 1.0 0.1 1.1
+    """
+    end = round(max((e.end for e in events), default=0))
+    width = max([len(f"{e.request}.{e.step}") for e in events] + [2])
+    rows = [["." * width] * end for _ in range(num_stages)]
+    for e in events:
+        for t in range(round(e.start), round(e.end)):
+            rows[e.stage][t] = f"{e.request}.{e.step}".ljust(width)
+    lines = [title] if title else []
+    lines += [f"stage {k} | " + " ".join(row) for k, row in enumerate(rows)]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+class PipelineGenerator:
+    """Greedy (or sampled) generation of a ``GPT`` split over the ranks of ``group``, one stage each.
+
+    Every rank builds the same model (the same seed or checkpoint) and calls :meth:`generate` with
+    the same arguments; stage ``k = group.rank()`` runs blocks ``[start, stop)`` (``split_points``
+    as in :func:`~neural_arch.distributed.pipelining.split.pipeline`, default: equal block counts).
+    Only this stage's blocks (and the embeddings on the first, ``ln_f`` and the head on the last)
+    are used here; the rest of the model may be dropped to save memory.
+
+    Args:
+        model: an ``nn.GPT``.
+        group: the pipeline group (ProcessGroup or None = world); its size is the number of stages.
+        split_points: where stages 1, 2, ... start (block indices), or None.
+
+    Example::
+
+        gen = PipelineGenerator(model)                       # 2 ranks: blocks split in halves
+        a, b = gen.generate([prompt_a, prompt_b], max_new_tokens=6)
+    """
+
+    def __init__(self, model: GPT, group=None, split_points: Sequence[int] | None = None):
+        if not isinstance(model, GPT):
+            raise TypeError(f"PipelineGenerator: model must be an nn.GPT, got {type(model).__name__}")
+        self.model = model
+        self.group = resolve_group_or_mesh(group, "PipelineGenerator")
+        self.num_stages, self.stage = self.group.size(), self.group.rank()
+        n_blocks = len(model.blocks)
+        if split_points is None:
+            split_points = even_split_points(n_blocks, self.num_stages)
+        bounds = [0, *[int(s) for s in split_points], n_blocks]
+        if len(bounds) != self.num_stages + 1 or any(a >= b for a, b in itertools.pairwise(bounds)):
+            raise ValueError(f"PipelineGenerator: split_points={list(split_points)} must cut the {n_blocks} blocks "
+                             f"into {self.num_stages} non-empty stages (one per rank of the group)")
+        self.start, self.stop = bounds[self.stage], bounds[self.stage + 1]
+        self.first, self.last = self.stage == 0, self.stage == self.num_stages - 1
+        #: The schedule of the last :meth:`generate` call, this stage's list (for printing).
+        self.actions: list[DecodeAction] = []
+        #: The last call's KV caches, one per request, holding this stage's blocks only.
+        self.caches: list[KVCache] = []
+
+    # -- one stage's forward -----------------------------------------------------------------------
+    def _forward(self, x, mask, cache: KVCache):
+        """This stage on ``x`` (token ids on the first stage, else hidden states) with the request's
+        cache; ``mask`` ``(B, past + T)`` bool. Returns hidden states, or logits on the last stage."""
+        m = self.model
+        xp = _backend.get_array_module(mask)
+        past = cache.get_seq_length(0)
+        key_mask = mask[:, None, None, :]
+        if self.first:
+            # the positions GPT.forward gives: padding does not count (cumsum(mask) - 1)
+            positions = xp.maximum(xp.cumsum(mask, axis=1) - 1, 0)[:, past:]
+            x = m.embed(x, positions)
+        for local, i in enumerate(range(self.start, self.stop)):
+            x = m.blocks[i](x, attn_mask=key_mask, kv_cache=cache, layer_idx=local)
+        return m.logits_from_hidden(x) if self.last else x
+
+    def generate(self, prompts: Sequence, max_new_tokens: int, *, attention_masks: Sequence | None = None,
+                 do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, generators: Sequence | None = None) -> list:
+        """Extend each request's ``(B_r, T_r)`` prompt by ``max_new_tokens`` tokens; every rank returns
+        the same list of ``(B_r, T_r + max_new_tokens)`` int64 arrays.
+
+        The requests are the pipeline's micro-batches (all in flight at once, see the module
+        docstring). ``attention_masks`` (one ``(B_r, T_r)`` left-padding mask per request, or None)
+        and the sampling arguments mean what they mean for ``GPT.generate``; request ``r`` draws
+        from ``generators[r]`` (a ``numpy.random.Generator``; only the last stage draws), so with
+        the generators seeded alike the tokens are ``GPT.generate``'s on that request alone.
+
+        Example::
+
+            outs = gen.generate([np.array([[1, 2, 3]]), np.array([[4, 5], [6, 7]])], max_new_tokens=4)
+        """
+        model, group = self.model, self.group
+        backend = group.backend
+        prompts = [np.asarray(getattr(q, "data", q)).astype(np.int64) for q in prompts]
+        m, n = len(prompts), int(max_new_tokens)
+        if m == 0 or n < 1:
+            raise ValueError(f"PipelineGenerator.generate: need at least one prompt and max_new_tokens >= 1 "
+                             f"(got {m} prompts, max_new_tokens={max_new_tokens})")
+        for r, q in enumerate(prompts):
+            if q.ndim != 2 or q.shape[1] == 0:
+                raise ValueError(f"PipelineGenerator.generate: prompt {r} must be token ids (batch, time) with at "
+                                 f"least one token, got shape {q.shape}")
+            if q.shape[1] + n > model.block_size:
+                raise ValueError(f"PipelineGenerator.generate: prompt {r} has {q.shape[1]} tokens; plus "
+                                 f"max_new_tokens {n} that exceeds block_size {model.block_size}")
+        masks = [np.ones(q.shape, dtype=bool) if attention_masks is None or attention_masks[r] is None
+                 else np.asarray(attention_masks[r]) != 0 for r, q in enumerate(prompts)]
+        first_param = next(iter(model.parameters()))
+        xp = _backend.get_array_module(first_param.data)
+        dtype, width = first_param.data.dtype, model.n_embd
+        gens = list(generators) if generators is not None else [np.random.default_rng(0) for _ in prompts]
+        caches = self.caches = [KVCache() for _ in prompts]
+        out_tokens = [np.zeros((q.shape[0], n), dtype=np.int64) for q in prompts]
+        inbox: dict = {}        # (request, step) -> the input of this stage's next forward
+        outputs: dict = {}      # (request, step) -> what this stage sends on
+        sends: list = []
+        self.actions = decode_plan(self.num_stages, m, n)[self.stage]
+
+        def describe(a: DecodeAction):
+            return lambda: f"pipeline generation stage {self.stage} ({a})"
+
+        was_training = model.training
+        model.eval()
+        try:
+            with no_grad():
+                for a in self.actions:
+                    r, s = a.request, a.step
+                    b = prompts[r].shape[0]
+                    if a.kind == RECV_ACT:
+                        t = prompts[r].shape[1] if s == 0 else 1
+                        buf = xp.empty((b, t, width), dtype=dtype)
+                        tag = ACT_TAG_BASE + a.peer
+                        p2p.wait(p2p.start(lambda buf=buf, tag=tag, a=a: backend.recv(buf, a.peer, tag, async_op=True),
+                                           describe(a)), backend, describe(a))
+                        inbox[(r, s)] = buf
+                    elif a.kind == RECV_TOKEN:
+                        buf = np.empty(b, dtype=np.int64)
+                        p2p.wait(p2p.start(lambda buf=buf, a=a: backend.recv(buf, a.peer, TOKEN_TAG, async_op=True),
+                                           describe(a)), backend, describe(a))
+                        out_tokens[r][:, s] = buf
+                    elif a.kind == FORWARD:
+                        step_mask = np.concatenate([masks[r], np.ones((b, s), dtype=bool)], axis=1)
+                        if self.first:
+                            x = prompts[r] if s == 0 else out_tokens[r][:, s - 1:s]
+                        else:
+                            x = inbox.pop((r, s))
+                        y = self._forward(xp.asarray(x), xp.asarray(step_mask), caches[r])
+                        if self.last:
+                            last = y.data[:, -1, :]
+                            out_tokens[r][:, s] = _backend.to_host(
+                                _next_token(last, do_sample, temperature, top_k, top_p, gens[r], xp))
+                        else:
+                            outputs[(r, s)] = xp.ascontiguousarray(y.data)
+                    elif a.kind == SEND_ACT:
+                        arr = outputs.pop((r, s))
+                        tag = ACT_TAG_BASE + self.stage
+                        sends.append((p2p.start(lambda arr=arr, tag=tag, a=a: backend.send(arr, a.peer, tag,
+                                                                                           async_op=True),
+                                                describe(a)), arr, describe(a)))
+                    else:  # SEND_TOKEN
+                        arr = np.ascontiguousarray(out_tokens[r][:, s])
+                        sends.append((p2p.start(lambda arr=arr, a=a: backend.send(arr, a.peer, TOKEN_TAG,
+                                                                                  async_op=True),
+                                                describe(a)), arr, describe(a)))
+                    if len(sends) > 64:   # bound the buffers kept alive for sends in flight
+                        work, _, desc = sends.pop(0)
+                        if work is not None:
+                            p2p.wait(work, backend, desc)
+                for work, _, desc in sends:
+                    if work is not None:
+                        p2p.wait(work, backend, desc)
+        finally:
+            model.train(was_training)
+        if self.num_stages > 1:
+            # the last stage chose every token: one broadcast gives every rank all of them
+            flat = np.ascontiguousarray(np.concatenate([t.ravel() for t in out_tokens]))
+            backend.broadcast(flat, root=self.num_stages - 1)
+            at = 0
+            for t in out_tokens:
+                t[...] = flat[at:at + t.size].reshape(t.shape)
+                at += t.size
+        return [np.concatenate([q, t], axis=1) for q, t in zip(prompts, out_tokens)]
+
+    def __repr__(self) -> str:
+        return (f"PipelineGenerator(stage {self.stage} of {self.num_stages}, blocks [{self.start}, {self.stop}), "
+                f"first={self.first}, last={self.last})")
