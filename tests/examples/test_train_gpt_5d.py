@@ -1,0 +1,121 @@
+"""``examples/train_gpt_5d.py``: every parallel dimension composed with data parallelism trains exactly
+like one process (its ``--verify`` verdict: loss curve and final parameters within 1e-10 in float64).
+
+Few process starts, each covering several compositions (a start costs an interpreter and the
+imports per rank, and the machines running the suite have 2 cores):
+
+* launcher, 8 ranks, dp 2 x tp 2 x cp 2 x ep 2: dp x tp, dp x cp, dp x ep, dp x tp x cp on 8
+  ranks, and MoE under tp and cp;
+* launcher, 8 ranks, dp 2 x pp 2 x cp 2: dp x pp (and pp x cp);
+* mpiexec, 4 ranks, dp 4 x ep 2 with top-1 routing and a capacity: experts held twice (the
+  expert-data-parallel groups) and tokens dropped;
+* in this process: the layouts the script refuses, each with a sentence naming the flags.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(REPO, "examples", "train_gpt_5d.py")
+ONE_THREAD = dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1")
+VERDICT = re.compile(r"verify: (PASS|FAIL) (pp=\d+ dp=\d+ cp=\d+ tp=\d+ ep=\d+): max \|loss - single process\| = "
+                     r"(\S+), max \|parameter - single process\| = (\S+)")
+
+
+def _verdict(out: str, layout: str) -> None:
+    match = VERDICT.search(out)
+    assert match, out[-3000:]
+    assert match.group(2) == layout, (match.group(2), out[-3000:])
+    loss, params = float(match.group(3)), float(match.group(4))
+    assert match.group(1) == "PASS" and loss <= 1e-10 and params <= 1e-10, out[-3000:]
+    assert re.search(r"step   2  loss \d", out), out[-3000:]
+
+
+def _launch(nproc: int, *flags: str) -> str:
+    from neural_arch.distributed.testing import script_env
+
+    cmd = [sys.executable, "-m", "neural_arch.distributed.launcher", "--standalone", "--nproc_per_node", str(nproc),
+           SCRIPT, *flags, "--steps", "3", "--verify"]
+    try:
+        proc = subprocess.run(cmd, check=False, cwd=REPO, env=script_env(ONE_THREAD), capture_output=True, text=True,
+                              timeout=150)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{' '.join(cmd)} did not finish within 150 s\n--- stdout ---\n{exc.stdout}\n"
+                    f"--- stderr ---\n{exc.stderr}")
+    assert proc.returncode == 0, (f"{' '.join(cmd)} exited with {proc.returncode}\n--- stdout ---\n"
+                                  f"{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("nproc, flags, layout", [
+    (8, ["--dp", "2", "--tp", "2", "--cp", "2", "--ep", "2"], "pp=1 dp=2 cp=2 tp=2 ep=2"),
+    (8, ["--dp", "2", "--pp", "2", "--cp", "2"], "pp=2 dp=2 cp=2 tp=1 ep=1"),
+], ids=["dp2xtp2xcp2xep2", "dp2xpp2xcp2"])
+def test_launcher_compositions_match_single_process(nproc, flags, layout):
+    out = _launch(nproc, *flags)
+    _verdict(out, layout)
+    if "--ep" in flags:
+        # the MoE block really routed the step's whole batch (2 dp x 2 sequences x 8 positions)
+        counts = re.search(r"moe block 1: tokens per expert \[([\d, ]+)\]", out)
+        assert counts, out[-3000:]
+        assert sum(int(c) for c in counts.group(1).split(",")) == 2 * 2 * 8 * 2, out[-3000:]   # top-2
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+@pytest.mark.timeout(200)
+def test_mpiexec_expert_data_parallel_groups_with_capacity_match_single_process():
+    from neural_arch.distributed.testing import run_mpiexec
+
+    done = run_mpiexec(SCRIPT, 4, args=["--dp", "4", "--ep", "2", "--top-k", "1", "--capacity-factor", "1.0",
+                                        "--steps", "3", "--verify"], env=ONE_THREAD, timeout=150, cwd=REPO)
+    assert done.returncode == 0, done.output[-4000:]
+    _verdict(done.stdout, "pp=1 dp=4 cp=1 tp=1 ep=2")
+    dropped = re.search(r"moe block 1: tokens per expert \[[\d, ]+\], (\d+) assignments dropped", done.stdout)
+    assert dropped and int(dropped.group(1)) > 0, done.stdout[-3000:]  # the capacity path really ran
+
+
+@pytest.fixture(scope="module")
+def script():
+    """The example as a module (its layout checks need no processes); the environment variables and
+    the ``sys.path`` entry it sets on import are put back afterwards."""
+    environ, path = dict(os.environ), list(sys.path)
+    spec = importlib.util.spec_from_file_location("train_gpt_5d", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        sys.path[:] = path
+    return module
+
+
+@pytest.mark.parametrize("world, flags, words", [
+    (4, ["--dp", "2", "--pp", "2", "--ep", "2"], ["--pp 2 with MoE", "not supported yet"]),
+    (2, ["--pp", "2", "--experts", "4"], ["--pp 2 with MoE", "--experts 4"]),
+    (4, ["--dp", "2", "--cp", "2", "--ep", "2", "--capacity-factor", "1.0"], ["--cp 2 with --capacity-factor"]),
+    (4, ["--dp", "4", "--ep", "3"], ["--ep 3 must divide --dp 4"]),
+    (4, ["--dp", "2", "--tp", "3"], ["must equal the world size 4"]),
+    (4, ["--dp", "2", "--tp", "2", "--ep", "2", "--moe-every", "1"], ["--tp 2 with --moe-every 1"]),
+    (2, ["--cp", "2", "--seq-len", "6"], ["--seq-len 6", "2 x --cp = 4"]),
+], ids=["pp-ep", "pp-moe", "cp-capacity", "ep-outside-dp", "world", "tp-all-moe", "cp-seq-len"])
+def test_unsupported_layouts_are_refused_with_the_flags_named(script, world, flags, words):
+    reason = script.check_layout(script.parse_args(flags), world)
+    assert reason is not None and all(w in reason for w in words), reason
+
+
+def test_supported_layouts_pass_the_check(script):
+    for world, flags in ((8, ["--dp", "2", "--tp", "2", "--cp", "2", "--ep", "2"]),
+                         (8, ["--pp", "2", "--dp", "2", "--tp", "2"]),
+                         (4, ["--pp", "2", "--cp", "2"]), (1, [])):
+        assert script.check_layout(script.parse_args(flags), world) is None, flags
