@@ -1,0 +1,383 @@
+"""Checkers for the notebooks' exercises: run the student's function and compare it with the library.
+
+Each notebook ends with an exercise: a cell where you write one function, and a cell that calls
+the matching ``check_*`` here. A checker
+
+* returns ``False`` and prints ``not done yet`` while your function still raises
+  ``NotImplementedError`` (the stub the notebook ships with), so the notebook still runs top to bottom;
+* raises ``AssertionError`` saying what differs when your function is wrong;
+* returns ``True`` (and prints what it checked) when it agrees with the library.
+
+Where the exercise is distributed, the checker runs your function on **real ranks** (``launch``
+over gloo, or the ``pool`` a test passes: a :class:`~neural_arch.distributed.testing.RankPool`)
+and compares it there with the library's collective, DDP or mesh. Solutions live in
+``examples/notebooks/solutions/`` (one file per exercise); ``tests/examples/test_notebook_exercises.py``
+runs every checker against its solution and against a wrong one.
+
+Example (in a notebook)::
+
+    import sys, pathlib, neural_arch
+    sys.path.insert(0, str(pathlib.Path(neural_arch.__file__).resolve().parents[1] / "examples" / "notebooks"))
+    from exercises import checks
+
+    def ring_all_reduce(x, rank, world):
+        raise NotImplementedError
+    checks.check_ring_all_reduce(ring_all_reduce)     # prints "not done yet", returns False
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+try:  # the rank functions below travel by value, so ranks need not find this folder on their path
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+except ImportError:  # without cloudpickle launch() cannot send notebook functions anyway
+    cloudpickle = None
+
+__all__ = ["NOT_DONE", "check_bucket_assignment", "check_exposed_comm", "check_mesh_groups",
+           "check_one_f_one_b", "check_ring_all_reduce", "check_zero1_step"]
+
+NOT_DONE = "not done yet"
+
+
+def _not_done(name: str) -> bool:
+    print(f"{name}: {NOT_DONE} (your function raises NotImplementedError); "
+          f"the solution is in examples/notebooks/solutions/")
+    return False
+
+
+def _is_stub(probe) -> bool:
+    """True when calling ``probe()`` raises NotImplementedError (the shipped stub)."""
+    try:
+        probe()
+    except NotImplementedError:
+        return True
+    return False
+
+
+def _on_ranks(fn, nprocs: int, args: tuple, pool=None) -> list:
+    """``fn(*args)`` on every rank: the test's pool when given, else ``nprocs`` fresh gloo ranks."""
+    if pool is not None:
+        return pool.run(fn, *args)
+    from neural_arch.distributed import launch
+
+    return launch(fn, nprocs=nprocs, args=args, timeout=120)
+
+
+# ------------------------------------------------------------------ 01: a ring all-reduce from send/recv
+def _ring_rank(student, sizes):
+    import numpy as np
+
+    import neural_arch.distributed as dist
+    from neural_arch.core.tensor import Tensor
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    worst = []
+    for n in sizes:
+        glob = np.random.default_rng(n).standard_normal((world, n))
+        mine = glob[rank].copy()
+        got = np.asarray(student(mine.copy(), rank, world))
+        ref = Tensor(mine.copy())
+        dist.all_reduce(ref)                                  # the library's collective, same input
+        if got.shape != (n,):
+            return f"n={n}: your function returned shape {got.shape}, expected ({n},)"
+        worst.append(max(float(np.abs(got - glob.sum(axis=0)).max(initial=0.0)),
+                         float(np.abs(got - ref.data).max(initial=0.0))))
+    return worst
+
+
+def check_ring_all_reduce(ring_all_reduce, nprocs: int = 3, pool=None) -> bool:
+    """``ring_all_reduce(x, rank, world) -> array``: the element-wise sum of every rank's ``x``.
+
+    Checked in a world of one (your function must return ``x`` without communicating), then on
+    ``nprocs`` real ranks for buffers shorter than, equal to and not divisible by the world size,
+    against NumPy and against ``dist.all_reduce`` (float64, <= 1e-12).
+    """
+    if _is_stub(lambda: ring_all_reduce(np.ones(3), 0, 1)):
+        return _not_done("ring all-reduce")
+    one = np.asarray(ring_all_reduce(np.arange(3.0), 0, 1))
+    assert np.array_equal(one, np.arange(3.0)), f"a world of one must return its input; got {one}"
+    sizes = (1, 2, 7, 12, 1000)
+    per_rank = _on_ranks(_ring_rank, nprocs, (ring_all_reduce, sizes), pool)
+    for rank, worst in enumerate(per_rank):
+        assert not isinstance(worst, str), f"rank {rank}: {worst}"
+        for n, err in zip(sizes, worst):
+            assert err <= 1e-12, f"rank {rank}, n={n}: max |yours - all_reduce| = {err:.3g}"
+    print(f"ring all-reduce: equal to dist.all_reduce on {len(per_rank)} real ranks for n in {sizes}")
+    return True
+
+
+# ------------------------------------------------------------------ 03: 1F1B as a list of actions
+def _plan_from_orders(orders, p: int, m: int):
+    """A runnable PipelinePlan from per-rank compute orders ("F3", "B0"): sends and receives added."""
+    from neural_arch.distributed.pipelining.schedules import Action, PipelinePlan
+
+    by_rank = []
+    for rank, order in enumerate(orders):
+        acts = []
+        for item in order:
+            kind, mb = str(item)[0], int(str(item)[1:])
+            assert kind in "FB", f"rank {rank}: {item!r} is not F<microbatch> or B<microbatch>"
+            if kind == "F":
+                if rank > 0:
+                    acts.append(Action("RECV_F", mb, rank, rank - 1))
+                acts.append(Action("F", mb, rank))
+                if rank < p - 1:
+                    acts.append(Action("SEND_F", mb, rank, rank + 1))
+            else:
+                if rank < p - 1:
+                    acts.append(Action("RECV_B", mb, rank, rank + 1))
+                acts.append(Action("B", mb, rank))
+                if rank > 0:
+                    acts.append(Action("SEND_B", mb, rank, rank - 1))
+        by_rank.append(tuple(acts))
+    return PipelinePlan("student 1F1B", p, m, 1, tuple(by_rank))
+
+
+def check_one_f_one_b(one_f_one_b) -> bool:
+    """``one_f_one_b(p, m) -> [[ "F0", "F1", "B0", ... ] per rank]``: each rank's compute order.
+
+    The checker adds the sends and receives, runs the plan on the pipeline simulator (a wrong order
+    deadlocks or receives the wrong micro-batch there), and compares with ``Schedule1F1B``: the same
+    order, the bubble ``(p-1)/(m+p-1)`` and at most ``p - r`` micro-batches in flight on rank r.
+    """
+    from neural_arch.distributed.pipelining import Schedule1F1B, simulate, theoretical_bubble
+
+    if _is_stub(lambda: one_f_one_b(2, 2)):
+        return _not_done("1F1B")
+    cases = [(2, 1), (2, 4), (3, 5), (4, 8), (4, 2)]
+    for p, m in cases:
+        orders = [list(o) for o in one_f_one_b(p, m)]
+        assert len(orders) == p, f"p={p}, m={m}: {len(orders)} ranks' orders, expected {p}"
+        for rank, order in enumerate(orders):
+            want = sorted([f"F{i}" for i in range(m)] + [f"B{i}" for i in range(m)])
+            assert sorted(map(str, order)) == want, f"p={p} m={m} rank {rank}: every F and B once, got {order}"
+        try:
+            sim = simulate(_plan_from_orders(orders, p, m), 1.0, 2.0)
+        except Exception as exc:  # the simulator names the deadlock or the mismatched message
+            raise AssertionError(f"p={p} m={m}: the simulator rejects your plan: {exc}") from exc
+        ref = Schedule1F1B(m).plan(p)
+        lib = [[f"{a.kind}{a.microbatch}" for a in acts if a.kind in "FB"] for acts in ref.by_rank]
+        assert [list(map(str, o)) for o in orders] == lib, (
+            f"p={p} m={m}: a valid pipeline order, but not 1F1B's:\n yours   {orders}\n library {lib}")
+        assert abs(sim.bubble_fraction - theoretical_bubble(p, m)) < 1e-12, (p, m, sim.bubble_fraction)
+        assert all(k <= p - r for r, k in enumerate(sim.max_in_flight)), (p, m, sim.max_in_flight)
+    print(f"1F1B: simulated without deadlock, equal to Schedule1F1B for (p, m) in {cases}")
+    return True
+
+
+# ------------------------------------------------------------------ 04: ZeRO-1 by hand
+def _zero1_rank(student, steps: int):
+    import numpy as np
+
+    import neural_arch.distributed as dist
+    from neural_arch import nn, optim
+    from neural_arch.core.tensor import Tensor, manual_seed
+    from neural_arch.distributed.optim import ZeroRedundancyOptimizer
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def model():
+        manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 8, dtype=np.float64), nn.Tanh(), nn.Linear(8, 3, dtype=np.float64))
+
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal((steps, world, 5, 4))
+    Y = rng.standard_normal((steps, world, 5, 3))
+    out = {}
+    for who in ("library", "student"):
+        ddp = dist.DistributedDataParallel(model())      # averaged gradients, as ZeRO-1 expects
+        params = list(ddp.parameters())
+        if who == "library":
+            opt = ZeroRedundancyOptimizer(params, optim.SGD, lr=0.1, momentum=0.9)
+        state: dict = {}
+        for s in range(steps):
+            loss = ((ddp(Tensor(X[s, rank])) - Tensor(Y[s, rank])) ** 2).mean()
+            loss.backward()
+            if who == "library":
+                opt.step()
+            else:
+                student([p.data for p in params], [p.grad.data for p in params], state, rank, world, 0.1, 0.9)
+            for p in params:
+                p.grad = None
+        out[who] = [p.data.copy() for p in params]
+        out[who + " state"] = sorted(int(k) for k in state) if who == "student" else None
+    return out
+
+
+def check_zero1_step(zero1_step, nprocs: int = 2, pool=None) -> bool:
+    """``zero1_step(params, grads, state, rank, world, lr, momentum)``: one SGD-momentum step, ZeRO-1 style.
+
+    ``params`` and ``grads`` are every parameter's array (grads already averaged over ranks);
+    ``state`` is this rank's dict ``{index: momentum buffer}`` which must hold **only** the
+    parameters this rank owns. Update the owned parameters in place, then broadcast each parameter
+    from its owner so every rank ends with all of them. Checked on real ranks against
+    ``ZeroRedundancyOptimizer(params, optim.SGD, lr=0.1, momentum=0.9)`` after 3 steps (<= 1e-10).
+    """
+    if _is_stub(lambda: zero1_step([np.zeros(2)], [np.zeros(2)], {}, 0, 1, 0.1, 0.9)):
+        return _not_done("ZeRO-1")
+    per_rank = _on_ranks(_zero1_rank, nprocs, (zero1_step, 3), pool)
+    owned = [set(r["student state"]) for r in per_rank]
+    n = len(per_rank[0]["library"])
+    assert set().union(*owned) == set(range(n)), f"some parameters have no momentum on any rank: {owned}"
+    assert sum(len(o) for o in owned) == n, f"a parameter's momentum lives on several ranks: {owned}"
+    for rank, r in enumerate(per_rank):
+        worst = max(float(np.abs(a - b).max()) for a, b in zip(r["student"], r["library"]))
+        assert worst <= 1e-10, f"rank {rank}: max |yours - ZeroRedundancyOptimizer| = {worst:.3g}"
+    print(f"ZeRO-1: equal to ZeroRedundancyOptimizer on {len(per_rank)} real ranks; momentum owned {owned}")
+    return True
+
+
+# ------------------------------------------------------------------ 07: DDP's bucket assignment
+def _bucket_rank(student, cap_mb: float, first_mb: float):
+    import numpy as np
+
+    import neural_arch.distributed as dist
+    from neural_arch import nn
+    from neural_arch.core.tensor import manual_seed
+
+    manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64, dtype=np.float64), nn.Tanh(), nn.Linear(64, 64, dtype=np.float64),
+                          nn.Tanh(), nn.Linear(64, 4, dtype=np.float64))
+    ddp = dist.DistributedDataParallel(model, bucket_cap_mb=cap_mb, first_bucket_mb=first_mb)
+    nbytes = [p.data.nbytes for p in model.parameters()]
+    mb = 1024 * 1024
+    return {"library": ddp.reducer.plan, "student": student(nbytes, int(cap_mb * mb), int(first_mb * mb))}
+
+
+def check_bucket_assignment(assign_buckets, nprocs: int = 2, pool=None) -> bool:
+    """``assign_buckets(param_nbytes, cap, first_cap) -> [[param index, ...] per bucket]``.
+
+    One dtype, sizes in bytes, in registration order; buckets in launch order. Checked against
+    ``plan_buckets`` on random sizes, then on real ranks against the plan of a
+    ``DistributedDataParallel`` (``ddp.reducer.plan``).
+    """
+    from neural_arch.distributed.bucketing import plan_buckets
+
+    if _is_stub(lambda: assign_buckets([8], 16, 16)):
+        return _not_done("bucket assignment")
+    rng = np.random.default_rng(0)
+    cases = [([8, 8, 8], 16, 8), ([100], 64, 64), ([40, 4000, 80], 4096, 100)]
+    cases += [(list(rng.integers(1, 500, size=rng.integers(1, 12)) * 8), int(rng.integers(8, 3000)),
+               int(rng.integers(8, 3000))) for _ in range(30)]
+    for sizes, cap, first in cases:
+        want = plan_buckets([(n // 8, "float64") for n in sizes], cap, first)
+        got = [list(map(int, b)) for b in assign_buckets(list(sizes), cap, first)]
+        assert got == want, f"sizes={sizes} cap={cap} first_cap={first}:\n yours   {got}\n library {want}"
+    per_rank = _on_ranks(_bucket_rank, nprocs, (assign_buckets, 0.03, 0.01), pool)
+    for rank, r in enumerate(per_rank):
+        got = [list(map(int, b)) for b in r["student"]]
+        assert got == r["library"], f"rank {rank}: yours {got}, DDP's {r['library']}"
+    print(f"bucket assignment: equal to plan_buckets on {len(cases)} cases and to DDP's plan "
+          f"{per_rank[0]['library']} on {len(per_rank)} real ranks")
+    return True
+
+
+# ------------------------------------------------------------------ 11: the groups of a mesh dimension
+def _mesh_rank(student, shape, names):
+    import neural_arch.distributed as dist
+    from neural_arch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", tuple(shape), mesh_dim_names=tuple(names))
+    out = {}
+    for dim, name in enumerate(names):
+        mine = sorted(mesh.get_group(name).ranks)
+        groups = [sorted(map(int, g)) for g in student(tuple(shape), dim)]
+        holding = [g for g in groups if dist.get_rank() in g]
+        out[name] = (mine, holding)
+    return out
+
+
+def check_mesh_groups(mesh_groups, shape=(2, 2), names=("dp", "tp"), pool=None) -> bool:
+    """``mesh_groups(shape, dim) -> [[rank, ...], ...]``: every group of ranks along mesh dimension ``dim``.
+
+    Ranks fill the mesh in row-major order (``np.arange(n).reshape(shape)``). Checked on all-size
+    cases against the library's layout, then on real ranks: the group that holds this rank must
+    be exactly ``init_device_mesh(...).get_group(name).ranks``.
+    """
+    from neural_arch.distributed.device_mesh import _groups_along
+
+    if _is_stub(lambda: mesh_groups((2,), 0)):
+        return _not_done("mesh groups")
+    for case in [(4,), (2, 2), (2, 4), (4, 2), (2, 2, 2), (3, 1, 2), (2, 3, 2)]:
+        for dim in range(len(case)):
+            want = sorted(sorted(g) for g in _groups_along(np.arange(int(np.prod(case))).reshape(case), dim))
+            got = sorted(sorted(map(int, g)) for g in mesh_groups(case, dim))
+            assert got == want, f"shape={case} dim={dim}:\n yours   {got}\n library {want}"
+    per_rank = _on_ranks(_mesh_rank, int(np.prod(shape)), (mesh_groups, tuple(shape), tuple(names)), pool)
+    for rank, r in enumerate(per_rank):
+        for name, (mine, holding) in r.items():
+            assert holding == [mine], f"rank {rank}, dim {name!r}: yours {holding}, get_group {mine}"
+    print(f"mesh groups: equal to the library's layouts and, on {len(per_rank)} real ranks, to "
+          f"DeviceMesh.get_group for a {tuple(shape)} mesh {tuple(names)}")
+    return True
+
+
+# ------------------------------------------------------------------ 12: exposed communication from a trace
+def _exposed_rank(student, steps: int):
+    import numpy as np
+
+    import neural_arch.distributed as dist
+    from neural_arch import nn, optim, profiler
+    from neural_arch.core.tensor import Tensor, manual_seed
+    from neural_arch.distributed.metrics import DistributedMetrics
+
+    manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(64, 64, dtype=np.float64) for _ in range(3)])
+    ddp = dist.DistributedDataParallel(model, bucket_cap_mb=0.02, first_bucket_mb=0.02)
+    opt = optim.SGD(ddp.parameters(), lr=0.01)
+    x = Tensor(np.random.default_rng(dist.get_rank()).standard_normal((32, 64)))
+    metrics = DistributedMetrics()
+    rows = []
+    for _ in range(steps):
+        with metrics.step() as timer:                       # records this step's spans, like a profiler
+            with profiler.record_function("forward"):
+                loss = (ddp(x) ** 2).mean()
+            with profiler.record_function("backward"):
+                loss.backward()
+            with profiler.record_function("optimizer.step"):
+                opt.step()
+                opt.zero_grad()
+        spans = [(s.name, s.category, s.start, s.end) for s in timer.spans]
+        rows.append((metrics.steps[-1]["exposed_comm_s"], float(student(spans))))
+    return rows
+
+
+def check_exposed_comm(exposed_comm, nprocs: int = 2, pool=None) -> bool:
+    """``exposed_comm(spans) -> seconds``; ``spans``: one step's ``(name, category, start, end)``.
+
+    Exposed = the time covered by ``"collective"`` spans and not by compute spans (categories
+    ``forward``, ``backward``, ``optimizer``, ``compute``), where waiting is not compute: neither
+    ``"wait"`` spans nor the stretch in which backward only waits for DDP's buckets (from the
+    latest ``"bucket"`` span start to the latest bucket end).
+    Checked on hand-made steps, then on DDP steps profiled on real ranks against
+    ``DistributedMetrics``' ``exposed_comm_s`` (to 1e-9 s).
+    """
+    from neural_arch.distributed.metrics import exposed_time
+
+    if _is_stub(lambda: exposed_comm([])):
+        return _not_done("exposed communication")
+    hand = {
+        "comm after backward": ([("backward", "backward", 0, 4), ("all_reduce", "collective", 3, 6)], 2.0),
+        "comm hidden in forward": ([("forward", "forward", 0, 4), ("all_gather", "collective", 1, 3)], 0.0),
+        "two overlapping comms": ([("all_reduce", "collective", 0, 2), ("all_reduce", "collective", 1, 3)], 3.0),
+        "backward waits for buckets": ([("backward", "backward", 0, 10), ("bucket 0", "bucket", 2, 6),
+                                        ("bucket 1", "bucket", 7, 10), ("all_reduce", "collective", 2, 5),
+                                        ("all_reduce", "collective", 7, 10)], 3.0),
+        "a span that is neither": ([("data", "function", 0, 5), ("all_reduce", "collective", 1, 2)], 1.0),
+        "an explicit wait": ([("step", "compute", 0, 6), ("wait", "wait", 4, 6), ("all_reduce", "collective", 3, 6)], 2.0),
+    }
+    for name, (spans, want) in hand.items():
+        got = float(exposed_comm(spans))
+        assert abs(got - want) < 1e-12, f"{name}: yours {got}, expected {want} (spans {spans})"
+    assert exposed_time([(3, 6)], [(0, 4)]) == 2.0
+    per_rank = _on_ranks(_exposed_rank, nprocs, (exposed_comm, 3), pool)
+    for rank, rows in enumerate(per_rank):
+        for step, (lib, yours) in enumerate(rows):
+            assert abs(lib - yours) <= 1e-9, f"rank {rank}, step {step}: yours {yours:.6g} s, DistributedMetrics {lib:.6g} s"
+    print(f"exposed communication: equal to DistributedMetrics on {len(per_rank)} real ranks "
+          f"({sum(len(r) for r in per_rank)} profiled DDP steps) and on {len(hand)} hand-made steps")
+    return True
