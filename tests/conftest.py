@@ -7,6 +7,8 @@
   under CI an unlisted skip reason or a missing MPI runtime fails instead: ``skip_policy.py`` is the one
   owner of both (tests that start a script under mpiexec use ``run_mpiexec`` and the marker).
 * ``leak_check.py`` fails the run when tests leave processes or shared-memory segments behind.
+* ``background.py`` runs the long self-contained subprocesses (the Sphinx build, the notebooks) in
+  a background queue from the end of collection, on the cycles other tests leave idle.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import tracemalloc
 import pytest
 from hypothesis import HealthCheck, settings
 
-pytest_plugins = ["skip_policy", "leak_check"]
+pytest_plugins = ["skip_policy", "leak_check", "background"]
 
 settings.register_profile(
     "ci", deadline=None, derandomize=True, max_examples=25, print_blob=True,

@@ -26,15 +26,22 @@ LEAKY = textwrap.dedent('''
 ''')
 
 
+def _inner_env(tmp_path) -> dict:
+    """The inner run's environment: the plugin importable, no third-party plugins (their imports --
+    hypothesis's above all -- are most of a pytest start), and its temporary folder inside tmp_path."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]),
+                PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", TMPDIR=str(tmp_path))
+
+
 def test_a_leaked_process_and_segment_fail_the_run_and_are_removed(tmp_path):
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    tag = f"{gone.pid}-{os.urandom(3).hex()}"
+    with open("/proc/sys/kernel/pid_max") as f:   # a creator pid no process can have: its creator has exited
+        gone = int(f.read()) + 1                      # (a reaped child's pid could be reused on a busy machine)
+    tag = f"{gone}-{os.urandom(3).hex()}"
     (tmp_path / "conftest.py").write_text('import leak_check\n\nleak_check.GRACE_S = 0.3\n'
                                           'pytest_plugins = ["leak_check"]\n')
     (tmp_path / "test_leaky.py").write_text(LEAKY.replace("{tag}", tag))
     # the inner run keeps its temporary folder when it fails: inside tmp_path, not in this session's
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]), TMPDIR=str(tmp_path))
+    env = _inner_env(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout
@@ -49,7 +56,7 @@ def test_a_clean_run_passes(tmp_path):
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["leak_check"]\n')
     (tmp_path / "test_clean.py").write_text("def test_nothing():\n    pass\n")
     # the inner run keeps its temporary folder when it fails: inside tmp_path, not in this session's
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]), TMPDIR=str(tmp_path))
+    env = _inner_env(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "left behind" not in proc.stdout, proc.stdout

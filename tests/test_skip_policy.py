@@ -51,7 +51,9 @@ def project(tmp_path_factory):
 
 def _outcomes(project, **env_overrides):
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "NEURAL_ARCH_REQUIRE_MPI")}
-    env.update(env_overrides, PYTHONPATH=os.pathsep.join([TESTS, env.get("PYTHONPATH", "")]))
+    # no third-party plugins in the inner run: their imports (hypothesis's above all) are most of its start
+    env.update(env_overrides, PYTHONPATH=os.pathsep.join([TESTS, env.get("PYTHONPATH", "")]),
+               PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", str(project)],
                           cwd=project, env=env, capture_output=True, text=True, timeout=120)
     outcomes = {}

@@ -1,7 +1,8 @@
 """The browsable reference (``docs/conf.py``): it builds with warnings as errors, and every public name
 of the package has a docstring with an example.
 
-The build runs once per module, in a subprocess, the way a reader builds it::
+The build runs once per session, in a subprocess queued in the background as soon as collection shows
+these tests will run (``tests/background.py``), the way a reader builds it::
 
     sphinx-build -W --keep-going -D nb_execution_mode=off -b html docs <tmp>/html
 
@@ -18,11 +19,12 @@ import importlib
 import importlib.util
 import inspect
 import re
-import subprocess
 import sys
+import tempfile
 import types
 from pathlib import Path
 
+import background
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,17 +48,29 @@ def _conf():
     return conf
 
 
+def _build_job() -> background.Job:
+    out = Path(tempfile.mkdtemp(prefix="docs-build-"))
+    # -j 2: reading the modules is most of the build, and it splits over this machine's two cores
+    argv = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-j", "2", "-D", "nb_execution_mode=off",
+            "-b", "html", "-d", str(out / "doctrees"), str(DOCS), str(out / "html")]
+    return background.Job("the API reference's Sphinx build", argv, cwd=REPO, workdir=out, timeout=600, nice=10)
+
+
+def background_jobs(items):
+    """The build, queued at collection (``tests/background.py``): it runs beside the other tests."""
+    return [_build_job()] if any(item.originalname in _NEED_THE_BUILD for item in items) else []
+
+
 @pytest.fixture(scope="module")
-def build(tmp_path_factory):
-    out = tmp_path_factory.mktemp("docs")
-    proc = subprocess.run(
-        # -j 2: reading the modules is most of the build, and it splits over this machine's two cores
-        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-j", "2", "-D", "nb_execution_mode=off",
-         "-b", "html", "-d", str(out / "doctrees"), str(DOCS), str(out / "html")],
-        check=False, cwd=REPO, capture_output=True, text=True, timeout=300,
-    )
-    warnings = [line for line in proc.stderr.splitlines() if "WARNING:" in line or "ERROR:" in line]
-    return proc, out / "html", warnings
+def build():
+    job = background.result("the API reference's Sphinx build", _build_job)
+    assert not job.timed_out, f"the Sphinx build took more than {job.timeout:.0f} s"
+    warnings = [line for line in job.stderr.splitlines() if "WARNING:" in line or "ERROR:" in line]
+    return job, job.workdir / "html", warnings
+
+
+_NEED_THE_BUILD = ("test_the_reference_has_every_layer_and_the_notebooks",
+                   "test_the_whole_reference_builds_with_warnings_as_errors")
 
 
 def test_the_reference_has_every_layer_and_the_notebooks(build):

@@ -1,7 +1,8 @@
 """Every notebook in ``examples/notebooks/`` runs top to bottom without error.
 
 The code cells of a notebook are concatenated, in order, into one script that runs in a fresh
-``python`` process (no Jupyter needed): the notebooks assert their own claims against NumPy, so
+``python`` process (no Jupyter needed; queued at collection to run beside the other tests,
+``tests/background.py``): the notebooks assert their own claims against NumPy, so
 this also checks that what they teach is still true. Every notebook draws what it teaches: the
 script saves each figure a cell leaves open (as Jupyter's inline backend displays it) to a PNG,
 and the test asserts at least one was drawn. Functions a notebook passes to
@@ -11,12 +12,13 @@ value, as it does from a notebook kernel, so without it the test is skipped.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import background
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,28 +75,40 @@ def test_notebook_is_clean(path):
     assert not dirty, f"{path.name}: cells {dirty} have stored outputs; clear them before committing"
 
 
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs(path, tmp_path):
-    pytest.importorskip("cloudpickle", reason="notebooks launch functions defined in cells: "
-                                              "pip install cloudpickle (or '.[examples]')")
-    script = tmp_path / (path.stem + ".py")
+def _run_job(path: Path) -> background.Job:
+    """The notebook as one script in a folder of its own, where it saves its figures."""
+    job = background.Job(f"notebook {path.name}", [], timeout=150)
+    script = job.workdir / (path.stem + ".py")
     script.write_text(notebook_script(path, save_figures=True), encoding="utf-8")
+    job.argv = [sys.executable, str(script)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
                 "NEURAL_ARCH_DISTRIBUTED_DEBUG"):
         env.pop(var, None)  # notebooks start from a plain environment (section 1: a world of one)
     env.setdefault("MPLBACKEND", "Agg")
-    try:
-        proc = subprocess.run([sys.executable, str(script)], check=False, cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=150)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{path.name} did not finish within 150 s\n--- stdout ---\n{exc.stdout}\n"
-                    f"--- stderr ---\n{exc.stderr}")
-    assert proc.returncode == 0, (
-        f"{path.name} failed (exit code {proc.returncode}); script: {script}\n"
-        f"--- stdout (tail) ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
-    figures = sorted(tmp_path.glob("figure_*.png"))
+    job.env = env
+    return job
+
+
+def background_jobs(items):
+    """Each notebook's run, queued at collection (``tests/background.py``): it runs beside the other tests."""
+    if importlib.util.find_spec("cloudpickle") is None:
+        return []   # the test skips, saying why
+    return [_run_job(item.callspec.params["path"]) for item in items if item.originalname == "test_notebook_runs"]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs(path):
+    pytest.importorskip("cloudpickle", reason="notebooks launch functions defined in cells: "
+                                              "pip install cloudpickle (or '.[examples]')")
+    job = background.result(f"notebook {path.name}", lambda: _run_job(path))
+    assert not job.timed_out, (f"{path.name} did not finish within {job.timeout:.0f} s\n--- stdout ---\n"
+                               f"{job.stdout}\n--- stderr ---\n{job.stderr}")
+    assert job.returncode == 0, (
+        f"{path.name} failed (exit code {job.returncode}); script: {job.argv[-1]}\n"
+        f"--- stdout (tail) ---\n{job.stdout[-4000:]}\n--- stderr ---\n{job.stderr[-8000:]}")
+    figures = sorted(job.workdir.glob("figure_*.png"))
     assert figures and all(f.stat().st_size > 0 for f in figures), (
         f"{path.name} drew no figure: every notebook draws what it teaches (matplotlib, plt.show())")

@@ -1,5 +1,8 @@
 """examples/train_digits_cnn_ddp.py (CNN + BatchNorm -> SyncBatchNorm under DDP) reaches >= 97% held-out
-accuracy on 2 ranks, started by our launcher and by a real mpiexec."""
+accuracy on 2 ranks, started by our launcher and by a real mpiexec.
+
+Four epochs (the example's default is 12) already reach 97%: the test proves the CNN, SyncBatchNorm and
+both starters, not the length of the schedule, and the suite has a time budget."""
 
 import os
 import re
@@ -22,7 +25,7 @@ def _accuracy(stdout: str) -> float:
 
 @pytest.mark.parametrize("how", ["launcher", pytest.param("mpiexec", marks=pytest.mark.mpi)])
 def test_cnn_with_sync_batchnorm_learns_digits(tmp_path, how):
-    args = [os.path.abspath(EXAMPLE), "--no-progress", "--checkpoint", str(tmp_path / "c.npz")]
+    args = [os.path.abspath(EXAMPLE), "--no-progress", "--epochs", "4", "--checkpoint", str(tmp_path / "c.npz")]
     if how == "launcher":
         cmd = [sys.executable, "-m", "neural_arch.distributed.launcher", "--standalone", "--nproc_per_node", "2"]
         done = subprocess.run(cmd + args, check=False, capture_output=True, text=True, timeout=170, cwd=tmp_path,

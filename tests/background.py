@@ -1,0 +1,182 @@
+"""Long, self-contained checks run in the background beside the rest of the suite: a pytest plugin loaded
+by ``tests/conftest.py``.
+
+Some tests spend most of their time in one subprocess that depends on nothing other tests do: the API
+reference's Sphinx build (``tests/docs``) and each notebook's headless run (``tests/examples``). A test
+module declares such work by defining ``background_jobs(items)``, returning a :class:`Job` for each of its
+collected ``items`` that needs one. When collection ends, the session queues every module's jobs and one
+background thread runs the queue, one job at a time, on the cycles the other tests leave idle (their
+ranks waiting on sockets, their fault cases waiting out timeouts). The test then asks for its job's
+result with :func:`result`: a job already done answers at once, a running one is waited for, and a job
+still queued -- or never queued, when the test runs alone -- runs at once in the test itself, so a test
+behaves the same whether or not the queue got to its job first.
+
+Example (a test module)::
+
+    def background_jobs(items):
+        return [Job("docs", [sys.executable, "-m", "sphinx", ...], cwd=REPO, timeout=600)]
+
+    def test_docs_build():
+        done = background.result("docs", make_the_same_job)
+        assert done.returncode == 0, done.stderr
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+
+@dataclass
+class Job:
+    """One subprocess: its command, folder, environment and timeout; the result fields fill in when it ends.
+
+    ``workdir`` is the job's folder for its files (a fresh one unless given; also ``cwd`` unless that is
+    given), removed at the end of the session: the leak check requires the temporary folder empty.
+    ``nice`` lowers the job's CPU priority.
+    """
+
+    name: str
+    argv: list[str]
+    cwd: Path | None = None
+    env: dict | None = None
+    timeout: float = 300.0
+    nice: int = 0
+    workdir: Path | None = None
+    returncode: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+    seconds: float = 0.0
+    ran_in_background: bool = False
+    _done: threading.Event = field(default_factory=threading.Event, repr=False)
+    _proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="job-"))
+        if self.cwd is None:
+            self.cwd = self.workdir
+
+    def run(self) -> None:
+        """Run the command to its end or its timeout (then it is killed and ``timed_out`` is set)."""
+        nice = [shutil.which("nice"), "-n", str(self.nice)] if self.nice and shutil.which("nice") else []
+        start = time.monotonic()
+        try:
+            self._proc = subprocess.Popen(nice + self.argv, cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                self.stdout, self.stderr = self._proc.communicate(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self.stdout, self.stderr = self._proc.communicate()
+                self.timed_out = True
+            self.returncode = self._proc.returncode
+        except OSError as exc:  # could not start: the test reports it like a failed run
+            self.returncode, self.stderr = -1, f"could not start {self.argv[0]}: {exc}"
+        finally:
+            self.seconds = time.monotonic() - start
+            self._done.set()
+
+    def kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self._proc.kill()
+
+
+class JobQueue:
+    """Jobs by name, run in order by one background thread (one at a time: a bounded extra load)."""
+
+    def __init__(self):
+        self._jobs: dict[str, Job] = {}
+        self._waiting: collections.deque[str] = collections.deque()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            if job.name in self._jobs:
+                raise ValueError(f"two background jobs are named {job.name!r}")
+            self._jobs[job.name] = job
+            self._waiting.append(job.name)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="background-jobs", daemon=True)
+            self._thread.start()
+
+    def _next(self) -> Job | None:
+        with self._lock:
+            if self._stopping or not self._waiting:
+                return None
+            job = self._jobs[self._waiting.popleft()]
+            job.ran_in_background = True    # claimed under the lock: the test now waits instead of running it
+            return job
+
+    def _work(self) -> None:
+        while (job := self._next()) is not None:
+            job.run()
+
+    def result(self, name: str, make: Callable[[], Job]) -> Job:
+        """The finished job ``name``: waited for if the thread has it, run here if still queued or never queued."""
+        with self._lock:
+            job = self._jobs.get(name)
+            if job is None:
+                job = self._jobs[name] = make()
+            elif name in self._waiting:
+                self._waiting.remove(name)
+            run_here = not job.ran_in_background and not job._done.is_set()
+        if run_here:
+            job.run()
+        job._done.wait()
+        return job
+
+    def stop(self) -> None:
+        """Drop what is queued, kill what runs, remove every job's folder."""
+        with self._lock:
+            self._stopping = True
+            self._waiting.clear()
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            job.kill()
+        if self._thread is not None:
+            self._thread.join(30)
+        for job in jobs:
+            if job.workdir is not None:
+                shutil.rmtree(job.workdir, ignore_errors=True)
+        with self._lock:
+            self._jobs.clear()
+            self._stopping, self._thread = False, None
+
+
+QUEUE = JobQueue()
+
+
+def result(name: str, make: Callable[[], Job]) -> Job:
+    """The finished background job ``name`` (see the module docstring); ``make`` builds it if never queued."""
+    return QUEUE.result(name, make)
+
+
+def pytest_collection_finish(session):
+    by_module: dict = {}
+    for item in session.items:
+        module = getattr(item, "module", None)
+        if module is not None and callable(getattr(module, "background_jobs", None)):
+            by_module.setdefault(module, []).append(item)
+    for module, items in by_module.items():
+        for job in module.background_jobs(items):
+            QUEUE.submit(job)
+
+
+@pytest.hookimpl(tryfirst=True)   # before the leak check looks at processes and the temporary folder
+def pytest_sessionfinish(session, exitstatus):
+    QUEUE.stop()
