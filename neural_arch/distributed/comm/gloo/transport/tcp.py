@@ -25,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -146,6 +147,9 @@ class _Acceptor(threading.Thread):
         self.rank, self.where = rank, where
         self.socks: dict[int, socket.socket] = {}
         self.error: BaseException | None = None
+        #: set once every expected peer is connected (by the handshake that completes the set, so the
+        #: constructor need not wait for the accept loop's next timeout), or when the acceptor gives up
+        self.settled = threading.Event()
         self._lock = threading.Lock()
         self._pending = 0
 
@@ -174,6 +178,16 @@ class _Acceptor(threading.Thread):
                                  daemon=True).start()
         except BaseException as exc:  # noqa: BLE001 - reported by the constructor thread
             self.error = exc
+        finally:
+            self.settled.set()
+
+    def stop(self) -> None:
+        """End the accept loop now: wake a blocked ``accept`` (``shutdown`` does on Linux; elsewhere the
+        loop's short timeout ends it) and wait for the thread, so the listener is closed only once no
+        thread can be inside a call on its descriptor."""
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.join(1.0)
 
     def _accept_peer(self, peer: int, extra: bytes) -> str | None:
         with self._lock:
@@ -194,6 +208,8 @@ class _Acceptor(threading.Thread):
                 if peer in self.expected and peer not in self.socks:
                     self.socks[peer] = conn
                     keep = True
+                    if set(self.socks) == self.expected:
+                        self.settled.set()
         except (OSError, DistributedError) as exc:
             log.warning("transport: rank %d rejected a connection from %s: %s", self.rank, addr, exc)
         finally:
@@ -263,7 +279,7 @@ def connect_tcp_links(store, rank: int, peers: list[int], deadline: float, auth_
                 raise RendezvousError(f"rank {peer} never published its TCP address (rank {rank} waited); "
                                       "check that it started") from None
             socks[peer] = _connect(store.get(key).decode(), rank, peer, token, deadline)
-        acceptor.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        acceptor.settled.wait(max(0.0, deadline - time.monotonic()) + 1.0)
         if acceptor.error is not None:
             raise acceptor.error
         with acceptor._lock:
@@ -277,5 +293,6 @@ def connect_tcp_links(store, rank: int, peers: list[int], deadline: float, auth_
             s.close()
         raise
     finally:
+        acceptor.stop()
         listener.close()
     return {peer: TcpLink(peer, s) for peer, s in socks.items()}
