@@ -135,9 +135,6 @@ def check_layout(args, world: int) -> str | None:
     if args.cp > 1 and args.seq_len % (2 * args.cp):
         return (f"--seq-len {args.seq_len} must divide into 2 x --cp = {2 * args.cp} chunks (the head-tail layout "
                 "of context parallelism)")
-    if experts and args.tp > 1 and args.moe_every == 1:
-        return (f"--tp {args.tp} with --moe-every 1: the tensor-parallel plan needs a dense MLP in block 0; use "
-                "--moe-every 2 or more")
     if experts and args.n_layer < args.moe_every:
         return f"--n-layer {args.n_layer} has no MoE block with --moe-every {args.moe_every}"
     return None

@@ -92,3 +92,22 @@ def test_sharding_wrappers_refuse_expert_parameters(world_of_one):
         world_of_one.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optim.SGD, lr=0.1)
     with pytest.raises(ValueError, match="FullyShardedDataParallel: 1 parameter.*expert-parallel"):
         world_of_one.FullyShardedDataParallel(model)
+
+
+def test_tensor_parallel_plan_of_a_gpt_whose_every_mlp_is_moe(world_of_one):
+    """parallelize_gpt shards attention and the vocabulary of a GPT with no dense MLP (every block an nn.MoE,
+    whose experts expert parallelism splits): the plan's MLP entries are left out instead of matching
+    nothing, and the dense blocks of a mixed model are still sharded."""
+    from neural_arch import nn
+    from neural_arch.distributed.device_mesh import init_device_mesh
+    from neural_arch.distributed.tensor.parallel import parallelize_gpt
+
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+    for moe_every, dense_fc1 in ((1, []), (2, [0])):
+        model = nn.GPT(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=8,
+                       moe_num_experts=2, moe_every=moe_every)
+        parallelize_gpt(model, mesh)
+        assert hasattr(model.blocks[0].attn.q_proj.weight, "placements")
+        sharded = [i for i, b in enumerate(model.blocks) if hasattr(getattr(b.mlp, "fc1", None), "weight")
+                   and hasattr(b.mlp.fc1.weight, "placements")]
+        assert sharded == dense_fc1, (moe_every, sharded)

@@ -115,14 +115,19 @@ def parallelize_gpt(model, device_mesh=None, loss_parallel: bool = True, sequenc
                                                 algorithm=cp_algorithm)
     group = resolve_group_or_mesh(device_mesh, "parallelize_gpt")
     p = group.size()
-    hidden = model.blocks[0].mlp.fc1.out_features if len(model.blocks) else 0
+    # the dense MLPs' width (an MoE model may have none: every block's MLP an nn.MoE, whose experts
+    # are split by expert parallelism, not by this plan)
+    dense = [b.mlp for b in model.blocks if hasattr(getattr(b, "mlp", None), "fc1")]
+    hidden = dense[0].fc1.out_features if dense else 0
     for what, value in (("n_head", model.n_head), ("vocab_size", model.vocab_size), ("MLP width", hidden)):
         if value % p:
             raise ValueError(f"parallelize_gpt: {what} ({value}) must be divisible by the tensor-parallel "
                              f"size {p}")
+    plan = gpt_tp_plan(loss_parallel, sequence_parallel)
+    if not dense:
+        plan = {pattern: style for pattern, style in plan.items() if ".mlp." not in pattern}
     # the mesh itself when there is one: the DTensor parameters then live on it
-    parallelize_module(model, device_mesh if isinstance(device_mesh, DeviceMesh) else group,
-                       gpt_tp_plan(loss_parallel, sequence_parallel))
+    parallelize_module(model, device_mesh if isinstance(device_mesh, DeviceMesh) else group, plan)
     model.tp_group = group
     # generate() chooses tokens from this rank's vocabulary shard (see tensor/parallel/generation.py)
     model.token_selector = VocabParallelTokenSelector(group, model.vocab_size, sequence_parallel=sequence_parallel)
