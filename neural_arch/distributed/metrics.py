@@ -6,8 +6,10 @@
 * ``comm_time_s``: time during which at least one collective was running (union of spans);
 * ``exposed_comm_s``: the part of it not hidden behind compute, i.e. not covered by a compute span
   (``record_function`` categories forward/backward/optimizer/compute) or covered by a ``wait``
-  span (code that blocks on communication says so with one; for DDP, the time from the last bucket
-  becoming ready to the last bucket done counts as waiting: backward has no compute left then);
+  span (code that blocks on communication says so with one; a synchronous collective -- its span's
+  ``blocking`` arg, set by the runtime -- is one: its caller computed nothing while it ran, even
+  inside a forward span, as FSDP's gathers are; for DDP, the time from the last bucket becoming ready
+  to the last bucket done counts as waiting: backward has no compute left then);
 * ``comm_overhead_pct`` = 100 * exposed / step time; ``bytes_sent``: the collectives' ``bytes``.
 
 :meth:`~DistributedMetrics.global_summary` combines every rank's numbers with **one** all-reduce
@@ -157,7 +159,12 @@ class DistributedMetrics:
             a, b = max(s.start, t0), min(s.end, t1)
             if s.category == "collective":
                 comm.append((a, b))
-                sent += int(s.args.get("bytes", 0) or 0)
+                args = s.args
+                sent += int(args.get("bytes", 0) or 0)
+                if args.get("blocking"):
+                    # a synchronous collective: the thread that called it (inside forward, say) computed
+                    # nothing while it ran, so the compute span around it does not hide it
+                    waits.append((a, b))
             elif s.category in COMPUTE_CATEGORIES:
                 compute.append((a, b))
             elif s.category == "wait":

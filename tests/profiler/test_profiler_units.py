@@ -154,6 +154,26 @@ def test_metrics_from_spans_count_ddp_wait_as_exposed():
     assert m2.steps[0]["comm_time_s"] == 3.0 and m2.steps[0]["exposed_comm_s"] == 1.5
 
 
+def test_a_synchronous_collective_inside_compute_is_exposed(world_of_one):
+    """FSDP gathers inside forward with a synchronous call: its caller computes nothing meanwhile, so the
+    forward span around it does not hide it; an asynchronous one inside forward is hidden."""
+    import numpy as np
+
+    from neural_arch.profiler import record_function
+
+    for async_op, exposed_share in ((False, 1.0), (True, 0.0)):
+        metrics = DistributedMetrics()
+        with metrics.step(samples=1) as timer, record_function("forward"):
+            work = world_of_one.all_reduce(np.ones(4), async_op=async_op)
+            if async_op:
+                work.wait()
+        step = metrics.steps[0]
+        [span] = [s for s in timer.spans if s.category == "collective"]
+        assert span.args.get("blocking", False) is (not async_op)
+        assert step["comm_time_s"] > 0
+        assert abs(step["exposed_comm_s"] - exposed_share * step["comm_time_s"]) < 1e-12, (async_op, step)
+
+
 def test_metrics_writers_and_bad_input(tmp_path):
     m = DistributedMetrics(watch_spans=False)
     m.record_step(0.25, samples=16, tokens=64, comm_time=0.05, bytes_sent=100)

@@ -338,6 +338,7 @@ class Backend(OpRunner):
             span = None
             if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
                 span = _spans.begin(self, info, "default")   # a profiler, metrics
+                info.extra["blocking"] = True          # the caller waits through it (metrics: not hidden)
             self._op_now = info                    # where the stall inspector looks (spans.in_flight)
             try:
                 self._allreduce(array, op, info)

@@ -198,7 +198,8 @@ def _args(static: dict, info: OpInfo) -> dict:
 
 
 def end(span, info: OpInfo) -> None:
-    """End the span; adds ``algorithm``/``transport`` a backend stored in ``info.extra``.
+    """End the span; adds ``algorithm``/``transport`` a backend stored in ``info.extra``, and ``blocking``
+    (True) when the caller's thread waited through the op (a synchronous call).
 
     Example::
 
@@ -207,7 +208,7 @@ def end(span, info: OpInfo) -> None:
         end(span, info)
     """
     extra = info._extra
-    more = {k: extra[k] for k in ("algorithm", "transport") if k in extra} if extra else None
+    more = {k: extra[k] for k in ("algorithm", "transport", "blocking") if k in extra} if extra else None
     if more:
         events.end(span, **more)
     else:
