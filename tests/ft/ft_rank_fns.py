@@ -1,7 +1,7 @@
 """Rank functions of the fault-tolerance tests (module level: pickled by reference).
 
-Each pool rank is one replica. The training loop is the one docs/ft.md teaches: ``zero_grad`` joins
-the quorum (OptimizerWrapper), the sampler follows the quorum's size and this replica's rank in it,
+Each pool rank is one replica. The training loop is the one docs/fault_tolerance.md teaches ("Per-step
+fault tolerance"): ``zero_grad`` joins the quorum (OptimizerWrapper), the sampler follows the quorum's size and this replica's rank in it,
 gradients are averaged across the quorum during backward (ft.DistributedDataParallel), and ``step``
 applies the update only when every member of the quorum committed.
 """

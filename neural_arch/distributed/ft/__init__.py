@@ -14,7 +14,7 @@ module                      what
 ==========================  ===============================================================
 
 Each replica is one process for now (ZeRO/FSDP inside a replica is not done yet). See
-docs/ft.md. Names load lazily::
+docs/fault_tolerance.md ("Per-step fault tolerance"). Names load lazily::
 
     from neural_arch.distributed import ft
     with ft.Lighthouse(min_replicas=2) as lighthouse:
