@@ -1,0 +1,35 @@
+"""The background job queue (tests/background.py): a queued job the test reaches first runs in the test, one
+the thread has is waited for, a job never queued is built and run, a job past its timeout is killed and says
+so, and stopping removes every job's folder."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from background import Job, JobQueue
+
+
+def _python(name: str, code: str, timeout: float = 30.0) -> Job:
+    return Job(name, [sys.executable, "-c", code], timeout=timeout)
+
+
+def test_queued_running_never_queued_and_timed_out_jobs():
+    queue = JobQueue()
+    gate = _python("gate", "import time; time.sleep(0.5); print('gate done')")
+    queue.submit(gate)
+    queue.submit(_python("second", "print('second')"))
+    # "second" is behind "gate", which the thread is running: the test runs it itself, at once
+    second = queue.result("second", lambda: _python("unused", ""))
+    assert second.returncode == 0 and second.stdout == "second\n" and not second.ran_in_background
+    done = queue.result("gate", lambda: _python("unused", ""))
+    assert done.ran_in_background and done.stdout == "gate done\n" and done.returncode == 0
+    alone = queue.result("alone", lambda: _python("alone", "import os; print(os.getcwd())"))
+    assert alone.returncode == 0 and alone.stdout.strip() == str(alone.workdir) and not alone.ran_in_background
+    slow = queue.result("slow", lambda: _python("slow", "import time; time.sleep(30)", timeout=0.5))
+    assert slow.timed_out and slow.returncode != 0
+    folders = [job.workdir for job in (second, done, alone, slow)]
+    assert all(f.is_dir() for f in folders)
+    queue.stop()
+    assert not any(f.exists() for f in folders)
+    assert not [t for t in threading.enumerate() if t.name == "background-jobs"]
