@@ -1,12 +1,15 @@
 """The background job queue (tests/background.py): a queued job the test reaches first runs in the test, one
 the thread has is waited for, a job never queued is built and run, a job past its timeout is killed and says
-so, and stopping removes every job's folder."""
+so, a job that failed in the background runs again in the test (with a warning), and stopping removes every
+job's folder."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
+import pytest
 from background import Job, JobQueue
 
 
@@ -33,3 +36,14 @@ def test_queued_running_never_queued_and_timed_out_jobs():
     queue.stop()
     assert not any(f.exists() for f in folders)
     assert not [t for t in threading.enumerate() if t.name == "background-jobs"]
+
+
+def test_a_job_that_fails_in_the_background_runs_again_in_the_test():
+    queue = JobQueue()
+    # fails only at the background's lower priority (starved of CPU, say), passes at the test's
+    queue.submit(_python("niced", f"import os, sys; sys.exit(1 if os.nice(0) > {os.nice(0)} else 0)"))
+    queue._thread.join(30)                        # the queue ran it (and it failed there)
+    with pytest.warns(UserWarning, match="background job 'niced' exited 1"):
+        job = queue.result("niced", lambda: _python("unused", ""))
+    assert job.returncode == 0 and not job.ran_in_background
+    queue.stop()
