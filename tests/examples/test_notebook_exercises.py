@@ -139,3 +139,24 @@ def test_exposed_comm(pool):
 
     with pytest.raises(AssertionError, match="expected"):
         checks.check_exposed_comm(ignores_waits, pool=pool)
+
+
+def test_first_desync():
+    assert checks.check_first_desync(stub) is False
+    first_desync = solution("first_desync")
+    assert checks.check_first_desync(first_desync) is True
+
+    def ops_only(records):                                  # compares op names: misses another shape or dtype
+        return first_desync({r: [dict(e, shape=None, dtype=None) for e in entries]
+                             for r, entries in records.items()})
+
+    with pytest.raises(AssertionError, match="analyzer"):
+        checks.check_first_desync(ops_only)
+
+    def from_the_oldest(records):                           # a rank whose ring forgot more looks behind
+        oldest = min(e["seq"] for entries in records.values() for e in entries if not e.get("p2p"))
+        lacking = sorted(r for r, entries in records.items() if all(e["seq"] != oldest for e in entries))
+        return (oldest, lacking) if lacking else first_desync(records)
+
+    with pytest.raises(AssertionError, match="forgot"):
+        checks.check_first_desync(from_the_oldest)

@@ -381,3 +381,94 @@ def check_exposed_comm(exposed_comm, nprocs: int = 2, pool=None) -> bool:
     print(f"exposed communication: equal to DistributedMetrics on {len(per_rank)} real ranks "
           f"({sum(len(r) for r in per_rank)} profiled DDP steps) and on {len(hand)} hand-made steps")
     return True
+
+
+# ------------------------------------------------------------------ 08: the first desync in flight-recorder dumps
+__all__.append("check_first_desync")
+
+
+def _fr(seq, op="all_reduce", shape=(4,), dtype="float32", state="completed", root=None, p2p=False):
+    """One flight-recorder record, as a dump holds it (world group of the case)."""
+    return {"seq": seq, "op": op, "shape": list(shape) if shape is not None else None, "dtype": dtype,
+            "reduce_op": "sum" if op == "all_reduce" else None, "root": root, "state": state, "p2p": p2p}
+
+
+def _desync_cases() -> dict:
+    """Hand-made record sets: ``name -> {rank: [record, ...]}`` (oldest first)."""
+    def steps(n, skip_loss_at=None):             # per step: the gradient (4,) and the logged loss (1,)
+        out, seq = [], 1
+        for step in range(n):
+            out.append(_fr(seq))
+            seq += 1
+            if step != skip_loss_at:
+                out.append(_fr(seq, shape=(1,)))
+                seq += 1
+        return out
+
+    agree = [_fr(s) for s in range(1, 6)]
+    cases = {
+        "rank 1 skips the logged loss at step 1": {0: steps(4), 1: steps(4, skip_loss_at=1), 2: steps(4)},
+        "rank 2 is behind": {0: agree + [_fr(6, state="started")], 1: agree + [_fr(6, state="started")], 2: agree},
+        "rank 3 broadcasts": {r: [_fr(1), _fr(2), _fr(3, "broadcast", root=0) if r == 3 else _fr(3)]
+                              for r in range(4)},
+        "rank 0 reduces float64": {r: [_fr(1), _fr(2, dtype="float64" if r == 0 else "float32")] for r in range(3)},
+        "another root": {r: [_fr(1, "broadcast", root=0), _fr(2, "broadcast", root=1 if r < 2 else 0)]
+                         for r in range(5)},
+        "two ranks depart at once": {0: agree, 1: agree[:2], 2: agree[:2] + [_fr(3, "barrier", None)], 3: agree},
+        "a tie goes to the lowest rank": {0: [_fr(1), _fr(2, shape=(2,))], 1: [_fr(1), _fr(2, shape=(3,))]},
+        "the rings forgot different amounts": {0: [_fr(s) for s in range(5, 13)], 1: [_fr(s) for s in range(3, 13)],
+                                               2: [_fr(s) for s in range(4, 12)]},
+        "point-to-point records are not compared": {
+            0: [_fr(1), _fr(1, "send", root=1, p2p=True), _fr(2), _fr(3)],
+            1: [_fr(1), _fr(1, "recv", root=0, p2p=True), _fr(2), _fr(3, shape=(8,))],
+            2: [_fr(1), _fr(2), _fr(3)]},
+        "histories agree": {r: agree for r in range(3)},
+        "all reached #5 and it failed": {r: agree[:4] + [_fr(5, state="failed")] for r in range(3)},
+    }
+    cases["rank 1 reduces another shape at the oldest shared number"] = {
+        0: [_fr(s) for s in range(2, 6)], 1: [_fr(s, shape=(5,) if s == 3 else (4,)) for s in range(1, 6)],
+        2: [_fr(s) for s in range(3, 6)]}
+    return cases
+
+
+def _library_first_desync(dumps: list, world_size: int):
+    """``(seq, ranks)`` of the analyzer's first divergence, or None when the histories agree."""
+    from neural_arch.distributed.flight_recorder import analyze
+
+    first = analyze(dumps, world_size=world_size).first
+    if first is None or first.kind == "stuck":          # "stuck": same op everywhere, it just never completed
+        return None
+    return first.seq, first.ranks
+
+
+def check_first_desync(first_desync, dumps=None) -> bool:
+    """``first_desync(records) -> (seq, [rank, ...])`` or None; ``records``: ``{rank: [record, ...]}``.
+
+    Each record is a dict as the flight recorder dumps it (``seq``, ``op``, ``shape``, ``dtype``,
+    ``reduce_op``, ``root``, ``state``, ``p2p``, ...), oldest first, for one group. Return the first
+    sequence number at which the ranks' collectives differ and the ranks that departed there (another
+    op, shape, dtype, reduce op or root than the most common one, or no record: behind), or None.
+    Checked on hand-made cases and, when given, on real dumps (``load_dumps(folder)``) against the
+    analyzer's verdict (``analyze(dumps).first``).
+    """
+    if _is_stub(lambda: first_desync({0: [_fr(1)]})):
+        return _not_done("first desync")
+    cases = {name: ([{"rank": r, "world_size": len(recs), "entries": [dict(e, group=list(range(len(recs))))
+                                                                       for e in entries]}
+                     for r, entries in recs.items()], len(recs))
+             for name, recs in _desync_cases().items()}
+    if dumps:
+        world = max(max(d.get("world_size") or 0 for d in dumps), max(d["rank"] for d in dumps) + 1)
+        cases["your dumps"] = (list(dumps), world)
+    for name, (case, world) in cases.items():
+        want = _library_first_desync(case, world)
+        # the world group's collectives, and the point-to-point records the function must skip
+        records = {d["rank"]: [e for e in d["entries"] if e.get("p2p") or len(e.get("group", range(world))) == world]
+                   for d in case}
+        got = first_desync(records)
+        if got is not None:
+            got = (int(got[0]), sorted(int(r) for r in got[1]))
+        assert got == want, f"{name}: yours {got}, the analyzer's {want}"
+    print(f"first desync: equal to the flight recorder's analyzer on {len(cases)} record sets"
+          + (" (your dumps included)" if dumps else ""))
+    return True
