@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -49,7 +48,7 @@ sys.path.insert(0, ROOT)
 
 import numpy as np
 
-from benchmarks.common import print_table, write_json
+from benchmarks.common import print_table, stop_session, write_json
 
 
 def _model_args(cfg: dict) -> dict:
@@ -146,18 +145,8 @@ def _start_server(folder: str, tp: int, workdir: str):
             return proc, line.split("listening on ")[1].split()[0]
         if time.monotonic() > deadline:
             break
-    _stop(proc)
+    stop_session(proc)
     raise RuntimeError("the server did not start")
-
-
-def _stop(proc) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=15)
 
 
 def _client(url: str, prompt: list, new_tokens: int, out: list, start: threading.Event) -> None:
@@ -207,7 +196,7 @@ def bench_serving(cfg: dict) -> list[dict]:
                                  "tok_s_total": c * cfg["new_tokens"] / max(r["ttft_s"] + r["per_token_s"] *
                                                                              (r["tokens"] - 1) for r in results)})
             finally:
-                _stop(proc)
+                stop_session(proc)
     return rows
 
 

@@ -97,19 +97,10 @@ def _wait_for(pred, timeout: float, what: str):
     raise TimeoutError(f"recovery benchmark: {what} did not happen within {timeout:.0f} s")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=20)
-
-
 def recovery(directory: str, from_n: int, to_n: int, warm_steps: int, timeout: float = 120.0) -> dict:
     """SIGKILL rank 1 of a ``from_n``-rank job; time until a step at ``to_n`` ranks after the kill."""
     from benchmarks.bench_recovery import _rank_pid
+    from benchmarks.common import stop_session
 
     tag = f"rec_{from_n}to{to_n}"
     ckpt, steplog = os.path.join(directory, tag + "_ckpt"), os.path.join(directory, tag + "_steps.txt")
@@ -145,9 +136,9 @@ def recovery(directory: str, from_n: int, to_n: int, warm_steps: int, timeout: f
                 tail = f.read()[-1500:].decode(errors="replace")
             raise TimeoutError(f"{exc}; the launcher's output ends with:\n{tail}") from None
         finally:
-            _stop(proc)
+            stop_session(proc, 20)
             if second is not None:
-                _stop(second)
+                stop_session(second, 20)
     shutil.rmtree(ckpt, ignore_errors=True)
     return {"from": from_n, "to": to_n, "automatic": same, "detect_s": t_detect - t_kill,
             "restart_s": t_first - t_detect, "total_s": t_first - t_kill, "resumed_at_step": resumed_at}

@@ -47,8 +47,8 @@ import time
 from typing import Any, Callable, Iterable, Sequence
 
 __all__ = [
-    "median_time", "thread_env", "limit_threads", "blas_threads", "run_worker",
-    "format_table", "print_table", "environment", "write_json", "THREAD_VARS",
+    "THREAD_VARS", "blas_threads", "environment", "format_table", "limit_threads", "median_time", "print_table",
+    "run_worker", "stop_session", "thread_env", "write_json",
 ]
 
 # Every variable a BLAS or OpenMP runtime we may meet reads at load time.
@@ -148,6 +148,18 @@ def run_processes(commands: Sequence[tuple[Sequence[str], dict]], timeout: float
         if p.returncode != 0:
             raise RuntimeError(f"{what}: a process exited with code {p.returncode}:\n{err[-3000:]}")
     return outs
+
+
+def stop_session(proc: subprocess.Popen, grace: float = 15.0) -> None:
+    """End a process started with ``start_new_session=True`` and everything in its session: SIGTERM
+    (a launcher stops its ranks), then SIGKILL after ``grace`` seconds; reaped either way."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=grace)
 
 
 def json_lines(text: str) -> list[dict]:
