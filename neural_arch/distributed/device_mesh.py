@@ -3,7 +3,9 @@
 A mesh of shape ``(dp, tp)`` over 4 ranks is ``[[0, 1], [2, 3]]``: the ``tp`` groups are the
 rows (``[0, 1]``, ``[2, 3]``), the ``dp`` groups the columns (``[0, 2]``, ``[1, 3]``). Every
 group of every dimension is created once, by every rank, when the mesh is built (process-group
-creation is collective), and cached; ``mesh["tp"]`` is a 1-d sub-mesh that reuses them.
+creation is collective), and cached; ``mesh["tp"]`` is a 1-d sub-mesh that reuses them and knows
+its root mesh (``fully_shard`` over ``mesh["dp"]`` of a tensor-parallel model finds ``(dp, tp)``
+there). ``DeviceMesh.from_group(group, device_type)`` wraps groups that exist already (no collective).
 
 Example (4 ranks)::
 
@@ -62,9 +64,14 @@ class DeviceMesh:
         self.mesh_dim_names = names
         world = _resolve_group(None, "DeviceMesh")
         flat = sorted(int(r) for r in self.mesh.reshape(-1))
-        if _parent is None and flat != list(range(world.size())):
+        # a mesh that makes its own groups spans the world; one given its groups (a sub-mesh,
+        # DeviceMesh.from_group) may span part of it
+        if _groups is None and flat != list(range(world.size())):
             raise ValueError(f"DeviceMesh: the mesh {self.mesh.tolist()} must hold every rank of the world "
                              f"0..{world.size() - 1} exactly once")
+        #: the mesh this one was sliced from (the root: ``mesh["dp"]`` of a ``(dp, tp)`` mesh knows
+        #: the 2-d mesh, as torch's ``_mesh_resources.get_root_mesh``), or None for a root mesh
+        self._parent = _parent._parent if _parent is not None and _parent._parent is not None else _parent
         self._rank = world.rank()
         coord = np.argwhere(self.mesh == self._rank)
         self._coordinate = [int(c) for c in coord[0]] if len(coord) else None
@@ -132,6 +139,46 @@ class DeviceMesh:
     def get_rank(self) -> int:
         """This process's global rank."""
         return self._rank
+
+    @staticmethod
+    def from_group(group, device_type: str, mesh=None, *, mesh_dim_names: Sequence[str] | None = None) -> DeviceMesh:
+        """A mesh over the ranks of existing process group(s), reusing them (torch's): no collective.
+
+        ``group``: one ProcessGroup (a 1-d mesh over its ranks; ``mesh`` defaults to them) or a list
+        of them, one per dimension of ``mesh`` (then required: the array of global ranks, every
+        rank passing the same). Example::
+
+            tp_mesh = DeviceMesh.from_group(tp_group, "cpu")     # e.g. [2, 3] on ranks 2 and 3
+            tp_mesh.get_group() is tp_group                       # True
+        """
+        groups = list(group) if isinstance(group, (list, tuple)) else [group]
+        if not groups or not all(isinstance(g, ProcessGroup) for g in groups):
+            raise TypeError(f"DeviceMesh.from_group: group must be a ProcessGroup or a list of them, got {group!r}")
+        if mesh is None:
+            if len(groups) != 1:
+                raise ValueError("DeviceMesh.from_group: a list of groups needs mesh= (the array of global ranks)")
+            mesh = [int(r) for r in groups[0].ranks]
+        array = np.asarray(mesh, dtype=np.int64)
+        if array.ndim != len(groups):
+            raise ValueError(f"DeviceMesh.from_group: mesh of {array.ndim} dims for {len(groups)} group(s); give one "
+                             "group per mesh dimension")
+        me = _resolve_group(None, "DeviceMesh.from_group").rank()
+        coord = np.argwhere(array == me)
+        alls = {}
+        for d, g in enumerate(groups):
+            ranks = [int(r) for r in g.ranks]
+            if len(coord):
+                along = [int(r) for r in np.moveaxis(array, d, -1)[tuple(c for i, c in enumerate(coord[0]) if i != d)]]
+                if along != ranks:
+                    raise ValueError(f"DeviceMesh.from_group: group {d} holds ranks {ranks} but mesh {array.tolist()} "
+                                     f"puts {along} along dimension {d} through rank {me}")
+            alls[d] = [ranks]   # only this rank's group is known (groups are created collectively)
+        return DeviceMesh(str(device_type).split(":")[0], array, mesh_dim_names,
+                          _groups=(dict(enumerate(groups)), alls))
+
+    def _get_root_mesh(self) -> DeviceMesh:
+        """The mesh this one was sliced from (itself for a root mesh)."""
+        return self._parent if self._parent is not None else self
 
     # -- sub-meshes ------------------------------------------------------------------------------
     def __getitem__(self, names) -> DeviceMesh:

@@ -26,6 +26,10 @@ per group; every rank must call, as with ``FSDP.clip_grad_norm_``), and added to
 of unsharded (replicated) gradients. A parameter whose gradient lives in such a shard instead
 (FSDP's original parameters; ZeRO-2's) carries ``_grad_elsewhere``, a sentence saying what to clip
 instead: clipping it with no gradient raises that sentence rather than returning a norm of 0.
+Other parameters whose pieces live on several ranks carry ``_norm_shard`` with the same interface:
+DTensor parameters (``fully_shard``'s, tensor parallel's), whose ``group`` is the tuple of the groups
+of the mesh dimensions on which they are ``Shard`` (the partial sums are summed over each in turn;
+``Replicate`` dimensions hold copies), and expert-parallel experts. One reduction per distinct group.
 """
 
 from __future__ import annotations
@@ -44,6 +48,15 @@ def _grads(parameters):
     if isinstance(parameters, Tensor):
         parameters = [parameters]
     return [p.grad.data for p in parameters if p.grad is not None]
+
+
+def _norm_shard(p):
+    """What totals ``p``'s part of the norm over the ranks (FSDP's ``FlatShard``, a DTensor
+    parameter's groups), or None when ``p``'s gradient is whole on this rank."""
+    fs = getattr(p, "_flat_shard", None)
+    if fs is None:
+        fs = getattr(p, "_norm_shard", None)
+    return fs if fs is not None and fs.group is not None else None
 
 
 def _nonfinite_error(total) -> RuntimeError:
@@ -82,7 +95,7 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
         elsewhere = getattr(p, "_grad_elsewhere", None) if p.grad is None else None
         if elsewhere:
             raise RuntimeError(f"clip_grad_norm_: parameter {i} (shape {tuple(p.shape)}) has no .grad: {elsewhere}")
-    if any(getattr(p, "_flat_shard", None) is not None and p._flat_shard.group is not None for p in params):
+    if any(_norm_shard(p) is not None for p in params):
         return _clip_sharded(params, max_norm, norm_type, error_if_nonfinite)
     grads = [p.grad.data for p in params if p.grad is not None]
     if not grads:
@@ -122,9 +135,9 @@ def _clip_sharded(params, max_norm: float, norm_type: float, error_if_nonfinite:
     local, groups = xp.zeros((), dtype=acc), {}
     for p in params:
         part = part_of(p.grad.data) if p.grad is not None else xp.zeros((), dtype=acc)
-        fs = getattr(p, "_flat_shard", None)
-        if fs is not None and fs.group is not None:
-            entry = groups.setdefault(id(fs.group), [fs, xp.zeros((), dtype=acc)])
+        fs = _norm_shard(p)
+        if fs is not None:   # keyed by the group(s) themselves: one reduction per distinct group
+            entry = groups.setdefault(fs.group, [fs, xp.zeros((), dtype=acc)])
             entry[1] = combine(entry[1], part)
         else:
             local = combine(local, part)

@@ -5,8 +5,11 @@ The model is a float64 MLP ``Linear(4, 8) -> ReLU -> Linear(8, 4)`` with fixed w
 (Adam, two steps) under tensor parallelism x DDP on a 2 x 2 mesh and saved with ``dcp.save`` of
 ``get_model_state_dict`` / ``get_optimizer_state_dict`` (DTensor pieces, no communication). Then it
 is loaded into other layouts: one process (plain parameters), tp2 on ranks {0, 1}, ``fully_shard`` on
-ranks {0, 1, 2} (uneven ``torch.chunk`` pieces, one of them empty) and tp4. Layouts over part of the
-world use a 1-d mesh over a subgroup (every rank creates the subgroups; the others sit out).
+ranks {0, 1, 2} (uneven ``torch.chunk`` pieces, one of them empty), tp4, and ``fully_shard`` over dp of
+tp on the 2 x 2 mesh (2-d DTensor parameters). Layouts over part of the world use a 1-d mesh over a
+subgroup (every rank creates the subgroups; the others sit out). The same training under ``fully_shard``
+over dp of tp (:func:`save_fsdp_tp`) is saved too, and loaded into one process, tp2 and ``fully_shard``
+on ranks {0, 1}.
 
 Each load returns a list of differences between every rank's pieces (parameters and every Adam
 state array) and the matching slices of the saved full arrays, compared bitwise.
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-LAYOUTS = {"one": 1, "tp2": 2, "fsdp3": 3, "tp4": 4}
+LAYOUTS = {"one": 1, "tp2": 2, "fsdp2": 2, "fsdp3": 3, "tp4": 4, "fsdp_tp": 4}
 
 
 def _model():
@@ -50,9 +53,15 @@ def _step(model, opt, x, y):
     opt.zero_grad()
 
 
-def save_tp_ddp(directory: str):
-    """Train tp2 x DDP2 two steps and save; returns (placements by name, full model, full optimizer
-    state) -- the full dicts on rank 0 only (``cpu_offload``), so the others return None for them."""
+def save_fsdp_tp(directory: str):
+    """:func:`save_tp_ddp`'s training under ``fully_shard`` over dp of tp on the 2 x 2 mesh."""
+    return save_tp_ddp(directory, fsdp=True)
+
+
+def save_tp_ddp(directory: str, fsdp: bool = False):
+    """Train tp2 x DDP2 (``fsdp``: tp2 x ``fully_shard`` over dp) two steps and save; returns
+    (placements by name, full model, full optimizer state) -- the full dicts on rank 0 only
+    (``cpu_offload``), so the others return None for them."""
     import neural_arch.distributed as dist
     import neural_arch.distributed.checkpoint as dcp
     from neural_arch.distributed.checkpoint.state_dict import (
@@ -62,17 +71,23 @@ def save_tp_ddp(directory: str):
     )
     from neural_arch.distributed.ddp import DistributedDataParallel
     from neural_arch.distributed.device_mesh import init_device_mesh
+    from neural_arch.distributed.fsdp import fully_shard
     from neural_arch.optim import Adam
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     model = _tp(_model(), mesh["tp"])
-    ddp = DistributedDataParallel(model, process_group=mesh.get_group("dp"))
+    if fsdp:
+        ddp = fully_shard(model, mesh=mesh["dp"])
+    else:
+        ddp = DistributedDataParallel(model, process_group=mesh.get_group("dp"))
     opt = Adam(ddp.parameters(), lr=0.05)
     dp_rank = mesh.get_local_rank("dp")
     for step in range(2):
         _step(ddp, opt, *_batch(2 * step + dp_rank))
     msd, osd = get_model_state_dict(ddp), get_optimizer_state_dict(ddp, opt)
     placements = {k: (type(v).__name__, tuple(v.placements), tuple(v.to_local().shape)) for k, v in msd.items()}
+    if fsdp:
+        placements["mesh"] = {k: v.device_mesh.mesh.tolist() for k, v in msd.items()}
     placements.update({f"exp_avg:{k}": (type(v["exp_avg"]).__name__, tuple(v["exp_avg"].placements))
                        for k, v in osd["state"].items()})
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=directory)
@@ -95,6 +110,13 @@ def _layout(name: str):
 
     world, rank = dist.get_world_size(), dist.get_rank()
     size = LAYOUTS[name]
+    if name == "fsdp_tp":  # fully_shard over dp of tp on the 2 x 2 mesh: 2-d DTensor parameters
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        model = _model()
+        for p in model.parameters():
+            p.data[...] = -1.0
+        model = fully_shard(_tp(model, mesh["tp"]), mesh=mesh["dp"])
+        return model, Adam(model.parameters(), lr=0.5)
     if size < world:
         group = dist.new_group(list(range(size)))   # collective: every rank creates it
         if rank >= size:
@@ -162,7 +184,7 @@ def load_into(name: str, directory: str, full_model: dict, full_optim: dict, fre
             if not ok:
                 diffs.append(f"{name}: {n}.{k}")
         # the DTensor face agrees (a collective over the tp mesh)
-        if isinstance(p, DTensor) and name.startswith("tp") and not np.array_equal(p.full_tensor().data,
+        if isinstance(p, DTensor) and name.startswith(("tp", "fsdp_tp")) and not np.array_equal(p.full_tensor().data,
                                                                                   full_model[n]):
             diffs.append(f"{name}: {n}.full_tensor()")
     return diffs

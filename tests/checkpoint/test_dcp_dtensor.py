@@ -5,6 +5,10 @@ DTensors (this rank's piece + placements, no communication). Loaded, bitwise, in
 tp2, ``fully_shard`` on 3 ranks (uneven pieces, one empty) and tp4, with an optimizer that has state
 already (DTensor targets) or none yet (whole arrays, each rank keeps its piece). The full state dict
 (``full_state_dict=True, cpu_offload=True``: rank 0 only) equals single-process training (float64).
+The same training under ``fully_shard`` over dp of tp (2 x 2): 2-d DTensor parameters on the
+(dp, tp) mesh (``_StridedShard`` inside a column-parallel ``Shard(0)``), its full state dict equal to
+single-process training, loaded bitwise into one process, tp2 and ``fully_shard`` on 2 ranks; and the
+tp x DDP save loaded into fully_shard over dp of tp.
 One MPI case: the same save under mpiexec, loaded into ``fully_shard`` on 3 ranks.
 """
 
@@ -31,6 +35,14 @@ def saved(pool, tmp_path_factory):
     return directory, [r[0] for r in results], full_model, full_optim
 
 
+@pytest.fixture(scope="module")
+def saved_fsdp_tp(pool, tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("dcp_dtensor") / "fsdp_tp")
+    results = pool.run(fns.save_fsdp_tp, directory)
+    _, full_model, full_optim = results[0]
+    return directory, [r[0] for r in results], full_model, full_optim
+
+
 def test_state_dicts_hold_dtensor_pieces_with_the_tp_placements(saved):
     from neural_arch.distributed.tensor import Replicate, Shard
 
@@ -43,10 +55,26 @@ def test_state_dicts_hold_dtensor_pieces_with_the_tp_placements(saved):
             assert got[f"exp_avg:{name}"] == (kind, pl), (rank, name)  # the optimizer state is laid out alike
 
 
-def test_full_state_dict_equals_single_process_training(saved):
+def test_fully_shard_over_dp_of_tp_saves_2d_dtensors(saved_fsdp_tp):
+    from neural_arch.distributed.tensor import Replicate, Shard
+    from neural_arch.distributed.tensor.placement_types import _StridedShard
+
+    _, placements, _, _ = saved_fsdp_tp
+    strided = (_StridedShard(0, split_factor=2), Shard(0))   # the dp chunk inside the tp chunk
+    want = {"0.weight": (strided, (2, 4)), "0.bias": (strided, (2,)),
+            "2.weight": ((Shard(0), Shard(1)), (2, 4)), "2.bias": ((Shard(0), Replicate()), (2,))}
+    for rank, got in enumerate(placements):
+        for name, (pl, local) in want.items():
+            assert got[name] == ("DTensor", pl, local), (rank, name, got[name])
+            assert got[f"exp_avg:{name}"] == ("DTensor", pl), (rank, name)
+            assert got["mesh"][name] == [[0, 1], [2, 3]], (rank, name)
+
+
+@pytest.mark.parametrize("which", ["tp_ddp", "fsdp_tp"])
+def test_full_state_dict_equals_single_process_training(saved, saved_fsdp_tp, which):
     from neural_arch.optim import Adam
 
-    _, _, full_model, full_optim = saved
+    _, _, full_model, full_optim = saved if which == "tp_ddp" else saved_fsdp_tp
     model = fns._model()
     opt = Adam(model.parameters(), lr=0.05)
     for step in range(2):  # DDP averages the two dp ranks' mean losses: the mean over both batches
@@ -67,9 +95,22 @@ def test_load_reshards_bitwise(pool, saved, layout, fresh):
         assert diffs == [], f"rank {rank}: {diffs}"
 
 
-@pytest.mark.parametrize("fresh", [False, True])
-def test_load_into_one_process_bitwise(saved, world_of_one, fresh):
+def test_tp_ddp_save_loads_into_fully_shard_over_dp_of_tp_bitwise(pool, saved):
     directory, _, full_model, full_optim = saved
+    for rank, diffs in enumerate(pool.run(fns.load_into, "fsdp_tp", directory, full_model, full_optim, False)):
+        assert diffs == [], f"rank {rank}: {diffs}"
+
+
+@pytest.mark.parametrize("layout, fresh", [("tp2", False), ("fsdp2", True)])
+def test_fsdp_tp_save_reshards_bitwise(pool, saved_fsdp_tp, layout, fresh):
+    directory, _, full_model, full_optim = saved_fsdp_tp
+    for rank, diffs in enumerate(pool.run(fns.load_into, layout, directory, full_model, full_optim, fresh)):
+        assert diffs == [], f"rank {rank}: {diffs}"
+
+
+@pytest.mark.parametrize("which, fresh", [("tp_ddp", False), ("tp_ddp", True), ("fsdp_tp", False)])
+def test_load_into_one_process_bitwise(saved, saved_fsdp_tp, world_of_one, which, fresh):
+    directory, _, full_model, full_optim = saved if which == "tp_ddp" else saved_fsdp_tp
     assert fns.load_into("one", directory, full_model, full_optim, fresh) == []
 
 

@@ -39,16 +39,18 @@ def loss_of(out, y):
     return (d * d).mean()
 
 
-def reference(steps: int, micro: int, dtype=np.float64, param_dtype=None):
+def reference(steps: int, micro: int, dtype=np.float64, param_dtype=None, clip=None, clipped=None):
     """Single-process training on the whole batch (``micro`` micro-batches summed per step).
     With ``param_dtype``: forward and backward on a ``param_dtype`` copy of the parameters, the
-    gradients cast back (the casts ``MixedPrecisionPolicy`` makes)."""
+    gradients cast back (the casts ``MixedPrecisionPolicy`` makes). With ``clip``: the gradients
+    are clipped to that global norm before each step; ``clipped`` (a dict) gets the first step's
+    norm and clipped gradients."""
     from neural_arch import optim
     from neural_arch.core.tensor import Tensor
 
     model, (X, Y) = build(dtype), data(dtype)
     opt = optim.Adam(model.parameters(), lr=0.05)
-    for _ in range(steps):
+    for step in range(steps):
         for xs, ys in zip(np.split(X, micro), np.split(Y, micro)):
             if param_dtype is None:
                 loss_of(model(Tensor(xs)), ys).backward()
@@ -60,6 +62,10 @@ def reference(steps: int, micro: int, dtype=np.float64, param_dtype=None):
             for p, q in zip(low.parameters(), model.parameters()):
                 g = p.grad.data.astype(dtype)
                 q.grad = g if q.grad is None else q.grad.data + g
+        if clip is not None:
+            norm = optim.clip_grad_norm_(model.parameters(), clip)
+            if step == 0 and clipped is not None:
+                clipped.update({"norm": norm, **{n: p.grad.data.copy() for n, p in model.named_parameters()}})
         opt.step()
         opt.zero_grad()
     return model
@@ -105,7 +111,6 @@ def train_run(cfg):
     steps, micro = cfg.get("steps", 3), cfg.get("micro", 1)
     mp = MixedPrecisionPolicy(param_dtype=cfg.get("param_dtype"), reduce_dtype=cfg.get("reduce_dtype"))
     model, (X, Y) = build(), data()
-    tp_rank = tp_size = None
     if kind == "hsdp":
         mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
         dp_rank, dp_size = mesh.get_coordinate()[0] * mesh.size(1) + mesh.get_coordinate()[1], world
@@ -117,7 +122,6 @@ def train_run(cfg):
         )
 
         full = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
-        tp_size, tp_rank = full.size("tp"), full.get_local_rank("tp")
         for name in ("2", "3"):      # each block's MLP: fc1 column-, fc2 row-parallel (Megatron)
             parallelize_module(model.get_submodule(name), full["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
         mesh = full["dp"]
@@ -151,27 +155,30 @@ def train_run(cfg):
             if step == 0:
                 out["records"] = [(r["op"], r["dtype"]) for r in RECORDER.snapshot() if (r["t_start"] or 0) >= mark]
                 out["sharded_between_steps"] = all(isinstance(p, DTensor) for p in model.parameters())
+            if cfg.get("clip") is not None:   # the global norm of DTensor-sharded gradients
+                norm = optim.clip_grad_norm_(model.parameters(), cfg["clip"])
+                if step == 0:
+                    out["clipped"] = {"norm": norm, **{n: p.grad.full_tensor().data for n, p in params}}
             opt.step()
             opt.zero_grad()
     finally:
         restore()
-    ref = dict(reference(steps, micro, param_dtype=cfg.get("param_dtype")).named_parameters())
+    clipped: dict = {}
+    ref = dict(reference(steps, micro, param_dtype=cfg.get("param_dtype"), clip=cfg.get("clip"),
+                         clipped=clipped).named_parameters())
     worst = 0.0
     with no_grad():
         for name, p in params:
-            got = p.full_tensor().data
-            want = ref[name].data
-            if kind == "tp" and name.split(".")[1:2] in (["0"], ["2"]) and name.split(".")[0] in ("2", "3"):
-                # a TP layer's parameter is this tp rank's slice: compare with that slice
-                layer, what = name.split(".")[1], name.split(".")[-1]
-                if layer == "0":
-                    n = want.shape[0] // tp_size
-                    want = want[tp_rank * n:(tp_rank + 1) * n]
-                elif what == "weight":
-                    n = want.shape[1] // tp_size
-                    want = want[:, tp_rank * n:(tp_rank + 1) * n]
-            worst = max(worst, float(np.max(np.abs(got - want))))
+            # FSDP x TP: the parameter is a DTensor on the (dp, tp) mesh: full_tensor() is the whole weight
+            worst = max(worst, float(np.max(np.abs(p.full_tensor().data - ref[name].data))))
     out["worst"] = worst
+    if cfg.get("clip") is not None:
+        got = out.pop("clipped")
+        out["clip_norm"] = (got["norm"], clipped["norm"])
+        out["clip_grad_worst"] = max(float(np.max(np.abs(got[n] - clipped[n]))) for n, _ in params)
+    if kind == "tp":  # (dp placement, tp placement) on the (dp, tp) root mesh, TP's global shape
+        out["tp_layout"] = {n: (tuple(p.placements), p.device_mesh.mesh.tolist(), p.dtensor_shape)
+                            for n, p in params if n.startswith("2.")}
     out["nan"] = any(not np.isfinite(p.data).all() for _, p in params)
     return out
 

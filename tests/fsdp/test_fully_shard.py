@@ -36,8 +36,19 @@ def _reductions(records):
     return [(op, dt) for op, dt in records if op in ("reduce_scatter", "all_reduce")]
 
 
+def _check_clip(results):
+    """clip_grad_norm_ on the DTensor-sharded gradients: the single-process global norm and clipped
+    gradients (the first step's, float64)."""
+    for rank, out in enumerate(results):
+        got, want = out["clip_norm"]
+        assert want > 0.05 and abs(got - want) <= 1e-10 * want, (rank, got, want)   # the clip is active
+        assert out["clip_grad_worst"] <= 1e-10, (rank, out["clip_grad_worst"])
+
+
 def test_fully_shard_equals_single_process(pool):
-    out = _check(pool.run(fns.train_run, {}))[0]
+    results = _check(pool.run(fns.train_run, {"clip": 0.05}))
+    _check_clip(results)
+    out = results[0]
     assert out["placements"] == ["(Shard(dim=0),)"]
     # one step: 3 module forwards, then the last block re-gathered when its backward starts and the
     # one before it prefetched at once (before the last block's reduce-scatter); one reduce-scatter
@@ -65,7 +76,20 @@ def test_hsdp_on_a_2x2_mesh(pool):
 
 
 def test_fully_shard_over_dp_of_a_tensor_parallel_2x2_mesh(pool):
-    _check(pool.run(fns.train_run, {"kind": "tp", "micro": 2}))
+    from neural_arch.distributed.tensor import Replicate, Shard
+    from neural_arch.distributed.tensor.placement_types import _StridedShard
+
+    results = _check(pool.run(fns.train_run, {"kind": "tp", "micro": 2, "clip": 0.05}))
+    _check_clip(results)
+    # the block's fc1 (column parallel, 6 x 7): the dp chunk inside the tp chunk; fc2 (row parallel,
+    # 7 x 6): dp rows x tp columns, its bias dp rows, replicated over tp; all on the 2x2 root mesh
+    want = {"2.0.weight": ((_StridedShard(0, split_factor=2), Shard(0)), (6, 7)),
+            "2.0.bias": ((_StridedShard(0, split_factor=2), Shard(0)), (6,)),
+            "2.2.weight": ((Shard(0), Shard(1)), (7, 6)), "2.2.bias": ((Shard(0), Replicate()), (7,))}
+    for rank, out in enumerate(results):
+        got = {n: (pl, shape) for n, (pl, mesh, shape) in out["tp_layout"].items()}
+        assert got == want, (rank, got)
+        assert all(mesh == [[0, 1], [2, 3]] for _, mesh, _ in out["tp_layout"].values()), (rank, out["tp_layout"])
 
 
 def test_mixed_precision_reduces_in_reduce_dtype(pool):

@@ -217,3 +217,74 @@ def matmul_run(seed: int = 0) -> list[str]:
             if got.shape != exp.shape or np.abs(got - exp).max(initial=0) > TOL:
                 bad.append(f"{tag}: grad {name} differs")
     return bad
+
+
+def _nested_box(full, mesh, placements):
+    """The reference piece under plain Shards, then ``_StridedShard`` s cutting inside them."""
+    from neural_arch.distributed.tensor.placement_types import _StridedShard
+
+    index = [slice(0, n) for n in full.shape]
+    coord = mesh.get_coordinate()
+    order = [k for k, p in enumerate(placements) if p.is_shard() and not isinstance(p, _StridedShard)]
+    order += [k for k, p in enumerate(placements) if isinstance(p, _StridedShard)]
+    for k in order:
+        d = placements[k].dim
+        inner = _chunk(index[d].stop - index[d].start, mesh.size(k), coord[k])
+        index[d] = slice(index[d].start + inner.start, index[d].start + inner.stop)
+    return full[tuple(index)]
+
+
+def strided_run(seed: int = 0) -> list[str]:
+    """``_StridedShard`` inside a ``Shard`` on the 2x2 mesh (FSDP x TP's column-parallel layout): the
+    local box, every transition to and from it with gradients, uneven chunks down to zero rows; and
+    ``DeviceMesh.from_group`` over the mesh's groups."""
+    from neural_arch.core.tensor import Tensor
+    from neural_arch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from neural_arch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from neural_arch.distributed.tensor._api import compute_local_shape_and_global_offset
+    from neural_arch.distributed.tensor.placement_types import _StridedShard
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    rng = np.random.default_rng(seed)
+    strided = [_StridedShard(0, split_factor=2), Shard(0)]
+    layouts = [[Replicate(), Replicate()], [Replicate(), Shard(0)], [Shard(1), Shard(0)], [Shard(0), Replicate()],
+               [Shard(0), Shard(1)], [Replicate(), Shard(1)]]
+    bad = []
+    for shape in [(5, 3), (7, 2), (1, 3)]:   # rows per tp chunk 3,2 / 4,3 / 1,0, then per dp chunk
+        full, w = rng.normal(size=shape), rng.normal(size=shape)
+        want = _nested_box(full, mesh, strided)
+        local_shape, offsets = compute_local_shape_and_global_offset(shape, mesh, strided)
+        if local_shape != want.shape or not np.array_equal(full[tuple(slice(o, o + n) for o, n in
+                                                                    zip(offsets, local_shape))], want):
+            bad.append(f"{shape}: compute_local_shape_and_global_offset {local_shape} at {offsets}")
+        for src, dst in [(strided, d) for d in layouts] + [(s, strided) for s in layouts] + [(strided, strided)]:
+            tag = f"{shape} {src}->{dst}"
+            base = distribute_tensor(Tensor(full, requires_grad=True), mesh, src, src_data_rank=None)
+            if not np.array_equal(base.to_local().data, _nested_box(full, mesh, src)):
+                bad.append(f"{tag}: distribute_tensor's piece")
+            out = base.redistribute(mesh, dst)
+            if out.placements != tuple(dst) or not np.array_equal(out.to_local().data, _nested_box(full, mesh, dst)):
+                bad.append(f"{tag}: redistributed piece {out.to_local().shape} {out.placements}")
+            whole = out.full_tensor()
+            if np.abs(whole.data - full).max(initial=0) > TOL:
+                bad.append(f"{tag}: full_tensor")
+            (whole * Tensor(w)).sum().backward()
+            got = base.grad.to_local().data
+            if got.shape != _nested_box(w, mesh, src).shape or np.abs(got - _nested_box(w, mesh, src)).max(initial=0) > TOL:
+                bad.append(f"{tag}: gradient")
+    tp = DeviceMesh.from_group(mesh.get_group("tp"), "cpu")
+    if tp.get_group() is not mesh.get_group("tp") or tp.mesh.tolist() != mesh["tp"].mesh.tolist():
+        bad.append(f"from_group: {tp!r}")
+    both = DeviceMesh.from_group([mesh.get_group("dp"), mesh.get_group("tp")], "cpu", mesh.mesh,
+                                 mesh_dim_names=("dp", "tp"))
+    if both != mesh or both.get_coordinate() != mesh.get_coordinate() or both.get_group("dp") is not mesh.get_group("dp"):
+        bad.append(f"from_group (2-d): {both!r}")
+    try:
+        DeviceMesh.from_group([mesh.get_group("tp"), mesh.get_group("dp")], "cpu", mesh.mesh)
+        bad.append("from_group: groups in the wrong order were accepted")
+    except ValueError as e:
+        if "along dimension" not in str(e):
+            bad.append(f"from_group error: {e}")
+    if mesh["tp"]._get_root_mesh() is not mesh or mesh["dp"]["dp"]._get_root_mesh() is not mesh:
+        bad.append("a sub-mesh does not know its root mesh")
+    return bad

@@ -1,6 +1,7 @@
 """DTensor (torch.distributed.tensor): placements, distribute_tensor / from_local / to_local /
 full_tensor / redistribute for every transition on each mesh dimension (2x2 mesh, a 1-d mesh of 4,
-1-d sub-meshes), uneven torch.chunk shards (down to zero rows), and gradients against the
+1-d sub-meshes), a _StridedShard inside a Shard (FSDP x TP's layout) to and from other layouts,
+DeviceMesh.from_group, uneven torch.chunk shards (down to zero rows), and gradients against the
 single-process computation in float64 (<= 1e-10). Ranks are real gloo processes (one RankPool).
 """
 
@@ -25,6 +26,8 @@ def test_every_transition_matmul_and_gradients(pool):
     if pool.world_size != 4:
         return  # an odd world: 1-d mesh of 3 (chunks 2,2,1 and 1,1,0) only
     for rank, bad in enumerate(pool.run(fns.matmul_run, 4)):
+        assert bad == [], f"rank {rank}: {len(bad)} failures, e.g. {bad[:5]}"
+    for rank, bad in enumerate(pool.run(fns.strided_run, 6)):
         assert bad == [], f"rank {rank}: {len(bad)} failures, e.g. {bad[:5]}"
     for rank, bad in enumerate(pool.run(fns.partial_grad_run, 1)):
         assert bad == [], f"rank {rank}: {bad}"
@@ -58,6 +61,16 @@ def test_placements_and_errors_name_the_argument(world_of_one):
         distribute_tensor(x, mesh, [Shard(2)])
     with pytest.raises(NotImplementedError, match="at most one mesh dimension"):
         distribute_tensor(x, init_device_mesh("cpu", (1, 1)), [Shard(0), Shard(-2)])
+    from neural_arch.distributed.device_mesh import DeviceMesh
+    from neural_arch.distributed.tensor.placement_types import _StridedShard
+
+    with pytest.raises(NotImplementedError, match="split_factor=1"):   # the tp dim of a 1x1 mesh cuts 1 piece
+        distribute_tensor(x, init_device_mesh("cpu", (1, 1)), [_StridedShard(0, split_factor=2), Shard(0)])
+    with pytest.raises(TypeError, match="split_factor"):
+        _StridedShard(0, split_factor=0)
+    assert repr(_StridedShard(1, split_factor=2)) == "_StridedShard(dim=1, sf=2)" and _StridedShard(0, split_factor=2).is_shard(0)
+    with pytest.raises(TypeError, match="ProcessGroup"):
+        DeviceMesh.from_group("tp", "cpu")
     with pytest.raises(ValueError, match="torch.chunk sizes"):
         DTensor.from_local(x, mesh, [Shard(0)], shape=(3, 3))
     with pytest.raises(ValueError, match="contiguous stride"):

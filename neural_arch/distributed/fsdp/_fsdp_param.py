@@ -10,6 +10,14 @@ of dim 0 over the shard dimension of the mesh), that is also a
 (torch's optimizers step DTensors through DTensor's ops; ours step arrays). Its gradient is the same
 kind of object (a Tensor that is a DTensor with the parameter's placements).
 
+A tensor-parallel parameter (a :class:`~neural_arch.distributed.tensor._parameter.DTensorParameter`
+on a ``tp`` mesh sliced from the same root mesh as ``fully_shard``'s ``dp`` mesh) is sharded on dim 0
+of its local piece, and its sharded parameter lives on the 2-d ``(dp, tp)`` mesh with placements
+``(dp placement, tp placement)`` and TP's global shape (torch's FSDP2 x TP): the dp placement is
+``Shard(0)``, or ``_StridedShard(0, split_factor=tp)`` where TP shards dim 0 too (a column-parallel
+weight: the dp chunk is taken inside the tp chunk). So ``full_tensor()`` is the whole parameter and a
+distributed checkpoint of FSDP x TP loads into any other layout.
+
 The unsharded tensor is a leaf whose array is a view into its group's gathered buffer
 (:mod:`neural_arch.distributed.fsdp._fsdp_param_group`); while the module's forward runs it sits in the module's parameter slot
 (torch swaps the registered parameter the same way), and the autograd engine accumulates the
@@ -32,7 +40,8 @@ from neural_arch import backend as _backend
 from neural_arch.core.tensor import Tensor
 from neural_arch.distributed.tensor import DTensor
 from neural_arch.distributed.tensor._api import _chunk_range
-from neural_arch.nn.parameter import Parameter
+from neural_arch.distributed.tensor._parameter import DTensorParameter
+from neural_arch.distributed.tensor.placement_types import Shard, _StridedShard
 
 __all__ = ["FSDPParam", "ShardedGrad", "ShardedParameter"]
 
@@ -42,8 +51,9 @@ def _dtensor_repr(t) -> str:
             f"placements={t.placements}, shape={t._shape})")
 
 
-class ShardedParameter(Parameter, DTensor):
-    """A sharded parameter: a Parameter holding this rank's shard, that is also a DTensor.
+class ShardedParameter(DTensorParameter):
+    """A sharded parameter: a :class:`~neural_arch.distributed.tensor._parameter.DTensorParameter`
+    holding this rank's shard (``fully_shard``'s; ``isinstance`` tells them from TP's).
 
     ``to_local()`` is the parameter itself; ``full_tensor()`` all-gathers it (differentiably);
     the *global* shape is ``dtensor_shape`` (``.shape`` is the local shard's: the Tensor face).
@@ -53,24 +63,6 @@ class ShardedParameter(Parameter, DTensor):
         p = model.weight                     # after fully_shard(model) on 2 ranks, weight (5, 3)
         p.shape, p.dtensor_shape, p.placements   # (3, 3), (5, 3), (Shard(dim=0),)
     """
-
-    def __init__(self, data, device_mesh, placements, global_shape, requires_grad: bool = True):
-        Parameter.__init__(self, data, requires_grad=requires_grad)
-        self.device_mesh = device_mesh
-        self.placements = tuple(placements)
-        self._shape = tuple(int(s) for s in global_shape)
-
-    @property
-    def _local_tensor(self):
-        return self
-
-    @property
-    def dtensor_shape(self) -> tuple[int, ...]:
-        """The global shape of the parameter (the DTensor's ``shape``)."""
-        return self._shape
-
-    def __repr__(self) -> str:
-        return _dtensor_repr(self)
 
 
 class ShardedGrad(Tensor, DTensor):
@@ -122,6 +114,7 @@ class FSDPParam:
             raise ValueError(f"fully_shard: parameter {name} is 0-d; Shard(0) needs at least one dimension "
                              "(reshape it to (1,) in the module)")
         self.slots = list(slots)
+        # the gathers and reductions move the local piece (TP's slice, or the whole parameter)
         self.shape = tuple(param.shape)
         self.orig_dtype = param.dtype
         self.rows = int(self.shape[0])
@@ -137,7 +130,8 @@ class FSDPParam:
         data = param.data[self.start:self.stop]
         # a copy: the shard must not keep the full array alive
         data = (_backend.to_device(data, "cpu") if host_shard else data).copy()
-        self.sharded_param = ShardedParameter(data, mesh, placements, self.shape,
+        mesh, placements, global_shape = _spmd_layout(param, slots, mesh, placements)
+        self.sharded_param = ShardedParameter(data, mesh, placements, global_shape,
                                               requires_grad=param.requires_grad)
         self.unsharded = None    # a leaf Tensor, a view of the group's gathered buffer (set by the group)
 
@@ -149,3 +143,40 @@ class FSDPParam:
         """Put ``tensor`` in every slot (module parameter registry) of this parameter."""
         for module, name in self.slots:
             module._parameters[name] = tensor
+
+
+def _spmd_layout(param, slots, mesh, placements):
+    """``(mesh, placements, global shape)`` of the sharded parameter: ``fully_shard``'s own for a
+    plain parameter; for a tensor-parallel DTensor parameter, the 2-d ``(dp, tp)`` root mesh with
+    ``(dp placement, tp placement)`` and TP's global shape (torch's FSDP2 x TP)."""
+    if not isinstance(param, DTensor):
+        return mesh, placements, tuple(param.shape)
+    name = f"{type(slots[0][0]).__name__}.{slots[0][1]}"
+    tp_mesh = param.device_mesh
+    if mesh.ndim != 1 or tp_mesh.ndim != 1:
+        raise NotImplementedError(f"fully_shard: parameter {name} is a DTensor on {tp_mesh!r}; fully_shard of a "
+                                  "DTensor parameter supports a 1-d dp mesh over a 1-d tp mesh (not HSDP x TP)")
+    root = mesh._get_root_mesh()
+    dims = [d for d in range(root.ndim) if root.get_group(d) is mesh.get_group()]
+    tps = [d for d in range(root.ndim) if d not in dims and root.get_coordinate() is not None
+           and _ranks_along(root, d) == [int(r) for r in tp_mesh.mesh.reshape(-1)]]
+    if not dims or not tps:
+        raise ValueError(f"fully_shard: parameter {name} is a DTensor on {tp_mesh!r}, which is not a dimension of "
+                         f"the mesh {root!r} that the dp mesh {mesh!r} was sliced from; build both on one mesh: "
+                         "mesh = init_device_mesh(..., mesh_dim_names=('dp', 'tp')), tensor parallel over "
+                         "mesh['tp'], fully_shard(..., mesh=mesh['dp'])")
+    dp_dim, tp_dim = dims[0], tps[0]
+    spmd_mesh = root[dp_dim, tp_dim] if root.ndim > 2 or (dp_dim, tp_dim) != (0, 1) else root
+    (tp_placement,) = param.placements
+    if isinstance(tp_placement, Shard) and tp_placement.dim == 0:
+        dp_placement = _StridedShard(0, split_factor=tp_mesh.size())
+    else:
+        dp_placement = placements[0]
+    return spmd_mesh, (dp_placement, tp_placement), tuple(param.dtensor_shape)
+
+
+def _ranks_along(mesh, dim: int) -> list[int]:
+    """The global ranks of ``mesh`` along ``dim`` through this rank."""
+    coord = mesh.get_coordinate()
+    index = tuple(slice(None) if d == dim else coord[d] for d in range(mesh.ndim))
+    return [int(r) for r in mesh.mesh[index]]

@@ -259,7 +259,7 @@ class FSDPParamGroup:
             piece = out[fp.offset:fp.offset + fp.local_rows * fp.row_numel]
             piece = piece.reshape((fp.local_rows,) + fp.shape[1:]).astype(fp.orig_dtype, copy=True)
             if sp._grad is None:
-                sp._grad = ShardedGrad(piece, sp.device_mesh, sp.placements, fp.shape)
+                sp._grad = ShardedGrad(piece, sp.device_mesh, sp.placements, sp.dtensor_shape)
             else:
                 sp._grad.data += piece
 

@@ -35,6 +35,17 @@ group)::
     opt = optim.Adam(model.parameters(), lr=1e-3)    # steps each rank's shards
     loss = F.cross_entropy(model(x), y); loss.backward(); opt.step(); opt.zero_grad()
 
+With tensor parallelism (torch's 2-d FSDP x TP): parallelize over ``mesh["tp"]``, then
+``fully_shard(..., mesh=mesh["dp"])``; each DTensor parameter is sharded on dim 0 of its tp piece and
+becomes a DTensor on the ``(dp, tp)`` mesh with placements ``(Shard(0) or _StridedShard(0), tp
+placement)`` and TP's global shape, so ``full_tensor()``, distributed checkpoints and
+``clip_grad_norm_`` see the whole parameter::
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    parallelize_module(model, mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    model.fc1.weight.placements        # (_StridedShard(dim=0, sf=2), Shard(dim=0))
+
 Backward prefetch: when a module's backward starts, the all-gather of the module that ran before
 it in the last forward (whose backward comes next) is started in the background, so it overlaps
 this module's backward (torch's implicit backward prefetch; one more module's parameters are

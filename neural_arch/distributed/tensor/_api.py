@@ -27,7 +27,11 @@ then arrives ``Partial`` and is reduced (an all-gather's backward becomes a redu
 ``+``, ``-``, ``* number`` and a 2-d ``@`` (torch's sharding rules) work on DTensors; for
 anything else take ``to_local()``. Shards follow ``torch.chunk``: chunks of ``ceil(n / size)``
 rows, the last ranks may hold fewer or zero rows. One tensor dimension may be sharded on at most
-one mesh dimension (torch allows nesting; here it raises ``NotImplementedError``).
+one mesh dimension with a plain ``Shard`` (torch allows nesting; here it raises
+``NotImplementedError``); a second one may shard it *inside* the first one's chunks with
+``_StridedShard(dim, split_factor=<the first one's size>)`` (what ``fully_shard`` over ``dp`` makes
+of a column-parallel weight): each rank still holds one box, and ``redistribute`` gathers the
+inner (strided) split before the outer one and cuts it after.
 
 Example (4 ranks)::
 
@@ -52,7 +56,7 @@ from neural_arch.core.autograd import Node, is_grad_enabled
 from neural_arch.core.tensor import Tensor
 from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.nn.functional import _allreduce, _copy, _gather_dim, _reduce_scatter_dim
-from neural_arch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
+from neural_arch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard, _StridedShard
 
 __all__ = ["DTensor", "compute_local_shape_and_global_offset", "distribute_tensor"]
 
@@ -79,15 +83,32 @@ def _normalize(placements, mesh, ndim: int, op: str) -> tuple[Placement, ...]:
         if isinstance(p, Shard):
             if not -ndim <= p.dim < ndim:
                 raise ValueError(f"{op}: placements[{k}]={p!r} is out of range for a {ndim}-d tensor")
-            p = Shard(p.dim % ndim)
+            p = (_StridedShard(p.dim % ndim, split_factor=p.split_factor) if isinstance(p, _StridedShard)
+                 else Shard(p.dim % ndim))
         out.append(p)
-    dims = [p.dim for p in out if isinstance(p, Shard)]
-    if len(set(dims)) != len(dims):
-        # nested shards (one tensor dim split over two mesh dims) make every transition depend on
-        # the order of the mesh dims; not supported yet
-        raise NotImplementedError(f"{op}: placements={out} shard one tensor dimension over several mesh "
-                                  "dimensions; shard each tensor dimension on at most one mesh dimension")
+    for d in {p.dim for p in out if isinstance(p, Shard)}:
+        plain = [k for k, p in enumerate(out) if isinstance(p, Shard) and p.dim == d and not isinstance(p, _StridedShard)]
+        strided = [k for k, p in enumerate(out) if isinstance(p, _StridedShard) and p.dim == d]
+        if len(plain) > 1 or len(strided) > 1:
+            # plain nested shards make every transition depend on the order of the mesh dims: not
+            # supported; the one nesting that exists here is a _StridedShard inside a Shard
+            raise NotImplementedError(f"{op}: placements={out} shard one tensor dimension over several mesh "
+                                      "dimensions; shard each tensor dimension on at most one mesh dimension "
+                                      "(plus at most one _StridedShard inside it)")
+        if strided:
+            outer = mesh.size(plain[0]) if plain else 1
+            if out[strided[0]].split_factor != outer:
+                raise NotImplementedError(f"{op}: placements={out}: {out[strided[0]]!r} must split inside the "
+                                          f"{outer} piece(s) the other mesh dimensions cut along dim {d} "
+                                          f"(split_factor={outer}); other interleavings are not boxes")
     return tuple(out)
+
+
+def _shard_order(placements) -> list[int]:
+    """The mesh dims of the Shard placements in the order they cut: plain ``Shard`` s in mesh order,
+    then the ``_StridedShard`` s (each cuts inside the pieces of the plain one on its tensor dim)."""
+    plain = [k for k, p in enumerate(placements) if isinstance(p, Shard) and not isinstance(p, _StridedShard)]
+    return plain + [k for k, p in enumerate(placements) if isinstance(p, _StridedShard)]
 
 
 def _grad_placements(placements) -> tuple[Placement, ...]:
@@ -97,13 +118,12 @@ def _grad_placements(placements) -> tuple[Placement, ...]:
 
 def compute_local_shape_and_global_offset(global_shape, mesh, placements):
     """This rank's local shape and the global index of its first element (torch's helper)."""
-    shape, offset = list(global_shape), [0] * len(global_shape)
+    shape, offset = [int(s) for s in global_shape], [0] * len(global_shape)
     coord = mesh.get_coordinate()
-    for k, p in enumerate(placements):
-        if isinstance(p, Shard):
-            d = p.dim % len(shape)
-            start, stop = _chunk_range(int(global_shape[d]), mesh.size(k), coord[k])
-            shape[d], offset[d] = stop - start, start
+    for k in _shard_order(placements):  # a _StridedShard cuts the piece the plain Shard left
+        d = placements[k].dim % len(shape)
+        start, stop = _chunk_range(shape[d], mesh.size(k), coord[k])
+        shape[d], offset[d] = stop - start, offset[d] + start
     return tuple(shape), tuple(offset)
 
 
@@ -197,24 +217,43 @@ def _all_to_all(array, group, n: int, me: int, i: int, j: int, shape):
     return xp.ascontiguousarray(xp.concatenate(parts, axis=i))
 
 
+def _touches(p, d: int) -> bool:
+    return isinstance(p, Shard) and p.dim == d
+
+
+def _blocked(cur, dst, k: int) -> bool:
+    """Whether the step ``cur[k] -> dst[k]`` must wait for another mesh dim to move first."""
+    a, b = cur[k], dst[k]
+    others = [m for m in range(len(cur)) if m != k]
+    if isinstance(b, _StridedShard):  # cut inside the outer pieces once these are final
+        return any(cur[m] != dst[m] for m in others if _touches(cur[m], b.dim) or _touches(dst[m], b.dim))
+    for q in (a, b):  # an outer Shard moves only once no inner _StridedShard sits inside it
+        if isinstance(q, Shard) and not isinstance(q, _StridedShard) and any(
+                isinstance(cur[m], _StridedShard) and cur[m].dim == q.dim for m in others):
+            return True
+    # another mesh dim still shards that tensor dim: move it first
+    return isinstance(b, Shard) and any(_touches(cur[m], b.dim) for m in others)
+
+
 def _plan(src, dst) -> list[tuple[int, Placement]]:
-    """An order of per-mesh-dim steps that never shards one tensor dim on two mesh dims at once."""
+    """An order of per-mesh-dim steps that never shards one tensor dim on two mesh dims at once
+    (but for a ``_StridedShard`` inside a ``Shard``: gathered first, cut last)."""
     cur, steps = list(src), []
     while cur != list(dst):
         for k in range(len(cur)):
             if cur[k] == dst[k]:
                 continue
-            if isinstance(dst[k], Shard) and any(isinstance(p, Shard) and p.dim == dst[k].dim
-                                                 for m, p in enumerate(cur) if m != k):
-                continue  # another mesh dim still shards that tensor dim: move it first
+            if _blocked(cur, dst, k):
+                continue
             if isinstance(cur[k], Partial) and isinstance(dst[k], Partial):
                 steps.append((k, Replicate()))
                 cur[k] = Replicate()
             steps.append((k, dst[k]))
             cur[k] = dst[k]
             break
-        else:  # a cycle (e.g. a swap of two shard dims): gather one of them first
-            k = next(m for m in range(len(cur)) if cur[m] != dst[m] and isinstance(cur[m], Shard))
+        else:  # a cycle (e.g. a swap of two shard dims): gather one of them first (an inner one first)
+            ks = [m for m in range(len(cur)) if cur[m] != dst[m] and isinstance(cur[m], Shard)]
+            k = next((m for m in ks if isinstance(cur[m], _StridedShard)), ks[0])
             steps.append((k, Replicate()))
             cur[k] = Replicate()
     return steps
@@ -223,7 +262,17 @@ def _plan(src, dst) -> list[tuple[int, Placement]]:
 def _redistribute_array(array, mesh, src, dst, shape):
     cur = list(src)
     for k, p in _plan(src, dst):
-        array = _step(array, mesh, k, cur[k], p, shape)
+        a, b, step_shape = cur[k], p, shape
+        inner = next((q for q in (a, b) if isinstance(q, _StridedShard)), None)
+        if inner is not None:
+            # a _StridedShard step is a plain Shard step on the piece the outer Shard leaves
+            outer = [m for m, q in enumerate(cur) if m != k and _touches(q, inner.dim)]
+            step_shape = list(shape)
+            if outer:
+                start, stop = _chunk_range(shape[inner.dim], mesh.size(outer[0]), mesh.get_local_rank(outer[0]))
+                step_shape[inner.dim] = stop - start
+            a, b = (Shard(q.dim) if isinstance(q, _StridedShard) else q for q in (a, b))
+        array = _step(array, mesh, k, a, b, tuple(step_shape))
         cur[k] = p
     return array
 
@@ -447,6 +496,9 @@ class DTensor:
         x = _as_tensor(local_tensor, "DTensor.from_local")
         mesh = device_mesh if device_mesh is not None else _world_mesh()
         pl = _normalize(placements, mesh, x.ndim, "DTensor.from_local")
+        if run_check and any(isinstance(p, _StridedShard) for p in pl):
+            raise NotImplementedError("DTensor.from_local(run_check=True) with a _StridedShard placement: pass "
+                                      "shape= and run_check=False")
         if shape is None:
             glob = list(x.shape)
             for k, p in enumerate(pl):

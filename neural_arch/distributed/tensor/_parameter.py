@@ -13,6 +13,10 @@ optimizers step it through DTensor's operators. Ours step arrays, so the object 
 
 Distributed checkpoints and the state-dict helpers read the DTensor face: a parameter saved on one
 mesh loads into any other (see :mod:`neural_arch.distributed.checkpoint.state_dict`).
+:func:`neural_arch.optim.clip_grad_norm_` reads ``_norm_shard`` (it does not import ``distributed``):
+the groups over which the parameter's ``|g|**p`` sums are summed to the global norm (the groups of
+the mesh dimensions on which it is ``Shard``; ``Replicate`` dimensions hold copies), with the
+interface of FSDP's ``FlatShard`` (``group``, ``all_reduce_norm``).
 
 Example (2 ranks of a tp mesh; a column-parallel ``Linear(3, 4)`` weight)::
 
@@ -23,8 +27,14 @@ Example (2 ranks of a tp mesh; a column-parallel ``Linear(3, 4)`` weight)::
 
 from __future__ import annotations
 
+from functools import cached_property
+
+import numpy as np
+
 from neural_arch.core.tensor import Tensor
+from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.tensor._api import DTensor, _normalize, compute_local_shape_and_global_offset
+from neural_arch.distributed.tensor.placement_types import Shard
 from neural_arch.nn.parameter import Parameter
 
 __all__ = ["DTensorParameter"]
@@ -68,6 +78,45 @@ class DTensorParameter(Parameter, DTensor):
         """The global shape (the DTensor's ``shape``; ``.shape`` is the local piece's)."""
         return self._shape
 
+    @cached_property
+    def _norm_shard(self) -> ShardGroupsNorm:
+        """How ``clip_grad_norm_`` totals this parameter's part of the norm over the ranks (computed
+        once; assignable, like the ``_norm_shard`` other strategies set on plain parameters)."""
+        mesh = self.device_mesh
+        return ShardGroupsNorm(mesh.get_group(k) for k, p in enumerate(self.placements)
+                               if isinstance(p, Shard) and mesh.size(k) > 1)
+
     def __repr__(self) -> str:
-        return (f"DTensorParameter(local_tensor={Tensor.__repr__(self)}, device_mesh={self.device_mesh!r}, "
+        return (f"{type(self).__name__}(local_tensor={Tensor.__repr__(self)}, device_mesh={self.device_mesh!r}, "
                 f"placements={self.placements}, shape={self._shape})")
+
+
+class ShardGroupsNorm:
+    """The groups a DTensor parameter's gradient is split over, for the global gradient norm.
+
+    FSDP's ``FlatShard`` interface, which :func:`neural_arch.optim.clip_grad_norm_` duck-types:
+    ``group`` (a hashable key: the tuple of the ``Shard`` mesh dimensions' groups, None when the
+    parameter is whole on this rank) and ``all_reduce_norm(value, op)``, a sum (or max) over every
+    one of those groups in turn, i.e. over all the ranks holding the other pieces.
+
+    Example::
+
+        fc1.weight._norm_shard.group     # (tp_group,) for a column-parallel weight; None: Replicate
+    """
+
+    __slots__ = ("group",)
+
+    def __init__(self, groups):
+        self.group = tuple(groups) or None
+
+    def all_reduce_norm(self, value, op: str):
+        """``value`` summed (``op="sum"``) or maxed (``"max"``) over every group: a collective. A
+        float gives a float; a 1-element array is reduced in place and returned."""
+        scalar = isinstance(value, (int, float))
+        buf = np.array([value], dtype=np.float64) if scalar else value
+        for g in self.group or ():
+            g.backend.allreduce(buf, ReduceOp.SUM if op == "sum" else ReduceOp.MAX)
+        return float(buf[0]) if scalar else buf
+
+    def __repr__(self) -> str:
+        return f"ShardGroupsNorm({0 if self.group is None else len(self.group)} groups)"

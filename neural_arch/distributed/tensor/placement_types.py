@@ -5,6 +5,10 @@
 * ``Replicate()``: every rank of that mesh dimension holds the whole tensor.
 * ``Partial(reduce_op="sum")``: every rank holds a term; the global tensor is their sum
   (``"avg"``: their mean) -- e.g. the output of a row-parallel matmul before its all-reduce.
+* ``_StridedShard(dim, split_factor=k)`` (torch's private placement): a ``Shard`` taken *inside*
+  the ``k`` pieces another mesh dimension already cut along ``dim`` -- what ``fully_shard`` over
+  ``dp`` makes of a column-parallel weight on a ``(dp, tp)`` mesh: ``(_StridedShard(0,
+  split_factor=tp), Shard(0))``; every rank still holds one box (tp chunk, then its dp chunk).
 
 Example::
 
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Partial", "Placement", "Replicate", "Shard"]
+__all__ = ["Partial", "Placement", "Replicate", "Shard"]  # and torch's private _StridedShard
 
 
 class Placement:
@@ -57,6 +61,32 @@ class Shard(Placement):
 
     def __repr__(self) -> str:
         return f"Shard(dim={self.dim})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class _StridedShard(Shard):
+    """Split along ``dim`` *within* each of the ``split_factor`` pieces that the mesh dimensions
+    sharding ``dim`` as plain ``Shard`` cut first (torch's ``_StridedShard``, as FSDP2 over the
+    ``dp`` dimension of a tensor-parallel mesh makes it). The product of the sizes of those mesh
+    dimensions must be ``split_factor``. On the ``(dp, tp)`` mesh, ``(_StridedShard(0,
+    split_factor=tp), Shard(0))`` gives rank ``(d, t)`` the ``torch.chunk`` chunk ``d`` of the
+    ``torch.chunk`` chunk ``t`` of the rows: one box at offset ``tp offset + dp chunk start``.
+
+    Example::
+
+        >>> _StridedShard(0, split_factor=2), _StridedShard(0, split_factor=2).is_shard(0)
+        (_StridedShard(dim=0, sf=2), True)
+    """
+
+    split_factor: int
+
+    def __post_init__(self):
+        super().__post_init__()
+        if isinstance(self.split_factor, bool) or not isinstance(self.split_factor, int) or self.split_factor < 1:
+            raise TypeError(f"_StridedShard(split_factor={self.split_factor!r}): split_factor must be an int >= 1")
+
+    def __repr__(self) -> str:
+        return f"_StridedShard(dim={self.dim}, sf={self.split_factor})"
 
 
 @dataclass(frozen=True)

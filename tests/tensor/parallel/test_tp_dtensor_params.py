@@ -1,8 +1,8 @@
 """Tensor-parallel styles make DTensor parameters (torch's): placements (Colwise: weight and bias
 Shard(0); Rowwise: weight Shard(1), bias Replicate(); vocab-parallel embedding Shard(0);
 SequenceParallel's LayerNorm: Replicate()), the mesh passed in, the local piece the slice of the
-single-process weight, ``full_tensor()`` the whole weight, and training still equal to single-process
-(float64 <= 1e-10). Real gloo ranks (one RankPool of 2).
+single-process weight, ``full_tensor()`` the whole weight, and gradient clipping (the global norm over
+the tp pieces) and training still equal to single-process (float64 <= 1e-10). Real gloo ranks (one RankPool of 2).
 """
 
 import numpy as np

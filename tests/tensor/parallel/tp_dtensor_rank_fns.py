@@ -69,15 +69,17 @@ def mlp_placements_run(by_group: bool) -> list[str]:
 
 def gpt_placements_run(sequence_parallel: bool) -> list[str]:
     """parallelize_gpt: every sharded weight a DTensor with its style's placement; SequenceParallel's
-    LayerNorm parameters Replicate DTensors; one Adam step still equals the single-process step."""
+    LayerNorm parameters Replicate DTensors; clip_grad_norm_ and one Adam step still equal the
+    single-process ones."""
     import neural_arch.distributed as dist
     from neural_arch import nn
     from neural_arch.core.tensor import manual_seed
     from neural_arch.distributed.device_mesh import init_device_mesh
     from neural_arch.distributed.tensor import DTensor, Replicate, Shard
+    from neural_arch.distributed.tensor._api import compute_local_shape_and_global_offset
     from neural_arch.distributed.tensor.parallel import parallelize_gpt, vocab_parallel_cross_entropy
     from neural_arch.nn import functional as F
-    from neural_arch.optim import Adam
+    from neural_arch.optim import Adam, clip_grad_norm_
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
     manual_seed(0)
@@ -103,8 +105,21 @@ def gpt_placements_run(sequence_parallel: bool) -> list[str]:
     tgt = rng.integers(0, GPT_SHAPE["vocab_size"], size=(2, 8))
     opt, ref_opt = Adam(model.parameters(), lr=0.01), Adam(ref.parameters(), lr=0.01)
     vocab_parallel_cross_entropy(model(idx), tgt, process_group=mesh).backward()
-    opt.step()
     F.cross_entropy(ref(idx).reshape(-1, GPT_SHAPE["vocab_size"]), tgt.reshape(-1)).backward()
+    # clip_grad_norm_ of the DTensor parameters: the global norm (Shard pieces summed over tp,
+    # Replicate ones counted once) and the single-process clipped gradients
+    norm, ref_norm = clip_grad_norm_(model.parameters(), 0.05), clip_grad_norm_(ref.parameters(), 0.05)
+    if not (ref_norm > 0.05 and abs(norm - ref_norm) <= 1e-10 * ref_norm):
+        bad.append(f"clip_grad_norm_: {norm} on tp, {ref_norm} in one process")
+    pieces = dict(model.named_parameters())
+    for name, p in ref.named_parameters():
+        want = p.grad.data
+        if isinstance(pieces[name], DTensor):
+            shape, offsets = compute_local_shape_and_global_offset(want.shape, mesh, pieces[name].placements)
+            want = want[tuple(slice(o, o + n) for o, n in zip(offsets, shape))]
+        if np.abs(pieces[name].grad.data - want).max() > 1e-10:
+            bad.append(f"{name}: clipped gradient differs from single-process clipping")
+    opt.step()
     ref_opt.step()
     got = {n: p for n, p in model.named_parameters()}
     for name, p in ref.named_parameters():

@@ -84,10 +84,7 @@ def tp_device_mesh(process_group=None, device: str = "cpu") -> DeviceMesh:
         resolve_group_or_mesh(process_group, "tp_device_mesh")  # the same error for a 2-d mesh
         return process_group
     group = resolve_group_or_mesh(process_group, "tp_device_mesh")
-    ranks = [int(r) for r in group.ranks]
-    # `_parent` marks a mesh over part of the world (it skips the every-rank-once check); the
-    # group of its one dimension is `group` itself
-    return DeviceMesh(str(device).split(":")[0], ranks, _groups=({0: group}, {0: [ranks]}), _parent=group)
+    return DeviceMesh.from_group(group, str(device).split(":")[0])
 
 
 def _param(array, like: Tensor, mesh: DeviceMesh, placement, global_shape) -> DTensorParameter:
