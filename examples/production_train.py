@@ -10,9 +10,13 @@ any way::
     python -m neural_arch.distributed.launcher --standalone --nproc_per_node 2 examples/production_train.py \\
         --strategy fsdp --gradient-accumulation-steps 4 --gradient-clip-val 1.0 --checkpoint-dir ./checkpoints
     mpiexec -n 2 python examples/production_train.py --strategy ddp --mixed-precision
+    python -m neural_arch.distributed.launcher --standalone --nproc_per_node 4 examples/production_train.py \
+        --strategy dp=2,tp=2          # DDP over 2 rows of a 2-way tensor-parallel MLP ('{"dp": 2, "tp": 2}' too)
     python examples/production_train.py --resume latest --checkpoint-dir ./checkpoints   # any world size
 
-Options (seed 003's): ``--strategy ddp|zero1|zero2|fsdp``, ``--batch-size`` (per rank and
+Options (seed 003's): ``--strategy ddp|zero1|zero2|fsdp|fully_shard|tp`` or a mesh ``dp=A,tp=B``
+(``tp``: the hidden layers split column- then row-wise, the output layer replicated; ``pp`` is
+refused with what to use instead), ``--batch-size`` (per rank and
 micro-batch), ``--epochs``, ``--mixed-precision`` (bfloat16 autocast on CPU, float16 + loss scaling
 on GPU), ``--gradient-accumulation-steps``, ``--gradient-clip-val`` (``--gradient-clip``, the seed's
 spelling), ``--activation-checkpointing``, ``--cpu-offload`` (FSDP), ``--checkpoint-dir``,
@@ -24,6 +28,7 @@ not implemented (it tunes against GPU memory; give ``--batch-size``). Throughput
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -41,9 +46,33 @@ from neural_arch.distributed import DistributedSampler
 from neural_arch.distributed.trainer import EnhancedDistributedTrainer
 
 
+def parse_strategy(text: str):
+    """A strategy name, or a device-mesh spec written ``dp=2,tp=2`` or as JSON."""
+    text = text.strip()
+    if text.startswith("{"):
+        return json.loads(text)
+    if "=" in text:
+        try:
+            return {k.strip(): int(v) for k, v in (part.split("=") for part in text.split(","))}
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--strategy {text!r}: a mesh is written dp=2,tp=2") from None
+    return text
+
+
+def tp_plan(strategy):
+    """The MLP's tensor-parallel plan (hidden layers column- then row-parallel) when ``strategy``
+    splits tensors; None otherwise."""
+    if strategy != "tp" and not (isinstance(strategy, dict) and strategy.get("tp", 1) > 1):
+        return None
+    from neural_arch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"0": ColwiseParallel(), "2": RowwiseParallel()}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--strategy", default="ddp", help="ddp, zero1, zero2 or fsdp")
+    p.add_argument("--strategy", default="ddp", type=parse_strategy,
+                   help="ddp, zero1, zero2, fsdp, fully_shard, tp, or a mesh: dp=2,tp=2 or '{\"dp\": 2, \"tp\": 2}'")
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank per micro-batch")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -90,8 +119,10 @@ def main(argv=None) -> int:
                                     gradient_clip_val=args.gradient_clip_val,
                                     enable_activation_checkpointing=args.activation_checkpointing,
                                     cpu_offload=args.cpu_offload, checkpoint_dir=args.checkpoint_dir,
-                                    log_dir=args.log_dir) as trainer:
-        sampler = DistributedSampler(TensorDataset(X_train, y_train), shuffle=True, seed=args.seed)
+                                    log_dir=args.log_dir, tp_plan=tp_plan(args.strategy)) as trainer:
+        # the data-parallel share: the ranks of one tensor-parallel row read the same batches
+        sampler = DistributedSampler(TensorDataset(X_train, y_train), num_replicas=trainer.dp_size,
+                                     rank=trainer.dp_rank, shuffle=True, seed=args.seed)
         loader = DataLoader(TensorDataset(X_train, y_train), batch_size=args.batch_size, sampler=sampler)
         optimizer = optim.Adam(model.parameters(), lr=args.lr)
         resume = True if args.resume in (None, "latest") else args.resume

@@ -3,7 +3,7 @@
 =================  ==========================================================================
 module             what
 =================  ==========================================================================
-``strategies``     the strategy table (ddp, zero1, zero2, fsdp; what is sharded; no_sync or not)
+``strategies``     the strategy table (ddp, zero1, zero2, fsdp, fully_shard, tp, dp x tp meshes)
 ``trainer``        ``DistributedTrainer``: micro-batch steps, accumulation, amp, checkpoints, fit
 ``monitor``        ``DistributedMonitor``: CSV + TensorBoard per-step log on rank 0
 =================  ==========================================================================

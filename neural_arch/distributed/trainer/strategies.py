@@ -8,25 +8,30 @@ name             the model becomes             optimizer   gradients   parameter
 ``zero1``        DDP + ``ZeroRedundancyOpt.``  sharded     replicated  replicated  no all-reduce (``no_sync``)
 ``zero2``        the model (ZeRO-2 reduces)    sharded     sharded     replicated  reduce-scatter each one
 ``fsdp``         ``FullyShardedDataParallel``  sharded     sharded     sharded     reduce-scatter each one
-``fully_shard``  (FSDP2: not in the project)   -           -           -           -
-``tp`` / ``pp``  (need a per-model plan)       -           -           -           -
+``fully_shard``  ``fully_shard`` per block,    sharded     sharded     sharded     no reduce-scatter
+                 then on the root                                                  (``set_requires_gradient_sync``)
+``tp``           the model, ``parallelize_*``  sharded     sharded     sharded     nothing to skip (no dp)
+``{"dp","tp"}``  DDP over dp of the tp model   sharded/tp  sharded/tp  sharded/tp  no all-reduce (``no_sync``)
+``pp``           (not in the trainer)          -           -           -           -
 ===============  ============================  ==========  ==========  ==========  ===========================
 
 FSDP and ZeRO-2 have no ``no_sync()`` here: their gradients are reduced into the shards at every
-backward and *accumulate there* (the same sums, more communication). A device-mesh spec such as
-``{"dp": 2}`` is accepted when only its data-parallel dimension is larger than one (it is then
-``ddp``); a tensor- or pipeline-parallel dimension needs a per-model plan the trainer cannot guess.
+backward and *accumulate there* (the same sums, more communication). ``fully_shard`` accumulates
+the unsharded gradients locally and reduce-scatters their sum once per window (torch's FSDP2).
 
->>> resolve_strategy("ddp").wraps
-'DistributedDataParallel'
->>> resolve_strategy({"dp": 1}).name
-'ddp'
+``tp`` shards every parameter the plan names over all ranks (``nn.GPT``: ``parallelize_gpt`` with
+the logits gathered, so the user's criterion works; any other model: the trainer's ``tp_plan=``
+argument, a ``{pattern: ParallelStyle}`` dict). A device-mesh spec ``{"dp": a, "tp": b}`` (``a*b``
+ranks, ``tp`` innermost) is ``tp`` over each row of ``b`` ranks and DDP over the ``a`` rows; ``{"dp":
+a}`` alone is ``ddp``. ``pp`` (a strategy or a mesh dimension) is refused: a pipeline schedule runs a
+whole batch of micro-batches per call, where the trainer's ``train_step`` is one micro-batch, so
+pipeline training goes through ``neural_arch.distributed.pipelining`` directly (see ``instead``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = ["STRATEGIES", "Strategy", "resolve_strategy"]
 
@@ -51,6 +56,7 @@ class Strategy:
     zero_stage: int = 0              # 1 or 2: the optimizer becomes a ZeroRedundancyOptimizer of that stage
     available: bool = True
     instead: str = ""                # for an unavailable strategy: what to do
+    mesh: tuple = ()                 # ``tp`` from a mesh spec: ((dim, size), ...) outermost first
 
 
 STRATEGIES: dict[str, Strategy] = {
@@ -58,14 +64,14 @@ STRATEGIES: dict[str, Strategy] = {
     "zero1": Strategy("zero1", "DistributedDataParallel", True, False, False, True, zero_stage=1),
     "zero2": Strategy("zero2", "the model itself", True, True, False, False, zero_stage=2),
     "fsdp": Strategy("fsdp", "FullyShardedDataParallel", True, True, True, False),
-    "fully_shard": Strategy("fully_shard", "fully_shard (FSDP2)", True, True, True, False, available=False,
-                            instead="the project has no fully_shard (FSDP2) yet; use strategy='fsdp'"),
-    "tp": Strategy("tp", "a tensor-parallel plan", False, False, True, False, available=False,
-                   instead="tensor parallelism needs a per-model plan: parallelize the model with "
-                           "neural_arch.distributed.tensor.parallel and train it with a manual loop"),
+    "fully_shard": Strategy("fully_shard", "the model, fully_shard per child block then the root", True, True,
+                            True, True),
+    "tp": Strategy("tp", "the model, parallelize_gpt or parallelize_module(tp_plan)", True, True, True, True),
     "pp": Strategy("pp", "a pipeline schedule", False, False, True, False, available=False,
-                   instead="pipeline parallelism needs a split and a schedule: use "
-                           "neural_arch.distributed.pipelining (PipelineStage + a Schedule) directly"),
+                   instead="a pipeline schedule runs all micro-batches of a step in one call, where train_step "
+                           "runs one micro-batch: split the model with neural_arch.distributed.pipelining."
+                           "pipeline() and step a Schedule1F1B (n_microbatches = the accumulation steps) in "
+                           "your loop; examples/train_gpt_5d.py --pp shows it"),
 }
 
 _MESH_DIMS = ("dp", "tp", "pp")
@@ -86,6 +92,8 @@ def resolve_strategy(spec, world_size: int | None = None) -> Strategy:
         True
         >>> resolve_strategy({"dp": 4}, world_size=4).name
         'ddp'
+        >>> resolve_strategy({"dp": 2, "tp": 2}, world_size=4).mesh
+        (('dp', 2), ('tp', 2))
     """
     if isinstance(spec, dict):
         unknown = [k for k in spec if k not in _MESH_DIMS]
@@ -99,13 +107,17 @@ def resolve_strategy(spec, world_size: int | None = None) -> Strategy:
         if world_size is not None and total != world_size:
             raise ValueError(f"DistributedTrainer: strategy={spec!r} describes {total} ranks but the world has "
                              f"{world_size}; make the sizes multiply to the world size")
-        if any(sizes.get(k, 1) > 1 for k in ("tp", "pp")):
-            dim = "tp" if sizes.get("tp", 1) > 1 else "pp"
-            raise NotImplementedError(f"DistributedTrainer: strategy={spec!r}: {STRATEGIES[dim].instead}")
+        if sizes.get("pp", 1) > 1:
+            raise NotImplementedError(f"DistributedTrainer: strategy={spec!r}: {STRATEGIES['pp'].instead}")
+        if sizes.get("tp", 1) > 1:
+            return replace(STRATEGIES["tp"], skips_sync_while_accumulating=sizes.get("dp", 1) > 1,
+                           mesh=(("dp", sizes.get("dp", 1)), ("tp", sizes["tp"])))
         return STRATEGIES["ddp"]
     if not isinstance(spec, str) or spec.lower() not in STRATEGIES:
         raise ValueError(f"DistributedTrainer: unknown strategy {spec!r}; valid strategies are {_valid_names()}")
     found = STRATEGIES[spec.lower()]
     if not found.available:
         raise NotImplementedError(f"DistributedTrainer: strategy={spec!r} is not available: {found.instead}")
+    if found.name == "tp":   # every rank in one tensor-parallel group
+        return replace(found, skips_sync_while_accumulating=False, mesh=(("dp", 1), ("tp", world_size)))
     return found

@@ -2,7 +2,10 @@
 
 Nothing here is a second implementation: the model is wrapped by
 :class:`~neural_arch.distributed.DistributedDataParallel`,
-:class:`~neural_arch.distributed.fsdp.FullyShardedDataParallel` or trained with a
+:class:`~neural_arch.distributed.fsdp.FullyShardedDataParallel`, sharded in place by
+:func:`~neural_arch.distributed.fsdp.fully_shard` (each block, then the root) or by a tensor-parallel
+plan (``parallelize_gpt`` / ``parallelize_module``, with DDP over the ``dp`` dimension of a
+``{"dp": a, "tp": b}`` mesh), or trained with a
 :class:`~neural_arch.distributed.optim.ZeroRedundancyOptimizer` (the strategy table:
 :mod:`.strategies`); mixed precision is :class:`neural_arch.amp.autocast` (+ ``GradScaler`` /
 ``ShardedGradScaler`` for float16); activation checkpointing is
@@ -15,8 +18,9 @@ resumes exactly on another world size; timings are :class:`~neural_arch.distribu
 One :meth:`~DistributedTrainer.train_step` is one **micro-batch**. With
 ``gradient_accumulation_steps=K`` the loss is divided by ``K`` before backward, micro-batches
 ``step % K != K - 1`` skip the gradient synchronisation where the strategy can (DDP's
-``no_sync()``), and the window's last one clips, steps the optimizer (through the scaler when
-float16), zeroes the gradients and steps the LR scheduler. ``K`` micro-batches of ``B`` samples
+``no_sync()``, ``fully_shard``'s ``set_requires_gradient_sync(False)``), and the window's last
+one clips, steps the optimizer (through the scaler when float16), zeroes the gradients and steps
+the LR scheduler. ``K`` micro-batches of ``B`` samples
 on ``W`` ranks then equal one single-process step on the ``K*W*B`` samples (tests: float64 <= 1e-10),
 when the criterion is a mean over the batch.
 
@@ -37,6 +41,7 @@ import json
 import math
 import sys
 import warnings
+import weakref
 
 import numpy as np
 
@@ -117,23 +122,38 @@ class DistributedTrainer:
 
     Args:
         model: an ``nn.Module`` (the same on every rank).
-        strategy: ``'ddp'``, ``'zero1'``, ``'zero2'``, ``'fsdp'`` or a device-mesh dict ``{"dp": N}``
-            (see :mod:`.strategies`; anything else raises, listing the valid ones).
+        strategy: ``'ddp'``, ``'zero1'``, ``'zero2'``, ``'fsdp'``, ``'fully_shard'``, ``'tp'`` or a
+            device-mesh dict ``{"dp": a}`` / ``{"dp": a, "tp": b}`` (see :mod:`.strategies`; ``'pp'``
+            raises saying what to use; anything else raises, listing the valid ones).
         mixed_precision: False, True (bfloat16 on CPU, float16 + a GradScaler on GPU), ``'bf16'``, ``'fp16'``.
+            Autocast, except under ``'fully_shard'``: there a ``MixedPrecisionPolicy`` (parameters
+            gathered and computed in that dtype, gradients reduced in float32, outputs float32).
         gradient_accumulation_steps: micro-batches per optimizer step.
         gradient_clip_val: clip the global gradient norm to this (None: no clipping; the norm is
             still reported as ``grad_norm``).
         enable_activation_checkpointing: recompute activations in backward (transformer blocks,
             else the model's direct children with parameters; see ``checkpoint_targets``).
-        cpu_offload: FSDP's ``CPUOffload(offload_params=True)`` (strategy ``'fsdp'`` only; the
-            identity on CPU-only runs).
+        cpu_offload: FSDP's ``CPUOffload(offload_params=True)`` (strategy ``'fsdp'``), or
+            ``CPUOffloadPolicy()`` (``'fully_shard'``); the identity on CPU-only runs.
         checkpoint_dir: where :meth:`save_checkpoint` writes ``step_<N>`` checkpoints (None: no checkpoints).
         log_dir: where :meth:`fit` logs through a :class:`~.monitor.DistributedMonitor` (rank 0).
         keep_last: checkpoints kept besides the best one.
         lr_scheduler: stepped once per optimizer step (may also be set later as ``trainer.lr_scheduler``).
         process_group: the data-parallel group (default: the world).
-        auto_wrap_policy: FSDP units (default: one per ``TransformerBlock`` if any, else one unit).
+        auto_wrap_policy: FSDP units (default: one per ``TransformerBlock`` if any, else one unit);
+            for ``'fully_shard'`` the modules sharded before the root (a set of classes or a
+            predicate ``module -> bool``; default: the ``TransformerBlock`` s, else the model's
+            direct children that own parameters).
+        tp_plan: strategy ``'tp'`` / a ``"tp"`` mesh dimension: ``parallelize_module``'s
+            ``{pattern: ParallelStyle}`` plan; not needed for an ``nn.GPT`` (``parallelize_gpt``
+            with the logits gathered, so the criterion sees whole logits).
         checkpoint_targets: a predicate ``module -> bool`` overriding activation checkpointing's default.
+
+    Data: each rank's loader must give it its share of the data-parallel dimension,
+    ``trainer.dp_rank`` of ``trainer.dp_size`` (the world for every strategy but tensor
+    parallelism, where the ranks of one ``tp`` row take the same batches), e.g.
+    ``DistributedSampler(dataset, num_replicas=trainer.dp_size, rank=trainer.dp_rank)``;
+    ``trainer.dp_group`` is that group (None: the world or ``process_group``).
 
     If no process group is initialised the trainer calls ``init_process_group()`` (a world of
     one under plain ``python``) and :meth:`close` destroys it again.
@@ -148,7 +168,8 @@ class DistributedTrainer:
     def __init__(self, model, strategy="ddp", mixed_precision=False, gradient_accumulation_steps: int = 1, *,
                  gradient_clip_val: float | None = None, enable_activation_checkpointing: bool = False,
                  cpu_offload: bool = False, checkpoint_dir=None, log_dir=None, keep_last: int | None = 3,
-                 lr_scheduler=None, process_group=None, auto_wrap_policy=None, checkpoint_targets=None):
+                 lr_scheduler=None, process_group=None, auto_wrap_policy=None, checkpoint_targets=None,
+                 tp_plan=None):
         from neural_arch.distributed import groups as dist
 
         if not isinstance(model, Module):
@@ -165,7 +186,7 @@ class DistributedTrainer:
         try:
             self._setup(model, strategy, mixed_precision, gradient_accumulation_steps, gradient_clip_val,
                         enable_activation_checkpointing, cpu_offload, checkpoint_dir, log_dir, keep_last,
-                        lr_scheduler, process_group, auto_wrap_policy, checkpoint_targets)
+                        lr_scheduler, process_group, auto_wrap_policy, checkpoint_targets, tp_plan)
         except BaseException:
             self.monitor = None
             self.close()   # a group this constructor created must not outlive its error
@@ -173,16 +194,22 @@ class DistributedTrainer:
 
     def _setup(self, model, strategy, mixed_precision, gradient_accumulation_steps, gradient_clip_val,
                enable_activation_checkpointing, cpu_offload, checkpoint_dir, log_dir, keep_last, lr_scheduler,
-               process_group, auto_wrap_policy, checkpoint_targets) -> None:
+               process_group, auto_wrap_policy, checkpoint_targets, tp_plan=None) -> None:
         from neural_arch.distributed.resolve import _resolve_group
 
         self.process_group = process_group
         self._group = _resolve_group(process_group, "DistributedTrainer")
         self.rank, self.world_size = self._group.rank(), self._group.size()
         self.strategy = resolve_strategy(strategy, self.world_size)
-        if cpu_offload and self.strategy.name != "fsdp":
+        if cpu_offload and self.strategy.name not in ("fsdp", "fully_shard"):
             raise ValueError(f"DistributedTrainer: cpu_offload=True offloads FSDP's parameter shards; it needs "
-                             f"strategy='fsdp', not {self.strategy.name!r}")
+                             f"strategy='fsdp' or 'fully_shard', not {self.strategy.name!r}")
+        if tp_plan is not None and self.strategy.name != "tp":
+            raise ValueError(f"DistributedTrainer: tp_plan is a tensor-parallel plan; it needs strategy='tp' or a "
+                             f"mesh with a 'tp' dimension, not {self.strategy.name!r}")
+        if self.strategy.name == "tp" and process_group is not None:
+            raise ValueError("DistributedTrainer: strategy='tp' builds its device mesh over the whole world; "
+                             "leave process_group=None")
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.gradient_clip_val = None if gradient_clip_val is None else float(gradient_clip_val)
         self.cpu_offload = bool(cpu_offload)
@@ -205,7 +232,19 @@ class DistributedTrainer:
             for m in targets:   # before wrapping: FSDP's hooks then run again in the recomputation
                 checkpoint_wrapper(m)
             self.checkpointed_modules = targets
-        self.model = self._wrap(model, auto_wrap_policy)
+        # the parameters before wrapping, by name: fully_shard and tensor parallelism replace them,
+        # and an optimizer built over them is re-pointed at their replacements (weakly: no copies kept)
+        originals = {name: p for name, p in model.named_parameters()}
+        self.mp_policy = None
+        self.device_mesh = None
+        self.model = self._wrap(model, auto_wrap_policy, tp_plan)
+        self._replacements = {id(p): (weakref.ref(p), new) for name, new in model.named_parameters()
+                              if (p := originals.get(name)) is not None and p is not new}
+        del originals
+        # the ranks that split the data: tensor-parallel ranks of one row must see the same batches
+        self.dp_group = self.device_mesh.get_group("dp") if self.strategy.name == "tp" else process_group
+        dp = self._group if self.dp_group is None else self.dp_group
+        self.dp_rank, self.dp_size = dp.rank(), dp.size()
 
         self.scaler = None
         if self.amp_dtype == "float16":
@@ -239,8 +278,12 @@ class DistributedTrainer:
         self.monitor = None
 
     # ------------------------------------------------------------------ wrapping
-    def _wrap(self, model, auto_wrap_policy):
+    def _wrap(self, model, auto_wrap_policy, tp_plan=None):
         name = self.strategy.name
+        if name == "fully_shard":
+            return self._fully_shard(model, auto_wrap_policy)
+        if name == "tp":
+            return self._tensor_parallel(model, tp_plan)
         if name in ("ddp", "zero1"):
             from neural_arch.distributed.ddp.distributed_data_parallel import DistributedDataParallel
 
@@ -255,11 +298,78 @@ class DistributedTrainer:
                                             cpu_offload=CPUOffload(offload_params=self.cpu_offload),
                                             sync_module_states=True)
         # zero2: the optimizer owns the gradient reduction; the replicas must start equal (as DDP's do)
+        self._broadcast_initial(model)
+        return model
+
+    def _broadcast_initial(self, model) -> None:
+        """Rank 0's parameters and buffers on every rank (fully_shard and the tensor-parallel styles
+        cut each rank's piece from the values they find: those must be equal everywhere)."""
         from neural_arch.distributed.ddp.replicas import broadcast_arrays
 
         if self.world_size > 1:
             broadcast_arrays([p.data for p in model.parameters()], self._group.backend, root=0)
             broadcast_arrays([b.data for b in model.buffers() if b is not None], self._group.backend, root=0)
+
+    def _fully_shard(self, model, auto_wrap_policy):
+        """``fully_shard`` each block (bottom-up), then the root, on a 1-d mesh over the group."""
+        from neural_arch.distributed.device_mesh import DeviceMesh, init_device_mesh
+        from neural_arch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        self._broadcast_initial(model)
+        if self.process_group is None:
+            mesh = init_device_mesh(self.device, (self.world_size,))
+        else:   # a mesh over the given group itself (no new group: the other ranks may not be here)
+            ranks = list(self._group.ranks)
+            mesh = DeviceMesh(self.device, np.asarray(ranks), _groups=({0: self._group}, {0: [ranks]}))
+        self.device_mesh = mesh
+        if self.amp_dtype is not None:
+            import neural_arch as na
+
+            low = getattr(na, self.amp_dtype)
+            self.mp_policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=np.float32, output_dtype=np.float32)
+        offload = CPUOffloadPolicy() if self.cpu_offload else None
+        if auto_wrap_policy is None:
+            targets = _default_checkpoint_targets(model)
+        elif callable(auto_wrap_policy) and not isinstance(auto_wrap_policy, (set, frozenset, list, tuple, type)):
+            targets = [m for _, m in model.named_modules() if m is not model and auto_wrap_policy(m)]
+        else:
+            classes = tuple(auto_wrap_policy) if not isinstance(auto_wrap_policy, type) else (auto_wrap_policy,)
+            targets = [m for _, m in model.named_modules() if m is not model and isinstance(m, classes)]
+        depth = {id(m): name.count(".") for name, m in model.named_modules()}
+        for m in sorted(targets, key=lambda m: -depth[id(m)]):   # bottom-up: inner blocks first
+            fully_shard(m, mesh=mesh, mp_policy=self.mp_policy, offload_policy=offload)
+        fully_shard(model, mesh=mesh, mp_policy=self.mp_policy, offload_policy=offload)
+        return model
+
+    def _tensor_parallel(self, model, tp_plan):
+        """The tensor-parallel plan over each ``tp`` row of a ``(dp, tp)`` mesh; DDP over ``dp``."""
+        from neural_arch.distributed.device_mesh import init_device_mesh
+        from neural_arch.nn import GPT
+
+        sizes = dict(self.strategy.mesh)
+        dp = int(sizes.get("dp", 1))
+        tp = int(sizes.get("tp") or self.world_size // dp)
+        if tp_plan is None and not isinstance(model, GPT):
+            raise ValueError(f"DistributedTrainer(strategy={self.strategy.name!r}): tensor parallelism needs a "
+                             f"plan for {type(model).__name__}: pass tp_plan={{'pattern': ColwiseParallel() | "
+                             "RowwiseParallel(), ...}} (parallelize_module's plan, from "
+                             "neural_arch.distributed.tensor.parallel); nn.GPT has one built in (parallelize_gpt)")
+        self._broadcast_initial(model)
+        mesh = init_device_mesh(self.device, (dp, tp), mesh_dim_names=("dp", "tp"))
+        self.device_mesh = mesh
+        if tp_plan is not None:
+            from neural_arch.distributed.tensor.parallel import parallelize_module
+
+            parallelize_module(model, mesh["tp"], tp_plan)
+        else:
+            from neural_arch.distributed.tensor.parallel.gpt import parallelize_gpt
+
+            # the logits gathered: the user's criterion (F.cross_entropy) sees whole rows
+            parallelize_gpt(model, mesh["tp"], loss_parallel=False)
+        if dp > 1:
+            from neural_arch.distributed.ddp.distributed_data_parallel import DistributedDataParallel
+
+            return DistributedDataParallel(model, process_group=mesh.get_group("dp"))
         return model
 
     # ------------------------------------------------------------------ the optimizer
@@ -304,7 +414,16 @@ class DistributedTrainer:
                                            **optimizer.defaults)
         if all(id(p) in model_ids for p in mine):
             return optimizer
-        if self.strategy.shards_parameters and all(id(p) in orig_ids for p in mine):
+        if self._replacements and all(id(p) in model_ids or self._replaced(p) is not None for p in mine):
+            if len(optimizer.state):
+                raise ValueError(f"DistributedTrainer(strategy={self.strategy.name!r}): the optimizer was built over "
+                                 "the model's parameters before they were sharded and already has state; build it "
+                                 "over trainer.model.parameters()")
+            # re-point in place: the user's object (and a scheduler holding it) stays valid
+            for g in optimizer.param_groups:
+                g["params"] = [p if id(p) in model_ids else self._replaced(p) for p in g["params"]]
+            return optimizer
+        if self.strategy.name == "fsdp" and all(id(p) in orig_ids for p in mine):
             if len(optimizer.state) or len(optimizer.param_groups) != 1:
                 raise ValueError("DistributedTrainer(strategy='fsdp'): the optimizer was built over the original "
                                  "model's parameters and has state or several param groups, so it cannot be "
@@ -314,6 +433,11 @@ class DistributedTrainer:
             return optimizer
         raise ValueError(f"DistributedTrainer(strategy={self.strategy.name!r}): the optimizer holds parameters "
                          "that are not the model's; build it over trainer.model.parameters()")
+
+    def _replaced(self, p):
+        """What sharding put in place of the original parameter ``p`` (None: ``p`` was not replaced)."""
+        hit = self._replacements.get(id(p))
+        return hit[1] if hit is not None and hit[0]() is p else None
 
     @staticmethod
     def _sync_hyper(optimizer, eff) -> None:
@@ -327,11 +451,23 @@ class DistributedTrainer:
     # ------------------------------------------------------------------ one micro-batch
     def _no_sync(self):
         if self.strategy.skips_sync_while_accumulating and self.world_size > 1:
+            if self.strategy.name == "fully_shard":
+                return self._gradient_sync_off()
             return self.model.no_sync()
         return contextlib.nullcontext()
 
+    @contextlib.contextmanager
+    def _gradient_sync_off(self):
+        """FSDP2's accumulation: unsharded gradients add up locally; the next synced backward
+        reduce-scatters their sum."""
+        self.model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self.model.set_requires_gradient_sync(True)
+
     def _autocast(self):
-        if self.amp_dtype is None:
+        if self.amp_dtype is None or self.mp_policy is not None:   # fully_shard casts by its policy
             return contextlib.nullcontext()
         import neural_arch as na
         from neural_arch.amp import autocast
@@ -409,6 +545,8 @@ class DistributedTrainer:
             return float(eff.clip_grad_norm_(limit))
         if self.strategy.name == "fsdp":
             return float(self.model.clip_grad_norm_(limit))
+        # fully_shard's and tensor parallel's DTensor parameters: clip_grad_norm_ sums each piece's
+        # part over the groups it is sharded on (the global norm, as torch's on DTensors)
         from neural_arch.optim.clip import clip_grad_norm_
 
         return float(clip_grad_norm_(list(self.model.parameters()), limit))
@@ -627,7 +765,7 @@ class DistributedTrainer:
                 model = self.model
                 metric = list(eval_metric) if isinstance(eval_metric, (list, tuple)) else [eval_metric]
                 record.update({f"eval_{k}": v for k, v in
-                               distributed_evaluate(model, eval_loader, metric, group=self.process_group).items()})
+                               distributed_evaluate(model, eval_loader, metric, group=self.dp_group).items()})
             history.append(record)
             score = record.get("eval_loss", record["train_loss"])
             if self.checkpoint_manager is not None and checkpoint_every_epoch:
