@@ -319,8 +319,7 @@ class DistributedTrainer:
         if self.process_group is None:
             mesh = init_device_mesh(self.device, (self.world_size,))
         else:   # a mesh over the given group itself (no new group: the other ranks may not be here)
-            ranks = list(self._group.ranks)
-            mesh = DeviceMesh(self.device, np.asarray(ranks), _groups=({0: self._group}, {0: [ranks]}))
+            mesh = DeviceMesh.from_group(self._group, self.device)
         self.device_mesh = mesh
         if self.amp_dtype is not None:
             import neural_arch as na
