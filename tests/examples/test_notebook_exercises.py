@@ -160,3 +160,15 @@ def test_first_desync():
 
     with pytest.raises(AssertionError, match="forgot"):
         checks.check_first_desync(from_the_oldest)
+
+
+def test_bytes_per_param():
+    assert checks.check_bytes_per_param(stub) is False
+    assert checks.check_bytes_per_param(solution("bytes_per_param")) is True
+
+    def no_master_copy(optimizer, dtype_policy):              # mixed precision without the float32 master weights
+        s = {"fp64": 8, "fp32": 4}.get(dtype_policy, 2)
+        return (2 + {"sgd": 0, "sgd_momentum": 1}.get(optimizer, 2)) * s
+
+    with pytest.raises(AssertionError, match="memory.estimate"):
+        checks.check_bytes_per_param(no_master_copy)

@@ -472,3 +472,57 @@ def check_first_desync(first_desync, dumps=None) -> bool:
     print(f"first desync: equal to the flight recorder's analyzer on {len(cases)} record sets"
           + (" (your dumps included)" if dumps else ""))
     return True
+
+
+# ------------------------------------------------------------------ 13: bytes per parameter
+#: the dtype policies of notebook 13: (the dtype of the parameters and gradients the model computes with,
+#: the dtype of the master copy the optimizer updates, None when the parameters are the master copy)
+BYTES_PER_PARAM_POLICIES = {"fp64": ("float64", None), "fp32": ("float32", None),
+                            "bf16_master": ("bfloat16", "float32"), "fp16_scaler": ("float16", "float32")}
+
+
+def _bytes_per_param_reference(optimizer: str, dtype_policy: str, model) -> float:
+    """Parameters, gradients, master weights and optimizer state per parameter, from ``memory.estimate``."""
+    from neural_arch import memory
+
+    low, master = BYTES_PER_PARAM_POLICIES[dtype_policy]
+    kw = {"strategy": "ddp", "world_size": 1, "optimizer": optimizer, "gradient_as_bucket_view": True}
+    held = memory.estimate(model, param_dtype=low, **kw)
+    total = held.parameters + held.gradients
+    if master is None:                       # the optimizer's state lives beside the parameters themselves
+        total += held.optimizer_state
+    else:                                    # the optimizer updates the master copy: it and its state in fp32
+        top = memory.estimate(model, param_dtype=master, **kw)
+        total += top.parameters + top.optimizer_state
+    return total / sum(int(p.data.size) for p in model.parameters())
+
+
+def check_bytes_per_param(bytes_per_param) -> bool:
+    """``bytes_per_param(optimizer, dtype_policy) -> float``: bytes a parameter costs between steps.
+
+    ``optimizer`` is ``"sgd"``, ``"sgd_momentum"``, ``"adam"`` or ``"adamw"``; ``dtype_policy`` one of
+    :data:`BYTES_PER_PARAM_POLICIES` (``"fp64"``, ``"fp32"``, ``"bf16_master"``, ``"fp16_scaler"``).
+    Counted: the parameters and their gradients in the compute dtype, the float32 master copy (mixed
+    precision) and the optimizer's state (beside the master copy). Checked for every pair against
+    ``memory.estimate`` on a small model (exactly: the loss scaler's one number is not per parameter).
+    """
+    from neural_arch import nn
+    from neural_arch.core.tensor import manual_seed
+
+    if _is_stub(lambda: bytes_per_param("adam", "fp32")):
+        return _not_done("bytes per parameter")
+    manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    pairs = [(o, d) for o in ("sgd", "sgd_momentum", "adam", "adamw") for d in BYTES_PER_PARAM_POLICIES]
+    for optimizer, policy in pairs:
+        got = float(bytes_per_param(optimizer, policy))
+        want = _bytes_per_param_reference(optimizer, policy, model)
+        assert abs(got - want) < 1e-9, (f"bytes_per_param({optimizer!r}, {policy!r}) = {got:g}; "
+                                        f"memory.estimate counts {want:g} bytes per parameter")
+    print(f"bytes per parameter: equal to memory.estimate for {len(pairs)} (optimizer, dtype policy) pairs "
+          f"(adam: fp32 {_bytes_per_param_reference('adam', 'fp32', model):g}, "
+          f"bf16_master {_bytes_per_param_reference('adam', 'bf16_master', model):g})")
+    return True
+
+
+__all__ += ["BYTES_PER_PARAM_POLICIES", "check_bytes_per_param"]
