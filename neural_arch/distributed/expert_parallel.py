@@ -31,7 +31,15 @@ group): the expert parameters are marked ``param.allreduce = False`` (Megatron's
 them over the expert-data-parallel group and divides by the data-parallel size. That is the
 average the replicated parameters get, because an expert's gradient on one rank already sums
 the contributions of every rank of its ep group (the all-to-all's backward brings them home):
-training equals one process on the global batch.
+training equals one process on the global batch. ZeRO (stage 1 under DDP, stage 2 alone) and
+FSDP keep the expert parameters whole and out of their partitions and flat units, and reduce them
+the same way (see :mod:`neural_arch.distributed.ddp.expert_grads` for why not shard them).
+
+Gradient norms (``clip_grad_norm_``, ``opt.clip_grad_norm_``, ``fsdp.clip_grad_norm_``): each
+expert parameter carries ``_norm_shard`` (:class:`ExpertNorm`), so its part of the global norm is
+summed over the expert-parallel group (every expert once; its replicas in the expert-data-parallel
+group hold the same gradient): every rank gets the norm of one process's gradients, and the same
+clip coefficient.
 
 Example (4 ranks, 2 experts per rank, experts replicated twice)::
 
@@ -47,6 +55,7 @@ import numpy as np
 
 from neural_arch.backend import get_array_module as _xp
 from neural_arch.core.tensor import Tensor
+from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.nn.functional import _wrap
 from neural_arch.distributed.nn.functional import all_reduce as _all_reduce
 from neural_arch.distributed.resolve import _resolve_group
@@ -54,7 +63,7 @@ from neural_arch.nn.container import ModuleList
 from neural_arch.nn.module import Module
 from neural_arch.nn.moe import MoE, apply_experts
 
-__all__ = ["ExpertParallelPlacement", "expert_parallel_mesh", "parallelize_moe"]
+__all__ = ["ExpertNorm", "ExpertParallelPlacement", "expert_parallel_mesh", "parallelize_moe"]
 
 
 def expert_parallel_mesh(ep_size: int, device_type: str = "cpu"):
@@ -111,6 +120,37 @@ def _exchange_rows(x: Tensor, sends, receives, chunk: int, group, staging: dict 
         return xp.concatenate([recv[s, :c] for s, c in enumerate(in_rows)], axis=0)
 
     return _wrap("AllToAllExperts", x, move(x.data, sends, receives), lambda g: move(g, receives, sends))
+
+
+class ExpertNorm:
+    """How an expert parameter's gradient counts in the global gradient norm (``param._norm_shard``).
+
+    The interface :func:`neural_arch.optim.clip_grad_norm_` duck-types (FSDP's ``FlatShard``):
+    ``group``, the expert-parallel group over which the experts are different (None when it is one
+    rank: every rank holds every expert), and ``all_reduce_norm(value, op)``, the partial norm summed
+    (or maxed) over it.
+
+    Example::
+
+        moe.experts[0].fc1.weight._norm_shard.group      # the expert-parallel group
+    """
+
+    __slots__ = ("group",)
+
+    def __init__(self, ep_group):
+        self.group = ep_group if ep_group is not None and ep_group.size() > 1 else None
+
+    def all_reduce_norm(self, value, op: str):
+        """``value`` summed (``op="sum"``) or maxed (``"max"``) over ``group``: a collective. A float
+        gives a float; a 1-element array is reduced in place and returned."""
+        scalar = isinstance(value, (int, float))
+        buf = np.array([value], dtype=np.float64) if scalar else value
+        if self.group is not None:
+            self.group.backend.allreduce(buf, ReduceOp.SUM if op == "sum" else ReduceOp.MAX)
+        return float(buf[0]) if scalar else buf
+
+    def __repr__(self) -> str:
+        return f"ExpertNorm(ranks={None if self.group is None else list(self.group.ranks)})"
 
 
 class ExpertParallelPlacement:
@@ -220,6 +260,8 @@ def parallelize_moe(moe: Module, ep_group=None, *, dp_group=None, expert_dp_grou
         for p in layer.experts.parameters():
             p.allreduce = False                      # Megatron's flag: not a replicated parameter
             p.expert_dp_group = edp                  # reduced over these ranks (None: held once)
+            if not hasattr(type(p), "_norm_shard"):  # a DTensor parameter says it itself
+                p._norm_shard = ExpertNorm(ep)       # the global gradient norm counts each expert once
     return moe
 
 

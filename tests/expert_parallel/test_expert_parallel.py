@@ -80,18 +80,36 @@ def test_moe_gpt_under_expert_parallelism_matches_single_process(pool):
             assert out[key] <= TOL, f"rank {rank}: {key} differs by {out[key]:g}"
 
 
-def test_sharding_wrappers_refuse_expert_parameters(world_of_one):
-    """ZeRO and FSDP would shard an expert's parameters as if every rank held the same experts."""
+def test_sharding_wrappers_keep_expert_parameters_whole(world_of_one):
+    """ZeRO and FSDP leave expert parameters out of their partitions and flat units (each rank holds
+    other experts): they stay whole, are stepped by every rank holding them, and their gradients are
+    reduced over the expert-data-parallel group (test_sharded_moe.py proves the training equal)."""
     import numpy as np
 
     from neural_arch import nn, optim
+    from neural_arch.core.tensor import Tensor
 
-    model = nn.Sequential(nn.Linear(2, 2, dtype=np.float64), nn.Linear(2, 2, dtype=np.float64))
-    model[1].weight.allreduce = False          # what parallelize_moe sets on expert parameters
-    with pytest.raises(ValueError, match="ZeroRedundancyOptimizer: 1 parameter.*DistributedDataParallel"):
-        world_of_one.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optim.SGD, lr=0.1)
-    with pytest.raises(ValueError, match="FullyShardedDataParallel: 1 parameter.*expert-parallel"):
-        world_of_one.FullyShardedDataParallel(model)
+    def model():
+        m = nn.Sequential(nn.Linear(2, 2, dtype=np.float64), nn.Linear(2, 2, dtype=np.float64))
+        m[1].weight.allreduce = False          # what parallelize_moe sets on expert parameters
+        return m
+
+    m = model()
+    zero1 = world_of_one.ZeroRedundancyOptimizer(m.parameters(), optimizer_class=optim.SGD, lr=0.1)
+    assert all(p is not m[1].weight for part in zero1.partition for p in part)
+    assert any(p is m[1].weight for g in zero1.optim.param_groups for p in g["params"])
+    m = model()
+    zero2 = world_of_one.ZeroRedundancyOptimizer(m.parameters(), optimizer_class=optim.SGD, stage=2, lr=0.1)
+    assert all(p is not m[1].weight for b in zero2._buckets for p in b)
+    m[1](m[0](Tensor(np.ones((1, 2))))).sum().backward()
+    expected = m[1].weight.data - 0.1 * m[1].weight.grad.data     # reduced over a group of one: as is
+    zero2.step()
+    assert np.array_equal(m[1].weight.data, expected)
+    m = model()
+    fsdp = world_of_one.FullyShardedDataParallel(m)
+    assert sum(u.layout.numel for u in fsdp._units) == 12 - 4      # all but the expert weight
+    assert [p for p in fsdp.parameters()][-1] is m[1].weight
+    assert "1.weight" in fsdp.state_dict()
 
 
 def test_tensor_parallel_plan_of_a_gpt_whose_every_mlp_is_moe(world_of_one):

@@ -16,11 +16,23 @@ group (the all-to-all's backward brings them home), so summing over the replicas
 dividing by W gives the same ``(1/W) sum_r`` over all ranks: training equals one process on the
 global batch. It requires the expert-parallel and expert-data-parallel groups to lie inside DDP's.
 
+The sharding wrappers use the same reducer, with the same scale (``world_size``: the size of
+their data-parallel group): ``ZeroRedundancyOptimizer`` and ``FullyShardedDataParallel`` keep
+expert parameters out of their partitions and flat units (torch's ``ignored_states``), have
+them reduced here at the end of backward (:meth:`ExpertGradReducer.reduce_after_backward`) and
+stepped whole on every rank that holds them. Why not shard each expert over its
+expert-data-parallel group, as DeepSpeed-MoE does: the ranks holding an expert then step it with
+the same averaged gradient and the same state, so it stays identical without any gather, and
+there is one reduction path for DDP, ZeRO and FSDP; what it costs is memory (an expert's
+optimizer state is replicated ``world / ep`` times instead of split), which at ``ep = world``
+(one copy of each expert) is nothing.
+
 Example::
 
     reducer = ExpertGradReducer(expert_params, world_size=4)
     reducer.broadcast()                      # at construction
     reducer.reduce()                         # end of a synchronised backward
+    handles = reducer.reduce_after_backward(model.parameters())   # or: reduce() queued by hooks
 """
 
 from __future__ import annotations
@@ -29,7 +41,26 @@ from neural_arch import backend as _xpmod
 from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.ddp.replicas import broadcast_arrays
 
-__all__ = ["ExpertGradReducer", "is_expert_parameter", "refuse_expert_parameters"]
+__all__ = ["ExpertGradReducer", "is_expert_parameter", "split_expert_parameters"]
+
+
+def split_expert_parameters(params) -> tuple[list, list]:
+    """``(replicated, experts)``: ``params`` split by :func:`is_expert_parameter`, order kept.
+
+    What the sharding wrappers (ZeRO, FSDP) do first: they shard the replicated parameters over
+    the data-parallel group as usual and hand the experts to an :class:`ExpertGradReducer`.
+
+    Example:
+        >>> from neural_arch import nn
+        >>> layer = nn.Linear(2, 2); layer.weight.allreduce = False
+        >>> replicated, experts = split_expert_parameters(layer.parameters())
+        >>> [tuple(p.shape) for p in replicated], [tuple(p.shape) for p in experts]
+        ([(2,)], [(2, 2)])
+    """
+    replicated, experts = [], []
+    for p in params:
+        (experts if is_expert_parameter(p) else replicated).append(p)
+    return replicated, experts
 
 
 def is_expert_parameter(p) -> bool:
@@ -45,27 +76,6 @@ def is_expert_parameter(p) -> bool:
         True
     """
     return getattr(p, "allreduce", True) is False
-
-
-def refuse_expert_parameters(params, wrapper: str) -> None:
-    """Sharding wrappers (ZeRO, FSDP) treat every parameter as the same on every rank: partitioning or
-    flattening an expert's parameters over ranks that hold other experts would silently mix them, so
-    they refuse (with what to do) until they learn expert-data-parallel groups.
-
-    Example:
-        >>> from neural_arch import nn
-        >>> layer = nn.Linear(2, 2); layer.weight.allreduce = False
-        >>> refuse_expert_parameters(layer.parameters(), "ZeroRedundancyOptimizer")
-        Traceback (most recent call last):
-        ...
-        ValueError: ZeroRedundancyOptimizer: 1 parameter(s) are expert-parallel ...
-    """
-    experts = sum(1 for p in params if is_expert_parameter(p))
-    if experts:
-        raise ValueError(f"{wrapper}: {experts} parameter(s) are expert-parallel (parallelize_moe marks them "
-                         "param.allreduce = False: each rank holds different experts), which this wrapper would "
-                         "shard as if every rank held the same ones; wrap the model in DistributedDataParallel "
-                         "instead (it averages each expert over its expert-data-parallel group)")
 
 
 class ExpertGradReducer:
@@ -93,6 +103,40 @@ class ExpertGradReducer:
         for group, params in self.groups:
             if group is not None and group.size() > 1:
                 broadcast_arrays([p.data for p in params], group.backend, root=0)
+
+    def reduce_after_backward(self, watched) -> list:
+        """Queue :meth:`reduce` once per backward, at the end of the outermost one, from a
+        post-accumulate-grad hook on each of ``watched``. Returns the hook handles (``h.remove()``
+        detaches). For wrappers that always synchronise (ZeRO-2, FSDP).
+
+        Pass the wrapper's replicated parameters, and register after the wrapper's own reducer:
+        their gradients reach every rank (a rank whose experts got no rows still joins the
+        collective), and the wrapper's end-of-backward callback is then always queued before this
+        one, so every rank runs the two groups' collectives in the same order (queued by an
+        expert's hook, the order could differ between ranks and deadlock).
+
+        Example::
+
+            sharded = ShardedGradReducer(buckets, group, on_shard)      # its hooks first
+            handles = reducer.reduce_after_backward(replicated_params)
+        """
+        from neural_arch.distributed.bucketing import queue_outermost_callback
+
+        if not self.params:
+            return []
+
+        def hook(_param) -> None:
+            if not self.pending:
+                self.pending = True
+                queue_outermost_callback(self.reduce)
+
+        seen: set = set()
+        handles = []
+        for p in watched:
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                handles.append(p.register_post_accumulate_grad_hook(hook))
+        return handles
 
     def reduce(self) -> None:
         """Sum over each expert-data-parallel group, divide by DDP's group size (in place on ``.grad``)."""

@@ -66,6 +66,22 @@ Differences from torch, stated plainly:
   intra-node, inter-node), or ``NEURAL_ARCH_FSDP_SHARD_SIZE``/``LOCAL_WORLD_SIZE`` ranks per shard group.
 * ``no_sync()`` is not implemented (raises ``NotImplementedError``).
 
+Expert parameters (a mixture-of-experts model under expert parallelism: ``parallelize_moe``
+marks them ``param.allreduce = False`` with ``param.expert_dp_group``) differ between ranks by
+design, so they are left out of the flat units (torch's ``ignored_states``) and stay whole,
+ordinary parameters: ``fsdp.parameters()`` yields them after the flat shards (registered as
+``expert_param_<j>``), the optimizer steps them on every rank that holds them, and their
+gradients are reduced as DDP reduces them, at the end of each backward: summed over the
+expert-data-parallel group (the ranks holding the same expert), divided by the data-parallel
+size (the shard group's, times the replicate group's for ``HYBRID_SHARD``), which equals one
+process on the global batch (:mod:`neural_arch.distributed.ddp.expert_grads`). That is the
+simplest correct design: sharding an expert over its expert-data-parallel group would need units
+per group and a second gather schedule, and saves only the experts' replicated copies (none at
+``ep = world``). ``sync_module_states`` broadcasts each expert over its expert-data-parallel
+group, not from rank 0. State dicts hold this rank's experts under their (local) names.
+``mixed_precision`` and ``cpu_offload`` do not apply to them (they compute and stay in their own
+dtype, on their own device).
+
 Example::
 
     from neural_arch.distributed.fsdp import FullyShardedDataParallel as FSDP, ModuleWrapPolicy
@@ -91,7 +107,7 @@ from neural_arch import backend as _backend
 from neural_arch.core import autograd as _ag
 from neural_arch.core.tensor import Tensor, is_backward_running, no_grad
 from neural_arch.distributed.bucketing import queue_outermost_callback
-from neural_arch.distributed.ddp.expert_grads import refuse_expert_parameters
+from neural_arch.distributed.ddp.expert_grads import ExpertGradReducer, split_expert_parameters
 from neural_arch.distributed.flat_param import FlatLayout
 from neural_arch.distributed.fsdp.api import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 from neural_arch.distributed.fsdp.owner_reducer import OwnerGradReducer
@@ -173,7 +189,6 @@ class FullyShardedDataParallel(Module):
             raise TypeError(f"FullyShardedDataParallel(module): expected an nn.Module, got {type(module).__name__}")
         if ignored_modules:
             raise NotImplementedError("FullyShardedDataParallel(ignored_modules=...) is not implemented")
-        refuse_expert_parameters(module.parameters(), "FullyShardedDataParallel")
         strategy = sharding_strategy or ShardingStrategy.FULL_SHARD
         if not isinstance(strategy, ShardingStrategy):
             raise TypeError(f"sharding_strategy must be a ShardingStrategy (e.g. ShardingStrategy.FULL_SHARD), "
@@ -209,6 +224,10 @@ class FullyShardedDataParallel(Module):
         self.process_group = shard_group
         self.replicate_group = replicate_group
         world = _resolve_group(None, "FullyShardedDataParallel")
+        # Expert parameters stay out of the units (see the module docstring).
+        self._experts = split_expert_parameters(module.parameters())[1]
+        dp_size = shard_group.size() * (replicate_group.size() if replicate_group is not None else 1)
+        self.expert_reducer = ExpertGradReducer(self._experts, dp_size)
         if sync_module_states:
             self._broadcast_module(world)
         if mp.buffer_dtype is not None:
@@ -221,7 +240,7 @@ class FullyShardedDataParallel(Module):
         sharded = strategy is not ShardingStrategy.NO_SHARD and shard_group.size() > 1
         shard_world = shard_group.size() if sharded else 1
         shard_rank = shard_group.rank() if sharded else 0
-        plan = plan_units(module, resolve_policy(auto_wrap_policy))
+        plan = plan_units(module, resolve_policy(auto_wrap_policy), ignored=self._experts)
         self._units: list[FlatParamUnit] = []
         reshard = sharded and strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD)
         like = next(iter(module.parameters()), None)
@@ -236,22 +255,32 @@ class FullyShardedDataParallel(Module):
             if sub is not module:
                 sub.register_forward_pre_hook(self._make_pre_hook(unit))
                 sub.register_forward_hook(self._make_post_hook(unit))
+        for j, p in enumerate(self._experts):
+            self.register_parameter(f"expert_param_{j}", p)    # whole: the optimizer steps them
         reduce_dtype = mp.reduce_dtype or mp.param_dtype
         self._reducer = OwnerGradReducer(
             [u.params for u in self._units], shard_group, self._on_grad_shard,
             reduce_dtype=None if reduce_dtype is None else np.dtype(reduce_dtype),
             scatter=sharded, replicate_group=replicate_group, on_ready=self._on_unit_grads_ready,
             on_final=self._on_param_final)
+        # after the reducer's hooks, on the units' parameters: queued behind its end-of-backward
+        # callback on every rank (see ExpertGradReducer.reduce_after_backward)
+        unit_params = [p for u in self._units for p in u.params]
+        self._expert_hooks = self.expert_reducer.reduce_after_backward(unit_params or self._experts)
         if self._reducer.layouts and any(a.padded_numel != u.layout.padded_numel
                                          for a, u in zip(self._reducer.layouts, self._units)):
             raise AssertionError("FSDP: reducer and unit layouts disagree")  # pragma: no cover
 
     # ------------------------------------------------------------------ construction helpers
     def _broadcast_module(self, world) -> None:
-        for t in list(self.module.parameters()) + list(self.module.buffers()):
+        experts = {id(p) for p in self._experts}
+        tensors = [t for t in self.module.parameters() if id(t) not in experts] + list(self.module.buffers())
+        for t in tensors + self._experts:
             if hasattr(t.data, "flags") and not t.data.flags.c_contiguous:
                 t.data = t.data.copy()
+        for t in tensors:
             world.backend.broadcast(t.data, root=0)
+        self.expert_reducer.broadcast()   # each expert from the first rank of the ranks holding it
 
     def _make_pre_hook(self, unit):
         def hook(module, args):
@@ -473,6 +502,7 @@ class FullyShardedDataParallel(Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, *args, **kwargs):
+        self.expert_reducer.pending = False   # a backward that raised never ran its expert reduction
         root = self._units[-1]
         call = self._forward_gather(root)
         if self.mixed_precision.cast_root_forward_inputs:

@@ -27,8 +27,11 @@ from neural_arch.distributed.subgroups import new_group
 __all__ = ["hybrid_groups", "plan_units", "shard_groups"]
 
 
-def plan_units(root, policy):
+def plan_units(root, policy, ignored=()):
     """Post-order list of ``(name, module, params)`` units (root last): each unit's own parameters.
+
+    Parameters in ``ignored`` (torch's ``ignored_states``: FSDP passes the expert parameters of a
+    mixture-of-experts model) belong to no unit: they stay whole, ordinary parameters.
 
     Example:
         >>> from neural_arch import nn
@@ -36,9 +39,11 @@ def plan_units(root, policy):
         >>> m = nn.Sequential(nn.Linear(2, 3), nn.Sequential(nn.Linear(3, 3)))
         >>> [(name, len(params)) for name, _, params in plan_units(m, ModuleWrapPolicy({nn.Sequential}))]
         [('1', 2), ('', 2)]
+        >>> [(name, len(params)) for name, _, params in plan_units(m, None, ignored=[m[0].weight])]
+        [('', 3)]
     """
     units: list = []
-    claimed: set = set()
+    claimed: set = {id(p) for p in ignored}
 
     def own_params(module):
         out, seen = [], set()

@@ -120,12 +120,14 @@ class FSDPStateDicts:
         """FULL: original names, full values in the master dtype, on every rank (a collective).
         SHARDED/LOCAL: this rank's flat shards, ``{prefix + "flat_param_<i>": array}``."""
         out: OrderedDict = OrderedDict()
+        names = self._names()
+        experts = {names[id(p)]: _backend.to_device(p.data, "cpu").copy() for p in self.fsdp._experts}
         if self.type is not StateDictType.FULL_STATE_DICT:
             for i, u in enumerate(self.fsdp._units):
                 out[f"{prefix}flat_param_{i}"] = _backend.to_device(u.flat_param.data, "cpu").copy()
+            out.update((prefix + k, v) for k, v in experts.items())   # this rank's experts, whole
             return out
-        names = self._names()
-        values = {}
+        values = dict(experts)
         for u in self.fsdp._units:
             flat = _backend.to_device(u.full_flat(u.master_dtype), "cpu")
             for p, v in zip(u.params, u.layout.views(flat)):
@@ -152,7 +154,9 @@ class FSDPStateDicts:
                     raise RuntimeError(f"FSDP.load_state_dict: {key} has shape {arr.shape}, this rank's shard "
                                        f"is {u.flat_param.shape} (was it saved with another world size?)")
                 u.flat_param.data[...] = _backend.to_device(arr, _backend.device_of(u.flat_param.data))
+            self._load_experts(state_dict, strict)
             return
+        self._load_experts(state_dict, strict=False)   # the FULL check below covers their names
         names = self._names()
         expected = set(names.values())
         missing = [k for k in expected if k not in state_dict]
@@ -173,6 +177,16 @@ class FSDPStateDicts:
                 if b is not None and key in state_dict:
                     b.data[...] = np.asarray(state_dict[key])
         return
+
+    def _load_experts(self, state_dict, strict: bool) -> None:
+        """This rank's expert parameters (whole, under their names): not in any flat unit."""
+        names = self._names()
+        for p in self.fsdp._experts:
+            key = names[id(p)]
+            if key in state_dict:
+                p.data[...] = _backend.to_device(np.asarray(state_dict[key]), _backend.device_of(p.data))
+            elif strict:
+                raise RuntimeError(f"FSDP.load_state_dict(strict=True): missing expert parameter {key!r}")
 
     @contextlib.contextmanager
     def summon_full_params(self, writeback: bool = True):

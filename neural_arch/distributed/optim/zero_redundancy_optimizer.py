@@ -19,6 +19,21 @@ AdamW, ...) give single-process results on flat slices; LAMB/LARS-style per-tens
 
 Both stages produce parameters equal to single-process training on the global batch.
 
+**Expert parameters** (mixture-of-experts under expert parallelism: ``parallelize_moe`` marks
+them ``param.allreduce = False`` with ``param.expert_dp_group``) differ between ranks by design,
+so they are kept out of the partition (stage 1) and out of the flat buckets (stage 2): every
+rank steps its own experts whole, with the replicated parameters' hyper-parameters. Their
+gradients are reduced as DDP reduces them (summed over the expert-data-parallel group, divided
+by the data-parallel size: :mod:`neural_arch.distributed.ddp.expert_grads`): by DDP in stage 1,
+by this optimizer at the end of backward in stage 2. The ranks holding one expert then apply the
+same update, so it stays identical without a broadcast. Why not shard each expert over its
+expert-data-parallel group (DeepSpeed-MoE): that saves the replicated optimizer state of the
+experts (``world / ep`` copies; none at ``ep = world``) but needs a second partition, a second
+gather and a second state layout; this is the simpler design that is equal to one process, and
+the one FSDP uses too. A consolidated state dict holds the expert state of rank ``to``'s own
+experts (as a plain optimizer on that rank would); the other ranks' experts are not in it, and
+loading it gives every rank that expert state: checkpoint experts per expert-parallel rank.
+
 Example::
 
     from neural_arch.distributed.optim import ZeroRedundancyOptimizer
@@ -40,7 +55,7 @@ import numpy as np
 from neural_arch import backend as _backend
 from neural_arch.core.tensor import Tensor, no_grad
 from neural_arch.distributed.bucketing import ShardedGradReducer, plan_buckets
-from neural_arch.distributed.ddp.expert_grads import refuse_expert_parameters
+from neural_arch.distributed.ddp.expert_grads import ExpertGradReducer, split_expert_parameters
 from neural_arch.distributed.flat_param import FlatLayout, FlatShard
 from neural_arch.distributed.resolve import _resolve_group
 from neural_arch.nn.parameter import Parameter
@@ -97,8 +112,12 @@ class ZeroRedundancyOptimizer(Optimizer):
         self.world_size = self.process_group.size()
         self.rank = self.process_group.rank()
         self._all_params = [p for g in self.param_groups for p in g["params"]]
-        refuse_expert_parameters(self._all_params, "ZeroRedundancyOptimizer")
         self._index = {id(p): i for i, p in enumerate(self._all_params)}
+        # Expert parameters (see the module docstring): outside the partition, stepped on every rank.
+        self._experts = split_expert_parameters(self._all_params)[1]
+        self._expert_ids = {id(p) for p in self._experts}
+        self.expert_reducer = None
+        self._expert_hooks: list = []
         self._consolidated = None
         if stage == 1:
             self._build_stage1()
@@ -111,17 +130,21 @@ class ZeroRedundancyOptimizer(Optimizer):
         self.partition: list[list] = [[] for _ in range(self.world_size)]  # rank -> params (model order)
         owner: dict = {}
         load = [0] * self.world_size
+        experts = self._expert_ids
         for group in self.param_groups:
-            for p in sorted(group["params"], key=lambda t: -int(np.prod(t.shape))):
+            replicated = [p for p in group["params"] if id(p) not in experts]
+            for p in sorted(replicated, key=lambda t: -int(np.prod(t.shape))):
                 r = int(np.argmin(load))
                 owner[id(p)] = r
                 load[r] += int(np.prod(p.shape))
         for p in self._all_params:
-            self.partition[owner[id(p)]].append(p)
+            if id(p) in owner:
+                self.partition[owner[id(p)]].append(p)
         self._owner = owner
         local_groups = []
         for group in self.param_groups:
-            mine = [p for p in group["params"] if owner[id(p)] == self.rank]
+            # this rank's partition and its own experts (already reduced by DDP)
+            mine = [p for p in group["params"] if id(p) in experts or owner[id(p)] == self.rank]
             local_groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": mine})
         self._local_groups = local_groups
         nonempty = [g for g in local_groups if g["params"]]
@@ -149,7 +172,7 @@ class ZeroRedundancyOptimizer(Optimizer):
             raise ValueError(f"ZeroRedundancyOptimizer: bucket_cap_mb must be > 0, got {bucket_cap_mb}")
         self._buckets, self._bucket_group = [], []
         for gi, group in enumerate(self.param_groups):
-            params = group["params"]
+            params = [p for p in group["params"] if id(p) not in self._expert_ids]
             # DDP's rule (torch's): reverse order, one dtype per bucket, closed once at the cap
             sizes = [(int(np.prod(p.shape)), p.dtype) for p in params]
             for b in plan_buckets(sizes, int(bucket_cap_mb * 2**20)):
@@ -171,11 +194,19 @@ class ZeroRedundancyOptimizer(Optimizer):
         local_groups = []
         for gi, group in enumerate(self.param_groups):
             shards = [s for s, g in zip(self._shards, self._bucket_group) if g == gi]
+            shards += [p for p in group["params"] if id(p) in self._expert_ids]   # stepped whole
             local_groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": shards})
         self._local_groups = local_groups
-        self.optim = self.optimizer_class([g for g in local_groups if g["params"]], **self.defaults)
+        nonempty = [g for g in local_groups if g["params"]]
+        self.optim = self.optimizer_class(nonempty, **self.defaults) if nonempty else None
         self._adopt_inner_groups()
         self.reducer = ShardedGradReducer(self._buckets, self.process_group, self._accumulate_shard)
+        if self._experts:
+            # DDP's reduction of expert gradients (summed over each expert-data-parallel group,
+            # divided by the data-parallel size), queued behind the reducer's end of backward
+            self.expert_reducer = ExpertGradReducer(self._experts, self.world_size)
+            replicated = [p for b in self._buckets for p in b]       # after the reducer's hooks
+            self._expert_hooks = self.expert_reducer.reduce_after_backward(replicated or self._experts)
 
     def _accumulate_shard(self, i: int, g) -> None:
         shard = self._shards[i]
@@ -236,6 +267,8 @@ class ZeroRedundancyOptimizer(Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none)
+        if self.expert_reducer is not None:
+            self.expert_reducer.pending = False   # a backward that raised never ran its reduction
         if self.stage == 2:
             for s in self._shards:
                 if s.grad is not None:
@@ -255,19 +288,23 @@ class ZeroRedundancyOptimizer(Optimizer):
         """
         from neural_arch.optim.clip import clip_grad_norm_
 
-        params = self._shards if self.stage == 2 else self._all_params
+        params = self._shards + self._experts if self.stage == 2 else self._all_params
         return float(clip_grad_norm_(params, max_norm, norm_type))
 
     # ------------------------------------------------------------------ checkpoints
     def _local_state(self) -> dict:
-        """This rank's state as {global param index: {...}} (stage 1) or {bucket: {...}} (stage 2)."""
+        """This rank's state as {global param index: {...}} (stage 1) or {bucket: {...}} (stage 2),
+        and its experts' as {("expert", global param index): {...}}."""
         if self.optim is None:
             return {}
+        experts = {("expert", self._index[id(p)]): {k: _copy_state(v) for k, v in self.optim.state[p].items()}
+                   for p in self._experts if p in self.optim.state}
         if self.stage == 1:
             return {self._index[id(p)]: {k: _copy_state(v) for k, v in self.optim.state[p].items()}
-                    for g in self._local_groups for p in g["params"] if p in self.optim.state}
+                    for g in self._local_groups for p in g["params"]
+                    if p in self.optim.state and id(p) not in self._expert_ids} | experts
         return {i: {k: _copy_state(v) for k, v in self.optim.state[s].items()}
-                for i, s in enumerate(self._shards) if s in self.optim.state}
+                for i, s in enumerate(self._shards) if s in self.optim.state} | experts
 
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Gather every rank's optimizer state on global rank ``to`` (a collective: all ranks call it).
@@ -287,7 +324,7 @@ class ZeroRedundancyOptimizer(Optimizer):
         state: dict = {}
         if self.stage == 1:
             for piece in pieces:
-                state.update(piece)
+                state.update({i: v for i, v in piece.items() if not isinstance(i, tuple)})
         else:
             for i, (b, lay) in enumerate(zip(self._buckets, self._layouts)):
                 per_rank = [piece.get(i, {}) for piece in pieces]
@@ -301,6 +338,8 @@ class ZeroRedundancyOptimizer(Optimizer):
                     else:
                         for p in b:
                             state.setdefault(self._index[id(p)], {})[k] = v0
+        # the experts: this rank's own (another rank's index i is another expert)
+        state.update({key[1]: v for key, v in pieces[root].items() if isinstance(key, tuple)})
         groups = []
         for g in self.param_groups:
             entry = {k: v for k, v in g.items() if k != "params"}
@@ -339,6 +378,11 @@ class ZeroRedundancyOptimizer(Optimizer):
         self._sync_hyperparameters()
         if self.optim is None:
             return
+        for p in (self._experts if self.stage == 2 else []):
+            s = state.get(self._index[id(p)])
+            if s is not None:
+                xp = _backend.get_array_module(p.data)
+                self.optim.state[p] = {k: (xp.asarray(v).copy() if hasattr(v, "shape") else v) for k, v in s.items()}
         if self.stage == 1:
             for g in self._local_groups:
                 for p in g["params"]:
