@@ -75,6 +75,25 @@ def test_notebook_is_clean(path):
     assert not dirty, f"{path.name}: cells {dirty} have stored outputs; clear them before committing"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_every_section_draws(path):
+    """Every content section (a ``## `` heading; exercises and "Where next" exempt) draws a figure: the
+    course teaches with pictures, not only printed tables."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    section, figures = None, {}
+    for cell in nb["cells"]:
+        src = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            for line in src.splitlines():
+                if line.startswith("## "):
+                    section = line
+                    figures[section] = 0
+        elif section is not None and "plt.show()" in src:
+            figures[section] += 1
+    bare = [s for s, n in figures.items() if n == 0 and "Exercise" not in s and "Where next" not in s]
+    assert not bare, f"{path.name}: sections without a figure: {bare}"
+
+
 def _run_job(path: Path) -> background.Job:
     """The notebook as one script in a folder of its own, where it saves its figures."""
     job = background.Job(f"notebook {path.name}", [], timeout=150)
