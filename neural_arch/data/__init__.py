@@ -10,10 +10,20 @@ Example::
 """
 
 from neural_arch.data.dataloader import DataLoader, default_collate
-from neural_arch.data.dataset import Dataset, Subset, TensorDataset
+from neural_arch.data.dataset import Dataset, IterableDataset, Subset, TensorDataset
 from neural_arch.data.datasets import load_digits, make_classification_data, make_token_sequences
+from neural_arch.data.worker import WorkerInfo, get_worker_info
 
 __all__ = [
-    "Dataset", "TensorDataset", "Subset", "DataLoader", "default_collate",
-    "load_digits", "make_classification_data", "make_token_sequences",
+    "DataLoader",
+    "Dataset",
+    "IterableDataset",
+    "Subset",
+    "TensorDataset",
+    "WorkerInfo",
+    "default_collate",
+    "get_worker_info",
+    "load_digits",
+    "make_classification_data",
+    "make_token_sequences",
 ]

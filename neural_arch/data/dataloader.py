@@ -1,15 +1,25 @@
 """``DataLoader``: batches from a dataset, optionally shuffled, collated into Tensors.
 
 * Shuffling uses the loader's own ``numpy.random.Generator``, seeded from ``seed`` (or, when
-  ``seed`` is None, from the global generator at construction, so it follows ``manual_seed``).
-  Each ``iter(loader)`` draws a fresh permutation: epochs differ, and two loaders built with the
-  same seed produce the same sequence of epochs.
+  ``seed`` is None, from the global generator at construction, so it follows ``manual_seed``), or
+  the ``generator=`` given (a ``neural_arch.Generator``, as torch's). Each ``iter(loader)`` draws a
+  fresh permutation: epochs differ, and two loaders built with the same seed give the same epochs.
 * ``sampler`` is any iterable of indices with ``__len__`` (e.g. ``DistributedSampler``; call its
   ``set_epoch`` yourself, as in torch).
 * Fast path: when the dataset can gather rows in one go (``TensorDataset``), each batch is one
   fancy-indexing call per array instead of ``batch_size`` Python ``__getitem__`` calls.
-* ``num_workers > 0`` prefetches batches on that many background threads (order is preserved).
-  Threads, not processes: the work is NumPy indexing/stacking, which mostly releases the GIL.
+* ``num_workers > 0`` loads batches in that many worker **processes** (torch's semantics: ``fork``
+  on Linux, or ``multiprocessing_context="spawn"``), so Python transforms run in parallel instead
+  of taking turns on the GIL; batches come back through shared memory, in order
+  (:mod:`neural_arch.data.worker_pool`, :mod:`neural_arch.data.shared_batch`). Each worker is
+  seeded with ``base_seed + worker_id`` (:func:`~neural_arch.data.worker.get_worker_info`).
+  A worker's exception is raised here with its traceback; a worker that dies is a
+  ``RuntimeError`` naming it, never a hang. Workers of CuPy datasets: use ``spawn`` (CUDA does
+  not survive ``fork``).
+* Resumable: :meth:`DataLoader.state_dict` / :meth:`DataLoader.load_state_dict` save and restore
+  the position inside the epoch. With a sampler that keeps its own position
+  (``DistributedSampler``: ``state_dict`` first tells it, by ``record_batch``, how many batches were
+  yielded) the sampler's state is saved, so the rest of the epoch can resume on another world size.
 
 Example::
 
@@ -23,16 +33,21 @@ Example::
 
 from __future__ import annotations
 
-import collections
+import itertools
 import math
+import pickle
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from neural_arch import backend as _backend
+from neural_arch.core.rng import numpy_generator
 from neural_arch.core.tensor import Tensor, get_generator
+from neural_arch.data.dataset import IterableDataset
+from neural_arch.data.shared_batch import discard, unpack
+from neural_arch.data.worker import ExceptionWrapper, IterableEnd
+from neural_arch.data.worker_pool import WorkerPool
 
 __all__ = ["DataLoader", "default_collate"]
 
@@ -80,16 +95,46 @@ def default_collate(batch: list) -> Any:
     return _stack(list(batch))
 
 
+
+
 def _collate_arrays(arrays: tuple) -> tuple:
     """The fast path's collate: wrap already-gathered batch arrays (no copy)."""
     return tuple(Tensor(a) for a in arrays)
 
 
+class _Fetcher:
+    """Loads and collates one batch of a map-style dataset (picklable, so ``spawn`` workers get it)."""
+
+    def __init__(self, dataset, collate_fn, fast: bool):
+        self.dataset, self.collate_fn, self.fast = dataset, collate_fn, fast
+
+    def __call__(self, indices):
+        if self.fast:
+            return _collate_arrays(self.dataset.get_batch(indices))
+        return (self.collate_fn or default_collate)([self.dataset[int(i)] for i in indices])
+
+
+class _IterableBatcher:
+    """Batches of an ``IterableDataset`` (each worker runs one over its own copy)."""
+
+    def __init__(self, dataset, batch_size: int, drop_last: bool, collate_fn):
+        self.dataset, self.batch_size, self.drop_last, self.collate_fn = dataset, batch_size, drop_last, collate_fn
+
+    def __call__(self) -> Iterator:
+        collate = self.collate_fn or default_collate
+        items = iter(self.dataset)
+        while True:
+            chunk = list(itertools.islice(items, self.batch_size))
+            if not chunk or (self.drop_last and len(chunk) < self.batch_size):
+                return
+            yield collate(chunk)
+
+
 class DataLoader:
-    """Iterate over ``dataset`` in batches.
+    """Iterate over ``dataset`` in batches (torch's ``DataLoader``).
 
     Args:
-        dataset: a map-style dataset (``__len__``, ``__getitem__``).
+        dataset: a map-style dataset (``__len__``, ``__getitem__``) or an ``IterableDataset``.
         batch_size: samples per batch.
         shuffle: reshuffle the order every epoch (mutually exclusive with ``sampler``).
         sampler: iterable of indices with ``__len__`` (e.g. ``DistributedSampler``).
@@ -97,7 +142,17 @@ class DataLoader:
         collate_fn: turns a list of samples into a batch (default: :func:`default_collate`). A
             custom ``collate_fn`` always receives the list of samples (it turns the fast path off).
         seed: seed for the shuffling generator (default: drawn from the global generator).
-        num_workers: background threads that prefetch batches (0: load in the calling thread).
+        num_workers: worker processes that load batches (0: load in the calling process).
+        pin_memory: accepted for torch compatibility (host arrays need no pinning).
+        timeout: seconds to wait for a worker's batch before raising (0: no limit; a dead worker
+            is reported at once either way).
+        worker_init_fn: called as ``worker_init_fn(worker_id)`` in each worker after seeding.
+        multiprocessing_context: ``"fork"`` (default on Linux), ``"spawn"``, ``"forkserver"``
+            or a context object.
+        generator: a ``neural_arch.Generator`` (or ``numpy.random.Generator``) for the shuffle
+            and the workers' base seed, instead of ``seed``.
+        prefetch_factor: batches in flight per worker.
+        persistent_workers: keep the workers alive between epochs (they start once per loader).
 
     Example::
 
@@ -106,14 +161,22 @@ class DataLoader:
         >>> data = TensorDataset(np.arange(10.0).reshape(5, 2), np.arange(5))
         >>> [(x.shape, y.tolist()) for x, y in DataLoader(data, batch_size=2)]
         [((2, 2), [0, 1]), ((2, 2), [2, 3]), ((1, 2), [4])]
+        >>> [y.tolist() for _, y in DataLoader(data, batch_size=2, num_workers=2)]
+        [[0, 1], [2, 3], [4]]
     """
 
     def __init__(self, dataset, batch_size: int = 1, shuffle: bool = False,
                  sampler: Iterable[int] | None = None, drop_last: bool = False,
                  collate_fn: Callable | None = None, seed: int | None = None,
-                 num_workers: int = 0, pin_memory: bool = False):
+                 num_workers: int = 0, pin_memory: bool = False, timeout: float = 0,
+                 worker_init_fn: Callable | None = None, multiprocessing_context=None,
+                 generator=None, *, prefetch_factor: int | None = None, persistent_workers: bool = False):
         if int(batch_size) <= 0:
             raise ValueError(f"DataLoader: batch_size must be a positive integer, got {batch_size}")
+        self._iterable = isinstance(dataset, IterableDataset)
+        if self._iterable and (shuffle or sampler is not None):
+            raise ValueError("DataLoader: an IterableDataset decides its own order; shuffle=True and sampler= "
+                             "are for map-style datasets")
         if sampler is not None and shuffle:
             raise ValueError(
                 "DataLoader: sampler and shuffle=True are mutually exclusive; shuffle in the sampler"
@@ -122,6 +185,12 @@ class DataLoader:
             raise TypeError("DataLoader: sampler must have __len__ (an iterable of indices with a length)")
         if int(num_workers) < 0:
             raise ValueError(f"DataLoader: num_workers must be >= 0, got {num_workers}")
+        if int(num_workers) == 0 and (persistent_workers or prefetch_factor is not None):
+            raise ValueError("DataLoader: persistent_workers and prefetch_factor need num_workers > 0")
+        if prefetch_factor is not None and int(prefetch_factor) < 1:
+            raise ValueError(f"DataLoader: prefetch_factor must be >= 1, got {prefetch_factor}")
+        if float(timeout) < 0:
+            raise ValueError(f"DataLoader: timeout must be >= 0, got {timeout}")
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
@@ -130,15 +199,38 @@ class DataLoader:
         self.collate_fn = collate_fn
         self.num_workers = int(num_workers)
         self.pin_memory = pin_memory  # accepted for torch compatibility; host arrays need no pinning
-        if seed is None:
-            seed = int(get_generator().integers(0, 2**63 - 1))
-        self.seed = int(seed)
-        self._generator = np.random.default_rng(self.seed)
-        self._fast = collate_fn is None and callable(getattr(dataset, "get_batch", None)) \
-            and getattr(dataset, "supports_batch", True)
+        self.timeout = float(timeout)
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.prefetch_factor = int(prefetch_factor) if prefetch_factor is not None else 2
+        self.persistent_workers = bool(persistent_workers)
+        self.generator = generator
+        if generator is not None:
+            # torch's semantics: the generator drives the shuffle and each iterator's worker base seed
+            self._generator = numpy_generator(generator)
+            self._seed_stream = self._generator
+            self.seed = None
+        else:
+            if seed is None:
+                seed = int(get_generator().integers(0, 2**63 - 1))
+            self.seed = int(seed)
+            self._generator = np.random.default_rng(self.seed)
+            # a stream of its own, so drawing worker seeds leaves the shuffle order as it always was
+            self._seed_stream = np.random.default_rng([self.seed, 1])
+        self._fast = (not self._iterable and collate_fn is None and callable(getattr(dataset, "get_batch", None))
+                      and getattr(dataset, "supports_batch", True))
+        self._pool: WorkerPool | None = None      # persistent workers only
+        self._yielded = 0                         # batches yielded in the current epoch
+        self._epoch_start = None                  # generator state when the current epoch was drawn
+        self._skip = 0                            # batches the next epoch skips (load_state_dict)
+        self._segment_batches = None              # batches yielded since iter() (None: not iterated yet)
 
     def _num_samples(self) -> int:
-        return len(self.sampler) if self.sampler is not None else len(self.dataset)
+        if self.sampler is not None:
+            return len(self.sampler)
+        if self._iterable and not hasattr(self.dataset, "__len__"):
+            raise TypeError("DataLoader: this IterableDataset has no __len__, so the loader has none")
+        return len(self.dataset)
 
     def __len__(self) -> int:
         n = self._num_samples()
@@ -157,31 +249,188 @@ class DataLoader:
         return [order[i:i + self.batch_size] for i in range(0, min(stop, len(order)), self.batch_size)]
 
     def _load(self, indices: np.ndarray):
-        if self._fast:
-            return _collate_arrays(self.dataset.get_batch(indices))
-        samples = [self.dataset[int(i)] for i in indices]
-        return (self.collate_fn or default_collate)(samples)
+        return _Fetcher(self.dataset, self.collate_fn, self._fast)(indices)
 
+    # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator:
-        batches = self._batch_indices()  # drawn now, so the epoch order is fixed at iter() time
+        self._epoch_start = self._generator.bit_generator.state  # drawn below: a resume redraws the same
+        base_seed = int(self._seed_stream.integers(0, 2**62))
+        skip, self._skip = self._skip, 0
+        if self._iterable:
+            tasks = None
+        else:
+            tasks = iter(self._batch_indices()[skip:])  # drawn now, so the epoch order is fixed at iter() time
+        self._yielded, self._segment_batches = skip, 0
         if self.num_workers == 0:
-            for indices in batches:
-                yield self._load(indices)
+            batches = self._single_process(tasks)
+        else:
+            batches = _MultiProcessIter(self, self._workers(base_seed), tasks)
+        if self._iterable and skip:
+            batches = itertools.islice(batches, skip, None)
+        return self._counted(batches)
+
+    def _single_process(self, tasks) -> Iterator:
+        if tasks is None:
+            yield from _IterableBatcher(self.dataset, self.batch_size, self.drop_last, self.collate_fn)()
             return
-        # Keep up to 2 batches per worker in flight; results come back in submission order.
-        with ThreadPoolExecutor(max_workers=self.num_workers) as pool:
-            pending: collections.deque = collections.deque()
-            it = iter(batches)
-            for indices in it:
-                pending.append(pool.submit(self._load, indices))
-                if len(pending) >= 2 * self.num_workers:
-                    break
-            while pending:
-                yield pending.popleft().result()
-                nxt = next(it, None)
-                if nxt is not None:
-                    pending.append(pool.submit(self._load, nxt))
+        fetch = _Fetcher(self.dataset, self.collate_fn, self._fast)
+        for indices in tasks:
+            yield fetch(indices)
+
+    def _counted(self, batches) -> Iterator:
+        """Yield ``batches``, counting them (the epoch's position; the sampler's segment's)."""
+        for batch in batches:
+            self._yielded += 1
+            self._segment_batches += 1
+            yield batch
+        self._yielded, self._epoch_start = 0, None  # the epoch is complete: a resume starts the next one
+
+    def _workers(self, base_seed: int) -> WorkerPool:
+        if self._pool is not None and self._pool.alive:
+            return self._pool
+        fetch = None if self._iterable else _Fetcher(self.dataset, self.collate_fn, self._fast)
+        make_batches = _IterableBatcher(self.dataset, self.batch_size, self.drop_last, self.collate_fn) \
+            if self._iterable else None
+        pool = WorkerPool(self.num_workers, base_seed, self.dataset, fetch, make_batches, self.worker_init_fn,
+                          context=self.multiprocessing_context, timeout=self.timeout)
+        if self.persistent_workers:
+            self._pool = pool
+        return pool
+
+    # -- resumable position -------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Where the current epoch stands: batches yielded, the shuffle generator's state at the epoch's
+        start, and the sampler's ``state_dict()`` when it has one. Plain data (JSON-serialisable).
+
+        Example::
+
+            >>> import numpy as np
+            >>> from neural_arch.data import DataLoader, TensorDataset
+            >>> loader = DataLoader(TensorDataset(np.arange(6)), batch_size=2, shuffle=True, seed=0)
+            >>> it = iter(loader); first = next(it)
+            >>> state = loader.state_dict()
+            >>> resumed = DataLoader(TensorDataset(np.arange(6)), batch_size=2, shuffle=True, seed=0)
+            >>> resumed.load_state_dict(state)
+            >>> [b[0].tolist() for b in resumed] == [b[0].tolist() for b in it]
+            True
+        """
+        generator = self._epoch_start if self._epoch_start is not None else self._generator.bit_generator.state
+        if self.sampler is not None:
+            generator = None  # the sampler owns the order; the loader's generator draws nothing for it
+        record = getattr(self.sampler, "record_batch", None)
+        if callable(record) and self._segment_batches is not None:
+            # tell the sampler what was really consumed (batches prefetched by workers were not);
+            # absolute, so it also corrects a count the user kept with record_samples
+            record(self._segment_batches - 1, self.batch_size)
+        sampler = self.sampler.state_dict() if callable(getattr(self.sampler, "state_dict", None)) else None
+        return {"batches_yielded": int(self._yielded), "generator": generator, "sampler": sampler}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume at ``state``: the next ``iter(loader)`` continues the interrupted epoch.
+
+        With a sampler state (``DistributedSampler``) the sampler resumes (on any world size) and
+        serves only the rest of the epoch; otherwise the epoch's order is redrawn from the saved
+        generator state and the batches already yielded are skipped (not loaded).
+        """
+        if state.get("generator") is not None:
+            self._generator.bit_generator.state = state["generator"]
+        if state.get("sampler") is not None and callable(getattr(self.sampler, "load_state_dict", None)):
+            self.sampler.load_state_dict(state["sampler"])
+            self._skip, self._segment_batches = 0, None
+        else:
+            self._skip = int(state.get("batches_yielded", 0))
+
+    def __del__(self):
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown()
 
     def __repr__(self) -> str:
-        return (f"DataLoader(batches={len(self)}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
-                f"drop_last={self.drop_last}, num_workers={self.num_workers})")
+        return (f"DataLoader(batches={len(self) if not self._iterable else '?'}, batch_size={self.batch_size}, "
+                f"shuffle={self.shuffle}, drop_last={self.drop_last}, num_workers={self.num_workers})")
+
+
+class _MultiProcessIter:
+    """One epoch over a :class:`~neural_arch.data.worker_pool.WorkerPool`, in task order.
+
+    Task ``k`` goes to the next active worker in turn; up to ``prefetch_factor`` tasks per worker
+    are in flight; results arriving early wait in a reorder buffer. Every task is tagged with this
+    epoch's id, so results of an abandoned earlier epoch (persistent workers) are dropped.
+    """
+
+    _epochs = itertools.count()
+
+    def __init__(self, loader: DataLoader, pool: WorkerPool, tasks):
+        self._pool, self._tasks = pool, tasks
+        self._owns_pool = pool is not loader._pool
+        self._epoch = next(self._epochs)
+        n = pool.num_workers
+        self._active = [True] * n
+        self._cycle = itertools.cycle(range(n))
+        self._worker_of: dict[int, int] = {}
+        self._buffer: dict = {}
+        self._sent = self._received = 0
+        if tasks is None:  # each worker restarts its IterableDataset copy for this epoch
+            for worker_id in range(n):
+                pool.put(worker_id, ("reset", None))
+        for _ in range(loader.prefetch_factor * n):
+            self._try_put()
+
+    def _try_put(self) -> None:
+        if self._tasks is not None:
+            indices = next(self._tasks, None)
+            if indices is None:
+                return
+        else:
+            indices = None
+        for _ in range(len(self._active)):
+            worker_id = next(self._cycle)
+            if self._active[worker_id]:
+                break
+        else:
+            return
+        self._pool.put(worker_id, ((self._epoch, self._sent), indices))
+        self._worker_of[self._sent] = worker_id
+        self._sent += 1
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            while self._received < self._sent:
+                if self._received not in self._buffer:
+                    (epoch, index), data = self._pool.get()
+                    payload = pickle.loads(data)  # trusted: our own worker processes
+                    if epoch != self._epoch:
+                        discard(payload)
+                    else:
+                        self._buffer[index] = payload
+                    continue
+                payload = self._buffer.pop(self._received)
+                worker_id = self._worker_of.pop(self._received)
+                self._received += 1
+                if isinstance(payload, IterableEnd):
+                    self._active[worker_id] = False
+                    self._try_put()
+                    continue
+                if isinstance(payload, ExceptionWrapper):
+                    payload.reraise()
+                self._try_put()
+                return unpack(payload)
+        except BaseException:
+            self._close()
+            raise
+        self._close()
+        raise StopIteration
+
+    def _close(self) -> None:
+        for payload in self._buffer.values():
+            discard(payload)
+        self._buffer.clear()
+        if self._owns_pool:
+            self._pool.shutdown()
+
+    def __del__(self):
+        if getattr(self, "_owns_pool", False):
+            self._close()

@@ -1,4 +1,4 @@
-"""Datasets: the map-style ``Dataset`` protocol and ``TensorDataset``.
+"""Datasets: the map-style ``Dataset`` protocol, ``IterableDataset`` and ``TensorDataset``.
 
 A dataset is anything with ``__len__`` and ``__getitem__(i)``. ``TensorDataset`` also answers
 ``get_batch(index_array)`` with one fancy-indexing call per array, which ``DataLoader`` uses
@@ -22,7 +22,7 @@ import numpy as np
 from neural_arch import backend as _backend
 from neural_arch.core.tensor import Tensor
 
-__all__ = ["Dataset", "TensorDataset", "Subset"]
+__all__ = ["Dataset", "IterableDataset", "Subset", "TensorDataset"]
 
 
 class Dataset:
@@ -45,6 +45,28 @@ class Dataset:
 
     def __len__(self) -> int:
         raise NotImplementedError(f"{type(self).__name__} must implement __len__")
+
+
+class IterableDataset:
+    """Base class for stream-style datasets: implement ``__iter__`` (torch's ``IterableDataset``).
+
+    With ``num_workers > 0`` every worker iterates its own copy, so shard the stream yourself with
+    :func:`~neural_arch.data.worker.get_worker_info` (each worker yields a disjoint part), and
+    across ranks with the process group's rank and size, as in torch. The DataLoader batches
+    what the stream yields; ``shuffle`` and ``sampler`` do not apply.
+
+    Example::
+
+        >>> from neural_arch.data import DataLoader, IterableDataset
+        >>> class Countdown(IterableDataset):
+        ...     def __iter__(self):
+        ...         return iter(range(5, 0, -1))
+        >>> [b.tolist() for b in DataLoader(Countdown(), batch_size=2)]
+        [[5, 4], [3, 2], [1]]
+    """
+
+    def __iter__(self):
+        raise NotImplementedError(f"{type(self).__name__} must implement __iter__")
 
 
 class TensorDataset(Dataset):

@@ -24,6 +24,12 @@ Both spellings of the seeds work::
         for idx in sampler:               # python ints
             ...
 
+Resumable: :meth:`DistributedSampler.state_dict` holds the epoch, the seed and ``processed``, the
+samples of the epoch the whole group has finished (``record_batch``, which ``DataLoader.state_dict``
+calls for you). The group's finished samples are always a prefix of the epoch's order
+(rank ``r`` of ``W`` takes ``rest[r::W]``), so after :meth:`DistributedSampler.load_state_dict` on
+a world of any size the rest of the epoch is split again and no sample is lost or repeated.
+
 ``num_replicas`` and ``rank`` default to the default process group (a world of one when
 none was initialised).
 """
@@ -99,28 +105,40 @@ class DistributedSampler:
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
         self.epoch = 0
-        if self.drop_last:
-            self.num_samples = size // num_replicas
-        else:
-            self.num_samples = math.ceil(size / num_replicas)
-        self.total_size = self.num_samples * num_replicas
+        self.processed = 0          # samples of this epoch the group had done when this segment began
+        self._local_done = 0        # samples this rank has done since then
+        self._layout()
+
+    def _layout(self) -> None:
+        """``num_samples`` and ``total_size`` of what is left of the epoch (all of it unless resumed)."""
+        remaining = max(0, self.dataset_size - self.processed)
+        w = self.num_replicas
+        self.num_samples = remaining // w if self.drop_last else math.ceil(remaining / w)
+        self.total_size = self.num_samples * w
 
     # -- the epoch's order ---------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Use the order of ``epoch`` (call before each epoch on every rank, with the same value)."""
+        """Use the order of ``epoch`` from its first sample (call before each epoch on every rank,
+        with the same value)."""
         self.epoch = int(epoch)
+        self.processed, self._local_done = 0, 0
+        self._layout()
 
     def global_order(self) -> np.ndarray:
-        """The whole epoch's index order shared by all ranks, padded or cut to ``total_size``."""
+        """The epoch's index order shared by all ranks (its rest, after a resume), padded or cut
+        to ``total_size``."""
         n = self.dataset_size
         if self.shuffle:
             order = np.random.default_rng(self.seed + self.epoch).permutation(n)
         else:
             order = np.arange(n, dtype=np.int64)
-        if self.total_size <= n:
-            return order[:self.total_size]
+        rest = order[self.processed:]
+        if self.total_size <= len(rest):
+            return rest[:self.total_size]
+        if len(rest) == 0:
+            return rest
         # Wrap-around padding; np.resize repeats the order as often as needed (tiny data sets).
-        return np.resize(order, self.total_size)
+        return np.resize(rest, self.total_size)
 
     def indices(self) -> np.ndarray:
         """This rank's indices for the current epoch (an int64 array of length ``num_samples``)."""
@@ -128,13 +146,66 @@ class DistributedSampler:
 
     @property
     def num_padding(self) -> int:
-        """How many padding duplicates the whole epoch contains (0 with ``drop_last=True``)."""
-        return max(0, self.total_size - self.dataset_size)
+        """How many padding duplicates the (rest of the) epoch contains (0 with ``drop_last=True``)."""
+        return max(0, self.total_size - max(0, self.dataset_size - self.processed))
 
     def padding_mask(self) -> np.ndarray:
         """Booleans, one per index of :meth:`indices`: True where that index is a padding duplicate."""
         positions = np.arange(self.rank, self.total_size, self.num_replicas)
-        return positions >= self.dataset_size
+        return positions >= max(0, self.dataset_size - self.processed)
+
+    # -- resumable position ----------------------------------------------------------------------
+    def record_samples(self, count: int) -> None:
+        """This rank finished ``count`` more of its samples (every rank records the same counts)."""
+        self._local_done = min(self.num_samples, self._local_done + int(count))
+
+    def record_batch(self, batch_idx: int, batch_size: int) -> None:
+        """This rank finished batches ``0..batch_idx`` of ``batch_size`` of this segment (absolute,
+        so calling it twice for the same batch is harmless). ``DataLoader.state_dict()`` calls it with
+        the batches the loader yielded before it saves this sampler's state."""
+        self._local_done = min(self.num_samples, (int(batch_idx) + 1) * int(batch_size))
+
+    def processed_samples(self) -> int:
+        """Samples of the epoch the whole group has finished (padding not counted)."""
+        return min(self.dataset_size, self.processed + self._local_done * self.num_replicas)
+
+    def state_dict(self) -> dict:
+        """Where the epoch stands, independent of the world size: ``epoch``, ``processed`` (samples of
+        the epoch done by the whole group: the first ``processed`` of the epoch's order), ``seed``,
+        ``shuffle``, ``drop_last`` and ``dataset_size``. Plain ints and bools.
+
+        Example::
+
+            >>> s = DistributedSampler(dataset_size=10, num_replicas=2, rank=0, shuffle=False)
+            >>> s.record_batch(0, 2)            # each rank yielded a batch of 2: 4 samples done
+            >>> s.state_dict()["processed"]
+            4
+        """
+        return {"epoch": self.epoch, "processed": self.processed_samples(), "seed": self.seed,
+                "shuffle": self.shuffle, "drop_last": self.drop_last, "dataset_size": self.dataset_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume the epoch of ``state`` (saved on any world size): the samples not yet processed are
+        re-partitioned over this sampler's ``num_replicas``, so each is seen exactly once.
+
+        Example::
+
+            >>> old = DistributedSampler(dataset_size=10, num_replicas=2, rank=0, shuffle=False)
+            >>> old.record_batch(0, 2)
+            >>> new = DistributedSampler(dataset_size=10, num_replicas=3, rank=1, shuffle=False)
+            >>> new.load_state_dict(old.state_dict())
+            >>> list(new)                       # samples 4..9 over 3 ranks
+            [5, 8]
+        """
+        if int(state.get("dataset_size", self.dataset_size)) != self.dataset_size:
+            raise ValueError(f"{type(self).__name__}.load_state_dict: the state is for {state['dataset_size']} "
+                             f"samples, this sampler has {self.dataset_size}")
+        self.epoch = int(state["epoch"])
+        self.seed = int(state.get("seed", self.seed))
+        self.shuffle = bool(state.get("shuffle", self.shuffle))
+        self.drop_last = bool(state.get("drop_last", self.drop_last))
+        self.processed, self._local_done = int(state["processed"]), 0
+        self._layout()
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices().tolist())
