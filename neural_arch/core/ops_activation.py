@@ -227,27 +227,42 @@ _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
+# The A&S coefficients halved (exact: a power-of-two scaling), so the polynomial gives erfc(|z|) / 2,
+# which is what Phi(x) = 1/2 + sign(x) * (1/2 - erfc(|z|) / 2) needs.
+_AS_A_HALF = tuple(0.5 * a for a in _AS_A)
+
+
 def _gelu_erf_arrays(xp, xd, need_grad: bool):
     """Exact GELU ``x * Phi(x)`` and, when ``need_grad``, its derivative ``Phi(x) + x * phi(x)``.
 
-    One fused pass: ``exp(-z^2)`` with ``z = x / sqrt(2)`` is both erf's Gaussian factor and
-    ``sqrt(2 pi) * phi(x)``, so the backward needs no second ``exp`` and keeps one array.
+    One fused pass over two arrays, both returned (no third temporary): the first holds
+    ``t = 1 / (1 + p|z|)`` (``z = x / sqrt(2)``) while the second accumulates the polynomial; the
+    first then becomes ``exp(-z^2)``, which is both erf's Gaussian factor and ``sqrt(2 pi) * phi(x)``
+    (the backward needs no second ``exp``), and ends as the derivative; the second ends as the output.
     """
     shape = xd.shape
-    xd = xd.reshape(-1)  # 1-d: ufuncs on 0-d arrays return scalars, which out= cannot take
-    z = xp.multiply(xd, _INV_SQRT_2)
-    q, e = _erfc_abs_and_gauss(xp, z)
-    xp.subtract(1.0, q, out=q)
-    xp.copysign(q, z, out=q)  # erf(z)
-    q += 1.0
-    q *= 0.5  # Phi(x)
-    out = xp.multiply(xd, q, out=z).reshape(shape)  # z's buffer: one fresh (page-faulting) array fewer
-    if not need_grad:
-        return out, None
-    e *= _INV_SQRT_2PI  # phi(x)
-    e *= xd
-    e += q
-    return out, e.reshape(shape)
+    x = xd.reshape(-1)  # 1-d: ufuncs on 0-d arrays return scalars, which out= cannot take
+    t = xp.abs(x)
+    t *= _AS_P * _INV_SQRT_2
+    t += 1.0
+    xp.divide(1.0, t, out=t)
+    q = xp.multiply(t, _AS_A_HALF[4])
+    for coef in _AS_A_HALF[3::-1]:  # Horner: q = t*(a0 + t*(a1 + t*(a2 + t*(a3 + t*a4)))) / 2
+        q += coef
+        q *= t
+    e = xp.multiply(x, x, out=t)
+    e *= -0.5
+    xp.exp(e, out=e)  # exp(-z^2)
+    q *= e  # erfc(|z|) / 2
+    xp.subtract(0.5, q, out=q)
+    xp.copysign(q, x, out=q)
+    q += 0.5  # Phi(x)
+    if need_grad:
+        e *= _INV_SQRT_2PI  # phi(x)
+        e *= x
+        e += q
+    q *= x
+    return q.reshape(shape), (e.reshape(shape) if need_grad else None)
 
 
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
@@ -435,7 +450,11 @@ def softmax(x: Tensor, axis: int = -1, *, dim=None) -> Tensor:
 
 def _log_softmax_array(xp, xd, axis):
     shifted = xd - xd.max(axis=axis, keepdims=True)
-    return shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
+    lse = xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
+    if getattr(shifted, "ndim", 0) and shifted.dtype == lse.dtype:
+        shifted -= lse  # in place: the same subtraction, one (rows, classes) array fewer
+        return shifted
+    return shifted - lse
 
 
 def log_softmax(x: Tensor, axis: int = -1, *, dim=None) -> Tensor:

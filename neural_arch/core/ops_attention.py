@@ -159,12 +159,65 @@ def _swap(a):
 
 
 def _scores(qi, kb, sc, keep, add, xp, dtype):
-    s = (qi @ _swap(kb)) * sc
+    s = qi @ _swap(kb)
+    s *= sc  # in place: the same arithmetic as (q @ k^T) * sc without a second score-sized array
     if add is not None:
-        s = s + add
+        if xp is np and s.shape == add.shape and s.dtype == add.dtype:
+            s += add
+        else:
+            s = s + add
     if keep is not None:
-        s = xp.where(keep, s, dtype.type(-np.inf))
+        if xp is np and s.shape[-2:] == keep.shape[-2:] and keep.ndim <= s.ndim:
+            np.copyto(s, dtype.type(-np.inf), where=~keep)  # in place, same values as np.where
+        else:
+            s = xp.where(keep, s, dtype.type(-np.inf))
     return s
+
+
+def _one_tile(n_q: int, n_k: int, block: int, dropout, *arrays) -> bool:
+    """Whether attention is a single tile: then the online softmax has nothing to merge, and the
+    kernels below skip its running max/sum bookkeeping (the arithmetic of the tile is the same).
+    ``arrays`` must share one dtype (the tiled loop casts into the query's dtype; these do not)."""
+    return (dropout is None and 0 < n_q <= block and 0 < n_k <= block
+            and all(a.dtype == arrays[0].dtype for a in arrays))
+
+
+def _forward_one_tile(q, k, v, sc, mask, xp, dtype):
+    """:func:`attention_forward` when every query and key fits in one tile: the same expressions as
+    its loop's first (and only) iteration, with the zero-initialised accumulators folded away."""
+    lead, n_q, n_k = q.shape[:-2], q.shape[-2], k.shape[-2]
+    skip, keep, add = mask.tile(0, n_q, 0, n_k, xp)
+    if skip:
+        return (xp.zeros(lead + (n_q, v.shape[-1]), dtype=dtype),
+                xp.full(lead + (n_q,), -np.inf, dtype=dtype))
+    s = _scores(q, k, sc, keep, add, xp, dtype)
+    m = s.max(axis=-1)
+    m_safe = xp.where(xp.isneginf(m), dtype.type(0), m)
+    s -= m_safe[..., None]
+    p = xp.exp(s, out=s)
+    total = p.sum(axis=-1)
+    acc = p @ v
+    seen = total > 0
+    denom = xp.where(seen, total, dtype.type(1))
+    lse = xp.where(seen, m_safe + xp.log(denom), dtype.type(-np.inf))
+    acc /= denom[..., None]
+    return acc, lse
+
+
+def _backward_one_tile(q, k, v, dout, lse_safe, delta, sc, mask, xp, dtype):
+    """:func:`attention_backward` for a single tile: the loop body's arithmetic, written in place."""
+    skip, keep, add = mask.tile(0, q.shape[-2], 0, k.shape[-2], xp)
+    if skip:
+        return xp.zeros(q.shape, dtype=dtype), xp.zeros(k.shape, dtype=dtype), xp.zeros(v.shape, dtype=dtype)
+    s = _scores(q, k, sc, keep, add, xp, dtype)
+    s -= lse_safe[..., None]
+    p = xp.exp(s, out=s)
+    ds = dout @ _swap(v)  # dp
+    dv = _swap(p) @ dout
+    ds -= delta[..., None]
+    ds *= p
+    ds *= sc
+    return ds @ k, _swap(ds) @ q, dv
 
 
 def attention_forward(q, k, v, scale: float, mask: AttentionMask | None = None,
@@ -191,6 +244,8 @@ def attention_forward(q, k, v, scale: float, mask: AttentionMask | None = None,
     dtype = q.dtype
     sc = dtype.type(scale)
     lead, n_q, n_k = q.shape[:-2], q.shape[-2], k.shape[-2]
+    if _one_tile(n_q, n_k, block, dropout, q, k, v):
+        return _forward_one_tile(q, k, v, sc, mask, xp, dtype)
     out = xp.zeros(lead + (n_q, v.shape[-1]), dtype=dtype)
     lse = xp.full(lead + (n_q,), -np.inf, dtype=dtype)
     for i0 in range(0, n_q, block):
@@ -248,6 +303,8 @@ def attention_backward(q, k, v, out, dout, lse, scale: float, mask: AttentionMas
     if delta is None:
         delta = (dout * out).sum(axis=-1)
     lse_safe = xp.where(xp.isneginf(lse), dtype.type(np.inf), lse)  # exp(s - inf) = 0 for unseen rows
+    if _one_tile(n_q, n_k, block, dropout, q, k, v, dout, lse_safe, delta):
+        return _backward_one_tile(q, k, v, dout, lse_safe, delta, sc, mask, xp, dtype)
     dq = xp.zeros(q.shape, dtype=dtype)
     dk = xp.zeros(k.shape, dtype=dtype)
     dv = xp.zeros(v.shape, dtype=dtype)

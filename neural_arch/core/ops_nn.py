@@ -20,6 +20,8 @@ Example::
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import backend as _backend
@@ -124,6 +126,8 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
             f"layer_norm: input shape {xd.shape} does not end with normalized_shape {normalized_shape}"
         )
     xp = _xp(xd)
+    if _fused_rows_ok(xd, weight, bias, normalized_shape):
+        return _layer_norm_rows(x, normalized_shape, weight, bias, eps)
     axes = tuple(range(xd.ndim - k, xd.ndim))
     mu = xd.mean(axis=axes, keepdims=True)
     xc = xd - mu
@@ -179,6 +183,98 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
     return _result(out, Node(fn, (x if rx else None, wt, bt), "LayerNorm"))
 
 
+def _row_dots(a):
+    """``(a * a).sum(axis=1)`` without the temporary: ``np.vecdot`` (NumPy >= 2) or einsum."""
+    vecdot = getattr(np, "vecdot", None)
+    return vecdot(a, a) if vecdot is not None else np.einsum("ij,ij->i", a, a)
+
+
+def _fused_rows_ok(xd, weight, bias, normalized_shape) -> bool:
+    """Whether :func:`_layer_norm_rows` applies: NumPy float32/float64 input, a non-empty row, and
+    weight/bias (if any) of the input's dtype and exactly ``normalized_shape`` (no broadcasting)."""
+    if type(xd) is not np.ndarray or xd.dtype not in (np.float32, np.float64) or xd.size == 0:
+        return False
+    for p in (weight, bias):
+        if p is None:
+            continue
+        pd = p.data if isinstance(p, Tensor) else p
+        if type(pd) is not np.ndarray or pd.dtype != xd.dtype or pd.shape != normalized_shape:
+            return False
+    return math.prod(normalized_shape) > 0
+
+
+def _layer_norm_rows(x: Tensor, normalized_shape, weight, bias, eps: float) -> Tensor:
+    """:func:`layer_norm` on NumPy float32/float64 as ``(rows, n)`` matrices.
+
+    The row reductions are dot products (``np.vecdot``, matrix-vector products), which read their
+    operands once and leave no temporaries, and the backward uses
+    ``sum(g * w * xhat) = (g * xhat) @ w``, so ``g * xhat`` serves both the weight gradient and the
+    input gradient. Same formulas as the general path; sums are taken in a different order
+    (float rounding).
+    """
+    xd = x.data
+    xshape = xd.shape
+    n = math.prod(normalized_shape)
+    rows = xd.reshape(xd.size // n, n)
+    dtype = xd.dtype
+    ones = np.ones(n, dtype=dtype)
+    mu = rows @ ones
+    mu /= n
+    xhat = rows - mu[:, None]  # centred; becomes xhat in place below
+    var = _row_dots(xhat)
+    var /= n
+    var += eps
+    rstd = np.sqrt(var, out=var)
+    np.divide(1.0, rstd, out=rstd)
+    rstd = rstd[:, None]
+    xhat *= rstd
+    wd = None if weight is None else (weight.data if isinstance(weight, Tensor) else weight).reshape(n)
+    bd = None if bias is None else (bias.data if isinstance(bias, Tensor) else bias).reshape(n)
+    if wd is not None:
+        out = xhat * wd
+        if bd is not None:
+            out += bd
+    elif bd is not None:
+        out = xhat + bd
+    else:
+        out = xhat
+    out = out.reshape(xshape)
+    wt = weight if isinstance(weight, Tensor) and weight.requires_grad else None
+    bt = bias if isinstance(bias, Tensor) and bias.requires_grad else None
+    rx = x.requires_grad
+    if not _needs(x if rx else None, wt, bt):
+        return _result(out, None)
+
+    def fn(g):
+        g2 = g.reshape(rows.shape)
+        gx = gw = gb = None
+        gxhat = g2 * xhat if (wt is not None or rx) else None
+        if wt is not None:
+            gw = gxhat.sum(axis=0).reshape(normalized_shape)
+        if bt is not None:
+            gb = g2.sum(axis=0).reshape(normalized_shape)
+        if rx:
+            # gx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = g * w
+            if wd is not None:
+                m1 = g2 @ wd
+                m2 = gxhat @ wd
+                gx = g2 * wd
+            else:
+                m1 = g2 @ ones
+                m2 = gxhat @ ones
+                gx = g2.copy()
+            m1 /= n
+            m2 /= n
+            gx -= m1[:, None]
+            np.multiply(xhat, m2[:, None], out=gxhat)
+            gx -= gxhat
+            gx *= rstd
+            gx = gx.reshape(xshape)
+        return gx, gw, gb
+
+    return _result(out, Node(fn, (x if rx else None, wt, bt), "LayerNorm"))
+
+
 # ============================================================================ linear
 def linear(x: Tensor, weight: Tensor, bias=None) -> Tensor:
     """``x @ weight.T + bias`` as one fused op; ``weight`` is (out_features, in_features).
@@ -200,7 +296,13 @@ def linear(x: Tensor, weight: Tensor, bias=None) -> Tensor:
             f"linear: input has {xd.shape[-1]} features but weight expects {wd.shape[1]} "
             f"(weight shape {wd.shape} is (out_features, in_features))"
         )
-    out = xd @ wd.T
+    xshape = xd.shape
+    # One 2-d GEMM over all leading dims: NumPy runs (B, T, K) @ (K, N) as B separate GEMMs,
+    # each too small to reach the BLAS's full speed (docs/benchmarks.md, issue 37).
+    x2 = xd if xd.ndim == 2 else xd.reshape(math.prod(xshape[:-1]), xshape[-1])
+    out = x2 @ wd.T
+    if xd.ndim != 2:
+        out = out.reshape(xshape[:-1] + (wd.shape[0],))
     bd = None
     if bias is not None:
         bd = bias.data if isinstance(bias, Tensor) else bias
@@ -209,15 +311,15 @@ def linear(x: Tensor, weight: Tensor, bias=None) -> Tensor:
     rx, rw = x.requires_grad, weight.requires_grad
     if not _needs(x if rx else None, weight if rw else None, bt):
         return _result(out, None)
-    xshape = xd.shape
 
     def fn(g):
-        g2 = g if g.ndim == 2 else g.reshape(-1, g.shape[-1])
-        gx = (g @ wd) if rx else None
-        gw = None
-        if rw:
-            x2 = xd if xd.ndim == 2 else xd.reshape(-1, xshape[-1])
-            gw = g2.T @ x2
+        g2 = g if g.ndim == 2 else g.reshape(math.prod(g.shape[:-1]), g.shape[-1])
+        gx = None
+        if rx:
+            gx = g2 @ wd
+            if gx.shape != xshape:
+                gx = gx.reshape(xshape)
+        gw = (g2.T @ x2) if rw else None
         gb = g2.sum(axis=0) if bt is not None else None
         return gx, gw, gb
 
