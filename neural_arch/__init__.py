@@ -26,6 +26,12 @@ import importlib
 
 import numpy as _np
 
+from . import config as _config
+from .allocator import tune_malloc as _tune_malloc
+
+if _config.get("NEURAL_ARCH_MALLOC_TUNE"):
+    _tune_malloc()   # a step's temporaries stay in the heap instead of being page-faulted in again every step
+
 from .core.autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .core.dtypes import (  # noqa: F401  (torch's dtype names; `float`, `bool`... shadow builtins here only)
     bool,
