@@ -172,3 +172,95 @@ def test_bytes_per_param():
 
     with pytest.raises(AssertionError, match="memory.estimate"):
         checks.check_bytes_per_param(no_master_copy)
+
+
+def test_column_parallel_forward(pool):
+    assert checks.check_column_parallel_forward(stub) is False
+    assert checks.check_column_parallel_forward(solution("column_parallel_forward"), pool=pool) is True
+
+    def full_weight(x, weight, bias, rank, world):            # every rank multiplies by the whole weight
+        return x @ weight.T + bias
+
+    with pytest.raises(AssertionError, match="NaN"):
+        checks.check_column_parallel_forward(full_weight, pool=pool)
+
+    def stacked(x, weight, bias, rank, world):                # gathers the slices along the batch, not the features
+        import neural_arch.distributed as dist
+        from neural_arch.core.tensor import Tensor
+        per = weight.shape[0] // world
+        local = x @ weight[rank * per:(rank + 1) * per].T + bias[rank * per:(rank + 1) * per]
+        if world == 1:
+            return local
+        return np.concatenate([p.data for p in dist.all_gather(Tensor(local))], axis=0)
+
+    with pytest.raises(AssertionError, match="shape"):
+        checks.check_column_parallel_forward(stacked, pool=pool)
+
+
+def test_decode_step():
+    assert checks.check_decode_step(stub) is False
+    decode_step = solution("decode_step")
+    assert checks.check_decode_step(decode_step) is True
+
+    def unscaled(q, k, v, cache):                              # forgets the 1 / sqrt(head_dim)
+        return decode_step(q * np.sqrt(q.shape[-1]), k, v, cache)
+
+    with pytest.raises(AssertionError, match="recomputation"):
+        checks.check_decode_step(unscaled)
+
+    def no_cache(q, k, v, cache):                              # attends to the new position only
+        return v
+
+    with pytest.raises(AssertionError, match="step 1"):
+        checks.check_decode_step(no_cache)
+
+
+def test_merge_partials(pool):
+    assert checks.check_merge_partials(stub) is False
+    assert checks.check_merge_partials(solution("merge_partials"), pool=pool) is True
+
+    def naive(out_a, lse_a, out_b, lse_b):                     # exp of the raw lse: overflows for large scores
+        with np.errstate(over="ignore", invalid="ignore"):
+            a, b = np.exp(lse_a), np.exp(lse_b)
+            return (a[..., None] * out_a + b[..., None] * out_b) / (a + b)[..., None], np.log(a + b)
+
+    with pytest.raises(AssertionError, match="overflow"):
+        checks.check_merge_partials(naive, pool=pool)
+
+    def unweighted(out_a, lse_a, out_b, lse_b):                # the mean of the outputs: ignores each side's mass
+        return np.where(np.isneginf(lse_a)[..., None], out_b, (out_a + out_b) / 2), np.logaddexp(lse_a, lse_b)
+
+    with pytest.raises(AssertionError, match="merge_partial"):
+        checks.check_merge_partials(unweighted, pool=pool)
+
+
+def test_zero1_state_bytes(pool):
+    assert checks.check_zero1_state_bytes(stub) is False
+    assert checks.check_zero1_state_bytes(solution("zero1_state_bytes"), pool=pool) is True
+
+    def round_robin(param_nbytes, world, optimizer):            # parameter i to rank i % world: unbalanced
+        load = [0] * world
+        for i, b in enumerate(param_nbytes):
+            load[i % world] += b
+        return [{"sgd": 0, "sgd_momentum": 1}.get(optimizer, 2) * x for x in load]
+
+    with pytest.raises(AssertionError, match="memory.estimate|partition"):
+        checks.check_zero1_state_bytes(round_robin, pool=pool)
+
+
+def test_next_quorum():
+    assert checks.check_next_quorum(stub) is False
+    next_quorum = solution("next_quorum")
+    assert checks.check_next_quorum(next_quorum) is True
+
+    def trusts_dead_replicas(requests, healthy, min_replicas, join_timeout, now):   # ignores the heartbeats
+        return next_quorum(requests, set(healthy) | set(requests), min_replicas, join_timeout, now)
+
+    with pytest.raises(AssertionError, match="dropped"):
+        checks.check_next_quorum(trusts_dead_replicas)
+
+    def never_waits(requests, healthy, min_replicas, join_timeout, now):            # no join_timeout for the slow
+        return next_quorum(requests, healthy, min_replicas, 0.0, now)
+
+    with pytest.raises(AssertionError, match="plan_quorum"):
+        checks.check_next_quorum(never_waits)
