@@ -42,7 +42,7 @@ _export("groups", "init_process_group", "destroy_process_group", "is_initialized
         "get_rank", "get_world_size", "get_backend", "get_default_group", "get_global_rank", "get_group_rank")
 _export("process_group", "ProcessGroup", "GroupMember")
 _export("info", "get_distributed_info")
-_export("collectives", "barrier", "all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter",
+_export("collectives", "sendrecv", "barrier", "all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter",
         "reduce_scatter", "all_to_all", "send", "recv", "isend", "irecv", "broadcast_object_list",
         "all_gather_object", "gather_object", "scatter_object_list", "all_to_all_single",
         "reduce_scatter_tensor", "all_gather_into_tensor", "P2POp", "batch_isend_irecv", "send_object_list",
@@ -55,7 +55,7 @@ _export("ddp", "DistributedDataParallel", "no_sync", "SyncBatchNorm")
 _export("data.sampler", "DistributedSampler", "distributed_evaluate")
 _export("launcher", "LaunchConfig", "DistributedLauncher", "launch_distributed_training")
 _export("run.spawn", "launch", "spawn", "ProcessRaisedException", "ProcessExitedException", "SpawnError")
-_export("launch_env", "is_torchelastic_launched")
+_export("launch_env", "is_torchelastic_launched", "get_node_local_rank", "get_local_rank")
 _export("elastic", "ElasticDistributedSampler")
 _export("checkpoint.manager", "find_latest_checkpoint")
 _export("rendezvous.store", "TCPStore", "FileStore", "PrefixStore")

@@ -40,7 +40,7 @@ from neural_arch.core.tensor import Tensor
 from neural_arch.distributed.comm.work import ReduceOp, Work
 from neural_arch.distributed.process_group import FLAT_ALWAYS as _NEVER
 from neural_arch.distributed.process_group import GroupMember
-from neural_arch.distributed.resolve import _buf, _group, _resolve_group
+from neural_arch.distributed.resolve import _buf, _check_op, _group, _resolve_group
 from neural_arch.distributed.state import STATE as _STATE
 
 __all__ = [
@@ -72,6 +72,7 @@ __all__ = [
     "scatter_object_list",
     "send",
     "send_object_list",
+    "sendrecv",
 ]
 
 
@@ -190,6 +191,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
         pg = _group(group, "all_reduce")
         if pg is None:
             return None
+    if op.__class__ is not ReduceOp:
+        op = _check_op(op, "all_reduce")
     data = tensor.data if tensor.__class__ is Tensor else None
     if data.__class__ is not np.ndarray or not data.flags.c_contiguous:
         data = _buf(tensor)
@@ -622,6 +625,40 @@ def irecv(tensor, src: int, group=None, tag: int = 0) -> Work:
         return None
     work = pg.backend.recv(_buf(tensor), pg.group_rank(src, "src"), tag, async_op=True)
     return _finish(work, lambda: tensor, True)
+
+
+def sendrecv(send_tensor, dst: int, recv_tensor, src: int, group=None, tag: int = 0):
+    """Send ``send_tensor`` to global rank ``dst`` while receiving ``recv_tensor`` from ``src``
+    (mpi4py's ``Sendrecv``); returns ``recv_tensor``.
+
+    Both halves are posted before either is waited on, so a ring or pairwise exchange where every
+    rank calls it at once cannot deadlock (two blocking ``send`` calls facing each other can).
+    ``dst == src == this rank`` copies. ``tag`` matches both halves (mpi4py's ``sendtag``/``recvtag``).
+
+    Example::
+
+        right, left = (rank + 1) % world, (rank - 1) % world
+        got = dist.sendrecv(Tensor(np.full(3, float(rank))), right, Tensor(np.zeros(3)), left)
+        # got.data == [left, left, left]
+    """
+    group, tag = _p2p_args(group, tag)
+    pg = _group(group, "sendrecv")
+    if pg is None:
+        return None
+    out, inp = _buf(recv_tensor, "recv_tensor"), _buf(send_tensor, "send_tensor")
+    peer_out, peer_in = pg.group_rank(dst, "dst"), pg.group_rank(src, "src")
+    me = pg.rank()
+    if peer_out == me and peer_in == me:
+        if _shape_dtype(inp) != _shape_dtype(out):
+            raise ValueError(f"sendrecv to this rank: send_tensor {_shape_dtype(inp)} and recv_tensor "
+                             f"{_shape_dtype(out)} must have the same (shape, dtype)")
+        out[...] = inp
+        return recv_tensor
+    receiving = pg.backend.recv(out, peer_in, tag, async_op=True)
+    sending = pg.backend.send(inp, peer_out, tag, async_op=True)
+    sending.wait()
+    receiving.wait()
+    return recv_tensor
 
 
 class P2POp:

@@ -240,12 +240,32 @@ def init_process_group(backend: str | None = None, init_method: str | None = "en
                        "timeout": timeout, "rendezvous_timeout": rendezvous_timeout, "launch": launch,
                        "layout": layout, "leave": leave}
         _mark_ready(environ, rank)
+        _STATE.info["exported_env"] = _export_torch_env(launch, environ)
         _start_observability(world)
         if impl.debug:
             log.warning("neural_arch.distributed: NEURAL_ARCH_DISTRIBUTED_DEBUG=DETAIL on rank %d of %d "
                         "(%s): every collective is first checked across ranks (op, shape, dtype, root); "
                         "this costs one extra small all_gather per collective", rank, world_size, name)
         return world
+
+
+_WARNED_OVERSUBSCRIBED = False
+
+
+def _export_torch_env(launch, environ) -> list[str]:
+    """Under mpiexec/srun: torch's RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE into the environment
+    (those not set already; ``destroy_process_group`` removes them again), and -- once, on local rank
+    0 -- a warning when the host runs more ranks than it has CPUs (our launcher warns for its own)."""
+    global _WARNED_OVERSUBSCRIBED
+    from neural_arch.distributed.launch_env import export_launch_env, oversubscription_message
+
+    if launch is None or launch["source"] not in ("mpiexec", "slurm"):
+        return []
+    message = oversubscription_message(int(launch["local_world_size"]))
+    if message and int(launch["local_rank"]) == 0 and not _WARNED_OVERSUBSCRIBED:
+        _WARNED_OVERSUBSCRIBED = True
+        log.warning("neural_arch.distributed (%s): %s", launch["source"], message)
+    return export_launch_env(launch, environ)
 
 
 def _start_observability(world) -> None:
@@ -626,6 +646,7 @@ def destroy_process_group(group=None) -> None:
                 # propagates (a `finally:`), this rank is failing: no wait then.
                 _leave_world(_STATE.world, failing=sys.exc_info()[0] is not None)
             targets = list(_STATE.groups)
+            _unexport_torch_env(_STATE.info.pop("exported_env", None))
             _STATE.world = None
             _STATE.groups = []
             GroupMember.WORLD = None
@@ -640,6 +661,12 @@ def destroy_process_group(group=None) -> None:
                 pg.backend.shutdown()
             except Exception as exc:  # noqa: BLE001 - a teardown error must not hide the real one
                 log.warning("shutting down %r failed: %s", pg, exc)
+
+
+def _unexport_torch_env(names) -> None:
+    from neural_arch.distributed.launch_env import unexport_launch_env
+
+    unexport_launch_env(names, os.environ)
 
 
 def _leave_world(world, failing: bool) -> None:

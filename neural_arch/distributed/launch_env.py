@@ -31,7 +31,10 @@ Example::
     ['node01', 'node02', 'node03', 'node07', 'gpu5']
 
 It also gives a job's public id (:func:`derive_job_token`: keeps two jobs apart, never
-authenticates) and torch's :func:`is_torchelastic_launched`. Standard library only: the group layer
+authenticates), torch's :func:`is_torchelastic_launched` and :func:`get_node_local_rank`,
+:func:`export_launch_env` (``init_process_group`` writes ``RANK``/``LOCAL_RANK``/... from mpiexec's
+or srun's variables, so torch's ``int(os.environ["LOCAL_RANK"])`` works under them too) and
+:func:`oversubscription_message` (more ranks than CPUs on one host). Standard library only: the group layer
 (``groups.py``, ``info.py``) reads it, and nothing here imports the rest of the package.
 """
 
@@ -42,8 +45,9 @@ import re
 from collections.abc import Mapping
 
 __all__ = [
-    "MPI_ENV_PREFIXES", "derive_job_token", "detect_launch_env", "expand_hostlist", "is_torchelastic_launched",
-    "launched_by_mpiexec", "parse_tasks_per_node",
+    "MPI_ENV_PREFIXES", "derive_job_token", "detect_launch_env", "expand_hostlist",
+    "export_launch_env", "get_local_rank", "get_node_local_rank", "is_torchelastic_launched", "launched_by_mpiexec",
+    "oversubscription_message", "parse_tasks_per_node", "unexport_launch_env",
 ]
 
 DEFAULT_MASTER_PORT = 29500
@@ -269,6 +273,11 @@ def detect_launch_env(environ: Mapping[str, str] | None = None) -> dict | None:
     True
     """
     env = os.environ if environ is None else environ
+    exported = _EXPORTED.get(id(env))
+    if exported:
+        # What export_launch_env copied from mpiexec's/srun's variables is not a torchrun-style launch:
+        # read the launcher's own variables, as before the export.
+        env = {k: v for k, v in env.items() if k not in exported or v != exported[k]}
     has_rank, has_size = "RANK" in env, "WORLD_SIZE" in env
     if has_rank and has_size:
         return _check(_from_explicit(env))
@@ -299,6 +308,104 @@ def is_torchelastic_launched(environ: Mapping[str, str] | None = None) -> bool:
     if (env.get("TORCHELASTIC_RUN_ID") or "").strip():
         return True
     return "TORCHELASTIC_RESTART_COUNT" in env and "RANK" in env
+
+
+# --------------------------------------------------------------------------- torch's variables, everywhere
+# What export_launch_env wrote, per environment mapping (id -> {name: value}), so detect_launch_env
+# still sees mpiexec/srun in this process. Not an environment variable: a child process started meanwhile
+# inherits torch's variables as a torchrun-style launch, as under the launcher.
+_EXPORTED: dict[int, dict[str, str]] = {}
+
+_TORCH_VARS = (("RANK", "rank"), ("WORLD_SIZE", "world_size"), ("LOCAL_RANK", "local_rank"),
+               ("LOCAL_WORLD_SIZE", "local_world_size"))
+
+
+def export_launch_env(info: Mapping | None, environ: dict | None = None) -> list[str]:
+    """Write torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` into ``environ``
+    (default ``os.environ``) from an mpiexec or srun launch; returns the names it set.
+
+    A variable already set is left alone; launches that already are torchrun-style set nothing.
+    ``init_process_group`` calls it, so the torch idiom ``int(os.environ["LOCAL_RANK"])`` works under
+    ``mpiexec`` and ``srun`` too; ``destroy_process_group`` calls :func:`unexport_launch_env`.
+
+    >>> env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2"}
+    >>> names = export_launch_env(detect_launch_env(env), env); names
+    ['RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE']
+    >>> env["LOCAL_RANK"], env["WORLD_SIZE"], detect_launch_env(env)["source"]
+    ('1', '4', 'slurm')
+    >>> unexport_launch_env(names, env)
+    """
+    env = os.environ if environ is None else environ
+    if info is None or info.get("source") not in ("mpiexec", "slurm"):
+        return []
+    done = [name for name, key in _TORCH_VARS if name not in env]
+    for name, key in _TORCH_VARS:
+        if name in done:
+            env[name] = str(int(info[key]))
+            _EXPORTED.setdefault(id(env), {})[name] = env[name]
+    return done
+
+
+def unexport_launch_env(names, environ: dict | None = None) -> None:
+    """Undo :func:`export_launch_env`: remove ``names`` it set (a variable changed since is kept).
+
+    >>> env = {"PMI_RANK": "0", "PMI_SIZE": "1"}
+    >>> names = export_launch_env(detect_launch_env(env), env)
+    >>> unexport_launch_env(names, env); env
+    {'PMI_RANK': '0', 'PMI_SIZE': '1'}
+    """
+    env = os.environ if environ is None else environ
+    exported = _EXPORTED.pop(id(env), {})
+    for name in names or ():
+        if name in exported and env.get(name) == exported[name]:
+            env.pop(name, None)
+
+
+def get_node_local_rank(fallback_rank: int | None = None) -> int:
+    """torch's ``dist.get_node_local_rank``: this process's rank on its host.
+
+    ``LOCAL_RANK`` when set, else what mpiexec (``MPI_LOCALRANKID``, ``OMPI_COMM_WORLD_LOCAL_RANK``)
+    or srun (``SLURM_LOCALID``) says, else ``fallback_rank``; with none of these a ``RuntimeError``
+    (torch's behaviour). Use it to pick a device: ``cupy.cuda.Device(get_node_local_rank(0))``.
+
+    >>> get_node_local_rank(fallback_rank=0) >= 0
+    True
+    """
+    value = (os.environ.get("LOCAL_RANK") or "").strip()
+    if value:
+        return int(value)
+    launch = detect_launch_env()
+    if launch is not None:
+        return int(launch["local_rank"])
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise RuntimeError("get_node_local_rank: LOCAL_RANK is not set and no launcher (torchrun, the neural_arch "
+                       "launcher, mpiexec, srun) was detected; pass fallback_rank=0 for a single process")
+
+
+def get_local_rank() -> int:
+    """This process's rank on its host (0 for a plain ``python`` run): :func:`get_node_local_rank`
+    with ``fallback_rank=0``, under every launcher (ours, torchrun, mpiexec, srun).
+
+    >>> get_local_rank() >= 0
+    True
+    """
+    return get_node_local_rank(fallback_rank=0)
+
+
+def oversubscription_message(local_ranks: int, cpus: int | None = None) -> str | None:
+    """The warning for ``local_ranks`` ranks on a host with ``cpus`` logical CPUs, or None when they fit.
+
+    >>> oversubscription_message(2, cpus=4) is None
+    True
+    >>> oversubscription_message(3, cpus=2).split(":")[0]
+    '3 ranks on 2 cores'
+    """
+    cpus = os.cpu_count() if cpus is None else cpus
+    if not cpus or local_ranks <= cpus:
+        return None
+    return (f"{local_ranks} ranks on {cpus} cores: every rank busy-polls while it waits for its peers, so the "
+            f"ranks take the cores from each other; expect a large slowdown (start at most {cpus} ranks per host)")
 
 
 # --------------------------------------------------------------------------- job token

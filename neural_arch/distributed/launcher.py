@@ -111,7 +111,11 @@ import time
 from neural_arch import config
 from neural_arch.distributed import auth as handshake
 from neural_arch.distributed.elastic.agent import ElasticAgentServer, ElasticMember
-from neural_arch.distributed.launch_env import detect_launch_env, launched_by_mpiexec
+from neural_arch.distributed.launch_env import (
+    detect_launch_env,
+    launched_by_mpiexec,
+    oversubscription_message,
+)
 from neural_arch.distributed.run.agent import NodeAgentServer, NodeLayout, _Every, join_node0
 from neural_arch.distributed.run.child_env import free_port, package_root, rank_env
 from neural_arch.distributed.run.launch_config import LaunchConfig, parse_command_line
@@ -319,6 +323,9 @@ class DistributedLauncher:
                 f"{cfg.world_size} python {script} ...` instead, or use --backend gloo here")
         if cfg.log_dir:
             prepare_log_dir(cfg.log_dir)
+        crowded = oversubscription_message(cfg.nproc_per_node)
+        if crowded:
+            _say(crowded)      # one launcher per host: said once, before any rank starts
         token = config.get("NEURAL_ARCH_AUTH_TOKEN") or None
         if token:
             handshake.job_key(token)   # a weak token is refused here, before any rank or node starts

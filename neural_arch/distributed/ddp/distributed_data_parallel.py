@@ -104,6 +104,26 @@ def _process_group_backend(process_group):
     return backend_or_world_of_one(process_group, "DistributedDataParallel")
 
 
+def _group_of_mesh(process_group, device_mesh):
+    """torch 2.x's ``device_mesh=`` argument -> the process group (a 1-d mesh's only group)."""
+    if device_mesh is None:
+        return process_group
+    from neural_arch.distributed.device_mesh import DeviceMesh
+
+    if process_group is not None:
+        raise ValueError("DistributedDataParallel: pass process_group or device_mesh, not both "
+                         "(device_mesh=mesh['dp'] means process_group=mesh['dp'].get_group())")
+    if not isinstance(device_mesh, DeviceMesh):
+        raise TypeError(f"DistributedDataParallel: device_mesh must be a DeviceMesh (init_device_mesh), "
+                        f"got {type(device_mesh).__name__}")
+    if device_mesh.ndim != 1:
+        names = getattr(device_mesh, "mesh_dim_names", None)
+        hint = f" such as mesh[{names[0]!r}]" if names else ""
+        raise ValueError(f"DistributedDataParallel: device_mesh must be 1-d (the data-parallel dimension{hint}), "
+                         f"got a {device_mesh.ndim}-d mesh {device_mesh!r}")
+    return device_mesh.get_group()
+
+
 class DistributedDataParallel(Module):
     """Wrap ``module`` so that backward averages gradients over the ranks of ``process_group``.
 
@@ -118,6 +138,9 @@ class DistributedDataParallel(Module):
         broadcast_buffers: broadcast buffers from rank 0 at every forward (no-op without buffers).
         gradient_as_bucket_view: make ``.grad.data`` views into the buckets (saves a copy and memory).
         process_group: the group to average over (default: the world).
+        device_mesh: torch 2.x's alternative to ``process_group``: a 1-d
+            :class:`~neural_arch.distributed.device_mesh.DeviceMesh` (e.g. ``mesh["dp"]``) whose group is
+            the one to average over. Give one of the two, not both.
         first_bucket_mb: the first bucket closes at this size (1 MB, like torch): starts the first
             all-reduce early.
         device_ids, output_device: accepted for torch compatibility and ignored.
@@ -133,8 +156,10 @@ class DistributedDataParallel(Module):
     def __init__(self, module: Module, device_ids=None, output_device=None, broadcast_buffers: bool = True,
                  process_group=None, bucket_cap_mb: float | None = None, find_unused_parameters: bool = False,
                  gradient_as_bucket_view: bool = False, *, bucket_size_mb: float | None = None,
-                 first_bucket_mb: float = 1.0):
+                 first_bucket_mb: float = 1.0, device_mesh=None):
         super().__init__()
+        process_group = _group_of_mesh(process_group, device_mesh)
+        self.device_mesh = device_mesh      # as in torch 2.x: the 1-d mesh given, else None
         if not isinstance(module, Module):
             raise TypeError(f"DistributedDataParallel wraps an nn.Module, got {type(module).__name__}")
         if bucket_cap_mb is not None and bucket_size_mb is not None and bucket_cap_mb != bucket_size_mb:

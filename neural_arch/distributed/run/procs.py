@@ -111,12 +111,16 @@ class OutputPump:
 
     def _pump(self, pipe, which: str, prefix: str, log: IO[str] | None) -> None:
         try:
-            # readline() on a binary pipe returns whole lines, or the partial tail at EOF.
-            for raw in iter(pipe.readline, b""):
-                text = raw.decode("utf-8", errors="replace")
-                if not text.endswith("\n"):
-                    text += "\n"
-                self._write(which, prefix, text, log)
+            pieces = _Pieces()
+            # read1: whatever the pipe holds now (at least one byte), so a progress bar's "\r"-ended
+            # update is forwarded when it is printed, not when the next "\n" (often the end) comes.
+            for raw in iter(lambda: pipe.read1(65536), b""):
+                for text in pieces.feed(raw):
+                    # CR_LF_END: the "\n" of a "\r\n" split across reads ends the line just forwarded
+                    self._write(which, "" if text is CR_LF_END else prefix, text, log)
+            tail = pieces.close()
+            if tail:
+                self._write(which, prefix, tail + "\n", log)
         except (OSError, ValueError):
             pass
         finally:
@@ -137,6 +141,65 @@ class OutputPump:
             t.start()
             threads.append(t)
         return threads
+
+
+#: The "\n" that completes a "\r\n" whose "\r" was already forwarded (an object of its own: compared by identity).
+class _LineEnd(str):
+    """A str of its own class: CPython shares one-character strings, so identity needs a new type."""
+
+
+CR_LF_END = _LineEnd("\n")
+
+
+class _Pieces:
+    r"""Split a child's output into the pieces :class:`OutputPump` forwards: lines ended by ``"\n"``
+    and progress-bar updates ended by ``"\r"`` (tqdm), each whole; a piece without its end waits.
+
+    A ``"\n"`` right after a forwarded ``"\r"`` (a ``"\r\n"`` split across reads) comes back alone as
+    :data:`CR_LF_END`, to be written without a prefix (an empty line of its own is a new ``"\n"``). Bytes are decoded incrementally (a UTF-8 character split between
+    two reads stays whole).
+
+    >>> p = _Pieces()
+    >>> p.feed(b"a\rb"), p.feed(b"\rc\n"), p.feed(b"x\r"), p.feed(b"\ny"), p.close()
+    (['a\r'], ['b\r', 'c\n'], ['x\r'], ['\n'], 'y')
+    """
+
+    def __init__(self) -> None:
+        import codecs
+
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = ""
+        self._after_cr = False
+
+    def feed(self, raw: bytes) -> list[str]:
+        text = self._pending + self._decoder.decode(raw)
+        if not text:
+            return []           # half of a UTF-8 character: nothing to forward yet
+        out, start = [], 0
+        if self._after_cr and text.startswith("\n"):
+            out.append(CR_LF_END)
+            start = 1
+        self._after_cr = False
+        i = start
+        while i < len(text):
+            ch = text[i]
+            if ch == "\n" or ch == "\r":
+                end = i + 1
+                if ch == "\r" and end < len(text) and text[end] == "\n":
+                    end += 1            # "\r\n": one line
+                out.append(text[start:end])
+                start = i = end
+                continue
+            i += 1
+        self._pending = text[start:]
+        if out and out[-1].endswith("\r") and not self._pending:
+            self._after_cr = True
+        return out
+
+    def close(self) -> str:
+        """The unterminated tail at end of output ("" if none)."""
+        tail, self._pending = self._pending + self._decoder.decode(b"", final=True), ""
+        return tail
 
 
 def prepare_log_dir(path: str) -> str:
