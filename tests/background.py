@@ -5,7 +5,7 @@ Some tests spend most of their time in one subprocess that depends on nothing ot
 reference's Sphinx build (``tests/docs``) and each notebook's headless run (``tests/examples``). A test
 module declares such work by defining ``background_jobs(items)``, returning a :class:`Job` for each of its
 collected ``items`` that needs one. When collection ends, the session queues every module's jobs and one
-background thread runs the queue, one job at a time, at the lowest CPU priority (nice 19): it takes
+background threads (two) run the queue, a job each at a time, at the lowest CPU priority (nice 19): they take
 the cycles the other tests leave idle (their ranks waiting on sockets, their fault cases waiting out
 timeouts) and yields to every test running in the foreground, MPI's busy-polling ranks included. The
 test then asks for its job's result with :func:`result`: a job already done answers at once, a running
@@ -51,7 +51,8 @@ class Job:
 
     ``workdir`` is the job's folder for its files (a fresh one unless given; also ``cwd`` unless that is
     given), removed at the end of the session: the leak check requires the temporary folder empty.
-    ``nice`` is the job's CPU priority when the queue runs it (in a test it runs at normal priority).
+    ``nice`` is the job's CPU priority when the queue runs it (in a test it runs at normal priority);
+    ``first`` queues it ahead of the others (the longest job, whose test comes early).
     """
 
     name: str
@@ -60,6 +61,7 @@ class Job:
     env: dict | None = None
     timeout: float = 300.0
     nice: int = 19
+    first: bool = False
     workdir: Path | None = None
     returncode: int | None = None
     stdout: str = ""
@@ -105,24 +107,35 @@ class Job:
 
 
 class JobQueue:
-    """Jobs by name, run in order by one background thread (one at a time: a bounded extra load)."""
+    """Jobs by name, run in order by ``workers`` background threads (one job each at a time: a bounded
+    extra load; two by default, so the idle cycles of both cores of a small machine are used)."""
 
-    def __init__(self):
+    def __init__(self, workers: int = 2):
         self._jobs: dict[str, Job] = {}
         self._waiting: collections.deque[str] = collections.deque()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._workers = int(workers)
+        self._threads: list[threading.Thread] = []
         self._stopping = False
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Job, first: bool = False) -> None:
+        """Queue ``job`` (at the front with ``first``: a long job whose test comes early)."""
         with self._lock:
             if job.name in self._jobs:
                 raise ValueError(f"two background jobs are named {job.name!r}")
             self._jobs[job.name] = job
-            self._waiting.append(job.name)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="background-jobs", daemon=True)
-            self._thread.start()
+            (self._waiting.appendleft if first else self._waiting.append)(job.name)
+            self._threads = [t for t in self._threads if t.is_alive()]
+            start = self._workers - len(self._threads)
+            for _ in range(max(0, start)):
+                thread = threading.Thread(target=self._work, name="background-jobs", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the worker threads (they end when the queue is empty)."""
+        for thread in list(self._threads):
+            thread.join(timeout)
 
     def _next(self) -> Job | None:
         with self._lock:
@@ -164,14 +177,13 @@ class JobQueue:
             jobs = list(self._jobs.values())
         for job in jobs:
             job.kill()
-        if self._thread is not None:
-            self._thread.join(30)
+        self.join(30)
         for job in jobs:
             if job.workdir is not None:
                 shutil.rmtree(job.workdir, ignore_errors=True)
         with self._lock:
             self._jobs.clear()
-            self._stopping, self._thread = False, None
+            self._stopping, self._threads = False, []
 
 
 QUEUE = JobQueue()
@@ -190,7 +202,7 @@ def pytest_collection_finish(session):
             by_module.setdefault(module, []).append(item)
     for module, items in by_module.items():
         for job in module.background_jobs(items):
-            QUEUE.submit(job)
+            QUEUE.submit(job, first=job.first)
 
 
 @pytest.hookimpl(tryfirst=True)   # before the leak check looks at processes and the temporary folder

@@ -18,7 +18,7 @@ def _python(name: str, code: str, timeout: float = 30.0) -> Job:
 
 
 def test_queued_running_never_queued_and_timed_out_jobs():
-    queue = JobQueue()
+    queue = JobQueue(workers=1)
     gate = _python("gate", "import time; time.sleep(0.5); print('gate done')")
     queue.submit(gate)
     queue.submit(_python("second", "print('second')"))
@@ -42,7 +42,7 @@ def test_a_job_that_fails_in_the_background_runs_again_in_the_test():
     queue = JobQueue()
     # fails only at the background's lower priority (starved of CPU, say), passes at the test's
     queue.submit(_python("niced", f"import os, sys; sys.exit(1 if os.nice(0) > {os.nice(0)} else 0)"))
-    queue._thread.join(30)                        # the queue ran it (and it failed there)
+    queue.join(30)                                # the queue ran it (and it failed there)
     with pytest.warns(UserWarning, match="background job 'niced' exited 1"):
         job = queue.result("niced", lambda: _python("unused", ""))
     assert job.returncode == 0 and not job.ran_in_background

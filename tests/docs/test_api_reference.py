@@ -53,7 +53,8 @@ def _build_job() -> background.Job:
     # -j 2: reading the modules is most of the build, and it splits over this machine's two cores
     argv = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-j", "2", "-D", "nb_execution_mode=off",
             "-b", "html", "-d", str(out / "doctrees"), str(DOCS), str(out / "html")]
-    return background.Job("the API reference's Sphinx build", argv, cwd=REPO, workdir=out, timeout=600)
+    # first in the queue: the longest job, and its test comes before the notebooks'
+    return background.Job("the API reference's Sphinx build", argv, cwd=REPO, workdir=out, timeout=600, first=True)
 
 
 def background_jobs(items):
