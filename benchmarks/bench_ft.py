@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import signal
 import statistics
 import subprocess
@@ -157,6 +158,7 @@ class Replicas:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
+            shutil.rmtree(self.folder, ignore_errors=True)   # the replicas' output files
         return reports
 
 

@@ -31,7 +31,6 @@ Example (a test module)::
 from __future__ import annotations
 
 import collections
-import contextlib
 import shutil
 import subprocess
 import tempfile
@@ -43,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from neural_arch.distributed.testing import _drain, _end_job
 
 
 @dataclass
@@ -85,13 +86,15 @@ class Job:
         nice = [shutil.which("nice"), "-n", str(nice)] if nice and shutil.which("nice") else []
         start = time.monotonic()
         try:
+            # its own session: a launcher's ranks are ended with it (testing's _end_job), never orphaned
             self._proc = subprocess.Popen(nice + self.argv, cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          start_new_session=True)
             try:
                 self.stdout, self.stderr = self._proc.communicate(timeout=self.timeout)
             except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self.stdout, self.stderr = self._proc.communicate()
+                _end_job(self._proc)
+                self.stdout, self.stderr = _drain(self._proc)
                 self.timed_out = True
             self.returncode = self._proc.returncode
         except OSError as exc:  # could not start: the test reports it like a failed run
@@ -101,9 +104,9 @@ class Job:
             self._done.set()
 
     def kill(self) -> None:
+        """End the job and everything it started (the session's processes and their descendants)."""
         if self._proc is not None and self._proc.poll() is None:
-            with contextlib.suppress(OSError):
-                self._proc.kill()
+            _end_job(self._proc)
 
 
 class JobQueue:

@@ -248,9 +248,6 @@ class DataLoader:
         stop = len(self) * self.batch_size
         return [order[i:i + self.batch_size] for i in range(0, min(stop, len(order)), self.batch_size)]
 
-    def _load(self, indices: np.ndarray):
-        return _Fetcher(self.dataset, self.collate_fn, self._fast)(indices)
-
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator:
         self._epoch_start = self._generator.bit_generator.state  # drawn below: a resume redraws the same

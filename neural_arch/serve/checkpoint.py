@@ -35,6 +35,7 @@ import os
 import numpy as np
 
 from neural_arch.nn.transformer import GPT
+from neural_arch.utils.atomic_file import atomic_write_bytes
 
 __all__ = ["FORMAT", "load_checkpoint", "read_config", "save_checkpoint"]
 
@@ -61,10 +62,7 @@ def save_checkpoint(model: GPT, folder: str | os.PathLike) -> None:
     config = {"format": FORMAT, "model": {k: int(getattr(model, k)) for k in _MODEL_KEYS}, "dtype": dtype}
     save({k: np.asarray(v.data if hasattr(v, "data") else v) for k, v in model.state_dict().items()},
          os.path.join(folder, "model.safetensors"))
-    tmp = os.path.join(folder, "config.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(config, f, indent=1)
-    os.replace(tmp, os.path.join(folder, "config.json"))
+    atomic_write_bytes(os.path.join(folder, "config.json"), json.dumps(config, indent=1).encode())
 
 
 def read_config(folder: str | os.PathLike) -> dict:

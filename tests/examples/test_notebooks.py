@@ -117,7 +117,7 @@ def background_jobs(items):
     return [_run_job(item.callspec.params["path"]) for item in items if item.originalname == "test_notebook_runs"]
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(330)   # the run's 150 s limit, waited for in the background and once more if it failed there
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path):
     pytest.importorskip("cloudpickle", reason="notebooks launch functions defined in cells: "

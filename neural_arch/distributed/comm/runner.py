@@ -213,9 +213,10 @@ class OpRunner(abc.ABC):
             rec = ring.slots[index % ring.size]
             rec[:] = (self.group_ranks, info.seq, info.name, info.shape, info.dtype, info.reduce_op, info.root,
                       _QUEUED, 0.0, 0.0, code, offset, None, lane is not self._lane, index)
+        observed = _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS
+        if observed and not async_op:
+            info.extra["blocking"] = True          # the caller waits through it (metrics: not hidden)
         if async_op or lane.pending:
-            if not async_op and (_events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS):
-                info.extra["blocking"] = True      # the caller waits through it (metrics: not hidden)
             work = Work(info)
             if rec is not None:
                 self._fr_queued[id(work)] = (rec, index)
@@ -232,9 +233,8 @@ class OpRunner(abc.ABC):
             rec[_STATE] = _STARTED
             rec[_T_START] = now
         span = None
-        if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
+        if observed:
             span = _spans.begin(self, info, "default" if lane is self._lane else lane.name)
-            info.extra["blocking"] = True          # inline: the caller's thread runs it (metrics: not hidden)
         collective = lane is self._lane
         self._op_start(info, collective)
         try:

@@ -60,7 +60,7 @@ from __future__ import annotations
 import weakref
 
 from neural_arch.core.autograd import is_grad_enabled
-from neural_arch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from neural_arch.distributed.device_mesh import DeviceMesh
 from neural_arch.distributed.fsdp._fsdp_api import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 from neural_arch.distributed.fsdp._fsdp_param import FSDPParam, ShardedParameter
 from neural_arch.distributed.fsdp._fsdp_param_group import FSDPParamGroup
@@ -292,7 +292,8 @@ def fully_shard(module: Module, *, mesh: DeviceMesh | None = None, reshard_after
                              "fully_shard module: call fully_shard on their common ancestor only")
     if mesh is None:
         device = slots[0][0].device if slots else "cpu"
-        mesh = init_device_mesh(device.split(":")[0], (_resolve_group(None, "fully_shard").size(),))
+        # the world group itself (no collective): every fully_shard call would otherwise make a new one
+        mesh = DeviceMesh.from_group(_resolve_group(None, "fully_shard"), device.split(":")[0])
     if mesh.ndim == 1:
         shard_dim, replicate_dim, placements = 0, None, (Shard(0),)
     else:

@@ -188,13 +188,15 @@ class Manager:
             self.heals += 1
             self.heal_bytes_received += _nbytes(state)
             log.info("ft %s: healed from %s at step %d", self.member, source, self._step)
+        outgoing = None                    # built once, however many replacements this member heals
         for target, src in sorted(quorum.heal.items()):
             if src == self.member:
                 start = time.perf_counter()
                 self.timings["send_started_at"] = time.time()
-                user = self._state_dict() if self._state_dict is not None else None
-                self.heal_bytes_sent += send_state(self._pg, {"user": user, "step": self._step},
-                                                   quorum.rank_of(target))
+                if outgoing is None:
+                    outgoing = {"user": self._state_dict() if self._state_dict is not None else None,
+                                "step": self._step}
+                self.heal_bytes_sent += send_state(self._pg, outgoing, quorum.rank_of(target))
                 self.timings["send_s"] = time.perf_counter() - start
 
     def allreduce(self, tensor):
