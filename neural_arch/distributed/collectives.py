@@ -40,7 +40,7 @@ from neural_arch.core.tensor import Tensor
 from neural_arch.distributed.comm.work import ReduceOp, Work
 from neural_arch.distributed.process_group import FLAT_ALWAYS as _NEVER
 from neural_arch.distributed.process_group import GroupMember
-from neural_arch.distributed.resolve import _buf, _check_op, _group, _resolve_group
+from neural_arch.distributed.resolve import _buf, _group, _resolve_group
 from neural_arch.distributed.state import STATE as _STATE
 
 __all__ = [
@@ -192,7 +192,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
         if pg is None:
             return None
     if op.__class__ is not ReduceOp:
-        op = _check_op(op, "all_reduce")
+        op = ReduceOp.coerce(op, "all_reduce")
     data = tensor.data if tensor.__class__ is Tensor else None
     if data.__class__ is not np.ndarray or not data.flags.c_contiguous:
         data = _buf(tensor)

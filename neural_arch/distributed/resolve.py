@@ -112,26 +112,9 @@ def _buf(x, arg: str = "tensor"):
     return x
 
 
-# mpi4py habits, caught where the arguments are resolved (one owner for every collective's checks):
-# a Python number has no buffer to fill in place, and mpi4py's Allreduce(send, recv) puts an array where
-# torch's all_reduce takes the op.
+# mpi4py habits, caught where the arguments are resolved (one owner for every collective's checks): a
+# Python number has no buffer to fill in place (mpi4py's Allreduce(send, recv), an array where torch's
+# all_reduce takes the op, is ReduceOp.coerce's).
 _PYTHON_SCALARS = (bool, int, float, complex, str, bytes)
 
 
-def _check_op(op, fn: str = "all_reduce"):
-    """``op`` unchanged, unless it is an array or Tensor (mpi4py's ``Allreduce(send, recv)``): then a
-    TypeError saying what to write instead.
-
-    >>> _check_op("sum")
-    'sum'
-    >>> import numpy as np
-    >>> _check_op(np.zeros(2))
-    Traceback (most recent call last):
-    ...
-    TypeError: all_reduce reduces in place: its second argument is the op, not a receive buffer; use all_reduce(tensor, op=...) (mpi4py's Allreduce(send, recv) becomes recv[...] = send; all_reduce(recv))
-    """
-    if isinstance(op, Tensor) or hasattr(op, "__array_interface__") or hasattr(op, "__cuda_array_interface__"):
-        raise TypeError(f"{fn} reduces in place: its second argument is the op, not a receive buffer; use "
-                        f"{fn}(tensor, op=...) (mpi4py's {fn.capitalize().replace('_', '')}(send, recv) becomes "
-                        f"recv[...] = send; {fn}(recv))")
-    return op

@@ -264,3 +264,38 @@ def test_next_quorum():
 
     with pytest.raises(AssertionError, match="plan_quorum"):
         checks.check_next_quorum(never_waits)
+
+
+def test_accumulation_window(pool):
+    assert checks.check_accumulation_window(stub) is False
+    assert checks.check_accumulation_window(solution("accumulation_window"), pool=pool) is True
+
+    def syncs_every_micro_batch(ddp, optimizer, micro_batches, loss_fn, max_norm):   # no no_sync(): same weights
+        from neural_arch.optim.clip import clip_grad_norm_
+        losses = []
+        for x, y in micro_batches:
+            loss = loss_fn(ddp(x), y)
+            (loss / len(micro_batches)).backward()
+            losses.append(float(loss.item()))
+        clip_grad_norm_(ddp.parameters(), max_norm)
+        optimizer.step()
+        optimizer.zero_grad()
+        return sum(losses) / len(losses)
+
+    with pytest.raises(AssertionError, match="no_sync"):
+        checks.check_accumulation_window(syncs_every_micro_batch, pool=pool)
+
+    def sums_the_losses(ddp, optimizer, micro_batches, loss_fn, max_norm):          # forgets / K: K times the lr
+        import contextlib
+        total = 0.0
+        for i, (x, y) in enumerate(micro_batches):
+            with ddp.no_sync() if i < len(micro_batches) - 1 else contextlib.nullcontext():
+                loss = loss_fn(ddp(x), y)
+                loss.backward()
+            total += float(loss.item()) / len(micro_batches)
+        optimizer.step()
+        optimizer.zero_grad()
+        return total
+
+    with pytest.raises(AssertionError, match="divided by the number of micro-batches"):
+        checks.check_accumulation_window(sums_the_losses, pool=pool)

@@ -61,14 +61,31 @@ class ReduceOp(enum.Enum):
     __hash__ = object.__hash__
 
     @classmethod
-    def coerce(cls, op: ReduceOp | str) -> ReduceOp:
-        """Accept a ``ReduceOp`` or its name (``"sum"``, ``"AVG"``, ``"average"``...)."""
+    def coerce(cls, op: ReduceOp | str, fn: str | None = None) -> ReduceOp:
+        """Accept a ``ReduceOp`` or its name (``"sum"``, ``"AVG"``, ``"average"``...).
+
+        An array or Tensor where the op goes is mpi4py's ``Allreduce(send, recv)`` habit: a
+        TypeError naming ``fn`` says what to write instead.
+
+        >>> import numpy as np
+        >>> ReduceOp.coerce(np.zeros(2), "all_reduce")
+        Traceback (most recent call last):
+        ...
+        TypeError: all_reduce reduces in place: its second argument is the op, not a receive buffer; use all_reduce(tensor, op=...) (mpi4py's Allreduce(send, recv) becomes recv[...] = send; all_reduce(recv))
+        """
         if isinstance(op, cls):
             return op
         if isinstance(op, str):
             key = op.strip().upper()
             if key in cls.__members__:
                 return cls.__members__[key]
+        elif hasattr(op, "__array__") or hasattr(op, "__cuda_array_interface__"):
+            if fn is None:
+                raise TypeError("an array was passed where the reduction op goes: collectives reduce in place; "
+                                "pass op=ReduceOp.SUM (or another ReduceOp)")
+            raise TypeError(f"{fn} reduces in place: its second argument is the op, not a receive buffer; use "
+                            f"{fn}(tensor, op=...) (mpi4py's {fn.capitalize().replace('_', '')}(send, recv) becomes "
+                            f"recv[...] = send; {fn}(recv))")
         names = ", ".join(sorted(cls.__members__))
         raise ValueError(f"op={op!r} is not a reduction operator; use one of ReduceOp.{{{names}}}")
 

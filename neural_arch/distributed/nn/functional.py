@@ -133,8 +133,10 @@ def _dim(dim: int, ndim: int, op: str) -> int:
 
 
 def _check_op(op, name: str) -> ReduceOp:
-    if op in (ReduceOp.SUM, ReduceOp.AVG) or str(getattr(op, "name", op)).upper() in ("SUM", "AVG", "AVERAGE"):
-        return ReduceOp.AVG if str(getattr(op, "name", op)).upper() in ("AVG", "AVERAGE") else ReduceOp.SUM
+    """``op`` as a ReduceOp that has a gradient here (SUM or AVG); anything else raises."""
+    op = ReduceOp.coerce(op, name)
+    if op is ReduceOp.SUM or op is ReduceOp.AVG:
+        return op
     raise NotImplementedError(f"{name}: only ReduceOp.SUM and ReduceOp.AVG have a gradient here; got {op!r}. "
                               "Use neural_arch.distributed.all_reduce under no_grad for MAX/MIN/PRODUCT")
 
