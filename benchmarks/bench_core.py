@@ -346,8 +346,20 @@ def gpt_worker(impl: str, config: str, threads: int | None, repeat: int, warmup:
     first_loss = step()
     times, cpu_times = _time_steps(step, repeat, warmup)
     return {"impl": impl, "config": config, "threads_requested": threads, "blas_threads": blas_threads(),
-            "torch_threads": torch_threads, "first_loss": first_loss, "times_s": times,
-            "cpu_times_s": cpu_times}
+            "torch_threads": torch_threads, "intraop_threads": _intraop_threads(impl),
+            "first_loss": first_loss, "times_s": times, "cpu_times_s": cpu_times}
+
+
+def _intraop_threads(impl: str) -> int | None:
+    """Threads of neural_arch's elementwise pool (neural_arch/core/thread_pool.py) in this worker;
+    None for torch and for a tree without the pool (a --baseline-tree from before it)."""
+    if impl == "torch":
+        return None
+    try:
+        from neural_arch.core.thread_pool import intraop_threads
+    except ImportError:
+        return None
+    return intraop_threads()
 
 
 # Private helpers that hold a public op's whole forward and its backward closure (called by the
@@ -356,34 +368,57 @@ _PRIVATE_OP_HOMES = {"_layer_norm_rows": "layer_norm"}
 
 
 def _op_label(filename: str, lineno: int, name: str, _cache: dict = {}) -> str | None:  # noqa: B006
-    """The op a profiled function belongs to: ``"gelu fwd"`` for ``ops_*.gelu``, ``"gelu bwd"`` for a
-    closure defined inside it, ``"AdamW step"`` for the optimizer; None for glue and private helpers
-    (their time stays with whoever called them)."""
+    """The op a profiled function belongs to: ``"gelu fwd"`` for ``ops_*.gelu``, ``"gelu bwd"`` for the
+    backward closure defined directly inside it, ``"AdamW step"`` for the optimizer's ``step``; None
+    for glue, private helpers and closures nested deeper or run through the core's thread pool
+    (their time stays in the cumulative time of the labelled function that called them)."""
     import ast
 
     norm = filename.replace(os.sep, "/")
     if "/neural_arch/optim/" in norm:
-        return "AdamW step"
+        return "AdamW step" if name == "step" else None
     base = os.path.basename(norm)
     if "/neural_arch/core/" not in norm or not base.startswith("ops_"):
         return None
     if filename not in _cache:
         with open(filename) as f:
             tree = ast.parse(f.read())
-        _cache[filename] = [(n.lineno, n.end_lineno, n.name) for n in tree.body
-                            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    for start, end, top in _cache[filename]:
-        if start <= lineno <= end:
-            if top in _PRIVATE_OP_HOMES:  # a public op's fast path in a private helper
-                top = _PRIVATE_OP_HOMES[top]
-                return f"{top} fwd" if name.startswith("_") and name != "fn" else f"{top} bwd"
-            if top.startswith("_"):
-                return None
-            for suffix, phase in (("_forward", "fwd"), ("_backward", "bwd")):  # attention_forward/_backward
-                if top.endswith(suffix):
-                    return f"{top[: -len(suffix)]} {phase}"
-            return f"{top} fwd" if name == top else f"{top} bwd"
+        funcs = (ast.FunctionDef, ast.AsyncFunctionDef)
+        _cache[filename] = [(n.lineno, n.name, {c.lineno: c.name for c in ast.walk(n)
+                                                 if isinstance(c, funcs) and c is not n and _depth_one(n, c)})
+                            for n in tree.body if isinstance(n, funcs)]
+    for start, top, children in _cache[filename]:
+        if lineno == start:
+            child = None
+        elif lineno in children:
+            child = children[lineno]
+        else:
+            continue
+        if top in _PRIVATE_OP_HOMES:  # a public op's fast path in a private helper
+            home = _PRIVATE_OP_HOMES[top]
+            return f"{home} fwd" if child is None else (f"{home} bwd" if child == "fn" else None)
+        if top.startswith("_"):
+            return None
+        for suffix, phase in (("_forward", "fwd"), ("_backward", "bwd")):  # attention_forward/_backward
+            if top.endswith(suffix):
+                return f"{top[: -len(suffix)]} {phase}" if child is None else None
+        return f"{top} fwd" if child is None else f"{top} bwd"
     return None
+
+
+def _depth_one(outer, inner) -> bool:
+    """Whether function ``inner`` is defined inside ``outer`` with no function between them."""
+    import ast
+
+    funcs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+    todo = list(ast.iter_child_nodes(outer))
+    while todo:
+        node = todo.pop()
+        if node is inner:
+            return True
+        if not isinstance(node, funcs):
+            todo.extend(ast.iter_child_nodes(node))
+    return False
 
 
 def gpt_profile(config: str, steps: int) -> dict:

@@ -15,6 +15,9 @@ Three measurements:
 * ``heal``: one replica trains alone; a second starts and heals from it (weights + optimizer
   state + step, peer to peer, no file). Heal time per model size, next to the time the same bytes
   take in an all-reduce between the two (the goal: heal within 2x of bytes / all-reduce bandwidth).
+  ``--arrays K`` cuts the model and each optimizer state into K arrays (a real model's many
+  tensors: the per-message cost shows), ``--repeat R`` reports the median and range of R heals,
+  ``--heal-fresh`` receives into new memory instead of the live state (``Manager(heal_into=)``).
 * ``efficiency``: 3 replicas, ``--steps`` committed steps; the driver SIGKILLs a random non-first
   replica every K quorum rounds (``--every``) and starts a replacement process at once (it heals
   when it is up). Step efficiency = undisturbed wall time / disturbed wall time for the same
@@ -24,6 +27,8 @@ Usage::
 
     python benchmarks/bench_ft.py                                   # all three, small config
     python benchmarks/bench_ft.py --only heal --params 10000 1000000 --json benchmarks/results/bench_ft.json
+    python benchmarks/bench_ft.py --only heal --params 10000 100000 1000000 --arrays 300 --repeat 3 \
+        --json benchmarks/results/bench_ft_heal.json
 
 Prints tables and writes raw JSON (default ``benchmarks/results/bench_ft.json``).
 """
@@ -31,6 +36,7 @@ Prints tables and writes raw JSON (default ``benchmarks/results/bench_ft.json``)
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import secrets
@@ -64,16 +70,22 @@ def worker(cfg: dict) -> dict:
     host, _, port = cfg["addr"].rpartition(":")
     n = int(cfg["params"])
     rng = np.random.default_rng(cfg.get("seed", 0))
-    state = {"w": rng.normal(size=n), "m": np.zeros(n), "v": np.zeros(n)}
+    flat = {"w": rng.normal(size=n), "m": np.zeros(n), "v": np.zeros(n)}
+    # the state a heal moves: each flat array as ``arrays`` pieces (a model's many tensors), live views
+    bounds = np.linspace(0, n, int(cfg.get("arrays", 1)) + 1).astype(int)
+    state = {k: [a[lo:hi] for lo, hi in itertools.pairwise(bounds)] for k, a in flat.items()}
 
     def load(s):
-        for k, array in state.items():
-            array[...] = s[k]
+        for k, pieces in state.items():
+            for piece, got in zip(pieces, s[k]):
+                if piece is not got:        # healed in place (heal_into): already there
+                    piece[...] = got
 
     if cfg.get("announce"):                     # the joiner: start once the first replica trained alone a while
         TCPStore(host, int(port), timeout=60.0, auth_token=cfg["token"]).wait([FIRST_WAITING], timeout=60.0)
     manager = ft.Manager(pg=ft.ProcessGroupGloo(timeout=cfg["timeout"], transport="tcp"), load_state_dict=load,
                          state_dict=lambda: state, min_replica_size=cfg.get("min_replicas", 1),
+                         heal_into=None if cfg.get("heal_fresh") else (lambda: state),
                          replica_id=cfg["name"], lighthouse_addr=cfg["addr"], timeout=cfg["timeout"],
                          heartbeat_interval=cfg["heartbeat_interval"], auth_token=cfg["token"])
     store = TCPStore(host, int(port), timeout=60.0, auth_token=cfg["token"])
@@ -101,9 +113,9 @@ def worker(cfg: dict) -> dict:
             manager.allreduce(payload)
             bandwidth.append(time.perf_counter() - start)
         if manager.should_commit():
-            state["w"] -= grad
-            state["m"] += grad
-            state["v"] += grad * grad
+            flat["w"] -= grad
+            flat["m"] += grad
+            flat["v"] += grad * grad
             commits.append((time.time(), manager.current_step(), manager.num_participants()))
     out = {"name": cfg["name"], "commits": commits, "heals": manager.heals,
            "timings": manager.timings,
@@ -189,30 +201,43 @@ def run_recovery(args) -> list[dict]:
 
 
 def run_heal(args) -> list[dict]:
-    from neural_arch.distributed.ft import Lighthouse
-
+    """One row per model size: the median and range of ``--repeat`` heals (each in fresh processes)."""
     rows = []
     for n in args.params:
-        token = secrets.token_hex(16)
-        with Lighthouse(min_replicas=1, heartbeat_timeout=2.0, join_timeout=5.0, auth_token=token) as lh:
-            reps = Replicas(base_config(args, lh, token, params=n, steps=12, compute_ms=20.0, measure_allreduce=True))
-            reps.start("first", wait_for_joiner_at=4)
-            reps.start("joiner", seed=1, announce=True)
-            reports = reps.finish()
-        healed = [r for r in reports.values() if r["heals"] == 1]
-        if len(healed) != 1:
-            raise RuntimeError(f"expected exactly one replica to heal: {reports}")
-        joiner = healed[0]
-        sender = next(r for r in reports.values() if r is not joiner)
-        nbytes = 3 * n * 8
-        allreduce = statistics.median(joiner["allreduce_seconds"]) if joiner["allreduce_seconds"] else float("nan")
-        got, sent = joiner["timings"], sender["timings"]
-        transfer = got["loaded_at"] - max(got["recv_started_at"], sent["send_started_at"])
-        rows.append({"params": n, "state_bytes": nbytes, "heal_s": transfer,
-                     "receiver_waited_s": got["loaded_at"] - got["recv_started_at"], "send_s": sent["send_s"],
-                     "configure_s": [got["configure_s"], sent["configure_s"]],
-                     "allreduce_same_bytes_s": allreduce, "ratio": transfer / allreduce})
+        runs = [heal_once(args, n) for _ in range(args.repeat)]
+        row = {"params": n, "state_bytes": runs[0]["state_bytes"], "arrays": 3 * args.arrays,
+               "heal_into": not args.heal_fresh, "runs": runs}
+        for key in ("heal_s", "allreduce_same_bytes_s", "ratio"):
+            values = [r[key] for r in runs]
+            row[key] = statistics.median(values)
+            row[key + "_range"] = [min(values), max(values)]
+        rows.append(row)
     return rows
+
+
+def heal_once(args, n: int) -> dict:
+    from neural_arch.distributed.ft import Lighthouse
+
+    token = secrets.token_hex(16)
+    with Lighthouse(min_replicas=1, heartbeat_timeout=2.0, join_timeout=5.0, auth_token=token) as lh:
+        reps = Replicas(base_config(args, lh, token, params=n, steps=12, compute_ms=20.0, measure_allreduce=True,
+                                    arrays=args.arrays, heal_fresh=args.heal_fresh))
+        reps.start("first", wait_for_joiner_at=4)
+        reps.start("joiner", seed=1, announce=True)
+        reports = reps.finish()
+    healed = [r for r in reports.values() if r["heals"] == 1]
+    if len(healed) != 1:
+        raise RuntimeError(f"expected exactly one replica to heal: {reports}")
+    joiner = healed[0]
+    sender = next(r for r in reports.values() if r is not joiner)
+    nbytes = 3 * n * 8
+    allreduce = statistics.median(joiner["allreduce_seconds"]) if joiner["allreduce_seconds"] else float("nan")
+    got, sent = joiner["timings"], sender["timings"]
+    transfer = got["loaded_at"] - max(got["recv_started_at"], sent["send_started_at"])
+    return {"params": n, "state_bytes": nbytes, "heal_s": transfer,
+            "receiver_waited_s": got["loaded_at"] - got["recv_started_at"], "send_s": sent["send_s"],
+            "configure_s": [got["configure_s"], sent["configure_s"]],
+            "allreduce_same_bytes_s": allreduce, "ratio": transfer / allreduce}
 
 
 def run_efficiency(args) -> list[dict]:
@@ -253,11 +278,21 @@ def run_efficiency(args) -> list[dict]:
     return rows
 
 
+def _median_range(row: dict, key: str, scale: float) -> str:
+    lo, hi = row[key + "_range"]
+    return f"{row[key] * scale:.2f} ({lo * scale:.2f}-{hi * scale:.2f})"
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--only", choices=["recovery", "heal", "efficiency"], action="append")
     parser.add_argument("--params", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--arrays", type=int, default=1,
+                        help="heal: the model (and each optimizer state) as this many arrays (a model's tensors)")
+    parser.add_argument("--repeat", type=int, default=1, help="heal: runs per size (median and range)")
+    parser.add_argument("--heal-fresh", action="store_true",
+                        help="heal: receive into new memory (Manager(heal_into=None)) instead of the live state")
     parser.add_argument("--compute-ms", type=float, default=20.0)
     parser.add_argument("--heartbeat-timeouts", type=float, nargs="+", default=[0.3, 1.0])
     parser.add_argument("--trials", type=int, default=2)
@@ -279,12 +314,11 @@ def main(argv=None) -> None:
     if "heal" in parts:
         out["heal"] = rows = run_heal(args)
         print("\nheal from a live peer (weights + 2 optimizer arrays, float64)")
-        print_table([[r["params"], f"{r['state_bytes'] / 1e6:.2f}", f"{r['heal_s'] * 1e3:.1f}",
-                      f"{r['allreduce_same_bytes_s'] * 1e3:.1f}", f"{r['ratio']:.2f}",
-                      f"{r['state_bytes'] / r['heal_s'] / 1e6:.0f}",
-                      " / ".join(f"{c * 1e3:.0f}" for c in r["configure_s"])] for r in rows],
-                    ["params", "state MB", "heal ms (both sides ready -> loaded)", "all-reduce same bytes ms",
-                     "heal / all-reduce", "heal MB/s", "group rebuild ms (joiner / peer)"])
+        print_table([[r["params"], r["arrays"], f"{r['state_bytes'] / 1e6:.2f}", _median_range(r, "heal_s", 1e3),
+                      _median_range(r, "allreduce_same_bytes_s", 1e3), _median_range(r, "ratio", 1.0),
+                      f"{r['state_bytes'] / r['heal_s'] / 1e6:.0f}"] for r in rows],
+                    ["params", "arrays", "state MB", "heal ms (both sides ready -> loaded)",
+                     "all-reduce same bytes ms", "heal / all-reduce", "heal MB/s (median)"])
     if "efficiency" in parts:
         out["efficiency"] = rows = run_efficiency(args)
         print(f"\nstep efficiency ({args.steps} committed steps, {args.compute_ms:g} ms compute per step, "

@@ -11,20 +11,26 @@ Part 2 (``PipelineGenerator`` on ``--pp`` gloo ranks, one stage each): tokens/s 
 (batch 1 each) in flight; one request keeps one stage busy at a time, ``m >= pp`` requests keep them all
 busy (``neural_arch.distributed.pipelining.generation``).
 
-Part 3 (``python -m neural_arch.serve --tp N`` under real HTTP clients): ``C`` clients post at once,
-each a streaming request of ``--new-tokens`` tokens; measured at the client: time to first token
-(post -> first server-sent event) and per-token latency (the mean gap between its later events).
-Continuous batching decodes the concurrent requests together, so the per-token latency grows far
-less than ``C`` times.
+Part 3 (``python -m neural_arch.serve --tp N``, and ``--pp --serve-pp`` with tp 1, under real HTTP
+clients): ``C`` clients post at once, each a streaming request of ``--new-tokens`` tokens, ``--repeat``
+rounds after one warm-up round; measured at the client: time to first token (post -> first
+server-sent event) and per-token latency (the mean gap between its later events; a client that reads
+several events at once sees gaps near 0). Continuous batching decodes the concurrent requests
+together, so the per-token latency grows far less than ``C`` times.
 
 Part 4 (only when ``torch`` is importable): PyTorch CPU eager greedy generation with a KV cache on
-the same weights, batch 1 and the largest batch, as the side-by-side reference (its tokens are
-checked against ours).
+the same weights, one thread as our ranks, batch 1 and the largest batch, as the side-by-side
+reference: its greedy tokens are checked against ours, and the prompt's logits compared.
+
+Every timed figure is the median over ``--repeat`` timed runs after a warm-up, with the range
+(slowest-fastest) next to it in the tables and in the JSON (``*_range``): the machine is shared.
 
 Run::
 
     python benchmarks/bench_inference.py                               # defaults below
-    python benchmarks/bench_inference.py --batches 1 4 --new-tokens 16 --concurrency 1 4
+    # the documented run (about a minute on an idle 2-core machine); torch from a separate folder:
+    PYTHONPATH=/tmp/torchlib python benchmarks/bench_inference.py --batches 1 4 16 --new-tokens 16 \
+        --concurrency 1 4 8 --repeat 3
 
 Prints Markdown tables; raw numbers go to ``benchmarks/results/bench_inference.json``.
 """
@@ -49,6 +55,11 @@ sys.path.insert(0, ROOT)
 import numpy as np
 
 from benchmarks.common import print_table, stop_session, write_json
+
+
+def _tok_s_range(tokens: int, times: list) -> list:
+    """``[lowest, highest]`` tokens/s over the timed repeats (the machine is shared: the spread says how much)."""
+    return [tokens / max(times), tokens / min(times)]
 
 
 def _model_args(cfg: dict) -> dict:
@@ -84,6 +95,7 @@ def _generate_rank_fn(cfg: dict):
             key = "cache" if use_cache else "no_cache"
             row[f"{key}_s"] = float(np.median(times))
             row[f"{key}_tok_s"] = batch * cfg["new_tokens"] / row[f"{key}_s"]
+            row[f"{key}_tok_s_range"] = _tok_s_range(batch * cfg["new_tokens"], times)
         rows.append(row)
     return rows
 
@@ -119,7 +131,8 @@ def _pipeline_rank_fn(cfg: dict):
             if rep:
                 times.append(time.perf_counter() - t0)
         rows.append({"pp": dist.get_world_size(), "requests": m, "s": float(np.median(times)),
-                     "tok_s": m * cfg["new_tokens"] / float(np.median(times))})
+                     "tok_s": m * cfg["new_tokens"] / float(np.median(times)),
+                     "tok_s_range": _tok_s_range(m * cfg["new_tokens"], times)})
     return rows
 
 
@@ -131,11 +144,11 @@ def bench_pipeline(cfg: dict) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------------------- serving
-def _start_server(folder: str, tp: int, workdir: str):
+def _start_server(folder: str, tp: int, pp: int, workdir: str):
     from neural_arch.distributed.testing import script_env
 
     proc = subprocess.Popen([sys.executable, "-m", "neural_arch.serve", "--checkpoint", folder, "--tp", str(tp),
-                             "--port", "0", "--max-batch", "64"],
+                             "--pp", str(pp), "--port", "0", "--max-batch", "64"],
                             env=script_env({"TMPDIR": workdir}), cwd=workdir, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline = time.monotonic() + 120
@@ -174,11 +187,13 @@ def bench_serving(cfg: dict) -> list[dict]:
         manual_seed(0)
         save_checkpoint(GPT(**_model_args(cfg)), folder)
         rng = np.random.default_rng(1)
-        for tp in cfg["tp"]:
-            proc, url = _start_server(folder, tp, tmp)
+        layouts = [(tp, 1) for tp in cfg["tp"]] + ([(1, cfg["serve_pp"])] if cfg["serve_pp"] > 1 else [])
+        for tp, pp in layouts:
+            proc, url = _start_server(folder, tp, pp, tmp)
             try:
                 for c in cfg["concurrency"]:
-                    for rep in range(2):          # the first round warms up
+                    rounds = []
+                    for rep in range(cfg["repeat"] + 1):          # the first round warms up
                         results: list = []
                         go = threading.Event()
                         threads = [threading.Thread(target=_client, args=(
@@ -189,12 +204,19 @@ def bench_serving(cfg: dict) -> list[dict]:
                         go.set()
                         for t in threads:
                             t.join(timeout=600)
-                    rows.append({"tp": tp, "concurrent": c,
-                                 "ttft_ms_median": 1e3 * float(np.median([r["ttft_s"] for r in results])),
-                                 "ttft_ms_max": 1e3 * float(np.max([r["ttft_s"] for r in results])),
-                                 "per_token_ms_median": 1e3 * float(np.median([r["per_token_s"] for r in results])),
-                                 "tok_s_total": c * cfg["new_tokens"] / max(r["ttft_s"] + r["per_token_s"] *
-                                                                             (r["tokens"] - 1) for r in results)})
+                        if rep:
+                            rounds.append(results)
+                    ttft = [1e3 * r["ttft_s"] for res in rounds for r in res]
+                    per_token = [1e3 * r["per_token_s"] for res in rounds for r in res]
+                    # all requests' tokens over the slowest request's time, one figure per round
+                    tok_s = [c * cfg["new_tokens"] / max(r["ttft_s"] + r["per_token_s"] * (r["tokens"] - 1)
+                                                         for r in res) for res in rounds]
+                    rows.append({"tp": tp, "pp": pp, "concurrent": c, "rounds": len(rounds),
+                                 "ttft_ms_median": float(np.median(ttft)), "ttft_ms_range": [min(ttft), max(ttft)],
+                                 "ttft_ms_max": max(ttft),
+                                 "per_token_ms_median": float(np.median(per_token)),
+                                 "per_token_ms_range": [min(per_token), max(per_token)],
+                                 "tok_s_total": float(np.median(tok_s)), "tok_s_total_range": [min(tok_s), max(tok_s)]})
             finally:
                 stop_session(proc)
     return rows
@@ -208,10 +230,11 @@ def bench_torch(cfg: dict) -> list[dict] | str:
         import torch.nn.functional as TF
     except ImportError:
         return "skipped: torch is not installed"
+    from neural_arch.core.autograd import no_grad
     from neural_arch.core.tensor import manual_seed
     from neural_arch.nn.transformer import GPT
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)    # as our ranks: one BLAS thread
     manual_seed(0)
     ours = GPT(**_model_args(cfg))
     w = {k: torch.from_numpy(np.asarray(v.data if hasattr(v, "data") else v).copy())
@@ -254,6 +277,9 @@ def bench_torch(cfg: dict) -> list[dict] | str:
     for batch in sorted({min(cfg["batches"]), max(cfg["batches"])}):
         idx = rng.integers(0, cfg["vocab_size"], size=(batch, cfg["prompt"]))
         same = generate(torch.from_numpy(idx)).numpy().tolist() == ours.generate(idx, cfg["new_tokens"]).tolist()
+        with torch.no_grad(), no_grad():  # the prompt's logits, ours vs theirs (float32: only rounding differs)
+            diff = float(np.abs(forward(torch.from_numpy(idx), torch.arange(idx.shape[1]), {}).numpy()
+                                - ours.eval()(idx).data).max())
         times = []
         for rep in range(cfg["repeat"] + 1):
             t0 = time.perf_counter()
@@ -261,9 +287,15 @@ def bench_torch(cfg: dict) -> list[dict] | str:
             if rep:
                 times.append(time.perf_counter() - t0)
         rows.append({"batch": batch, "torch_s": float(np.median(times)),
-                     "torch_tok_s": batch * cfg["new_tokens"] / float(np.median(times)), "same_tokens": same,
-                     "torch": torch.__version__})
+                     "torch_tok_s": batch * cfg["new_tokens"] / float(np.median(times)),
+                     "torch_tok_s_range": _tok_s_range(batch * cfg["new_tokens"], times), "same_tokens": same,
+                     "max_abs_logit_diff": diff, "torch": torch.__version__,
+                     "torch_threads": torch.get_num_threads()})
     return rows
+
+
+def _span(lo_hi, digits: int = 0) -> str:
+    return f"{lo_hi[0]:.{digits}f}-{lo_hi[1]:.{digits}f}"
 
 
 def main(argv=None) -> int:
@@ -282,6 +314,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompt", type=int, default=32, help="prompt tokens")
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--serve-pp", type=int, default=2,
+                   help="also serve with this many pipeline stages (tp 1; 0 or 1: not)")
     p.add_argument("--skip-serving", action="store_true")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "bench_inference.json"))
     args = p.parse_args(argv)
@@ -289,28 +323,35 @@ def main(argv=None) -> int:
     print(f"GPT vocab={args.vocab_size} n_layer={args.n_layer} n_head={args.n_head} n_embd={args.n_embd}, "
           f"float32, prompt {args.prompt} + {args.new_tokens} new tokens, gloo, {os.cpu_count()} cpu(s)\n")
     gen = bench_generate(cfg)
-    print_table([[r["tp"], r["batch"], f"{r['cache_tok_s']:.0f}", f"{r['no_cache_tok_s']:.0f}",
+    print_table([[r["tp"], r["batch"], f"{r['cache_tok_s']:.0f} ({_span(r['cache_tok_s_range'])})",
+                  f"{r['no_cache_tok_s']:.0f} ({_span(r['no_cache_tok_s_range'])})",
                   f"{r['cache_tok_s'] / r['no_cache_tok_s']:.1f}x"] for r in gen],
-                ["tp", "batch", "tokens/s, KV cache", "tokens/s, no cache", "cache speed-up"])
+                ["tp", "batch", "tokens/s, KV cache (range)", "tokens/s, no cache (range)", "cache speed-up"])
     pipe = bench_pipeline(cfg) if args.pp > 1 else []
     if pipe:
         print()
-        print_table([[r["pp"], r["requests"], f"{r['tok_s']:.0f}", f"{r['tok_s'] / pipe[0]['tok_s']:.2f}x"]
-                     for r in pipe], ["pp stages", "requests in flight", "tokens/s", "vs one request"])
+        print_table([[r["pp"], r["requests"], f"{r['tok_s']:.0f} ({_span(r['tok_s_range'])})",
+                      f"{r['tok_s'] / pipe[0]['tok_s']:.2f}x"]
+                     for r in pipe], ["pp stages", "requests in flight", "tokens/s (range)", "vs one request"])
     serving = [] if args.skip_serving else bench_serving(cfg)
     if serving:
         print()
-        print_table([[r["tp"], r["concurrent"], f"{r['ttft_ms_median']:.1f}", f"{r['ttft_ms_max']:.1f}",
-                      f"{r['per_token_ms_median']:.2f}", f"{r['tok_s_total']:.0f}"] for r in serving],
-                    ["tp", "concurrent requests", "TTFT ms (median)", "TTFT ms (max)", "per-token ms (median)",
-                     "tokens/s (all requests)"])
+        print_table([[r["tp"], r["pp"], r["concurrent"], f"{r['ttft_ms_median']:.1f} ({_span(r['ttft_ms_range'], 1)})",
+                      f"{r['per_token_ms_median']:.2f} ({_span(r['per_token_ms_range'], 2)})",
+                      f"{r['tok_s_total']:.0f} ({_span(r['tok_s_total_range'])})"] for r in serving],
+                    ["tp", "pp", "concurrent requests", "TTFT ms, median (range)", "per-token ms, median (range)",
+                     "tokens/s, all requests (range)"])
     ref = bench_torch(cfg)
     print()
     if isinstance(ref, str):
         print(f"PyTorch reference: {ref}")
     else:
-        print_table([[r["batch"], f"{r['torch_tok_s']:.0f}", r["same_tokens"]] for r in ref],
-                    ["batch", "PyTorch eager tokens/s, KV cache", "same tokens as ours"])
+        ours = {r["batch"]: r for r in gen if r["tp"] == 1}
+        print_table([[r["batch"], f"{r['torch_tok_s']:.0f} ({_span(r['torch_tok_s_range'])})",
+                      f"{ours[r['batch']]['cache_tok_s']:.0f}" if r["batch"] in ours else "-",
+                      r["same_tokens"], f"{r['max_abs_logit_diff']:.1e}"] for r in ref],
+                    ["batch", "PyTorch eager tokens/s, KV cache (range)", "ours, tp=1, KV cache",
+                     "same greedy tokens", "max |logit diff|, prompt"])
     path = write_json(args.out, {"config": cfg, "generate": gen, "pipeline": pipe, "serving": serving, "torch": ref})
     print(f"\nraw results: {os.path.relpath(path, ROOT)}")
     return 0

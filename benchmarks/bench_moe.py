@@ -4,15 +4,17 @@ tokens per second of an MoE GPT at ep = 1, 2.
 
 1. **all-to-all** (``--ranks`` processes under a real ``mpiexec``, backend ``mpi``): the uneven
    exchange expert parallelism uses (``expert_parallel._exchange_rows``: split sizes known on every
-   rank from the count table, chunks padded to the largest, one equal-split all-to-all) against
-   ``MPI.COMM_WORLD.Alltoallv`` with the same splits, in the same processes, alternating; both
+   rank from the count table, the backend's native ``alltoallv``: on MPI the split sizes ride in the
+   call check, then the blocks go as point-to-point messages on the caller's buffers -- groups of up
+   to 8 ranks, ``comm/mpi/alltoallv.py``; ``Ialltoallv`` beyond) against
+   ``MPI.COMM_WORLD.Alltoallv`` with the same splits, in the same processes, interleaved; both
    produce a fresh output array per call (an MoE layer must: autograd keeps it). Rank s
    sends ``rows * (1 + (s + d) % n) / n`` rows of ``--width`` float32 to rank d (uneven). Bus
    bandwidth follows nccl-tests: ``busbw = bytes sent per rank / time * (n - 1) / n``; the ratio
-   column is ours / MPICH's (goal >= 1.0). The padding costs bandwidth when splits are uneven:
-   the busbw counts only the useful bytes. The last column times the backend's equal-split
-   ``alltoall`` alone on the padded chunks (same useful bytes): the gap between it and MPICH is the
-   backend's (its per-op agreement round and progress wait), the gap between ours and it is ours.
+   column is ours / MPICH's bandwidth (goal >= 1.0), per run the median over iterations of the
+   pair measured back to back. The last column times ``backend.alltoallv`` alone into a
+   reused output (no allocation, no autograd). The machine is shared: ``--repeats`` runs, each the
+   median of ``--iters`` iterations, reported as median [min-max]; ``--json`` keeps the raw numbers.
 2. **MoE GPT** (gloo, DDP, float32): tokens per second of forward + backward + Adam of a GPT whose
    every other MLP is an MoE (``moe_num_experts`` experts, top-2), at ep = 1 (experts replicated,
    averaged over the group) and ep = 2 (experts split), on the same global batch.
@@ -21,6 +23,7 @@ Run::
 
     python benchmarks/bench_moe.py                      # both parts, 2 ranks
     python benchmarks/bench_moe.py --part a2a --sizes 65536 1048576
+    python benchmarks/bench_moe.py --part a2a --repeats 7 --json benchmarks/results/bench_moe_a2a.json
     python benchmarks/bench_moe.py --part gpt --n-embd 128 --steps 5
 
 Numbers depend on the machine (here: 2 shared cores); each is a median over ``--iters`` runs.
@@ -41,7 +44,8 @@ import numpy as np
 
 
 def _a2a_rank(sizes_bytes: list, width: int, iters: int):
-    """On every rank (under mpiexec): median seconds of ours and of MPICH's Alltoallv per size."""
+    """On every rank (under mpiexec): per size, the median seconds of ours, MPICH's Alltoallv and the
+    backend's alltoallv alone, the three interleaved in every iteration (the slowest rank's median)."""
     from mpi4py import MPI
 
     from neural_arch.core.tensor import Tensor
@@ -57,21 +61,17 @@ def _a2a_rank(sizes_bytes: list, width: int, iters: int):
         split = [[rows * (1 + (s + d) % n) // n for d in range(n)] for s in range(n)]
         sends = split[r]
         receives = [split[s][r] for s in range(n)]
-        chunk = max(max(row) for row in split)
         x = np.random.default_rng(r).standard_normal((sum(sends), width)).astype(np.float32)
-        recv = np.empty((sum(receives), width), dtype=np.float32)
         sdispl = np.concatenate([[0], np.cumsum(sends)[:-1]]) * width
         rdispl = np.concatenate([[0], np.cumsum(receives)[:-1]]) * width
         scount, rcount = np.asarray(sends) * width, np.asarray(receives) * width
         ours, mpich, raw = [], [], []
         t = Tensor(x)
-        staging: dict = {}
-        padded = np.zeros((n, chunk, width), dtype=np.float32)
-        padded_out = np.empty_like(padded)
+        reused = np.empty((sum(receives), width), dtype=np.float32)
         for i in range(iters + 1):
             comm.Barrier()
             t0 = time.perf_counter()
-            y = _exchange_rows(t, sends, receives, chunk, group, staging)
+            y = _exchange_rows(t, sends, receives, group)
             t1 = time.perf_counter()
             comm.Barrier()
             t2 = time.perf_counter()
@@ -81,19 +81,19 @@ def _a2a_rank(sizes_bytes: list, width: int, iters: int):
             t3 = time.perf_counter()
             comm.Barrier()
             t4 = time.perf_counter()
-            group.backend.alltoall(padded_out, padded)     # the backend alone, on the padded chunks
+            group.backend.alltoallv(reused, x, receives, sends)   # the backend alone, into a reused output
             t5 = time.perf_counter()
             if i:                              # the first round warms up
                 ours.append(t1 - t0)
                 mpich.append(t3 - t2)
                 raw.append(t5 - t4)
-        if not np.array_equal(y.data, recv):
+        if not (np.array_equal(y.data, recv) and np.array_equal(reused, recv)):
             raise AssertionError("bench_moe: our exchange and Alltoallv disagree")
-        # the slowest rank decides an all-to-all's time
-        slow = np.empty(3)
-        comm.Allreduce(np.array([np.median(ours), np.median(mpich), np.median(raw)]), slow, op=MPI.MAX)
-        out.append({"bytes": int(x.nbytes), "ours_s": float(slow[0]), "mpich_s": float(slow[1]),
-                    "raw_s": float(slow[2])})
+        # the slowest rank decides an all-to-all's time (per iteration)
+        slow = np.empty((3, iters))
+        comm.Allreduce(np.array([ours, mpich, raw]), slow, op=MPI.MAX)
+        out.append({"bytes": int(x.nbytes), "ours_s": slow[0].tolist(), "mpich_s": slow[1].tolist(),
+                    "raw_s": slow[2].tolist()})
     return out
 
 
@@ -135,10 +135,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--part", choices=["a2a", "gpt", "both"], default="both")
     p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--sizes", type=int, nargs="*", default=[1 << 16, 1 << 20, 1 << 22, 1 << 24],
+    p.add_argument("--sizes", type=int, nargs="*", default=[1 << 12, 1 << 14, 1 << 16, 1 << 20, 1 << 22, 1 << 24],
                    help="bytes each rank sends (about)")
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=5, help="all-to-all: runs of --iters iterations (median, range)")
+    p.add_argument("--json", default=None, help="all-to-all: write the raw numbers here")
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--n-layer", type=int, default=2)
@@ -149,16 +151,38 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=5)
     args = p.parse_args(argv)
     if args.part in ("a2a", "both"):
-        with RankPool(args.ranks, backend="mpi", timeout=600.0) as pool:
-            rows = pool.run(_a2a_rank, args.sizes, args.width, args.iters)[0]
         n = args.ranks
+        load_before = os.getloadavg()[0]
+        runs = []
+        with RankPool(n, backend="mpi", timeout=600.0) as pool:
+            for _ in range(args.repeats):
+                runs.append(pool.run(_a2a_rank, args.sizes, args.width, args.iters)[0])
+        busbw = lambda row, key: row["bytes"] / float(np.median(row[key])) * (n - 1) / n / 1e9
+        # the ratio of one run: the median over its iterations of MPICH's time / ours, each pair measured
+        # back to back (on shared cores a burst of load then hits both sides of a pair, not one median)
+        paired = lambda row: float(np.median(np.asarray(row["mpich_s"]) / np.asarray(row["ours_s"])))
         print(f"uneven all-to-all, {n} ranks under mpiexec (backend mpi), float32 rows of {args.width}, "
-              f"{os.cpu_count()} cpu(s); busbw = bytes/rank / time * (n-1)/n")
-        print(f"{'bytes/rank':>11} {'ours GB/s':>10} {'MPICH Alltoallv GB/s':>21} {'ratio':>6} "
-              f"{'backend alltoall (padded) GB/s':>31}")
-        for row in rows:
-            bw = [row["bytes"] / row[k] * (n - 1) / n / 1e9 for k in ("ours_s", "mpich_s", "raw_s")]
-            print(f"{row['bytes']:>11} {bw[0]:>10.3f} {bw[1]:>21.3f} {bw[0] / bw[1]:>6.2f} {bw[2]:>31.3f}")
+              f"{os.cpu_count()} cpu(s); busbw = bytes/rank / time * (n-1)/n; median [min-max] of "
+              f"{args.repeats} runs of {args.iters} interleaved iterations")
+        print(f"{'bytes/rank':>11} {'ours GB/s':>20} {'MPICH Alltoallv GB/s':>22} {'ratio':>18} "
+              f"{'backend alltoallv GB/s':>22}")
+        table = []
+        for i in range(len(args.sizes)):
+            rows = [run[i] for run in runs]
+            ours = [busbw(row, "ours_s") for row in rows]
+            mpich = [busbw(row, "mpich_s") for row in rows]
+            raw = [busbw(row, "raw_s") for row in rows]
+            ratio = [paired(row) for row in rows]
+            cell = lambda v: f"{np.median(v):.3f} [{min(v):.2f}-{max(v):.2f}]"
+            print(f"{rows[0]['bytes']:>11} {cell(ours):>20} {cell(mpich):>22} {cell(ratio):>18} {cell(raw):>22}")
+            table.append({"bytes": rows[0]["bytes"], "ours_gbps": ours, "mpich_gbps": mpich, "ratio": ratio,
+                          "backend_alltoallv_gbps": raw})
+        if args.json:
+            from benchmarks.common import write_json
+
+            # (the environment block records the commit and the load average at the end; the payload the one before)
+            write_json(args.json, {"loadavg_1min_before": load_before, "ranks": n, "width": args.width,
+                                   "iters": args.iters, "repeats": args.repeats, "runs": runs, "table": table})
     if args.part in ("gpt", "both"):
         cfg = {k: getattr(args, k) for k in ("vocab", "seq", "n_layer", "n_head", "n_embd", "experts", "batch",
                                              "steps")}

@@ -654,7 +654,7 @@ FT = _cmd("bench_ft", "python benchmarks/bench_ft.py --json {out}", 2.0)
 PIPELINE = _cmd("bench_pipeline", "python benchmarks/bench_pipeline.py --stages 2,4 --microbatches 4,8,16 "
                 "--schedules 1f1b,zbh1,interleaved,izb,zbv --steps 5 --out {out}", 3.0)
 FLIGHT = _cmd("bench_flight_recorder", "python benchmarks/bench_flight_recorder.py --rounds 15 --out {out}", 1.0)
-MOE = _cmd("bench_moe_a2a", "python benchmarks/bench_moe.py --part a2a --repeats 5 --json {out}", 2.0)
+MOE = _cmd("bench_moe_a2a", "python benchmarks/bench_moe.py --part a2a --repeats 15 --iters 10 --json {out}", 2.0)
 
 MPI_R15 = ("bench_mpi_backend_r15_window32k_run*.json",)
 GPT_RUNS = ("bench_core_gpt.json", "bench_core_gpt_allocator.json", "bench_core_gpt_baseline.json")

@@ -64,7 +64,7 @@ VARIABLES: tuple[EnvVar, ...] = (
     _v("AUTH_TOKEN", str, None, "user", "job secret: authenticates store, TCP mesh and node agents (docs/security.md)"),
     _v("ALLOW_UNAUTHENTICATED", bool, False, "user", "1 on every rank lets a multi-host job without NEURAL_ARCH_AUTH_TOKEN run its store and TCP mesh open to anyone who can reach the ports (trusted networks only; docs/security.md)"),
     _v("HOST_ID", str, None, "user", "overrides host identity (split one machine into 'hosts'; containers without shared /dev/shm)"),
-    _v("BIND_ADDR", str, None, "user", "address the gloo TCP transport listens on"),
+    _v("BIND_ADDR", str, None, "user", "where the gloo TCP transport listens: an address, a host name, or a network interface's name (eth0, ib0: its IPv4 address, so one value fits every node)"),
     _v("DISTRIBUTED_DEBUG", str, "OFF", "user", "OFF / INFO / DETAIL: DETAIL checks every collective across ranks first"),
     # -- gloo transport and algorithms -------------------------------------------------------------
     _v("GLOO_TRANSPORT", str, "auto", "user", "auto / tcp / shm: force the gloo transport"),
@@ -90,6 +90,8 @@ VARIABLES: tuple[EnvVar, ...] = (
     _v("FLIGHT_RECORDER_SIZE", int, 2000, "user", "records of each rank's flight recorder (its last collective and point-to-point ops, dumped on a timeout, poisoning, a peer's failure or SIGUSR1; analyzed by python -m neural_arch.distributed.flight_recorder DIR); 0 = off"),
     _v("FLIGHT_RECORDER_CALLER", bool, False, "user", "1 adds the caller's file:line to every flight-recorder record (a stack walk per op: most of the recorder's cost on small all_reduces, docs/benchmarks.md); off, dumps still name op, group, sequence number, shapes and state"),
     _v("FLIGHT_RECORDER_DIR", str, None, "user", "directory for the flight recorder's dumps (one rank<R>.json per rank); unset: the rendezvous store when there is one (MPI jobs have none: set it there)"),
+    _v("FLIGHT_RECORDER_POLL_S", float, 1.0, "user", "seconds between a rank's checks for a peer's dump request (the first rank whose collective fails asks every rank to dump, through the dump folder or the rendezvous store, so a rank idle in user code dumps too, with no SIGUSR1); 0 = off"),
+    _v("INTRAOP_THREADS", int, None, "user", "threads of the core's elementwise pool (GELU, layer norm, attention over heads, AdamW; neural_arch/core/thread_pool.py); unset: the BLAS's thread count now (threadpoolctl / OMP_NUM_THREADS rule it); 1: off"),
     _v("EAGER_CHECKS", bool, False, "user", "check device-side cross_entropy targets eagerly (one sync per call; core reads it)"),
     # -- parallel strategies -----------------------------------------------------------------------
     _v("FSDP_SHARD_SIZE", int, None, "user", "ranks per shard group of HYBRID_SHARD (default: LOCAL_WORLD_SIZE)"),

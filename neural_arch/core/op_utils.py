@@ -63,6 +63,10 @@ def scatter_add(xp, target, idx, values) -> None:
         [2.0, 0.0, 5.0]
     """
     if xp is np:
+        if (getattr(idx, "ndim", 0) == 1 and idx.size >= 64 and getattr(values, "ndim", 0) == target.ndim >= 2
+                and values.shape[0] == idx.size and idx.dtype.kind in "iu" and idx.min() >= 0):
+            _scatter_add_rows(target, idx, values)
+            return
         np.add.at(target, idx, values)
         return
     try:
@@ -71,6 +75,16 @@ def scatter_add(xp, target, idx, values) -> None:
         import cupyx  # noqa: PLC0415  (only reached with CuPy arrays)
 
         cupyx.scatter_add(target, idx, values)
+
+
+def _scatter_add_rows(target, idx, values) -> None:
+    """``np.add.at(target, idx, values)`` for whole rows (an embedding's gradient): the rows sorted
+    by index and each run of equal indices summed with one ``add.reduceat``, then added with one
+    fancy-index assignment (every index once). NumPy's ``add.at`` handles one row at a time."""
+    order = np.argsort(idx, kind="stable")
+    rows = idx[order]
+    starts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
+    target[rows[starts]] += np.add.reduceat(values[order], starts, axis=0)
 
 
 def _same_device(datas, op: str) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 from .autograd import Node
 from .op_utils import _needs, _result, _same_device, _xp, unbroadcast
 from .tensor import Tensor
+from .thread_pool import parallel_chunks
 
 
 # ============================================================================ elementwise
@@ -232,36 +233,59 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _AS_A_HALF = tuple(0.5 * a for a in _AS_A)
 
 
-def _gelu_erf_arrays(xp, xd, need_grad: bool):
-    """Exact GELU ``x * Phi(x)`` and, when ``need_grad``, its derivative ``Phi(x) + x * phi(x)``.
+# The sign bit of each float dtype as its same-width integer: copysign(q, x) for q >= 0 is
+# q | (x & sign), two integer passes where NumPy's copysign is a scalar loop several times slower.
+_SIGN_BIT = {np.dtype(np.float32): np.int32(-(1 << 31)), np.dtype(np.float64): np.int64(-(1 << 63))}
 
-    One fused pass over two arrays, both returned (no third temporary): the first holds
-    ``t = 1 / (1 + p|z|)`` (``z = x / sqrt(2)``) while the second accumulates the polynomial; the
-    first then becomes ``exp(-z^2)``, which is both erf's Gaussian factor and ``sqrt(2 pi) * phi(x)``
-    (the backward needs no second ``exp``), and ends as the derivative; the second ends as the output.
+
+def _gelu_erf_kernel(xp, x, q, e, need_grad: bool) -> None:
+    """Exact GELU ``x * Phi(x)`` into ``q`` and, when ``need_grad``, its derivative
+    ``Phi(x) + x * phi(x)`` into ``e`` (otherwise ``e`` is scratch); all three 1-d, one length.
+
+    One fused pass over two arrays: ``e`` first holds ``t = 1 / (1 + p|z|)`` (``z = x / sqrt(2)``)
+    while ``q`` accumulates the polynomial; ``e`` then becomes ``exp(-z^2)``, which is both erf's
+    Gaussian factor and ``sqrt(2 pi) * phi(x)`` (the backward needs no second ``exp``), and ends as
+    the derivative; ``q`` ends as the output. Chunks of an array give the unsplit result exactly.
     """
-    shape = xd.shape
-    x = xd.reshape(-1)  # 1-d: ufuncs on 0-d arrays return scalars, which out= cannot take
-    t = xp.abs(x)
+    t = xp.abs(x, out=e)
     t *= _AS_P * _INV_SQRT_2
     t += 1.0
     xp.divide(1.0, t, out=t)
-    q = xp.multiply(t, _AS_A_HALF[4])
+    xp.multiply(t, _AS_A_HALF[4], out=q)
     for coef in _AS_A_HALF[3::-1]:  # Horner: q = t*(a0 + t*(a1 + t*(a2 + t*(a3 + t*a4)))) / 2
         q += coef
         q *= t
-    e = xp.multiply(x, x, out=t)
-    e *= -0.5
-    xp.exp(e, out=e)  # exp(-z^2)
-    q *= e  # erfc(|z|) / 2
-    xp.subtract(0.5, q, out=q)
-    xp.copysign(q, x, out=q)
+    xp.multiply(x, x, out=t)
+    t *= -0.5
+    xp.exp(t, out=t)  # exp(-z^2)
+    q *= t  # erfc(|z|) / 2
+    xp.subtract(0.5, q, out=q)  # (1 - erfc(|z|)) / 2 = erf(|z|) / 2 >= 0
+    sign = _SIGN_BIT.get(x.dtype) if xp is np else None
+    if sign is not None:
+        bits = q.view(sign.dtype)
+        xp.bitwise_or(bits, xp.bitwise_and(x.view(sign.dtype), sign), out=bits)
+    else:
+        xp.copysign(q, x, out=q)
     q += 0.5  # Phi(x)
     if need_grad:
-        e *= _INV_SQRT_2PI  # phi(x)
-        e *= x
-        e += q
+        t *= _INV_SQRT_2PI  # phi(x)
+        t *= x
+        t += q
     q *= x
+
+
+def _gelu_erf_arrays(xp, xd, need_grad: bool):
+    """``(gelu(xd), gelu'(xd) or None)``: :func:`_gelu_erf_kernel` on fresh arrays, a large NumPy
+    array split over the core's thread pool (:mod:`neural_arch.core.thread_pool`)."""
+    shape = xd.shape
+    x = xd.reshape(-1)  # 1-d: ufuncs on 0-d arrays return scalars, which out= cannot take
+    q = xp.empty_like(x)
+    e = xp.empty_like(x)
+    if type(x) is np.ndarray:
+        parallel_chunks(x.size, lambda lo, hi: _gelu_erf_kernel(np, x[lo:hi], q[lo:hi], e[lo:hi], need_grad),
+                        work=25 * x.size)
+    else:
+        _gelu_erf_kernel(xp, x, q, e, need_grad)
     return q.reshape(shape), (e.reshape(shape) if need_grad else None)
 
 

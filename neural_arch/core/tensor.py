@@ -319,13 +319,25 @@ class Tensor:
 
         Accepts torch's forms: ``to(device)``, ``to(dtype)``, ``to(device, dtype)``,
         ``to(other_tensor)``, and the keywords ``device=``, ``dtype=``, ``copy=``,
-        ``non_blocking=`` (accepted, ignored: copies here are synchronous).
+        ``non_blocking=`` (accepted, ignored: copies here are synchronous). An integer device is that
+        CUDA device, as in torch: ``to(1)`` is ``to("cuda:1")`` (the usual ``to(local_rank)``).
 
         >>> import neural_arch as na
         >>> t = na.ones(2)
         >>> t.to(na.float64).dtype, t.to("cpu") is t, t.to("cpu", na.int64).dtype
         (dtype('float64'), True, dtype('int64'))
         """
+        def cuda_index(device):
+            # an int (not a bool: to(..., non_blocking) passes one positionally) names a CUDA device
+            if isinstance(device, (int, np.integer)) and not isinstance(device, (bool, np.bool_)):
+                if device < 0:
+                    raise ValueError(f"to({device}): a device index must be >= 0 (an integer means cuda:N)")
+                return f"cuda:{int(device)}"
+            return device
+
+        args = tuple(cuda_index(a) for a in args)
+        if "device" in kwargs:
+            kwargs["device"] = cuda_index(kwargs["device"])
         device, dtype, copy = _parse_to_args(args, kwargs)
         out = self
         if device is not None:

@@ -8,8 +8,9 @@ expert-parallel rank ``e // (E / ep)``; ``moe.experts`` then holds those ``E / e
   integers) over the data-parallel group. From that table every rank knows the batch-wide token
   counts, the capacity decisions (computed on the global batch, see ``nn.MoE``) and every split
   size of the exchange, so no further count exchange is needed;
-* the kept rows travel to their experts' ranks and back with an uneven ``all_to_all_single``
-  (zero-length splits allowed), differentiable; a rank runs each of its experts once on the rows
+* the kept rows travel to their experts' ranks and back with the backend's native uneven
+  all-to-all (``Backend.alltoallv``: no padding, no staging copy; zero-length splits allowed),
+  differentiable; a rank runs each of its experts once on the rows
   it received, ordered by source rank then token position: the order one process uses on the
   batch made of rank 0's tokens, then rank 1's, ..., so the result does not depend on where the
   experts live;
@@ -82,42 +83,23 @@ def expert_parallel_mesh(ep_size: int, device_type: str = "cpu"):
     return init_device_mesh(device_type, (world // ep_size, ep_size), mesh_dim_names=("dp", "ep"))
 
 
-def _exchange_rows(x: Tensor, sends, receives, chunk: int, group, staging: dict | None = None) -> Tensor:
+def _exchange_rows(x: Tensor, sends, receives, group) -> Tensor:
     """Differentiable uneven all-to-all whose split sizes are already known on every rank.
 
-    ``chunk`` (the largest split anywhere in the group, the same on every rank) lets it pad and
-    use the equal-split all-to-all without the count exchange of the general op. ``staging`` (a
-    dict the caller keeps) holds the padded send and receive buffers between calls: allocating
-    fresh large buffers costs more than the exchange itself (page faults), and both are dead once
-    the rows are copied out.
+    ``sends[d]`` rows of ``x`` (in rank order) go to ep rank d and ``receives[s]`` rows arrive from
+    rank s. The rows move with the backend's native uneven exchange (``Backend.alltoallv``: MPI's
+    ``Ialltoallv``, gloo's pairwise blocks) straight from ``x``'s array into the output: no padding,
+    no staging copy, and no count exchange (the splits come from the count table). The output is a
+    fresh array, as the graph keeps it; the backward is the reverse exchange of the gradient.
+
+    >>> y = _exchange_rows(rows, sends=[2, 1], receives=[2, 0], group=ep_group)   # doctest: +SKIP
     """
-    n = group.size()
-    staging = {} if staging is None else staging
-
-    def buffer(role, shape, dtype, xp):
-        buf = staging.get(role)
-        if buf is None or buf.shape != shape or buf.dtype != dtype or _xp(buf) is not xp:
-            buf = staging[role] = xp.empty(shape, dtype=dtype)      # the padding is never read
-        return buf
-
     def move(array, out_rows, in_rows):
         xp = _xp(array)
-        rest = tuple(array.shape[1:])
-        if n == 1 or chunk == 0:
-            return xp.array(array, copy=True, order="C")
-        shape = (n, chunk) + rest
-        if all(c == chunk for c in out_rows):            # already (n, chunk) rows: no staging copy
-            send = xp.ascontiguousarray(array).reshape(shape)
-        else:
-            send = buffer("send", shape, array.dtype, xp)
-            start = 0
-            for d, c in enumerate(out_rows):
-                send[d, :c] = array[start:start + c]
-                start += c
-        recv = buffer("recv", shape, array.dtype, xp)
-        group.backend.alltoall(recv, send)
-        # a fresh output (the graph keeps it) with only the useful rows
-        return xp.concatenate([recv[s, :c] for s, c in enumerate(in_rows)], axis=0)
+        out = xp.empty((sum(in_rows),) + tuple(array.shape[1:]), dtype=array.dtype)
+        # contiguous already in the MoE (gathered rows, a gradient): then no copy here either
+        group.backend.alltoallv(out, xp.ascontiguousarray(array), in_rows, out_rows)
+        return out
 
     return _wrap("AllToAllExperts", x, move(x.data, sends, receives), lambda g: move(g, receives, sends))
 
@@ -178,7 +160,6 @@ class ExpertParallelPlacement:
         self.expert_ids = tuple(range(first, first + self.per_rank))
         self.ep_rows = [dp_group.group_rank(r) for r in ep_group.ranks]     # ep member -> table row
         self.local_aux_loss = bool(local_aux_loss)
-        self._staging: dict = {}          # the exchange's padded buffers, reused between calls
 
     def count_table(self, local_counts: np.ndarray):
         n = self.dp.size()
@@ -198,18 +179,21 @@ class ExpertParallelPlacement:
         size, me, per = self.ep.size(), self.ep.rank(), self.per_rank
         # flows[s, d, l]: rows ep rank s sends to ep rank d for d's l-th expert (known everywhere)
         flows = kept[self.ep_rows].reshape(size, size, per)
-        sends, receives = flows[me].sum(axis=1), flows[:, me].sum(axis=1)
-        chunk = int(flows.sum(axis=2).max())
-        arrived = _exchange_rows(rows, sends.tolist(), receives.tolist(), chunk, self.ep, self._staging)
-        # Arrived in (source, expert) blocks; the experts want (expert, source): a permutation.
+        sends, receives = flows[me].sum(axis=1).tolist(), flows[:, me].sum(axis=1).tolist()
+        arrived = _exchange_rows(rows, sends, receives, self.ep)
+        # Arrived in (source, expert) blocks; the experts want (expert, source): a permutation,
+        # except with one expert per rank (or one source sending), where the two orders are one.
         block = flows[:, me]                                               # (source, local expert)
+        if per == 1 or np.count_nonzero(block.sum(axis=1)) <= 1:
+            return _exchange_rows(apply_experts(moe.experts, arrived, block.sum(axis=0).tolist()),
+                                  receives, sends, self.ep)
         starts = np.concatenate([[0], np.cumsum(block.reshape(-1))])[:-1].reshape(size, per)
         perm = np.concatenate([np.arange(starts[s, l], starts[s, l] + block[s, l])
                                for l in range(per) for s in range(size)] + [np.zeros(0, dtype=np.int64)])
         perm = perm.astype(np.int64)
         out = apply_experts(moe.experts, arrived[perm], block.sum(axis=0).tolist())
         back = out[np.argsort(perm, kind="stable")]
-        return _exchange_rows(back, receives.tolist(), sends.tolist(), chunk, self.ep, self._staging)
+        return _exchange_rows(back, receives, sends, self.ep)
 
 
 def parallelize_moe(moe: Module, ep_group=None, *, dp_group=None, expert_dp_group=None, device_mesh=None,

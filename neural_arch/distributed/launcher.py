@@ -117,7 +117,7 @@ from neural_arch.distributed.launch_env import (
     oversubscription_message,
 )
 from neural_arch.distributed.run.agent import NodeAgentServer, NodeLayout, _Every, join_node0
-from neural_arch.distributed.run.child_env import free_port, package_root, rank_env
+from neural_arch.distributed.run.child_env import free_port, package_root, port_taken, rank_env
 from neural_arch.distributed.run.launch_config import LaunchConfig, parse_command_line
 from neural_arch.distributed.run.procs import (
     Child,
@@ -323,6 +323,13 @@ class DistributedLauncher:
                 f"{cfg.world_size} python {script} ...` instead, or use --backend gloo here")
         if cfg.log_dir:
             prepare_log_dir(cfg.log_dir)
+        if not cfg.standalone and not cfg.elastic and cfg.node_rank == 0 \
+                and port_taken(cfg.master_addr, cfg.master_port):
+            # said here, before any rank starts: otherwise rank 0 fails deep inside init_process_group
+            _say(f"the master port {cfg.master_port} on {cfg.master_addr} is taken: another process listens "
+                 "there (a previous job still running, or someone else's). On one node pass --standalone "
+                 "to pick a free port; otherwise choose a free --master_port (the same on every node)")
+            return 1
         crowded = oversubscription_message(cfg.nproc_per_node)
         if crowded:
             _say(crowded)      # one launcher per host: said once, before any rank starts

@@ -14,7 +14,7 @@ Example::
 
 from neural_arch.nn import functional, init, utils
 from neural_arch.nn.activation import GELU, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh
-from neural_arch.nn.attention import MultiheadAttention
+from neural_arch.nn.attention import CausalSelfAttention, MultiheadAttention
 from neural_arch.nn.batchnorm import BatchNorm1d, BatchNorm2d
 from neural_arch.nn.container import ModuleDict, ModuleList, Sequential
 from neural_arch.nn.conv import Conv2d
@@ -36,7 +36,7 @@ __all__ = [
     "Linear", "Embedding", "Identity", "LayerNorm", "Dropout",
     "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax",
     "Sequential", "ModuleList", "ModuleDict",
-    "MultiheadAttention", "TransformerBlock", "GPT", "MoE", "KVCache",
+    "MultiheadAttention", "CausalSelfAttention", "TransformerBlock", "GPT", "MoE", "KVCache",
     "CrossEntropyLoss", "MSELoss", "utils",
     "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "BatchNorm1d", "BatchNorm2d",
     "Dropout2d", "Flatten", "Unflatten",

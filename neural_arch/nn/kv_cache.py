@@ -2,7 +2,7 @@
 
 Each attention layer appends the keys and values of the new tokens to its slot and attends over
 everything cached so far, so decoding token ``t`` costs O(t) instead of recomputing the whole
-prefix. ``MultiheadAttention.forward(x, kv_cache=cache, layer_idx=i)`` calls :meth:`KVCache.update`;
+prefix. ``CausalSelfAttention.forward(x, kv_cache=cache, layer_idx=i)`` calls :meth:`KVCache.update`;
 ``GPT.generate`` creates one cache per call.
 
 The cache holds plain arrays (NumPy or CuPy) of shape ``(batch, heads, seq, head_dim)``: it is an

@@ -328,9 +328,21 @@ class Module:
 
         Works in place on the existing Parameter objects, so an optimizer built before ``to()``
         still points at the right tensors. Example: ``model.to("cuda:0")``,
-        ``model.to(neural_arch.float64)``, ``model.to("cuda", neural_arch.float16)``. Integer
-        buffers (``num_batches_tracked``) keep their dtype, as in torch.
+        ``model.to(neural_arch.float64)``, ``model.to("cuda", neural_arch.float16)``. An integer
+        device is that CUDA device, as in torch: ``model.to(local_rank)`` is ``model.to(f"cuda:{local_rank}")``.
+        Integer buffers (``num_batches_tracked``) keep their dtype, as in torch.
+
+        Example::
+
+            >>> import neural_arch as na
+            >>> from neural_arch import nn
+            >>> nn.Linear(2, 2).to(na.float64).weight.dtype
+            dtype('float64')
         """
+        if isinstance(device, (int, np.integer)) and not isinstance(device, (bool, np.bool_)):
+            if device < 0:
+                raise ValueError(f"Module.to({device}): a device index must be >= 0 (an integer means cuda:N)")
+            device = f"cuda:{int(device)}"
         if device is not None and not isinstance(device, (str, _backend.Device)) and dtype is None \
                 and not (hasattr(device, "type") and hasattr(device, "index")):
             # model.to(neural_arch.float64) / model.to(np.float64): a dtype given positionally

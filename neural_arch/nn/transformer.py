@@ -32,7 +32,7 @@ from neural_arch.core.rng import numpy_generator
 from neural_arch.core.tensor import Tensor
 from neural_arch.nn import init
 from neural_arch.nn.activation import GELU
-from neural_arch.nn.attention import MultiheadAttention
+from neural_arch.nn.attention import CausalSelfAttention
 from neural_arch.nn.container import ModuleList, Sequential
 from neural_arch.nn.kv_cache import KVCache
 from neural_arch.nn.linear import Embedding, Linear
@@ -100,7 +100,7 @@ class TransformerBlock(Module):
         super().__init__()
         hidden = int(mlp_ratio * embed_dim)
         self.ln1 = LayerNorm(embed_dim)
-        self.attn = MultiheadAttention(embed_dim, num_heads, dropout=dropout, causal=causal)
+        self.attn = CausalSelfAttention(embed_dim, num_heads, dropout=dropout, causal=causal)
         self.ln2 = LayerNorm(embed_dim)
         if num_experts:
             # A mixture of experts in place of the MLP (each expert the same fc1/GELU/fc2 shape).
@@ -114,7 +114,7 @@ class TransformerBlock(Module):
             ))
 
     def forward(self, x, attn_mask=None, kv_cache=None, layer_idx: int = 0):
-        """``attn_mask``, ``kv_cache`` and ``layer_idx`` go to :meth:`~neural_arch.nn.MultiheadAttention.forward`."""
+        """``attn_mask``, ``kv_cache`` and ``layer_idx`` go to :meth:`~neural_arch.nn.CausalSelfAttention.forward`."""
         if attn_mask is None and kv_cache is None:
             x = x + self.attn(self.ln1(x))
         else:

@@ -22,7 +22,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from neural_arch import backend as _backend
+from neural_arch.core.thread_pool import parallel_chunks
+from neural_arch.optim._multi_tensor import run_group
 from neural_arch.optim.optimizer import Optimizer
 
 __all__ = ["Adam", "AdamW"]
@@ -58,61 +62,105 @@ class Adam(Optimizer):
     _decoupled = False
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, amsgrad: bool = False):
+                 weight_decay: float = 0.0, amsgrad: bool = False, *, foreach: bool | None = None):
         _check(lr, betas, eps, weight_decay, type(self).__name__)
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps,
-                                      "weight_decay": weight_decay, "amsgrad": amsgrad})
+                                  "weight_decay": weight_decay, "amsgrad": amsgrad, "foreach": foreach})
+
+    def _init_state(self, group):
+        amsgrad = group["amsgrad"]
+
+        def init(state, data):
+            xp = _backend.get_array_module(data)
+            state["step"] = 0
+            state["exp_avg"] = xp.zeros_like(data)
+            state["exp_avg_sq"] = xp.zeros_like(data)
+            if amsgrad:
+                state["max_exp_avg_sq"] = xp.zeros_like(data)
+
+        return init
 
     def step(self, closure=None):
-        """One update of every parameter that has a gradient; returns ``closure()`` if given."""
+        """One update of every parameter that has a gradient; returns ``closure()`` if given.
+
+        A group of NumPy parameters takes the multi-tensor path (:mod:`neural_arch.optim._multi_tensor`,
+        ``foreach``: torch's flag): its small tensors (all with ``foreach=True``) are updated as one
+        flat vector, in a dozen NumPy calls instead of a dozen per tensor; large vectors are split
+        over the core's thread pool. The arithmetic is the same on every path.
+        """
         loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
-            wd, amsgrad = group["weight_decay"], group["amsgrad"]
-            for p, g in self._params_with_grad(group):
-                d = p.data
-                xp = _backend.get_array_module(d)
+        for gi, group in enumerate(self.param_groups):
+            names = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
+            init = self._init_state(group)
+            pairs = list(self._params_with_grad(group))
+            # the flat path casts gradients to the parameters' dtype: only where that changes nothing
+            if all(type(p.data) is np.ndarray and getattr(g, "dtype", None) == p.data.dtype for p, g in pairs):
+                run_group(self, gi, group, names, init, self._update)
+                continue
+            for p, g in pairs:  # device arrays, or gradients of another dtype: one tensor at a time
                 state = self.state.setdefault(p, {})
                 if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = xp.zeros_like(d)
-                    state["exp_avg_sq"] = xp.zeros_like(d)
-                    if amsgrad:
-                        state["max_exp_avg_sq"] = xp.zeros_like(d)
+                    init(state, p.data)
                 state["step"] += 1
-                t = state["step"]
-                if wd != 0:
-                    if self._decoupled:
-                        d *= 1 - lr * wd
-                    else:
-                        g = g + wd * d
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                m *= beta1
-                # One temporary for (1-b1)*g, (1-b2)*g*g, the denominator and the update (same
-                # arithmetic as the expression form): Adam is memory-bound.
-                tmp = xp.multiply(g, 1 - beta1)
-                m += tmp
-                v *= beta2
-                if getattr(tmp, "ndim", 0) > 0:  # 0-d: NumPy gives back a scalar, out= cannot take it
-                    xp.multiply(g, g, out=tmp)
-                    tmp *= 1 - beta2
-                    v += tmp
-                else:
-                    v += (1 - beta2) * (g * g)
-                if amsgrad:
-                    vmax = state["max_exp_avg_sq"]
-                    xp.maximum(vmax, v, out=vmax)
-                    v = vmax
-                bias1 = 1 - beta1**t
-                bias2 = 1 - beta2**t
-                reuse = getattr(tmp, "ndim", 0) > 0 and tmp.dtype == v.dtype and tmp.shape == v.shape
-                update = xp.sqrt(v, out=tmp) if reuse else xp.sqrt(v)
-                update /= math.sqrt(bias2)
-                update += eps
-                xp.divide(m, update, out=update)
-                update *= lr / bias1
-                d -= update
+                self._update(p.data, g, state, state["step"], None, group)
         return loss
+
+    def _update(self, d, g, st, t, seg, group):
+        """Adam's update of ``d`` (in place) and its state ``st`` at step ``t``; ``seg`` unused
+        (elementwise: a flat vector of many tensors updates like each tensor alone)."""
+        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        wd, amsgrad = group["weight_decay"], group["amsgrad"]
+        bias1 = 1 - beta1**t
+        bias2 = 1 - beta2**t
+        m, v = st["exp_avg"], st["exp_avg_sq"]
+        vmax = st["max_exp_avg_sq"] if amsgrad else None
+        decay = (1 - lr * wd) if wd != 0 and self._decoupled else None
+        l2 = wd if wd != 0 and not self._decoupled else None
+        scalars = (beta1, beta2, eps, lr / bias1, math.sqrt(bias2), decay, l2)
+        arrays = (d, g, m, v) + (() if vmax is None else (vmax,))
+        if all(type(a) is np.ndarray and a.flags.c_contiguous and a.shape == d.shape for a in arrays) \
+                and d.ndim > 0:
+            # flat views of contiguous arrays: the pool's chunks write the parameter itself
+            fd, fg, fm, fv = (a.reshape(-1) for a in (d, g, m, v))
+            fvmax = None if vmax is None else vmax.reshape(-1)
+
+            def chunk(lo, hi):
+                _adam_kernel(np, fd[lo:hi], fg[lo:hi], fm[lo:hi], fv[lo:hi],
+                             None if fvmax is None else fvmax[lo:hi], *scalars)
+
+            parallel_chunks(fd.size, chunk, work=14 * fd.size)
+            return
+        _adam_kernel(_backend.get_array_module(d), d, g, m, v, vmax, *scalars)
+
+
+def _adam_kernel(xp, d, g, m, v, vmax, beta1, beta2, eps, step_size, sqrt_bias2, decay, l2):
+    """The update in place, torch's formulas; ``decay`` (AdamW) or ``l2`` (Adam) or neither."""
+    if decay is not None:
+        d *= decay
+    elif l2 is not None:
+        g = g + l2 * d
+    m *= beta1
+    # One temporary for (1-b1)*g, (1-b2)*g*g, the denominator and the update (same
+    # arithmetic as the expression form): Adam is memory-bound.
+    tmp = xp.multiply(g, 1 - beta1)
+    m += tmp
+    v *= beta2
+    if getattr(tmp, "ndim", 0) > 0:  # 0-d: NumPy gives back a scalar, out= cannot take it
+        xp.multiply(g, g, out=tmp)
+        tmp *= 1 - beta2
+        v += tmp
+    else:
+        v += (1 - beta2) * (g * g)
+    if vmax is not None:
+        xp.maximum(vmax, v, out=vmax)
+        v = vmax
+    reuse = getattr(tmp, "ndim", 0) > 0 and tmp.dtype == v.dtype and tmp.shape == v.shape
+    update = xp.sqrt(v, out=tmp) if reuse else xp.sqrt(v)
+    update /= sqrt_bias2
+    update += eps
+    xp.divide(m, update, out=update)
+    update *= step_size
+    d -= update
 
 
 class AdamW(Adam):
@@ -134,5 +182,6 @@ class AdamW(Adam):
     _decoupled = True
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, amsgrad: bool = False):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, foreach: bool | None = None):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                         foreach=foreach)

@@ -6,21 +6,27 @@ requests that left, run the prompt of each request that joins (its prefill, one 
 decode step of the running batch (one token for each running request). A request that arrives
 while others are decoding joins at the **next** step -- it does not wait for the batch to finish --
 and a request that has its ``max_new_tokens`` leaves the batch at once, freeing its place
-(``max_batch`` requests run at a time; the others wait in arrival order).
+(``max_batch`` requests run at a time; the others wait in arrival order). A request whose client
+went away (:meth:`ContinuousBatcher.cancel`, called by its HTTP thread) leaves at the next step too:
+its slot is free for a waiting request and its caches are dropped on every rank.
 
 Rank 0 decides; the other ranks only follow, so they must be told each step exactly: rank 0
 **broadcasts the step plan** (:class:`StepPlan`, an int64 array: never a pickle) before every step,
-and every rank applies it to its own shard of the caches. The tokens need no message of their own:
-the tensor-parallel token choice gives every rank the same ones. When nothing is running, rank 0
+and every rank applies it to its own shard of the caches. It is **one broadcast** of a fixed size that
+every rank computes alike (:func:`plan_capacity`: ``max_batch`` leaves, joins and decodes, and the
+prompt tokens of the step's joins, which rank 0 keeps within ``max_prefill_tokens``, a prefill
+budget like vLLM's ``max_num_batched_tokens``: the joins past it wait for the next step), so the
+other ranks need no length first. The tokens need no message of their own: the tensor-parallel
+token choice gives every rank the same ones. When nothing is running, rank 0
 still broadcasts an empty plan every ``heartbeat`` seconds, so the other ranks never wait long
 enough to time out, and a rank that died is noticed within one heartbeat.
 
 Example (rank 0; ``engine`` is the ``decode_step.DecodeEngine`` every rank has)::
 
-    batcher = ContinuousBatcher(max_batch=8)
+    batcher = ContinuousBatcher(max_batch=8, max_prefill_tokens=block_size)
     active = batcher.submit(GenerationRequest(prompt=[1, 2, 3], max_new_tokens=4))   # an HTTP thread
     plan = batcher.next_plan(wait_s=0.5)                                            # the main thread
-    broadcast_plan(group, plan)
+    broadcast_plan(group, plan, plan_capacity(8, block_size))
     batcher.deliver(plan, engine.step(plan, batcher.sample_token))
 """
 
@@ -38,7 +44,7 @@ import numpy as np
 from neural_arch.nn.transformer import _next_token
 from neural_arch.serve.protocol import GenerationRequest
 
-__all__ = ["ActiveRequest", "ContinuousBatcher", "StepPlan", "broadcast_plan", "receive_plan"]
+__all__ = ["ActiveRequest", "ContinuousBatcher", "StepPlan", "broadcast_plan", "plan_capacity", "receive_plan"]
 
 IDLE, STEP, STOP = 0, 1, 2
 
@@ -46,7 +52,9 @@ IDLE, STEP, STOP = 0, 1, 2
 @dataclass
 class StepPlan:
     """One step for every rank: ``leaves`` (slots whose caches go), ``joins`` (``(slot, sample,
-    prompt)``: prefill these) and ``decode`` (``(slot, sample)``: one token each, in this order).
+    prompt)``: prefill these) and ``decode`` (``(slot, sample)``: one token each, in this order), and
+    ``inputs``, each decoding slot's last token (what a pipeline's first stage embeds; a
+    tensor-parallel rank already knows it, having chosen it with the others).
 
     ``sample`` says whether the slot's request samples (then the step gathers the logits and keeps
     rank 0's draw) or is greedy. Encoded as one int64 array by :meth:`encode`.
@@ -63,22 +71,26 @@ class StepPlan:
     leaves: list = field(default_factory=list)
     joins: list = field(default_factory=list)
     decode: list = field(default_factory=list)
+    inputs: list = field(default_factory=list)
 
     def encode(self) -> np.ndarray:
-        """``[kind, index, #leaves, #joins, #decode, leaves..., (slot, sample, len, prompt...)..., (slot, sample)...]``."""
-        out = [self.kind, self.index, len(self.leaves), len(self.joins), len(self.decode), *self.leaves]
+        """``[kind, index, #leaves, #joins, #decode, #inputs, leaves..., (slot, sample, len, prompt...)...,
+        (slot, sample)..., inputs...]``."""
+        out = [self.kind, self.index, len(self.leaves), len(self.joins), len(self.decode), len(self.inputs),
+               *self.leaves]
         for slot, sample, prompt in self.joins:
             out += [slot, int(sample), len(prompt), *prompt]
         for slot, sample in self.decode:
             out += [slot, int(sample)]
+        out += self.inputs
         return np.asarray(out, dtype=np.int64)
 
     @classmethod
     def decode_array(cls, a) -> StepPlan:
         """The plan :meth:`encode` wrote."""
         v = [int(x) for x in a]
-        kind, index, n_leave, n_join, n_decode = v[:5]
-        at = 5
+        kind, index, n_leave, n_join, n_decode, n_input = v[:6]
+        at = 6
         leaves = v[at:at + n_leave]
         at += n_leave
         joins = []
@@ -87,35 +99,55 @@ class StepPlan:
             joins.append((slot, bool(sample), v[at + 3:at + 3 + n]))
             at += 3 + n
         decode = [(v[at + 2 * i], bool(v[at + 2 * i + 1])) for i in range(n_decode)]
-        return cls(kind, index, leaves, joins, decode)
+        at += 2 * n_decode
+        return cls(kind, index, leaves, joins, decode, v[at:at + n_input])
 
 
-def broadcast_plan(group, plan: StepPlan) -> None:
-    """Rank 0 sends ``plan`` to the group (its length, then the array): two broadcasts of int64 arrays.
+def plan_capacity(max_batch: int, max_prefill_tokens: int) -> int:
+    """The int64 entries of the largest :meth:`StepPlan.encode`: the size of the one broadcast per step.
+
+    At most ``max_batch`` requests run, so a step has at most ``max_batch`` leaves, and joins and
+    decodes (with their headers and inputs) for ``max_batch`` requests together; its joins' prompts
+    hold at most ``max_prefill_tokens`` tokens.
 
     Example::
 
-        broadcast_plan(group, batcher.next_plan(0.5))     # rank 0; the others call receive_plan(group)
+        >>> plan_capacity(max_batch=8, max_prefill_tokens=256)        # about 2.5 KiB a step
+        310
+    """
+    return 6 + 6 * int(max_batch) + int(max_prefill_tokens)
+
+
+def broadcast_plan(group, plan: StepPlan, capacity: int) -> None:
+    """Rank 0 sends ``plan`` to the group: **one** broadcast of ``capacity`` int64 entries (the
+    plan's length first, then the plan, then zeros), ``capacity`` from :func:`plan_capacity`.
+
+    Example::
+
+        broadcast_plan(group, batcher.next_plan(0.5), capacity)   # rank 0; the others: receive_plan(group, capacity)
     """
     if group is None or group.size() == 1:
         return
-    payload = np.ascontiguousarray(plan.encode())
-    group.backend.broadcast(np.array([payload.size], dtype=np.int64), root=0)
-    group.backend.broadcast(payload, root=0)
+    payload = plan.encode()
+    if payload.size + 1 > capacity:
+        raise ValueError(f"broadcast_plan: the plan has {payload.size} entries, more than the {capacity - 1} "
+                         "plan_capacity allows; the batcher keeps within max_batch and max_prefill_tokens")
+    buf = np.zeros(capacity, dtype=np.int64)
+    buf[0] = payload.size
+    buf[1:1 + payload.size] = payload
+    group.backend.broadcast(buf, root=0)
 
 
-def receive_plan(group) -> StepPlan:
-    """The plan rank 0 broadcast (the other ranks' side of :func:`broadcast_plan`).
+def receive_plan(group, capacity: int) -> StepPlan:
+    """The plan rank 0 broadcast (the other ranks' side of :func:`broadcast_plan`, the same ``capacity``).
 
     Example::
 
-        plan = receive_plan(group)          # blocks until rank 0's next step or heartbeat
+        plan = receive_plan(group, capacity)      # blocks until rank 0's next step or heartbeat
     """
-    size = np.zeros(1, dtype=np.int64)
-    group.backend.broadcast(size, root=0)
-    payload = np.zeros(int(size[0]), dtype=np.int64)
-    group.backend.broadcast(payload, root=0)
-    return StepPlan.decode_array(payload)
+    buf = np.zeros(capacity, dtype=np.int64)
+    group.backend.broadcast(buf, root=0)
+    return StepPlan.decode_array(buf[1:1 + int(buf[0])])
 
 
 class ActiveRequest:
@@ -144,6 +176,8 @@ class ActiveRequest:
         self.submitted = time.monotonic()
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
+        #: Set by :meth:`ContinuousBatcher.cancel` (its client went away); it leaves at the next step.
+        self.cancelled = False
 
     def push(self, token: int, step: int) -> None:
         """One more token, chosen at ``step``."""
@@ -171,6 +205,8 @@ class ContinuousBatcher:
 
     Args:
         max_batch: requests decoded together at most; later ones wait in arrival order.
+        max_prefill_tokens: prompt tokens that join in one step at most (None: no limit); a step's
+            first join always fits, so it must be at least the longest prompt (``block_size - 1``).
 
     Example::
 
@@ -183,10 +219,15 @@ class ContinuousBatcher:
         ([9], [0])
     """
 
-    def __init__(self, max_batch: int = 8):
+    def __init__(self, max_batch: int = 8, max_prefill_tokens: int | None = None):
         if int(max_batch) < 1:
             raise ValueError(f"ContinuousBatcher: max_batch must be >= 1, got {max_batch}")
+        if max_prefill_tokens is not None and int(max_prefill_tokens) < 1:
+            raise ValueError(f"ContinuousBatcher: max_prefill_tokens must be >= 1 or None, got {max_prefill_tokens}")
         self.max_batch = int(max_batch)
+        self.max_prefill_tokens = None if max_prefill_tokens is None else int(max_prefill_tokens)
+        #: Requests cancelled so far (their clients went away), for /health.
+        self.cancelled = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._waiting: deque[ActiveRequest] = deque()
@@ -223,15 +264,27 @@ class ContinuousBatcher:
         if idle and wait_s > 0:
             self._wake.wait(wait_s)
         with self._lock:
+            if any(a.cancelled for a in self._waiting):
+                self._waiting = deque(a for a in self._waiting if not a.cancelled)
+            for slot in [slot for slot, a in self._running.items() if a.cancelled]:
+                del self._running[slot]      # only this (the stepping) thread changes the running batch
+                self._leaving.append(slot)
             leaves, self._leaving = self._leaving, []
-            decode = [(slot, a.request.sampling) for slot, a in self._running.items() if a.prefilled]
-            joins = []
+            decoding = [a for a in self._running.values() if a.prefilled]
+            decode = [(a.slot, a.request.sampling) for a in decoding]
+            inputs = [a.tokens[-1] for a in decoding]
+            joins, budget = [], self.max_prefill_tokens
             while self._waiting and len(self._running) < self.max_batch:
-                a = self._waiting.popleft()
+                a = self._waiting[0]
+                if budget is not None and joins and len(a.request.prompt) > budget:
+                    break                    # the prefill budget of this step is spent: it joins next step
+                self._waiting.popleft()
+                if budget is not None:
+                    budget -= len(a.request.prompt)
                 self._running[a.slot] = a
                 joins.append((a.slot, a.request.sampling, list(a.request.prompt)))
             kind = STEP if joins or decode else IDLE
-            plan = StepPlan(kind, self.step_index, leaves, joins, decode)
+            plan = StepPlan(kind, self.step_index, leaves, joins, decode, inputs)
             if kind == STEP:
                 self.step_index += 1
             return plan
@@ -242,11 +295,33 @@ class ContinuousBatcher:
             for slot, token in tokens.items():
                 a = self._running[slot]
                 a.prefilled = True
+                if a.cancelled:
+                    continue                 # nobody reads it; next_plan lets it go
                 a.push(token, plan.index)
                 if a.done:
                     del self._running[slot]
                     self._leaving.append(slot)
                     a.finish()
+
+    def cancel(self, active: ActiveRequest) -> None:
+        """``active``'s client went away: it leaves at the next step (waiting, it never joins), its
+        slot and caches freed. Called from its HTTP thread; a finished request is left alone.
+
+        Example::
+
+            >>> b = ContinuousBatcher(max_batch=1)
+            >>> a = b.submit(GenerationRequest(prompt=[1], max_new_tokens=5))
+            >>> b.deliver(b.next_plan(wait_s=0), {0: 4}); b.cancel(a)
+            >>> plan = b.next_plan(wait_s=0)
+            >>> plan.leaves, plan.decode, b.counts()["running"], b.cancelled
+            ([0], [], 0, 1)
+        """
+        with self._lock:
+            if active.cancelled or active.finished_at is not None or self.failed is not None:
+                return
+            active.cancelled = True
+            self.cancelled += 1
+        self._wake.set()
 
     def sample_token(self, slot: int, logits) -> int:
         """Rank 0's draw for a sampling request from its whole-vocabulary logits ``(1, V)``."""

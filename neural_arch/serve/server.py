@@ -10,13 +10,21 @@ request                     answer
                             ``data: {"done": true, ...the JSON above}``; an error after the stream
                             began is an ``event: error`` with ``data: {"error": sentence}``
 ``GET /health``             200 ``{"status": "ok", "tp": p, "pids": [...], "running": n, "waiting": n,
-                            "steps": n}``; 503 ``{"status": "failed", "error": sentence}``
-``GET /config``             the model's configuration, ``tp``, ``max_batch``, the dtype, the checkpoint
+                            "steps": n, "cancelled": n}``; 503 ``{"status": "failed", "error": sentence}``
+``GET /config``             the model's configuration, ``tp``, ``pp``, ``max_batch``,
+                            ``max_prefill_tokens``, the dtype, the checkpoint
 ==========================  =====================================================================
 
 Errors are JSON ``{"error": sentence}``: 400/413/415 for a bad request (``protocol``), 404 for an
 unknown path, 503 once the model's ranks failed or stopped (every request in flight gets it too, and
 the server exits), 504 when a request waited longer than ``request_timeout`` seconds.
+
+**Cancellation**: a client that disconnects (streaming or not) is noticed by its handler thread --
+between tokens it polls the socket for the peer's close, and a write that fails says so too -- and
+its request is cancelled (``ContinuousBatcher.cancel``): it leaves the batch at the next step, which
+frees its place and drops its caches on every rank. A request that got its 504 is cancelled too.
+(A client that shuts down only its sending side after the request reads as gone as well: none of the
+usual clients -- curl, urllib, requests, browsers -- does.)
 
 Why server-sent events rather than chunked JSON: one line per token that any HTTP client (``curl -N``,
 a browser's ``EventSource``, ``urllib`` reading lines) can consume as it comes, without parsing a
@@ -33,6 +41,8 @@ from __future__ import annotations
 
 import json
 import queue
+import select
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,6 +50,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from neural_arch.serve.protocol import MAX_BODY_BYTES, RequestError, parse_request
 
 __all__ = ["ServingServer"]
+
+#: Seconds a handler waits for its request's next event before it looks whether its client is still there.
+_POLL_S = 0.05
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -70,7 +83,7 @@ class _Handler(BaseHTTPRequestHandler):
             if owner.batcher.failed is not None:
                 return self._json(503, {"status": "failed", "error": owner.batcher.failed})
             return self._json(200, {"status": "ok", "tp": owner.info.get("tp"), "pids": owner.info.get("pids"),
-                                    **owner.batcher.counts()})
+                                    **owner.batcher.counts(), "cancelled": owner.batcher.cancelled})
         if self.path == "/config":
             return self._json(200, owner.info)
         self._error(404, f"no such path {self.path!r}; use POST /generate, GET /health or GET /config")
@@ -102,17 +115,38 @@ class _Handler(BaseHTTPRequestHandler):
             return self._stream(active)
         while True:
             event = self._next_event(active)
+            if event is None:
+                return                       # the client left: nobody to answer
             if event[0] == "done":
                 return self._json(200, _summary(active))
             if event[0] == "error":
                 return self._error(event[1], event[2])
 
-    def _next_event(self, active):
+    def _client_gone(self) -> bool:
+        """The client closed its end (a readable socket with nothing to read) or the socket failed."""
         try:
-            return active.events.get(timeout=self.server.owner.request_timeout)
-        except queue.Empty:
-            return ("error", 504, (f"no token within {self.server.owner.request_timeout:g} s; the server is "
-                                   "overloaded or stuck (see GET /health)"))
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
+    def _next_event(self, active):
+        """The request's next event; None (and the request cancelled) once its client has gone."""
+        owner = self.server.owner
+        deadline = time.monotonic() + owner.request_timeout
+        while True:
+            if self._client_gone():
+                owner.batcher.cancel(active)
+                return None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                owner.batcher.cancel(active)     # nobody will read the rest of it
+                return ("error", 504, (f"no token within {owner.request_timeout:g} s; the server is "
+                                       "overloaded or stuck (see GET /health)"))
+            try:
+                return active.events.get(timeout=min(left, _POLL_S))
+            except queue.Empty:
+                pass
 
     def _stream(self, active) -> None:
         self.send_response(200)
@@ -123,6 +157,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             while True:
                 event = self._next_event(active)
+                if event is None:
+                    return
                 if event[0] == "token":
                     self.wfile.write(f"data: {json.dumps({'token': event[1]})}\n\n".encode())
                 elif event[0] == "done":
@@ -134,7 +170,7 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
-            pass  # the client left; its request finishes in the batch and is dropped
+            self.server.owner.batcher.cancel(active)   # the client left: free its place at the next step
 
 
 def _summary(active) -> dict:

@@ -34,6 +34,26 @@ def test_doc_table_is_the_generated_one():
     assert current == goals.block(), "run `python benchmarks/goals.py --write` (and commit the result files)"
 
 
+_FIGURE = re.compile(r"\d+(\.\d+)?\s*(x|ms|us|µs|s|%|GB/s|MB/s|MiB|KiB|tokens/s)\b")
+# a section may quote figures without a raw result of its own only when it says which kind of figure it is
+_NO_RAW_OK = re.compile(r"^#+ The suite|README's test command")      # the suite's own time: not a benchmark
+
+
+def test_every_section_that_quotes_figures_names_its_raw_result_or_says_it_is_history():
+    """Below the goals table the page is a log of what each stop measured: a section that quotes a
+    figure names a committed raw result (``benchmarks/results/...`` or ``results/...``), or is about
+    the test suite's own time. Figures without raw results live in docs/benchmark_history.md."""
+    text = _doc()
+    sections = re.split(r"\n(?=#{2,4} )", text[text.index("<!-- goals:end"):])
+    bare = []
+    for section in sections[1:]:
+        heading = section.splitlines()[0]
+        if _FIGURE.search(section) and "results/" not in section and not _NO_RAW_OK.search(section):
+            bare.append(heading)
+    assert not bare, (f"sections quoting figures with no committed raw result: {bare}; commit the run's JSON "
+                      "under benchmarks/results/ and name it, or move the figures to docs/benchmark_history.md")
+
+
 def test_goals_table_sits_in_goals_at_a_glance():
     text = _doc()
     heading = text.index("## Goals at a glance\n")

@@ -83,10 +83,23 @@ def sharded_moe_run(wrapper, ep_size, top_k=2, steps=3):
                                         sum(p.numel() for p in experts))
     else:
         out["params"] = _diff(ref, net, ids)
+        # the experts' optimizer state is sharded over their expert-data-parallel group: each rank holds
+        # the state of its share of them (all of them where every expert lives once)
+        out["expert_state"] = (sum(1 for p in experts if p in opt.optim.state), len(experts))
         opt.consolidate_state_dict(to=0)
         if rank == 0:                          # the replicated parameters' state and rank 0's experts'
             state = opt.state_dict()["state"]
             out["state_entries"] = (len(state), len(list(net.parameters())))
+            # rank 0's experts' moments, gathered from their owners, equal one process's
+            names = [n for n, _ in net.named_parameters()]
+            theirs = dict(ref.named_parameters())
+            worst = 0.0
+            for i, name in enumerate(names):
+                if name.startswith("moe.experts."):
+                    local, rest = name[len("moe.experts."):].split(".", 1)
+                    q = theirs[f"moe.experts.{ids[int(local)]}.{rest}"]
+                    worst = max(worst, float(np.abs(state[i]["exp_avg"] - opt_ref.state[q]["exp_avg"]).max()))
+            out["expert_moments"] = worst
     return out
 
 

@@ -2,7 +2,9 @@
 
 The replicated parameters are sharded over the data-parallel group as usual; the expert parameters
 stay out of the partition / flat units and are reduced over their expert-data-parallel group (the
-ranks holding the same expert). Outputs, aux loss, the clipped global gradient norm and parameters
+ranks holding the same expert), and under ZeRO their optimizer state is sharded over that group
+(each rank holds its share; the consolidated state gathers rank 0's experts' moments from their
+owners). Outputs, aux loss, the clipped global gradient norm and parameters
 after 3 Adam steps equal one process on the union batch (float64 <= 1e-10), for ep = world = 2 and
 ep = 2 inside dp = 4; FSDP also as HYBRID_SHARD (replicate 2 x shard world / 2). Ranks are real
 gloo processes (one RankPool per world size).
@@ -35,3 +37,9 @@ def test_sharding_wrappers_over_experts_match_single_process(pool, wrapper):
     else:
         entries, params = results[0]["state_entries"]
         assert entries == params, f"consolidated state has {entries} entries for {params} parameters"
+        assert results[0]["expert_moments"] <= TOL, results[0]["expert_moments"]
+        # ep = 2: inside dp = 4 each expert's state lives on one of its 2 holders; at ep = world on its only one
+        holders = pool.world_size // 2
+        for rank, out in enumerate(results):
+            with_state, experts = out["expert_state"]
+            assert with_state * holders == experts, f"rank {rank}: state for {with_state} of {experts} expert params"

@@ -7,7 +7,9 @@ rank 1, departs from that at the third all_reduce (sequence number 3):
 * ``broadcast``: it calls broadcast instead; ``shape``: it reduces another shape;
 * ``hang``: it sleeps in user code past the others' timeout; a timer sends it SIGUSR1 meanwhile,
   as an operator would (``kill -USR1``); once its dump is written it returns without another
-  collective;
+  collective (the tests turn the dump watcher off for this case);
+* ``idle``: the same hang with no signal: the first rank to time out asks every rank to dump, and
+  the culprit's dump watcher answers;
 * ``kill``: it SIGKILLs itself.
 """
 
@@ -46,12 +48,13 @@ def scenario(kind: str, backend: str | None = None, fetch_to: str | None = None)
                 if kind == "shape":
                     dist.all_reduce(np.ones(5, np.float32))
                     continue
-                if kind == "hang":
-                    threading.Timer(SIGNAL_AT_S, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+                if kind in ("hang", "idle"):
+                    if kind == "hang":
+                        threading.Timer(SIGNAL_AT_S, os.kill, (os.getpid(), signal.SIGUSR1)).start()
                     mine = os.path.join(os.environ["NEURAL_ARCH_FLIGHT_RECORDER_DIR"], f"rank{rank}.json")
                     end = time.monotonic() + HANG_MAX_S
                     while not os.path.exists(mine) and time.monotonic() < end:
-                        time.sleep(0.05)            # the handler runs here, between two sleeps
+                        time.sleep(0.05)            # the handler (or the watcher's thread) runs meanwhile
                     return "hung"
                 if kind == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)

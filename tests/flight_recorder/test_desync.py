@@ -7,6 +7,7 @@ rank that hangs in user code); the analyzer then names:
 * ``skip``: rank 1's barrier met the others' all_reduce #4 (it is one op short);
 * ``broadcast`` / ``shape``: rank 1 called another op / shape at #3;
 * ``hang``: rank 1 is behind at #3 (its last op is #2) while ranks 0 and 2 wait in all_reduce #3;
+  ``idle``: the same, rank 1's dump written at its peers' request (no signal);
 * ``kill``: rank 1 never reported; ranks 0 and 2 were in all_reduce #3, which did not complete.
 
 On gloo over TCP and over shared memory, and on MPI (the pool's ranks under a real mpiexec).
@@ -31,6 +32,7 @@ EXPECTED = {
     "broadcast": ("mismatch", 3, "broadcast"),
     "shape": ("mismatch", 3, "all_reduce"),
     "hang": ("behind", 3, None),
+    "idle": ("behind", 3, None),
     "kill": ("stuck", 3, None),
 }
 CASES = [(kind, transport) for transport in ("tcp", "shm") for kind in EXPECTED] + [
@@ -39,7 +41,9 @@ CASES = [(kind, transport) for transport in ("tcp", "shm") for kind in EXPECTED]
 
 def _run(kind: str, transport: str, folder: str) -> list:
     env = {"NEURAL_ARCH_FLIGHT_RECORDER_DIR": folder, "NEURAL_ARCH_TIMEOUT": "2",
-           "NEURAL_ARCH_FLIGHT_RECORDER_CALLER": "1"}   # the verdict names the callers' lines too
+           "NEURAL_ARCH_FLIGHT_RECORDER_CALLER": "1",   # the verdict names the callers' lines too
+           # hang: the signal must be what dumps the idle rank; idle: the peers' request, checked often
+           "NEURAL_ARCH_FLIGHT_RECORDER_POLL_S": {"hang": "0", "idle": "0.1"}.get(kind, "1")}
     if transport == "mpi":
         return run_ranks(fr_fns.scenario, 3, backend="mpi", args=(kind, "mpi"), timeout=30, env=env, init=False)
     env["NEURAL_ARCH_GLOO_TRANSPORT"] = transport
@@ -68,10 +72,14 @@ def test_the_analyzer_names_the_rank_the_op_and_the_sequence_number(kind, transp
         assert theirs["op"] == culprit_op and theirs["file"].endswith("fr_fns.py"), report
         if kind == "shape":
             assert theirs["shape"] == [5] and div.expected["shape"] == [4], report
-    if kind == "hang":
+    if kind in ("hang", "idle"):
         assert div.behind == {CULPRIT: 2}, report
         assert verdict.rows[CULPRIT]["last_completed"]["seq"] == 2, report
-        assert next(d for d in dumps if d["rank"] == CULPRIT)["reason"] == "SIGUSR1", report
+        reason = next(d for d in dumps if d["rank"] == CULPRIT)["reason"]
+        if kind == "hang":
+            assert reason == "SIGUSR1", report
+        else:
+            assert reason.startswith(("requested by rank 0: all_reduce #3", "requested by rank 2: all_reduce #3")), reason
     # the last op every rank completed: the one before the divergence
     assert verdict.last_completed[(0, 1, 2)][0] == seq - 1, report
 

@@ -126,3 +126,77 @@ def test_a_new_world_after_the_old_one_was_destroyed_says_who_this_rank_is():
     old._closed = True                       # an elastic re-form: 3 ranks left, this one is now 2
     rec.attach(Runner([0, 1, 2], 2))
     assert (rec.rank, rec.world_size) == (2, 3)
+
+
+def _two_ranks():
+    """Rank 0's and rank 1's recorders in this process (each with one record)."""
+    recs = []
+    for rank in (0, 1):
+        rec = FlightRecorder(size=4)
+        rec.rank, rec.world_size = rank, 2
+        rec.ring.append(rec.record([0, 1], 3, "all_reduce", (4,), "float32", "sum", None))
+        recs.append(rec)
+    return recs
+
+
+def test_a_peer_idle_in_user_code_dumps_when_the_failing_rank_asks(tmp_path):
+    from neural_arch.distributed.flight_recorder.writer import DumpWatcher, request_dumps
+
+    folder = tmp_path / "dumps"
+    failing, idle = _two_ranks()
+    watcher = DumpWatcher(interval=0, recorder=idle)       # polled by hand here (the thread does it every interval)
+    assert watcher.poll() is None                          # no request yet
+    request_dumps("all_reduce #3 timed out", recorder=failing)
+    assert watcher.poll() == str(folder / "rank1.json")
+    data = json.loads((folder / "rank1.json").read_text())
+    assert data["reason"] == "requested by rank 0: all_reduce #3 timed out" and data["entries"][0]["seq"] == 3
+    os.remove(folder / "rank1.json")
+    assert watcher.poll() is None and not (folder / "rank1.json").exists()       # one dump per request
+    assert DumpWatcher(interval=0, recorder=failing).poll() is None               # never its own request
+
+
+def test_a_request_from_before_the_watcher_started_is_another_run(tmp_path):
+    import time
+
+    from neural_arch.distributed.flight_recorder.writer import DumpWatcher, request_dumps
+
+    failing, idle = _two_ranks()
+    request_dumps("an old job's failure", recorder=failing)
+    time.sleep(0.01)   # the scenario: a later process start (the watcher's clock)
+    assert DumpWatcher(interval=0, recorder=idle).poll() is None
+
+
+def test_without_a_folder_the_request_goes_through_the_rendezvous_store(monkeypatch):
+    from neural_arch.distributed.flight_recorder.writer import REQUEST_KEY, STORE_PREFIX, DumpWatcher, request_dumps
+    from neural_arch.distributed.rendezvous.tcp_store import TCPStore
+
+    monkeypatch.delenv("NEURAL_ARCH_FLIGHT_RECORDER_DIR", raising=False)
+    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=10)
+    try:
+        failing, idle = _two_ranks()
+        failing.store = idle.store = store
+        watcher = DumpWatcher(interval=0, recorder=idle)
+        assert request_dumps("broadcast #2 mismatched", recorder=failing) == f"store:{REQUEST_KEY}"
+        assert watcher.poll() == f"store:{STORE_PREFIX}1"
+        assert watcher.poll() is None
+    finally:
+        store.close() if hasattr(store, "close") else None
+
+
+def test_the_watcher_thread_answers_within_its_interval(tmp_path):
+    import time
+
+    from neural_arch.distributed.flight_recorder.writer import DumpWatcher, request_dumps
+
+    failing, idle = _two_ranks()
+    watcher = DumpWatcher(interval=0.02, recorder=idle)
+    try:
+        request_dumps("all_reduce #3 timed out", recorder=failing)
+        end = time.monotonic() + 5
+        while not (tmp_path / "dumps" / "rank1.json").exists() and time.monotonic() < end:
+            time.sleep(0.01)
+        assert (tmp_path / "dumps" / "rank1.json").exists()
+    finally:
+        watcher.stop()
+        watcher.thread.join(2)
+    assert not watcher.thread.is_alive()

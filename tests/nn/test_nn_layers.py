@@ -84,7 +84,7 @@ def test_dropout_train_eval():
 
 def test_attention_is_causal():
     manual_seed(0)
-    attn = nn.MultiheadAttention(8, 2)
+    attn = nn.CausalSelfAttention(8, 2)
     x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype(np.float32)
     out = attn(x).data
     x2 = x.copy()
@@ -92,10 +92,10 @@ def test_attention_is_causal():
     out2 = attn(x2).data
     np.testing.assert_allclose(out[:, :3], out2[:, :3], atol=1e-5)
     assert not np.allclose(out[:, 3:], out2[:, 3:])
-    full = nn.MultiheadAttention(8, 2, causal=False)
+    full = nn.CausalSelfAttention(8, 2, causal=False)
     assert full(x).shape == (2, 5, 8)
     with pytest.raises(ValueError, match="divisible"):
-        nn.MultiheadAttention(8, 3)
+        nn.CausalSelfAttention(8, 3)
 
 
 def test_gpt_shapes_names_and_block_size():

@@ -1,6 +1,6 @@
 """F.scaled_dot_product_attention: blockwise (online softmax) result equals the naive softmax form,
 forward and gradients, in float64 (<= 1e-10); gradients also match central differences; masks,
-causal, scale, dropout, the returned log-sum-exp, errors; nn.MultiheadAttention goes through it.
+causal, scale, dropout, the returned log-sum-exp, errors; nn.CausalSelfAttention goes through it.
 """
 
 import numpy as np
@@ -145,9 +145,9 @@ def test_clear_errors():
         F.scaled_dot_product_attention(q, q, q, dropout_p=1.5)
 
 
-def test_multihead_attention_uses_sdpa_and_equals_the_naive_form():
+def test_causal_self_attention_uses_sdpa_and_equals_the_naive_form():
     manual_seed(0)
-    attn = nn.MultiheadAttention(8, 2, dtype=np.float64)
+    attn = nn.CausalSelfAttention(8, 2, dtype=np.float64)
     x = Tensor(_rand(1, 2, 5, 8), requires_grad=True)
     calls = []
     attn.attention_fn = lambda *a, **kw: calls.append(kw) or F.scaled_dot_product_attention(*a, **kw)

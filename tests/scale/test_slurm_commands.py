@@ -1,5 +1,5 @@
-"""The Slurm manager's command lines and batch script (pure), and its error without ``sbatch``.
-It was never run against Slurm: there is none here."""
+"""The Slurm manager's command lines and batch script (pure), where a job's state is read from, and its
+error without ``sbatch``. Against a real Slurm cluster: ``tests/slurm``."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from neural_arch.distributed.scale.slurm import (
     sacct_command,
     sbatch_command,
     scancel_command,
+    scontrol_command,
     squeue_command,
     state_from_slurm,
 )
@@ -65,6 +66,7 @@ def test_mpi_batch_script_lets_srun_start_the_ranks():
     lines = batch_script(spec, "/logs", python="python3").splitlines()
     assert "#SBATCH --ntasks-per-node=3" in lines
     assert lines[-1] == "srun python3 -m pkg.train"
+    assert "export SLURM_MPI_TYPE=${SLURM_MPI_TYPE:-pmi2}" in lines     # srun speaks PMI-2 unless told otherwise
     with pytest.raises(ValueError, match="restarts"):
         batch_script(TrainingJobSpec("m", "t.py", backend="mpi", restarts=1), "/logs")
 
@@ -88,3 +90,46 @@ def test_logs_reads_the_jobs_output_file(tmp_path):
     assert manager.logs("5", name="j") == "[rank0]: step 1\n"
     with pytest.raises(KeyError, match="pass its spec's name"):
         manager.logs("6")
+
+
+def test_scontrol_reads_a_finished_jobs_state():
+    assert scontrol_command(12) == ["scontrol", "--oneliner", "show", "job", "12"]
+
+
+def test_status_asks_squeue_then_the_controller_then_accounting(monkeypatch, tmp_path):
+    """squeue knows queued and running jobs; a finished one is in scontrol's record for MinJobAge, then
+    only in sacct; a source that fails (forgotten job, accounting disabled) hands over to the next."""
+    manager = SlurmManager(log_dir=str(tmp_path))
+    answers: dict = {}
+    asked = []
+
+    def run(command):
+        asked.append(command[0])
+        answer = answers[command[0]]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(manager, "_run", run)
+    answers.update(squeue="RUNNING\n", scontrol="", sacct="")
+    assert manager.status("3") is JobState.RUNNING and asked == ["squeue"]
+    asked.clear()
+    answers.update(squeue="", scontrol="JobId=3 JobName=j UserId=root(0) JobState=CANCELLED Reason=None\n")
+    assert manager.status("3") is JobState.CANCELLED and asked == ["squeue", "scontrol"]
+    asked.clear()
+    answers.update(squeue=RuntimeError("Invalid job id specified"), scontrol=RuntimeError("Invalid job id specified"),
+                   sacct="COMPLETED\n")
+    assert manager.status("3") is JobState.COMPLETED and asked == ["squeue", "scontrol", "sacct"]
+    answers.update(sacct=RuntimeError("Slurm accounting storage is disabled"))
+    with pytest.raises(RuntimeError, match="knows no job 3(.|\n)*accounting storage is disabled"):
+        manager.status("3")
+    answers.update(squeue="PENDING\n")
+    with pytest.raises(TimeoutError, match="still pending"):
+        manager.wait("3", timeout=0.05, poll_interval=0.01)
+
+
+def test_the_master_port_comes_from_the_job_id_unless_given():
+    lines = batch_script(TrainingJobSpec("lm", "train.py", nodes=2), "/logs", python="python3").splitlines()
+    assert "export MASTER_PORT=$((15000 + SLURM_JOB_ID % 20000))" in lines
+    per_node = shlex.split(shlex.split(lines[-1])[3])
+    assert per_node[per_node.index("--master_port") + 1] == "$MASTER_PORT"

@@ -10,7 +10,7 @@ import pytest
 
 from neural_arch import nn
 from neural_arch.core.tensor import manual_seed
-from neural_arch.serve.batcher import STEP, ContinuousBatcher, StepPlan
+from neural_arch.serve.batcher import STEP, ContinuousBatcher, StepPlan, plan_capacity
 from neural_arch.serve.decode_step import DecodeEngine
 from neural_arch.serve.protocol import GenerationRequest
 
@@ -59,14 +59,55 @@ def test_sampling_request_with_a_seed_draws_as_generate_does():
     assert g.tokens == model.generate(np.array([[1, 2]]), 6)[0, 2:].tolist()
 
 
+def test_a_cancelled_request_leaves_at_the_next_step_and_frees_its_place():
+    """Running: the next plan drops it (leaves, no decode) and a waiting request takes its place in that
+    same step; waiting: it never joins. The others still get ``GPT.generate``'s tokens."""
+    model, batcher = _model(), ContinuousBatcher(max_batch=2)
+    engine = DecodeEngine(model)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [3, 3]]
+    a, b, c, d = (batcher.submit(GenerationRequest(prompt=q, max_new_tokens=6)) for q in prompts)
+    for _ in range(2):   # a and b prefill, then decode once
+        plan = batcher.next_plan(wait_s=0)
+        batcher.deliver(plan, engine.step(plan, batcher.sample_token))
+    batcher.cancel(a)
+    batcher.cancel(d)     # still waiting
+    plan = batcher.next_plan(wait_s=0)
+    assert plan.leaves == [a.slot] and plan.decode == [(b.slot, False)] and [j[0] for j in plan.joins] == [c.slot]
+    batcher.deliver(plan, engine.step(plan, batcher.sample_token))
+    assert a.slot not in engine.caches and len(a.tokens) == 2 and batcher.cancelled == 2
+    while batcher.counts()["running"] or batcher.counts()["waiting"]:
+        plan = batcher.next_plan(wait_s=0)
+        assert d.slot not in [j[0] for j in plan.joins]
+        batcher.deliver(plan, engine.step(plan, batcher.sample_token))
+    engine.step(batcher.next_plan(wait_s=0))      # the last finished request leaves
+    assert d.tokens == [] and engine.caches == {}
+    for r, q in ((b, prompts[1]), (c, prompts[2])):
+        assert r.tokens == model.generate(np.array([q]), 6)[0, len(q):].tolist()
+
+
+def test_the_prefill_budget_holds_joins_to_the_next_step_and_the_plan_fits_one_broadcast():
+    batcher = ContinuousBatcher(max_batch=8, max_prefill_tokens=10)
+    for n in (6, 4, 1, 9):
+        batcher.submit(GenerationRequest(prompt=[1] * n, max_new_tokens=2))
+    first, second = batcher.next_plan(wait_s=0), batcher.next_plan(wait_s=0)
+    assert [len(j[2]) for j in first.joins] == [6, 4] and [len(j[2]) for j in second.joins] == [1, 9]
+    # the largest plan: max_batch leaves and running requests, the budget's prompt tokens
+    worst = StepPlan(STEP, 0, leaves=list(range(8)), joins=[(8, True, [1] * 10)], decode=[(i, True) for i in range(7)],
+                     inputs=[3] * 7)
+    assert worst.encode().size + 1 <= plan_capacity(8, 10)
+
+
 def test_step_plan_round_trips_through_int64():
     plan = StepPlan(STEP, 12, leaves=[3, 4], joins=[(7, True, [1, 2, 3]), (8, False, [9])], decode=[(5, False)])
     assert StepPlan.decode_array(plan.encode()) == plan
+    with_inputs = StepPlan(STEP, 13, joins=[(9, False, [4])], decode=[(5, False), (7, True)], inputs=[11, 2])
+    assert StepPlan.decode_array(with_inputs.encode()) == with_inputs
     assert plan.encode().dtype == np.int64
 
 
 @pytest.mark.parametrize("name", ["neural_arch.serve.protocol", "neural_arch.serve.batcher", "neural_arch.serve.decode_step",
-                                  "neural_arch.serve.checkpoint", "neural_arch.serve.worker"])
+                                  "neural_arch.serve.checkpoint", "neural_arch.serve.worker",
+                                  "neural_arch.serve.pipeline_stage"])
 @pytest.mark.usefixtures("doctest_tempdir")
 def test_docstring_examples(name):
     result = doctest.testmod(importlib.import_module(name), verbose=False)

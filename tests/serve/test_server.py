@@ -2,7 +2,8 @@
 started by the launcher: greedy tokens equal the single-process model's (JSON and the event stream), and a
 seeded sampling request draws what ``GPT.generate`` draws with that seed;
 a request arriving while another decodes joins its running batch; bad requests get a 4xx with a
-sentence; a SIGKILLed rank fails the request in flight with a 503 and the server exits non-zero.
+sentence; a client that disconnects mid-stream frees its place; a SIGKILLed rank fails the request in
+flight with a 503 and the server exits non-zero.
 
 One server for the module (a start costs a few seconds here); the killed-rank test runs last and
 ends it. Every wait has a deadline, and the server's whole session is killed at the end."""
@@ -10,78 +11,20 @@ ends it. Every wait has a deadline, and the server's whole session is killed at 
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 
 import numpy as np
 import pytest
+from serve_client import Server
 
-from neural_arch.distributed.testing import script_env
 from neural_arch.serve.checkpoint import load_checkpoint
 from neural_arch.serve.checkpoint import main as make_checkpoint
 
 pytestmark = pytest.mark.timeout(180)
 
 SHAPE = ["--vocab-size", "40", "--block-size", "256", "--n-layer", "2", "--n-head", "4", "--n-embd", "32"]
-
-
-class Server:
-    def __init__(self, folder, tmp):
-        self.lines: list[str] = []
-        env = script_env({"TMPDIR": str(tmp)})
-        self.proc = subprocess.Popen([sys.executable, "-m", "neural_arch.serve", "--checkpoint", str(folder), "--tp",
-                                      "2", "--port", "0", "--request-timeout", "60"],
-                                     env=env, cwd=str(tmp), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        threading.Thread(target=self._read, daemon=True).start()
-        self.url = None
-
-    def wait_ready(self):
-        deadline = time.monotonic() + 90
-        while self.url is None:
-            assert time.monotonic() < deadline and self.proc.poll() is None, f"no server: {self.output()}"
-            for line in list(self.lines):
-                if "listening on http://" in line:
-                    self.url = line.split("listening on ")[1].split()[0]
-            time.sleep(0.05)
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def call(self, path, body=None, raw=None, timeout=60):
-        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return resp.status, json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read())
-
-    def stream(self, body, timeout=60):
-        """Yield the parsed ``data:`` events of a streaming request."""
-        req = urllib.request.Request(self.url + "/generate", data=json.dumps({**body, "stream": True}).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            assert resp.headers["Content-Type"] == "text/event-stream"
-            for line in resp:
-                if line.startswith(b"data: "):
-                    yield json.loads(line[6:])
-
-    def stop(self):
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +36,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
-    s = Server(checkpoint, tmp_path_factory.mktemp("serve-run"))
+    s = Server(checkpoint, tmp_path_factory.mktemp("serve-run"), ["--tp", "2"])
     try:
         s.wait_ready()
         yield s
@@ -162,6 +105,33 @@ def test_bad_requests_get_a_4xx_with_a_sentence(server, raw, status, words):
 
 def test_unknown_path_is_a_404(server):
     assert server.call("/nope")[0] == 404
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_place(server, reference):
+    """The client reads two tokens of a long stream and closes the connection: the request leaves the
+    batch within a step or so (the server counts it cancelled), long before its 240 tokens."""
+    body = json.dumps({"prompt": [8, 1], "max_new_tokens": 240, "stream": True}).encode()
+    req = urllib.request.Request(server.url + "/generate", data=body, headers={"Content-Type": "application/json"})
+    resp = urllib.request.urlopen(req, timeout=60)
+    tokens = 0
+    for line in resp:
+        tokens += line.startswith(b"data: ")
+        if tokens == 2:
+            break
+    _, before = server.call("/health")
+    resp.close()
+    deadline = time.monotonic() + 30
+    while True:
+        _, health = server.call("/health")
+        if health["running"] == 0 and health["waiting"] == 0:
+            break
+        assert time.monotonic() < deadline, health
+        time.sleep(0.01)
+    assert health["cancelled"] == before["cancelled"] + 1 and before["running"] == 1, (before, health)
+    assert health["steps"] - before["steps"] < 100, (before, health)
+    # its place and caches are free, and the next request is served as before
+    status, out = server.call("/generate", {"prompt": [8, 1], "max_new_tokens": 5})
+    assert status == 200 and out["tokens"] == reference([8, 1], 5)
 
 
 def test_killed_rank_fails_the_request_in_flight_and_the_server_exits(server):

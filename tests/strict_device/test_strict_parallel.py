@@ -112,13 +112,6 @@ def test_tensor_parallel_gpt_step_equals_numpy(pool):
     _assert_equal_and_on_device(_run(pool, "tp", fns.tp_gpt_run), "parallelize_gpt")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: 8 host syncs per tensor-parallel GPT step: VocabParallelEmbedding.forward checks the index "
-    "range with int(raw.min()) / int(raw.max()) (neural_arch/distributed/tensor/parallel/"
-    "layers.py:230), vocab_parallel_cross_entropy checks targets with bool(...[valid].any()) (boolean "
-    "mask + bool, cross_entropy.py:69) and counts them with int(valid.sum()) (:89), and its backward "
-    "indexes with boolean masks rows[mine], local_t[mine], probs[~valid] (:102-103); F.cross_entropy "
-    "keeps these on the device (docs/gpu.md)"))
 def test_tensor_parallel_gpt_step_makes_no_host_wait(pool):
     _assert_no_host_waits(_run(pool, "tp", fns.tp_gpt_run), "parallelize_gpt")
 

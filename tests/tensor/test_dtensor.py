@@ -3,9 +3,14 @@ full_tensor / redistribute for every transition on each mesh dimension (2x2 mesh
 1-d sub-meshes), a _StridedShard inside a Shard (FSDP x TP's layout) to and from other layouts,
 DeviceMesh.from_group, uneven torch.chunk shards (down to zero rows), and gradients against the
 single-process computation in float64 (<= 1e-10). Ranks are real gloo processes (one RankPool).
+Sharding propagation (dtensor_ops_rank_fns): elementwise, sum/mean, softmax, layer norm,
+embedding, cross entropy and shape ops on random shapes and placements equal the full-tensor op,
+gradients too; a layout without a rule raises naming the op and the placements.
 """
 
+import dtensor_ops_rank_fns as ops_fns
 import dtensor_rank_fns as fns
+import hsdp_tp_rank_fns
 import numpy as np
 import pytest
 
@@ -36,6 +41,46 @@ def test_every_transition_matmul_and_gradients(pool):
         assert out["inferred"] == (5, 3)                   # run_check sums the uneven shards
         assert out["torch_rule"] == (8, 3)                 # without it: local * mesh size (torch)
         assert out["error"] and "global ranks [3]" in out["error"], out["error"]
+
+
+def test_sharding_propagation_equals_the_full_tensor_op(pool):
+    for fn in (ops_fns.pointwise_and_reductions_run, ops_fns.views_run, ops_fns.layer_norm_embedding_loss_run,
+               ops_fns.errors_run):
+        for rank, bad in enumerate(pool.run(fn, 7)):
+            assert bad == [], f"{fn.__name__}, rank {rank}: {len(bad)} failures, e.g. {bad[:3]}"
+
+
+def test_hsdp_x_tp_on_a_3d_mesh_equals_one_process(pool):
+    if pool.world_size != 4:
+        return  # 4 ranks: (1, 2, 2) shards and (2, 1, 2) replicates around tp 2
+    for shape in ((1, 2, 2), (2, 1, 2)):
+        out = pool.run(hsdp_tp_rank_fns.hsdp_tp_run, shape)
+        for rank, r in enumerate(out):
+            assert r["worst"] <= 1e-10, f"mesh {shape}, rank {rank}: differs from one process by {r['worst']}"
+        assert out[0]["placements"]["0.weight"] == "(Replicate(), _StridedShard(dim=0, sf=2), Shard(dim=0))"
+        assert out[0]["placements"]["2.weight"] == "(Replicate(), Shard(dim=0), Shard(dim=1))"
+
+
+def test_sharding_propagation_world_of_one(world_of_one):
+    import neural_arch.distributed.tensor._ops as ops
+    from neural_arch.core.tensor import Tensor
+    from neural_arch.distributed.device_mesh import init_device_mesh
+    from neural_arch.distributed.tensor import Shard, distribute_tensor
+
+    for fn in (ops_fns.pointwise_and_reductions_run, ops_fns.views_run, ops_fns.layer_norm_embedding_loss_run,
+               ops_fns.errors_run):
+        assert fn(11) == [], fn.__name__
+    dt = distribute_tensor(Tensor(np.ones((2, 3))), init_device_mesh("cpu", (1,)), [Shard(1)])
+    with pytest.raises(NotImplementedError, match=r"softmax\(dim=-1\).*\[Shard\(dim=1\)\] of shape \(2, 3\)"):
+        dt.softmax(-1)
+    assert not hasattr(dt, "var") and not hasattr(dt, "data")        # no rule: hasattr is False, no gather
+    with pytest.raises(NotImplementedError, match=r"DTensor.var: no sharding rule for placements \[Shard"):
+        dt.var()
+    with pytest.raises(TypeError, match="no implicit conversion"):
+        np.asarray(dt)
+    with pytest.raises(AttributeError, match="DTensor has no .data"):
+        ops.UNARY_OPS["exp"][0](dt)                                   # a Tensor function given a DTensor
+    assert dt.sum(dim=1).placements[0].is_partial() and dt.T.placements == (Shard(0),)
 
 
 def test_world_of_one(world_of_one):

@@ -31,11 +31,10 @@ def _no_leftover_group():
 def test_unknown_strategy_lists_the_valid_ones():
     with pytest.raises(ValueError, match="unknown strategy 'horovod'.*'ddp'.*'zero2'.*'fsdp'"):
         resolve_strategy("horovod")
-    # fully_shard, tp and tp meshes are strategies now (tests/trainer/test_trainer_strategies.py); pp refuses
+    # fully_shard, tp, pp and their meshes are strategies now (tests/trainer/test_trainer_strategies.py)
     assert resolve_strategy("fully_shard") is STRATEGIES["fully_shard"]
     assert resolve_strategy({"dp": 1, "tp": 2}, world_size=2).mesh == (("dp", 1), ("tp", 2))
-    with pytest.raises(NotImplementedError, match="pipeline"):
-        resolve_strategy("pp")
+    assert resolve_strategy("pp").name == "pp"
     with pytest.raises(ValueError, match="describes 4 ranks but the world has 2"):
         resolve_strategy({"dp": 2, "tp": 2}, world_size=2)
     assert resolve_strategy({"dp": 2}, world_size=2) is STRATEGIES["ddp"]

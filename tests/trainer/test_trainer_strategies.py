@@ -3,10 +3,13 @@
 (an MLP with a plan, an ``nn.GPT`` through ``parallelize_gpt``) equal one process on the union of
 each window's micro-batches with ``gradient_accumulation_steps=4`` (float64 <= 1e-10); a
 ``fully_shard`` (and a dp x tp) run resumed from a checkpoint is bitwise equal to an uninterrupted
-one, and the ``fully_shard`` checkpoint resumes in one process (another world size); ``'pp'``
-refuses with a sentence; examples/production_train.py takes the new strategy names."""
+one, and the ``fully_shard`` checkpoint resumes in one process (another world size); the mesh
+``{"dp": 2, "pp": 2}`` (pipeline stages replicated over dp) equals one process too; pipeline with
+tensor parallelism, and a model the pipeline cannot split, refuse with a sentence;
+examples/production_train.py takes the new strategy names."""
 
 import numpy as np
+import trainer_pp_rank_fns
 import pytest
 import strategy_rank_fns as fns
 
@@ -68,11 +71,30 @@ def test_fully_shard_and_dp_tp_resume_bitwise_and_on_one_process(pool, tmp_path)
     assert all(r["bitwise"] and r["step"] == 2 for r in results), [r["diff"] for r in results]
 
 
+def test_dp_pp_mesh_equals_single_process(pool):
+    """{"dp": 2, "pp": 2}: 2 stages, each replicated on 2 ranks that average its gradients once per
+    window; K=4 micro-batches per data-parallel row against one process on the union of 8."""
+    results = pool.run(trainer_pp_rank_fns.equivalence, {"cases": [({"dp": 2, "pp": 2}, "1f1b")]})
+    for rank, [r] in enumerate(results):
+        assert r["diff"] <= 1e-10, f"rank {rank}: differs from one process by {r['diff']:g}"
+        assert r["loss_diff"] <= 1e-12 and r["steps"] == [0, 0, 0, 1, 1, 1, 1, 2], r
+        assert r["dp"] == (rank % 2, 2) and r["model"] == "GPTStage"   # (pp, dp) mesh: pp outermost
+    assert len({tuple(r["grad_norms"]) for [r] in results}) == 1   # the global norm, on every rank
+
+
 def test_strategy_errors_say_what_to_do():
-    with pytest.raises(NotImplementedError, match="pipeline schedule runs all micro-batches.*Schedule1F1B"):
-        resolve_strategy("pp")
-    with pytest.raises(NotImplementedError, match="pipeline"):
-        resolve_strategy({"dp": 1, "pp": 2}, world_size=2)
+    from neural_arch import nn
+
+    assert resolve_strategy("pp", world_size=2).mesh == (("pp", 2), ("dp", 1))
+    assert resolve_strategy({"dp": 2, "pp": 2}, world_size=4).mesh == (("pp", 2), ("dp", 2))
+    with pytest.raises(NotImplementedError, match="pipeline and tensor parallelism together"):
+        resolve_strategy({"pp": 2, "tp": 2}, world_size=4)
+    with pytest.raises(ValueError, match="cannot split a Linear into pipeline stages; pass an nn.GPT"):
+        DistributedTrainer(nn.Linear(2, 2), strategy="pp")
+    with pytest.raises(ValueError, match="pp_schedule=.*use one of"):
+        DistributedTrainer(fns.build("mlp"), strategy="pp", pp_schedule="zigzag")
+    with pytest.raises(ValueError, match="need strategy='pp'"):
+        DistributedTrainer(fns.build("mlp"), strategy="ddp", pp_schedule="gpipe")
     assert resolve_strategy({"dp": 2, "tp": 2}, world_size=4).mesh == (("dp", 2), ("tp", 2))
     with pytest.raises(ValueError, match="needs a plan for Sequential: pass tp_plan="):
         DistributedTrainer(fns.build("mlp"), strategy="tp")
@@ -92,7 +114,7 @@ def test_production_train_example_takes_the_new_strategies(tmp_path, capsys, mon
     assert example.parse_strategy('{"dp": 2, "tp": 2}') == {"dp": 2, "tp": 2}
     assert example.tp_plan({"dp": 2, "tp": 1}) is None and set(example.tp_plan("tp")) == {"0", "2"}
     monkeypatch.chdir(tmp_path)
-    for strategy in ("fully_shard", "tp"):   # a world of one (the launcher's 2-rank run: test_production_train_example)
+    for strategy in ("fully_shard", "tp", "pp"):   # a world of one (the launcher's 2-rank run: test_production_train_example)
         assert example.main(["--strategy", strategy, "--epochs", "1", "--samples", "160", "--no-progress",
                              "--checkpoint-dir", str(tmp_path / strategy)]) == 0
         assert "final: epoch=0" in capsys.readouterr().out

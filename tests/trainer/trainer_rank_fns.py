@@ -204,3 +204,47 @@ def amp_run(cfg):
     loss_f32 = float(F.cross_entropy(build(0, np.float32)(Tensor(x0)), y0).item())
     return {"amp": trainer.amp_dtype, "loss0": metrics[0]["loss"], "loss_bf16": loss_bf16, "loss_f32": loss_f32,
             "diff": _max_diff(got, reference(windows, w, None, k, "bfloat16", np.float32, sgd=True))}
+
+
+class _Crash(Exception):
+    """The run "dies" here (raised inside fit, between two checkpoints)."""
+
+
+def fit_counting_samples(cfg, world_of_one: bool = False):
+    """``fit`` on a DataLoader with a DistributedSampler over sample ids 0..n-1, recording which ids
+    each micro-batch trains on; ``crash_at`` raises inside the criterion of that batch (before its
+    step), after the mid-epoch checkpoints of the batches before it (``checkpoint_every_n_steps=1``).
+    Returns the ids trained on in steps that completed, in order."""
+    import neural_arch.nn.functional as F
+    from neural_arch.core.tensor import Tensor, manual_seed
+    from neural_arch.data import DataLoader, TensorDataset
+    from neural_arch.distributed import DistributedSampler
+    from neural_arch.distributed.trainer import DistributedTrainer
+
+    n, crash_at = cfg["n"], cfg.get("crash_at")
+    manual_seed(3)
+    model = build(0)
+    X = np.random.default_rng(5).normal(size=(n, D_IN))
+    targets = np.random.default_rng(6).normal(size=(n, D_OUT))
+    ids = np.arange(n, dtype=np.int64)
+    seen, calls = [], []
+
+    def criterion(out, batch_ids):
+        batch_ids = np.asarray(getattr(batch_ids, "data", batch_ids))
+        if crash_at is not None and len(calls) == crash_at:
+            raise _Crash()
+        calls.append(1)
+        seen.append(batch_ids.tolist())
+        return F.mse_loss(out, Tensor(targets[batch_ids]))
+
+    kwargs = {"num_replicas": 1, "rank": 0} if world_of_one else {}
+    with DistributedTrainer(model, strategy="ddp", checkpoint_dir=cfg["root"], keep_last=2) as trainer:
+        dataset = TensorDataset(X, ids)
+        sampler = DistributedSampler(dataset, shuffle=True, seed=4, **kwargs)
+        loader = DataLoader(dataset, batch_size=cfg["batch_size"], sampler=sampler)
+        opt = make_optimizer(model.parameters())
+        try:
+            trainer.fit(loader, 1, optimizer=opt, criterion=criterion, progress=False, checkpoint_every_n_steps=1)
+        except _Crash:
+            pass
+        return {"seen": [i for batch in seen for i in batch], "world": trainer.world_size}

@@ -71,8 +71,8 @@ __all__ = [
 class StateDictOptions:
     """torch's options. ``full_state_dict=True``: whole arrays on every rank (a collective)
     instead of this rank's shards (DTensors, flat ``ShardedArray`` s). ``cpu_offload``: state
-    dicts hold host arrays anyway; with ``full_state_dict=True`` only rank 0 keeps the whole
-    arrays, the other ranks get an empty dict (torch's). ``ignore_frozen_params``: leave
+    dicts hold host arrays anyway; with ``full_state_dict=True`` the pieces are gathered to rank 0
+    only, which keeps the whole arrays; the other ranks get an empty dict (torch's). ``ignore_frozen_params``: leave
     parameters with ``requires_grad=False`` out of the model state dict. ``strict``: ``set_*`` raise on missing or unexpected names.
 
     Example:
@@ -219,14 +219,9 @@ def _host_dtensor(dt, like) -> DTensor:
 
 
 def _full(tree: dict, options: StateDictOptions) -> dict:
-    """The whole arrays of ``tree`` (a collective); ``cpu_offload``: on rank 0 only."""
-    full = _gather_full(tree)
-    if options.cpu_offload:
-        from neural_arch.distributed import groups
-
-        if groups.is_initialized() and groups.get_rank() != 0:
-            return {}
-    return full
+    """The whole arrays of ``tree`` (a collective); ``cpu_offload``: gathered to rank 0 only, the
+    other ranks send their pieces and get an empty dict (torch's)."""
+    return _gather_full(tree, dst=0 if options.cpu_offload else None)
 
 
 def set_model_state_dict(model, model_state_dict: dict, *, options: StateDictOptions | None = None):
@@ -536,19 +531,36 @@ def set_state_dict(model, optimizers, *, model_state_dict: dict, optim_state_dic
     return result
 
 
-def _gather_full(tree: dict) -> dict:
+def _gather_full(tree: dict, dst: int | None = None) -> dict:
     """``tree`` (nested dicts) as every rank's union of them, each ``ShardedArray`` replaced by the
-    whole array assembled from every rank's pieces: one ``all_gather_object`` (pickles: trusted
+    whole array assembled from every rank's pieces: one ``all_gather_object`` -- or, with ``dst``,
+    one ``send_object_list`` from each rank to ``dst``, the others getting ``{}`` (pickles: trusted
     peers only, as every ``*_object`` helper)."""
     from neural_arch.distributed import groups
 
     tree = _boxes(tree)  # DTensors as their boxes: placements and offsets, no mesh to pickle
     every = [tree]
     if groups.is_initialized() and groups.get_world_size() > 1:
-        from neural_arch.distributed.collectives import all_gather_object
-
         every = [None] * groups.get_world_size()
-        all_gather_object(every, tree)
+        if dst is None:
+            from neural_arch.distributed.collectives import all_gather_object
+
+            all_gather_object(every, tree)
+        else:
+            # point to point, not gather_object: that one is an all-gather underneath, and every
+            # rank would receive the whole state only to drop it
+            from neural_arch.distributed.collectives import recv_object_list, send_object_list
+
+            if groups.get_rank() != dst:
+                send_object_list([tree], dst=dst)
+                return {}
+            for src in range(groups.get_world_size()):
+                if src != dst:
+                    got = [None]
+                    recv_object_list(got, src=src)
+                    every[src] = got[0]
+                else:
+                    every[src] = tree
     return _merge(every)
 
 

@@ -11,7 +11,7 @@ group. It never sees a ``Tensor``. Subclasses implement six synchronous primitiv
     _new_group(ranks) -> Backend        sub-communicator over ``ranks`` (ranks of this group)
 
 and may override the derived ones (``_reduce``, ``_gather``, ``_scatter``,
-``_reduce_scatter``, ``_alltoall``, ``_sendrecv``, ``_barrier``) with faster algorithms.
+``_reduce_scatter``, ``_alltoall``, ``_alltoallv``, ``_sendrecv``, ``_barrier``) with faster algorithms.
 
 The public methods (``allreduce``, ``broadcast``, ...) are written once, here:
 
@@ -212,6 +212,35 @@ class Backend(OpRunner):
             dst, src = (rank + step) % size, (rank - step) % size
             send = input[dst * n:(dst + 1) * n]
             self._sendrecv(send, dst, output[src * n:(src + 1) * n], src, _COLLECTIVE_TAG, info)
+
+    def _alltoallv(self, output, input, output_splits: list, input_splits: list, info: OpInfo) -> None:
+        """Uneven all-to-all: rows ``input_splits[d]`` of ``input`` (in rank order) go to rank d, and
+        ``output_splits[s]`` rows from rank s land in ``output`` (in rank order). The splits were
+        checked in the caller (lengths, sums); whether the ranks' splits match is the hook's business.
+
+        The default pads every block to the longest one in the group (agreed by a MAX all-reduce of one
+        integer) and runs the equal-split :meth:`_alltoall` on the padded copies: correct on any
+        backend, at the cost of the padding bytes and two copies. Backends with a native uneven exchange
+        override it (gloo: pairwise blocks of their own length; MPI: ``Ialltoallv`` on these buffers).
+        """
+        xp = _xp(input)
+        size, rest = self._size, tuple(input.shape[1:])
+        longest = xp.asarray([max(input_splits + output_splits + [0])], dtype=np.int64)
+        self._allreduce(longest, _MAX, info)
+        chunk = int(longest[0])
+        if chunk == 0:
+            return                                   # no rank sends a row (the same decision everywhere)
+        send = xp.zeros((size, chunk) + rest, dtype=input.dtype)
+        start = 0
+        for d, rows in enumerate(input_splits):
+            send[d, :rows] = input[start:start + rows]
+            start += rows
+        recv = xp.empty_like(send)
+        self._alltoall(recv.reshape((size * chunk,) + rest), send.reshape((size * chunk,) + rest), info)
+        start = 0
+        for s, rows in enumerate(output_splits):
+            output[start:start + rows] = recv[s, :rows]
+            start += rows
 
     def _barrier(self, info: OpInfo) -> None:
         self._allreduce(np.zeros(1, dtype=np.int32), _SUM, info)
@@ -491,6 +520,109 @@ class Backend(OpRunner):
             return output
         return self._run(info, run, async_op)
 
+    def alltoallv(self, output, input, output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
+                  async_op: bool = False) -> Work:
+        """Uneven all-to-all along dim 0 (MPI's ``Alltoallv``, torch's ``all_to_all_single`` with splits).
+
+        Rank r sends rows ``input[off_d : off_d + input_split_sizes[d]]`` to rank d (``off_d``: the sum
+        of the earlier splits) and receives ``output_split_sizes[s]`` rows from rank s into ``output``,
+        in rank order. Splits may be zero. ``output`` and ``input`` share dtype and every dim but the
+        first; ``sum(input_split_sizes) == input.shape[0]`` and ``sum(output_split_sizes) ==
+        output.shape[0]`` (checked here, before any I/O). The peers' splits must match (rank s's
+        ``input_split_sizes[d]`` == rank d's ``output_split_sizes[s]``): the MPI backend checks that
+        inside its call check (a :class:`~neural_arch.distributed.errors.CollectiveMismatchError` on
+        every rank, nothing sent); on gloo, blocks of different lengths are a ``FrameMismatchError``
+        on the receiver and a block one side skips (zero rows) a timeout. Callers that cannot trust
+        the splits exchange them first (``dist.all_to_all_single`` does).
+
+        Every frame and the call check carry the row's byte count as the op's size (the rows differ
+        between ranks; the row shape does not), and debug mode compares every dim but the first.
+
+        Example (2 ranks)::
+
+            # rank 0 keeps 1 row and sends 2 to rank 1; rank 1 sends 3 rows to rank 0 and keeps 1
+            backend.alltoallv(out, inp, output_split_sizes=[1, 3], input_split_sizes=[1, 2])   # rank 0
+        """
+        if (not async_op and self._fast and not self._lane.pending and input.__class__ is np.ndarray
+                and output.__class__ is np.ndarray):
+            # The fused synchronous path (what allreduce's does, for the token exchange of a MoE layer,
+            # whose small steps are mostly per-op Python): the same checks as below in their cheap form,
+            # then the op numbered, recorded, spanned and run in this frame, without _new_info, _run
+            # and the closure. Anything the cheap checks do not pass takes the general path, which
+            # raises the general path's errors.
+            dtype, shape = input.dtype, input.shape
+            fast = _A2AV_FAST.get(dtype)       # (dtype name, check word without the sequence number)
+            if (fast is not None and dtype is output.dtype and shape and output.ndim and input.flags.c_contiguous
+                    and output.flags.carray and shape[1:] == output.shape[1:]
+                    and input_split_sizes.__class__ in _SPLIT_CLASSES and output_split_sizes.__class__ in _SPLIT_CLASSES):
+                in_splits = list(map(int, input_split_sizes))
+                out_splits = list(map(int, output_split_sizes))
+                if (len(in_splits) == self._size == len(out_splits) and sum(in_splits) == shape[0]
+                        and sum(out_splits) == output.shape[0] and min(in_splits) >= 0 <= min(out_splits)):
+                    seq = self._seq = self._seq + 1
+                    now = _monotonic()
+                    # the op's size on the wire and in the call check: one row's bytes, the same on every rank
+                    info = OpInfo("all_to_allv", seq, self.group_ranks, self._global_rank, shape, fast[0], None, None,
+                                  now + self.timeout, None, fast[1] | (seq & _SEQ_MASK),
+                                  input.nbytes // shape[0] if shape[0] else _row_bytes(input))
+                    rec = None
+                    ring = self._fr
+                    if ring is not None:   # the flight recorder's record, as _run builds it
+                        code, offset = self._fr_caller()
+                        index = ring.next_index()
+                        rec = ring.slots[index % ring.size]
+                        rec[:] = (self.group_ranks, seq, "all_to_allv", shape, fast[0], None, None,
+                                  _STARTED, now, 0.0, code, offset, None, False, index)
+                    span = None
+                    if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
+                        span = _spans.begin(self, info, "default")
+                        info.extra["blocking"] = True
+                    self._op_now = info
+                    try:
+                        self._alltoallv(output, input, out_splits, in_splits, info)
+                    except BaseException as exc:
+                        self._op_now = None
+                        if rec is not None:
+                            _fr_failed(rec, exc)
+                        self._failed(info, exc, span)     # poison the group, as _run does
+                        raise
+                    self._op_now = None
+                    if rec is not None:
+                        rec[_STATE] = _COMPLETED
+                        rec[_T_END] = _monotonic()
+                    if span is not None:
+                        _spans.end(span, info)
+                    return Work.completed(output, info)
+        self._check_array(input, "input")
+        self._check_array(output, "output", writable=True)
+        if input.ndim == 0 or output.ndim == 0:
+            raise ValueError("all_to_allv: input and output need at least one dim (rows are split along dim 0)")
+        if input.dtype != output.dtype or input.shape[1:] != output.shape[1:]:
+            raise ValueError(f"all_to_allv: output {tuple(output.shape)} {output.dtype} and input "
+                             f"{tuple(input.shape)} {input.dtype} must share dtype and every dim but the first")
+        in_splits = self._split_list(input_split_sizes, input, "input_split_sizes")
+        out_splits = self._split_list(output_split_sizes, output, "output_split_sizes")
+        info = self._new_info("all_to_allv", input)
+        # the op's size on the wire and in the call check: one row's bytes, the same on every rank
+        info.nbytes = _row_bytes(input)
+
+        def run():
+            if self._size == 1:
+                output[...] = input
+            else:
+                self._alltoallv(output, input, out_splits, in_splits, info)
+            return output
+        return self._run(info, run, async_op)
+
+    def _split_list(self, sizes, array, arg: str) -> list:
+        if sizes is None or isinstance(sizes, (str, bytes)) or len(sizes) != self._size:
+            raise ValueError(f"all_to_allv: {arg} must hold {self._size} row counts (one per rank), got {sizes!r}")
+        out = list(map(int, sizes))
+        if min(out) < 0 or sum(out) != array.shape[0]:
+            raise ValueError(f"all_to_allv: {arg}={out} must be non-negative and sum to dim 0 of its array "
+                             f"({array.shape[0]})")
+        return out
+
     def barrier(self, async_op: bool = False) -> Work:
         info = self._new_info("barrier")
 
@@ -578,6 +710,31 @@ class Backend(OpRunner):
 
 
 _COLLECTIVE_TAG = -1  # tag used by derived collectives built on send/recv
+
+
+_SPLIT_CLASSES = (list, tuple)   # split sizes the fused alltoallv path takes as they are (others: the general path)
+# The fused alltoallv path's table, as _FAST for all_reduce: dtype -> (its name, the op's check word
+# without its sequence number); bfloat16 is left to the general path (recognised by name there).
+_A2AV_FAST = {d: (_dtype_name(d), wire_word("all_to_allv", 0, _dtype_name(d), None)) for d in SUPPORTED_DTYPES}
+
+
+def _row_bytes(array) -> int:
+    """The bytes of one row along dim 0 (``array`` may have none)."""
+    if array.shape[0]:
+        return array.nbytes // array.shape[0]
+    n = array.dtype.itemsize
+    for d in array.shape[1:]:
+        n *= int(d)
+    return n
+
+
+def _xp(array):
+    """NumPy, or CuPy for a CuPy array (the padding path allocates where the data lives)."""
+    if isinstance(array, np.ndarray):
+        return np
+    import cupy
+
+    return cupy
 
 
 def _pickle(obj) -> np.ndarray:

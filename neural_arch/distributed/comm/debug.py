@@ -22,7 +22,9 @@ if TYPE_CHECKING:  # work.py reads the check word from here: a runtime import ba
 FINGERPRINT_LEN = 16
 OP_CODES = {name: i for i, name in enumerate(
     ["all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter", "reduce_scatter",
-     "all_to_all", "barrier", "broadcast_object", "all_gather_object", "new_group"])}
+     "all_to_all", "barrier", "broadcast_object", "all_gather_object", "new_group", "all_to_allv"])}
+# ops whose dim 0 may differ between ranks (uneven splits): the fingerprint compares the other dims only
+_ANY_ROWS = frozenset({"all_to_allv"})
 _DTYPES = ("bool", "float16", "float32", "float64", "int32", "int64", "int8", "uint8", "bfloat16")
 
 _DTYPE_CODES = {name: i + 1 for i, name in enumerate(_DTYPES)}
@@ -111,6 +113,8 @@ def fingerprint(info: OpInfo) -> np.ndarray:
     fp[3] = _DTYPE_CODES.get(info.dtype or "", 0)
     fp[4] = _REDUCE_CODES.get(info.reduce_op or "", 0)
     shape = info.shape or ()
+    if info.name in _ANY_ROWS and shape:
+        shape = (-1,) + tuple(shape[1:])      # printed as -1: any number of rows
     fp[5] = len(shape) if info.shape is not None else -1
     for i, d in enumerate(shape[:_MAX_DIMS]):
         fp[6 + i] = d

@@ -58,6 +58,8 @@ from neural_arch.distributed.errors import CollectiveMismatchError, DistributedE
 from neural_arch.distributed.flight_recorder import buffer as _fr
 from neural_arch.distributed.flight_recorder.writer import dump as _fr_dump
 from neural_arch.distributed.flight_recorder.writer import install_signal_handler
+from neural_arch.distributed.flight_recorder.writer import request_dumps as _fr_request
+from neural_arch.distributed.flight_recorder.writer import start_dump_watcher
 from neural_arch.profiler import events as _events
 
 __all__ = ["DEBUG_ENV", "OpRunner", "debug_mode_from_env"]
@@ -136,6 +138,8 @@ class OpRunner(abc.ABC):
         if self._fr is not None:
             _fr.RECORDER.attach(self)
             install_signal_handler()
+            if self._size > 1:
+                start_dump_watcher()
         _spans.register(self)
         self._refresh_fast()
 
@@ -349,7 +353,10 @@ class OpRunner(abc.ABC):
             # after telling the peers (they fail, and dump, sooner): this rank's history for the
             # flight recorder's analyzer -- a timeout, a mismatch, a peer's failure or an abort
             if self._fr is not None and self._size > 1:     # (a world of one cannot desync)
-                _fr_dump(f"{info.describe()} on group {self.group_ranks} failed: {type(exc).__name__}: {exc}"[:2000])
+                reason = f"{info.describe()} on group {self.group_ranks} failed: {type(exc).__name__}: {exc}"[:2000]
+                _fr_dump(reason)
+                # and every other rank's, also one idle in user code that will never fail on its own
+                _fr_request(reason)
 
     def abort(self, reason: str) -> None:
         """Make this group unusable here and on every other rank, naming ``reason`` (torch's

@@ -176,6 +176,8 @@ class FlightRecorder:
         #: The rendezvous store to dump to (``None`` means the largest group's own store, if it has
         #: one -- gloo's; MPI jobs have none -- looked up when a dump needs it).
         self.store = None
+        #: wall-clock time of this recorder's last dump (a peer's dump request answered only if older)
+        self.last_dump = float("-inf")
         self._largest = None
 
     @staticmethod

@@ -13,6 +13,13 @@ created, unless the program already handles that signal). Where it goes:
 * else nowhere (a log line says to set ``NEURAL_ARCH_FLIGHT_RECORDER_DIR``): stray files in the
   temporary folder of every job that ever failed would be worse than no dump.
 
+A rank idle in user code (a hang outside any collective) sees no failure of its own, so the first
+rank whose collective fails also **asks every rank to dump** (:func:`request_dumps`: a request file
+in the dump folder, else a key in the rendezvous store), and every rank runs a daemon thread,
+:class:`DumpWatcher`, that checks for a request every ``NEURAL_ARCH_FLIGHT_RECORDER_POLL_S``
+seconds and dumps once per request (unless it dumped for this failure already): torch's
+watchdog polls its store for the same reason. ``SIGUSR1`` stays the operator's way in.
+
 Example::
 
     >>> import json, os, tempfile
@@ -40,10 +47,17 @@ from neural_arch import config
 from neural_arch.distributed.flight_recorder import buffer
 from neural_arch.utils.atomic_file import atomic_write_bytes
 
-__all__ = ["DIR_ENV", "STORE_PREFIX", "dump", "dump_payload", "fetch_from_store", "install_signal_handler"]
+__all__ = ["DIR_ENV", "POLL_ENV", "REQUEST_FILE", "REQUEST_KEY", "STORE_PREFIX", "DumpWatcher", "dump",
+           "dump_payload", "fetch_from_store", "install_signal_handler", "request_dumps", "start_dump_watcher"]
 
 DIR_ENV = "NEURAL_ARCH_FLIGHT_RECORDER_DIR"
+POLL_ENV = "NEURAL_ARCH_FLIGHT_RECORDER_POLL_S"
 STORE_PREFIX = "flight_recorder/rank"
+REQUEST_KEY = "flight_recorder/request"
+REQUEST_FILE = ".dump_request"
+# A rank that dumped this long before a peer's request took part in the same failure (its own
+# timeout or the poisoning): its dump says more than a requested one would, so it is kept.
+_SAME_FAILURE_S = 2.0
 FORMAT_VERSION = 1
 _log = logging.getLogger("neural_arch.distributed")
 # A store whose host died must not hold the failing rank's error back for the store's timeout.
@@ -88,6 +102,7 @@ def dump(reason: str, recorder: buffer.FlightRecorder | None = None, folder: str
                 key = f"{STORE_PREFIX}{rank}"
                 # compressed: a thousand ranks' histories all land on the store's host
                 if _store_set(store, key, zlib.compress(data, 1)):
+                    rec.last_dump = time.time()
                     return f"store:{key}"
             if not folder:
                 # nowhere to write: a test suite or a job must not find stray files in <tmp>
@@ -97,6 +112,7 @@ def dump(reason: str, recorder: buffer.FlightRecorder | None = None, folder: str
             path = os.path.join(folder, f"rank{rank}.json")
             os.makedirs(folder, exist_ok=True)
             atomic_write_bytes(path, data)
+            rec.last_dump = time.time()
             return path
     except Exception as exc:  # noqa: BLE001 - the failure being reported matters more than its dump
         _log.warning("flight recorder: could not dump (%s): %s", reason, exc)
@@ -142,6 +158,141 @@ def fetch_from_store(store, world_size: int, folder: str, wait: float = 0.0) -> 
         atomic_write_bytes(os.path.join(folder, f"rank{r}.json"), zlib.decompress(bytes(data)))
         found.append(r)
     return found
+
+
+def request_dumps(reason: str, recorder: buffer.FlightRecorder | None = None,
+                  folder: str | None = None) -> str | None:
+    """Ask every rank to dump (see the module docstring): ``folder/.dump_request`` when there is a
+    dump folder, else the rendezvous store's ``flight_recorder/request`` key. Returns where the
+    request went, or None. Never raises.
+
+    Example::
+
+        >>> import json, os, tempfile
+        >>> rec = buffer.FlightRecorder(size=4); rec.rank = 0
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     where = request_dumps("all_reduce #3 timed out", recorder=rec, folder=folder)
+        ...     with open(where) as f:
+        ...         json.load(f)["rank"]
+        0
+    """
+    rec = buffer.RECORDER if recorder is None else recorder
+    if rec.ring is None:
+        return None
+    try:
+        data = json.dumps({"rank": rec.rank, "time": time.time(), "pid": os.getpid(), "reason": reason}).encode()
+        folder = folder or config.get(DIR_ENV)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, REQUEST_FILE)
+            atomic_write_bytes(path, data)
+            return path
+        store = rec.rendezvous_store()
+        if store is not None and _store_set(store, REQUEST_KEY, data):
+            return f"store:{REQUEST_KEY}"
+    except Exception as exc:  # noqa: BLE001 - a diagnostic on a path that is already failing
+        _log.debug("flight recorder: could not ask the peers to dump: %s", exc)
+    return None
+
+
+class DumpWatcher:
+    """A daemon thread that dumps this rank's records when a peer asks (:func:`request_dumps`).
+
+    Every ``interval`` seconds it reads the request (the dump folder's ``.dump_request`` file, else
+    the rendezvous store's key); a request it has not answered, made after the watcher started
+    (older ones belong to another run), by another rank, more than a moment after this rank's own
+    last dump, is answered with ``dump("requested by rank R: ...")``. A store that stops answering
+    (its host is gone) is given up after a few tries; a folder keeps being read.
+
+    Example::
+
+        >>> w = DumpWatcher(interval=0)      # 0: not started
+        >>> w.thread is None
+        True
+    """
+
+    _MAX_STORE_ERRORS = 3
+
+    def __init__(self, interval: float | None = None, recorder: buffer.FlightRecorder | None = None):
+        self.interval = float(config.get(POLL_ENV) if interval is None else interval)
+        self.recorder = recorder
+        self.started = time.time()
+        self.answered: set = set()
+        self._store_errors = 0
+        self._stop = threading.Event()
+        self.thread = None
+        if self.interval > 0:
+            self.thread = threading.Thread(target=self._run, name="neural_arch-flight-recorder-watcher", daemon=True)
+            self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _read(self):
+        rec = buffer.RECORDER if self.recorder is None else self.recorder
+        folder = config.get(DIR_ENV)
+        if folder:
+            try:
+                with open(os.path.join(folder, REQUEST_FILE), "rb") as fh:
+                    return json.loads(fh.read())
+            except (OSError, ValueError):
+                return None
+        store = rec.rendezvous_store()
+        if store is None or self._store_errors >= self._MAX_STORE_ERRORS:
+            return None
+        try:
+            if not store.check([REQUEST_KEY]):
+                self._store_errors = 0
+                return None
+            request = json.loads(bytes(store.get(REQUEST_KEY)))
+            self._store_errors = 0
+            return request
+        except Exception as exc:  # noqa: BLE001 - the store's host may be gone: stop asking after a few tries
+            self._store_errors += 1
+            _log.debug("flight recorder: dump request not readable from the store: %s", exc)
+            return None
+
+    def poll(self) -> str | None:
+        """Check once; returns where this rank dumped, or None."""
+        request = self._read()
+        if not isinstance(request, dict):
+            return None
+        rec = buffer.RECORDER if self.recorder is None else self.recorder
+        when, who = float(request.get("time", 0.0)), request.get("rank")
+        key = (who, when)
+        if key in self.answered or when < self.started or (who is not None and who == rec.rank):
+            return None
+        self.answered.add(key)
+        if rec.last_dump >= when - _SAME_FAILURE_S:
+            return None
+        return dump(f"requested by rank {who}: {request.get('reason', '')}"[:2000], recorder=self.recorder)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.poll()
+            except Exception as exc:  # noqa: BLE001 - a watcher must never take the process down
+                _log.debug("flight recorder: dump watcher: %s", exc)
+
+
+_watcher: DumpWatcher | None = None
+
+
+def start_dump_watcher() -> DumpWatcher | None:
+    """Start this process's :class:`DumpWatcher` once (``OpRunner`` does this when the first
+    backend with peers is created); None when ``NEURAL_ARCH_FLIGHT_RECORDER_POLL_S`` is 0 or the
+    recorder is off.
+
+    Example::
+
+        start_dump_watcher()
+    """
+    global _watcher
+    if _watcher is None and buffer.RECORDER.ring is not None:
+        watcher = DumpWatcher()
+        if watcher.thread is not None:
+            _watcher = watcher
+    return _watcher
 
 
 _installed = False

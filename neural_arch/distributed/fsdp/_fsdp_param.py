@@ -147,32 +147,36 @@ class FSDPParam:
 
 def _spmd_layout(param, slots, mesh, placements):
     """``(mesh, placements, global shape)`` of the sharded parameter: ``fully_shard``'s own for a
-    plain parameter; for a tensor-parallel DTensor parameter, the 2-d ``(dp, tp)`` root mesh with
-    ``(dp placement, tp placement)`` and TP's global shape (torch's FSDP2 x TP)."""
+    plain parameter; for a tensor-parallel DTensor parameter, the root mesh's ``(dp..., tp)``
+    dimensions with ``(dp placements..., tp placement)`` and TP's global shape (torch's FSDP2 x TP;
+    with an HSDP ``(replicate, shard)`` mesh the result is 3-d: ``(Replicate(), Shard(0) or
+    _StridedShard(0), tp placement)``)."""
     if not isinstance(param, DTensor):
         return mesh, placements, tuple(param.shape)
     name = f"{type(slots[0][0]).__name__}.{slots[0][1]}"
     tp_mesh = param.device_mesh
-    if mesh.ndim != 1 or tp_mesh.ndim != 1:
+    if tp_mesh.ndim != 1:
         raise NotImplementedError(f"fully_shard: parameter {name} is a DTensor on {tp_mesh!r}; fully_shard of a "
-                                  "DTensor parameter supports a 1-d dp mesh over a 1-d tp mesh (not HSDP x TP)")
+                                  "DTensor parameter supports a 1-d tp mesh")
     root = mesh._get_root_mesh()
-    dims = [d for d in range(root.ndim) if root.get_group(d) is mesh.get_group()]
+    dims = [next((d for d in range(root.ndim) if root.get_group(d) is mesh.get_group(k)), None)
+            for k in range(mesh.ndim)]
     tps = [d for d in range(root.ndim) if d not in dims and root.get_coordinate() is not None
            and _ranks_along(root, d) == [int(r) for r in tp_mesh.mesh.reshape(-1)]]
-    if not dims or not tps:
+    if None in dims or not tps:
         raise ValueError(f"fully_shard: parameter {name} is a DTensor on {tp_mesh!r}, which is not a dimension of "
                          f"the mesh {root!r} that the dp mesh {mesh!r} was sliced from; build both on one mesh: "
                          "mesh = init_device_mesh(..., mesh_dim_names=('dp', 'tp')), tensor parallel over "
-                         "mesh['tp'], fully_shard(..., mesh=mesh['dp'])")
-    dp_dim, tp_dim = dims[0], tps[0]
-    spmd_mesh = root[dp_dim, tp_dim] if root.ndim > 2 or (dp_dim, tp_dim) != (0, 1) else root
+                         "mesh['tp'], fully_shard(..., mesh=mesh['dp']) (HSDP: mesh_dim_names=('replicate', "
+                         "'shard', 'tp') and mesh=mesh['replicate', 'shard'])")
+    order = dims + [tps[0]]
+    spmd_mesh = root if order == list(range(root.ndim)) else root[tuple(order)]
     (tp_placement,) = param.placements
     if isinstance(tp_placement, Shard) and tp_placement.dim == 0:
         dp_placement = _StridedShard(0, split_factor=tp_mesh.size())
     else:
-        dp_placement = placements[0]
-    return spmd_mesh, (dp_placement, tp_placement), tuple(param.dtensor_shape)
+        dp_placement = placements[-1]
+    return spmd_mesh, tuple(placements[:-1]) + (dp_placement, tp_placement), tuple(param.dtensor_shape)
 
 
 def _ranks_along(mesh, dim: int) -> list[int]:

@@ -46,6 +46,10 @@ placement)`` and TP's global shape, so ``full_tensor()``, distributed checkpoint
     fully_shard(model, mesh=mesh["dp"])
     model.fc1.weight.placements        # (_StridedShard(dim=0, sf=2), Shard(dim=0))
 
+HSDP x TP is the same on a 3-d mesh: ``mesh_dim_names=("replicate", "shard", "tp")``, tensor parallel
+over ``mesh["tp"]``, ``fully_shard(..., mesh=mesh["replicate", "shard"])``; the parameters are
+DTensors on the whole mesh with ``(Replicate(), Shard(0) or _StridedShard(0), tp placement)``.
+
 Backward prefetch: when a module's backward starts, the all-gather of the module that ran before
 it in the last forward (whose backward comes next) is started in the background, so it overlaps
 this module's backward (torch's implicit backward prefetch; one more module's parameters are

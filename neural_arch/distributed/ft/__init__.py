@@ -8,13 +8,17 @@ module                      what
 ``manager``                 ``Manager``: ``start_quorum`` / ``allreduce`` / ``should_commit``,
                             healing a replacement from a live peer
 ``replica_group``           ``ProcessGroupGloo``: the cross-replica group, rebuilt per quorum
-``transfer``                the heal's wire format (arrays raw, a pickled skeleton)
+``transfer``                the heal's wire format (a pickled skeleton, large arrays raw, small ones
+                            in bundles; optionally received in place)
 ``optim``, ``ddp``          ``OptimizerWrapper``, ``DistributedDataParallel``
+``managed_group``           ``ManagedProcessGroup``: a shard's lane as a group (ZeRO-2's
+                            ``replicate_group`` inside sharded replicas)
 ``protocol``                the store keys the lighthouse and managers share
 ==========================  ===============================================================
 
-Each replica is one process for now (ZeRO/FSDP inside a replica is not done yet). See
-docs/fault_tolerance.md ("Per-step fault tolerance"). Names load lazily::
+A replica is one process, or several ranks that shard it (``Manager(shard=(index, count))``: each
+shard index reduces across the replicas in a group of its own and heals from the peer with the
+same shard index). See docs/fault_tolerance.md ("Per-step fault tolerance"). Names load lazily::
 
     from neural_arch.distributed import ft
     with ft.Lighthouse(min_replicas=2) as lighthouse:
@@ -32,10 +36,11 @@ _LAZY = {
     "ProcessGroupGloo": "replica_group",
     "OptimizerWrapper": "optim",
     "DistributedDataParallel": "ddp",
+    "ManagedProcessGroup": "managed_group",
 }
 
-__all__ = ["DistributedDataParallel", "Lighthouse", "Manager", "OptimizerWrapper", "ProcessGroupGloo", "Quorum",
-           "QuorumRequest", "plan_quorum"]
+__all__ = ["DistributedDataParallel", "Lighthouse", "ManagedProcessGroup", "Manager", "OptimizerWrapper",
+           "ProcessGroupGloo", "Quorum", "QuorumRequest", "plan_quorum"]
 
 
 def __getattr__(name: str):

@@ -23,8 +23,15 @@ compare-and-set; everyone reads that one value, so no two members ever disagree 
 when a member dies between its vote and the others'. A missing vote counts as a failure after
 ``timeout`` seconds.
 
-Each replica here is ONE process (plain data parallelism across replicas). Replicas that are
-themselves sharded (ZeRO/FSDP inside a replica, healing shard by shard) are not done yet.
+A replica is one process, or several that shard it (ZeRO/FSDP inside a replica): then every rank
+of the replica runs a ``Manager`` with the same ``replica_id`` and its ``shard=(index, count)``; the
+lighthouse takes a replica into a quorum only when all its shards asked, each shard index
+reduces across the replicas in a group of its own (its *lane*: ``allreduce`` averages this shard
+over the replicas), the commit vote covers every shard of every replica (one transaction), and a
+replica that is behind heals shard by shard from the peer with the same shard index. The
+replica's own sharded collectives (reduce-scatter, all-gather) stay in its own group; ZeRO-2 reaches
+the lane through :class:`~neural_arch.distributed.ft.managed_group.ManagedProcessGroup` (its
+``replicate_group``).
 
 Example::
 
@@ -82,6 +89,15 @@ class Manager:
         auth_token: the lighthouse store's token (None: loopback, per-user secret).
         init_sync: at step 0, copy the first member's state to the others (set False when every
             replica initialises from the same seed: then nothing is sent at step 0).
+        shard: ``(index, count)``: this rank holds shard ``index`` of a replica sharded over ``count``
+            ranks (each runs a Manager with the same ``replica_id``); None: the process is the replica.
+        heal_into: ``fn() -> state`` nested like ``state_dict()`` whose arrays a heal fills in place
+            (e.g. the live parameters): matching arrays (same place, shape and dtype) are received
+            straight into them, so healing needs no second copy of the state and no fresh memory
+            (:func:`~neural_arch.distributed.ft.transfer.recv_state`). If a heal fails midway they
+            hold a mix of old and new values: the replica is still behind, so the next quorum heals it
+            again before it steps, and ``start_quorum`` raises if no up-to-date peer is left to heal
+            from. None: every array is received into new memory (a failed heal leaves the old state).
 
     Example::
 
@@ -94,7 +110,7 @@ class Manager:
     def __init__(self, pg=None, load_state_dict=None, state_dict=None, min_replica_size: int = 1,
                  replica_id: str | None = None, lighthouse_addr: str | None = None, timeout: float = 60.0,
                  quorum_timeout: float = 120.0, heartbeat_interval: float = 0.1, auth_token=None,
-                 init_sync: bool = True):
+                 init_sync: bool = True, shard: tuple[int, int] | None = None, heal_into=None):
         if lighthouse_addr is None:
             raise ValueError("Manager(lighthouse_addr='host:port') is required: the address of the Lighthouse "
                              "that decides the quorums (Lighthouse(...).address)")
@@ -102,11 +118,18 @@ class Manager:
         self.timeout, self.quorum_timeout = float(timeout), float(quorum_timeout)
         self._pg = pg if pg is not None else ProcessGroupGloo(timeout=self.timeout)
         self._load_state_dict, self._state_dict = load_state_dict, state_dict
+        self._heal_into = heal_into
+        self._torn = False     # a heal into the live arrays failed midway: they must be healed again
         self.min_replica_size = int(min_replica_size)
         self.init_sync = bool(init_sync)
         self._auth_token = auth_token
         self.replica_id = str(replica_id if replica_id is not None else uuid.uuid4().hex[:8])
-        self.member = f"{self.replica_id}:{uuid.uuid4().hex[:8]}"
+        self.shard, self.num_shards = (int(shard[0]), int(shard[1])) if shard is not None else (0, 1)
+        if not 0 <= self.shard < self.num_shards:
+            raise ValueError(f"Manager(shard=(index, count)) needs 0 <= index < count, got {shard}")
+        self._sharded = shard is not None
+        suffix = f"/s{self.shard}" if self._sharded else ""
+        self.member = f"{self.replica_id}{suffix}:{uuid.uuid4().hex[:8]}"
         self._store = TCPStore(host, int(port), timeout=self.quorum_timeout, auth_token=auth_token)
         # the heartbeat has its own connection: a long blocking get on the main one must not stop it
         self._beat_store = TCPStore(host, int(port), timeout=self.quorum_timeout, auth_token=auth_token)
@@ -154,7 +177,9 @@ class Manager:
         n = self._requests
         self._store.set(protocol.request_key(self.member),
                         protocol.encode_request(n, self._step, not self._last_committed or self._quorum_id is None,
-                                                self.min_replica_size, self.init_sync))
+                                                self.min_replica_size, self.init_sync,
+                                                self.replica_id if self._sharded else "", self.shard,
+                                                self.num_shards))
         self._store.add(protocol.REQ_SEQ, 1)
         try:
             raw = self._store.get(protocol.answer_key(self.member, n))
@@ -163,12 +188,16 @@ class Manager:
                                    f"(fewer than min_replicas replicas alive?)") from exc
         quorum = self._quorum = Quorum.from_json(json.loads(raw))
         rank = quorum.rank_of(self.member)
+        if self._torn and self.member not in quorum.heal:
+            raise DistributedError(f"ft {self.member}: a heal into the live state failed midway and no member of "
+                                   f"the new quorum is ahead of this replica to heal it again; restart it "
+                                   f"from a checkpoint (or use heal_into=None, which keeps the old state)")
         try:
             if quorum.quorum_id != self._quorum_id:
                 self._quorum_id = None
                 start = time.perf_counter()
-                self._pg.configure(self._store, protocol.pg_prefix(quorum.quorum_id), rank, quorum.size,
-                                   auth_token=self._auth_token)
+                prefix = protocol.pg_prefix(quorum.quorum_id, self.shard if self._sharded else None)
+                self._pg.configure(self._store, prefix, rank, quorum.size, auth_token=self._auth_token)
                 self.timings["configure_s"] = time.perf_counter() - start
                 self._quorum_id = quorum.quorum_id
             self._heal(quorum)
@@ -180,10 +209,13 @@ class Manager:
         source = quorum.heal.get(self.member)
         if source is not None:
             self.timings["recv_started_at"] = time.time()
-            state = recv_state(self._pg, quorum.rank_of(source))
+            into = {"user": self._heal_into()} if self._heal_into is not None else None
+            self._torn = self._torn or into is not None
+            state = recv_state(self._pg, quorum.rank_of(source), into=into)
             if self._load_state_dict is not None:
                 self._load_state_dict(state["user"])
             self._step = int(state["step"])
+            self._torn = False
             self.timings["loaded_at"] = time.time()
             self.heals += 1
             self.heal_bytes_received += _nbytes(state)

@@ -12,7 +12,8 @@ key                       what
 ``req/{m}``               the member's latest quorum request (JSON)
 ``req_seq``               counter bumped after every request (the lighthouse's wake-up)
 ``quorum/{m}/{n}``        the answer to request ``n`` of member ``m`` (JSON ``Quorum``)
-``pg/{quorum_id}/``       the prefix the quorum's process group rendezvous under
+``pg/{quorum_id}/``       the prefix the quorum's process group rendezvous under (sharded
+                          replicas: ``pg/{quorum_id}/shard{s}/``, one group per shard index)
 ``vote/{round}/{m}``      ``1``/``0``: did the step succeed on member ``m``
 ``commit/{round}``        the round's decision, set once (compare-and-set): ``1`` commit, ``0`` discard
 ========================  ==================================================================
@@ -61,14 +62,15 @@ def answer_key(member: str, n: int) -> str:
     return f"{ROOT}quorum/{member}/{n}"
 
 
-def pg_prefix(quorum_id: int) -> str:
-    """The key prefix a quorum's process group rendezvous under (fresh per ``quorum_id``).
+def pg_prefix(quorum_id: int, shard: int | None = None) -> str:
+    """The key prefix a quorum's process group rendezvous under (fresh per ``quorum_id``); with
+    sharded replicas each shard index has a group (lane) of its own.
 
     Example:
-        >>> pg_prefix(4)
-        'ft/pg/4/'
+        >>> pg_prefix(4), pg_prefix(4, shard=1)
+        ('ft/pg/4/', 'ft/pg/4/shard1/')
     """
-    return f"{ROOT}pg/{quorum_id}/"
+    return f"{ROOT}pg/{quorum_id}/" + (f"shard{shard}/" if shard is not None else "")
 
 
 def vote_key(round_: int, member: str) -> str:
@@ -85,15 +87,17 @@ def commit_key(round_: int) -> str:
     return f"{ROOT}commit/{round_}"
 
 
-def encode_request(n: int, step: int, reconfigure: bool, min_replicas: int, init_sync: bool = True) -> bytes:
+def encode_request(n: int, step: int, reconfigure: bool, min_replicas: int, init_sync: bool = True,
+                   replica: str = "", shard: int = 0, num_shards: int = 1) -> bytes:
     """A request as the member writes it (the lighthouse adds the member and its own clock).
 
     Example:
         >>> decode_request("a", encode_request(2, 5, False, 1), since=0.0)
-        QuorumRequest(member='a', n=2, step=5, since=0.0, reconfigure=False, min_replicas=1, init_sync=True)
+        QuorumRequest(member='a', n=2, step=5, since=0.0, reconfigure=False, min_replicas=1, init_sync=True, replica='', shard=0, num_shards=1)
     """
     return json.dumps({"n": int(n), "step": int(step), "reconfigure": bool(reconfigure),
-                       "min_replicas": int(min_replicas), "init_sync": bool(init_sync)}).encode()
+                       "min_replicas": int(min_replicas), "init_sync": bool(init_sync), "replica": str(replica),
+                       "shard": int(shard), "num_shards": int(num_shards)}).encode()
 
 
 def decode_request(member: str, raw: bytes, since: float) -> QuorumRequest:
@@ -105,4 +109,5 @@ def decode_request(member: str, raw: bytes, since: float) -> QuorumRequest:
     """
     d = json.loads(raw)
     return QuorumRequest(member, int(d["n"]), int(d["step"]), since, bool(d["reconfigure"]), int(d["min_replicas"]),
-                         bool(d.get("init_sync", True)))
+                         bool(d.get("init_sync", True)), str(d.get("replica", "")), int(d.get("shard", 0)),
+                         int(d.get("num_shards", 1)))

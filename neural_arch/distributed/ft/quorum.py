@@ -18,6 +18,14 @@ before the step, sources spread round-robin over the up-to-date ones; at step 0 
 ``init_sync``, the default) every member heals from the first, so replicas whose initialisations
 differ start from one state.
 
+**Sharded replicas** (ZeRO/FSDP inside a replica): each rank of a replica asks as a member of its own,
+naming its ``replica`` and its ``shard`` index out of ``num_shards``. The rule then counts
+*replicas*: a replica takes part only when every one of its shards asked (else it is waited for,
+like a healthy replica that did not ask); a replica's step is its shards' smallest; and a replica
+that is behind heals shard by shard, each member from the member of the source replica with the
+**same shard index**. Members are ordered by (replica, shard), so a replica has the same rank in
+every shard's *lane* (the members of one shard index: they reduce together).
+
 Example:
     >>> reqs = {m: QuorumRequest(m, n=1, step=4, since=0.0) for m in ("a", "b")}
     >>> reqs["c"] = QuorumRequest("c", n=1, step=0, since=0.5)     # a replacement, at step 0
@@ -51,9 +59,15 @@ class QuorumRequest:
             member from the first one (torchft's ``init_sync``); False when every replica starts
             from the same seed.
 
+        replica: the replica this member belongs to ("": the member is a whole replica).
+        shard: the member's shard index in its replica (0 unless the replica is sharded).
+        num_shards: how many members (shards) make up the replica; every replica has as many.
+
     Example:
         >>> QuorumRequest("r0:1a2b", n=3, step=7, since=12.5).step
         7
+        >>> QuorumRequest("r0/s1:9f", n=1, step=0, since=0.0, replica="r0", shard=1, num_shards=2).shard
+        1
     """
 
     member: str
@@ -63,6 +77,9 @@ class QuorumRequest:
     reconfigure: bool = False
     min_replicas: int = 1
     init_sync: bool = True
+    replica: str = ""
+    shard: int = 0
+    num_shards: int = 1
 
 
 @dataclass(frozen=True)
@@ -72,12 +89,17 @@ class Quorum:
     ``round`` numbers answers (votes on the step's commit are keyed by it); ``quorum_id`` changes
     only when the process group must be rebuilt; ``members`` is sorted (a member's index is its
     participating rank); ``steps`` holds each member's committed steps; ``heal`` maps each member
-    that is behind to the up-to-date member it copies its state from.
+    that is behind to the up-to-date member it copies its state from. With sharded replicas
+    ``shards`` holds each member's shard index: the members of one index form a *lane* (its own
+    process group); ``size`` and ``rank_of`` are then counted within the lane, i.e. in replicas.
 
     Example:
         >>> q = Quorum(round=5, quorum_id=2, members=("a", "b"), steps=(3, 3))
-        >>> q.rank_of("b"), q.max_step, q.heal
-        (1, 3, {})
+        >>> q.rank_of("b"), q.max_step, q.heal, q.size
+        (1, 3, {}, 2)
+        >>> q = Quorum(1, 1, members=("a0", "a1", "b0", "b1"), steps=(3,) * 4, shards=(0, 1, 0, 1))
+        >>> q.lane("b1"), q.rank_of("b1"), q.size
+        (('a1', 'b1'), 1, 2)
     """
 
     round: int
@@ -85,6 +107,7 @@ class Quorum:
     members: tuple[str, ...]
     steps: tuple[int, ...]
     heal: dict[str, str] = field(default_factory=dict)
+    shards: tuple[int, ...] = ()
 
     @property
     def max_step(self) -> int:
@@ -92,19 +115,32 @@ class Quorum:
 
     @property
     def size(self) -> int:
-        return len(self.members)
+        """Replicas in the quorum (members, unless the replicas are sharded)."""
+        return len(self.lane(self.members[0])) if self.members else 0
+
+    def shard_of(self, member: str) -> int:
+        return self.shards[self.members.index(member)] if self.shards else 0
+
+    def lane(self, member: str) -> tuple[str, ...]:
+        """The members with ``member``'s shard index, in rank order (all members if unsharded)."""
+        if not self.shards:
+            return self.members
+        shard = self.shard_of(member)
+        return tuple(m for m, s in zip(self.members, self.shards) if s == shard)
 
     def rank_of(self, member: str) -> int:
-        return self.members.index(member)
+        """``member``'s rank in its lane: its replica's index in the quorum."""
+        return self.lane(member).index(member)
 
     def to_json(self) -> dict:
         return {"round": self.round, "quorum_id": self.quorum_id, "members": list(self.members),
-                "steps": list(self.steps), "heal": dict(self.heal)}
+                "steps": list(self.steps), "heal": dict(self.heal), "shards": list(self.shards)}
 
     @classmethod
     def from_json(cls, data: Mapping) -> Quorum:
         return cls(int(data["round"]), int(data["quorum_id"]), tuple(data["members"]),
-                   tuple(int(s) for s in data["steps"]), dict(data["heal"]))
+                   tuple(int(s) for s in data["steps"]), dict(data["heal"]),
+                   tuple(int(s) for s in data.get("shards", ())))
 
 
 def plan_quorum(requests: Mapping[str, QuorumRequest], healthy: AbstractSet[str], previous: Quorum | None,
@@ -129,24 +165,39 @@ def plan_quorum(requests: Mapping[str, QuorumRequest], healthy: AbstractSet[str]
     candidates = {m: r for m, r in requests.items() if m in healthy}
     if not candidates:
         return None
+    replicas: dict[str, dict[int, QuorumRequest]] = {}
+    for r in sorted(candidates.values(), key=lambda r: r.since):   # a newer member of a shard replaces an older
+        replicas.setdefault(r.replica or r.member, {})[r.shard] = r
+    complete = {key: shards for key, shards in replicas.items()
+                if all(r.num_shards == len(shards) for r in shards.values()) and set(shards) == set(range(len(shards)))}
     needed = max([int(min_replicas)] + [r.min_replicas for r in candidates.values()])
-    if len(candidates) < needed:
+    if len(complete) < needed:
         return None
-    if not set(healthy) <= set(candidates):
-        oldest = min(r.since for r in candidates.values())
+    taking_part = {r.member for shards in complete.values() for r in shards.values()}
+    superseded = set(candidates) - {r.member for shards in replicas.values() for r in shards.values()}
+    if set(healthy) - taking_part - superseded:     # healthy but not asked, or a shard of theirs missing
+        oldest = min(r.since for shards in complete.values() for r in shards.values())
         if now - oldest < join_timeout:
             return None
-    members = tuple(sorted(candidates))
-    steps = tuple(candidates[m].step for m in members)
+    order = sorted(complete)
+    ranked = [complete[key][s] for key in order for s in range(len(complete[key]))]
+    members = tuple(r.member for r in ranked)
+    steps = tuple(r.step for r in ranked)
+    sharded = any(len(complete[key]) > 1 for key in order)
     same = previous is not None and previous.members == members
-    reconfigure = any(candidates[m].reconfigure for m in members)
+    reconfigure = any(r.reconfigure for r in ranked)
     quorum_id = previous.quorum_id if same and not reconfigure else (previous.quorum_id + 1 if previous else 1)
-    top = max(steps)
-    if top == 0 and any(candidates[m].init_sync for m in members):
-        sources, behind = [members[0]], list(members[1:])     # step 0: everyone takes the first one's state
+    replica_step = {key: min(r.step for r in complete[key].values()) for key in order}
+    top = max(replica_step.values())
+    if top == 0 and any(r.init_sync for r in ranked):
+        sources, behind = [order[0]], order[1:]     # step 0: everyone takes the first one's state
     else:
-        sources = [m for m, s in zip(members, steps) if s == top]
-        behind = [m for m, s in zip(members, steps) if s < top]
-    heal = {m: sources[i % len(sources)] for i, m in enumerate(behind)}
+        sources = [key for key in order if replica_step[key] == top]
+        behind = [key for key in order if replica_step[key] < top]
+    heal = {}
+    for i, key in enumerate(behind):              # shard s of a replica heals from shard s of its source
+        source = complete[sources[i % len(sources)]]
+        for s, r in complete[key].items():
+            heal[r.member] = source[s].member
     return Quorum(round=(previous.round + 1 if previous else 1), quorum_id=quorum_id, members=members,
-                  steps=steps, heal=heal)
+                  steps=steps, heal=heal, shards=tuple(r.shard for r in ranked) if sharded else ())

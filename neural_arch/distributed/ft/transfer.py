@@ -1,11 +1,27 @@
 """Healing's wire format: a nested state (dicts, lists, arrays, scalars) sent peer to peer.
 
-A replica that is behind copies the whole training state from a live peer, never from a file:
-``send_state`` splits the state into its arrays and a *skeleton* (the nesting, the scalars,
-and each array's shape and dtype); the skeleton goes first as one pickled byte array, then every
-array goes raw over the process group's ``send``, straight into a buffer ``recv_state``
-allocated from the skeleton. Pickle is only the skeleton's, between the replicas of one job
-(trusted peers only, like every ``*_object`` helper); the data path moves arrays.
+A replica that is behind copies the whole training state from a live peer, never from a file.
+``send_state`` splits the state into its arrays and a *skeleton* (the nesting, the scalars, and
+each array's shape and dtype). The skeleton goes first as one pickled byte array (its length
+before it); then the arrays, in the messages :func:`plan_messages` lays out from their sizes
+alone (both ends compute the same plan, so it is never sent):
+
+* an array of at least ``SMALL_BYTES`` goes raw in a message of its own, straight from the
+  sender's memory into the receiver's buffer (no copy on either side);
+* smaller arrays travel together in *bundles* of up to ``BUNDLE_BYTES``, each array at a
+  64-byte aligned offset: one message instead of one per bias, norm weight or optimizer scalar
+  (a model's state has hundreds; each message costs a header, a frame and a wake-up, more under
+  load), paid for with one copy of those small arrays on each side.
+
+``recv_state(..., into=state)`` receives in place: every incoming array whose place in the
+skeleton holds, in ``into``, a writable C-contiguous NumPy array of the same shape and dtype is
+received straight into that array (a raw message) or copied into it from its bundle; the others
+get new buffers. Passing the replica's live arrays (its parameters, say) saves the new memory --
+first-touch page faults cost about as much as the transfer itself in a fresh process -- and a
+second copy of the state. The returned state holds the ``into`` arrays where they were used.
+
+Pickle is only the skeleton's, between the replicas of one job (trusted peers only, like every
+``*_object`` helper); the data path moves arrays.
 
 Example::
 
@@ -15,13 +31,19 @@ Example::
 
 from __future__ import annotations
 
+import math
 import pickle
 
 import numpy as np
 
-__all__ = ["join_arrays", "recv_state", "send_state", "split_arrays"]
+__all__ = ["join_arrays", "plan_messages", "recv_state", "send_state", "split_arrays"]
 
 _TAG = 7  # one tag for the whole transfer: send and recv pair up in order on it
+#: arrays smaller than this travel in bundles (a copy each side is cheaper than a message of their own)
+SMALL_BYTES = 256 << 10
+#: the most bytes one bundle holds (bounds the extra memory a bundle needs on each side)
+BUNDLE_BYTES = 4 << 20
+_ALIGN = 64
 
 
 class _ArrayRef:
@@ -78,6 +100,43 @@ def join_arrays(skeleton, arrays: list[np.ndarray]):
     return walk(skeleton)
 
 
+def plan_messages(nbytes: list[int], small: int | None = None, bundle: int | None = None) -> list[tuple]:
+    """The messages that carry arrays of ``nbytes`` (in order), as data: ``("raw", i)`` sends array
+    ``i`` alone; ``("bundle", [(i, offset), ...], size)`` sends small arrays together in one byte
+    array of ``size`` bytes, each at its (64-byte aligned) offset. Empty arrays send nothing.
+    ``small`` and ``bundle`` default to ``SMALL_BYTES`` and ``BUNDLE_BYTES``.
+
+    Example:
+        >>> plan_messages([8, 1 << 20, 16, 0], small=1024, bundle=4096)
+        [('bundle', [(0, 0), (2, 64)], 80), ('raw', 1)]
+    """
+    small = SMALL_BYTES if small is None else int(small)
+    bundle = BUNDLE_BYTES if bundle is None else int(bundle)
+    out: list[tuple] = []
+    members: list[tuple[int, int]] = []
+    size = 0
+    for i, n in enumerate(nbytes):
+        if n == 0:
+            continue
+        if n >= small:
+            out.append(("raw", i))
+            continue
+        offset = -(-size // _ALIGN) * _ALIGN
+        if members and offset + n > bundle:
+            out.append(("bundle", members, size))
+            members, offset = [], 0
+        members.append((i, offset))
+        size = offset + n
+    if members:
+        out.append(("bundle", members, size))
+    # bundles go first (one message for every small array, whatever the order), then the raw ones
+    return [m for m in out if m[0] == "bundle"] + [m for m in out if m[0] == "raw"]
+
+
+def _bytes(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(np.uint8)
+
+
 def send_state(pg, state, dst: int) -> int:
     """Send ``state`` to group rank ``dst`` of ``pg``; returns the bytes sent (skeleton and arrays).
 
@@ -87,33 +146,95 @@ def send_state(pg, state, dst: int) -> int:
     """
     skeleton, arrays = split_arrays(state)
     header = {"skeleton": skeleton, "arrays": [(a.shape, a.dtype.str) for a in arrays]}
-    payload = np.frombuffer(pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8).copy()
+    payload = np.frombuffer(pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
     pg.send(np.array([payload.size], dtype=np.int64), dst, _TAG)
     pg.send(payload, dst, _TAG)
     sent = payload.nbytes + 8
-    for a in arrays:
-        if a.size:
-            pg.send(a, dst, _TAG)
-            sent += a.nbytes
+    plan = plan_messages([a.nbytes for a in arrays])
+    # one buffer for every bundle: send returns once the bytes are out, and fresh memory per
+    # bundle would cost a page fault per page on top of the copy
+    scratch = np.empty(max([m[2] for m in plan if m[0] == "bundle"], default=0), dtype=np.uint8)
+    for message in plan:
+        if message[0] == "raw":
+            pg.send(arrays[message[1]], dst, _TAG)
+            sent += arrays[message[1]].nbytes
+            continue
+        _, members, size = message
+        packed = scratch[:size]
+        for i, offset in members:
+            packed[offset:offset + arrays[i].nbytes] = _bytes(arrays[i])
+        pg.send(packed, dst, _TAG)
+        sent += size
     return sent
 
 
-def recv_state(pg, src: int):
+def _targets(skeleton, into, count: int) -> list:
+    """Per array index: the array of ``into`` at the same place in the nesting, or None."""
+    found: list = [None] * count
+
+    def walk(x, y):
+        if isinstance(x, _ArrayRef):
+            if isinstance(y, np.ndarray) and y.flags.c_contiguous and y.flags.writeable:
+                found[x.index] = y
+        elif isinstance(x, dict) and isinstance(y, dict):
+            for k, v in x.items():
+                if k in y:
+                    walk(v, y[k])
+        elif isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)) and len(x) == len(y):
+            for a, b in zip(x, y):
+                walk(a, b)
+    if into is not None:
+        walk(skeleton, into)
+    return found
+
+
+def recv_state(pg, src: int, into=None):
     """Receive what ``send_state`` sent from group rank ``src`` (trusted peers only: it unpickles).
+
+    ``into``: a state of the same nesting whose matching arrays are filled in place (module
+    docstring); None allocates every array.
 
     Example::
 
-        load_state_dict(recv_state(pg, src=quorum.rank_of(source)))
+        load_state_dict(recv_state(pg, src=quorum.rank_of(source), into=live_state()))
     """
     length = np.zeros(1, dtype=np.int64)
     pg.recv(length, src, _TAG)
     payload = np.empty(int(length[0]), dtype=np.uint8)
     pg.recv(payload, src, _TAG)
     header = pickle.loads(payload.tobytes())  # trusted peers only (module docstring)
-    arrays = []
-    for shape, dtype in header["arrays"]:
-        a = np.empty(shape, dtype=np.dtype(dtype))
-        if a.size:
-            pg.recv(a, src, _TAG)
-        arrays.append(a)
+    metas = [(tuple(shape), np.dtype(dtype)) for shape, dtype in header["arrays"]]
+    targets = _targets(header["skeleton"], into, len(metas))
+    arrays: list = [None] * len(metas)
+    for i, (shape, dtype) in enumerate(metas):
+        t = targets[i]
+        if t is not None and t.shape == shape and t.dtype == dtype:
+            arrays[i] = t
+    nbytes = [math.prod(shape) * dtype.itemsize for shape, dtype in metas]
+    scratch = None     # a bundle whose every array has a place in ``into`` is copied out: reuse its buffer
+    for message in plan_messages(nbytes):
+        if message[0] == "raw":
+            i = message[1]
+            if arrays[i] is None:
+                arrays[i] = np.empty(metas[i][0], dtype=metas[i][1])
+            pg.recv(arrays[i], src, _TAG)
+            continue
+        _, members, size = message
+        if all(arrays[i] is not None for i, _ in members):
+            if scratch is None or scratch.size < size:
+                scratch = np.empty(max(BUNDLE_BYTES, size), dtype=np.uint8)
+            packed = scratch[:size]
+        else:
+            packed = np.empty(size, dtype=np.uint8)
+        pg.recv(packed, src, _TAG)
+        for i, offset in members:
+            shape, dtype = metas[i]
+            view = packed[offset:offset + nbytes[i]].view(dtype).reshape(shape)
+            if arrays[i] is None:
+                arrays[i] = view          # a view into the bundle: no second copy
+            else:
+                arrays[i][...] = view
+    for i, (shape, dtype) in enumerate(metas):   # empty arrays: nothing travelled
+        if arrays[i] is None:
+            arrays[i] = np.empty(shape, dtype=dtype)
     return join_arrays(header["skeleton"], arrays)

@@ -21,18 +21,18 @@ Both stages produce parameters equal to single-process training on the global ba
 
 **Expert parameters** (mixture-of-experts under expert parallelism: ``parallelize_moe`` marks
 them ``param.allreduce = False`` with ``param.expert_dp_group``) differ between ranks by design,
-so they are kept out of the partition (stage 1) and out of the flat buckets (stage 2): every
-rank steps its own experts whole, with the replicated parameters' hyper-parameters. Their
+so they are kept out of the partition (stage 1) and out of the flat buckets (stage 2). Their
 gradients are reduced as DDP reduces them (summed over the expert-data-parallel group, divided
 by the data-parallel size: :mod:`neural_arch.distributed.ddp.expert_grads`): by DDP in stage 1,
-by this optimizer at the end of backward in stage 2. The ranks holding one expert then apply the
-same update, so it stays identical without a broadcast. Why not shard each expert over its
-expert-data-parallel group (DeepSpeed-MoE): that saves the replicated optimizer state of the
-experts (``world / ep`` copies; none at ``ep = world``) but needs a second partition, a second
-gather and a second state layout; this is the simpler design that is equal to one process, and
-the one FSDP uses too. A consolidated state dict holds the expert state of rank ``to``'s own
-experts (as a plain optimizer on that rank would); the other ranks' experts are not in it, and
-loading it gives every rank that expert state: checkpoint experts per expert-parallel rank.
+by this optimizer at the end of backward in stage 2. Their optimizer state is sharded over their
+**expert-data-parallel group** (DeepSpeed-MoE's layout): the ranks holding the same experts share
+them out whole with torch's greedy rule, each steps its share with the replicated parameters'
+hyper-parameters and broadcasts the updated experts to the group (one flat broadcast per owner),
+so each expert's state lives once instead of ``world / ep`` times (with ``ep = world`` every expert
+lives once anyway and is stepped where it is). A consolidated state dict holds the expert state of
+rank ``to``'s own experts, gathered from their owners in its group (as a plain optimizer on that
+rank would); the other ranks' experts are not in it, and loading it gives every rank's owned experts
+of those indices that state: checkpoint experts per expert-parallel rank.
 
 Example::
 
@@ -64,6 +64,56 @@ from neural_arch.optim.optimizer import Optimizer, _check_state_shapes
 __all__ = ["ZeroRedundancyOptimizer"]
 
 
+def _partition_experts(experts: list, index: dict) -> list:
+    """``[(expert-data-parallel group or None, [params of its group rank 0, of rank 1, ...]), ...]``: the
+    expert parameters of each group shared out over its ranks with torch's greedy rule (largest first,
+    to the rank holding the fewest elements so far). The ranks of one group hold the same experts in
+    the same order, so each computes the same partition. ``None``: experts held once (ep = dp), stepped
+    where they are.
+
+    >>> from neural_arch.nn.parameter import Parameter
+    >>> w = Parameter(np.zeros(3))                       # no expert_dp_group: held once
+    >>> _partition_experts([w], {id(w): 0})[0][0] is None
+    True
+    """
+    by_group: dict = {}
+    for p in experts:
+        group = getattr(p, "expert_dp_group", None)
+        if group is not None and group.size() == 1:
+            group = None
+        by_group.setdefault(id(group), (group, []))[1].append(p)
+    out = []
+    for group, params in by_group.values():
+        size = 1 if group is None else group.size()
+        parts: list = [[] for _ in range(size)]
+        owner, load = {}, [0] * size
+        for p in sorted(params, key=lambda t: (-int(np.prod(t.shape)), index[id(t)])):
+            r = int(np.argmin(load))
+            owner[id(p)] = r
+            load[r] += int(np.prod(p.shape))
+        for p in params:                                 # model order inside each rank's part
+            parts[owner[id(p)]].append(p)
+        out.append((group, parts))
+    return out
+
+
+def _broadcast_owned(backend, rank: int, partition: list) -> None:
+    """``partition[r]`` (parameters) from rank ``r`` of ``backend``'s group to the others: one flat
+    broadcast per owner."""
+    for r, params in enumerate(partition):
+        if not params:
+            continue
+        lay = FlatLayout([tuple(p.shape) for p in params], 1)
+        xp = _backend.get_array_module(params[0].data)
+        dtypes = {p.dtype for p in params}
+        dtype = params[0].dtype if len(dtypes) == 1 else np.float64
+        flat = lay.flatten([p.data for p in params] if r == rank else [None] * len(params), xp, dtype)
+        backend.broadcast(flat, root=r)
+        if r != rank:
+            for p, v in zip(params, lay.views(flat)):
+                p.data[...] = v
+
+
 def _copy_state(value):
     if hasattr(value, "shape") and hasattr(value, "dtype"):
         return _backend.to_device(value, "cpu").copy()
@@ -81,6 +131,12 @@ class ZeroRedundancyOptimizer(Optimizer):
         overlap_with_ddp: not supported (raises ``NotImplementedError``).
         stage: 1 (torch's ZeRO-1) or 2 (gradients reduce-scattered in flat buckets).
         bucket_cap_mb: stage 2 bucket size.
+        replicate_group: stage 2 only: after the reduce-scatter over ``process_group``, average each
+            shard over this group as well (ZeRO inside each data-parallel replica, replicated across
+            the replicas: HSDP's layout). Anything whose ``backend.allreduce(array, ReduceOp.AVG)``
+            averages in place, e.g. a ProcessGroup of the ranks holding the same shard index, or
+            :class:`~neural_arch.distributed.ft.managed_group.ManagedProcessGroup` for fault-tolerant
+            replicas. None (the default): ``process_group`` is the whole data-parallel world.
         **defaults: the inner optimizer's hyper-parameters (``lr=...``).
 
     Example::
@@ -92,7 +148,8 @@ class ZeroRedundancyOptimizer(Optimizer):
     """
 
     def __init__(self, params, optimizer_class, process_group=None, parameters_as_bucket_view: bool = False,
-                 overlap_with_ddp: bool = False, *, stage: int = 1, bucket_cap_mb: float = 25.0, **defaults):
+                 overlap_with_ddp: bool = False, *, stage: int = 1, bucket_cap_mb: float = 25.0,
+                 replicate_group=None, **defaults):
         if overlap_with_ddp:
             raise NotImplementedError("ZeroRedundancyOptimizer(overlap_with_ddp=True) is not implemented; "
                                       "use stage=2, which overlaps the gradient reduce-scatter with backward")
@@ -102,6 +159,11 @@ class ZeroRedundancyOptimizer(Optimizer):
         if stage not in (1, 2):
             raise ValueError(f"ZeroRedundancyOptimizer: stage must be 1 or 2, got {stage!r} "
                              "(stage 3 is FullyShardedDataParallel)")
+        if replicate_group is not None and stage != 2:
+            raise ValueError("ZeroRedundancyOptimizer(replicate_group=...) needs stage=2 (the optimizer then owns "
+                             "the gradient reduction); with stage 1 the gradients come averaged from DDP")
+        #: the group each gradient shard is also averaged over after the reduce-scatter (stage 2), or None
+        self.replicate_group = replicate_group
         # The inner optimizer's own defaults too (Adam's betas, eps...): the groups then hold every
         # hyper-parameter, as a plain optimizer's do, and a state dict saved from them loads into one.
         probe = optimizer_class([Parameter(np.zeros(1))], **defaults)
@@ -118,6 +180,10 @@ class ZeroRedundancyOptimizer(Optimizer):
         self._expert_ids = {id(p) for p in self._experts}
         self.expert_reducer = None
         self._expert_hooks: list = []
+        # each expert's optimizer state on one rank of its expert-data-parallel group (module docstring)
+        self._expert_partitions = _partition_experts(self._experts, self._index)
+        self._owned_experts = {id(p) for group, parts in self._expert_partitions
+                               for p in parts[0 if group is None else group.rank()]}
         self._consolidated = None
         if stage == 1:
             self._build_stage1()
@@ -143,8 +209,9 @@ class ZeroRedundancyOptimizer(Optimizer):
         self._owner = owner
         local_groups = []
         for group in self.param_groups:
-            # this rank's partition and its own experts (already reduced by DDP)
-            mine = [p for p in group["params"] if id(p) in experts or owner[id(p)] == self.rank]
+            # this rank's partition and the experts it steps for its expert-data-parallel group
+            mine = [p for p in group["params"]
+                    if (id(p) in self._owned_experts if id(p) in experts else owner[id(p)] == self.rank)]
             local_groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": mine})
         self._local_groups = local_groups
         nonempty = [g for g in local_groups if g["params"]]
@@ -152,19 +219,13 @@ class ZeroRedundancyOptimizer(Optimizer):
         self._adopt_inner_groups()
 
     def _broadcast_partitions(self) -> None:
-        backend = self.process_group.backend
-        for r, params in enumerate(self.partition):
-            if not params:
-                continue
-            lay = FlatLayout([tuple(p.shape) for p in params], 1)
-            xp = _backend.get_array_module(params[0].data)
-            dtypes = {p.dtype for p in params}
-            dtype = params[0].dtype if len(dtypes) == 1 else np.float64
-            flat = lay.flatten([p.data for p in params] if r == self.rank else [None] * len(params), xp, dtype)
-            backend.broadcast(flat, root=r)
-            if r != self.rank:
-                for p, v in zip(params, lay.views(flat)):
-                    p.data[...] = v
+        _broadcast_owned(self.process_group.backend, self.rank, self.partition)
+
+    def _broadcast_experts(self) -> None:
+        """Each expert-data-parallel group's experts, updated by their owners, to the group's other ranks."""
+        for group, parts in self._expert_partitions:
+            if group is not None:
+                _broadcast_owned(group.backend, group.rank(), parts)
 
     # ------------------------------------------------------------------ stage 2
     def _build_stage2(self, bucket_cap_mb: float) -> None:
@@ -194,13 +255,14 @@ class ZeroRedundancyOptimizer(Optimizer):
         local_groups = []
         for gi, group in enumerate(self.param_groups):
             shards = [s for s, g in zip(self._shards, self._bucket_group) if g == gi]
-            shards += [p for p in group["params"] if id(p) in self._expert_ids]   # stepped whole
+            shards += [p for p in group["params"] if id(p) in self._owned_experts]   # stepped whole
             local_groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": shards})
         self._local_groups = local_groups
         nonempty = [g for g in local_groups if g["params"]]
         self.optim = self.optimizer_class(nonempty, **self.defaults) if nonempty else None
         self._adopt_inner_groups()
-        self.reducer = ShardedGradReducer(self._buckets, self.process_group, self._accumulate_shard)
+        self.reducer = ShardedGradReducer(self._buckets, self.process_group, self._accumulate_shard,
+                                          replicate_group=self.replicate_group)
         if self._experts:
             # DDP's reduction of expert gradients (summed over each expert-data-parallel group,
             # divided by the data-parallel size), queued behind the reducer's end of backward
@@ -263,6 +325,7 @@ class ZeroRedundancyOptimizer(Optimizer):
             self._broadcast_partitions()
         else:
             self._gather_shards()
+        self._broadcast_experts()
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -338,14 +401,25 @@ class ZeroRedundancyOptimizer(Optimizer):
                     else:
                         for p in b:
                             state.setdefault(self._index[id(p)], {})[k] = v0
-        # the experts: this rank's own (another rank's index i is another expert)
-        state.update({key[1]: v for key, v in pieces[root].items() if isinstance(key, tuple)})
+        # the experts: this rank's own, whose state its expert-data-parallel group holds (a rank of another
+        # group has other experts under the same indices)
+        for member in self._expert_group_members(root):
+            state.update({key[1]: v for key, v in pieces[member].items() if isinstance(key, tuple)})
         groups = []
         for g in self.param_groups:
             entry = {k: v for k, v in g.items() if k != "params"}
             entry["params"] = [self._index[id(p)] for p in g["params"]]
             groups.append(entry)
         self._consolidated = {"state": state, "param_groups": groups}
+
+    def _expert_group_members(self, root: int) -> list:
+        """The group ranks (in ``process_group``) that hold ``root``'s experts' state: ``root`` and the
+        rest of its expert-data-parallel group (read on ``root``)."""
+        members = {root}
+        for group, _parts in self._expert_partitions:
+            if group is not None:
+                members.update(self.process_group.group_rank(r, "expert_dp_group") for r in group.ranks)
+        return sorted(members)
 
     def state_dict(self) -> dict[str, Any]:
         """The consolidated state (on the rank given to :meth:`consolidate_state_dict` only)."""
@@ -379,6 +453,8 @@ class ZeroRedundancyOptimizer(Optimizer):
         if self.optim is None:
             return
         for p in (self._experts if self.stage == 2 else []):
+            if id(p) not in self._owned_experts:
+                continue
             s = state.get(self._index[id(p)])
             if s is not None:
                 xp = _backend.get_array_module(p.data)

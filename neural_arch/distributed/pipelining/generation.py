@@ -27,16 +27,21 @@ What each stage holds and sends:
   :class:`~neural_arch.nn.kv_cache.KVCache` per request for those blocks only: ``1 / p`` of the
   single-process cache per rank.
 * **Activations** ``(B_r, T, n_embd)`` go forward on one tag per edge (``T`` = the prompt's length
-  at the prefill, 1 after); every rank is called with the same prompts, so each receiver knows the
-  shape and no header is sent.
-* **Tokens** ``(B_r,)`` int64 go from the last stage back to the first on their own tag.
+  at the prefill, 1 after), flattened with one more element: 1, or 0 for a leave (below); every
+  rank is called with the same prompts, so each receiver knows the shape and no header is sent.
+* **Tokens** ``(B_r,)`` int64 and an "ended" flag go from the last stage back to the first on their
+  own tag.
 * The first stage embeds (positions per sequence, as ``GPT.forward`` counts them: left padding with
   an ``attention_mask`` is supported), the last applies ``ln_f`` and the head and chooses the token
   (greedy, or sampling with the request's own generator: the same rule as ``GPT.generate``).
 * At the end the last stage broadcasts every request's tokens, so every rank returns them.
 
-Every request runs ``max_new_tokens`` steps (no early stop at an end-of-sequence token: the
-schedule is fixed in advance, so every stage knows what comes next without asking).
+With ``eos_token_id`` a request whose sequences all emitted it **leaves the schedule** at that step
+(the others go on): the token the last stage sends back carries an "ended" flag, the first stage
+then sends a leave in place of the request's next activation, and each middle stage passes it on,
+so every stage drops the request where the plan would have it next (:func:`decode_plan` with
+``request_steps``; simulated like the full schedule). Without an end the schedule is fixed in
+advance and every stage knows what comes next without asking.
 
 Example (every rank of a 2-rank group, the model built from the same seed everywhere)::
 
@@ -66,6 +71,8 @@ __all__ = ["DecodeAction", "DecodeEvent", "PipelineGenerator", "decode_makespan"
            "format_decode_timeline", "simulate_decode"]
 
 FORWARD, SEND_ACT, RECV_ACT, SEND_TOKEN, RECV_TOKEN = "FORWARD", "SEND_ACT", "RECV_ACT", "SEND_TOKEN", "RECV_TOKEN"
+#: A request ended: sent on the activation edge in place of its next activation (see :func:`decode_plan`).
+SEND_LEAVE = "SEND_LEAVE"
 #: Tags of generation's messages: activations on ``ACT_TAG_BASE + edge``, tokens on ``TOKEN_TAG``
 #: (apart from the training schedules' tags, so a stray training message can never be read as one).
 ACT_TAG_BASE = 3000
@@ -76,8 +83,10 @@ class DecodeAction(NamedTuple):
     """One thing one stage does for step ``step`` of request ``request``.
 
     ``kind`` is ``FORWARD`` (run the stage; the last stage also chooses the token), ``SEND_ACT`` /
-    ``RECV_ACT`` (the activation to / from the next / previous stage) or ``SEND_TOKEN`` /
-    ``RECV_TOKEN`` (the chosen token, last stage -> first stage). ``peer`` is the other stage.
+    ``RECV_ACT`` (the activation to / from the next / previous stage; what is received may instead
+    be a ``SEND_LEAVE``: the request ended), ``SEND_TOKEN`` / ``RECV_TOKEN`` (the chosen token, last
+    stage -> first stage, with a flag saying whether the request ended) or ``SEND_LEAVE``. ``peer``
+    is the other stage.
 
     Example::
 
@@ -98,36 +107,70 @@ class DecodeAction(NamedTuple):
         return f"{self.kind}{self.request}.{self.step}{arrow}s{self.peer}"
 
 
-def decode_plan(num_stages: int, n_requests: int, n_steps: int) -> list[list[DecodeAction]]:
+def _stage_actions(num_stages: int, stage: int, n_requests: int, n_steps: int, ended):
+    """Stage ``stage``'s actions, one at a time; ``ended(request, step)`` says whether ``step`` was that
+    request's last. It is asked only once this stage can know: on the last stage after the forward
+    that chose the token, on the first after the token came back, on a middle stage after the message
+    from the stage before (an activation, or the news that the request left). So the same code gives
+    the plan as data (:func:`decode_plan`, the lengths known in advance) and the run
+    (:class:`PipelineGenerator` answers from the messages as they arrive)."""
+    p, k, last = num_stages, stage, num_stages - 1
+    alive = list(range(n_requests))
+    for s in range(n_steps):
+        for r in list(alive):
+            if s > 0 and k == 0 and p > 1:
+                yield DecodeAction(RECV_TOKEN, r, s - 1, k, last)
+            elif k > 0:
+                yield DecodeAction(RECV_ACT, r, s, k, k - 1)
+            if s > 0 and k < last and ended(r, s - 1):
+                # the request left: pass the news on (the last stage decided it, so it needs none)
+                if k + 1 < last:
+                    yield DecodeAction(SEND_LEAVE, r, s, k, k + 1)
+                alive.remove(r)
+                continue
+            yield DecodeAction(FORWARD, r, s, k)
+            if k < last:
+                yield DecodeAction(SEND_ACT, r, s, k, k + 1)
+                continue
+            if s < n_steps - 1 and p > 1:
+                yield DecodeAction(SEND_TOKEN, r, s, k, 0)
+            if ended(r, s):
+                alive.remove(r)
+
+
+def decode_plan(num_stages: int, n_requests: int, n_steps: int,
+                request_steps: Sequence[int] | None = None) -> list[list[DecodeAction]]:
     """Every stage's actions for ``n_steps`` steps (step 0 = the prefill) of ``n_requests`` requests.
 
     Each stage goes ``for step: for request:`` -- receive (the activation, or at the first stage
     the token of the step before), forward, send (the activation on, or at the last stage the token
     back). Sends do not block, so the only waits are the receives.
 
+    ``request_steps[r]`` (default ``n_steps`` each) is how many steps request ``r`` runs: one that
+    ends early (every sequence emitted the end-of-sequence token) **leaves the schedule**. The last
+    stage chose that token and drops the request at once; the token it sends back says "ended", so
+    the first stage runs no further step for it and sends ``SEND_LEAVE`` in place of the next
+    activation, which each middle stage passes on (the stage before the last excepted). A request of
+    ``L`` steps then costs what it would cost with ``n_steps = L``.
+
     Example::
 
         >>> [str(a) for a in decode_plan(2, 2, 2)[0]]
         ['F0.0', 'SEND_ACT0.0->s1', 'F1.0', 'SEND_ACT1.0->s1', 'RECV_TOKEN0.0<-s1', 'F0.1', 'SEND_ACT0.1->s1', 'RECV_TOKEN1.0<-s1', 'F1.1', 'SEND_ACT1.1->s1']
+        >>> [str(a) for a in decode_plan(3, 1, 3, request_steps=[1])[0]]      # request 0 ends at its prefill
+        ['F0.0', 'SEND_ACT0.0->s1', 'RECV_TOKEN0.0<-s2', 'SEND_LEAVE0.1->s1']
     """
     for name, value, low in (("num_stages", num_stages, 1), ("n_requests", n_requests, 1), ("n_steps", n_steps, 0)):
         if not isinstance(value, (int, np.integer)) or value < low:
             raise ValueError(f"decode_plan: {name} must be an int >= {low}, got {value!r}")
-    p, last = num_stages, num_stages - 1
-    plan: list[list[DecodeAction]] = [[] for _ in range(p)]
-    for k in range(p):
-        for s in range(n_steps):
-            for r in range(n_requests):
-                if k > 0:
-                    plan[k].append(DecodeAction(RECV_ACT, r, s, k, k - 1))
-                elif s > 0 and p > 1:
-                    plan[k].append(DecodeAction(RECV_TOKEN, r, s - 1, k, last))
-                plan[k].append(DecodeAction(FORWARD, r, s, k))
-                if k < last:
-                    plan[k].append(DecodeAction(SEND_ACT, r, s, k, k + 1))
-                elif s < n_steps - 1 and p > 1:
-                    plan[k].append(DecodeAction(SEND_TOKEN, r, s, k, 0))
-    return plan
+    if request_steps is None:
+        request_steps = [n_steps] * n_requests
+    request_steps = [int(x) for x in request_steps]
+    if len(request_steps) != n_requests or any(not 1 <= x <= n_steps for x in request_steps):
+        raise ValueError(f"decode_plan: request_steps must hold {n_requests} step counts in [1, {n_steps}], "
+                         f"got {request_steps}")
+    return [list(_stage_actions(num_stages, k, n_requests, n_steps, lambda r, s: s == request_steps[r] - 1))
+            for k in range(num_stages)]
 
 
 class DecodeEvent(NamedTuple):
@@ -178,7 +221,7 @@ def simulate_decode(plan: Sequence[Sequence[DecodeAction]], forward_time: float 
                     events.append(DecodeEvent(k, a.request, a.step, clock[k], clock[k] + forward_time))
                     clock[k] += forward_time
                 else:
-                    kind = "ACT" if a.kind == SEND_ACT else "TOKEN"
+                    kind = "TOKEN" if a.kind == SEND_TOKEN else "ACT"   # a leave travels where the activation would
                     sent[(kind, a.request, a.step, a.peer)] = clock[k] + comm_time
                 pos[k] += 1
                 progressed = True
@@ -279,15 +322,18 @@ class PipelineGenerator:
 
     def generate(self, prompts: Sequence, max_new_tokens: int, *, attention_masks: Sequence | None = None,
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, generators: Sequence | None = None) -> list:
-        """Extend each request's ``(B_r, T_r)`` prompt by ``max_new_tokens`` tokens; every rank returns
-        the same list of ``(B_r, T_r + max_new_tokens)`` int64 arrays.
+                 top_p: float | None = None, generators: Sequence | None = None, eos_token_id=None) -> list:
+        """Extend each request's ``(B_r, T_r)`` prompt by up to ``max_new_tokens`` tokens; every rank
+        returns the same list of ``(B_r, T_r + n_r)`` int64 arrays.
 
         The requests are the pipeline's micro-batches (all in flight at once, see the module
-        docstring). ``attention_masks`` (one ``(B_r, T_r)`` left-padding mask per request, or None)
-        and the sampling arguments mean what they mean for ``GPT.generate``; request ``r`` draws
-        from ``generators[r]`` (a ``numpy.random.Generator``; only the last stage draws), so with
-        the generators seeded alike the tokens are ``GPT.generate``'s on that request alone.
+        docstring). ``attention_masks`` (one ``(B_r, T_r)`` left-padding mask per request, or None),
+        the sampling arguments and ``eos_token_id`` mean what they mean for ``GPT.generate``: a
+        request whose every sequence emitted ``eos_token_id`` (an int or a list) leaves the schedule
+        at once (``n_r < max_new_tokens``; its finished sequences are filled with the first
+        ``eos_token_id``), and the others go on. Request ``r`` draws from ``generators[r]`` (a
+        ``numpy.random.Generator``; only the last stage draws), so with the generators seeded alike
+        the tokens are ``GPT.generate``'s on that request alone.
 
         Example::
 
@@ -309,39 +355,56 @@ class PipelineGenerator:
                                  f"max_new_tokens {n} that exceeds block_size {model.block_size}")
         masks = [np.ones(q.shape, dtype=bool) if attention_masks is None or attention_masks[r] is None
                  else np.asarray(attention_masks[r]) != 0 for r, q in enumerate(prompts)]
+        eos = None if eos_token_id is None else np.atleast_1d(np.asarray(eos_token_id, dtype=np.int64))
         first_param = next(iter(model.parameters()))
         xp = _backend.get_array_module(first_param.data)
         dtype, width = first_param.data.dtype, model.n_embd
         gens = list(generators) if generators is not None else [np.random.default_rng(0) for _ in prompts]
         caches = self.caches = [KVCache() for _ in prompts]
         out_tokens = [np.zeros((q.shape[0], n), dtype=np.int64) for q in prompts]
+        finished = [np.zeros(q.shape[0], dtype=bool) for q in prompts]   # per sequence (last stage)
+        ended: dict = {}        # request -> its last step, once this stage knows it
         inbox: dict = {}        # (request, step) -> the input of this stage's next forward
         outputs: dict = {}      # (request, step) -> what this stage sends on
         sends: list = []
-        self.actions = decode_plan(self.num_stages, m, n)[self.stage]
+        self.actions = []
 
         def describe(a: DecodeAction):
             return lambda: f"pipeline generation stage {self.stage} ({a})"
+
+        def send(arr, a: DecodeAction, tag: int):
+            sends.append((p2p.start(lambda: backend.send(arr, a.peer, tag, async_op=True), describe(a)), arr,
+                          describe(a)))
+
+        def recv(buf, a: DecodeAction, tag: int):
+            p2p.wait(p2p.start(lambda: backend.recv(buf, a.peer, tag, async_op=True), describe(a)), backend,
+                     describe(a))
 
         was_training = model.training
         model.eval()
         try:
             with no_grad():
-                for a in self.actions:
+                # the schedule is built as it runs: whether a request goes on is known only from the
+                # messages (see _stage_actions); without eos it is exactly decode_plan(p, m, n)[stage]
+                for a in _stage_actions(self.num_stages, self.stage, m, n, lambda r, s: ended.get(r) == s):
+                    self.actions.append(a)
                     r, s = a.request, a.step
                     b = prompts[r].shape[0]
                     if a.kind == RECV_ACT:
+                        # the activation and one flag (1: it is one, 0: the request left instead)
                         t = prompts[r].shape[1] if s == 0 else 1
-                        buf = xp.empty((b, t, width), dtype=dtype)
-                        tag = ACT_TAG_BASE + a.peer
-                        p2p.wait(p2p.start(lambda buf=buf, tag=tag, a=a: backend.recv(buf, a.peer, tag, async_op=True),
-                                           describe(a)), backend, describe(a))
-                        inbox[(r, s)] = buf
+                        buf = xp.empty(b * t * width + 1, dtype=dtype)
+                        recv(buf, a, ACT_TAG_BASE + a.peer)
+                        if float(buf[-1]) == 0.0:
+                            ended[r] = s - 1
+                        else:
+                            inbox[(r, s)] = buf[:-1].reshape(b, t, width)
                     elif a.kind == RECV_TOKEN:
-                        buf = np.empty(b, dtype=np.int64)
-                        p2p.wait(p2p.start(lambda buf=buf, a=a: backend.recv(buf, a.peer, TOKEN_TAG, async_op=True),
-                                           describe(a)), backend, describe(a))
-                        out_tokens[r][:, s] = buf
+                        buf = np.empty(b + 1, dtype=np.int64)     # the tokens and the "ended" flag
+                        recv(buf, a, TOKEN_TAG)
+                        out_tokens[r][:, s] = buf[:-1]
+                        if buf[-1]:
+                            ended[r] = s
                     elif a.kind == FORWARD:
                         step_mask = np.concatenate([masks[r], np.ones((b, s), dtype=bool)], axis=1)
                         if self.first:
@@ -350,22 +413,23 @@ class PipelineGenerator:
                             x = inbox.pop((r, s))
                         y = self._forward(xp.asarray(x), xp.asarray(step_mask), caches[r])
                         if self.last:
-                            last = y.data[:, -1, :]
-                            out_tokens[r][:, s] = _backend.to_host(
-                                _next_token(last, do_sample, temperature, top_k, top_p, gens[r], xp))
+                            nxt = _backend.to_host(
+                                _next_token(y.data[:, -1, :], do_sample, temperature, top_k, top_p, gens[r], xp))
+                            if eos is not None:   # GPT.generate's rule: a finished sequence repeats eos[0]
+                                nxt = np.where(finished[r], eos[0], nxt)
+                                finished[r] |= np.isin(nxt, eos)
+                                if finished[r].all():
+                                    ended[r] = s
+                            out_tokens[r][:, s] = nxt
                         else:
-                            outputs[(r, s)] = xp.ascontiguousarray(y.data)
+                            outputs[(r, s)] = y.data
                     elif a.kind == SEND_ACT:
-                        arr = outputs.pop((r, s))
-                        tag = ACT_TAG_BASE + self.stage
-                        sends.append((p2p.start(lambda arr=arr, tag=tag, a=a: backend.send(arr, a.peer, tag,
-                                                                                           async_op=True),
-                                                describe(a)), arr, describe(a)))
+                        y = outputs.pop((r, s))
+                        send(xp.concatenate([y.reshape(-1), xp.ones(1, dtype=dtype)]), a, ACT_TAG_BASE + self.stage)
+                    elif a.kind == SEND_LEAVE:
+                        send(xp.zeros(b * width + 1, dtype=dtype), a, ACT_TAG_BASE + self.stage)
                     else:  # SEND_TOKEN
-                        arr = np.ascontiguousarray(out_tokens[r][:, s])
-                        sends.append((p2p.start(lambda arr=arr, a=a: backend.send(arr, a.peer, TOKEN_TAG,
-                                                                                  async_op=True),
-                                                describe(a)), arr, describe(a)))
+                        send(np.append(out_tokens[r][:, s], np.int64(ended.get(r) == s)), a, TOKEN_TAG)
                     if len(sends) > 64:   # bound the buffers kept alive for sends in flight
                         work, _, desc = sends.pop(0)
                         if work is not None:
@@ -376,14 +440,16 @@ class PipelineGenerator:
         finally:
             model.train(was_training)
         if self.num_stages > 1:
-            # the last stage chose every token: one broadcast gives every rank all of them
+            # the last stage chose every token: one broadcast gives every rank all of them (every stage
+            # knows where each request ended: the tokens' flags and the leaves told it)
             flat = np.ascontiguousarray(np.concatenate([t.ravel() for t in out_tokens]))
             backend.broadcast(flat, root=self.num_stages - 1)
             at = 0
             for t in out_tokens:
                 t[...] = flat[at:at + t.size].reshape(t.shape)
                 at += t.size
-        return [np.concatenate([q, t], axis=1) for q, t in zip(prompts, out_tokens)]
+        return [np.concatenate([q, t[:, :ended.get(r, n - 1) + 1]], axis=1)
+                for r, (q, t) in enumerate(zip(prompts, out_tokens))]
 
     def __repr__(self) -> str:
         return (f"PipelineGenerator(stage {self.stage} of {self.num_stages}, blocks [{self.start}, {self.stop}), "

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from neural_arch.config import get as setting
 from neural_arch.distributed.launch_env import MPI_ENV_PREFIXES
 
-__all__ = ["free_port", "package_root", "rank_env", "report_ready", "set_python_path"]
+__all__ = ["free_port", "package_root", "port_taken", "rank_env", "report_ready", "set_python_path"]
 
 # Per-launch variables that must not leak from an outer job into the ranks of an inner one.
 _PER_LAUNCH = ("NEURAL_ARCH_READY_DIR", "NEURAL_ARCH_PARENT_PID", "RANK", "LOCAL_RANK")
@@ -36,6 +36,33 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether another process listens on ``host:port``, so rank 0's store could not bind it there.
+
+    Binds the way the store does (``SO_REUSEADDR``, so sockets of a finished job lingering in
+    TIME_WAIT do not count); only "address in use" answers True: any other failure (an address of
+    another host, a name that does not resolve) is for the ranks to report.
+
+    >>> import socket
+    >>> with socket.socket() as s:
+    ...     s.bind(("127.0.0.1", 0)); s.listen(1)
+    ...     port_taken("127.0.0.1", s.getsockname()[1])
+    True
+    """
+    import errno
+    import socket
+
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, int(port)))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
 
 
 def package_root() -> str:

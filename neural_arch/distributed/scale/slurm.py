@@ -1,13 +1,19 @@
-"""Seed 000's Slurm manager: ``submit``, ``status``, ``cancel`` and ``logs`` through ``sbatch``,
-``squeue``/``sacct`` and ``scancel``.
+"""Seed 000's Slurm manager: ``submit``, ``status``, ``cancel``, ``logs`` (and ``wait``) through ``sbatch``,
+``squeue``/``scontrol``/``sacct`` and ``scancel``.
 
-**Never run against a Slurm cluster**: there is none where this was written. What is tested is the
-command lines and the batch script it builds (pure functions below) and the error when the
-``sbatch`` binary is missing. The batch script starts one launcher per node with ``srun``
-(``--ntasks-per-node=1``), each launcher starts ``processes_per_node`` ranks; node 0's host is the
-rendezvous address, and one auth token generated in the script is shared by every node through
-``srun``'s environment. An ``mpi`` job is started by ``srun`` directly (one task per rank: MPI
-ranks come from the MPI launcher, not ours).
+Tested against a real one-node Slurm cluster (Debian's ``slurmctld`` + ``slurmd`` + ``munge``, started by
+``tests/slurm``): a submitted job trains on two node names through one launcher per node and ends
+``COMPLETED`` with its output in :meth:`SlurmManager.logs`; a running job is cancelled and ends
+``CANCELLED``. The batch script starts one launcher per node with ``srun`` (``--ntasks-per-node=1``),
+each launcher starts ``processes_per_node`` ranks; node 0's host is the rendezvous address, and one
+auth token generated in the script is shared by every node through ``srun``'s environment. An ``mpi``
+job is started by ``srun`` directly (one task per rank: MPI ranks come from the MPI launcher, not ours).
+The job runs in the folder ``submit`` was called from, with the submitting environment (Slurm's
+``--export=ALL``) and this interpreter (``sys.executable``).
+
+Where a job's state comes from: ``squeue`` while it is queued or running; then ``scontrol show job``
+(the controller keeps a finished job for ``MinJobAge`` seconds, 300 by default); then ``sacct``
+(accounting, on sites that run ``slurmdbd``).
 
 >>> from neural_arch.distributed.scale.job_management import TrainingJobSpec
 >>> squeue_command("42")
@@ -23,12 +29,13 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 
 from neural_arch.distributed.scale.job_management import JobState, TrainingJobSpec
 
 # JobState is named here because status() returns it (the reference links it from this page)
 __all__ = ["JobState", "SlurmManager", "batch_script", "create_slurm_manager", "parse_job_id", "sacct_command",
-           "sbatch_command", "scancel_command", "squeue_command", "state_from_slurm"]
+           "sbatch_command", "scancel_command", "scontrol_command", "squeue_command", "state_from_slurm"]
 
 #: Slurm job states -> ours (``squeue --format %T`` / ``sacct --format State``); the rest are PENDING
 _STATES = {
@@ -72,9 +79,14 @@ def parse_job_id(sbatch_output: str) -> str:
     return job_id
 
 
-def batch_script(spec: TrainingJobSpec, log_dir: str, master_port: int = 29500,
+def batch_script(spec: TrainingJobSpec, log_dir: str, master_port: int | None = None,
                  python: str | None = None) -> str:
     """The ``sbatch`` script of ``spec`` (text); its output goes to ``log_dir/<name>-<jobid>.out``.
+
+    ``master_port``: node 0's rendezvous port (the launchers' agent uses the next one); None derives it
+    from the job id in the script (``15000 + SLURM_JOB_ID % 20000``, the rule
+    :func:`~neural_arch.distributed.launch_env.detect_launch_env` follows), so two jobs sharing a node
+    do not collide.
 
     Example::
 
@@ -100,19 +112,28 @@ def batch_script(spec: TrainingJobSpec, log_dir: str, master_port: int = 29500,
     lines.append("set -euo pipefail")
     target = (["-m"] if spec.module else []) + [spec.script] + list(spec.arguments)
     if mpi:
+        # srun starts MPI ranks through a process-management interface: the site's choice when it set one
+        # (SLURM_MPI_TYPE, or MpiDefault when that is not "none"), else PMI-2, which MPICH and Open MPI speak
+        lines.append("export SLURM_MPI_TYPE=${SLURM_MPI_TYPE:-pmi2}")
         lines.append("srun " + shlex.join([python] + target))
         return "\n".join(lines) + "\n"
+    port = "$((15000 + SLURM_JOB_ID % 20000))" if master_port is None else str(int(master_port))
     lines += [
         'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"export MASTER_PORT={port}",
         # one token for every node's launcher (they authenticate each other with it); srun passes it on
         "export NEURAL_ARCH_AUTH_TOKEN=${NEURAL_ARCH_AUTH_TOKEN:-$(" + shlex.quote(python)
         + " -c 'import secrets; print(secrets.token_hex(16))')}",
     ]
     launcher = shlex.join([python, "-m", "neural_arch.distributed.launcher", "--nnodes", str(spec.nodes),
                            "--nproc_per_node", str(spec.processes_per_node), "--backend", spec.backend,
-                           "--max_restarts", str(spec.restarts), "--master_port", str(master_port)])
+                           "--max_restarts", str(spec.restarts)])
+    if master_port is not None:
+        launcher += " " + shlex.join(["--master_port", str(int(master_port))])
+    else:
+        launcher += ' --master_port "$MASTER_PORT"'
     rest = shlex.join(target)
-    # $SLURM_NODEID and $MASTER_ADDR are expanded by each task's shell, on its own node
+    # $SLURM_NODEID, $MASTER_ADDR and $MASTER_PORT are expanded by each task's shell, on its own node
     per_node = launcher + ' --node_rank "$SLURM_NODEID" --master_addr "$MASTER_ADDR" ' + rest
     lines.append("srun bash -c " + shlex.quote(per_node))
     return "\n".join(lines) + "\n"
@@ -151,6 +172,25 @@ def sacct_command(job_id: str) -> list[str]:
     return ["sacct", "--noheader", "--allocations", "--jobs", str(job_id), "--format", "State"]
 
 
+def scontrol_command(job_id: str) -> list[str]:
+    """The controller's record of a job, one line (it keeps a finished job for ``MinJobAge`` seconds).
+
+    Example::
+
+        >>> scontrol_command("7")
+        ['scontrol', '--oneliner', 'show', 'job', '7']
+    """
+    return ["scontrol", "--oneliner", "show", "job", str(job_id)]
+
+
+def _scontrol_state(text: str) -> str:
+    """``JobState=COMPLETED`` in ``scontrol show job``'s answer -> ``"COMPLETED"`` ("" when absent)."""
+    for word in text.split():
+        if word.startswith("JobState="):
+            return word[len("JobState="):]
+    return ""
+
+
 def scancel_command(job_id: str) -> list[str]:
     """``scancel JOBID``.
 
@@ -164,9 +204,11 @@ def scancel_command(job_id: str) -> list[str]:
 
 class SlurmManager:
     """Submits :class:`~neural_arch.distributed.scale.job_management.TrainingJobSpec` s to Slurm and
-    follows them (never run against Slurm: see the module docstring).
+    follows them (tested against a one-node Slurm cluster: see the module docstring).
 
-    ``log_dir``: where batch scripts and job output go (created on first submit).
+    ``log_dir``: where batch scripts and job output go (created on first submit; on a cluster, a
+    folder every node sees). ``master_port``: node 0's rendezvous port; None (the default) derives it
+    from the job id, so jobs sharing a node do not collide.
 
     Example::
 
@@ -178,15 +220,16 @@ class SlurmManager:
         True
     """
 
-    def __init__(self, log_dir: str = "slurm-jobs", master_port: int = 29500) -> None:
-        self.log_dir, self.master_port = os.path.abspath(log_dir), int(master_port)
+    def __init__(self, log_dir: str = "slurm-jobs", master_port: int | None = None) -> None:
+        self.log_dir = os.path.abspath(log_dir)
+        self.master_port = None if master_port is None else int(master_port)
         self._names: dict[str, str] = {}
 
     def _run(self, command: list[str]) -> str:
         if shutil.which(command[0]) is None:
             raise FileNotFoundError(f"{command[0]} not found on PATH: create_slurm_manager() drives Slurm's "
-                                    "sbatch/squeue/sacct/scancel commands; run it on a Slurm login node, or run "
-                                    "the job on this machine with TrainingJobSpec.run_local()")
+                                    "sbatch/squeue/scontrol/sacct/scancel commands; run it on a Slurm login node, "
+                                    "or run the job on this machine with TrainingJobSpec.run_local()")
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"{shlex.join(command)} exited with {done.returncode}: {done.stderr.strip()}")
@@ -203,7 +246,8 @@ class SlurmManager:
         return os.path.join(self.log_dir, f"{name}-{job_id}.out")
 
     def submit(self, spec: TrainingJobSpec) -> str:
-        """Write the batch script and ``sbatch`` it; returns the job id.
+        """Write the batch script and ``sbatch`` it; returns the job id. The job runs in the current
+        folder (a relative ``script`` is found from there) with the current environment.
 
         Example::
 
@@ -221,20 +265,48 @@ class SlurmManager:
         return job_id
 
     def status(self, job_id: str) -> JobState:
-        """The job's :class:`JobState` (``squeue`` while queued or running, then ``sacct``).
+        """The job's :class:`JobState`: ``squeue`` while it is queued or running, then the controller's
+        record (``scontrol show job``, kept ``MinJobAge`` seconds after the end), then ``sacct``.
 
         Example::
 
             create_slurm_manager().status(job_id)      # JobState.RUNNING
         """
-        queued = self._run(squeue_command(job_id)).strip()
-        if queued:
-            return state_from_slurm(queued.splitlines()[0])
-        accounted = self._run(sacct_command(job_id)).strip()
-        return state_from_slurm(accounted.splitlines()[0] if accounted else "")
+        failures = []
+        for command, read in ((squeue_command(job_id), lambda out: out.splitlines()[0] if out else ""),
+                              (scontrol_command(job_id), _scontrol_state),
+                              (sacct_command(job_id), lambda out: out.splitlines()[0] if out else "")):
+            try:
+                word = read(self._run(command).strip())
+            except RuntimeError as exc:
+                # a job the controller forgot ("Invalid job id specified"), accounting disabled on
+                # this site ("Slurm accounting storage is disabled"): ask the next source
+                failures.append(str(exc))
+                continue
+            if word:
+                return state_from_slurm(word)
+        raise RuntimeError(f"Slurm knows no job {job_id}: not queued, not in the controller's memory, and no "
+                           "accounting record" + ("".join(f"\n  {f}" for f in failures) if failures else ""))
+
+    def wait(self, job_id: str, timeout: float | None = None, poll_interval: float = 1.0) -> JobState:
+        """Poll :meth:`status` until the job finishes; its final state. ``TimeoutError`` (naming the
+        state it is in) after ``timeout`` seconds.
+
+        Example::
+
+            state = manager.wait(manager.submit(spec), timeout=3600)    # JobState.COMPLETED
+        """
+        deadline = None if timeout is None else time.monotonic() + float(timeout)
+        while True:
+            state = self.status(job_id)
+            if state.finished:
+                return state
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"Slurm job {job_id} still {state.value} after {timeout} s")
+            time.sleep(poll_interval)
 
     def cancel(self, job_id: str) -> None:
-        """``scancel`` the job.
+        """``scancel`` the job (its state becomes ``CANCELLED``).
 
         Example::
 
@@ -268,8 +340,8 @@ def _err(fn, *args):
     return None
 
 
-def create_slurm_manager(log_dir: str = "slurm-jobs", master_port: int = 29500) -> SlurmManager:
-    """A :class:`SlurmManager` (never run against Slurm; ``sbatch`` is looked for when a command runs).
+def create_slurm_manager(log_dir: str = "slurm-jobs", master_port: int | None = None) -> SlurmManager:
+    """A :class:`SlurmManager` (``sbatch`` and the other commands are looked for when one runs).
 
     Example::
 

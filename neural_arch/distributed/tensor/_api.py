@@ -24,8 +24,10 @@ gradient of a DTensor has its placements with ``Partial`` read as ``Replicate``.
 local result feeds a *different* loss term (the losses are summed over ranks), say so with
 ``to_local(grad_placements=[Partial()])`` / ``full_tensor(grad_placements=...)``: the gradient
 then arrives ``Partial`` and is reduced (an all-gather's backward becomes a reduce-scatter).
-``+``, ``-``, ``* number`` and a 2-d ``@`` (torch's sharding rules) work on DTensors; for
-anything else take ``to_local()``. Shards follow ``torch.chunk``: chunks of ``ceil(n / size)``
+``+``, ``-``, ``* number`` and a 2-d ``@`` (torch's sharding rules) work on DTensors, and the ops
+of :mod:`neural_arch.distributed.tensor._ops` (sum/mean, softmax, layer norm, embedding, cross
+entropy, reshape/transpose/permute, elementwise unary ops); any other op raises naming itself and
+the placements (take ``to_local()`` or redistribute). Shards follow ``torch.chunk``: chunks of ``ceil(n / size)``
 rows, the last ranks may hold fewer or zero rows. One tensor dimension may be sharded on at most
 one mesh dimension with a plain ``Shard`` (torch allows nesting; here it raises
 ``NotImplementedError``); a second one may shard it *inside* the first one's chunks with
@@ -314,6 +316,10 @@ def _world_mesh():
 
 
 # ---------------------------------------------------------------------------------- DTensor
+class _NoShardingRule(NotImplementedError, AttributeError):
+    """An op without a sharding rule (also an ``AttributeError``, so ``hasattr`` stays False)."""
+
+
 class DTensor:
     """A global tensor laid out over a ``DeviceMesh`` (torch's ``DTensor``): composition of this
     rank's ``Tensor`` piece, the mesh, one placement per mesh dimension and the global ``shape``.
@@ -371,6 +377,23 @@ class DTensor:
     def __repr__(self) -> str:
         return (f"DTensor(local_tensor={self._local_tensor!r}, device_mesh={self.device_mesh!r}, "
                 f"placements={self.placements}, shape={self._shape})")
+
+    def __getattr__(self, name: str):
+        # only reached for names DTensor lacks: a Tensor op without a sharding rule must say so
+        # (never fall back to a gather); anything else is a plain AttributeError
+        if not name.startswith("_") and callable(getattr(Tensor, name, None)):
+            raise _NoShardingRule(f"DTensor.{name}: no sharding rule for placements {list(self.placements)} of "
+                                  f"shape {self._shape}; redistribute first or compute on .to_local() (the "
+                                  "ops with rules: neural_arch.distributed.tensor._ops)")
+        if name == "data":
+            raise AttributeError("DTensor has no .data: each rank holds only its piece (.to_local().data); "
+                                 "a function of Tensors called on a DTensor lands here -- use the DTensor "
+                                 "op (neural_arch.distributed.tensor._ops) or .to_local()")
+        raise AttributeError(f"'DTensor' object has no attribute {name!r}")
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(f"DTensor with placements {list(self.placements)}: no implicit conversion to an array "
+                        "(it would gather silently); call .full_tensor() or .to_local()")
 
     # -- conversions ---------------------------------------------------------------------------
     def to_local(self, *, grad_placements: Sequence[Placement] | None = None) -> Tensor:
@@ -590,3 +613,4 @@ def distribute_tensor(tensor, device_mesh=None, placements: Sequence[Placement] 
     local = _redistribute_array(data, mesh, [Replicate()] * mesh.ndim, pl, tuple(x.shape))
     local = Tensor(_copy(local) if local is x.data else local, requires_grad=x.requires_grad)
     return DTensor(local, mesh, pl, shape=tuple(x.shape))
+

@@ -1,12 +1,13 @@
 """Seed 003's trainer: ``DistributedTrainer`` / ``EnhancedDistributedTrainer`` and ``DistributedMonitor``.
 
-=================  ==========================================================================
-module             what
-=================  ==========================================================================
-``strategies``     the strategy table (ddp, zero1, zero2, fsdp, fully_shard, tp, dp x tp meshes)
-``trainer``        ``DistributedTrainer``: micro-batch steps, accumulation, amp, checkpoints, fit
-``monitor``        ``DistributedMonitor``: CSV + TensorBoard per-step log on rank 0
-=================  ==========================================================================
+=====================  ==========================================================================================
+module                 what
+=====================  ==========================================================================================
+``strategies``         the strategy table (ddp, zero1, zero2, fsdp, fully_shard, tp, pp, dp x tp / dp x pp meshes)
+``trainer``            ``DistributedTrainer``: micro-batch steps, accumulation, amp, checkpoints, fit
+``pipeline_window``    strategy ``pp``: this rank's pipeline stages; a window's micro-batches run by a schedule
+``monitor``            ``DistributedMonitor``: CSV + TensorBoard per-step log on rank 0
+=====================  ==========================================================================================
 
 Example::
 

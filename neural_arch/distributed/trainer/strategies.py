@@ -12,7 +12,9 @@ name             the model becomes             optimizer   gradients   parameter
                  then on the root                                                  (``set_requires_gradient_sync``)
 ``tp``           the model, ``parallelize_*``  sharded     sharded     sharded     nothing to skip (no dp)
 ``{"dp","tp"}``  DDP over dp of the tp model   sharded/tp  sharded/tp  sharded/tp  no all-reduce (``no_sync``)
-``pp``           (not in the trainer)          -           -           -           -
+``pp``           this rank's pipeline stage    per stage   per stage   per stage   buffered: the schedule runs
+                                                                                   them at the window's last one
+``{"dp","pp"}``  pp stages, dp replicas each   per stage   per stage   per stage   buffered (dp average once)
 ===============  ============================  ==========  ==========  ==========  ===========================
 
 FSDP and ZeRO-2 have no ``no_sync()`` here: their gradients are reduced into the shards at every
@@ -23,9 +25,19 @@ the unsharded gradients locally and reduce-scatters their sum once per window (t
 the logits gathered, so the user's criterion works; any other model: the trainer's ``tp_plan=``
 argument, a ``{pattern: ParallelStyle}`` dict). A device-mesh spec ``{"dp": a, "tp": b}`` (``a*b``
 ranks, ``tp`` innermost) is ``tp`` over each row of ``b`` ranks and DDP over the ``a`` rows; ``{"dp":
-a}`` alone is ``ddp``. ``pp`` (a strategy or a mesh dimension) is refused: a pipeline schedule runs a
-whole batch of micro-batches per call, where the trainer's ``train_step`` is one micro-batch, so
-pipeline training goes through ``neural_arch.distributed.pipelining`` directly (see ``instead``).
+a}`` alone is ``ddp``.
+
+``pp`` cuts the model into one stage per rank (``nn.GPT``: by blocks, equal counts, as
+``examples/train_gpt_5d.py --pp``; ``nn.Sequential``: between children, balanced parameter counts;
+``pp_split_points=`` overrides) with :mod:`neural_arch.distributed.pipelining`, DeepSpeed's
+``PipelineEngine`` way: the ``K`` micro-batches of an accumulation window are the schedule's
+micro-batches. ``train_step`` buffers each one and, on the window's last, runs the schedule
+(``pp_schedule=``: ``"1f1b"`` by default, ``"gpipe"``, ``"interleaved"`` -- two stages per rank,
+``K`` a multiple of the ranks --, ``"zbh1"``) over all of them, then clips (the norm over every
+stage) and steps. ``{"dp": a, "pp": b}`` (``a*b`` ranks, ``pp`` outermost as in torchtitan) is ``b``
+stages, each replicated over ``a`` ranks that average its gradients once per window (DeepSpeed's
+pipeline + data parallel); the ``pp`` ranks of one row take the same batches. ``pp`` with ``tp`` is
+refused.
 """
 
 from __future__ import annotations
@@ -56,7 +68,7 @@ class Strategy:
     zero_stage: int = 0              # 1 or 2: the optimizer becomes a ZeroRedundancyOptimizer of that stage
     available: bool = True
     instead: str = ""                # for an unavailable strategy: what to do
-    mesh: tuple = ()                 # ``tp`` from a mesh spec: ((dim, size), ...) outermost first
+    mesh: tuple = ()                 # ``tp``/``pp``: ((dim, size), ...) outermost first
 
 
 STRATEGIES: dict[str, Strategy] = {
@@ -67,11 +79,7 @@ STRATEGIES: dict[str, Strategy] = {
     "fully_shard": Strategy("fully_shard", "the model, fully_shard per child block then the root", True, True,
                             True, True),
     "tp": Strategy("tp", "the model, parallelize_gpt or parallelize_module(tp_plan)", True, True, True, True),
-    "pp": Strategy("pp", "a pipeline schedule", False, False, True, False, available=False,
-                   instead="a pipeline schedule runs all micro-batches of a step in one call, where train_step "
-                           "runs one micro-batch: split the model with neural_arch.distributed.pipelining."
-                           "pipeline() and step a Schedule1F1B (n_microbatches = the accumulation steps) in "
-                           "your loop; examples/train_gpt_5d.py --pp shows it"),
+    "pp": Strategy("pp", "this rank's pipeline stage(s) of the model", True, True, True, False),
 }
 
 _MESH_DIMS = ("dp", "tp", "pp")
@@ -94,6 +102,8 @@ def resolve_strategy(spec, world_size: int | None = None) -> Strategy:
         'ddp'
         >>> resolve_strategy({"dp": 2, "tp": 2}, world_size=4).mesh
         (('dp', 2), ('tp', 2))
+        >>> resolve_strategy({"dp": 2, "pp": 2}, world_size=4).mesh
+        (('pp', 2), ('dp', 2))
     """
     if isinstance(spec, dict):
         unknown = [k for k in spec if k not in _MESH_DIMS]
@@ -108,7 +118,11 @@ def resolve_strategy(spec, world_size: int | None = None) -> Strategy:
             raise ValueError(f"DistributedTrainer: strategy={spec!r} describes {total} ranks but the world has "
                              f"{world_size}; make the sizes multiply to the world size")
         if sizes.get("pp", 1) > 1:
-            raise NotImplementedError(f"DistributedTrainer: strategy={spec!r}: {STRATEGIES['pp'].instead}")
+            if sizes.get("tp", 1) > 1:
+                raise NotImplementedError(f"DistributedTrainer: strategy={spec!r}: pipeline and tensor parallelism "
+                                          "together are not in the trainer yet; use {'dp': a, 'pp': b} or "
+                                          "{'dp': a, 'tp': b} (examples/train_gpt_5d.py combines all of them)")
+            return replace(STRATEGIES["pp"], mesh=(("pp", sizes["pp"]), ("dp", sizes.get("dp", 1))))
         if sizes.get("tp", 1) > 1:
             return replace(STRATEGIES["tp"], skips_sync_while_accumulating=sizes.get("dp", 1) > 1,
                            mesh=(("dp", sizes.get("dp", 1)), ("tp", sizes["tp"])))
@@ -120,4 +134,6 @@ def resolve_strategy(spec, world_size: int | None = None) -> Strategy:
         raise NotImplementedError(f"DistributedTrainer: strategy={spec!r} is not available: {found.instead}")
     if found.name == "tp":   # every rank in one tensor-parallel group
         return replace(found, skips_sync_while_accumulating=False, mesh=(("dp", 1), ("tp", world_size)))
+    if found.name == "pp":   # every rank one stage of one pipeline
+        return replace(found, mesh=(("pp", world_size), ("dp", 1)))
     return found

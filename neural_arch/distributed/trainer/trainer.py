@@ -5,7 +5,8 @@ Nothing here is a second implementation: the model is wrapped by
 :class:`~neural_arch.distributed.fsdp.FullyShardedDataParallel`, sharded in place by
 :func:`~neural_arch.distributed.fsdp.fully_shard` (each block, then the root) or by a tensor-parallel
 plan (``parallelize_gpt`` / ``parallelize_module``, with DDP over the ``dp`` dimension of a
-``{"dp": a, "tp": b}`` mesh), or trained with a
+``{"dp": a, "tp": b}`` mesh), cut into pipeline stages run by a schedule of
+:mod:`neural_arch.distributed.pipelining` (``'pp'``, :mod:`.pipeline_window`), or trained with a
 :class:`~neural_arch.distributed.optim.ZeroRedundancyOptimizer` (the strategy table:
 :mod:`.strategies`); mixed precision is :class:`neural_arch.amp.autocast` (+ ``GradScaler`` /
 ``ShardedGradScaler`` for float16); activation checkpointing is
@@ -81,17 +82,30 @@ def _upcast(out):
     return out
 
 
-def _with_last(iterable):
-    """``(item, is_last)`` pairs: one item of lookahead, so an epoch's last batch is known."""
+def _with_last(iterable, snapshot=None):
+    """``(item, is_last, state)`` triples: one item of lookahead, so an epoch's last batch is known.
+    ``state`` is ``snapshot()`` taken right after the item arrived, before the lookahead pulls the
+    next one (a loader's position counts what it yielded: taken later it would count one batch
+    that has not been trained on); None without ``snapshot``."""
     it = iter(iterable)
+    take = snapshot if snapshot is not None else (lambda: None)
     try:
         prev = next(it)
     except StopIteration:
         return
+    prev_state = take()
     for item in it:
-        yield prev, False
-        prev = item
-    yield prev, True
+        yield prev, False, prev_state
+        prev, prev_state = item, take()
+    yield prev, True, prev_state
+
+
+def _loader_state_fn(loader):
+    """``loader.state_dict`` when the loader can resume mid-epoch (``DataLoader``, or anything with
+    ``state_dict``/``load_state_dict``), else None."""
+    if callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None)):
+        return loader.state_dict
+    return None
 
 
 def _amp_dtype(mixed_precision, device: str):
@@ -122,9 +136,9 @@ class DistributedTrainer:
 
     Args:
         model: an ``nn.Module`` (the same on every rank).
-        strategy: ``'ddp'``, ``'zero1'``, ``'zero2'``, ``'fsdp'``, ``'fully_shard'``, ``'tp'`` or a
-            device-mesh dict ``{"dp": a}`` / ``{"dp": a, "tp": b}`` (see :mod:`.strategies`; ``'pp'``
-            raises saying what to use; anything else raises, listing the valid ones).
+        strategy: ``'ddp'``, ``'zero1'``, ``'zero2'``, ``'fsdp'``, ``'fully_shard'``, ``'tp'``, ``'pp'``
+            or a device-mesh dict ``{"dp": a}`` / ``{"dp": a, "tp": b}`` / ``{"dp": a, "pp": b}`` (see
+            :mod:`.strategies`; anything else raises, listing the valid ones).
         mixed_precision: False, True (bfloat16 on CPU, float16 + a GradScaler on GPU), ``'bf16'``, ``'fp16'``.
             Autocast, except under ``'fully_shard'``: there a ``MixedPrecisionPolicy`` (parameters
             gathered and computed in that dtype, gradients reduced in float32, outputs float32).
@@ -148,10 +162,15 @@ class DistributedTrainer:
             ``{pattern: ParallelStyle}`` plan; not needed for an ``nn.GPT`` (``parallelize_gpt``
             with the logits gathered, so the criterion sees whole logits).
         checkpoint_targets: a predicate ``module -> bool`` overriding activation checkpointing's default.
+        pp_schedule: strategy ``'pp'`` / a ``"pp"`` mesh dimension: ``"1f1b"`` (default), ``"gpipe"``,
+            ``"interleaved"`` (two stages per rank; ``gradient_accumulation_steps`` a multiple of the
+            pipeline ranks) or ``"zbh1"`` (zero bubble). The window's micro-batches are the schedule's.
+        pp_split_points: where stages start (blocks of an ``nn.GPT``, children of an ``nn.Sequential``;
+            ``pipeline(split_points=...)``); default: equal block counts (GPT), balanced parameters.
 
     Data: each rank's loader must give it its share of the data-parallel dimension,
-    ``trainer.dp_rank`` of ``trainer.dp_size`` (the world for every strategy but tensor
-    parallelism, where the ranks of one ``tp`` row take the same batches), e.g.
+    ``trainer.dp_rank`` of ``trainer.dp_size`` (the world for every strategy but tensor and pipeline
+    parallelism, where the ranks of one ``tp`` row or of one pipeline take the same batches), e.g.
     ``DistributedSampler(dataset, num_replicas=trainer.dp_size, rank=trainer.dp_rank)``;
     ``trainer.dp_group`` is that group (None: the world or ``process_group``).
 
@@ -169,7 +188,7 @@ class DistributedTrainer:
                  gradient_clip_val: float | None = None, enable_activation_checkpointing: bool = False,
                  cpu_offload: bool = False, checkpoint_dir=None, log_dir=None, keep_last: int | None = 3,
                  lr_scheduler=None, process_group=None, auto_wrap_policy=None, checkpoint_targets=None,
-                 tp_plan=None):
+                 tp_plan=None, pp_schedule: str = "1f1b", pp_split_points=None):
         from neural_arch.distributed import groups as dist
 
         if not isinstance(model, Module):
@@ -186,7 +205,8 @@ class DistributedTrainer:
         try:
             self._setup(model, strategy, mixed_precision, gradient_accumulation_steps, gradient_clip_val,
                         enable_activation_checkpointing, cpu_offload, checkpoint_dir, log_dir, keep_last,
-                        lr_scheduler, process_group, auto_wrap_policy, checkpoint_targets, tp_plan)
+                        lr_scheduler, process_group, auto_wrap_policy, checkpoint_targets, tp_plan,
+                        pp_schedule, pp_split_points)
         except BaseException:
             self.monitor = None
             self.close()   # a group this constructor created must not outlive its error
@@ -194,7 +214,8 @@ class DistributedTrainer:
 
     def _setup(self, model, strategy, mixed_precision, gradient_accumulation_steps, gradient_clip_val,
                enable_activation_checkpointing, cpu_offload, checkpoint_dir, log_dir, keep_last, lr_scheduler,
-               process_group, auto_wrap_policy, checkpoint_targets, tp_plan=None) -> None:
+               process_group, auto_wrap_policy, checkpoint_targets, tp_plan=None, pp_schedule="1f1b",
+               pp_split_points=None) -> None:
         from neural_arch.distributed.resolve import _resolve_group
 
         self.process_group = process_group
@@ -207,9 +228,12 @@ class DistributedTrainer:
         if tp_plan is not None and self.strategy.name != "tp":
             raise ValueError(f"DistributedTrainer: tp_plan is a tensor-parallel plan; it needs strategy='tp' or a "
                              f"mesh with a 'tp' dimension, not {self.strategy.name!r}")
-        if self.strategy.name == "tp" and process_group is not None:
-            raise ValueError("DistributedTrainer: strategy='tp' builds its device mesh over the whole world; "
-                             "leave process_group=None")
+        if self.strategy.name in ("tp", "pp") and process_group is not None:
+            raise ValueError(f"DistributedTrainer: strategy={self.strategy.name!r} builds its device mesh over the "
+                             "whole world; leave process_group=None")
+        if self.strategy.name != "pp" and (pp_split_points is not None or pp_schedule != "1f1b"):
+            raise ValueError(f"DistributedTrainer: pp_schedule / pp_split_points configure pipeline parallelism; they "
+                             f"need strategy='pp' or a mesh with a 'pp' dimension, not {self.strategy.name!r}")
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.gradient_clip_val = None if gradient_clip_val is None else float(gradient_clip_val)
         self.cpu_offload = bool(cpu_offload)
@@ -219,6 +243,10 @@ class DistributedTrainer:
             str(first.device).startswith("cuda") else "cpu"
         self.amp_dtype = _amp_dtype(mixed_precision, self.device)
         self.mixed_precision = self.amp_dtype is not None
+        if self.amp_dtype == "float16" and self.strategy.name == "pp":
+            raise ValueError("DistributedTrainer(strategy='pp'): float16 needs a GradScaler whose inf/NaN check "
+                             "spans every stage, which the pipeline strategy does not have yet; use "
+                             "mixed_precision='bf16' (no scaler)")
         if self.mixed_precision and all(p.dtype == np.float64 for p in model.parameters()):
             warnings.warn("DistributedTrainer: mixed_precision has no effect on a float64 model (autocast leaves "
                           "float64 alone, as torch's does); build the model in float32", stacklevel=3)
@@ -237,12 +265,14 @@ class DistributedTrainer:
         originals = {name: p for name, p in model.named_parameters()}
         self.mp_policy = None
         self.device_mesh = None
-        self.model = self._wrap(model, auto_wrap_policy, tp_plan)
+        self.pipeline = None                      # strategy 'pp': this rank's PipelineWindow
+        self._window: list = []                   # 'pp': the open window's (inputs, targets)
+        self.model = self._wrap(model, auto_wrap_policy, tp_plan, pp_schedule, pp_split_points)
         self._replacements = {id(p): (weakref.ref(p), new) for name, new in model.named_parameters()
                               if (p := originals.get(name)) is not None and p is not new}
         del originals
         # the ranks that split the data: tensor-parallel ranks of one row must see the same batches
-        self.dp_group = self.device_mesh.get_group("dp") if self.strategy.name == "tp" else process_group
+        self.dp_group = self.device_mesh.get_group("dp") if self.strategy.name in ("tp", "pp") else process_group
         dp = self._group if self.dp_group is None else self.dp_group
         self.dp_rank, self.dp_size = dp.rank(), dp.size()
 
@@ -278,8 +308,10 @@ class DistributedTrainer:
         self.monitor = None
 
     # ------------------------------------------------------------------ wrapping
-    def _wrap(self, model, auto_wrap_policy, tp_plan=None):
+    def _wrap(self, model, auto_wrap_policy, tp_plan=None, pp_schedule="1f1b", pp_split_points=None):
         name = self.strategy.name
+        if name == "pp":
+            return self._pipeline_parallel(model, pp_schedule, pp_split_points)
         if name == "fully_shard":
             return self._fully_shard(model, auto_wrap_policy)
         if name == "tp":
@@ -371,6 +403,21 @@ class DistributedTrainer:
             return DistributedDataParallel(model, process_group=mesh.get_group("dp"))
         return model
 
+    def _pipeline_parallel(self, model, pp_schedule, pp_split_points):
+        """This rank's stage(s) of a ``(pp, dp)`` mesh (``pp`` outermost, as torchtitan's); the
+        model itself stays whole on every rank (``trainer.module``), its stages share its parameters."""
+        from neural_arch.distributed.device_mesh import init_device_mesh
+        from neural_arch.distributed.trainer.pipeline_window import PipelineWindow
+
+        sizes = dict(self.strategy.mesh)
+        dp = int(sizes.get("dp", 1))
+        pp = int(sizes.get("pp") or self.world_size // dp)
+        mesh = init_device_mesh(self.device, (pp, dp), mesh_dim_names=("pp", "dp"))
+        self.device_mesh = mesh
+        self.pipeline = PipelineWindow(model, mesh.get_group("pp"), dp_group=mesh.get_group("dp") if dp > 1 else None,
+                                       schedule=pp_schedule, split_points=pp_split_points)
+        return self.pipeline.module
+
     # ------------------------------------------------------------------ the optimizer
     def _resolve_optimizer(self, optimizer):
         """The optimizer that actually steps for the user's ``optimizer`` (made once per optimizer)."""
@@ -412,6 +459,14 @@ class DistributedTrainer:
             return ZeroRedundancyOptimizer(groups, type(optimizer), process_group=self.process_group, stage=stage,
                                            **optimizer.defaults)
         if all(id(p) in model_ids for p in mine):
+            return optimizer
+        if self.pipeline is not None and all(id(p) in orig_ids for p in mine):
+            if len(optimizer.state):
+                raise ValueError("DistributedTrainer(strategy='pp'): the optimizer was built over the whole model and "
+                                 "already has state; build it over trainer.model.parameters() (this rank's stage)")
+            # re-point in place at this rank's stage: the other stages' parameters step on their ranks
+            for g in optimizer.param_groups:
+                g["params"] = [p for p in g["params"] if id(p) in model_ids]
             return optimizer
         if self._replacements and all(id(p) in model_ids or self._replaced(p) is not None for p in mine):
             if len(optimizer.state):
@@ -505,12 +560,21 @@ class DistributedTrainer:
         :class:`~neural_arch.distributed.metrics.DistributedMetrics`);
         ``step`` the optimizer steps done; ``grad_norm`` the global gradient norm before
         clipping (None while accumulating); ``skipped``: the GradScaler skipped the step (inf/NaN).
+
+        Strategy ``'pp'``: the window's micro-batches are the pipeline schedule's, so a micro-batch
+        before the window's last one is only buffered: its loss is not known yet, ``loss`` is NaN
+        and ``losses`` is ``[]``. The window's last call runs the schedule over all of them and
+        returns ``losses``, every micro-batch's loss of the window in order (as the criterion
+        computed it, broadcast from the last stage: the same on every rank of the pipeline), with
+        ``loss`` the last one (:meth:`fit` averages ``losses``).
         """
         eff = self._resolve_optimizer(optimizer)
         k = self.gradient_accumulation_steps
         index = self.micro_step if step is None else int(step)
         last = (index + 1) % k == 0 if end_window is None else bool(end_window)
         x, y = self._split_batch(batch)
+        if self.pipeline is not None:
+            return self._pipeline_step(x, y, optimizer, eff, criterion, last)
         if not isinstance(x, Tensor):
             x = Tensor(np.asarray(x))
         out = {"grad_norm": None, "skipped": False}
@@ -538,8 +602,48 @@ class DistributedTrainer:
         })
         return out
 
+    def _pipeline_step(self, x, y, optimizer, eff, criterion, last: bool) -> dict:
+        """Strategy 'pp': buffer the micro-batch; at the window's end run the schedule over the
+        window, then clip and step (see :meth:`train_step`)."""
+        from neural_arch.distributed.trainer.pipeline_window import _as_array
+
+        x, y = _as_array(x), _as_array(y)
+        out = {"grad_norm": None, "skipped": False, "losses": []}
+        with self.metrics.step(samples=int(x.shape[0]) if x.ndim else 1):
+            self._window.append((x, y))
+            self._open_window += 1
+            if last:
+                inputs, targets = [a for a, _ in self._window], [b for _, b in self._window]
+                self._window = []
+
+                def loss_fn(output, target):
+                    return criterion(_upcast(output), target)
+
+                try:
+                    with self._autocast():
+                        out["losses"] = self.pipeline.run(inputs, targets, loss_fn,
+                                                          scale=1.0 / self.gradient_accumulation_steps)
+                except BaseException:
+                    self._open_window = 0
+                    raise
+                out.update(self._optimizer_step(optimizer, eff))
+        rec = self.metrics.steps[-1] if self.metrics.steps else {}
+        self.micro_step += 1
+        self.batch_in_epoch += 1
+        out.update({
+            "loss": out["losses"][-1] if out["losses"] else math.nan,
+            "compute_time": float(rec.get("step_time_s", 0.0) - rec.get("exposed_comm_s", 0.0)),
+            "communication_time": float(rec.get("comm_time_s", 0.0)),
+            "step": self.global_step,
+            "lr": float(optimizer.param_groups[0]["lr"]),
+            "accumulating": not last,
+        })
+        return out
+
     def _clip(self, eff) -> float:
         limit = self.gradient_clip_val if self.gradient_clip_val is not None else math.inf
+        if self.pipeline is not None:
+            return self.pipeline.clip_grad_norm_(limit)
         if self.strategy.zero_stage:
             return float(eff.clip_grad_norm_(limit))
         if self.strategy.name == "fsdp":
@@ -610,10 +714,22 @@ class DistributedTrainer:
         msd, osd = get_state_dict(self.model, eff)
         return msd, osd, eff
 
+    def _all_stages_names(self, osd: dict) -> None:
+        """Strategy 'pp': each optimizer group's parameter names over every stage (in the model's
+        order), so every rank saves the same groups and one process (or any layout) resumes them."""
+        order = {name: i for i, (name, _) in enumerate(self.module.named_parameters())}
+        every = self._group.backend.allgather_object([list(g["params"]) for g in osd["param_groups"]])
+        for i, g in enumerate(osd["param_groups"]):
+            names = {n for groups in every for n in groups[i]}
+            g["params"] = sorted(names, key=lambda n: order.get(n, len(order)))
+
     def save_checkpoint(self, epoch: int, optimizer, loss: float, is_best: bool = False, data_state=None) -> str:
         """Save model, optimizer, scaler, scheduler, counters, every rank's RNG state and the data
         position as checkpoint ``step_<global_step>`` (collective; atomic; the last ``keep_last``
         are kept, and the newest one saved with ``is_best=True`` besides). Returns its path.
+
+        ``loss`` may differ between ranks (each its own micro-batch's): the mean over the ranks is
+        saved; ``is_best`` is rank 0's.
 
         ``data_state``: e.g. an ``ElasticDistributedSampler.state_dict()`` to resume mid-epoch on
         any world size (saved as given; must be equal on every rank).
@@ -625,7 +741,15 @@ class DistributedTrainer:
                           "accumulation window are not saved (their gradients are lost on resume); save at a "
                           "window's end", stacklevel=2)
         msd, osd, _ = self._state_targets(optimizer)
-        rng_states = self._group.backend.allgather_object(rng.get_generator().bit_generator.state)
+        if osd is not None and self.pipeline is not None:
+            self._all_stages_names(osd)
+        gathered = self._group.backend.allgather_object(
+            (rng.get_generator().bit_generator.state, float(loss), bool(is_best)))
+        rng_states = [g[0] for g in gathered]
+        # each rank passes its own micro-batch's loss: the checkpoint keeps their mean (the step's loss),
+        # and rank 0 decides is_best, so every rank saves the same metadata
+        loss = sum(g[1] for g in gathered) / len(gathered)
+        is_best = gathered[0][2]
         meta = {
             "epoch": int(epoch), "global_step": self.global_step, "micro_step": self.micro_step,
             "batch_in_epoch": self.batch_in_epoch, "loss": float(loss), "world_size": self.world_size,
@@ -665,7 +789,16 @@ class DistributedTrainer:
         state = {"model": msd, "trainer": ""}
         if osd is not None:
             state["optim"] = osd
+            mine = [list(g["params"]) for g in osd["param_groups"]]
         dcp.load(state, checkpoint_id=path)
+        if eff is not None and self.pipeline is not None:
+            # a checkpoint names every stage's parameters in its groups (any layout's does): keep this
+            # rank's, in this optimizer's order
+            groups = state["optim"]["param_groups"]
+            if len(groups) == len(mine):
+                for g, names in zip(groups, mine):
+                    if set(names) <= set(g["params"]):
+                        g["params"] = names
         if eff is not None:
             set_state_dict(self.model, eff, model_state_dict=state["model"], optim_state_dict=state["optim"])
             if eff is not optimizer:   # ZeRO: the user's optimizer is the face the scheduler edits
@@ -695,7 +828,7 @@ class DistributedTrainer:
     # ------------------------------------------------------------------ a whole run
     def fit(self, train_loader, epochs: int, eval_loader=None, *, optimizer=None, criterion=None,
             eval_metric=("loss",), checkpoint_every_epoch: bool = True, progress: bool = True,
-            resume=True) -> dict:
+            resume=True, checkpoint_every_n_steps: int | None = None) -> dict:
         """Train ``epochs`` epochs over ``train_loader`` (an iterable of ``(inputs, targets)``
         batches; its ``sampler.set_epoch(epoch)`` is called when it has one), evaluate on
         ``eval_loader`` (``(inputs, targets)`` arrays or a dataset, through
@@ -709,6 +842,21 @@ class DistributedTrainer:
         at the next epoch (the seed's ``save_checkpoint(epoch, ...)`` after each epoch); one saved
         mid-epoch with ``data_state={"epoch_complete": False}`` resumes that epoch, skipping its
         batches already done (same loader order, e.g. a seeded ``DistributedSampler``).
+
+        The loader's data state goes into every checkpoint ``fit`` saves: when ``train_loader`` has
+        ``state_dict``/``load_state_dict`` (a :class:`~neural_arch.data.DataLoader`, whose state holds
+        its ``DistributedSampler``'s), ``data_state`` is ``{"epoch_complete": ..., "loader":
+        train_loader.state_dict()}`` as of the last batch trained on. ``checkpoint_every_n_steps=N``
+        also saves one every N optimizer steps within an epoch (at a window's end); a run stopped
+        after one resumes that epoch through ``train_loader.load_state_dict``, so every sample of it is
+        trained on exactly once, also on another world size (the sampler re-partitions the rest).
+
+        Example (a resumable run: kill it at any time, start it again with the same command)::
+
+            loader = DataLoader(dataset, batch_size=32, sampler=DistributedSampler(dataset))
+            trainer = DistributedTrainer(model, "fsdp", checkpoint_dir="ckpt")
+            trainer.fit(loader, epochs=10, optimizer=optimizer, criterion=F.cross_entropy,
+                        checkpoint_every_n_steps=100)
         """
         from neural_arch.distributed.data.sampler import distributed_evaluate
 
@@ -720,7 +868,13 @@ class DistributedTrainer:
             from neural_arch.distributed.trainer.monitor import DistributedMonitor
 
             self.monitor = DistributedMonitor(self.log_dir, rank=self.rank)
+        if checkpoint_every_n_steps is not None and int(checkpoint_every_n_steps) < 1:
+            raise ValueError(f"DistributedTrainer.fit: checkpoint_every_n_steps must be >= 1 or None, got "
+                             f"{checkpoint_every_n_steps!r}")
+        every = int(checkpoint_every_n_steps) if checkpoint_every_n_steps is not None else None
+        loader_state = _loader_state_fn(train_loader)
         start_epoch, skip = 0, 0
+        restored_loader = False
         meta = None
         if resume is not False and resume is not None:
             if resume is True:
@@ -731,6 +885,11 @@ class DistributedTrainer:
                 done = meta["data"] is None or meta["data"].get("epoch_complete", True)
                 start_epoch = meta["epoch"] + 1 if done else meta["epoch"]
                 skip = 0 if done else meta["batch_in_epoch"]
+                saved_loader = None if done else meta["data"].get("loader")
+                if saved_loader is not None and loader_state is not None:
+                    # the loader resumes itself (on any world size); no batches to skip here
+                    train_loader.load_state_dict(saved_loader)
+                    restored_loader = True
         history, best = [], math.inf
         found = self.checkpoint_manager.best() if self.checkpoint_manager is not None else None
         if found is not None:   # a resumed run keeps the earlier best: it must beat that one
@@ -738,37 +897,55 @@ class DistributedTrainer:
         for epoch in range(start_epoch, int(epochs)):
             self.epoch = epoch
             sampler = getattr(train_loader, "sampler", None)
-            if hasattr(sampler, "set_epoch"):
-                sampler.set_epoch(epoch)
             self.batch_in_epoch = skip
-            batches = _with_last(itertools.islice(iter(train_loader), skip, None))
+            if restored_loader:   # set_epoch would restart the epoch the loader's state resumes
+                restored_loader = False
+                batches = _with_last(iter(train_loader), loader_state)
+                total = skip + len(train_loader) if hasattr(train_loader, "__len__") else None
+            else:
+                if hasattr(sampler, "set_epoch"):
+                    sampler.set_epoch(epoch)
+                batches = _with_last(itertools.islice(iter(train_loader), skip, None), loader_state)
+                total = len(train_loader) if hasattr(train_loader, "__len__") else None
             skip = 0
-            bar = self._progress(batches, epoch, len(train_loader) if hasattr(train_loader, "__len__") else None,
-                                 progress)
+            bar = self._progress(batches, epoch, total, progress)
             losses = []
-            for batch, is_last in bar:
+            data_state = None
+            for batch, is_last, data_state in bar:
                 index = self.batch_in_epoch
+                steps_before = self.global_step
                 m = self.train_step(batch, optimizer, criterion, index,
                                     end_window=True if is_last else None)
-                losses.append(m["loss"])
-                if self.monitor is not None:
+                if "losses" in m:   # 'pp': a window's losses arrive at its end
+                    losses.extend(m["losses"])
+                else:
+                    losses.append(m["loss"])
+                if (every is not None and not is_last and self.checkpoint_manager is not None
+                        and self.global_step != steps_before and self.global_step % every == 0):
+                    self.save_checkpoint(epoch, optimizer, m["loss"], is_best=False,
+                                         data_state=self._data_state(False, data_state))
+                if self.monitor is not None and not math.isnan(m["loss"]):
                     x = self._split_batch(batch)[0]
                     self.monitor.log_training_step(m["loss"], int(np.shape(x)[0]) if np.ndim(x) else 1,
                                                    m["compute_time"] + m["communication_time"],
                                                    m["communication_time"], step=self.micro_step)
-                if hasattr(bar, "set_postfix"):
+                if hasattr(bar, "set_postfix") and not math.isnan(m["loss"]):
                     bar.set_postfix(loss=f"{m['loss']:.4f}", step=m["step"], refresh=False)
             record = {"epoch": epoch, "train_loss": float(np.mean(losses)) if losses else math.nan,
                       "optimizer_steps": self.global_step}
             if eval_loader is not None:
                 model = self.model
+                if self.pipeline is not None:   # every stage's parameters into the whole model, evaluated whole
+                    self.pipeline.gather_whole_model()
+                    model = self.module
                 metric = list(eval_metric) if isinstance(eval_metric, (list, tuple)) else [eval_metric]
                 record.update({f"eval_{k}": v for k, v in
                                distributed_evaluate(model, eval_loader, metric, group=self.dp_group).items()})
             history.append(record)
             score = record.get("eval_loss", record["train_loss"])
             if self.checkpoint_manager is not None and checkpoint_every_epoch:
-                self.save_checkpoint(epoch, optimizer, score, is_best=score < best, data_state={"epoch_complete": True})
+                self.save_checkpoint(epoch, optimizer, score, is_best=score < best,
+                                     data_state=self._data_state(True, data_state))
             best = min(best, score)
             if self.rank == 0 and progress:
                 print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()),
@@ -780,6 +957,15 @@ class DistributedTrainer:
                   f"samples/s per rank, communication overhead {perf['communication_overhead_percent']:.1f}%",
                   file=sys.stderr)
         return {"history": history, "performance": perf}
+
+    @staticmethod
+    def _data_state(epoch_complete: bool, loader_state) -> dict:
+        """What :meth:`fit` saves as ``data_state``: whether the epoch is done, and the loader's
+        position (when it has one) as of the last batch trained on."""
+        state = {"epoch_complete": bool(epoch_complete)}
+        if loader_state is not None:
+            state["loader"] = loader_state
+        return state
 
     def _progress(self, batches, epoch: int, total, progress: bool):
         if self.rank != 0 or not progress:

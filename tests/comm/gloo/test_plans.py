@@ -100,6 +100,34 @@ def test_pairwise_alltoall_transposes_blocks(size):
             np.testing.assert_array_equal(out[r], blocks[:, r, :].reshape(-1))
 
 
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), size=st.integers(1, 6), width=st.integers(0, 3))
+def test_pairwise_alltoallv_moves_uneven_blocks(data, size, width):
+    """Uneven splits, zeros included (a rank that sends or receives nothing, an all-zero matrix): rank r
+    ends with block r of every sender, in sender order; a zero-length block is no message at all."""
+    counts = np.array(data.draw(st.lists(st.lists(st.sampled_from([0, 0, 1, 2, 5]), min_size=size, max_size=size),
+                                         min_size=size, max_size=size), label="counts"))
+    plan = P.pairwise_alltoallv_plan(counts, width)
+    inputs = [np.arange(counts[s].sum() * width, dtype=np.int64) + 1000 * s for s in range(size)]
+    outputs = [np.full(counts[:, r].sum() * width, -1, dtype=np.int64) for r in range(size)]
+    out = P.simulate(plan, inputs, outputs=outputs)
+    for r in range(size):
+        blocks = [inputs[s][counts[s, :r].sum() * width:counts[s, :r + 1].sum() * width] for s in range(size)]
+        np.testing.assert_array_equal(out[r], np.concatenate(blocks))
+    for step in plan:
+        if step.send_to is not None and step.send_to != step.rank:
+            assert step.send_len > 0, step
+        if step.recv_from is not None and step.recv_from != step.rank:
+            assert step.recv_len > 0, step
+
+
+def test_pairwise_alltoallv_steps_need_one_count_per_rank():
+    with pytest.raises(ValueError, match="counts"):
+        P.pairwise_alltoallv_steps(3, 0, [1, 2], [1, 2, 3])
+    with pytest.raises(ValueError, match="square"):
+        P.pairwise_alltoallv_plan([[1, 2]])
+
+
 def test_alltoall_rejects_non_divisible():
     with pytest.raises(ValueError, match="divisible"):
         P.pairwise_alltoall_plan(3, 7)

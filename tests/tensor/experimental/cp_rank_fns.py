@@ -101,7 +101,7 @@ def error_cases():
 
 
 def context_manager_case(rotate: str, seed: int = 0):
-    """torch's form: context_parallel(mesh, buffers=[...]) around a MultiheadAttention call."""
+    """torch's form: context_parallel(mesh, buffers=[...]) around a CausalSelfAttention call (the GPT block's attention)."""
     import neural_arch.distributed as dist
     from neural_arch import nn
     from neural_arch.core.tensor import Tensor, manual_seed
@@ -110,7 +110,7 @@ def context_manager_case(rotate: str, seed: int = 0):
     n = dist.get_world_size()
     mesh = dist.init_device_mesh("cpu", (n,), mesh_dim_names=("cp",))
     manual_seed(seed)
-    attn = nn.MultiheadAttention(8, 2, dtype=np.float64)
+    attn = nn.CausalSelfAttention(8, 2, dtype=np.float64)
     x_full = np.random.default_rng(seed).standard_normal((2, 4 * n, 8))
     ref = attn(x_full).data
     x = Tensor(x_full.copy())

@@ -438,6 +438,9 @@ class GlooBackend(Backend):
     def _alltoall(self, output, input, info: OpInfo) -> None:
         self.plans.alltoall(output, input, info)
 
+    def _alltoallv(self, output, input, output_splits: list, input_splits: list, info: OpInfo) -> None:
+        self.plans.alltoallv(output, input, output_splits, input_splits, info)
+
     def _barrier(self, info: OpInfo) -> None:
         if self._has_direct() and (not self.plans.force or "direct" in self.plans.force):
             self._prepare_direct(info)

@@ -22,6 +22,7 @@ reduce           binomial tree                          ring reduce-scatter + ga
 all_gather       ring (p - 1 steps of n)                ring
 reduce_scatter   ring                                   ring
 all_to_all       pairwise exchange                      pairwise exchange
+all_to_allv      pairwise exchange of uneven blocks     pairwise exchange of uneven blocks
 barrier          dissemination: ceil(log2 p) rounds of  dissemination
                  one byte
 ===============  =====================================  ==========================================
@@ -356,20 +357,25 @@ class PlanExecutor:
         compiled = cache.get(key)
         if compiled is None:
             plan = build()
-            me, peers = self._rank, self._peers
-            steps = []
-            for s in plan.by_rank[me]:
-                local = s.send_to == me
-                steps.append(PlanStep(None if s.send_to is None or local else peers[s.send_to], s.send_chunk[0],
-                                      s.send_chunk[1], None if s.recv_from is None or local else peers[s.recv_from],
-                                      s.recv_chunk[0], s.recv_chunk[1], s.action == P.REDUCE, local))
-            compiled = CompiledPlan(plan.nelems, tuple(steps), plan.name in _PIPELINED, plan.name, key[0], dtype)
+            compiled = CompiledPlan(plan.nelems, self._plan_steps(plan.by_rank[self._rank]), plan.name in _PIPELINED,
+                                    plan.name, key[0], dtype)
             if key[0] == "all_reduce":
                 compiled = self._with_exchange_path(compiled, dtype)
             if len(cache) >= _PLAN_CACHE_ENTRIES:   # many distinct sizes: start over rather than grow
                 cache.clear()
             cache[key] = compiled
         return compiled
+
+    def _plan_steps(self, steps: Sequence[P.Step]) -> Tuple[PlanStep, ...]:
+        """This rank's plan steps as :class:`PlanStep` records (group ranks -> transport ranks)."""
+        me, peers = self._rank, self._peers
+        out = []
+        for s in steps:
+            local = s.send_to == me
+            out.append(PlanStep(None if s.send_to is None or local else peers[s.send_to], s.send_chunk[0],
+                                s.send_chunk[1], None if s.recv_from is None or local else peers[s.recv_from],
+                                s.recv_chunk[0], s.recv_chunk[1], s.action == P.REDUCE, local))
+        return tuple(out)
 
     def _with_exchange_path(self, compiled: CompiledPlan, dtype) -> CompiledPlan:
         """``compiled`` with its latency path filled in when every step exchanges the whole buffer
@@ -584,6 +590,23 @@ class PlanExecutor:
             size, n = self._size, hin.size
             plan = self._compiled(("all_to_all", n, hin.dtype), hin.dtype, lambda: P.pairwise_alltoall_plan(size, n))
             self._run_plan(plan, _flat(hin), None, info, out=_flat(hout))
+        _back(output, hout)
+
+    def alltoallv(self, output, input, output_splits: Sequence[int], input_splits: Sequence[int],
+                  info: OpInfo) -> None:
+        """``input_splits[d]`` rows of ``input`` to rank d, ``output_splits[s]`` rows from rank s into
+        ``output``, straight between the caller's buffers: pairwise exchanges of blocks of their own
+        length (:func:`~neural_arch.distributed.comm.gloo.plans.pairwise_alltoallv_steps`), no padding
+        and no staging copy of host arrays; a zero-length block sends no message. Not cached: the splits
+        change with every call of a mixture of experts, and this rank's steps are ``p`` records.
+
+        >>> ex.alltoallv(out, inp, [1, 3], [1, 2], info)     # doctest: +SKIP
+        """
+        hin, hout = _to_host(input), _to_host(output)
+        width = int(np.prod(hin.shape[1:], dtype=np.int64))          # elements per row
+        steps = P.pairwise_alltoallv_steps(self._size, self._rank, input_splits, output_splits, width)
+        compiled = CompiledPlan(0, self._plan_steps(steps), False, "pairwise_alltoallv", "all_to_allv", hin.dtype)
+        self._run_plan(compiled, _flat(hin), None, info, out=_flat(hout))
         _back(output, hout)
 
     def barrier(self, info: OpInfo) -> None:

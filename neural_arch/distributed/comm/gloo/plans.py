@@ -25,6 +25,8 @@ plan                            algorithm                                     st
 ``binomial_reduce_plan``        binomial tree into ``root``                   ceil(log2 p)
 ``ring_reduce_plan``            ring reduce-scatter, then chunks to ``root``  2(p - 1)
 ``pairwise_alltoall_plan``      step s: send block r+s, receive block r-s     p (incl. self copy)
+``pairwise_alltoallv_plan``     the same with blocks of their own length;     p (incl. self copy)
+                                zero-length blocks send nothing
 ``dissemination_barrier_plan``  step k: send to r+2^k, receive from r-2^k     ceil(log2 p)
 ==============================  ============================================  ===================
 
@@ -420,6 +422,59 @@ def pairwise_alltoall_plan(size: int, nelems: int) -> Plan:
     return _finish("pairwise_alltoall", size, nelems, rows, two_buffers=True)
 
 
+def pairwise_alltoallv_steps(size: int, rank: int, send_counts: Sequence[int], recv_counts: Sequence[int],
+                             width: int = 1) -> Tuple[Step, ...]:
+    """One rank's part of the uneven pairwise all-to-all: what it needs is its own row of the split
+    matrix (``send_counts[d]``: rows it sends to d) and its own column (``recv_counts[s]``: rows it
+    receives from s), so the executor builds only these steps, per call (the splits change every call
+    in a mixture of experts). Chunks are element ranges of the flat input (sends) and output
+    (receives), ``width`` elements per row. Step 0 copies the own block; step s sends to ``rank + s``
+    and receives from ``rank - s``; a zero-length block skips its message on both sides (the sender's
+    ``send_counts[d]`` is the receiver's ``recv_counts[s]``, so both agree).
+
+    Example::
+
+        >>> [(s.send_to, s.send_chunk, s.recv_from, s.recv_chunk)
+        ...  for s in pairwise_alltoallv_steps(3, 0, [1, 0, 2], [1, 3, 0])]
+        [(0, (0, 1), 0, (0, 1)), (2, (1, 3), 1, (1, 4))]
+    """
+    if len(send_counts) != size or len(recv_counts) != size or not 0 <= rank < size:
+        raise ValueError(f"pairwise_alltoallv_steps: need {size} send and receive counts and 0 <= rank < {size}")
+    send_off = np.concatenate([[0], np.cumsum(send_counts)]).astype(int) * width
+    recv_off = np.concatenate([[0], np.cumsum(recv_counts)]).astype(int) * width
+    steps = [Step(0, rank, rank, (int(send_off[rank]), int(send_off[rank + 1])), rank,
+                  (int(recv_off[rank]), int(recv_off[rank + 1])), COPY)]
+    for s in range(1, size):
+        dst, src = (rank + s) % size, (rank - s) % size
+        steps.append(_step(s, rank, dst, (int(send_off[dst]), int(send_off[dst + 1])), src,
+                           (int(recv_off[src]), int(recv_off[src + 1])), COPY))
+    return tuple(st for st in steps if st.send_to is not None or st.recv_from is not None)
+
+
+def pairwise_alltoallv_plan(counts, width: int = 1) -> Plan:
+    """The uneven pairwise all-to-all of the whole group, from its split matrix ``counts[s][d]`` (rows
+    rank s sends to rank d, ``width`` elements each): :func:`pairwise_alltoallv_steps` for every rank
+    (what the tests simulate; each rank runs its own steps). ``nelems`` is the total number of
+    elements moved.
+
+    Example::
+
+        >>> import numpy as np
+        >>> plan = pairwise_alltoallv_plan([[1, 2], [0, 1]])
+        >>> inputs = [np.array([0.0, 1.0, 2.0]), np.array([10.0])]
+        >>> [out.tolist() for out in simulate(plan, inputs, outputs=[np.zeros(1), np.zeros(3)])]
+        [[0.0], [1.0, 2.0, 10.0]]
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    size = counts.shape[0]
+    if counts.shape != (size, size) or (counts < 0).any():
+        raise ValueError(f"pairwise_alltoallv_plan: counts must be a square matrix of non-negative ints, got {counts}")
+    _check(size, int(counts.sum()) * width)
+    by_rank = tuple(pairwise_alltoallv_steps(size, r, counts[r].tolist(), counts[:, r].tolist(), width)
+                    for r in range(size))
+    return Plan("pairwise_alltoallv", size, int(counts.sum()) * width, by_rank, two_buffers=True)
+
+
 def dissemination_barrier_plan(size: int) -> Plan:
     """Round k: send one byte to r + 2^k, receive one from r - 2^k. Nobody leaves before all arrive.
 
@@ -529,5 +584,5 @@ __all__ = [
     "Step", "Plan", "chunk_bounds", "ring_reduce_scatter_plan", "ring_allgather_plan", "ring_allreduce_plan",
     "recursive_doubling_plan", "binomial_broadcast_plan", "chain_broadcast_plan", "binomial_reduce_plan",
     "ring_reduce_plan",
-    "pairwise_alltoall_plan", "dissemination_barrier_plan", "simulate", "format_plan", "REDUCE", "COPY",
+    "pairwise_alltoall_plan", "pairwise_alltoallv_plan", "pairwise_alltoallv_steps", "dissemination_barrier_plan", "simulate", "format_plan", "REDUCE", "COPY",
 ]

@@ -10,7 +10,8 @@ data moves. Collectives of up to 2 KiB (all_reduce, broadcast, all_gather, reduc
 groups above 8 ranks) ride inside the check: one MPI operation in all. Larger ones then map to one
 MPI call on the array's own buffer (never mpi4py's lowercase, pickling methods): ``Iallreduce`` with
 ``MPI.IN_PLACE``, ``Ibcast``, ``Ireduce``, ``Iallgather``, ``Igather``, ``Iscatter``,
-``Ireduce_scatter_block``, ``Ialltoall`` -- except a two-rank all_reduce of 16-32 KiB, which is one
+``Ireduce_scatter_block``, ``Ialltoall``, ``Ialltoallv`` (uneven splits, their counts checked inside the
+call check; on groups of up to 8 ranks the blocks go as ``Isend``/``Irecv`` pairs instead) -- except a two-rank all_reduce of 16-32 KiB, which is one
 ``Irecv`` + ``Isend`` pair (below). ``Isend``/``Irecv`` with tags carry point-to-point messages (the
 receiver checks the byte count). A barrier is the check alone. Sub-groups are ``Comm.Split``
 communicators.
@@ -83,6 +84,7 @@ import os
 import threading
 import time
 import zlib
+from itertools import accumulate
 
 import numpy as np
 
@@ -91,6 +93,7 @@ from neural_arch.backend import to_device_like, to_host
 from neural_arch.distributed.comm.backend import Backend
 from neural_arch.distributed.comm.dtypes import SUPPORTED_DTYPES, finish_average, is_bfloat16
 from neural_arch.distributed.comm.mpi.allreduce import _UFUNC, InlineAllReduce, PairwiseAllReduce
+from neural_arch.distributed.comm.mpi.alltoallv import AlltoallvPlan
 from neural_arch.distributed.comm.mpi.check import DATA_FOLLOWS, DATA_INLINE, DATA_PAIRWISE, CallCheck
 from neural_arch.distributed.comm.mpi.failure import (
     _BROKEN,
@@ -184,6 +187,10 @@ class MPIBackend(Backend):
         #: two-rank groups: the pairwise exchange (None: off; see _enable_pairwise)
         self._pairwise: PairwiseAllReduce | None = None
         self._pair_limit = 0            # the agreed pairwise_max_bytes, handed on to sub-groups
+        #: row bytes -> contiguous MPI datatype, for all_to_allv buffers beyond int32 byte counts
+        self._row_types: dict = {}
+        #: all_to_allv's plan (:class:`.alltoallv.AlltoallvPlan`), built at the first all_to_allv
+        self._a2av: AlltoallvPlan | None = None
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -612,6 +619,52 @@ class MPIBackend(Backend):
             req = self.comm.Ialltoall(_bytes(host_in), _bytes(host_out))
         self._wait([req], info)
         self._back(output, host_out)
+
+    def _alltoallv(self, output, input, output_splits: list, input_splits: list, info: OpInfo) -> None:
+        """The split sizes ride inside the call check (each rank's send and receive counts in its slot,
+        when ``2 * size`` int64 fit: groups of up to 128 ranks), so every rank sees the whole split
+        matrix and all of them raise the same
+        :class:`~neural_arch.distributed.errors.CollectiveMismatchError` before any data moves when a
+        rank's sends disagree with its peer's receives: MPI itself would read past a buffer or leave
+        part of one unwritten. Larger groups check the header only. Then the blocks move on the
+        caller's buffers (raw bytes: every dtype; no padding, no staging copy of host arrays): as
+        point-to-point messages on groups of up to 8 ranks (:class:`.alltoallv.AlltoallvPlan`, built
+        once per group), else ``Ialltoallv``."""
+        plan = self._a2av
+        if plan is None:
+            plan = self._a2av = AlltoallvPlan(self._MPI, self._check, self._agree, self._watchdog, self._wait_failed)
+        if (plan.point_to_point and output.__class__ is np.ndarray and input.__class__ is np.ndarray
+                and input.nbytes < (1 << 31) and output.nbytes < (1 << 31)):
+            plan.exchange(output, input, output_splits, input_splits, info)
+            return
+        plan.check_splits(info, input_splits, output_splits)
+        host_in, host_out = self._host(input), self._host(output)
+        row = info.nbytes
+        if max(host_in.nbytes, host_out.nbytes) < (1 << 31):
+            unit, dtype = row, self._MPI.BYTE           # byte counts and displacements: MPI's plain int
+        else:
+            unit, dtype = 1, self._row_type(row)        # beyond int32 bytes: count rows of a contiguous type
+        scounts = [c * unit for c in input_splits]
+        rcounts = [c * unit for c in output_splits]
+        sdispls = [0, *accumulate(scounts[:-1])]
+        rdispls = [0, *accumulate(rcounts[:-1])]
+        send = [_bytes(host_in), scounts, sdispls, dtype]
+        recv = [_bytes(host_out), rcounts, rdispls, dtype]
+        if self._watchdog is not None and host_in.__class__ is np.ndarray and host_out.__class__ is np.ndarray:
+            self._wait_one(self.comm.Ialltoallv(send, recv), info)
+            return
+        with self._mpi_lock:
+            req = self.comm.Ialltoallv(send, recv)
+        self._wait([req], info)
+        self._back(output, host_out)
+
+    def _row_type(self, row: int):
+        """A committed contiguous MPI datatype of ``row`` bytes (cached: one per row size in use)."""
+        types = self._row_types
+        dtype = types.get(row)
+        if dtype is None:
+            dtype = types[row] = self._MPI.BYTE.Create_contiguous(row).Commit()
+        return dtype
 
     def _barrier(self, info: OpInfo) -> None:
         self._agree(info, 0)        # an allgather is a barrier: no rank completes it before all started it

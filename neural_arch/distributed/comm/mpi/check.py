@@ -122,6 +122,30 @@ class CallCheck:
         req.Start()
         return req
 
+    def stamper(self, payload_format: str):
+        """``stamp(info, nbytes, mode, *values)``: :meth:`stamp` (root -1) with ``values`` packed as
+        ``payload_format`` (``struct`` codes, little-endian, at most ``inline_bytes``) into this rank's
+        slot right after the header, header and payload in one ``pack_into``; returns the request to
+        wait for. For hot paths whose payload is a few numbers (all_to_allv's split sizes).
+
+        Example::
+
+            stamp = check.stamper("4q")                          # two ranks' send and receive counts
+            req = stamp(info, row_bytes, DATA_INLINE, 1, 2, 1, 3)
+        """
+        pack = struct.Struct("<" + _HEADER.format.lstrip("<") + payload_format).pack_into
+        flat, offset = self._flat, self._offset
+        MPI, comm, gathered = self.MPI, self.comm, self.gathered
+
+        def stamp(info: OpInfo, nbytes: int, mode: int, *values):
+            pack(flat, offset, info.wire, nbytes, 0, mode, *values)
+            req = self.request
+            if req is None:
+                return comm.Iallgather(MPI.IN_PLACE, gathered)
+            req.Start()
+            return req
+        return stamp
+
     def agreed(self) -> bool:
         """Whether every rank's header equals this rank's (read after the exchange completed)."""
         mine = self._mine

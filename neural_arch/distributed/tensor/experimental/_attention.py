@@ -477,7 +477,7 @@ def ulysses_attention(query, key, value, group=None, is_causal: bool = False, *,
 class ContextParallelAttention:
     """A drop-in for ``F.scaled_dot_product_attention`` on sequence-sharded inputs (ring or Ulysses).
 
-    ``nn.MultiheadAttention.attention_fn`` takes one (``parallelize_gpt(..., context_parallel=True)``
+    ``nn.CausalSelfAttention.attention_fn`` takes one (``parallelize_gpt(..., context_parallel=True)``
     sets it); :func:`context_parallel` installs one for every attention call.
 
     Example::

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from neural_arch.core.ops_loss import _eager_checks
 from neural_arch.core.tensor import Tensor
 from neural_arch.distributed.device_mesh import DeviceMesh, resolve_group_or_mesh
 from neural_arch.distributed.nn.functional import (
@@ -234,7 +235,9 @@ class VocabParallelEmbedding(Module):
     """``Embedding(num, dim)`` split by rows (the vocabulary) across ``process_group`` (Megatron).
 
     Rank r owns ids ``[r*num/p, (r+1)*num/p)``; every rank returns the full ``(*ids.shape, dim)``
-    result (one all-reduce). Ids outside ``[0, num)`` raise ``IndexError`` like ``nn.Embedding``.
+    result (one all-reduce). Ids outside ``[0, num)`` raise ``IndexError`` like ``nn.Embedding`` on
+    NumPy arrays (or with ``NEURAL_ARCH_EAGER_CHECKS=1``); on a device, where the check would wait
+    for the device every step, their output rows are NaN instead.
 
     Example::
 
@@ -269,7 +272,8 @@ class VocabParallelEmbedding(Module):
         xp = _xp(raw)
         if raw.dtype.kind not in "iu":
             raise TypeError(f"VocabParallelEmbedding: indices must be integers, got dtype {raw.dtype}")
-        if raw.size and (int(raw.min()) < 0 or int(raw.max()) >= self.num_embeddings):
+        eager = _eager_checks(xp)  # on a device, reading the range would wait for it every step
+        if eager and raw.size and (int(raw.min()) < 0 or int(raw.max()) >= self.num_embeddings):
             raise IndexError(f"VocabParallelEmbedding: indices must be in [0, {self.num_embeddings}), got "
                              f"min {int(raw.min())}, max {int(raw.max())}")
         outside = (raw < self.vocab_start_index) | (raw >= self.vocab_end_index)
@@ -278,6 +282,9 @@ class VocabParallelEmbedding(Module):
         if self.tp_size > 1:
             keep = (~outside).astype(self.weight.data.dtype)[..., None]
             rows = rows * Tensor._wrap(keep)
+        if not eager:  # no host sync: an id outside [0, num) makes its output row NaN (visibly wrong)
+            bad = (raw < 0) | (raw >= self.num_embeddings)
+            rows = rows + Tensor._wrap(xp.where(bad, xp.nan, 0).astype(self.weight.data.dtype)[..., None])
         return reduce_from_tensor_model_parallel_region(rows, self.process_group)
 
     def extra_repr(self) -> str:

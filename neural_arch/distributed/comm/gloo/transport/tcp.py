@@ -12,8 +12,10 @@ only processes that took part in it can join. Handshakes run concurrently, each 
 fails is logged and dropped; the mesh keeps waiting for the real peers until the rendezvous
 deadline, then names the ranks that never connected.
 
-Where a rank listens: ``NEURAL_ARCH_BIND_ADDR`` if set; else the local address that routes to
-``MASTER_ADDR`` (so multi-host jobs use the interface the store is reached on); else 127.0.0.1.
+Where a rank listens: ``NEURAL_ARCH_BIND_ADDR`` if set -- an address, a host name, or a network
+interface's name (``eth0``, ``ib0``, ``lo``: its IPv4 address, so one setting fits every node of a
+cluster); else the local address that routes to ``MASTER_ADDR`` (so multi-host jobs use the interface
+the store is reached on); else 127.0.0.1.
 
 Data path: ``sendmsg([header, payload])`` (one syscall, no copy of the payload) and ``recv_into``
 straight into the destination; ``TCP_NODELAY`` so small messages are not held back.
@@ -38,7 +40,7 @@ from neural_arch.distributed import auth as handshake
 from neural_arch.distributed.comm.gloo.transport.framing import Link, PeerGone
 from neural_arch.distributed.errors import DistributedError, RendezvousError
 
-__all__ = ["TcpLink", "bind_address", "connect_tcp_links"]
+__all__ = ["TcpLink", "bind_address", "connect_tcp_links", "resolve_bind_address"]
 
 log = logging.getLogger("neural_arch.distributed.transport")
 
@@ -102,17 +104,65 @@ class TcpLink(Link):
         self.sock.close()
 
 
+def _interfaces() -> dict[str, list[str]]:
+    """This host's network interfaces and their IPv4 addresses (psutil; empty without it)."""
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    return {name: [a.address for a in addrs if a.family == socket.AF_INET]
+            for name, addrs in psutil.net_if_addrs().items()}
+
+
+def resolve_bind_address(value: str, interfaces: dict[str, list[str]] | None = None) -> str:
+    """The address to listen on for a ``NEURAL_ARCH_BIND_ADDR`` value: an interface's name gives its
+    (first) IPv4 address; an address or a host name that resolves is kept as it is. Anything else is a
+    ``ValueError`` that lists this host's interfaces.
+
+    Example::
+
+        >>> resolve_bind_address("eth0", {"lo": ["127.0.0.1"], "eth0": ["10.0.0.5"]})
+        '10.0.0.5'
+        >>> resolve_bind_address("10.0.0.7", {"lo": ["127.0.0.1"]})
+        '10.0.0.7'
+    """
+    value = value.strip()
+    interfaces = _interfaces() if interfaces is None else interfaces
+    if value in interfaces:
+        if not interfaces[value]:
+            raise ValueError(f"{BIND_ENV}={value!r}: the interface has no IPv4 address; give an address, or one "
+                             f"of {_describe(interfaces)}")
+        return interfaces[value][0]
+    try:
+        ipaddress.ip_address(value.split("%")[0])
+        return value
+    except ValueError:
+        pass
+    try:
+        socket.getaddrinfo(value, None)
+        return value            # a host name (resolved again by bind)
+    except OSError:
+        raise ValueError(f"{BIND_ENV}={value!r} is neither a network interface of this host, an address, nor a "
+                         f"host name that resolves; interfaces: {_describe(interfaces)}") from None
+
+
+def _describe(interfaces: dict[str, list[str]]) -> str:
+    return ", ".join(f"{name} ({', '.join(addrs) or 'no IPv4'})" for name, addrs in sorted(interfaces.items())) \
+        or "none found (psutil missing?)"
+
+
 def bind_address() -> str:
     """The address this rank listens on (see the module docstring).
 
     Example::
 
-        # NEURAL_ARCH_BIND_ADDR=10.0.0.5 python train.py   -> listen on that interface
+        # NEURAL_ARCH_BIND_ADDR=10.0.0.5 python train.py   -> listen on that address
+        # NEURAL_ARCH_BIND_ADDR=eth0 python train.py       -> on eth0's IPv4 address, whatever the node
         listener.bind((bind_address(), 0))
     """
     env = (config.get(BIND_ENV) or "").strip()
     if env:
-        return env
+        return resolve_bind_address(env)
     master = os.environ.get("MASTER_ADDR", "").strip()
     if not master:
         return "127.0.0.1"

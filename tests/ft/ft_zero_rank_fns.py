@@ -1,0 +1,164 @@
+"""Rank functions of the sharded-replica proof (module level: pickled by reference).
+
+Each replica is two ranks with a process group of their own; ZeRO-2 (``ZeroRedundancyOptimizer(stage=2)``)
+shards the optimizer state and the gradients over those two ranks, and each gradient shard is averaged
+across the replicas through the rank's ``Manager(shard=(s, 2))`` (``replicate_group=ManagedProcessGroup``,
+the shard's lane). The loop is the one docs/fault_tolerance.md teaches ("Sharded replicas").
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+
+N, BATCH, SHARDS, EPOCHS, SEED = 24, 4, 2, 2, 3   # BATCH: samples per replica per step (BATCH / SHARDS per rank)
+STARTED = "zero/started"
+SPARE_SIGNAL = "zero/start_the_spare"      # set once the survivor committed two steps alone
+SPARE_READY = "zero/spare_registered"      # counted up by each of the spare's ranks once its Manager is up
+
+
+def setup(seed: int = 0):
+    """A tiny float64 MLP, its data (the same on every replica for seed 0)."""
+    from neural_arch import nn
+
+    rng = np.random.default_rng(seed)
+    model = nn.Sequential(nn.Linear(3, 4, dtype=np.float64), nn.Tanh(), nn.Linear(4, 2, dtype=np.float64))
+    for p in model.parameters():
+        p.data[...] = rng.normal(size=p.data.shape)
+    data = np.random.default_rng(100)
+    return model, data.normal(size=(N, 3)), data.normal(size=(N, 2))
+
+
+def global_batch(epoch: int, processed: int, size: int) -> np.ndarray:
+    """The samples a committed step of ``size`` replicas uses (what the single-process reference replays)."""
+    order = np.random.default_rng(SEED + epoch).permutation(N)
+    return order[processed:processed + min(size * BATCH, N - processed)]
+
+
+def shard_rank(addr: str, token: str, replica: str, shard: int, role: str, kill_at: int, wait_s: float = 60.0):
+    """Rank ``shard`` of replica ``replica``: train until the end of epoch ``EPOCHS - 1``.
+
+    ``role``: ``"replica"`` starts at once; ``"victim"`` SIGKILLs itself in the middle of step
+    ``kill_at`` (both ranks of the replica, after joining the quorum, before the gradients go out);
+    ``"spare"`` builds everything from another initialisation, waits until the survivor committed
+    two steps alone, then starts its Managers and heals shard by shard. Returns ``(params, log,
+    stats)``: ``log`` has one record per committed step (step, epoch, samples processed before it,
+    quorum size in replicas, members, this rank's samples).
+    """
+    import neural_arch.distributed as dist
+    from neural_arch import optim
+    from neural_arch.core.tensor import Tensor
+    from neural_arch.distributed import ft
+    from neural_arch.distributed.elastic.sampler import ElasticDistributedSampler
+    from neural_arch.distributed.optim import ZeroRedundancyOptimizer
+    from neural_arch.distributed.rendezvous.base import PrefixStore
+    from neural_arch.distributed.rendezvous.tcp_store import TCPStore
+
+    host, _, port = addr.rpartition(":")
+    signals = TCPStore(host, int(port), timeout=wait_s, auth_token=token)
+    # the replica's own group (its ZeRO collectives): rendezvous under a prefix of the lighthouse's store
+    group_store = TCPStore(host, int(port), timeout=wait_s, auth_token=token)
+    group = dist.init_process_group("gloo", store=PrefixStore(f"zero/{replica}", group_store), timeout=10.0)
+    model, X, Y = setup(seed=0 if role != "spare" else 99)
+    sampler = ElasticDistributedSampler(dataset_size=N, num_replicas=1, rank=0, shuffle=True, seed=SEED)
+    rng = np.random.default_rng(1000 if role != "spare" else 1099)   # the spare's differs until it heals
+    holder = {}
+
+    def state_dict():   # this shard's part: the whole weights (ZeRO-2 keeps them on every rank), its optimizer shard
+        return {"model": model.state_dict(), "optim": holder["zero"].optim.state_dict(),
+                "sampler": sampler.state_dict(), "rng": rng.bit_generator.state}
+
+    def load_state_dict(state):
+        model.load_state_dict(state["model"])      # the next step copies them into the master shards
+        holder["zero"].optim.load_state_dict(state["optim"])
+        sampler.load_state_dict(state["sampler"])
+        rng.bit_generator.state = state["rng"]
+
+    if role == "spare":   # everything imported and built before the wait: it registers at once when told
+        signals.wait([SPARE_SIGNAL], timeout=wait_s)
+    manager = ft.Manager(pg=ft.ProcessGroupGloo(timeout=10.0, transport="tcp"), load_state_dict=load_state_dict,
+                         state_dict=state_dict, min_replica_size=1, replica_id=replica, shard=(shard, SHARDS),
+                         lighthouse_addr=addr, timeout=10.0, quorum_timeout=wait_s, heartbeat_interval=0.05,
+                         auth_token=token, init_sync=False)        # seeded alike: nothing to copy at step 0
+    zero = holder["zero"] = ZeroRedundancyOptimizer(
+        model.parameters(), optim.Adam, process_group=group, stage=2, bucket_cap_mb=1e-4,   # a few buckets
+        replicate_group=ft.ManagedProcessGroup(manager), lr=0.05)
+    if role == "spare":
+        signals.add(SPARE_READY, 1)
+    else:   # the four register before any asks (else the first quorum may be one replica, and the late one heals)
+        signals.add(STARTED, 1)
+        deadline = time.monotonic() + wait_s
+        while int(signals.add(STARTED, 0)) < 2 * SHARDS and time.monotonic() < deadline:
+            time.sleep(0.005)
+    opt = ft.OptimizerWrapper(manager, zero)
+    log, discarded, solo = [], 0, 0
+    while sampler.epoch < EPOCHS:
+        opt.zero_grad()                                         # joins the quorum; heals this shard if behind
+        size, me = manager.num_participants(), manager.participating_rank()
+        if role == "victim" and manager.current_step() == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        sampler.reset(num_replicas=size, rank=me)
+        processed = sampler.processed_samples()
+        ours, pad = sampler.indices()[:BATCH], sampler.padding_mask()[:BATCH]
+        mine = ours[shard::SHARDS][~pad[shard::SHARDS]]          # the replica's share, split over its ranks
+        n_global = min(size * BATCH, N - processed)
+        if len(mine):
+            err = model(Tensor(X[mine])) - Tensor(Y[mine])
+            # averaged over the replica's ranks, then over the replicas: the global-batch mean
+            loss = (err * err).sum() * (size * SHARDS / n_global)
+        else:                                                    # only padding here: zero gradients, same collectives
+            loss = (model(Tensor(X[:1])) * 0.0).sum()
+        loss.backward()
+        if opt.step():
+            log.append((manager.current_step(), sampler.epoch, processed, size, manager.quorum.members,
+                        mine.tolist()))
+            sampler.record_samples(BATCH)
+            solo += size == 1
+            if replica == "a" and shard == 0 and solo == 2:
+                signals.set(SPARE_SIGNAL, b"1")
+                deadline = time.monotonic() + wait_s               # else the epoch could end before it arrives
+                while int(signals.add(SPARE_READY, 0)) < SHARDS and time.monotonic() < deadline:
+                    time.sleep(0.005)
+            rng.random()                                         # the RNG moves with every committed step
+            if sampler.processed_samples() >= N:
+                sampler.set_epoch(sampler.epoch + 1)
+        else:
+            discarded += 1
+    inner = zero.optim.state_dict()["state"]
+    stats = {"replica": replica, "shard": shard, "member": manager.member, "heals": manager.heals,
+             "discarded": discarded, "step": manager.current_step(), "heal_bytes": manager.heal_bytes_received,
+             "rng": rng.bit_generator.state["state"]["state"],
+             "optim_shard": [np.asarray(inner[k][name]).copy() for k in sorted(inner)
+                             for name in ("exp_avg", "exp_avg_sq") if name in inner[k]]}
+    manager.shutdown()
+    dist.destroy_process_group()
+    group_store.close()
+    signals.close()
+    return [p.data.copy() for p in model.parameters()], log, stats
+
+
+def by_rank(addr: str, token: str, layout: tuple, kill_at: int):
+    """Pool entry point: rank ``r`` is shard ``layout[r][1]`` of replica ``layout[r][0]`` in role ``layout[r][2]``."""
+    replica, shard, role = layout[int(os.environ["RANK"])]
+    # each replica is a job of its own (as if its own torchrun started it): its ranks are 0..SHARDS-1
+    os.environ.update(RANK=str(shard), WORLD_SIZE=str(SHARDS), LOCAL_RANK=str(shard), LOCAL_WORLD_SIZE=str(SHARDS))
+    return shard_rank(addr, token, replica, shard, role, kill_at)
+
+
+def reference(log) -> list[np.ndarray]:
+    """Single-process Adam over exactly the committed global batches of ``log``."""
+    from neural_arch import optim
+    from neural_arch.core.tensor import Tensor
+
+    model, X, Y = setup(seed=0)
+    adam = optim.Adam(model.parameters(), lr=0.05)
+    for _step, epoch, processed, size, _members, _mine in log:
+        batch = global_batch(epoch, processed, size)
+        adam.zero_grad()
+        err = model(Tensor(X[batch])) - Tensor(Y[batch])
+        ((err * err).sum() * (1.0 / len(batch))).backward()
+        adam.step()
+    return [p.data.copy() for p in model.parameters()]

@@ -1,0 +1,48 @@
+"""The heal's wire format: small arrays travel in bundles, large ones raw, and ``into`` receives in
+place into the receiver's own arrays (no process group: a pipe of two ends in one process)."""
+
+import numpy as np
+
+from neural_arch.distributed.ft import transfer
+from neural_arch.distributed.ft.transfer import plan_messages, recv_state, send_state
+
+
+class Pipe:
+    """What one end sends, the other receives, in order; counts the messages."""
+
+    def __init__(self):
+        self.queue, self.messages = [], 0
+
+    def send(self, array, dst, tag=0):
+        self.queue.append(np.array(array, copy=True))
+        self.messages += 1
+
+    def recv(self, array, src, tag=0):
+        got = self.queue.pop(0)
+        assert got.shape == array.shape and got.dtype == array.dtype
+        array[...] = got
+
+
+def test_small_arrays_share_a_message_large_ones_go_raw_into_the_receivers_own_arrays(monkeypatch):
+    monkeypatch.setattr(transfer, "SMALL_BYTES", 256)
+    monkeypatch.setattr(transfer, "BUNDLE_BYTES", 512)
+    rng = np.random.default_rng(0)
+    big = rng.normal(size=(8, 8))                                   # 512 bytes: raw
+    small = [rng.normal(size=3), np.arange(5, dtype=np.int16), np.float32(2.5) * np.ones((2, 2), np.float32),
+             rng.normal(size=20)]                                    # 24 + 10 + 16 + 160 bytes: bundled
+    state = {"user": {"w": big, "b": small[:2], "opt": {"m": small[2], "v": small[3], "step": 7},
+                      "empty": np.zeros((0, 3))}, "step": 4}
+    plan = plan_messages([a.nbytes for a in (big, *small)], small=256, bundle=512)
+    assert plan == [("bundle", [(1, 0), (2, 64), (3, 128), (4, 192)], 352), ("raw", 0)]
+
+    mine_w, mine_v = np.zeros((8, 8)), np.zeros(20)
+    into = {"user": {"w": mine_w, "opt": {"m": np.zeros((2, 2)), "v": mine_v}}}   # m: other dtype -> not used
+    pipe = Pipe()
+    send_state(pipe, state, dst=1)
+    got = recv_state(pipe, src=0, into=into)
+    assert not pipe.queue and pipe.messages == 2 + 2                # length + skeleton, one bundle, one raw
+    assert got["user"]["w"] is mine_w and got["user"]["opt"]["v"] is mine_v
+    assert np.array_equal(mine_w, big) and np.array_equal(mine_v, small[3])
+    assert got["user"]["opt"]["m"].dtype == np.float32 and np.array_equal(got["user"]["opt"]["m"], small[2])
+    assert got["user"]["b"][1].dtype == np.int16 and np.array_equal(got["user"]["b"][1], small[1])
+    assert got["user"]["empty"].shape == (0, 3) and got["step"] == 4 and got["user"]["opt"]["step"] == 7
