@@ -354,9 +354,11 @@ class OpRunner(abc.ABC):
             # flight recorder's analyzer -- a timeout, a mismatch, a peer's failure or an abort
             if self._fr is not None and self._size > 1:     # (a world of one cannot desync)
                 reason = f"{info.describe()} on group {self.group_ranks} failed: {type(exc).__name__}: {exc}"[:2000]
-                _fr_dump(reason)
-                # and every other rank's, also one idle in user code that will never fail on its own
-                _fr_request(reason)
+                # and every other rank's, also one idle in user code that will never fail on its own;
+                # not when this dump found nowhere to go (no folder, the store's host gone: the request
+                # would wait out the store's grace a second time before the error is raised)
+                if _fr_dump(reason) is not None:
+                    _fr_request(reason)
 
     def abort(self, reason: str) -> None:
         """Make this group unusable here and on every other rank, naming ``reason`` (torch's

@@ -21,9 +21,9 @@ from neural_arch.distributed.comm.mpi.alltoallv import _TAG
 from neural_arch.distributed.resolve import _resolve_group
 from mpi4py import MPI
 rank = MPI.COMM_WORLD.Get_rank()
-dist.init_process_group(timeout=20.0)      # generous on a loaded machine; the missing peer's group: 2 s
+dist.init_process_group(timeout=20.0)      # generous on a loaded machine; the missing peer's group: 1 s
 world = _resolve_group(None, "test").backend
-short = dist.new_group([0, 1], timeout=2.0)
+short = dist.new_group([0, 1], timeout=1.0)
 out = {"wrong": []}
 
 def rows(r, n, width, seed):          # rank r's n rows (every rank can rebuild any rank's)
