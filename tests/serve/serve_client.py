@@ -68,3 +68,21 @@ class Server:
             except ProcessLookupError:
                 pass
         self.proc.wait(timeout=30)
+
+
+def reference_generator(checkpoint):
+    """``generate(prompt, n, **sampling)``: the checkpoint's model generating in this process (greedy,
+    or sampled with ``seed``), the tokens a server's reply must equal."""
+    import numpy as np
+
+    from neural_arch.serve.checkpoint import load_checkpoint
+
+    model, _ = load_checkpoint(checkpoint)
+
+    def generate(prompt, n, **sampling):
+        seed = sampling.pop("seed", None)
+        if sampling:
+            sampling.update(do_sample=True, generator=np.random.default_rng(seed))
+        return model.generate(np.array([prompt]), n, **sampling)[0, len(prompt):].tolist()
+
+    return generate

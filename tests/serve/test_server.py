@@ -15,11 +15,9 @@ import threading
 import time
 import urllib.request
 
-import numpy as np
 import pytest
-from serve_client import Server
+from serve_client import Server, reference_generator
 
-from neural_arch.serve.checkpoint import load_checkpoint
 from neural_arch.serve.checkpoint import main as make_checkpoint
 
 pytestmark = pytest.mark.timeout(180)
@@ -46,15 +44,7 @@ def server(checkpoint, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(checkpoint):
-    model, _ = load_checkpoint(checkpoint)
-
-    def generate(prompt, n, **sampling):
-        seed = sampling.pop("seed", None)
-        if sampling:
-            sampling.update(do_sample=True, generator=np.random.default_rng(seed))
-        return model.generate(np.array([prompt]), n, **sampling)[0, len(prompt):].tolist()
-
-    return generate
+    return reference_generator(checkpoint)
 
 
 def test_greedy_tokens_equal_single_process_and_config_and_health(server, reference):

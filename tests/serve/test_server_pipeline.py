@@ -5,11 +5,9 @@ single-process model's, and a request arriving while another decodes joins its r
 The stage split leaves the middle block to the first stage (3 blocks over 2 stages), so the stages
 differ in depth; the model is float64, so equal tokens follow from equal logits."""
 
-import numpy as np
 import pytest
-from serve_client import Server
+from serve_client import Server, reference_generator
 
-from neural_arch.serve.checkpoint import load_checkpoint
 from neural_arch.serve.checkpoint import main as make_checkpoint
 
 pytestmark = pytest.mark.timeout(180)
@@ -36,15 +34,7 @@ def server(checkpoint, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(checkpoint):
-    model, _ = load_checkpoint(checkpoint)
-
-    def generate(prompt, n, **sampling):
-        seed = sampling.pop("seed", None)
-        if sampling:
-            sampling.update(do_sample=True, generator=np.random.default_rng(seed))
-        return model.generate(np.array([prompt]), n, **sampling)[0, len(prompt):].tolist()
-
-    return generate
+    return reference_generator(checkpoint)
 
 
 def test_tp_and_pp_tokens_equal_single_process(server, reference):

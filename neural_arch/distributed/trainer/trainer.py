@@ -592,15 +592,7 @@ class DistributedTrainer:
         rec = self.metrics.steps[-1] if self.metrics.steps else {}
         self.micro_step += 1
         self.batch_in_epoch += 1
-        out.update({
-            "loss": float(loss.item()),
-            "compute_time": float(rec.get("step_time_s", 0.0) - rec.get("exposed_comm_s", 0.0)),
-            "communication_time": float(rec.get("comm_time_s", 0.0)),
-            "step": self.global_step,
-            "lr": float(optimizer.param_groups[0]["lr"]),
-            "accumulating": not last,
-        })
-        return out
+        return self._metrics(out, float(loss.item()), rec, optimizer, last)
 
     def _pipeline_step(self, x, y, optimizer, eff, criterion, last: bool) -> dict:
         """Strategy 'pp': buffer the micro-batch; at the window's end run the schedule over the
@@ -630,8 +622,13 @@ class DistributedTrainer:
         rec = self.metrics.steps[-1] if self.metrics.steps else {}
         self.micro_step += 1
         self.batch_in_epoch += 1
+        return self._metrics(out, out["losses"][-1] if out["losses"] else math.nan, rec, optimizer, last)
+
+    def _metrics(self, out: dict, loss: float, rec: dict, optimizer, last: bool) -> dict:
+        """The seed's metrics dict of one train_step: ``out`` (grad_norm, skipped, ...) plus the loss,
+        the step's compute and communication time from ``rec`` (DistributedMetrics), step and lr."""
         out.update({
-            "loss": out["losses"][-1] if out["losses"] else math.nan,
+            "loss": loss,
             "compute_time": float(rec.get("step_time_s", 0.0) - rec.get("exposed_comm_s", 0.0)),
             "communication_time": float(rec.get("comm_time_s", 0.0)),
             "step": self.global_step,
