@@ -8,7 +8,8 @@ collected ``items`` that needs one. When collection ends, the session queues eve
 background threads (two) run the queue, a job each at a time, at the lowest CPU priority (nice 19): they take
 the cycles the other tests leave idle (their ranks waiting on sockets, their fault cases waiting out
 timeouts) and yields to every test running in the foreground, MPI's busy-polling ranks included. The
-test then asks for its job's result with :func:`result`: a job already done answers at once, a running
+tests that read a job's result run at the end of the session (``pytest_collection_modifyitems``), so the
+queue has the whole run to get there; such a test asks for its job's result with :func:`result`: a job already done answers at once, a running
 one is waited for, and a job still queued -- or never queued, when the test runs alone -- runs at once
 in the test itself, at normal priority, so a test behaves the same whether or not the queue got to its
 job first.
@@ -195,6 +196,19 @@ QUEUE = JobQueue()
 def result(name: str, make: Callable[[], Job]) -> Job:
     """The finished background job ``name`` (see the module docstring); ``make`` builds it if never queued."""
     return QUEUE.result(name, make)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The tests that read a background job's result run last (in their order): by then the queue has
+    had the whole run's idle cycles for their jobs, where in collection order (``tests/docs``,
+    ``tests/examples`` come early) a test would wait for its job or run it itself in the foreground."""
+    def reads_a_job(item) -> bool:
+        module = getattr(item, "module", None)
+        return module is not None and callable(getattr(module, "background_jobs", None))
+
+    late = [item for item in items if reads_a_job(item)]
+    if late:
+        items[:] = [item for item in items if not reads_a_job(item)] + late
 
 
 def pytest_collection_finish(session):
