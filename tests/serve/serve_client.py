@@ -70,6 +70,16 @@ class Server:
         self.proc.wait(timeout=30)
 
 
+def running(checkpoint, tmp, layout):
+    """A module fixture's body: a ready :class:`Server`, stopped (its session killed) however the tests end."""
+    server = Server(checkpoint, tmp, layout)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
 def reference_generator(checkpoint):
     """``generate(prompt, n, **sampling)``: the checkpoint's model generating in this process (greedy,
     or sampled with ``seed``), the tokens a server's reply must equal."""

@@ -16,7 +16,7 @@ import time
 import urllib.request
 
 import pytest
-from serve_client import Server, reference_generator
+from serve_client import reference_generator, running
 
 from neural_arch.serve.checkpoint import main as make_checkpoint
 
@@ -34,12 +34,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
-    s = Server(checkpoint, tmp_path_factory.mktemp("serve-run"), ["--tp", "2"])
-    try:
-        s.wait_ready()
-        yield s
-    finally:
-        s.stop()
+    yield from running(checkpoint, tmp_path_factory.mktemp("serve-run"), ["--tp", "2"])
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ The stage split leaves the middle block to the first stage (3 blocks over 2 stag
 differ in depth; the model is float64, so equal tokens follow from equal logits."""
 
 import pytest
-from serve_client import Server, reference_generator
+from serve_client import reference_generator, running
 
 from neural_arch.serve.checkpoint import main as make_checkpoint
 
@@ -24,12 +24,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
-    s = Server(checkpoint, tmp_path_factory.mktemp("serve-pp-run"), ["--tp", "2", "--pp", "2"])
-    try:
-        s.wait_ready()
-        yield s
-    finally:
-        s.stop()
+    yield from running(checkpoint, tmp_path_factory.mktemp("serve-pp-run"), ["--tp", "2", "--pp", "2"])
 
 
 @pytest.fixture(scope="module")
