@@ -33,11 +33,19 @@ What each dimension does here:
   ``--cp`` every stage sees its rank's sequence shard: the first stage looks up the global
   positions, the last computes the loss on its shard's targets).
 
-Not supported yet (the script stops at start with a sentence naming the flags): ``--pp`` with
-MoE (``--ep`` > 1 or ``--experts``: a stage's auxiliary loss has no path into the pipeline's
-backward, and its statistics would cover one micro-batch rather than the step's batch), and
-``--cp`` with ``--capacity-factor`` (which assignments an expert drops depends on the tokens' order
-in the batch, and the head-tail layout reorders the sequence).
+MoE with ``--pp`` (Megatron-core's way): a stage only back-propagates its output's gradient, so
+each MoE layer's output carries its aux loss (``nn.moe.MoEAuxLossAutoScaler``, scale
+``1 / --microbatches``, the main loss's scale); the MoE statistics (load-balancing loss,
+capacity) cover one micro-batch of the whole step (every dp and cp rank's share of it), and a
+step's loss is ``mean over micro-batches of (LM loss + aux losses)``. The single-process
+reference of ``--verify`` accumulates the same micro-batches (micro-batch ``i`` = every dp rank's
+``i``-th slice of its rows, in rank order), so it compares like with like. Expert parameters are
+reduced over their expert-data-parallel group, the others averaged over dp, after each step's
+last backward (what DDP does).
+
+``--cp`` with ``--capacity-factor``: the tokens an expert drops are chosen by their global
+position (``parallelize_moe(..., context_parallel_group=...)``; ``nn.MoE``'s rule), so the
+head-tail layout drops exactly the assignments one process drops on the whole sequence.
 
 Start it any way::
 
@@ -46,6 +54,8 @@ Start it any way::
         examples/train_gpt_5d.py --dp 2 --cp 2 --tp 2 --verify
     python -m neural_arch.distributed.launcher --standalone --nproc_per_node 4 \\
         examples/train_gpt_5d.py --dp 4 --ep 2 --verify
+    python -m neural_arch.distributed.launcher --standalone --nproc_per_node 8 \\
+        examples/train_gpt_5d.py --pp 2 --dp 2 --cp 2 --ep 2 --moe-every 1 --capacity-factor 1.0 --verify
     mpiexec -n 4 python examples/train_gpt_5d.py --dp 2 --pp 2 --verify
 
 ``--verify`` trains in float64 and also a single-process copy on the same global batches, then
@@ -121,13 +131,6 @@ def check_layout(args, world: int) -> str | None:
         return f"--experts {experts} must be a multiple of --ep {args.ep} (each ep rank holds experts / ep experts)"
     if args.ep > 1 and experts == 0:
         return f"--ep {args.ep} needs MoE layers: leave out --experts 0"
-    if args.pp > 1 and experts:
-        return (f"--pp {args.pp} with MoE (--ep {args.ep}, --experts {experts}) is not supported yet: a stage's MoE "
-                "auxiliary loss has no path into the pipeline's backward, and its statistics would cover one "
-                "micro-batch instead of the step's batch; use --pp or MoE, not both")
-    if args.cp > 1 and args.capacity_factor is not None:
-        return (f"--cp {args.cp} with --capacity-factor is not supported: which tokens an expert drops depends on "
-                "their order in the batch, and the head-tail layout reorders the sequence")
     if args.pp > 1 and args.batch_size % args.microbatches:
         return f"--microbatches {args.microbatches} must divide --batch-size {args.batch_size}"
     if args.pp > args.n_layer:
@@ -203,8 +206,33 @@ def parallelize(model, args, lay: Layout):
         from neural_arch.distributed.expert_parallel import parallelize_moe
 
         parallelize_moe(model, ep_group=lay.ep_group, dp_group=lay.moe_batch_group,
-                        expert_dp_group=lay.expert_dp_group)
+                        expert_dp_group=lay.expert_dp_group,
+                        context_parallel_group=lay.group("cp") if lay.cp > 1 else None)
     return model
+
+
+def moe_layers(module) -> list:
+    """Every ``nn.MoE`` inside ``module`` (a pipeline stage holds some of the model's)."""
+    return [m for m in module.modules() if isinstance(m, nn.MoE)]
+
+
+def sync_stage_gradients(params, dp_group) -> None:
+    """A pipeline stage's gradients made those of the step's whole batch, as DDP would: replicated
+    parameters averaged over dp, expert parameters summed over their expert-data-parallel group and
+    divided by the dp size (``ExpertGradReducer``). Collective over dp."""
+    from neural_arch.distributed.ddp.expert_grads import ExpertGradReducer, split_expert_parameters
+
+    replicated, experts = split_expert_parameters([p for p in params if p.requires_grad])
+    if replicated and dp_group.size() > 1:
+        flat = np.concatenate([(p.grad.data if p.grad is not None else np.zeros_like(p.data)).ravel()
+                               for p in replicated])
+        dp_group.backend.allreduce(flat, dist.ReduceOp.SUM)
+        flat /= dp_group.size()
+        offset = 0
+        for p in replicated:
+            p.grad = Tensor(flat[offset:offset + p.data.size].reshape(p.data.shape))
+            offset += p.data.size
+    ExpertGradReducer(experts, world_size=dp_group.size()).reduce()
 
 
 def global_names(model) -> dict:
@@ -248,17 +276,29 @@ class Trainer:
             from neural_arch.distributed import pipelining as pl
 
             pipe = pl.pipeline(model, num_stages=lay.pp, balance="layers")
+            # with MoE the stage cannot average over dp itself (expert parameters differ per rank)
+            self.stage_dp = lay.group("dp") if lay.dp > 1 and args.experts else None
             self.stages = [pipe.build_stage(lay.pp_rank, group=lay.group("pp"),
-                                            dp_group=lay.group("dp") if lay.dp > 1 else None)]
+                                            dp_group=lay.group("dp") if lay.dp > 1 and not args.experts else None)]
             self.schedule = pl.Schedule1F1B(self.stages[0], args.microbatches, loss_fn=lm_loss)
             params = [p for st in self.stages for p in st.submodule.parameters()]
             self.modules = [st.submodule for st in self.stages]
+            self.aux_values: list[float] = []
+            for moe in moe_layers(self.stages[0].submodule):
+                # the aux loss rides on the output's gradient, scaled like each micro-batch's loss
+                moe.aux_loss_backward_scale = 1.0 / args.microbatches
+                moe.register_forward_hook(self._record_aux_loss)
+            self.microbatches = args.microbatches
         else:
             self.stages = None
             self.net = dist.DistributedDataParallel(model, process_group=lay.group("dp")) if lay.dp > 1 else model
             params = list(self.net.parameters())
             self.modules = [model]
         self.opt = optim.AdamW(params, lr=args.lr, weight_decay=0.01)
+
+    def _record_aux_loss(self, moe, _args, _out) -> None:
+        """Forward hook of a stage's MoE layer: its aux loss of this micro-batch, for the step's loss."""
+        self.aux_values.append(float(moe.aux_loss.item()))
 
     def step(self, x, y) -> float | None:
         """Train on this replica's rows ``x``, ``y`` (whole sequences); the local loss (None off the last stage)."""
@@ -269,8 +309,13 @@ class Trainer:
             x, y = shard_sequence(x, 1, lay.group("cp")), shard_sequence(y, 1, lay.group("cp"))
         if self.stages is not None:
             stage = self.stages[0]
+            self.aux_values.clear()
             losses = self.schedule.step(*((x,) if stage.is_first else ()), target=y if stage.is_last else None)
+            if self.stage_dp is not None:
+                sync_stage_gradients(stage.submodule.parameters(), self.stage_dp)
             loss = float(np.mean([float(m.item()) for m in losses])) if stage.is_last else None
+            if self.aux_values:   # this stage's MoE layers: the mean over micro-batches of their sum
+                loss = (loss or 0.0) + sum(self.aux_values) / self.microbatches
         else:
             out = lm_loss(self.net(x), y)
             if self.model.aux_loss is not None:
@@ -295,11 +340,35 @@ def global_loss(local: float | None, lay: Layout) -> float:
 
     A rank of the last pipeline stage holds its tokens' mean loss (plus the aux loss, the same on all
     of them; the tp ranks of one shard hold the same value), the others hold none: the global loss
-    is the mean over the holders, whose shards all have the same number of tokens."""
+    is the mean over the holders, whose shards all have the same number of tokens. With MoE under
+    pipelining every rank also holds its stage's aux losses (the same on the stage's dp x cp x tp
+    ranks, as many as the holders): the sum over all ranks divided by the holders adds each stage's
+    aux loss once."""
     holders = lay.dp * lay.cp * lay.tp            # the last stage's ranks
     total = np.array([0.0 if local is None else local])
     dist.all_reduce(total)
     return float(total[0]) / holders
+
+
+def reference_step(ref, opt, X, Y, args, lay: Layout) -> float:
+    """One single-process step on the global batch ``X``, ``Y`` (``dp`` blocks of ``batch_size``
+    rows); its loss. With MoE under pipelining, as the pipeline computes it: micro-batch ``i`` is
+    every dp block's ``i``-th slice (rank order), the aux losses cover one micro-batch, and the
+    gradient is that of ``mean_i(LM loss_i + aux_i)``."""
+    m = args.microbatches if lay.pp > 1 and args.experts else 1
+    size = args.batch_size // m
+    total = 0.0
+    for i in range(m):
+        rows = np.concatenate([np.arange(d * args.batch_size + i * size, d * args.batch_size + (i + 1) * size)
+                               for d in range(lay.dp)])
+        loss = lm_loss(ref(Tensor(X[rows])), Y[rows])
+        if ref.aux_loss is not None:
+            loss = loss + ref.aux_loss
+        (loss * (1.0 / m) if m > 1 else loss).backward()
+        total += float(loss.item()) / m
+    opt.step()
+    opt.zero_grad()
+    return total
 
 
 def main(argv=None) -> int:
@@ -332,19 +401,15 @@ def main(argv=None) -> int:
         mine = slice(g.start + lay.dp_rank * B, g.start + (lay.dp_rank + 1) * B)
         loss = global_loss(trainer.step(X[mine], Y[mine]), lay)
         if ref is not None:
-            total = lm_loss(ref(Tensor(X[g])), Y[g])
-            if ref.aux_loss is not None:
-                total = total + ref.aux_loss
-            total.backward()
-            ref_opt.step()
-            ref_opt.zero_grad()
-            worst_loss = max(worst_loss, abs(loss - float(total.item())))
+            worst_loss = max(worst_loss, abs(loss - reference_step(ref, ref_opt, X[g], Y[g], args, lay)))
         if rank == 0:
             print(f"step {step:3d}  loss {loss:.6f}", flush=True)
     elapsed = time.perf_counter() - t0
     if rank == 0 and args.experts:
         for i, block in enumerate(trainer.model.blocks):
-            if isinstance(block.mlp, nn.MoE):   # the last step's whole batch (every dp and cp rank)
+            # the last step's whole batch (every dp and cp rank); with --pp its last micro-batch, on
+            # this rank's stage
+            if isinstance(block.mlp, nn.MoE) and block.mlp.tokens_per_expert is not None:
                 print(f"moe block {i}: tokens per expert {block.mlp.tokens_per_expert.tolist()}, "
                       f"{block.mlp.dropped} assignments dropped by capacity", flush=True)
     status = 0

@@ -17,7 +17,13 @@ expert-parallel rank ``e // (E / ep)``; ``moe.experts`` then holds those ``E / e
 * the auxiliary losses use the statistics of the whole data-parallel batch: the sum of router
   probabilities (and of the squared log-partition for the z-loss) goes through a differentiable
   all-reduce, the counts come from the table. ``local_aux_loss=True`` keeps Megatron's per-rank
-  statistics instead.
+  statistics instead;
+* with a capacity, the assignments an expert drops are those one process would drop on the
+  whole batch (``nn.MoE``'s rule: by choice level, then by the token's global index). Under
+  context parallelism (``context_parallel_group``: a rank holds chunks of each sequence, e.g. the
+  head-tail layout) the placement gives ``nn.MoE`` the global position of every local token
+  (:meth:`ExpertParallelPlacement.token_segments`), and the per-chunk choice counts of every rank
+  are all-gathered once more, so the rule does not depend on the layout.
 
 Groups (Megatron's layout, ``ep`` inside ``dp``): a device mesh ``("dp", "ep")`` of shape
 ``(world // ep, ep)`` over the data-parallel ranks. ``mesh["ep"]`` (consecutive ranks) is the
@@ -145,8 +151,18 @@ class ExpertParallelPlacement:
         placement.expert_ids          # (0, 1) on ep rank 0, (2, 3) on ep rank 1
     """
 
-    def __init__(self, ep_group, dp_group, num_experts: int, local_aux_loss: bool = False):
+    def __init__(self, ep_group, dp_group, num_experts: int, local_aux_loss: bool = False,
+                 context_parallel_group=None, load_balance: bool = True):
         self.ep, self.dp = ep_group, dp_group
+        cp = context_parallel_group
+        self.cp = cp if cp is not None and cp.size() > 1 else None
+        self.load_balance = bool(load_balance)
+        if self.cp is not None:
+            outside = [r for r in self.cp.ranks if r not in dp_group.ranks]
+            if outside:
+                raise ValueError(f"parallelize_moe: ranks {outside} of the context-parallel group "
+                                 f"{list(self.cp.ranks)} are not in the data-parallel group {list(dp_group.ranks)}; "
+                                 "the MoE statistics cover every sequence chunk: pass a dp_group over dp x cp")
         size = ep_group.size()
         if num_experts % size:
             raise ValueError(f"parallelize_moe: num_experts={num_experts} is not divisible by the expert-"
@@ -175,6 +191,42 @@ class ExpertParallelPlacement:
             return t
         return _all_reduce(t, group=self.dp)
 
+    def token_segments(self, lead_shape: tuple):
+        """None without context parallelism; else ``(starts, keys)``: the runs of this rank's flat
+        tokens that are consecutive in the batch's global order, and each run's sort key
+        ``(replica, sequence, first global position)``. The tokens must be ``(batch, local
+        sequence)`` (the sequence sharded by ``shard_sequence`` over the context-parallel group).
+        The replica is the data-parallel rank of the context-parallel group's first rank, so
+        sequences are ordered as the data-parallel ranks hold them."""
+        if self.cp is None:
+            return None
+        from neural_arch.distributed.tensor.experimental._attention import sequence_positions
+
+        if len(lead_shape) != 2:
+            raise ValueError(f"MoE under context parallelism: expected tokens of shape (batch, local sequence, "
+                             f"embed_dim), got leading shape {tuple(lead_shape)}")
+        b, t = (int(d) for d in lead_shape)
+        if b * t == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros((0, 3), dtype=np.int64)
+        pos = sequence_positions(t, self.cp.rank(), self.cp.size(), self.load_balance)
+        run_starts = np.flatnonzero(np.diff(pos, prepend=pos[0] - 2) != 1)         # local offsets
+        replica = self.dp.group_rank(self.cp.ranks[0])
+        seq = np.repeat(np.arange(b), len(run_starts))
+        starts = seq * t + np.tile(run_starts, b)
+        keys = np.stack([np.full(len(starts), replica), seq, np.tile(pos[run_starts], b)], axis=1)
+        return starts.astype(np.int64), keys.astype(np.int64)
+
+    def gather_segments(self, counts: np.ndarray, keys: np.ndarray):
+        """Every rank's runs (collective over the data-parallel group): ``(counts, keys, owners,
+        first, ranks)``, the concatenation in rank order, each run's rank, the index of this rank's
+        first run and the group size (see ``nn.moe.route_segments``)."""
+        parts = self.dp.backend.allgather_object((counts, keys))
+        owners = np.concatenate([np.full(len(c), r, dtype=np.int64) for r, (c, _) in enumerate(parts)])
+        me = self.dp.rank()
+        first = sum(len(c) for c, _ in parts[:me])
+        return (np.concatenate([c for c, _ in parts]), np.concatenate([key for _, key in parts]), owners, first,
+                len(parts))
+
     def run_experts(self, moe: MoE, rows: Tensor, kept: np.ndarray, rank: int) -> Tensor:
         size, me, per = self.ep.size(), self.ep.rank(), self.per_rank
         # flows[s, d, l]: rows ep rank s sends to ep rank d for d's l-th expert (known everywhere)
@@ -197,7 +249,7 @@ class ExpertParallelPlacement:
 
 
 def parallelize_moe(moe: Module, ep_group=None, *, dp_group=None, expert_dp_group=None, device_mesh=None,
-                    local_aux_loss: bool = False) -> Module:
+                    local_aux_loss: bool = False, context_parallel_group=None, load_balance: bool = True) -> Module:
     """Split the experts of ``moe`` (an ``nn.MoE``, or any module: every MoE inside it) over ``ep_group``.
 
     Args:
@@ -208,6 +260,9 @@ def parallelize_moe(moe: Module, ep_group=None, *, dp_group=None, expert_dp_grou
             this rank's position in their ep group); derived when ``dp_group`` is the world.
         device_mesh: a ``("dp", "ep")`` mesh (:func:`expert_parallel_mesh`) instead of the groups.
         local_aux_loss: per-rank auxiliary-loss statistics (Megatron) instead of the global batch's.
+        context_parallel_group: the group over which the sequence is sharded (``shard_sequence``),
+            inside ``dp_group``; with a capacity, the dropped assignments are then chosen by the
+            tokens' global positions (layout ``load_balance``, as given to ``shard_sequence``).
 
     Returns ``moe`` (changed in place). Every rank of ``dp_group`` must run the layer's forward and
     backward the same number of times (the exchange is collective).
@@ -237,7 +292,8 @@ def parallelize_moe(moe: Module, ep_group=None, *, dp_group=None, expert_dp_grou
     else:
         edp = _expert_dp_group(ep, dp)
     for layer in layers:
-        placement = ExpertParallelPlacement(ep, dp, layer.num_experts, local_aux_loss)
+        placement = ExpertParallelPlacement(ep, dp, layer.num_experts, local_aux_loss,
+                                            context_parallel_group=context_parallel_group, load_balance=load_balance)
         layer.placement = placement
         layer.local_aux_loss = bool(local_aux_loss)
         layer.experts = ModuleList([layer.experts[e] for e in placement.expert_ids])

@@ -7,6 +7,11 @@ imports per rank, and the machines running the suite have 2 cores):
 * launcher, 8 ranks, dp 2 x tp 2 x cp 2 x ep 2: dp x tp, dp x cp, dp x ep, dp x tp x cp on 8
   ranks, and MoE under tp and cp;
 * launcher, 8 ranks, dp 2 x pp 2 x cp 2: dp x pp (and pp x cp);
+* launcher, 4 ranks, pp 2 x dp 2 x ep 2 with an MoE in every block: MoE under pipelining (the first
+  stage's aux loss reaches its router through ``MoEAuxLossAutoScaler``; the reference accumulates
+  the same micro-batches);
+* launcher, 4 ranks, dp 2 x cp 2 x ep 2 with top-1 routing and a capacity: the dropped assignments
+  chosen by global position under the head-tail layout;
 * mpiexec, 4 ranks, dp 4 x ep 2 with top-1 routing and a capacity: experts held twice (the
   expert-data-parallel groups) and tokens dropped;
 * in this process: the layouts the script refuses, each with a sentence naming the flags.
@@ -59,11 +64,22 @@ def _launch(nproc: int, *flags: str) -> str:
 @pytest.mark.parametrize("nproc, flags, layout", [
     (8, ["--dp", "2", "--tp", "2", "--cp", "2", "--ep", "2"], "pp=1 dp=2 cp=2 tp=2 ep=2"),
     (8, ["--dp", "2", "--pp", "2", "--cp", "2"], "pp=2 dp=2 cp=2 tp=1 ep=1"),
-], ids=["dp2xtp2xcp2xep2", "dp2xpp2xcp2"])
+    (4, ["--pp", "2", "--dp", "2", "--ep", "2", "--moe-every", "1"], "pp=2 dp=2 cp=1 tp=1 ep=2"),
+    (4, ["--dp", "2", "--cp", "2", "--ep", "2", "--top-k", "1", "--capacity-factor", "1.0"],
+     "pp=1 dp=2 cp=2 tp=1 ep=2"),
+], ids=["dp2xtp2xcp2xep2", "dp2xpp2xcp2", "pp2xdp2xep2", "dp2xcp2xep2-capacity"])
 def test_launcher_compositions_match_single_process(nproc, flags, layout):
     out = _launch(nproc, *flags)
     _verdict(out, layout)
-    if "--ep" in flags:
+    if "--pp" in flags and "--ep" in flags:
+        # rank 0 holds the first stage, and it has an MoE block: its aux loss had to reach the router
+        # through the activations' backward (one micro-batch: 2 dp x 1 sequence x 8 positions, top-2)
+        counts = re.search(r"moe block 0: tokens per expert \[([\d, ]+)\]", out)
+        assert counts and sum(int(c) for c in counts.group(1).split(",")) == 2 * 1 * 8 * 2, out[-3000:]
+    elif "--capacity-factor" in flags:
+        dropped = re.search(r"moe block 1: tokens per expert \[[\d, ]+\], (\d+) assignments dropped", out)
+        assert dropped and int(dropped.group(1)) > 0, out[-3000:]  # the capacity path really ran
+    elif "--ep" in flags:
         # the MoE block really routed the step's whole batch (2 dp x 2 sequences x 8 positions)
         counts = re.search(r"moe block 1: tokens per expert \[([\d, ]+)\]", out)
         assert counts, out[-3000:]
@@ -101,13 +117,10 @@ def script():
 
 
 @pytest.mark.parametrize("world, flags, words", [
-    (4, ["--dp", "2", "--pp", "2", "--ep", "2"], ["--pp 2 with MoE", "not supported yet"]),
-    (2, ["--pp", "2", "--experts", "4"], ["--pp 2 with MoE", "--experts 4"]),
-    (4, ["--dp", "2", "--cp", "2", "--ep", "2", "--capacity-factor", "1.0"], ["--cp 2 with --capacity-factor"]),
     (4, ["--dp", "4", "--ep", "3"], ["--ep 3 must divide --dp 4"]),
     (4, ["--dp", "2", "--tp", "3"], ["must equal the world size 4"]),
     (2, ["--cp", "2", "--seq-len", "6"], ["--seq-len 6", "2 x --cp = 4"]),
-], ids=["pp-ep", "pp-moe", "cp-capacity", "ep-outside-dp", "world", "cp-seq-len"])
+], ids=["ep-outside-dp", "world", "cp-seq-len"])
 def test_unsupported_layouts_are_refused_with_the_flags_named(script, world, flags, words):
     reason = script.check_layout(script.parse_args(flags), world)
     assert reason is not None and all(w in reason for w in words), reason
@@ -117,5 +130,7 @@ def test_supported_layouts_pass_the_check(script):
     for world, flags in ((8, ["--dp", "2", "--tp", "2", "--cp", "2", "--ep", "2"]),
                          (8, ["--pp", "2", "--dp", "2", "--tp", "2"]),
                          (4, ["--pp", "2", "--cp", "2"]), (1, []),
-                         (4, ["--dp", "2", "--tp", "2", "--ep", "2", "--moe-every", "1"])):  # TP with no dense MLP
+                         (4, ["--dp", "2", "--tp", "2", "--ep", "2", "--moe-every", "1"]),  # TP with no dense MLP
+                         (4, ["--dp", "2", "--pp", "2", "--ep", "2"]), (2, ["--pp", "2", "--experts", "4"]),
+                         (4, ["--dp", "2", "--cp", "2", "--ep", "2", "--capacity-factor", "1.0"])):
         assert script.check_layout(script.parse_args(flags), world) is None, flags
