@@ -5,6 +5,9 @@ each step under its own time limit (the whole check fits in 8 minutes):
 
 1. ``env``        -- the GPU, the driver, CuPy and NCCL as the backend sees them (``missing_requirement``);
 2. ``pytest-gpu`` -- ``pytest -m gpu`` (CuPy ops, the NCCL backend, device dispatch);
+   ``device-kernels`` -- every kernel of ``neural_arch.core.device_kernels`` compiled by CuPy and checked,
+   float32 and float64, against its unfused NumPy formula and against its own source evaluated on the
+   host (``--check-kernels``: a table of the largest differences);
 3. ``bench-gpu``  -- ``benchmarks/bench_gpu.py`` against PyTorch on the same GPU (when torch imports);
 4. ``digits-nccl-1`` / ``gpt-nccl-1`` -- both DDP examples with ``--device cuda`` on NCCL in a world of one;
 5. ``digits-gloo-2`` / ``gpt-gloo-2`` -- the same examples on two ranks over gloo with CuPy arrays (one GPU:
@@ -40,6 +43,7 @@ GPT = ["examples/train_gpt_ddp.py", "--steps", "30", "--device", "cuda"]
 #: name -> (command, time limit in seconds): the plan, printable with --plan
 STEPS: dict[str, tuple[list[str], int]] = {
     "pytest-gpu": ([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"], 210),
+    "device-kernels": ([sys.executable, "benchmarks/gpu_check.py", "--check-kernels"], 120),
     "bench-gpu": ([sys.executable, "benchmarks/bench_gpu.py", "--batches", "256,4096", "--steps", "20",
                    "--repeats", "3", "--out", "benchmarks/results/bench_gpu.json"], 90),
     "digits-nccl-1": ([*LAUNCH, "--nproc_per_node", "1", "--backend", "nccl", *DIGITS], 45),
@@ -71,6 +75,61 @@ def environment() -> dict:
     return info
 
 
+#: per dtype: the largest difference allowed, relative to 1 + |value| (the GPU's exp/tanh round differently)
+KERNEL_TOLERANCE = {"float32": 2e-5, "float64": 1e-11}
+
+
+def check_device_kernels() -> int:
+    """Compile every device kernel with CuPy and compare it, float32 and float64, with its unfused NumPy
+    formula (``reference``) and with its source evaluated on the host; print a table, 1 on a mismatch."""
+    import copy
+
+    import numpy as np
+
+    from neural_arch.backend import gpu_unavailable_reason
+    from neural_arch.core.device_kernels import KERNELS
+
+    missing = gpu_unavailable_reason()
+    if missing:
+        print(f"device-kernels: skipped (no GPU: {missing})")
+        return 0
+    import cupy
+
+    def as_tuple(r):
+        return r if isinstance(r, tuple) else (r,)
+
+    def err(a, b):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        return float(np.max(np.abs(a - b) / (1 + np.abs(b)))) if a.size else 0.0
+
+    failed = []
+    print(f"{'kernel':<24} {'dtype':<8} {'vs formula':>11} {'vs source':>11}")
+    for name, kernel in sorted(KERNELS.items()):
+        for dtype in (np.float32, np.float64):
+            args, kwargs = kernel.example(np.random.default_rng(0), dtype)
+            on_gpu = [cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in copy.deepcopy(args)]
+            try:
+                compiled = kernel(cupy, *on_gpu, **kwargs)
+            except Exception as exc:  # noqa: BLE001 -- a compile error is this check's answer
+                print(f"{name:<24} {np.dtype(dtype).name:<8} failed: {type(exc).__name__}: {str(exc)[:300]}")
+                failed.append(name)
+                continue
+            unfused = kernel.reference(np, *copy.deepcopy(args), **kwargs)
+            evaluated = kernel(np, *copy.deepcopy(args), **kwargs)
+            got = [cupy.asnumpy(g) for g in as_tuple(compiled)]
+            e_formula = max(err(g, u) for g, u in zip(got, as_tuple(unfused)))
+            e_source = max(err(g, v) for g, v in zip(got, as_tuple(evaluated)))
+            wrong_dtype = any(g.dtype != dtype for g in got)
+            ok = not wrong_dtype and max(e_formula, e_source) <= KERNEL_TOLERANCE[np.dtype(dtype).name]
+            print(f"{name:<24} {np.dtype(dtype).name:<8} {e_formula:11.2e} {e_source:11.2e}"
+                  f"{'' if ok else '   MISMATCH' + (' (dtype)' if wrong_dtype else '')}")
+            if not ok:
+                failed.append(name)
+    print(f"device-kernels: {len(KERNELS)} kernels x 2 dtypes, "
+          f"{'all equal' if not failed else 'failed: ' + ', '.join(sorted(set(failed)))}")
+    return 1 if failed else 0
+
+
 def run_step(name: str, command: list[str], limit: int) -> dict:
     start = time.monotonic()
     try:
@@ -94,7 +153,11 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help=f"comma-separated subset of {sorted(STEPS)}")
     parser.add_argument("--plan", action="store_true", help="print the steps and their limits, run nothing")
     parser.add_argument("--require-gpu", action="store_true", help="exit 1 when there is no usable GPU")
+    parser.add_argument("--check-kernels", action="store_true",
+                        help="only compile and check the device kernels (the device-kernels step)")
     args = parser.parse_args(argv)
+    if args.check_kernels:
+        return check_device_kernels()
 
     chosen = [s for s in args.only.split(",") if s] or list(STEPS)
     unknown = sorted(set(chosen) - set(STEPS))

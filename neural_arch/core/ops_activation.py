@@ -22,6 +22,8 @@ import math
 
 import numpy as np
 
+from neural_arch.core import device_kernels
+
 from .autograd import Node
 from .op_utils import _needs, _result, _same_device, _xp, unbroadcast
 from .tensor import Tensor
@@ -301,6 +303,8 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     """
     xd = x.data
     xp = _xp(xd)
+    if xp is not np and approximate in ("none", "tanh") and device_kernels.applies(xd):
+        return _gelu_device(x, xp, approximate)
     if approximate == "tanh":
         inner = _SQRT_2_OVER_PI * (xd + 0.044715 * xd * xd * xd)
         th = xp.tanh(inner)
@@ -324,6 +328,14 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     if not _needs(x):
         return _result(out, None)
     return _result(out, Node(fn, (x,), "Gelu"))
+
+
+def _gelu_device(x: Tensor, xp, approximate: str) -> Tensor:
+    """:func:`gelu` on a device: forward and derivative in one kernel (neural_arch.core.device_kernels)."""
+    out, dgelu = device_kernels.gelu(xp, x.data, approximate, _needs(x))
+    if dgelu is None:
+        return _result(out, None)
+    return _result(out, Node(lambda g: (g * dgelu,), (x,), "Gelu"))
 
 
 def clip(x: Tensor, min=None, max=None) -> Tensor:
@@ -460,6 +472,8 @@ def softmax(x: Tensor, axis: int = -1, *, dim=None) -> Tensor:
         axis = dim
     xd = x.data
     xp = _xp(xd)
+    if xp is not np and device_kernels.applies(xd):
+        return _softmax_device(x, xp, axis)
     e = xp.exp(xd - xd.max(axis=axis, keepdims=True))
     out = e / e.sum(axis=axis, keepdims=True)
     if not _needs(x):
@@ -472,7 +486,24 @@ def softmax(x: Tensor, axis: int = -1, *, dim=None) -> Tensor:
     return _result(out, Node(fn, (x,), "Softmax"))
 
 
+def _softmax_device(x: Tensor, xp, axis) -> Tensor:
+    """:func:`softmax` on a device: a max, a fused map-sum and one kernel each way."""
+    out = device_kernels.softmax(xp, x.data, axis)
+    if not _needs(x):
+        return _result(out, None)
+
+    def fn(g):
+        if device_kernels.applies(g, out):
+            return (device_kernels.softmax_backward(xp, g, out, axis),)
+        go = g * out  # an upstream gradient of another dtype: the unfused formula
+        return (go - out * go.sum(axis=axis, keepdims=True),)
+
+    return _result(out, Node(fn, (x,), "Softmax"))
+
+
 def _log_softmax_array(xp, xd, axis):
+    if xp is not np and device_kernels.applies(xd):
+        return device_kernels.log_softmax(xp, xd, axis)
     shifted = xd - xd.max(axis=axis, keepdims=True)
     lse = xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
     if getattr(shifted, "ndim", 0) and shifted.dtype == lse.dtype:
@@ -501,6 +532,8 @@ def log_softmax(x: Tensor, axis: int = -1, *, dim=None) -> Tensor:
         return _result(out, None)
 
     def fn(g):
+        if xp is not np and device_kernels.applies(g, out):
+            return (device_kernels.log_softmax_backward(xp, g, out, axis),)
         return (g - xp.exp(out) * g.sum(axis=axis, keepdims=True),)
 
     return _result(out, Node(fn, (x,), "LogSoftmax"))

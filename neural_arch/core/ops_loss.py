@@ -22,6 +22,8 @@ import math
 
 import numpy as np
 
+from neural_arch.core import device_kernels
+
 from .. import backend as _backend
 from .. import config
 from .autograd import Node
@@ -260,11 +262,36 @@ def cross_entropy(logits: Tensor, target, ignore_index: int = -100, reduction: s
                 return (xp.ascontiguousarray(xp.moveaxis(p.reshape(shp), -1, 1)),)
             return (p.reshape(lshape),)
 
+        if xp is not np and device_kernels.applies(logp):
+            fn = _cross_entropy_device_backward(xp, logp, safe_t, keep, denom, reduction, label_smoothing,
+                                                lshape)
         res = _result(out, Node(fn, (logits,), "CrossEntropy"))
     if not eager:
         res.__class__ = _CheckedLoss
         res.__dict__["_pending_check"] = (bad.any(), t1, bad, C, ignore_index)
     return res
+
+
+def _cross_entropy_device_backward(xp, logp, safe_t, keep, denom, reduction: str, label_smoothing: float,
+                                   lshape: tuple):
+    """The backward of class-index :func:`cross_entropy` on a device: the gradient of every row in one
+    kernel (neural_arch.core.device_kernels), the same formula as the host path's."""
+    C = logp.shape[-1]
+
+    def fn(g):
+        if reduction == "mean":
+            scale = (g / denom) * keep
+        elif reduction == "sum":
+            scale = g * keep
+        else:
+            scale = g.reshape(-1) * keep
+        p = device_kernels.cross_entropy_backward(xp, logp, safe_t, scale, label_smoothing)
+        if len(lshape) > 2:
+            shp = (lshape[0],) + lshape[2:] + (C,)
+            return (xp.ascontiguousarray(xp.moveaxis(p.reshape(shp), -1, 1)),)
+        return (p.reshape(lshape),)
+
+    return fn
 
 
 def _cross_entropy_probs(logits: Tensor, tt, td, xp, reduction: str, label_smoothing: float) -> Tensor:

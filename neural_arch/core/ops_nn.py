@@ -24,6 +24,8 @@ import math
 
 import numpy as np
 
+from neural_arch.core import device_kernels
+
 from .. import backend as _backend
 from .autograd import Node
 from .op_utils import _needs, _result, _xp, scatter_add
@@ -129,6 +131,8 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
     xp = _xp(xd)
     if _fused_rows_ok(xd, weight, bias, normalized_shape):
         return _layer_norm_rows(x, normalized_shape, weight, bias, eps)
+    if xp is not np and _device_kernels_ok(xd, weight, bias, normalized_shape):
+        return _layer_norm_device(x, xp, normalized_shape, weight, bias, eps)
     axes = tuple(range(xd.ndim - k, xd.ndim))
     mu = xd.mean(axis=axes, keepdims=True)
     xc = xd - mu
@@ -180,6 +184,38 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
             else:
                 gx = rstd * (gx - xhat * m2)
         return gx, gw, gb
+
+    return _result(out, Node(fn, (x if rx else None, wt, bt), "LayerNorm"))
+
+
+def _device_kernels_ok(xd, weight, bias, normalized_shape) -> bool:
+    """Whether :func:`_layer_norm_device` applies: float32/float64 device input, weight/bias (if any)
+    of its dtype and exactly ``normalized_shape``."""
+    params = [p.data if isinstance(p, Tensor) else p for p in (weight, bias) if p is not None]
+    return device_kernels.applies(xd, *params) and all(tuple(p.shape) == normalized_shape for p in params)
+
+
+def _layer_norm_device(x: Tensor, xp, normalized_shape, weight, bias, eps: float) -> Tensor:
+    """:func:`layer_norm` on a device: the statistics as fused map-reduce kernels, the normalisation
+    and its backward one kernel each (neural_arch.core.device_kernels); the general path's formulas."""
+    xd = x.data
+    k = len(normalized_shape)
+    axes = tuple(range(xd.ndim - k, xd.ndim))
+    wd = weight.data if isinstance(weight, Tensor) else weight
+    bd = bias.data if isinstance(bias, Tensor) else bias
+    out, xhat, rstd = device_kernels.layer_norm(xp, xd, axes, wd, bd, eps)
+    wt = weight if isinstance(weight, Tensor) and weight.requires_grad else None
+    bt = bias if isinstance(bias, Tensor) and bias.requires_grad else None
+    rx = x.requires_grad
+    if not _needs(x if rx else None, wt, bt):
+        return _result(out, None)
+    batch_axes = tuple(range(xd.ndim - k))
+
+    def fn(g):
+        if not device_kernels.applies(g, xhat):  # an upstream gradient of another dtype: match it first
+            g = g.astype(xhat.dtype)
+        return device_kernels.layer_norm_backward(xp, g, xhat, rstd, wd, axes, batch_axes,
+                                                  rx, wt is not None, bt is not None)
 
     return _result(out, Node(fn, (x if rx else None, wt, bt), "LayerNorm"))
 

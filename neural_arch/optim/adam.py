@@ -25,6 +25,7 @@ import math
 import numpy as np
 
 from neural_arch import backend as _backend
+from neural_arch.core import device_kernels
 from neural_arch.core.thread_pool import parallel_chunks
 from neural_arch.optim._multi_tensor import run_group
 from neural_arch.optim.optimizer import Optimizer
@@ -130,7 +131,11 @@ class Adam(Optimizer):
 
             parallel_chunks(fd.size, chunk, work=14 * fd.size)
             return
-        _adam_kernel(_backend.get_array_module(d), d, g, m, v, vmax, *scalars)
+        xp = _backend.get_array_module(d)
+        if xp is not np and device_kernels.applies(*arrays, same_shape=True):
+            device_kernels.adam_step(xp, d, g, m, v, vmax, *scalars)  # one kernel on a device
+            return
+        _adam_kernel(xp, d, g, m, v, vmax, *scalars)
 
 
 def _adam_kernel(xp, d, g, m, v, vmax, beta1, beta2, eps, step_size, sqrt_bias2, decay, l2):
