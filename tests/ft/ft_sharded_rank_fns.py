@@ -1,9 +1,17 @@
-"""Rank functions of the sharded-replica proof (module level: pickled by reference).
+"""Rank functions of the sharded-replica proofs (module level: pickled by reference).
 
-Each replica is two ranks with a process group of their own; ZeRO-2 (``ZeroRedundancyOptimizer(stage=2)``)
-shards the optimizer state and the gradients over those two ranks, and each gradient shard is averaged
-across the replicas through the rank's ``Manager(shard=(s, 2))`` (``replicate_group=ManagedProcessGroup``,
-the shard's lane). The loop is the one docs/fault_tolerance.md teaches ("Sharded replicas").
+Each replica is two ranks with a process group of their own that shard it, in one of two ways
+(``strategy``):
+
+* ``"zero2"``: ``ZeroRedundancyOptimizer(stage=2)`` shards the optimizer state and the gradients
+  (the weights stay whole on every rank);
+* ``"fully_shard"``: ``fully_shard`` (FSDP2) shards the weights too (each rank holds its ``Shard(0)``
+  rows; Adam steps those local pieces).
+
+Either way each gradient shard is averaged across the replicas through the rank's
+``Manager(shard=(s, 2))`` (``replicate_group=ManagedProcessGroup``, the shard's lane), and a
+replacement heals each rank's part from the rank with the same shard index. The loop is the one
+docs/fault_tolerance.md teaches ("Sharded replicas").
 """
 
 from __future__ import annotations
@@ -14,10 +22,11 @@ import time
 
 import numpy as np
 
+STRATEGIES = ("zero2", "fully_shard")
 N, BATCH, SHARDS, EPOCHS, SEED = 24, 4, 2, 2, 3   # BATCH: samples per replica per step (BATCH / SHARDS per rank)
-STARTED = "zero/started"
-SPARE_SIGNAL = "zero/start_the_spare"      # set once the survivor committed two steps alone
-SPARE_READY = "zero/spare_registered"      # counted up by each of the spare's ranks once its Manager is up
+STARTED = "sharded/started"
+SPARE_SIGNAL = "sharded/start_the_spare"      # set once the survivor committed two steps alone
+SPARE_READY = "sharded/spare_registered"      # counted up by each of the spare's ranks once its Manager is up
 
 
 def setup(seed: int = 0):
@@ -38,21 +47,26 @@ def global_batch(epoch: int, processed: int, size: int) -> np.ndarray:
     return order[processed:processed + min(size * BATCH, N - processed)]
 
 
-def shard_rank(addr: str, token: str, replica: str, shard: int, role: str, kill_at: int, wait_s: float = 60.0):
-    """Rank ``shard`` of replica ``replica``: train until the end of epoch ``EPOCHS - 1``.
+def shard_rank(addr: str, token: str, replica: str, shard: int, role: str, kill_at: int, wait_s: float = 60.0,
+               strategy: str = "zero2"):
+    """Rank ``shard`` of replica ``replica``, sharded by ``strategy``: train until the end of epoch ``EPOCHS - 1``.
 
     ``role``: ``"replica"`` starts at once; ``"victim"`` SIGKILLs itself in the middle of step
     ``kill_at`` (both ranks of the replica, after joining the quorum, before the gradients go out);
     ``"spare"`` builds everything from another initialisation, waits until the survivor committed
     two steps alone, then starts its Managers and heals shard by shard. Returns ``(params, log,
     stats)``: ``log`` has one record per committed step (step, epoch, samples processed before it,
-    quorum size in replicas, members, this rank's samples).
+    quorum size in replicas, members, this rank's samples); ``params`` are the whole parameters
+    (``fully_shard``: gathered from the replica's ranks).
     """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r}: one of {STRATEGIES}")
     import neural_arch.distributed as dist
     from neural_arch import optim
     from neural_arch.core.tensor import Tensor
     from neural_arch.distributed import ft
     from neural_arch.distributed.elastic.sampler import ElasticDistributedSampler
+    from neural_arch.distributed.fsdp import fully_shard
     from neural_arch.distributed.optim import ZeroRedundancyOptimizer
     from neural_arch.distributed.rendezvous.base import PrefixStore
     from neural_arch.distributed.rendezvous.tcp_store import TCPStore
@@ -61,31 +75,45 @@ def shard_rank(addr: str, token: str, replica: str, shard: int, role: str, kill_
     signals = TCPStore(host, int(port), timeout=wait_s, auth_token=token)
     # the replica's own group (its ZeRO collectives): rendezvous under a prefix of the lighthouse's store
     group_store = TCPStore(host, int(port), timeout=wait_s, auth_token=token)
-    group = dist.init_process_group("gloo", store=PrefixStore(f"zero/{replica}", group_store), timeout=10.0)
+    group = dist.init_process_group("gloo", store=PrefixStore(f"sharded/{replica}", group_store), timeout=10.0)
     model, X, Y = setup(seed=0 if role != "spare" else 99)
     sampler = ElasticDistributedSampler(dataset_size=N, num_replicas=1, rank=0, shuffle=True, seed=SEED)
     rng = np.random.default_rng(1000 if role != "spare" else 1099)   # the spare's differs until it heals
     holder = {}
 
-    def state_dict():   # this shard's part: the whole weights (ZeRO-2 keeps them on every rank), its optimizer shard
-        return {"model": model.state_dict(), "optim": holder["zero"].optim.state_dict(),
+    # this shard's part: ZeRO-2: the whole weights (kept on every rank) and its optimizer shard; fully_shard:
+    # the rank's local rows of every parameter (model.state_dict() holds the DTensors' local pieces) and
+    # the Adam state of those rows
+    def state_dict():
+        return {"model": model.state_dict(), "optim": holder["optim"].state_dict(),
                 "sampler": sampler.state_dict(), "rng": rng.bit_generator.state}
 
     def load_state_dict(state):
-        model.load_state_dict(state["model"])      # the next step copies them into the master shards
-        holder["zero"].optim.load_state_dict(state["optim"])
+        holder["in_place"] = all(state["model"][name] is p.data for name, p in model.named_parameters())
+        model.load_state_dict(state["model"])      # ZeRO-2: the next step copies them into the master shards
+        holder["optim"].load_state_dict(state["optim"])
         sampler.load_state_dict(state["sampler"])
         rng.bit_generator.state = state["rng"]
+
+    def local_pieces():   # fully_shard: the heal receives each rank's rows straight into its DTensors' local arrays
+        return {"model": {name: p.data for name, p in model.named_parameters()}}
 
     if role == "spare":   # everything imported and built before the wait: it registers at once when told
         signals.wait([SPARE_SIGNAL], timeout=wait_s)
     manager = ft.Manager(pg=ft.ProcessGroupGloo(timeout=10.0, transport="tcp"), load_state_dict=load_state_dict,
                          state_dict=state_dict, min_replica_size=1, replica_id=replica, shard=(shard, SHARDS),
                          lighthouse_addr=addr, timeout=10.0, quorum_timeout=wait_s, heartbeat_interval=0.05,
-                         auth_token=token, init_sync=False)        # seeded alike: nothing to copy at step 0
-    zero = holder["zero"] = ZeroRedundancyOptimizer(
-        model.parameters(), optim.Adam, process_group=group, stage=2, bucket_cap_mb=1e-4,   # a few buckets
-        replicate_group=ft.ManagedProcessGroup(manager), lr=0.05)
+                         auth_token=token, init_sync=False,        # seeded alike: nothing to copy at step 0
+                         heal_into=local_pieces if strategy == "fully_shard" else None)
+    lane = ft.ManagedProcessGroup(manager)
+    if strategy == "zero2":
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optim.Adam, process_group=group, stage=2,
+                                            bucket_cap_mb=1e-4, replicate_group=lane, lr=0.05)   # a few buckets
+        inner = holder["optim"] = optimizer.optim
+    else:   # two fully_shard groups (the first layer, and the root with the rest): two lane all-reduces a step
+        fully_shard(model[0], replicate_group=lane)
+        fully_shard(model, replicate_group=lane)
+        optimizer = inner = holder["optim"] = optim.Adam(model.parameters(), lr=0.05)
     if role == "spare":
         signals.add(SPARE_READY, 1)
     else:   # the four register before any asks (else the first quorum may be one replica, and the late one heals)
@@ -93,7 +121,7 @@ def shard_rank(addr: str, token: str, replica: str, shard: int, role: str, kill_
         deadline = time.monotonic() + wait_s
         while int(signals.add(STARTED, 0)) < 2 * SHARDS and time.monotonic() < deadline:
             time.sleep(0.005)
-    opt = ft.OptimizerWrapper(manager, zero)
+    opt = ft.OptimizerWrapper(manager, optimizer)
     log, discarded, solo = [], 0, 0
     while sampler.epoch < EPOCHS:
         opt.zero_grad()                                         # joins the quorum; heals this shard if behind
@@ -127,25 +155,29 @@ def shard_rank(addr: str, token: str, replica: str, shard: int, role: str, kill_
                 sampler.set_epoch(sampler.epoch + 1)
         else:
             discarded += 1
-    inner = zero.optim.state_dict()["state"]
+    held = inner.state_dict()["state"]
     stats = {"replica": replica, "shard": shard, "member": manager.member, "heals": manager.heals,
              "discarded": discarded, "step": manager.current_step(), "heal_bytes": manager.heal_bytes_received,
              "rng": rng.bit_generator.state["state"]["state"],
-             "optim_shard": [np.asarray(inner[k][name]).copy() for k in sorted(inner)
-                             for name in ("exp_avg", "exp_avg_sq") if name in inner[k]]}
+             "optim_shard": [np.asarray(held[k][name]).copy() for k in sorted(held)
+                             for name in ("exp_avg", "exp_avg_sq") if name in held[k]],
+             "local_params": [np.asarray(p.data).copy() for p in model.parameters()],
+             "healed_in_place": holder.get("in_place")}
+    params = [np.asarray(p.full_tensor().data if strategy == "fully_shard" else p.data).copy()
+              for p in model.parameters()]
     manager.shutdown()
     dist.destroy_process_group()
     group_store.close()
     signals.close()
-    return [p.data.copy() for p in model.parameters()], log, stats
+    return params, log, stats
 
 
-def by_rank(addr: str, token: str, layout: tuple, kill_at: int):
+def by_rank(addr: str, token: str, layout: tuple, kill_at: int, strategy: str = "zero2"):
     """Pool entry point: rank ``r`` is shard ``layout[r][1]`` of replica ``layout[r][0]`` in role ``layout[r][2]``."""
     replica, shard, role = layout[int(os.environ["RANK"])]
     # each replica is a job of its own (as if its own torchrun started it): its ranks are 0..SHARDS-1
     os.environ.update(RANK=str(shard), WORLD_SIZE=str(SHARDS), LOCAL_RANK=str(shard), LOCAL_WORLD_SIZE=str(SHARDS))
-    return shard_rank(addr, token, replica, shard, role, kill_at)
+    return shard_rank(addr, token, replica, shard, role, kill_at, strategy=strategy)
 
 
 def reference(log) -> list[np.ndarray]:

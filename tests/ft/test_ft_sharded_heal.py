@@ -1,20 +1,23 @@
-"""The end-to-end proof of sharded replicas: ZeRO-2 inside each replica, a SIGKILLed replica, a
-replacement that heals shard by shard.
+"""The end-to-end proofs of sharded replicas: ZeRO-2 or ``fully_shard`` (FSDP2) inside each replica,
+a SIGKILLed replica, a replacement that heals shard by shard.
 
-Two replicas of two ranks each (real processes, gloo over TCP) train a float64 MLP with
-``ZeroRedundancyOptimizer(optim.Adam, stage=2)`` over the replica's own group; each gradient shard
+Two replicas of two ranks each (real processes, gloo over TCP) train a float64 MLP with Adam, sharded
+over the replica's own group by ``ZeroRedundancyOptimizer(optim.Adam, stage=2)`` or by
+``fully_shard`` (the weights sharded too: each rank holds its ``Shard(0)`` rows); each gradient shard
 is averaged across the replicas through its rank's ``Manager(shard=(s, 2))``
 (``replicate_group=ft.ManagedProcessGroup(manager)``). Both ranks of replica b are SIGKILLed in the
 middle of a step; replica a discards that step and goes on alone (no restart, nothing read from disk);
 a replacement replica of two ranks starts from another initialisation, each of its ranks heals from
-the rank of a with the same shard index (weights, its shard of the Adam state, step, RNG, data
-position) and the two replicas finish the run. At most four ranks are alive at once. The final
-parameters of every rank equal a single-process run over exactly the committed global batches
-(<= 1e-10), and every sample of every epoch is used exactly once."""
+the rank of a with the same shard index (ZeRO-2: the weights and its shard of the Adam state;
+fully_shard: its local rows of every parameter, received straight into its DTensors' local arrays
+(``Manager(heal_into=...)``), and their Adam state; both: step, RNG, data position)
+and the two replicas finish the run. At most four ranks are alive at once. The final parameters of
+every rank equal a single-process run over exactly the committed global batches (<= 1e-10), and
+every sample of every epoch is used exactly once."""
 
 import secrets
 
-import ft_zero_rank_fns as fns
+import ft_sharded_rank_fns as fns
 import numpy as np
 import pytest
 
@@ -28,12 +31,14 @@ LAYOUT = (("a", 0, "replica"), ("a", 1, "replica"), ("b", 0, "victim"), ("b", 1,
 
 
 @pytest.mark.timeout(240)
-def test_a_killed_zero2_replica_is_replaced_by_one_that_heals_shard_by_shard():
+@pytest.mark.parametrize("strategy", fns.STRATEGIES)
+def test_a_killed_sharded_replica_is_replaced_by_one_that_heals_shard_by_shard(strategy):
     token = secrets.token_hex(16)
     with Lighthouse(min_replicas=1, heartbeat_timeout=1.0, join_timeout=5.0, auth_token=token) as lighthouse:
         pool = RankPool(len(LAYOUT), init=False, timeout=180.0)
         try:
-            blob, main = pack_call(fns.by_rank, (lighthouse.address, token, LAYOUT, KILL_AT), {})
+            blob, main = pack_call(fns.by_rank, (lighthouse.address, token, LAYOUT, KILL_AT),
+                                   {"strategy": strategy})
             results = pool.run_packed(blob, main, 180.0, failure_grace=180.0)
         finally:
             pool.close()
@@ -66,6 +71,12 @@ def test_a_killed_zero2_replica_is_replaced_by_one_that_heals_shard_by_shard():
     assert model_size <= held < model_size + 2 * fns.SHARDS * 8, (held, model_size)   # padding only
     assert not any(np.array_equal(x, y) for x, y in zip(stats["a", 0]["optim_shard"], stats["a", 1]["optim_shard"])
                    if x.shape == y.shape)
+    if strategy == "fully_shard":   # the weights are sharded too: each rank's local rows, c's equal to a's
+        for s in range(fns.SHARDS):
+            assert stats["c", s]["healed_in_place"] is True     # received straight into the DTensors' local arrays
+            mine, peer = stats["c", s]["local_params"], stats["a", s]["local_params"]
+            assert all(np.array_equal(x, y) for x, y in zip(mine, peer))
+        assert sum(x.size for s in range(fns.SHARDS) for x in stats["a", s]["local_params"]) == model_size
 
     # one record per committed step: the same on every rank that took part in it
     steps = {}

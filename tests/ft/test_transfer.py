@@ -1,10 +1,11 @@
-"""The heal's wire format: small arrays travel in bundles, large ones raw, and ``into`` receives in
-place into the receiver's own arrays (no process group: a pipe of two ends in one process)."""
+"""The heal's wire format: the skeleton in a fixed-size head (with the first bundle when it fits),
+small arrays in bundles, large ones raw, and ``into`` receives in place into the receiver's own
+arrays (no process group: a pipe of two ends in one process)."""
 
 import numpy as np
 
 from neural_arch.distributed.ft import transfer
-from neural_arch.distributed.ft.transfer import plan_messages, recv_state, send_state
+from neural_arch.distributed.ft.transfer import inline_offset, plan_messages, recv_state, send_state
 
 
 class Pipe:
@@ -40,9 +41,32 @@ def test_small_arrays_share_a_message_large_ones_go_raw_into_the_receivers_own_a
     pipe = Pipe()
     send_state(pipe, state, dst=1)
     got = recv_state(pipe, src=0, into=into)
-    assert not pipe.queue and pipe.messages == 2 + 2                # length + skeleton, one bundle, one raw
+    assert not pipe.queue and pipe.messages == 1 + 1                # the head (skeleton + the bundle), one raw
     assert got["user"]["w"] is mine_w and got["user"]["opt"]["v"] is mine_v
     assert np.array_equal(mine_w, big) and np.array_equal(mine_v, small[3])
     assert got["user"]["opt"]["m"].dtype == np.float32 and np.array_equal(got["user"]["opt"]["m"], small[2])
     assert got["user"]["b"][1].dtype == np.int16 and np.array_equal(got["user"]["b"][1], small[1])
     assert got["user"]["empty"].shape == (0, 3) and got["step"] == 4 and got["user"]["opt"]["step"] == 7
+
+
+def test_a_small_state_is_one_message_and_a_long_skeleton_or_a_large_bundle_travels_after_the_head():
+    rng = np.random.default_rng(1)
+    tiny = {"user": {"b": rng.normal(size=4), "step": 3, "pos": np.arange(2)}, "step": 9}
+    pipe = Pipe()
+    sent = send_state(pipe, tiny, dst=1)
+    assert pipe.messages == 1 and sent == transfer.HEAD_BYTES       # skeleton and both arrays in the head
+    got = recv_state(pipe, src=0, into={"user": {"b": np.zeros(4)}})
+    assert np.array_equal(got["user"]["b"], tiny["user"]["b"]) and np.array_equal(got["user"]["pos"], [0, 1])
+    assert got["step"] == 9 and got["user"]["step"] == 3
+
+    # hundreds of small arrays: the skeleton outgrows the head (its rest follows), the bundle goes alone
+    many = {"user": [rng.normal(size=i % 5) for i in range(400)], "step": 1, "name": "x" * 5000}
+    pipe = Pipe()
+    send_state(pipe, many, dst=1)
+    assert pipe.messages == 3                                       # head, the skeleton's rest, one bundle
+    got = recv_state(pipe, src=0)
+    assert not pipe.queue and got["name"] == many["name"]
+    assert all(np.array_equal(a, b) for a, b in zip(got["user"], many["user"]))
+    # a bundle larger than the head's room travels on its own; a plan that starts raw has nothing inline
+    assert inline_offset(plan_messages([8, 16]), 100) == 128
+    assert inline_offset(plan_messages([4000]), 100) is None and inline_offset(plan_messages([1 << 20]), 10) is None

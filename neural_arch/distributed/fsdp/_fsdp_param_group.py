@@ -11,7 +11,9 @@ gradients travel the other way: each unsharded gradient is padded to ``n`` chunk
 an ``(n, per_rank)`` array in the reduce dtype; the reduce-scatter leaves this rank its
 ``per_rank`` elements (the sum over the shard group), HSDP then all-reduces them over the replicate
 group, and the sum is divided by the data-parallel degree (the mean, as DDP) and stored, in the
-sharded parameter's dtype, as (or added to) the sharded parameter's gradient.
+sharded parameter's dtype, as (or added to) the sharded parameter's gradient. A ``replicate_group``
+from outside the mesh (a fault-tolerant replica's lane, whose size is the current quorum's) averages
+instead, and the shard group's sum is divided by the shard group's size.
 
 Resharding gives the unsharded buffer's memory back (host arrays from
 :mod:`neural_arch.distributed.fsdp.storage`: the autograd graph's saved views stay valid) and puts
@@ -54,7 +56,11 @@ class FSDPParamGroup:
     """The :class:`~neural_arch.distributed.fsdp._fsdp_param.FSDPParam` s of one
     module: unshard / reshard / reduce as one collective each, and the hooks' state per backward.
 
-    ``mesh`` is 1-d (shard over it) or 2-d ``(replicate, shard)`` (HSDP).
+    ``mesh`` is 1-d (shard over it) or 2-d ``(replicate, shard)`` (HSDP). ``replicate_group``
+    (with a 1-d mesh) is a replicate group that is no dimension of the mesh: after the
+    reduce-scatter each shard is averaged over it (``ReduceOp.AVG``), so its size may change from
+    one step to the next (a fault-tolerant lane,
+    :class:`~neural_arch.distributed.ft.managed_group.ManagedProcessGroup`).
 
     Example::
 
@@ -63,13 +69,19 @@ class FSDPParamGroup:
     """
 
     def __init__(self, fsdp_params, mesh, mp_policy, offload_policy, reshard_after_forward: bool,
-                 shard_dim: int, replicate_dim: int | None):
+                 shard_dim: int, replicate_dim: int | None, replicate_group=None):
+        if replicate_group is not None and replicate_dim is not None:
+            raise ValueError("FSDPParamGroup: replicate over the mesh's replicate dimension or over "
+                             "replicate_group, not both")
         self.fsdp_params = list(fsdp_params)
         self.mesh = mesh
         self.shard_group = mesh.get_group(shard_dim)
-        self.replicate_group = mesh.get_group(replicate_dim) if replicate_dim is not None else None
+        self.replicate_group = mesh.get_group(replicate_dim) if replicate_dim is not None else replicate_group
         self.shard_size = mesh.size(shard_dim)
         self.dp_size = mesh.size(shard_dim) * (mesh.size(replicate_dim) if replicate_dim is not None else 1)
+        # a mesh dimension has a fixed size: sum over it and divide by the whole degree once; a group
+        # from outside the mesh averages itself (its size is the quorum's, known only when it reduces)
+        self._replicate_averages = replicate_group is not None
         self.mp_policy = mp_policy
         self.host_offload = isinstance(offload_policy, CPUOffloadPolicy)
         self.reshard_after_forward = bool(reshard_after_forward)
@@ -249,9 +261,13 @@ class FSDPParamGroup:
             fp.unsharded.grad = None
         out = xp.empty(self.per_rank, dtype=self.reduce_dtype)
         self.shard_group.backend.reduce_scatter(out, send.reshape(-1), ReduceOp.SUM)
-        if self.replicate_group is not None:
-            self.replicate_group.backend.allreduce(out, ReduceOp.SUM)
-        out /= self.dp_size
+        if self._replicate_averages:
+            self.replicate_group.backend.allreduce(out, ReduceOp.AVG)
+            out /= self.shard_size
+        else:
+            if self.replicate_group is not None:
+                self.replicate_group.backend.allreduce(out, ReduceOp.SUM)
+            out /= self.dp_size
         if self.host_offload and self.device != "cpu":
             out = _backend.to_device(out, "cpu")
         for fp, g in grads:

@@ -50,6 +50,16 @@ HSDP x TP is the same on a 3-d mesh: ``mesh_dim_names=("replicate", "shard", "tp
 over ``mesh["tp"]``, ``fully_shard(..., mesh=mesh["replicate", "shard"])``; the parameters are
 DTensors on the whole mesh with ``(Replicate(), Shard(0) or _StridedShard(0), tp placement)``.
 
+Inside a fault-tolerant replica (torchft's ``fully_shard(model, mesh=ft_init_device_mesh(...))``):
+shard over the replica's own ranks and pass the replica's lane as ``replicate_group``; each
+reduce-scattered gradient shard is then averaged over the replicas of the current quorum through the
+:class:`~neural_arch.distributed.ft.manager.Manager` (a failure there voids the step, it never raises into
+backward), and a replacement heals each rank's local shards from the peer with the same shard index::
+
+    manager = ft.Manager(..., replica_id="replica_a", shard=(dist.get_rank(), dist.get_world_size()))
+    fully_shard(model, replicate_group=ft.ManagedProcessGroup(manager))     # mesh: the replica's ranks
+    opt = ft.OptimizerWrapper(manager, optim.Adam(model.parameters(), lr=1e-3))
+
 Backward prefetch: when a module's backward starts, the all-gather of the module that ran before
 it in the last forward (whose backward comes next) is started in the background, so it overlaps
 this module's backward (torch's implicit backward prefetch; one more module's parameters are
@@ -236,7 +246,7 @@ def _managed_slots(module: Module):
     return list(found.values())
 
 
-def _check_args(module, mesh, reshard_after_forward, mp_policy, offload_policy):
+def _check_args(module, mesh, reshard_after_forward, mp_policy, offload_policy, replicate_group=None):
     if not isinstance(module, Module):
         raise TypeError(f"fully_shard: module must be an nn.Module, got {type(module).__name__} "
                         "(a list of modules is not supported: call fully_shard on each)")
@@ -248,6 +258,14 @@ def _check_args(module, mesh, reshard_after_forward, mp_policy, offload_policy):
     if mesh is not None and mesh.ndim not in (1, 2):
         raise ValueError(f"fully_shard: mesh={mesh!r} has {mesh.ndim} dimensions; pass a 1-d mesh (shard over it) "
                          "or a 2-d mesh (replicate, shard) for HSDP, e.g. mesh['dp']")
+    if replicate_group is not None and mesh is not None and mesh.ndim != 1:
+        raise ValueError(f"fully_shard: replicate_group is given and mesh={mesh!r} has {mesh.ndim} dimensions; "
+                         "with replicate_group, mesh is the 1-d mesh of the ranks that shard (the replica's own), "
+                         "and replicate_group replaces HSDP's replicate dimension")
+    if replicate_group is not None and not callable(getattr(getattr(replicate_group, "backend", None),
+                                                            "allreduce", None)):
+        raise TypeError(f"fully_shard: replicate_group must be a process group (with .backend.allreduce), e.g. "
+                        f"ft.ManagedProcessGroup(manager), got {type(replicate_group).__name__}")
     if not isinstance(reshard_after_forward, bool):
         raise TypeError(f"fully_shard: reshard_after_forward={reshard_after_forward!r} must be a bool "
                         "(an int, torch's reshard to a smaller world, is not supported)")
@@ -259,7 +277,8 @@ def _check_args(module, mesh, reshard_after_forward, mp_policy, offload_policy):
 
 
 def fully_shard(module: Module, *, mesh: DeviceMesh | None = None, reshard_after_forward: bool = True,
-                mp_policy: MixedPrecisionPolicy | None = None, offload_policy: OffloadPolicy | None = None):
+                mp_policy: MixedPrecisionPolicy | None = None, offload_policy: OffloadPolicy | None = None,
+                replicate_group=None):
     """Shard ``module``'s parameters over ``mesh`` (torch's FSDP2; see the module docstring).
 
     Args:
@@ -272,6 +291,10 @@ def fully_shard(module: Module, *, mesh: DeviceMesh | None = None, reshard_after
             backward (ZeRO-3, default), or keep them until backward (ZeRO-2). Ignored for the root.
         mp_policy: a :class:`MixedPrecisionPolicy` (default: no casts).
         offload_policy: :class:`OffloadPolicy` (default) or :class:`CPUOffloadPolicy`.
+        replicate_group: not torch's: a group outside ``mesh`` (1-d) to average each gradient shard
+            over after the reduce-scatter (``ReduceOp.AVG``; its size may change between steps), e.g.
+            ``ft.ManagedProcessGroup(manager)`` for ``fully_shard`` inside a fault-tolerant replica
+            (torchft's managed replicate dimension). The parameters stay ``Shard(0)`` on ``mesh``.
 
     Returns the same module, whose class now also subclasses :class:`FSDPModule`.
 
@@ -284,7 +307,7 @@ def fully_shard(module: Module, *, mesh: DeviceMesh | None = None, reshard_after
     """
     mp_policy = MixedPrecisionPolicy() if mp_policy is None else mp_policy
     offload_policy = OffloadPolicy() if offload_policy is None else offload_policy
-    _check_args(module, mesh, reshard_after_forward, mp_policy, offload_policy)
+    _check_args(module, mesh, reshard_after_forward, mp_policy, offload_policy, replicate_group)
     slots = _managed_slots(module)
     nested = {k: ref for sub in module.modules() if isinstance(sub, FSDPModule)
               for k, ref in sub._fsdp_state.originals.items()}
@@ -306,7 +329,7 @@ def fully_shard(module: Module, *, mesh: DeviceMesh | None = None, reshard_after
     n, me = mesh.size(shard_dim), mesh.get_local_rank(shard_dim)
     fsdp_params = [FSDPParam(p, where, mesh, placements, n, me, host) for p, where in slots]
     group = FSDPParamGroup(fsdp_params, mesh, mp_policy, offload_policy, reshard_after_forward,
-                           shard_dim, replicate_dim)
+                           shard_dim, replicate_dim, replicate_group)
     for fp in fsdp_params:
         fp.install(fp.sharded_param)
     for sub in module.modules():

@@ -11,8 +11,9 @@ module                      what
 ``transfer``                the heal's wire format (a pickled skeleton, large arrays raw, small ones
                             in bundles; optionally received in place)
 ``optim``, ``ddp``          ``OptimizerWrapper``, ``DistributedDataParallel``
-``managed_group``           ``ManagedProcessGroup``: a shard's lane as a group (ZeRO-2's
-                            ``replicate_group`` inside sharded replicas)
+``managed_group``           ``ManagedProcessGroup``: a shard's lane as a group (the
+                            ``replicate_group`` of ZeRO-2 or ``fully_shard`` inside sharded
+                            replicas)
 ``protocol``                the store keys the lighthouse and managers share
 ==========================  ===============================================================
 

@@ -13,6 +13,10 @@ collectives stay in step) and ``should_commit()`` is False on every member::
     manager = ft.Manager(..., replica_id="replica_a", shard=(group.rank(), group.size()))
     opt = ZeroRedundancyOptimizer(model.parameters(), optim.Adam, process_group=group, stage=2,
                                   replicate_group=ft.ManagedProcessGroup(manager), lr=1e-3)
+
+``fully_shard`` takes it the same way (``fully_shard(model, replicate_group=ft.ManagedProcessGroup(manager))``):
+each module's reduce-scattered gradient shard is averaged over the lane, in place of HSDP's
+replicate dimension, whose size would be fixed.
 """
 
 from __future__ import annotations

@@ -29,9 +29,9 @@ lighthouse takes a replica into a quorum only when all its shards asked, each sh
 reduces across the replicas in a group of its own (its *lane*: ``allreduce`` averages this shard
 over the replicas), the commit vote covers every shard of every replica (one transaction), and a
 replica that is behind heals shard by shard from the peer with the same shard index. The
-replica's own sharded collectives (reduce-scatter, all-gather) stay in its own group; ZeRO-2 reaches
-the lane through :class:`~neural_arch.distributed.ft.managed_group.ManagedProcessGroup` (its
-``replicate_group``).
+replica's own sharded collectives (reduce-scatter, all-gather) stay in its own group; ZeRO-2 and
+``fully_shard`` reach the lane through :class:`~neural_arch.distributed.ft.managed_group.ManagedProcessGroup`
+(their ``replicate_group``).
 
 Example::
 

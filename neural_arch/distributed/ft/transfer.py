@@ -2,16 +2,22 @@
 
 A replica that is behind copies the whole training state from a live peer, never from a file.
 ``send_state`` splits the state into its arrays and a *skeleton* (the nesting, the scalars, and
-each array's shape and dtype). The skeleton goes first as one pickled byte array (its length
-before it); then the arrays, in the messages :func:`plan_messages` lays out from their sizes
-alone (both ends compute the same plan, so it is never sent):
+each array's shape and dtype). The skeleton goes first, pickled, in a *head* message of a fixed
+``HEAD_BYTES`` (its length, then its bytes; a skeleton too long for the head sends the rest in a
+message of its own): the receiver needs no length message before it. Then the arrays, in the
+messages :func:`plan_messages` lays out from their sizes alone (both ends compute the same plan,
+so it is never sent):
 
 * an array of at least ``SMALL_BYTES`` goes raw in a message of its own, straight from the
   sender's memory into the receiver's buffer (no copy on either side);
 * smaller arrays travel together in *bundles* of up to ``BUNDLE_BYTES``, each array at a
   64-byte aligned offset: one message instead of one per bias, norm weight or optimizer scalar
   (a model's state has hundreds; each message costs a header, a frame and a wake-up, more under
-  load), paid for with one copy of those small arrays on each side.
+  load), paid for with one copy of those small arrays on each side;
+* the first bundle rides in the head, after the skeleton, when both fit: a small state (a few
+  biases, scalars, a sampler's position) crosses in **one** message, and a large one pays one
+  message for its skeleton and small arrays together. A heal of a small state is bound by the
+  number of messages, not by its bytes: each is a frame, a header check and a wake-up on each side.
 
 ``recv_state(..., into=state)`` receives in place: every incoming array whose place in the
 skeleton holds, in ``into``, a writable C-contiguous NumPy array of the same shape and dtype is
@@ -36,14 +42,19 @@ import pickle
 
 import numpy as np
 
-__all__ = ["join_arrays", "plan_messages", "recv_state", "send_state", "split_arrays"]
+__all__ = ["inline_offset", "join_arrays", "plan_messages", "recv_state", "send_state", "split_arrays"]
 
 _TAG = 7  # one tag for the whole transfer: send and recv pair up in order on it
 #: arrays smaller than this travel in bundles (a copy each side is cheaper than a message of their own)
 SMALL_BYTES = 256 << 10
 #: the most bytes one bundle holds (bounds the extra memory a bundle needs on each side)
 BUNDLE_BYTES = 4 << 20
+#: the first message's fixed size: the skeleton's length and bytes, then the first bundle if it fits
+#: (a fixed size lets the receiver post it without a length message first; a few KiB cost less
+#: than a second message)
+HEAD_BYTES = 4096
 _ALIGN = 64
+_LEN = 8      # the skeleton's length, an int64 at the start of the head
 
 
 class _ArrayRef:
@@ -137,8 +148,30 @@ def _bytes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
 
 
+def inline_offset(plan: list[tuple], skeleton_bytes: int, head: int | None = None) -> int | None:
+    """Where in the head message the plan's first bundle starts, or None when it travels on its own
+    (the plan starts with a raw array, or the skeleton and the bundle do not fit in ``head`` bytes,
+    default ``HEAD_BYTES``). Both ends compute it from the skeleton's length and the plan.
+
+    Example:
+        >>> plan = plan_messages([8, 16])
+        >>> inline_offset(plan, skeleton_bytes=100), inline_offset(plan, skeleton_bytes=5000)
+        (128, None)
+    """
+    head = HEAD_BYTES if head is None else int(head)
+    if not plan or plan[0][0] != "bundle":
+        return None
+    offset = -(-(_LEN + skeleton_bytes) // _ALIGN) * _ALIGN
+    return offset if offset + plan[0][2] <= head else None
+
+
+def _pack(packed: np.ndarray, members, arrays) -> None:
+    for i, offset in members:
+        packed[offset:offset + arrays[i].nbytes] = _bytes(arrays[i])
+
+
 def send_state(pg, state, dst: int) -> int:
-    """Send ``state`` to group rank ``dst`` of ``pg``; returns the bytes sent (skeleton and arrays).
+    """Send ``state`` to group rank ``dst`` of ``pg``; returns the bytes sent (head, skeleton and arrays).
 
     Example::
 
@@ -147,10 +180,21 @@ def send_state(pg, state, dst: int) -> int:
     skeleton, arrays = split_arrays(state)
     header = {"skeleton": skeleton, "arrays": [(a.shape, a.dtype.str) for a in arrays]}
     payload = np.frombuffer(pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
-    pg.send(np.array([payload.size], dtype=np.int64), dst, _TAG)
-    pg.send(payload, dst, _TAG)
-    sent = payload.nbytes + 8
     plan = plan_messages([a.nbytes for a in arrays])
+    inline = inline_offset(plan, payload.size)
+    head = np.zeros(HEAD_BYTES, dtype=np.uint8)
+    head[:_LEN] = np.array([payload.size], dtype=np.int64).view(np.uint8)
+    first = min(payload.size, HEAD_BYTES - _LEN)
+    head[_LEN:_LEN + first] = payload[:first]
+    if inline is not None:
+        _, members, size = plan[0]
+        _pack(head[inline:inline + size], members, arrays)
+        plan = plan[1:]
+    pg.send(head, dst, _TAG)
+    sent = head.nbytes
+    if first < payload.size:                 # a long skeleton: the rest in a message of its own
+        pg.send(payload[first:], dst, _TAG)
+        sent += payload.size - first
     # one buffer for every bundle: send returns once the bytes are out, and fresh memory per
     # bundle would cost a page fault per page on top of the copy
     scratch = np.empty(max([m[2] for m in plan if m[0] == "bundle"], default=0), dtype=np.uint8)
@@ -161,8 +205,7 @@ def send_state(pg, state, dst: int) -> int:
             continue
         _, members, size = message
         packed = scratch[:size]
-        for i, offset in members:
-            packed[offset:offset + arrays[i].nbytes] = _bytes(arrays[i])
+        _pack(packed, members, arrays)
         pg.send(packed, dst, _TAG)
         sent += size
     return sent
@@ -198,10 +241,14 @@ def recv_state(pg, src: int, into=None):
 
         load_state_dict(recv_state(pg, src=quorum.rank_of(source), into=live_state()))
     """
-    length = np.zeros(1, dtype=np.int64)
-    pg.recv(length, src, _TAG)
-    payload = np.empty(int(length[0]), dtype=np.uint8)
-    pg.recv(payload, src, _TAG)
+    head = np.empty(HEAD_BYTES, dtype=np.uint8)
+    pg.recv(head, src, _TAG)
+    length = int(head[:_LEN].view(np.int64)[0])
+    payload = head[_LEN:_LEN + length]
+    if length > HEAD_BYTES - _LEN:           # a long skeleton: the rest came on its own
+        rest = np.empty(length - (HEAD_BYTES - _LEN), dtype=np.uint8)
+        pg.recv(rest, src, _TAG)
+        payload = np.concatenate([payload, rest])
     header = pickle.loads(payload.tobytes())  # trusted peers only (module docstring)
     metas = [(tuple(shape), np.dtype(dtype)) for shape, dtype in header["arrays"]]
     targets = _targets(header["skeleton"], into, len(metas))
@@ -211,8 +258,14 @@ def recv_state(pg, src: int, into=None):
         if t is not None and t.shape == shape and t.dtype == dtype:
             arrays[i] = t
     nbytes = [math.prod(shape) * dtype.itemsize for shape, dtype in metas]
+    plan = plan_messages(nbytes)
+    inline = inline_offset(plan, length)
+    if inline is not None:                   # the first bundle came in the head
+        _, members, size = plan[0]
+        _unpack(head[inline:inline + size], members, metas, nbytes, arrays)
+        plan = plan[1:]
     scratch = None     # a bundle whose every array has a place in ``into`` is copied out: reuse its buffer
-    for message in plan_messages(nbytes):
+    for message in plan:
         if message[0] == "raw":
             i = message[1]
             if arrays[i] is None:
@@ -227,14 +280,19 @@ def recv_state(pg, src: int, into=None):
         else:
             packed = np.empty(size, dtype=np.uint8)
         pg.recv(packed, src, _TAG)
-        for i, offset in members:
-            shape, dtype = metas[i]
-            view = packed[offset:offset + nbytes[i]].view(dtype).reshape(shape)
-            if arrays[i] is None:
-                arrays[i] = view          # a view into the bundle: no second copy
-            else:
-                arrays[i][...] = view
+        _unpack(packed, members, metas, nbytes, arrays)
     for i, (shape, dtype) in enumerate(metas):   # empty arrays: nothing travelled
         if arrays[i] is None:
             arrays[i] = np.empty(shape, dtype=dtype)
     return join_arrays(header["skeleton"], arrays)
+
+
+def _unpack(packed: np.ndarray, members, metas, nbytes, arrays: list) -> None:
+    """The arrays of one bundle: copied into their ``into`` places, or views into ``packed``."""
+    for i, offset in members:
+        shape, dtype = metas[i]
+        view = packed[offset:offset + nbytes[i]].view(dtype).reshape(shape)
+        if arrays[i] is None:
+            arrays[i] = view          # a view into the bundle: no second copy
+        else:
+            arrays[i][...] = view
