@@ -1,17 +1,21 @@
 """Rank functions of the sharded-replica proofs (module level: pickled by reference).
 
-Each replica is two ranks with a process group of their own that shard it, in one of two ways
+Each replica is two ranks with a process group of their own that shard it, in one of three ways
 (``strategy``):
 
 * ``"zero2"``: ``ZeroRedundancyOptimizer(stage=2)`` shards the optimizer state and the gradients
   (the weights stay whole on every rank);
 * ``"fully_shard"``: ``fully_shard`` (FSDP2) shards the weights too (each rank holds its ``Shard(0)``
-  rows; Adam steps those local pieces).
+  rows; Adam steps those local pieces);
+* ``"tp"``: tensor parallelism, Megatron's MLP (``parallelize_module``: the first Linear
+  ``ColwiseParallel``, the second ``RowwiseParallel``): each rank holds its slices of the weights
+  (and the replicated last bias), both ranks run the replica's whole batch, and
+  ``ft.DistributedDataParallel`` averages each rank's local gradients over its lane.
 
-Either way each gradient shard is averaged across the replicas through the rank's
-``Manager(shard=(s, 2))`` (``replicate_group=ManagedProcessGroup``, the shard's lane), and a
-replacement heals each rank's part from the rank with the same shard index. The loop is the one
-docs/fault_tolerance.md teaches ("Sharded replicas").
+Each way, each gradient shard is averaged across the replicas through the rank's
+``Manager(shard=(s, 2))`` (``replicate_group=ManagedProcessGroup``, or ``ft.DistributedDataParallel``
+for tensor parallelism: the shard's lane), and a replacement heals each rank's part from the rank
+with the same shard index. The loop is the one docs/fault_tolerance.md teaches ("Sharded replicas").
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import time
 
 import numpy as np
 
-STRATEGIES = ("zero2", "fully_shard")
+STRATEGIES = ("zero2", "fully_shard", "tp")
 N, BATCH, SHARDS, EPOCHS, SEED = 24, 4, 2, 2, 3   # BATCH: samples per replica per step (BATCH / SHARDS per rank)
 STARTED = "sharded/started"
 SPARE_SIGNAL = "sharded/start_the_spare"      # set once the survivor committed two steps alone
@@ -56,8 +60,9 @@ def shard_rank(addr: str, token: str, replica: str, shard: int, role: str, kill_
     ``"spare"`` builds everything from another initialisation, waits until the survivor committed
     two steps alone, then starts its Managers and heals shard by shard. Returns ``(params, log,
     stats)``: ``log`` has one record per committed step (step, epoch, samples processed before it,
-    quorum size in replicas, members, this rank's samples); ``params`` are the whole parameters
-    (``fully_shard``: gathered from the replica's ranks).
+    quorum size in replicas, members, this rank's samples: ``"tp"``: the replica's, both ranks run
+    them); ``params`` are the whole parameters (``fully_shard``, ``"tp"``: gathered from the
+    replica's ranks).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r}: one of {STRATEGIES}")
@@ -70,6 +75,7 @@ def shard_rank(addr: str, token: str, replica: str, shard: int, role: str, kill_
     from neural_arch.distributed.optim import ZeroRedundancyOptimizer
     from neural_arch.distributed.rendezvous.base import PrefixStore
     from neural_arch.distributed.rendezvous.tcp_store import TCPStore
+    from neural_arch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     host, _, port = addr.rpartition(":")
     signals = TCPStore(host, int(port), timeout=wait_s, auth_token=token)
@@ -95,7 +101,8 @@ def shard_rank(addr: str, token: str, replica: str, shard: int, role: str, kill_
         sampler.load_state_dict(state["sampler"])
         rng.bit_generator.state = state["rng"]
 
-    def local_pieces():   # fully_shard: the heal receives each rank's rows straight into its DTensors' local arrays
+    # fully_shard, tp: the heal receives each rank's pieces straight into its DTensors' local arrays
+    def local_pieces():
         return {"model": {name: p.data for name, p in model.named_parameters()}}
 
     if role == "spare":   # everything imported and built before the wait: it registers at once when told
@@ -104,15 +111,20 @@ def shard_rank(addr: str, token: str, replica: str, shard: int, role: str, kill_
                          state_dict=state_dict, min_replica_size=1, replica_id=replica, shard=(shard, SHARDS),
                          lighthouse_addr=addr, timeout=10.0, quorum_timeout=wait_s, heartbeat_interval=0.05,
                          auth_token=token, init_sync=False,        # seeded alike: nothing to copy at step 0
-                         heal_into=local_pieces if strategy == "fully_shard" else None)
+                         heal_into=local_pieces if strategy != "zero2" else None)
     lane = ft.ManagedProcessGroup(manager)
+    net = model             # what the loop runs (tp: the ft DDP wrapper, which averages over the lane)
     if strategy == "zero2":
         optimizer = ZeroRedundancyOptimizer(model.parameters(), optim.Adam, process_group=group, stage=2,
                                             bucket_cap_mb=1e-4, replicate_group=lane, lr=0.05)   # a few buckets
         inner = holder["optim"] = optimizer.optim
-    else:   # two fully_shard groups (the first layer, and the root with the rest): two lane all-reduces a step
+    elif strategy == "fully_shard":   # two fully_shard groups (the first layer, and the root with the rest)
         fully_shard(model[0], replicate_group=lane)
         fully_shard(model, replicate_group=lane)
+        optimizer = inner = holder["optim"] = optim.Adam(model.parameters(), lr=0.05)
+    else:   # tensor parallel over the replica's group; each rank's local gradients averaged over its lane
+        parallelize_module(model, group, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        net = ft.DistributedDataParallel(manager, model, bucket_cap_mb=1e-4, first_bucket_mb=1e-4)   # a few buckets
         optimizer = inner = holder["optim"] = optim.Adam(model.parameters(), lr=0.05)
     if role == "spare":
         signals.add(SPARE_READY, 1)
@@ -131,14 +143,17 @@ def shard_rank(addr: str, token: str, replica: str, shard: int, role: str, kill_
         sampler.reset(num_replicas=size, rank=me)
         processed = sampler.processed_samples()
         ours, pad = sampler.indices()[:BATCH], sampler.padding_mask()[:BATCH]
-        mine = ours[shard::SHARDS][~pad[shard::SHARDS]]          # the replica's share, split over its ranks
         n_global = min(size * BATCH, N - processed)
+        if strategy == "tp":                                     # both ranks run the replica's whole share
+            mine, split = ours[~pad], 1
+        else:                                                    # the replica's share, split over its ranks
+            mine, split = ours[shard::SHARDS][~pad[shard::SHARDS]], SHARDS
         if len(mine):
-            err = model(Tensor(X[mine])) - Tensor(Y[mine])
-            # averaged over the replica's ranks, then over the replicas: the global-batch mean
-            loss = (err * err).sum() * (size * SHARDS / n_global)
+            err = net(Tensor(X[mine])) - Tensor(Y[mine])
+            # averaged over the replica's ranks (sharded data), then over the replicas: the global-batch mean
+            loss = (err * err).sum() * (size * split / n_global)
         else:                                                    # only padding here: zero gradients, same collectives
-            loss = (model(Tensor(X[:1])) * 0.0).sum()
+            loss = (net(Tensor(X[:1])) * 0.0).sum()
         loss.backward()
         if opt.step():
             log.append((manager.current_step(), sampler.epoch, processed, size, manager.quorum.members,
@@ -162,8 +177,9 @@ def shard_rank(addr: str, token: str, replica: str, shard: int, role: str, kill_
              "optim_shard": [np.asarray(held[k][name]).copy() for k in sorted(held)
                              for name in ("exp_avg", "exp_avg_sq") if name in held[k]],
              "local_params": [np.asarray(p.data).copy() for p in model.parameters()],
-             "healed_in_place": holder.get("in_place")}
-    params = [np.asarray(p.full_tensor().data if strategy == "fully_shard" else p.data).copy()
+             "healed_in_place": holder.get("in_place"),
+             "placements": [repr(getattr(p, "placements", None)) for p in model.parameters()]}
+    params = [np.asarray(p.full_tensor().data if strategy != "zero2" else p.data).copy()
               for p in model.parameters()]
     manager.shutdown()
     dist.destroy_process_group()

@@ -1,16 +1,18 @@
-"""The end-to-end proofs of sharded replicas: ZeRO-2 or ``fully_shard`` (FSDP2) inside each replica,
-a SIGKILLed replica, a replacement that heals shard by shard.
+"""The end-to-end proofs of sharded replicas: ZeRO-2, ``fully_shard`` (FSDP2) or tensor parallelism
+inside each replica, a SIGKILLed replica, a replacement that heals shard by shard.
 
 Two replicas of two ranks each (real processes, gloo over TCP) train a float64 MLP with Adam, sharded
 over the replica's own group by ``ZeroRedundancyOptimizer(optim.Adam, stage=2)`` or by
-``fully_shard`` (the weights sharded too: each rank holds its ``Shard(0)`` rows); each gradient shard
-is averaged across the replicas through its rank's ``Manager(shard=(s, 2))``
-(``replicate_group=ft.ManagedProcessGroup(manager)``). Both ranks of replica b are SIGKILLed in the
+``fully_shard`` (the weights sharded too: each rank holds its ``Shard(0)`` rows), or tensor-parallel
+(``parallelize_module``: ColwiseParallel then RowwiseParallel; each rank holds its slices, both run the
+replica's whole batch); each gradient shard is averaged across the replicas through its rank's
+``Manager(shard=(s, 2))`` (``replicate_group=ft.ManagedProcessGroup(manager)``; tensor parallelism:
+``ft.DistributedDataParallel(manager, model)`` over the rank's local gradients). Both ranks of replica b are SIGKILLed in the
 middle of a step; replica a discards that step and goes on alone (no restart, nothing read from disk);
 a replacement replica of two ranks starts from another initialisation, each of its ranks heals from
 the rank of a with the same shard index (ZeRO-2: the weights and its shard of the Adam state;
-fully_shard: its local rows of every parameter, received straight into its DTensors' local arrays
-(``Manager(heal_into=...)``), and their Adam state; both: step, RNG, data position)
+fully_shard and tensor parallelism: its local pieces of every parameter, received straight into its
+DTensors' local arrays (``Manager(heal_into=...)``), and their Adam state; all: step, RNG, data position)
 and the two replicas finish the run. At most four ranks are alive at once. The final parameters of
 every rank equal a single-process run over exactly the committed global batches (<= 1e-10), and
 every sample of every epoch is used exactly once."""
@@ -68,15 +70,22 @@ def test_a_killed_sharded_replica_is_replaced_by_one_that_heals_shard_by_shard(s
         assert mine and len(mine) == len(peer) and all(np.array_equal(x, y) for x, y in zip(mine, peer))
     held = sum(x.size for s in range(fns.SHARDS) for x in stats["a", s]["optim_shard"]) // 2
     model_size = sum(p.size for p in params["a", 0])
-    assert model_size <= held < model_size + 2 * fns.SHARDS * 8, (held, model_size)   # padding only
-    assert not any(np.array_equal(x, y) for x, y in zip(stats["a", 0]["optim_shard"], stats["a", 1]["optim_shard"])
-                   if x.shape == y.shape)
-    if strategy == "fully_shard":   # the weights are sharded too: each rank's local rows, c's equal to a's
+    # tensor parallelism keeps the row-parallel layer's bias (the last parameter) whole on every rank
+    replicated = params["a", 0][-1].size * (fns.SHARDS - 1) if strategy == "tp" else 0
+    assert model_size + replicated <= held < model_size + replicated + 2 * fns.SHARDS * 8, (held, model_size)
+    same = [np.array_equal(x, y) for x, y in zip(stats["a", 0]["optim_shard"], stats["a", 1]["optim_shard"])
+            if x.shape == y.shape]
+    assert same == ([False] * (len(same) - 2) + [True] * 2 if strategy == "tp" else [False] * len(same)), same
+    if strategy == "tp":      # Megatron's split: fc1 by output rows, fc2 by input columns, fc2's bias whole
+        assert stats["a", 0]["placements"] == stats["c", 1]["placements"] == [
+            "(Shard(dim=0),)", "(Shard(dim=0),)", "(Shard(dim=1),)", "(Replicate(),)"], stats["a", 0]["placements"]
+    if strategy != "zero2":   # the weights are sharded too: each rank's local pieces, c's equal to a's
         for s in range(fns.SHARDS):
             assert stats["c", s]["healed_in_place"] is True     # received straight into the DTensors' local arrays
             mine, peer = stats["c", s]["local_params"], stats["a", s]["local_params"]
             assert all(np.array_equal(x, y) for x, y in zip(mine, peer))
-        assert sum(x.size for s in range(fns.SHARDS) for x in stats["a", s]["local_params"]) == model_size
+        local = sum(x.size for s in range(fns.SHARDS) for x in stats["a", s]["local_params"])
+        assert local == model_size + replicated
 
     # one record per committed step: the same on every rank that took part in it
     steps = {}
@@ -96,10 +105,14 @@ def test_a_killed_sharded_replica_is_replaced_by_one_that_heals_shard_by_shard(s
         assert sorted(used.tolist()) == list(range(fns.N)), epoch
     shares = {stats[key]["member"]: {step: mine for step, *_r, mine in log} for key, log in logs.items()}
     checked = 0
+    # (tensor parallelism: both ranks of a replica run the replica's share, so each shard index's lane
+    # makes up the global batch on its own)
+    lanes = [f"/s{s}:" for s in range(fns.SHARDS)] if strategy == "tp" else ["/s"]
     for step, e, p, n, members, _x in committed:
         if all(step in shares.get(m, {}) for m in members):   # every member of that step reported it
-            got = sorted(x for m in members for x in shares[m][step])
-            assert got == sorted(fns.global_batch(e, p, n).tolist()), step
+            for lane in lanes:
+                got = sorted(x for m in members if lane in m for x in shares[m][step])
+                assert got == sorted(fns.global_batch(e, p, n).tolist()), (step, lane)
             checked += 1
     assert checked >= KILL_AT
 

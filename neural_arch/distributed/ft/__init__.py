@@ -17,9 +17,9 @@ module                      what
 ``protocol``                the store keys the lighthouse and managers share
 ==========================  ===============================================================
 
-A replica is one process, or several ranks that shard it (``Manager(shard=(index, count))``: each
-shard index reduces across the replicas in a group of its own and heals from the peer with the
-same shard index). See docs/fault_tolerance.md ("Per-step fault tolerance"). Names load lazily::
+A replica is one process, or several ranks that shard it (ZeRO, ``fully_shard`` or tensor
+parallelism; ``Manager(shard=(index, count))``: each shard index reduces across the replicas in a
+group of its own and heals from the peer with the same shard index). See docs/fault_tolerance.md ("Per-step fault tolerance"). Names load lazily::
 
     from neural_arch.distributed import ft
     with ft.Lighthouse(min_replicas=2) as lighthouse:

@@ -16,6 +16,12 @@ in those slots): every replica runs the same collectives whatever its data. Such
 ``.grad`` is set to the quorum's average when some replica had a gradient for it (the average is
 nonzero), and left ``None`` otherwise -- the same decision on every replica.
 
+Inside a tensor-parallel replica (each rank runs ``Manager(shard=(tp_rank, tp_size))``) it wraps
+the rank's tensor-parallel model as is: the parameters' Tensor faces are the rank's local pieces, so
+each rank averages its own slices (and its copies of the replicated parameters) over its lane, with
+the ranks holding the same slices in the other replicas (docs/fault_tolerance.md, "Sharded
+replicas").
+
 One backward per step: a second backward before the optimizer step would all-reduce accumulated
 gradients again. Parameters are not broadcast at construction: a replica that joins late heals in
 its first ``start_quorum`` instead.

@@ -11,6 +11,14 @@ Liveness is by heartbeat: a member whose counter stops moving for ``heartbeat_ti
 is dead (a SIGKILLed replica); a member that still beats but does not ask for ``join_timeout``
 seconds while the others wait is left out of that quorum (a replica hung in user code).
 
+As a process of its own (torchft's ``torchft_lighthouse``), beside one launcher per replica group
+(``examples/ft_train.py``): it prints ``ft lighthouse listening on HOST:PORT``, then one line
+``quorum {json}`` per quorum it issues, and runs until SIGINT/SIGTERM. The store's token is
+``NEURAL_ARCH_FT_AUTH_TOKEN`` when set (then every replica needs the same), else the loopback
+per-user secret::
+
+    python -m neural_arch.distributed.ft.lighthouse --min_replicas 2 --port 29510
+
 Example::
 
     from neural_arch.distributed.ft import Lighthouse, Manager
@@ -22,8 +30,12 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import os
+import signal
+import sys
 import threading
 import time
 
@@ -177,3 +189,53 @@ class Lighthouse:
         log.info("ft quorum round %d: id %d, members %s, steps %s, heal %s", quorum.round, quorum.quorum_id,
                  quorum.members, quorum.steps, quorum.heal)
         return quorum
+
+
+#: the environment variable holding the lighthouse store's token for the command line and ``examples/ft_train.py``
+TOKEN_VAR = "NEURAL_ARCH_FT_AUTH_TOKEN"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m neural_arch.distributed.ft.lighthouse``: serve quorums until SIGINT/SIGTERM (module docstring).
+
+    Example::
+
+        main(["--min_replicas", "2", "--port", "0"])     # prints its address, then one line per quorum
+    """
+    parser = argparse.ArgumentParser(prog="python -m neural_arch.distributed.ft.lighthouse",
+                                     description="Decide each step's quorum for per-step fault tolerance.")
+    parser.add_argument("--min_replicas", type=int, default=1, help="the smallest quorum (default 1)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=29510, help="port (0: a free one; default 29510)")
+    parser.add_argument("--join_timeout", type=float, default=1.0,
+                        help="seconds to wait for a healthy replica that did not ask (default 1)")
+    parser.add_argument("--heartbeat_timeout", type=float, default=1.0,
+                        help="seconds without a heartbeat before a replica counts as dead (default 1)")
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+    # the handlers only set the event: the main thread leaves its wait and stops the lighthouse itself
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    lighthouse = Lighthouse(args.min_replicas, args.host, args.port, args.join_timeout, args.heartbeat_timeout,
+                            auth_token=os.environ.get(TOKEN_VAR) or None).start()
+    print(f"ft lighthouse listening on {lighthouse.address}", flush=True)
+    printed = 0
+    try:
+        while True:
+            stopping = stop.wait(0.05) or lighthouse.error is not None
+            quorums = lighthouse.quorums[printed:]      # the thread appends; a slice is a snapshot
+            for quorum in quorums:
+                print("quorum " + json.dumps(quorum.to_json()), flush=True)
+            printed += len(quorums)
+            if stopping:
+                break
+    finally:
+        lighthouse.stop()
+    if lighthouse.error is not None:
+        print(f"ft lighthouse stopped: {lighthouse.error!r}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

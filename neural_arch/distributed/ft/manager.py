@@ -23,7 +23,8 @@ compare-and-set; everyone reads that one value, so no two members ever disagree 
 when a member dies between its vote and the others'. A missing vote counts as a failure after
 ``timeout`` seconds.
 
-A replica is one process, or several that shard it (ZeRO/FSDP inside a replica): then every rank
+A replica is one process, or several that shard it (ZeRO/FSDP or tensor parallelism inside a
+replica): then every rank
 of the replica runs a ``Manager`` with the same ``replica_id`` and its ``shard=(index, count)``; the
 lighthouse takes a replica into a quorum only when all its shards asked, each shard index
 reduces across the replicas in a group of its own (its *lane*: ``allreduce`` averages this shard
@@ -31,7 +32,9 @@ over the replicas), the commit vote covers every shard of every replica (one tra
 replica that is behind heals shard by shard from the peer with the same shard index. The
 replica's own sharded collectives (reduce-scatter, all-gather) stay in its own group; ZeRO-2 and
 ``fully_shard`` reach the lane through :class:`~neural_arch.distributed.ft.managed_group.ManagedProcessGroup`
-(their ``replicate_group``).
+(their ``replicate_group``); under tensor parallelism each rank's local gradients are plain data
+parallelism over its lane (:class:`~neural_arch.distributed.ft.ddp.DistributedDataParallel`), while
+the tensor-parallel all-reduces stay in the replica's group.
 
 Example::
 
