@@ -24,10 +24,16 @@ from __future__ import annotations
 
 import importlib
 
-import numpy as _np
-
 from . import config as _config
-from .allocator import tune_malloc as _tune_malloc
+from .blas_idle import sleep_idle_blas_threads as _sleep_idle_blas_threads
+
+if _config.get("NEURAL_ARCH_BLAS_IDLE_SLEEP"):
+    # before NumPy loads OpenBLAS where we can: its idle threads then sleep instead of holding a core
+    _sleep_idle_blas_threads()
+
+import numpy as _np  # noqa: E402 - after the BLAS setting above
+
+from .allocator import tune_malloc as _tune_malloc  # noqa: E402
 
 if _config.get("NEURAL_ARCH_MALLOC_TUNE"):
     _tune_malloc()   # a step's temporaries stay in the heap instead of being page-faulted in again every step

@@ -58,6 +58,7 @@ def _v(name, kind, default, area, doc) -> EnvVar:
 VARIABLES: tuple[EnvVar, ...] = (
     # -- process groups and rendezvous ------------------------------------------------------------
     _v("BACKEND", str, None, "user", "backend when init_process_group() gets none: gloo, mpi, nccl, local"),
+    _v("BLAS_IDLE_SLEEP", bool, True, "user", "0 leaves OpenBLAS's idle-thread spin alone (importing neural_arch sets OPENBLAS_THREAD_TIMEOUT=4 unless set, so idle BLAS threads sleep instead of holding a core: neural_arch/blas_idle.py)"),
     _v("MALLOC_TUNE", bool, True, "user", "0 leaves glibc's malloc thresholds alone (importing neural_arch raises them so a step's temporaries stay in the heap: neural_arch/allocator.py)"),
     _v("TIMEOUT", float, 300.0, "user", "seconds a collective may wait before it fails (init_process_group's timeout)"),
     _v("RENDEZVOUS_TIMEOUT", float, 60.0, "user", "seconds every rank has to reach the rendezvous (and MPI_Init)"),

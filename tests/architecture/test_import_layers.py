@@ -33,7 +33,7 @@ D = "neural_arch.distributed."
 #: The layers, lowest first: (name, module prefixes). An import may go to its own layer or below.
 LAYERS: list[tuple[str, list[str]]] = [
     # arrays, settings, files, the profiler's event seam: no Tensor yet
-    ("foundation", ["neural_arch.config", "neural_arch.backend", "neural_arch.allocator", "neural_arch.memory",
+    ("foundation", ["neural_arch.config", "neural_arch.backend", "neural_arch.allocator", "neural_arch.blas_idle", "neural_arch.memory",
                     "neural_arch.utils.atomic_file",
                     "neural_arch.profiler", "neural_arch.cuda"]),
     ("core", ["neural_arch.core"]),                       # Tensor, autograd, the ops
