@@ -31,7 +31,7 @@ import sys
 
 __all__ = ["TIMEOUT_EXPONENT", "openblas_library", "sleep_idle_blas_threads"]
 
-#: OpenBLAS's smallest spin (it clamps the variable to 4..30): 2**4 cycles, then sleep
+#: the spin's exponent, 2**4 cycles before sleeping (the smallest OpenBLAS accepts; it clamps the variable to 4..30)
 TIMEOUT_EXPONENT = 4
 _VAR = "OPENBLAS_THREAD_TIMEOUT"
 

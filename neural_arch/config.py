@@ -62,6 +62,7 @@ VARIABLES: tuple[EnvVar, ...] = (
     _v("MALLOC_TUNE", bool, True, "user", "0 leaves glibc's malloc thresholds alone (importing neural_arch raises them so a step's temporaries stay in the heap: neural_arch/allocator.py)"),
     _v("TIMEOUT", float, 300.0, "user", "seconds a collective may wait before it fails (init_process_group's timeout)"),
     _v("RENDEZVOUS_TIMEOUT", float, 60.0, "user", "seconds every rank has to reach the rendezvous (and MPI_Init)"),
+    _v("FT_AUTH_TOKEN", str, None, "user", "the fault-tolerance lighthouse's token (python -m neural_arch.distributed.ft.lighthouse and examples/ft_train.py); unset: the loopback per-user secret"),
     _v("AUTH_TOKEN", str, None, "user", "job secret: authenticates store, TCP mesh and node agents (docs/security.md)"),
     _v("ALLOW_UNAUTHENTICATED", bool, False, "user", "1 on every rank lets a multi-host job without NEURAL_ARCH_AUTH_TOKEN run its store and TCP mesh open to anyone who can reach the ports (trusted networks only; docs/security.md)"),
     _v("HOST_ID", str, None, "user", "overrides host identity (split one machine into 'hosts'; containers without shared /dev/shm)"),

@@ -48,6 +48,11 @@ summed over the expert-parallel group (every expert once; its replicas in the ex
 group hold the same gradient): every rank gets the norm of one process's gradients, and the same
 clip coefficient.
 
+Checkpoints (``checkpoint.state_dict.get_state_dict`` / ``dcp.save``): ``moe.experts`` carries the
+global indices of its experts, so each expert is saved under its global name (``moe.experts.3...``),
+once, by one rank of the expert-data-parallel group holding it, and a checkpoint saved at one ep size
+loads at another, or into the plain model in one process.
+
 Example (4 ranks, 2 experts per rank, experts replicated twice)::
 
     mesh = expert_parallel_mesh(ep_size=2)              # ("dp", "ep") = (2, 2)
@@ -297,6 +302,9 @@ def parallelize_moe(moe: Module, ep_group=None, *, dp_group=None, expert_dp_grou
         layer.placement = placement
         layer.local_aux_loss = bool(local_aux_loss)
         layer.experts = ModuleList([layer.experts[e] for e in placement.expert_ids])
+        # checkpoints name each expert by its global index (checkpoint.expert_names): a save at one
+        # ep size loads at any other, and the ranks holding the same expert hold the same key
+        layer.experts._global_indices, layer.experts._global_size = placement.expert_ids, layer.num_experts
         for p in layer.experts.parameters():
             p.allreduce = False                      # Megatron's flag: not a replicated parameter
             p.expert_dp_group = edp                  # reduced over these ranks (None: held once)

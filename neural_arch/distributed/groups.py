@@ -671,11 +671,14 @@ def _unexport_torch_env(names) -> None:
 
 def _leave_world(world, failing: bool) -> None:
     """Mark this rank as gone from the world's store; its host waits for the others (see _Leave),
-    unless this rank is ``failing`` or its group failed: then the peers may be dead or stuck in a
-    collective with us, and closing at once is what makes them fail fast."""
+    unless this rank is ``failing`` or one of its groups failed (the world or a sub-group, e.g. a
+    pipeline's whose stage died): then a peer may be dead or stuck in a collective with us, and
+    closing at once is what makes them fail fast (a dead rank never leaves: waiting for it would
+    only hold this process for the whole leave wait)."""
     leave = _STATE.info.get("leave")
     if leave is not None:
-        leave(wait=not failing and getattr(world.backend, "_fatal", None) is None)
+        groups_ok = all(getattr(pg.backend, "_fatal", None) is None for pg in [world, *_STATE.groups])
+        leave(wait=not failing and groups_ok)
 
 
 def _leave_at_exit() -> None:

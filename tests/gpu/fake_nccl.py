@@ -61,6 +61,7 @@ class FakeComm:
         self.aborted = False
         self.async_error = None
         self.calls: list = []
+        self.sent: list = []     # (peer, bytes) per send that reached the wire: what a test counts as moved
 
     # -- plumbing -------------------------------------------------------------------------
     def _wait(self, ready, give_up_s: float = 60.0) -> None:
@@ -138,6 +139,7 @@ class FakeComm:
 
     def _do_send(self, buf, count, dtype, peer):
         w = self.world
+        self.sent.append((peer, count * np.dtype(_NP[dtype]).itemsize))
         with w.cv:
             w.mail.setdefault((self.rank, peer), []).append(_mem(buf, count, dtype).copy())
             w.cv.notify_all()

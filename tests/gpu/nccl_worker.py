@@ -7,7 +7,7 @@ each rank draws the same global data from a fixed seed and compares with NumPy o
 
 Scenarios: ``collectives`` (every op, dtype and root), ``timeout`` (rank 1 skips an op),
 ``init_timeout`` (rank 1 never starts), ``ddp`` (a small MLP trained with DistributedDataParallel
-vs a single-process reference).
+vs a single-process reference), ``alltoallv`` (uneven all-to-all vs NumPy, counting the bytes NCCL moves).
 """
 
 from __future__ import annotations
@@ -219,6 +219,54 @@ def scenario_ddp():
         [float(p.numpy().astype(np.float64).sum()) for p in model.parameters()])
     dist.destroy_process_group()
     return {"max_diff": max(diffs), "param_sums": sums}
+
+
+def alltoallv_counts(n: int) -> np.ndarray:
+    """counts[s][d]: rows rank s sends rank d; zeros included, and rank 0 sends nothing at all."""
+    counts = np.random.default_rng(31).integers(0, 4, (n, n))
+    counts[0] = 0
+    return counts
+
+
+class _CountingComm:
+    """The real communicator, with every ``send``'s (peer, elements) recorded and every call named."""
+
+    def __init__(self, comm):
+        self._comm, self.sent, self.calls = comm, [], []
+
+    def send(self, buf, count, dtype, peer, stream):
+        self.sent.append((peer, count))
+        self.calls.append("send")
+        return self._comm.send(buf, count, dtype, peer, stream)
+
+    def __getattr__(self, name):
+        self.calls.append(name)
+        return getattr(self._comm, name)
+
+
+def scenario_alltoallv():
+    import cupy as cp
+    b, _store = _backend()
+    n, me = b.size, b.rank
+    counts = alltoallv_counts(n)
+    at = [np.concatenate([[0], np.cumsum(counts[s])]) for s in range(n)]
+    fails = []
+    for dtype in ("float32", "float64", "int64"):
+        rows = [(np.arange(counts[s].sum() * 3) + 1000 * s).astype(dtype).reshape(-1, 3) for s in range(n)]
+        want = np.concatenate([rows[s][at[s][me]:at[s][me + 1]] for s in range(n)]).reshape(-1, 3)
+        counting = b._comm = _CountingComm(b._comm)
+        out = cp.full((int(counts[:, me].sum()), 3), -1, dtype=dtype)
+        b.alltoallv(out, cp.asarray(rows[me]), counts[:, me].tolist(), counts[me].tolist())
+        b._comm = counting._comm
+        if not np.array_equal(cp.asnumpy(out), want):
+            fails.append(f"{dtype}: rank {me} got {cp.asnumpy(out).tolist()}, want {want.tolist()}")
+        # no padding: one send per peer that gets rows, of its rows' elements exactly, and no all-reduce
+        real = sorted((d, int(counts[me][d]) * 3) for d in range(n) if d != me and counts[me][d])
+        if sorted(counting.sent) != real or "allReduce" in counting.calls:
+            fails.append(f"{dtype}: rank {me} sent {counting.sent} (calls {counting.calls}), want {real}")
+    b.barrier()
+    b.shutdown()
+    return {"fails": fails, "counts": counts.tolist()}
 
 
 def main():

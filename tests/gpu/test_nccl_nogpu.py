@@ -313,6 +313,68 @@ def test_alltoall_gather_scatter(fake_env, n):
     assert [o.tolist() for o in each(backends, scatter)] == [[2 * r, 2 * r + 1] for r in range(n)]
 
 
+# split matrices: counts[s][d] rows go from rank s to rank d (zeros, a rank that sends nothing, an empty op)
+_A2AV_COUNTS = {
+    2: [[1, 3], [0, 2]],
+    3: [[0, 0, 0], [2, 0, 1], [4, 1, 0]],          # rank 0 sends nothing, rank 1 keeps nothing
+    4: [[1, 0, 2, 5], [0, 0, 0, 0], [3, 1, 0, 0], [0, 2, 1, 1]],
+}
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("dtype", ["float64", "int32"])
+def test_alltoallv_is_native_and_moves_only_real_rows(fake_env, n, dtype):
+    backends = fake_env(n)
+    counts = np.array(_A2AV_COUNTS[n])
+    rows = [np.arange(counts[s].sum() * 3, dtype=dtype).reshape(-1, 3) + 1000 * s for s in range(n)]
+
+    def a2av(b, r):
+        out = _arr(np.full((counts[:, r].sum(), 3), -1, dtype))
+        return b.alltoallv(out, _arr(rows[r]), output_split_sizes=counts[:, r].tolist(),
+                           input_split_sizes=counts[r].tolist()).result().get()
+    got = each(backends, a2av)
+    at = [np.concatenate([[0], np.cumsum(counts[s])]) for s in range(n)]
+    for r in range(n):
+        expected = np.concatenate([rows[s][at[s][r]:at[s][r + 1]] for s in range(n)]).reshape(-1, 3)
+        np.testing.assert_array_equal(got[r], expected)
+        comm = backends[r]._comm
+        # no padding: exactly one send per peer that gets rows, of exactly its rows' bytes, and no
+        # MAX all-reduce agreeing on a padded block length (what the interface's default hook does)
+        row = 3 * np.dtype(dtype).itemsize
+        assert sorted(comm.sent) == sorted((d, int(counts[r][d]) * row) for d in range(n) if d != r and counts[r][d])
+        assert comm.calls.count("recv") == sum(1 for s in range(n) if s != r and counts[s][r])
+        assert "allReduce" not in comm.calls
+
+
+def test_alltoallv_same_checks_as_the_other_backends(fake_env):
+    backends = fake_env(2)
+    b = backends[0]
+    with pytest.raises(ValueError, match="must hold 2 row counts"):
+        b.alltoallv(_arr(np.zeros((2, 1))), _arr(np.zeros((2, 1))), [2], [1, 1])
+    with pytest.raises(ValueError, match="sum to dim 0"):
+        b.alltoallv(_arr(np.zeros((2, 1))), _arr(np.zeros((2, 1))), [1, 1], [2, 1])
+    with pytest.raises(ValueError, match="share dtype"):
+        b.alltoallv(_arr(np.zeros((2, 1))), _arr(np.zeros((2, 2))), [1, 1], [1, 1])
+    with pytest.raises(TypeError, match="cuda"):
+        b.alltoallv(np.zeros((2, 1)), np.zeros((2, 1)), [1, 1], [1, 1])
+    assert b._comm.sent == []          # every check fires before any I/O
+    # both ranks sending nothing at all: nothing is posted, and the op still completes
+    out = each(backends, lambda b, r: b.alltoallv(_arr(np.zeros((0, 2))), _arr(np.zeros((0, 2))),
+                                                  [0, 0], [0, 0]).result().get())
+    assert [o.shape for o in out] == [(0, 2), (0, 2)] and backends[1]._comm.calls.count("send") == 0
+
+
+def test_alltoallv_splits_that_disagree_fail_loudly_never_hang(fake_env):
+    backends = fake_env(2, timeout=2.0)
+    # rank 0 sends 2 rows to rank 1, which expects 1: NCCL cannot tell before data moves; the receiver's
+    # error (here the fake's count check; on a GPU an error or the timeout's abort) names the op
+    outs, ins = [[1, 2], [1, 1]], [[1, 2], [2, 1]]          # [rank][peer]: rows received, rows sent
+    _, errors = run_threads(lambda r: backends[r].alltoallv(_arr(np.zeros((sum(outs[r]), 2))), _arr(np.zeros((3, 2))),
+                                                            outs[r], ins[r]).result(), 2)
+    assert errors[0] is None and isinstance(errors[1], DistributedError), errors
+    assert "all_to_allv #1" in str(errors[1]) and "matched a send of 4" in str(errors[1]), errors
+
+
 def test_send_recv_barrier_and_objects(fake_env):
     backends = fake_env(2)
 

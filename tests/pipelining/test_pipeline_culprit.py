@@ -1,6 +1,6 @@
 """A failed stage two hops away is named on every rank, not only by its neighbours.
 
-Four stages (gloo, fresh processes per case, pipeline group timeout 4 s); in the second step
+Four stages (gloo, fresh processes per case, pipeline group timeout 2 s); in the second step
 stage 3 raises in the forward of micro-batch 2, exits, or hangs past the timeout. Every other
 rank -- rank 0 and 1 included, which never talk to stage 3 -- must fail with a ``PipelineError``
 whose message names stage 3 and global rank 3 (and, when it raised, the action, micro-batch and
@@ -14,7 +14,7 @@ import pytest
 
 from neural_arch.distributed.testing import run_ranks
 
-TIMEOUT = 4.0
+TIMEOUT = 2.0
 
 
 def _seconds(text: str) -> float:

@@ -33,6 +33,12 @@ state of such a parameter (Adam's ``exp_avg``, ...) as a DTensor of the same pla
 
     msd = get_model_state_dict(tp_model)        # {"fc1.weight": DTensor(Shard(0)), "fc2.bias": DTensor(Replicate()), ...}
 
+Expert parallelism (``parallelize_moe``): each expert's parameters and state are named by the
+expert's **global** index (``moe.experts.3.fc1.weight`` on the ranks holding expert 3, whatever its
+local position), so the keys are the plain model's, the ranks holding the same expert hold the same
+key (``dcp.save`` writes it once, by one of them) and a checkpoint saved at one ep size loads at any
+other, or into one process (see :mod:`~neural_arch.distributed.checkpoint.expert_names`).
+
 How the shards are known (nothing here imports a parallel strategy): a flat shard parameter
 carries ``_flat_shard`` (FSDP's ``flat_param``, ZeRO-2's bucket shards: which elements of which
 original parameters it holds); a wrapper whose ``state_dict`` is its ``.module``'s (DDP, FSDP)
@@ -51,6 +57,12 @@ import numpy as np
 from neural_arch import backend as _backend
 from neural_arch.core.tensor import Tensor
 from neural_arch.distributed.checkpoint.dtensor_box import as_sharded_array, global_shape_of, is_dtensor
+from neural_arch.distributed.checkpoint.expert_names import (
+    expand_group_names,
+    held_elsewhere,
+    named_modules,
+    sliced_lists,
+)
 from neural_arch.distributed.checkpoint.sharded import Region, ShardedArray, copy_overlap
 from neural_arch.distributed.tensor._api import DTensor, compute_local_shape_and_global_offset
 from neural_arch.nn.module import Module
@@ -113,7 +125,7 @@ def _unwrap(model) -> Module:
 
 def _names(inner: Module) -> dict[int, str]:
     names: dict[int, str] = {}
-    for prefix, sub in inner.named_modules():
+    for prefix, sub in named_modules(inner):
         for n, p in sub._parameters.items():
             if p is not None and id(p) not in names:
                 names[id(p)] = f"{prefix}.{n}" if prefix else n
@@ -143,12 +155,13 @@ def _name_of(p, names: dict) -> str:
                          "(pass the model the optimizer was built over)") from None
 
 
-def _group_names(group: dict, names: dict) -> list[str]:
+def _group_names(group: dict, names: dict, inner: Module) -> list[str]:
     out = []
     for p in group["params"]:
         fs = getattr(p, "_flat_shard", None)
         out.extend(_name_of(q, names) for q in (fs.params if fs is not None else [p]))
-    return out
+    # expert parallelism: every expert's names, so the list is the same on every rank (and at ep = 1)
+    return expand_group_names(out, inner)
 
 
 def _optimizers(optimizers) -> list:
@@ -193,7 +206,7 @@ def get_model_state_dict(model, *, submodules=None, options: StateDictOptions | 
             sharded[id(orig)] = None  # held by a flat shard: this rank may hold none of it
         for orig, start, at, n in fs.pieces:
             sharded[id(orig)] = (tuple(orig.shape), start, host[at:at + n])
-    for prefix, sub in inner.named_modules():
+    for prefix, sub in named_modules(inner):
         for n, p in sub._parameters.items():
             name = f"{prefix}.{n}" if prefix else n
             if p is None or name in out or (options.ignore_frozen_params and not p.requires_grad):
@@ -228,7 +241,9 @@ def set_model_state_dict(model, model_state_dict: dict, *, options: StateDictOpt
     """Load ``model_state_dict`` (from :func:`get_model_state_dict` of any layout, whole arrays or
     this layout's ``ShardedArray`` parts, e.g. after ``dcp.load``) into ``model``, in place.
 
-    Returns ``(missing_keys, unexpected_keys)``; ``strict`` (default) raises on either.
+    Returns ``(missing_keys, unexpected_keys)``; ``strict`` (default) raises on either. Under expert
+    parallelism the keys of the experts other ranks hold are neither (a whole state dict loads into
+    every slice; see :mod:`~neural_arch.distributed.checkpoint.expert_names`).
 
     Example:
         >>> from neural_arch import nn
@@ -257,7 +272,7 @@ def set_model_state_dict(model, model_state_dict: dict, *, options: StateDictOpt
             filled.add(id(orig))
         fp.data[...] = _backend.to_device(flat, _backend.device_of(fp.data))
     targets = {}
-    for prefix, sub in inner.named_modules():
+    for prefix, sub in named_modules(inner):
         for n, t in list(sub._parameters.items()) + [(b, v) for b, v in sub._buffers.items()
                                                       if b not in sub._non_persistent]:
             name = f"{prefix}.{n}" if prefix else n
@@ -266,7 +281,8 @@ def set_model_state_dict(model, model_state_dict: dict, *, options: StateDictOpt
             targets.setdefault(name, t)
     expected |= set(targets)
     missing = sorted(k for k in expected if k not in model_state_dict)
-    unexpected = sorted(k for k in model_state_dict if k not in expected)
+    lists = sliced_lists(inner)   # expert parallelism: the other ranks' experts are theirs, not unexpected
+    unexpected = sorted(k for k in model_state_dict if k not in expected and not held_elsewhere(k, lists))
     if options.strict and (missing or unexpected):
         raise RuntimeError(f"set_model_state_dict(strict=True): missing keys {missing}, unexpected keys {unexpected}")
     for name, t in targets.items():
@@ -353,13 +369,14 @@ def get_optimizer_state_dict(model, optimizers, *, submodules=None, options: Sta
     if submodules is not None:
         raise NotImplementedError("get_optimizer_state_dict(submodules=...) is not implemented")
     options = _options(options)
-    names = _names(_unwrap(model))
+    inner = _unwrap(model)
+    names = _names(inner)
     state: dict = {}
     groups: list = []
     for opt in _optimizers(optimizers):
         for g in opt.param_groups:
             groups.append(dict({k: copy.deepcopy(v) for k, v in g.items() if k != "params"},
-                               params=_group_names(g, names)))
+                               params=_group_names(g, names, inner)))
         holder = _state_holder(opt)
         if holder is None:
             continue
@@ -416,7 +433,8 @@ def set_optimizer_state_dict(model, optimizers, optim_state_dict: dict, *,
         0.1
     """
     options = _options(options)
-    names = _names(_unwrap(model))
+    inner = _unwrap(model)
+    names = _names(inner)
     saved_state = optim_state_dict["state"]
     saved_groups = list(optim_state_dict["param_groups"])
     opts = _optimizers(optimizers)
@@ -425,7 +443,7 @@ def set_optimizer_state_dict(model, optimizers, optim_state_dict: dict, *,
         raise ValueError(f"set_optimizer_state_dict: the state dict has {len(saved_groups)} parameter groups, the "
                          f"optimizer has {len(mine)}; build the optimizer the same way as when saving")
     for i, (saved, g) in enumerate(zip(saved_groups, mine)):
-        want = set(_group_names(g, names))
+        want = set(_group_names(g, names, inner))
         if options.strict and set(saved.get("params", want)) != want:
             raise ValueError(f"set_optimizer_state_dict: parameter group {i} holds {sorted(saved['params'])} in the "
                              f"state dict but {sorted(want)} here")

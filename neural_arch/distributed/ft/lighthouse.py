@@ -33,12 +33,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import sys
 import threading
 import time
 
+from neural_arch import config
 from neural_arch.distributed.ft import protocol
 from neural_arch.distributed.ft.quorum import Quorum, QuorumRequest, plan_quorum
 from neural_arch.distributed.rendezvous.tcp_store import TCPStore
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     lighthouse = Lighthouse(args.min_replicas, args.host, args.port, args.join_timeout, args.heartbeat_timeout,
-                            auth_token=os.environ.get(TOKEN_VAR) or None).start()
+                            auth_token=config.get(TOKEN_VAR) or None).start()
     print(f"ft lighthouse listening on {lighthouse.address}", flush=True)
     printed = 0
     try:

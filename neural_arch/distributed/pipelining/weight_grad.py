@@ -39,6 +39,7 @@ import contextlib
 from neural_arch.core import autograd as _ag
 from neural_arch.core.autograd import Node
 from neural_arch.core.op_utils import _result
+from neural_arch.core.ops_nn import linear_bias_grad
 from neural_arch.core.tensor import Tensor
 from neural_arch.nn.linear import Linear, _as_tensor
 from neural_arch.nn.module import Module
@@ -102,7 +103,7 @@ class WeightGradStash:
                 x2 = xd if xd.ndim == 2 else xd.reshape(-1, xd.shape[-1])
                 gw = _sum(gw, g2.T @ x2)
                 if m.bias is not None and m.bias.requires_grad:
-                    gb = _sum(gb, g2.sum(axis=0))
+                    gb = _sum(gb, linear_bias_grad(g2))
                 call.g = call.x = None
             _into_grad(m.weight, gw)
             if gb is not None:

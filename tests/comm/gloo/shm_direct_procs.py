@@ -130,17 +130,22 @@ def mismatch(kind):
     return ("not poisoned",) + outcome[1:]
 
 
-def kill_or_stop_last(how, nbytes, stop_s=0.0):
-    """The last rank SIGKILLs or SIGSTOPs itself (a forked helper resumes it after ``stop_s``, so the
-    pool gets it back) before a direct all_reduce; the others report what they saw."""
+def kill_or_stop_last(how, nbytes, stop_s=0.0, done_dir=None):
+    """The last rank SIGKILLs or SIGSTOPs itself before a direct all_reduce (a forked helper resumes
+    a stopped rank once every other rank has reported, a file each in ``done_dir``, or after
+    ``stop_s``, so the pool gets it back); the others report what they saw."""
     b = backend()
     b.allreduce(np.ones(2))
     if b.rank == b.size - 1:
         if how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         parent = os.getpid()
-        if os.fork() == 0:      # the helper: sleep, resume the stopped rank, vanish
-            time.sleep(stop_s)  # how long the rank stays stopped: the scenario, not synchronisation
+        if os.fork() == 0:      # the helper: wait, resume the stopped rank, vanish
+            others = [os.path.join(done_dir, f"done-{r}") for r in range(b.size - 1)] if done_dir else []
+            end = time.monotonic() + stop_s
+            # how long the rank stays stopped: until its peers have seen the stop (the scenario)
+            while time.monotonic() < end and not (others and all(map(os.path.exists, others))):
+                time.sleep(0.05)
             os.kill(parent, signal.SIGCONT)
             os._exit(0)
         os.kill(parent, signal.SIGSTOP)
@@ -150,8 +155,12 @@ def kill_or_stop_last(how, nbytes, stop_s=0.0):
     try:
         b.allreduce(np.ones(nbytes // 4, np.float32))
     except Exception as exc:  # noqa: BLE001 - reported to the test
-        return (type(exc).__name__, str(exc), time.monotonic() - t0)
-    return ("no error", "", time.monotonic() - t0)
+        outcome = (type(exc).__name__, str(exc), time.monotonic() - t0)
+    else:
+        outcome = ("no error", "", time.monotonic() - t0)
+    if done_dir:
+        open(os.path.join(done_dir, f"done-{b.rank}"), "w").close()
+    return outcome
 
 
 def segment_files():

@@ -93,11 +93,11 @@ def test_mismatch_is_an_error_on_every_rank(kind):
 
 
 @pytest.mark.parametrize("how,nbytes", [("kill", 1 << 10), ("kill", 1 << 20), ("stop", 1 << 20)])
-def test_dead_or_stopped_peer_is_an_error_on_every_rank(how, nbytes):
+def test_dead_or_stopped_peer_is_an_error_on_every_rank(how, nbytes, tmp_path):
     timeout = 2    # a stopped peer is only seen by the timeout: the test waits it out once
     with RankPool(3, backend="gloo", init=False, timeout=60,
                   env=dict(_ENV, GLOO_TEST_TIMEOUT=str(timeout))) as p:
-        results = p.run_detailed(D.kill_or_stop_last, how, nbytes, timeout + 2.0)
+        results = p.run_detailed(D.kill_or_stop_last, how, nbytes, timeout + 8.0, str(tmp_path))
     for r in results[:2]:
         assert r.ok, results
         kind, msg, waited = r.value

@@ -59,6 +59,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -345,6 +346,34 @@ class NCCLBackend(Backend):
         chunk = lambda a, p: a[p * n:(p + 1) * n]
         self._grouped(info, [(chunk(input, p), p) for p in peers], [(chunk(output, p), p) for p in peers],
                       local=lambda: chunk(output, me).__setitem__(Ellipsis, chunk(input, me)))
+
+    def _alltoallv(self, output, input, output_splits: list, input_splits: list, info: OpInfo) -> None:
+        """Uneven all-to-all as torch's ProcessGroupNCCL runs it (``all2all_single_unequal_split``):
+        inside one ``ncclGroupStart``/``ncclGroupEnd``, one ``ncclSend`` of ``input_splits[d]`` rows to
+        every peer d and one ``ncclRecv`` of ``output_splits[s]`` rows from every peer s, each on a
+        row slice of the caller's buffer, so no padded copy exists and only the real rows move; empty
+        blocks post nothing, and this rank's own block is a device copy ordered after the exchange.
+
+        NCCL matches a send with the peer's receive by order alone, so splits that disagree between
+        peers are not detected before data moves (NCCL errors or hangs until the timeout aborts the
+        communicator); callers that cannot trust the splits exchange them first, as
+        ``dist.all_to_all_single`` does.
+
+        Example (2 ranks; rank 0 keeps 1 row and sends 2, rank 1 sends 3 and keeps 1)::
+
+            backend.alltoallv(out, inp, output_split_sizes=[1, 3], input_split_sizes=[1, 2])   # rank 0
+        """
+        me = self._rank
+        send_at = [0, *accumulate(input_splits)]
+        recv_at = [0, *accumulate(output_splits)]
+        sends = [(input[send_at[p]:send_at[p + 1]], p) for p in range(self._size) if p != me and input_splits[p]]
+        recvs = [(output[recv_at[p]:recv_at[p + 1]], p) for p in range(self._size) if p != me and output_splits[p]]
+        local = None
+        if input_splits[me]:
+            own_in = input[send_at[me]:send_at[me + 1]]
+            own_out = output[recv_at[me]:recv_at[me + 1]]
+            local = lambda: own_out.__setitem__(Ellipsis, own_in)   # one device copy, after the exchange
+        self._grouped(info, sends, recvs, local=local)
 
     def _gather(self, output, input, root: int, info: OpInfo) -> None:
         if self._rank != root:
