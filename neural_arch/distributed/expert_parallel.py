@@ -38,9 +38,10 @@ group): the expert parameters are marked ``param.allreduce = False`` (Megatron's
 them over the expert-data-parallel group and divides by the data-parallel size. That is the
 average the replicated parameters get, because an expert's gradient on one rank already sums
 the contributions of every rank of its ep group (the all-to-all's backward brings them home):
-training equals one process on the global batch. ZeRO (stage 1 under DDP, stage 2 alone) and
-FSDP keep the expert parameters whole and out of their partitions and flat units, and reduce them
-the same way (see :mod:`neural_arch.distributed.ddp.expert_grads` for why not shard them).
+training equals one process on the global batch. ZeRO (stage 1 under DDP, stage 2 alone) keeps
+the expert parameters whole and out of its partition and reduces them the same way
+(:mod:`neural_arch.distributed.ddp.expert_grads`); FSDP shards each expert over its
+expert-data-parallel group (:mod:`neural_arch.distributed.fsdp.expert_units`).
 
 Gradient norms (``clip_grad_norm_``, ``opt.clip_grad_norm_``, ``fsdp.clip_grad_norm_``): each
 expert parameter carries ``_norm_shard`` (:class:`ExpertNorm`), so its part of the global norm is

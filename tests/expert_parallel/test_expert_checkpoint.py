@@ -6,7 +6,7 @@ on the ranks that hold expert 3), so the checkpoint holds every expert once, wri
 the expert-data-parallel group holding it, and loads bitwise into the same layout, ep = 4 under
 ZeRO-2, ep = 2 under FSDP, and one process without any parallelism (ep = 1); a whole state dict
 (every expert) loads into each rank's slice with ``set_state_dict(strict=True)``. The same save under
-FSDP (experts outside its flat units) loads into one process. Its full state dict
+FSDP (each expert its own flat unit over its expert-data-parallel group) loads into one process. Its full state dict
 equals one process trained on the union batch (float64 <= 1e-10). One RankPool for the file.
 """
 
@@ -75,7 +75,7 @@ def test_whole_state_dict_loads_into_each_ranks_experts(pool, saved):
 
 
 def test_fsdp_save_loads_into_one_process_bitwise(pool, tmp_path, world_of_one):
-    directory = str(tmp_path / "fsdp_ep2")       # FSDP over dp 4, experts outside its units, ep 2 inside
+    directory = str(tmp_path / "fsdp_ep2")       # FSDP over dp 4, each expert a unit over its edp group, ep 2 inside
     full_model, full_optim, ref_model, ref_optim = pool.run(fns.save_run, "fsdp", 2, directory)[0]
     assert fns.largest_difference((full_model, full_optim), (ref_model, ref_optim)) <= 1e-10
     assert fns.differences(fns.load_run("one", 1, directory), (full_model, full_optim)) == []

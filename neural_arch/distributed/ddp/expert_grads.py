@@ -16,16 +16,15 @@ group (the all-to-all's backward brings them home), so summing over the replicas
 dividing by W gives the same ``(1/W) sum_r`` over all ranks: training equals one process on the
 global batch. It requires the expert-parallel and expert-data-parallel groups to lie inside DDP's.
 
-The sharding wrappers use the same reducer, with the same scale (``world_size``: the size of
-their data-parallel group): ``ZeroRedundancyOptimizer`` and ``FullyShardedDataParallel`` keep
-expert parameters out of their partitions and flat units (torch's ``ignored_states``), have
-them reduced here at the end of backward (:meth:`ExpertGradReducer.reduce_after_backward`) and
-stepped whole on every rank that holds them. Why not shard each expert over its
-expert-data-parallel group, as DeepSpeed-MoE does: the ranks holding an expert then step it with
-the same averaged gradient and the same state, so it stays identical without any gather, and
-there is one reduction path for DDP, ZeRO and FSDP; what it costs is memory (an expert's
-optimizer state is replicated ``world / ep`` times instead of split), which at ``ep = world``
-(one copy of each expert) is nothing.
+``ZeroRedundancyOptimizer`` uses the same reducer, with the same scale (``world_size``: the size
+of its data-parallel group): it keeps expert parameters out of its partition (torch's
+``ignored_states``), has them reduced here at the end of backward
+(:meth:`ExpertGradReducer.reduce_after_backward`) and steps them whole on every rank that holds
+them (ZeRO-1/2 then shard the experts' optimizer state over their expert-data-parallel group).
+``FullyShardedDataParallel`` shards each expert over its expert-data-parallel group instead, as
+DeepSpeed-MoE does (:mod:`neural_arch.distributed.fsdp.expert_units`: a flat unit per expert,
+its gradient reduce-scattered over that group with the same scale); an expert held by one rank
+(``ep = world``) stays whole there, with nothing to shard.
 
 Example::
 

@@ -68,19 +68,25 @@ Differences from torch, stated plainly:
 
 Expert parameters (a mixture-of-experts model under expert parallelism: ``parallelize_moe``
 marks them ``param.allreduce = False`` with ``param.expert_dp_group``) differ between ranks by
-design, so they are left out of the flat units (torch's ``ignored_states``) and stay whole,
-ordinary parameters: ``fsdp.parameters()`` yields them after the flat shards (registered as
-``expert_param_<j>``), the optimizer steps them on every rank that holds them, and their
-gradients are reduced as DDP reduces them, at the end of each backward: summed over the
-expert-data-parallel group (the ranks holding the same expert), divided by the data-parallel
-size (the shard group's, times the replicate group's for ``HYBRID_SHARD``), which equals one
-process on the global batch (:mod:`neural_arch.distributed.ddp.expert_grads`). That is the
-simplest correct design: sharding an expert over its expert-data-parallel group would need units
-per group and a second gather schedule, and saves only the experts' replicated copies (none at
-``ep = world``). ``sync_module_states`` broadcasts each expert over its expert-data-parallel
-group, not from rank 0. State dicts hold this rank's experts under their (local) names.
-``mixed_precision`` and ``cpu_offload`` do not apply to them (they compute and stay in their own
-dtype, on their own device).
+design, so they are left out of the replicated units (torch's ``ignored_states``). An expert that
+an expert-data-parallel (edp) group of several ranks holds (``ep`` < the data-parallel size) gets a
+flat unit of its own, sharded over that group (:mod:`.expert_units`; registered as
+``expert_flat_param_<j>``): its parameters and optimizer state take ``1 / edp`` per rank, it is
+all-gathered over the group when it runs (every rank runs each expert it holds, also on zero
+rows) and freed after (the graph keeps what backward reads: such a unit is not pooled), and at the
+end of backward its flat gradient is reduce-scattered (summed) over the group and divided by the
+data-parallel size (the shard group's, times the replicate group's for ``HYBRID_SHARD``), the scale
+DDP uses (:mod:`neural_arch.distributed.ddp.expert_grads`): training equals one process on the
+global batch. In the global gradient norm each expert counts once (its shards are summed over the
+edp group, then over the expert-parallel group). An expert held by one rank only (``ep`` = the
+data-parallel size), and every expert under ``NO_SHARD``, has nothing to shard: it stays a whole,
+ordinary parameter (``expert_param_<j>``), stepped where it lives, its gradient reduced as DDP
+reduces it. ``sync_module_states`` broadcasts each expert over its edp group, not from rank 0.
+State dicts name experts by their **global** index (``moe.experts.3.fc1.weight`` on the ranks
+holding expert 3: :mod:`neural_arch.distributed.checkpoint.expert_names`), so a full state dict
+has one process's keys; a sharded one holds an expert unit's shard as
+``moe.experts.3.flat_param``. ``mixed_precision`` and ``cpu_offload`` do not apply to experts (they
+compute and stay in their own dtype, on their own device).
 
 Example::
 
@@ -110,8 +116,9 @@ from neural_arch.distributed.bucketing import queue_outermost_callback
 from neural_arch.distributed.ddp.expert_grads import ExpertGradReducer, split_expert_parameters
 from neural_arch.distributed.flat_param import FlatLayout
 from neural_arch.distributed.fsdp.api import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
+from neural_arch.distributed.fsdp.expert_units import ExpertFlatShard, ExpertShardReducer
 from neural_arch.distributed.fsdp.owner_reducer import OwnerGradReducer
-from neural_arch.distributed.fsdp.plan import plan_units, shard_groups
+from neural_arch.distributed.fsdp.plan import plan_expert_units, plan_units, shard_groups
 from neural_arch.distributed.fsdp.state_dict import (
     FSDPStateDicts,
     optim_state_dict,
@@ -224,12 +231,16 @@ class FullyShardedDataParallel(Module):
         self.process_group = shard_group
         self.replicate_group = replicate_group
         world = _resolve_group(None, "FullyShardedDataParallel")
-        # Expert parameters stay out of the units (see the module docstring).
-        self._experts = split_expert_parameters(module.parameters())[1]
+        # Expert parameters stay out of the replicated units (see the module docstring): those an
+        # expert-data-parallel group of several ranks holds get units of their own over that group
+        # (expert_units); the others (held once) stay whole, ordinary parameters.
+        all_experts = split_expert_parameters(module.parameters())[1]
+        expert_plan, self._experts = ([], all_experts) if strategy is ShardingStrategy.NO_SHARD else \
+            plan_expert_units(module, all_experts)
         dp_size = shard_group.size() * (replicate_group.size() if replicate_group is not None else 1)
         self.expert_reducer = ExpertGradReducer(self._experts, dp_size)
         if sync_module_states:
-            self._broadcast_module(world)
+            self._broadcast_module(world, all_experts)
         if mp.buffer_dtype is not None:
             for b in module.buffers():
                 if b.data.dtype.kind == "f":
@@ -240,7 +251,7 @@ class FullyShardedDataParallel(Module):
         sharded = strategy is not ShardingStrategy.NO_SHARD and shard_group.size() > 1
         shard_world = shard_group.size() if sharded else 1
         shard_rank = shard_group.rank() if sharded else 0
-        plan = plan_units(module, resolve_policy(auto_wrap_policy), ignored=self._experts)
+        plan = plan_units(module, resolve_policy(auto_wrap_policy), ignored=all_experts)
         self._units: list[FlatParamUnit] = []
         reshard = sharded and strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD)
         like = next(iter(module.parameters()), None)
@@ -255,8 +266,23 @@ class FullyShardedDataParallel(Module):
             if sub is not module:
                 sub.register_forward_pre_hook(self._make_pre_hook(unit))
                 sub.register_forward_hook(self._make_post_hook(unit))
+        self._expert_units: list[FlatParamUnit] = []
+        for j, (name, sub, params, edp) in enumerate(expert_plan):
+            lay = FlatLayout([tuple(p.shape) for p in params], edp.size())
+            unit = FlatParamUnit(name, sub, params, lay, edp.rank(), edp, like=params[0])
+            ep_group = getattr(getattr(params[0], "_norm_shard", None), "group", None)
+            unit.flat_param._flat_shard = ExpertFlatShard(params, lay, edp.rank(), edp, ep_group)
+            unit.pooled = False
+            unit.index = j
+            self._expert_units.append(unit)
+            self.register_parameter(f"expert_flat_param_{j}", unit.flat_param)
+            # every rank of the group runs every expert it holds (also on zero rows): the gathers line
+            # up; freed after forward, the graph keeps the gathered arrays it saved for backward
+            sub.register_forward_pre_hook(lambda _m, _args, unit=unit: unit.gather())
+            sub.register_forward_hook(lambda _m, _args, _out, unit=unit: unit.free())
         for j, p in enumerate(self._experts):
             self.register_parameter(f"expert_param_{j}", p)    # whole: the optimizer steps them
+        self.expert_shard_reducer = ExpertShardReducer(self._expert_units, dp_size)
         reduce_dtype = mp.reduce_dtype or mp.param_dtype
         self._reducer = OwnerGradReducer(
             [u.params for u in self._units], shard_group, self._on_grad_shard,
@@ -267,20 +293,23 @@ class FullyShardedDataParallel(Module):
         # callback on every rank (see ExpertGradReducer.reduce_after_backward)
         unit_params = [p for u in self._units for p in u.params]
         self._expert_hooks = self.expert_reducer.reduce_after_backward(unit_params or self._experts)
+        self._expert_hooks += self.expert_shard_reducer.reduce_after_backward(
+            unit_params or [p for u in self._expert_units for p in u.params])
         if self._reducer.layouts and any(a.padded_numel != u.layout.padded_numel
                                          for a, u in zip(self._reducer.layouts, self._units)):
             raise AssertionError("FSDP: reducer and unit layouts disagree")  # pragma: no cover
 
     # ------------------------------------------------------------------ construction helpers
-    def _broadcast_module(self, world) -> None:
-        experts = {id(p) for p in self._experts}
+    def _broadcast_module(self, world, all_experts) -> None:
+        experts = {id(p) for p in all_experts}
         tensors = [t for t in self.module.parameters() if id(t) not in experts] + list(self.module.buffers())
-        for t in tensors + self._experts:
+        for t in tensors + all_experts:
             if hasattr(t.data, "flags") and not t.data.flags.c_contiguous:
                 t.data = t.data.copy()
         for t in tensors:
             world.backend.broadcast(t.data, root=0)
-        self.expert_reducer.broadcast()   # each expert from the first rank of the ranks holding it
+        # each expert from the first rank of the ranks holding it (before any is sharded)
+        ExpertGradReducer(all_experts, 1).broadcast()
 
     def _make_pre_hook(self, unit):
         def hook(module, args):
@@ -503,6 +532,7 @@ class FullyShardedDataParallel(Module):
     # ------------------------------------------------------------------ forward
     def forward(self, *args, **kwargs):
         self.expert_reducer.pending = False   # a backward that raised never ran its expert reduction
+        self.expert_shard_reducer.pending = False
         root = self._units[-1]
         call = self._forward_gather(root)
         if self.mixed_precision.cast_root_forward_inputs:
@@ -555,7 +585,8 @@ class FullyShardedDataParallel(Module):
 
     def state_dict(self, prefix: str = "") -> collections.OrderedDict[str, np.ndarray]:
         """FULL: original names, full values in the master dtype, on every rank (a collective).
-        SHARDED/LOCAL: this rank's flat shards, ``{prefix + "flat_param_<i>": array}``.
+        SHARDED/LOCAL: this rank's flat shards, ``{prefix + "flat_param_<i>": array}`` (an expert's:
+        ``"moe.experts.<e>.flat_param"``). Experts go by their global index ``e``.
 
         Example::
 
@@ -583,7 +614,7 @@ class FullyShardedDataParallel(Module):
         return self._state_dicts.summon_full_params(writeback)
 
     def extra_repr(self) -> str:
-        sizes = ", ".join(f"{u.name or '<root>'}:{u.layout.numel}" for u in self._units)
+        sizes = ", ".join(f"{u.name or '<root>'}:{u.layout.numel}" for u in self._units + self._expert_units)
         return f"strategy={self.sharding_strategy.name}, units=[{sizes}]"
 
     def __repr__(self) -> str:

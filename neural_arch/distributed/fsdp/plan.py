@@ -2,7 +2,9 @@
 
 ``plan_units`` walks the module tree with an ``auto_wrap_policy`` (torch's callable protocol:
 ``policy(module=, recurse=, nonwrapped_numel=)``) and returns the units in post-order, the root
-last; each unit owns the parameters not claimed by a unit inside it. ``shard_groups`` resolves
+last; each unit owns the parameters not claimed by a unit inside it. ``plan_expert_units`` gives the
+units of a mixture-of-experts model's experts (sharded over their expert-data-parallel group).
+``shard_groups`` resolves
 ``process_group`` / ``device_mesh`` / ``NEURAL_ARCH_FSDP_SHARD_SIZE`` into the shard group and,
 for ``HYBRID_SHARD``, the replicate group.
 
@@ -24,7 +26,7 @@ from neural_arch.distributed.fsdp.api import ShardingStrategy
 from neural_arch.distributed.resolve import _resolve_group
 from neural_arch.distributed.subgroups import new_group
 
-__all__ = ["hybrid_groups", "plan_units", "shard_groups"]
+__all__ = ["hybrid_groups", "plan_expert_units", "plan_units", "shard_groups"]
 
 
 def plan_units(root, policy, ignored=()):
@@ -69,6 +71,50 @@ def plan_units(root, policy, ignored=()):
     params = own_params(root)
     units.append(("", root, params))
     return units
+
+
+def plan_expert_units(root, experts) -> tuple[list, list]:
+    """``(units, whole)``: how FSDP shards the expert parameters ``experts`` of ``root``.
+
+    ``units``: ``[(name, module, params, expert_dp_group)]``, one per expert (a child of a module
+    list that expert parallelism sliced: it carries ``_global_indices``) whose parameters are held
+    by an expert-data-parallel group of more than one rank (``param.expert_dp_group``): that unit
+    is sharded over that group. ``name`` is the expert's **global** path
+    (:mod:`neural_arch.distributed.checkpoint.expert_names`: ``moe.experts.3`` on the ranks holding
+    expert 3), the same on every rank of the group. ``whole``: every other expert parameter (held
+    by one rank only, or outside a sliced list): nothing to shard, it stays an ordinary parameter.
+
+    Example:
+        >>> from neural_arch import nn
+        >>> layer = nn.Linear(2, 2); layer.weight.allreduce = False      # an expert held once
+        >>> plan_expert_units(layer, [layer.weight])[0], len(plan_expert_units(layer, [layer.weight])[1])
+        ([], 1)
+    """
+    from neural_arch.distributed.checkpoint.expert_names import named_modules
+
+    wanted = {id(p) for p in experts}
+    units, claimed = [], set()
+    for prefix, sub in named_modules(root):
+        if getattr(sub, "_global_indices", None) is None:
+            continue
+        children = [child for child in sub._modules.values() if child is not None]
+        for index, child in zip(sub._global_indices, children):
+            gprefix = f"{prefix}.{int(index)}" if prefix else str(int(index))
+            params, groups = [], set()
+            for p in child.parameters():
+                if id(p) in wanted and id(p) not in claimed:
+                    group = getattr(p, "expert_dp_group", None)
+                    if group is not None and group.size() > 1:
+                        params.append(p)
+                        groups.add(id(group))
+            if len(groups) > 1:
+                raise ValueError(f"FSDP: the parameters of expert {gprefix} belong to different expert-data-"
+                                 "parallel groups")
+            if params:
+                claimed.update(id(p) for p in params)
+                units.append((gprefix, child, params, params[0].expert_dp_group))
+    whole = [p for p in experts if id(p) not in claimed]
+    return units, whole
 
 
 def hybrid_groups(world_group, shard_size: int):

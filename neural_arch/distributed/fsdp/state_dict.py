@@ -15,6 +15,10 @@ Example::
     with FSDP.state_dict_type(fsdp, StateDictType.SHARDED_STATE_DICT):
         shards = fsdp.state_dict()          # {"flat_param_0": this rank's shard, ...}
     full = fsdp.state_dict()                # a collective: every rank gets the full values
+
+Under expert parallelism the experts are named by their global index (``moe.experts.3.fc1.weight``
+on the ranks holding expert 3, see :mod:`neural_arch.distributed.checkpoint.expert_names`), in the
+full state dict and in a sharded one (an expert unit's shard: ``moe.experts.3.flat_param``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,13 @@ import numpy as np
 from neural_arch import backend as _backend
 from neural_arch.core.tensor import no_grad
 from neural_arch.distributed.fsdp.api import StateDictType
+
+
+def _named_modules(module):
+    """``module.named_modules()`` with expert-parallel experts under their global index."""
+    from neural_arch.distributed.checkpoint.expert_names import named_modules
+
+    return named_modules(module)
 
 __all__ = ["FSDPStateDicts", "optim_state_dict", "optim_state_dict_to_load", "state_dict_type"]
 
@@ -108,37 +119,52 @@ class FSDPStateDicts:
         self.type = StateDictType.FULL_STATE_DICT
 
     def _names(self):
+        """{id(parameter): state-dict name}: experts under their global index (expert_names)."""
         names = {}
-        for mod_prefix, sub in self.fsdp.module.named_modules():
+        for mod_prefix, sub in _named_modules(self.fsdp.module):
             for n, p in sub._parameters.items():
                 if p is not None and id(p) not in names:
                     names[id(p)] = f"{mod_prefix}.{n}" if mod_prefix else n
         return names
 
+    def _all_units(self) -> list:
+        # the replicated units first, then the experts' (over their edp groups): the same
+        # collective order on every rank
+        return list(self.fsdp._units) + list(getattr(self.fsdp, "_expert_units", ()))
+
+    def _buffers(self):
+        """``(name, buffer)`` of the persistent buffers, under the same names as the parameters."""
+        for mod_prefix, sub in _named_modules(self.fsdp.module):
+            for n, b in sub._buffers.items():
+                if b is not None and n not in sub._non_persistent:
+                    yield (f"{mod_prefix}.{n}" if mod_prefix else n), b
+
     @no_grad()
     def state_dict(self, prefix: str = "") -> OrderedDict[str, np.ndarray]:
         """FULL: original names, full values in the master dtype, on every rank (a collective).
-        SHARDED/LOCAL: this rank's flat shards, ``{prefix + "flat_param_<i>": array}``."""
+        SHARDED/LOCAL: this rank's flat shards, ``{prefix + "flat_param_<i>": array}``, and its
+        experts' shards, ``{prefix + "moe.experts.<e>.flat_param": array}``. Experts go by their
+        global index ``e`` (expert parallelism: :mod:`neural_arch.distributed.checkpoint.expert_names`)."""
         out: OrderedDict = OrderedDict()
         names = self._names()
         experts = {names[id(p)]: _backend.to_device(p.data, "cpu").copy() for p in self.fsdp._experts}
         if self.type is not StateDictType.FULL_STATE_DICT:
             for i, u in enumerate(self.fsdp._units):
                 out[f"{prefix}flat_param_{i}"] = _backend.to_device(u.flat_param.data, "cpu").copy()
+            for u in self._all_units()[len(self.fsdp._units):]:   # an expert's shard: its global name
+                out[f"{prefix}{u.name}.flat_param"] = _backend.to_device(u.flat_param.data, "cpu").copy()
             out.update((prefix + k, v) for k, v in experts.items())   # this rank's experts, whole
             return out
         values = dict(experts)
-        for u in self.fsdp._units:
+        for u in self._all_units():
             flat = _backend.to_device(u.full_flat(u.master_dtype), "cpu")
             for p, v in zip(u.params, u.layout.views(flat)):
                 values[names[id(p)]] = v.copy()
-        for key in self.fsdp.module.state_dict():
+        for key in names.values():      # the module's parameter order
             if key in values:
                 out[prefix + key] = values[key]
-        for mod_prefix, sub in self.fsdp.module.named_modules():
-            for n, b in sub._buffers.items():
-                if b is not None and n not in sub._non_persistent:
-                    out[prefix + (f"{mod_prefix}.{n}" if mod_prefix else n)] = _backend.to_device(b.data, "cpu").copy()
+        for key, b in self._buffers():
+            out[prefix + key] = _backend.to_device(b.data, "cpu").copy()
         return out
 
     @no_grad()
@@ -154,6 +180,13 @@ class FSDPStateDicts:
                     raise RuntimeError(f"FSDP.load_state_dict: {key} has shape {arr.shape}, this rank's shard "
                                        f"is {u.flat_param.shape} (was it saved with another world size?)")
                 u.flat_param.data[...] = _backend.to_device(arr, _backend.device_of(u.flat_param.data))
+            for u in self._all_units()[len(self.fsdp._units):]:
+                key = f"{u.name}.flat_param"
+                if key in state_dict:
+                    u.flat_param.data[...] = _backend.to_device(np.asarray(state_dict[key]),
+                                                                _backend.device_of(u.flat_param.data))
+                elif strict:
+                    raise RuntimeError(f"FSDP.load_state_dict(strict=True): missing {key!r} in a sharded state dict")
             self._load_experts(state_dict, strict)
             return
         self._load_experts(state_dict, strict=False)   # the FULL check below covers their names
@@ -162,7 +195,7 @@ class FSDPStateDicts:
         missing = [k for k in expected if k not in state_dict]
         if strict and missing:
             raise RuntimeError(f"FSDP.load_state_dict(strict=True): missing keys {sorted(missing)}")
-        for u in self.fsdp._units:
+        for u in self._all_units():
             arrays = [np.asarray(state_dict[names[id(p)]]) if names[id(p)] in state_dict else None
                       for p in u.params]
             if any(a is None for a in arrays):
@@ -171,11 +204,9 @@ class FSDPStateDicts:
             flat = u.layout.flatten(arrays, np, dtype=u.master_dtype)
             lo, hi = u.layout.shard_range(u.group.rank() if u.group is not None else 0)
             u.flat_param.data[...] = _backend.to_device(flat[lo:hi], _backend.device_of(u.flat_param.data))
-        for mod_prefix, sub in self.fsdp.module.named_modules():
-            for n, b in sub._buffers.items():
-                key = f"{mod_prefix}.{n}" if mod_prefix else n
-                if b is not None and key in state_dict:
-                    b.data[...] = np.asarray(state_dict[key])
+        for key, b in self._buffers():
+            if key in state_dict:
+                b.data[...] = np.asarray(state_dict[key])
         return
 
     def _load_experts(self, state_dict, strict: bool) -> None:
@@ -192,7 +223,7 @@ class FSDPStateDicts:
     def summon_full_params(self, writeback: bool = True):
         """Gather every unit's full parameters (master dtype) into the module; write edits back on exit."""
         with no_grad():
-            for u in self.fsdp._units:
+            for u in self._all_units():
                 full = u.full_flat(u.master_dtype).copy()
                 for p, v in zip(u.params, u.layout.views(full)):
                     p.data = v
@@ -200,7 +231,7 @@ class FSDPStateDicts:
             yield self.fsdp.module
         finally:
             with no_grad():
-                for u in self.fsdp._units:
+                for u in self._all_units():
                     if writeback and u.params:
                         xp = _backend.get_array_module(u.params[0].data)
                         flat = u.layout.flatten([p.data for p in u.params], xp, dtype=u.master_dtype)
