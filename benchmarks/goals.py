@@ -743,6 +743,9 @@ GOALS: tuple = (
          checkpoint_goal("cold load >= 0.7x"), 0.7, "higher", ratio),
     Goal("async-save", 15, "async_save blocks <= 10% of a save (paired)", CHECKPOINT, ("bench_checkpoint.json",),
          checkpoint_goal("async_save blocks"), 0.10, "lower", ratio),
+    Goal("async-staging", 15, "async_save with torch's asynchronous staging (async_stager=DefaultStager()) blocks <= 10% of "
+         "a save (paired; the call's return: the copy runs while forward and backward do, optimizer steps wait for it)",
+         CHECKPOINT, ("bench_checkpoint.json",), checkpoint_goal("async staging:"), 0.10, "lower", ratio),
     Goal("dcp-recovery", 15, "training again <= 5 s after a failure (launcher restart, resharded load)", CHECKPOINT,
          ("bench_checkpoint.json",), checkpoint_recovery, 5.0, "lower", seconds),
     Goal("memory-estimate", 32, "memory estimate within 10% of measured, every strategy and phase, N = 1, 2, 4",

@@ -17,14 +17,54 @@ Example::
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 import numpy as np
 
 from neural_arch import backend as _backend
+from neural_arch.core.autograd import RemovableHandle, add_hook
 from neural_arch.core.tensor import Tensor
 
-__all__ = ["Optimizer", "ParamState", "required"]
+__all__ = ["Optimizer", "ParamState", "register_optimizer_step_pre_hook", "required"]
+
+#: hooks called before *every* optimizer's step (torch's ``register_optimizer_step_pre_hook``)
+_GLOBAL_STEP_PRE_HOOKS: dict = {}
+
+
+def register_optimizer_step_pre_hook(hook) -> RemovableHandle:
+    """Call ``hook(optimizer, args, kwargs)`` before the ``step()`` of every optimizer (torch's global
+    hook); a non-None return ``(args, kwargs)`` replaces the step's arguments. Remove it with the
+    returned handle. ``async_save`` with asynchronous staging uses it so that a step waits until the
+    arrays it updates have been copied.
+
+    Example::
+
+        >>> from neural_arch import nn, optim
+        >>> seen = []
+        >>> handle = register_optimizer_step_pre_hook(lambda opt, args, kwargs: seen.append(type(opt).__name__))
+        >>> opt = optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1)
+        >>> opt.step()
+        >>> handle.remove(); seen
+        ['SGD']
+    """
+    return add_hook(_GLOBAL_STEP_PRE_HOOKS, hook)
+
+
+def _with_step_pre_hooks(step):
+    """``step`` preceded by the global step pre-hooks (one dict test when there are none)."""
+
+    @functools.wraps(step)
+    def hooked_step(self, *args, **kwargs):
+        if _GLOBAL_STEP_PRE_HOOKS:
+            for hook in list(_GLOBAL_STEP_PRE_HOOKS.values()):
+                replaced = hook(self, args, kwargs)
+                if replaced is not None:
+                    args, kwargs = replaced
+        return step(self, *args, **kwargs)
+
+    hooked_step._runs_step_pre_hooks = True
+    return hooked_step
 
 
 class _Required:
@@ -167,6 +207,11 @@ class Optimizer:
             groups = [{"params": groups}]
         for group in groups:
             self.add_param_group(group)
+        cls = type(self)
+        if not getattr(cls.step, "_runs_step_pre_hooks", False):
+            # As torch does: the concrete class's step (whatever subclass defines it) runs the global
+            # pre-hooks, so every optimizer honours them without each step() calling them.
+            cls.step = _with_step_pre_hooks(cls.step)
 
     def add_param_group(self, group: dict[str, Any]) -> None:
         """Add a group; unset hyper-parameters take the defaults. A parameter may be in one group only."""

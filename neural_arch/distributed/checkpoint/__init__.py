@@ -9,6 +9,8 @@ Names and semantics follow ``torch.distributed.checkpoint`` (DCP)::
     state = {"model": model_sd, "optim": optim_sd, "epoch": 3}
     dcp.save(state, checkpoint_id="ckpt/step_100")           # collective; atomic
     fut = dcp.async_save(state, checkpoint_id="ckpt/step_200")  # returns at once; fut.result() later
+    resp = dcp.async_save(state, checkpoint_id="ckpt/step_300",   # torch's asynchronous staging: returns
+                          async_stager=DefaultStager())           # before the copy (AsyncSaveResponse)
     dcp.load(state, checkpoint_id="ckpt/step_100")            # in place, into *this* layout
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
@@ -56,10 +58,10 @@ checked). ``verify(dir)`` checks every byte of every file. :class:`CheckpointMan
 resume, keep-last-k cleanup and best-metric tracking.
 """
 
-from neural_arch.distributed.checkpoint.api import async_save, load, remove_orphans, save, verify
+from neural_arch.distributed.checkpoint.api import AsyncSaveResponse, async_save, load, remove_orphans, save, verify
 from neural_arch.distributed.checkpoint.manager import CheckpointManager
 from neural_arch.distributed.checkpoint.sharded import ShardedArray
 from neural_arch.distributed.checkpoint.storage import CheckpointError
 
-__all__ = ["CheckpointError", "CheckpointManager", "ShardedArray", "async_save", "load", "remove_orphans", "save",
+__all__ = ["AsyncSaveResponse", "CheckpointError", "CheckpointManager", "ShardedArray", "async_save", "load", "remove_orphans", "save",
            "verify"]

@@ -18,7 +18,11 @@ Save, on every rank of the group (a collective):
 ``async_save`` does 1-2 and copies this rank's chunks to host staging buffers (kept for the next
 call) in the caller, then 3-4 in a background thread: no collective runs in that thread (rank 0
 finds the manifests on disk), so it cannot interleave with the training loop's collectives. A
-new save first waits for the previous one.
+new save first waits for the previous one. With an ``async_stager`` whose ``stage`` returns a
+future (``staging.DefaultStager``, torch's asynchronous staging) the copy is made after the call
+returns, while training goes on; it returns an :class:`AsyncSaveResponse`, and until the copy is
+done every optimizer ``step()`` (and a training-mode forward of a module whose buffers are staged)
+waits for it, so no update reaches the checkpoint.
 
 Load reads only ``.metadata`` and the blocks of the chunks that overlap what this rank asks for,
 straight into the destination arrays, checking each block's CRC (no collective).
@@ -32,6 +36,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -64,7 +69,7 @@ from neural_arch.distributed.checkpoint.storage import (
 )
 from neural_arch.utils.atomic_file import TMP_MARK
 
-__all__ = ["async_save", "load", "remove_orphans", "save", "verify"]
+__all__ = ["AsyncSaveResponse", "async_save", "load", "remove_orphans", "save", "verify"]
 
 _pending_lock = threading.Lock()
 _pending: Future | None = None
@@ -102,9 +107,12 @@ def _wait_previous() -> None:
 
 
 # ------------------------------------------------------------------------------------ save
-def _write_mine(directory: str, rank: int, uid: str, tensors: dict) -> None:
-    """Write this rank's chunks ``{name: array}`` (maybe none) and its manifest."""
+def _write_mine(directory: str, rank: int, uid: str, tensors: dict, replica_crcs=None) -> None:
+    """Write this rank's chunks ``{name: array}`` (maybe none) and its manifest (with this rank's
+    replica CRCs when rank 0 compares them: see ``_ReplicaCheck.defer``)."""
     manifest = {"rank": rank, "chunks": {}, "file": None}
+    if replica_crcs is not None:
+        manifest["replica_crcs"] = [int(v) for v in replica_crcs]
     if tensors:
         fname = data_file_name(rank, uid)
         info, manifest["chunks"] = write_data_file(os.path.join(directory, fname), tensors)
@@ -113,8 +121,10 @@ def _write_mine(directory: str, rank: int, uid: str, tensors: dict) -> None:
     fsync_dir(directory)
 
 
-def _commit(directory: str, uid: str, world: int, entries: dict, objects: dict, extra, timeout: float) -> dict:
-    """Rank 0: gather the manifests from disk, then write ``.metadata`` (the commit point)."""
+def _commit(directory: str, uid: str, world: int, entries: dict, objects: dict, extra, timeout: float,
+            replicas: list | None = None) -> dict:
+    """Rank 0: gather the manifests from disk, then write ``.metadata`` (the commit point).
+    ``replicas``: the shared pieces' names, when their CRCs travel in the manifests (compared here)."""
     deadline = time.monotonic() + timeout
     manifests = {}
     while len(manifests) < world:
@@ -130,6 +140,10 @@ def _commit(directory: str, uid: str, world: int, entries: dict, objects: dict, 
                 raise CheckpointError(f"save to {directory!r}: ranks {missing} did not finish writing within "
                                       f"{timeout:.0f} s; the checkpoint was not committed (the previous one is intact)")
             time.sleep(0.005)
+    if replicas:
+        table = np.array([manifests[r]["replica_crcs"] for r in range(world)], dtype=np.int64)
+        _raise_if_replicas_differ(replicas, table, "nothing was committed (the previous checkpoint is "
+                                  "intact; remove_orphans(checkpoint_id) deletes this save's files)")
     # The plan's entries may be cached for the next save: fill in a copy.
     entries = {k: dict(e, chunks=[dict(c) for c in e["chunks"]]) for k, e in entries.items()}
     files = {}
@@ -200,44 +214,64 @@ class _ReplicaCheck:
         return slots, names
 
     def check(self, pg, rank: int, world: int, entries, arrays: dict, objects: dict) -> None:
-        if world < 2:
+        deferred = self.defer(pg, world, entries, arrays, objects)
+        if deferred is None:
             return
+        names, crcs = deferred
+        table = np.empty((world, len(names)), dtype=np.int64)
+        pg.backend.allgather(table, crcs())
+        _raise_if_replicas_differ(names, table, "nothing was written")
+
+    def defer(self, pg, world: int, entries, arrays: dict, objects: dict):
+        """The collective part of :meth:`check` only: ``(names, crcs)`` or None (nothing shared).
+        ``crcs()`` computes this rank's CRC vector without any collective (another thread may run
+        it); rank 0 compares the vectors of every rank (``_commit``)."""
+        if world < 2:
+            return None
         slots, names = self._slots(pg, entries, arrays, objects)
         if not slots:
-            return
-        held = 1 << 32  # bit 32 marks "this rank holds the piece"; the CRC-32 is below it
-        mine = np.zeros(len(slots), dtype=np.int64)
-        for (key, rkey), (local, _) in arrays.items():
-            i = slots.get(("a", key, rkey))
-            if i is not None:
-                mine[i] = held | _crc32(memoryview(np.ascontiguousarray(local)).cast("B"))
-        for key, (_, value) in objects.items():
-            i = slots.get(("o", key, None))
-            if i is not None:
-                text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
-                mine[i] = held | _crc32(text)
-        table = np.empty((world, len(slots)), dtype=np.int64)
-        pg.backend.allgather(table, mine)
-        bad = []
-        for i, (name, ranks) in enumerate(names):
-            values = {}
-            for r in ranks:
-                values.setdefault(int(table[r, i]), []).append(r)
-            if len(values) > 1:
-                bad.append(f"{name} (" + " vs ".join(f"ranks {g}" for g in values.values()) + ")")
-        if bad:
-            shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-            what = "1 leaf is" if len(bad) == 1 else f"{len(bad)} leaves are"
-            raise CheckpointError(
-                f"save: {what} held by several ranks (the same key and region), so treated as replicated and "
-                f"written once, but the values differ between ranks: {shown}. "
-                "The checkpoint would keep one rank's values: nothing was written. A sharded model or optimizer "
-                "(FSDP, ZeRO) must "
-                "give its shards as ShardedArray: save get_state_dict(model, optimizer) from "
-                "neural_arch.distributed.checkpoint.state_dict (or FSDP.optim_state_dict) instead of "
-                "optimizer.state_dict(); a value that really differs per rank needs a per-rank key; replicas "
-                "that drift apart (BatchNorm running statistics under DDP, which DDP's next forward replaces by "
-                "rank 0's) need a broadcast from rank 0 before saving")
+            return None
+        return names, lambda: _replica_crcs(slots, arrays, objects)
+
+
+def _replica_crcs(slots: dict, arrays: dict, objects: dict) -> np.ndarray:
+    """This rank's CRC-32 of every shared piece it holds (bit 32 set), by slot; 0 where it holds none."""
+    held = 1 << 32  # bit 32 marks "this rank holds the piece"; the CRC-32 is below it
+    mine = np.zeros(len(slots), dtype=np.int64)
+    for (key, rkey), (local, _) in arrays.items():
+        i = slots.get(("a", key, rkey))
+        if i is not None:
+            mine[i] = held | _crc32(memoryview(np.ascontiguousarray(local)).cast("B"))
+    for key, (_, value) in objects.items():
+        i = slots.get(("o", key, None))
+        if i is not None:
+            text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
+            mine[i] = held | _crc32(text)
+    return mine
+
+
+def _raise_if_replicas_differ(names: list, table: np.ndarray, outcome: str) -> None:
+    """Raise naming the shared pieces whose CRCs (``table[rank, slot]``) differ between their holders."""
+    bad = []
+    for i, (name, ranks) in enumerate(names):
+        values = {}
+        for r in ranks:
+            values.setdefault(int(table[r, i]), []).append(r)
+        if len(values) > 1:
+            bad.append(f"{name} (" + " vs ".join(f"ranks {g}" for g in values.values()) + ")")
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        what = "1 leaf is" if len(bad) == 1 else f"{len(bad)} leaves are"
+        raise CheckpointError(
+            f"save: {what} held by several ranks (the same key and region), so treated as replicated and "
+            f"written once, but the values differ between ranks: {shown}. "
+            f"The checkpoint would keep one rank's values: {outcome}. A sharded model or optimizer "
+            "(FSDP, ZeRO) must "
+            "give its shards as ShardedArray: save get_state_dict(model, optimizer) from "
+            "neural_arch.distributed.checkpoint.state_dict (or FSDP.optim_state_dict) instead of "
+            "optimizer.state_dict(); a value that really differs per rank needs a per-rank key; replicas "
+            "that drift apart (BatchNorm running statistics under DDP, which DDP's next forward replaces by "
+            "rank 0's) need a broadcast from rank 0 before saving")
 
 
 def _region_text(rkey) -> str:
@@ -251,10 +285,11 @@ def _region_text(rkey) -> str:
 _replicas = _ReplicaCheck()
 
 
-def _prepare(state_dict, checkpoint_id, process_group, while_waiting=None):
+def _prepare(state_dict, checkpoint_id, process_group, while_waiting=None, defer_replica_check=False):
     """Describe, agree on the plan (``while_waiting(arrays, rank, owners)`` overlaps the exchange
     when the cached plan applies: see ``PlanCache.exchange``), check that what several ranks
-    hold is equal on all of them, create the directory."""
+    hold is equal on all of them (``defer_replica_check``: only its collective part; the last
+    value returned is then ``_ReplicaCheck.defer``'s), create the directory."""
     if not isinstance(checkpoint_id, (str, os.PathLike)):
         raise TypeError(f"checkpoint_id must be a directory path, got {checkpoint_id!r}")
     directory = os.fspath(checkpoint_id)
@@ -262,7 +297,10 @@ def _prepare(state_dict, checkpoint_id, process_group, while_waiting=None):
     arrays, my_objects, plan = describe(state_dict)
     early_fn = None if while_waiting is None else (lambda owners: while_waiting(arrays, rank, owners))
     uid, entries, owners, objects, early = _plans.exchange(pg, rank, world, plan, early_fn)
-    _replicas.check(pg, rank, world, entries, arrays, my_objects)
+    if defer_replica_check:
+        early = _replicas.defer(pg, world, entries, arrays, my_objects)
+    else:
+        _replicas.check(pg, rank, world, entries, arrays, my_objects)
     os.makedirs(directory, exist_ok=True)
     return directory, pg, rank, world, uid, arrays, entries, owners, objects, early
 
@@ -298,7 +336,35 @@ def save(state_dict, checkpoint_id, process_group=None, *, extra: dict | None = 
     return meta
 
 
-def async_save(state_dict, checkpoint_id, process_group=None, *, extra: dict | None = None) -> Future:
+@dataclass
+class AsyncSaveResponse:
+    """What :func:`async_save` returns when its ``async_stager`` stages asynchronously (torch's
+    ``AsyncSaveResponse``): two ``concurrent.futures.Future`` objects.
+
+    ``staging_completion`` (result None) is done once this rank's chunks are copied: wait for it
+    before changing the saved arrays in place (optimizer steps and training-mode forwards that
+    update staged buffers wait for it by themselves). ``upload_completion`` is done once the
+    checkpoint is written: on rank 0 its result is the metadata, elsewhere None. A staging error is
+    raised by both.
+
+    Example::
+
+        >>> import tempfile
+        >>> import numpy as np
+        >>> from neural_arch.distributed.checkpoint.staging import DefaultStager
+        >>> stager = DefaultStager()
+        >>> response = async_save({"w": np.zeros(2)}, tempfile.mkdtemp(), async_stager=stager)
+        >>> response.staging_completion.result(), sorted(response.upload_completion.result()["tensors"])
+        (None, ['w'])
+        >>> stager.close()
+    """
+
+    staging_completion: Future
+    upload_completion: Future
+
+
+def async_save(state_dict, checkpoint_id, process_group=None, *, extra: dict | None = None,
+               async_stager=None) -> Future | AsyncSaveResponse:
     """Like :func:`save`, but write in a background thread; returns a ``concurrent.futures.Future``.
 
     The arrays are copied to host staging buffers before it returns, so training may update
@@ -308,14 +374,36 @@ def async_save(state_dict, checkpoint_id, process_group=None, *, extra: dict | N
     committed; on other ranks it returns None once that rank's files are durable. A later
     ``save``/``async_save`` in this process waits for this one first.
 
+    ``async_stager`` (torch's argument, see :mod:`~neural_arch.distributed.checkpoint.staging`)
+    makes the copy instead. One whose ``stage`` returns a future (``DefaultStager()``: asynchronous
+    staging) lets this call return before the copy is made, with an :class:`AsyncSaveResponse`:
+    run the forward and backward, then wait for ``response.staging_completion`` before changing the
+    arrays. A forgotten wait is still correct: until the copy is done, every optimizer's ``step()``
+    waits for it (a global step pre-hook), and so does the forward of a module in training mode
+    whose buffers are being staged (BatchNorm's running statistics); other in-place writes to the
+    saved arrays (your own code, a ``load`` into them waits too) must wait for it themselves.
+    ``BlockingAsyncStager`` copies before returning and gives a ``Future``, like no stager.
+    With any stager no collective runs after the plan exchange: pieces held by several ranks that
+    differ (see :func:`save`) are found by rank 0 just before it commits, so rank 0's future raises
+    and nothing is committed (another rank's future only says its files are durable). Every rank
+    passes a stager, or none.
+
     Example::
 
         fut = async_save(state, "ckpt/step_20")
         train_more()
         fut.result()          # raises if the save failed
+
+        response = async_save(state, "ckpt/step_30", async_stager=DefaultStager())
+        loss = compute_loss(model, batch); loss.backward()    # overlaps the staging copy
+        response.staging_completion.result()                  # optimizer.step() would wait anyway
+        optimizer.step()
+        response.upload_completion.result()
     """
     global _pending
     _wait_previous()
+    if async_stager is not None:
+        return _async_save_with_stager(state_dict, checkpoint_id, process_group, extra, async_stager)
     # Stage (copy) only the chunks this rank writes: a replicated chunk (or row block of one)
     # written by another rank is never read here. With an unchanged layout the copy runs while
     # the plan's digests travel between the ranks.
@@ -343,6 +431,128 @@ def async_save(state_dict, checkpoint_id, process_group=None, *, extra: dict | N
         _pending = future
     _writer_submit(work)
     return future
+
+
+def _async_save_with_stager(state_dict, checkpoint_id, process_group, extra, stager):
+    """``async_save`` whose copy ``stager.stage`` makes (maybe after this returns: see ``staging``).
+
+    No collective may run outside the caller, so the replica check keeps only its collective part
+    here (cached with the plan); each rank's CRCs of the shared pieces travel in its manifest and
+    rank 0 compares them before it commits. Under asynchronous staging the CRCs are computed in the
+    writer thread while the stager copies, and staging completes only when both are done (the
+    live arrays are read until then)."""
+    global _pending
+    directory, _pg, rank, world, uid, arrays, entries, owners, objects, replicas = _prepare(
+        state_dict, checkpoint_id, process_group, defer_replica_check=True)
+    names, crcs = replicas if replicas is not None else (None, None)
+    chunks = {name: piece for _, name, piece in my_pieces(arrays, owners, rank)}
+    staged = stager.stage(chunks)
+    asynchronous = isinstance(staged, Future)
+    # Synchronous staging: the arrays may change once this returns, so their CRCs are taken now.
+    crc_now = crcs() if crcs is not None and not asynchronous else None
+    staging: Future = Future()   # asynchronous staging: the copy and the replica CRCs are done
+    staging_completion = _guard_until_staged(staging, arrays) if asynchronous else None
+    upload: Future = Future()
+    timeout = _commit_timeout()
+
+    def work():
+        try:
+            if asynchronous:
+                try:
+                    replica_crcs = crcs() if crcs is not None else None
+                    tensors = staged.result()
+                except BaseException as exc:  # the staging failed: both futures say so
+                    staging.set_exception(exc)
+                    raise
+                staging.set_result(None)
+            else:
+                tensors, replica_crcs = staged, crc_now
+            missing = [name for name in chunks if name not in tensors]
+            if missing:
+                raise CheckpointError(f"async_save: the stager {type(stager).__name__} returned no copy of the "
+                                      f"chunks {missing[:5]}; stage() must return every chunk it was given")
+            _write_mine(directory, rank, uid, {name: tensors[name] for name in chunks}, replica_crcs)
+            meta = _commit(directory, uid, world, entries, objects, extra, timeout, names) if rank == 0 else None
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+            upload.set_exception(exc)
+        else:
+            upload.set_result(meta)
+
+    with _pending_lock:
+        _pending = upload
+    _writer_submit(work)
+    if not asynchronous:
+        if stager.should_synchronize_after_execute:
+            stager.synchronize_staging()
+        return upload
+    return AsyncSaveResponse(staging_completion=staging_completion, upload_completion=upload)
+
+
+# The asynchronous staging in flight (None when none): load() into the saved arrays waits for it.
+_staging_in_flight: Future | None = None
+
+
+def _root_id(array) -> int:
+    """Identity of the array owning ``array``'s memory (a row-block or flat view names its base)."""
+    while isinstance(array, np.ndarray) and isinstance(array.base, np.ndarray):
+        array = array.base
+    return id(array)
+
+
+def _guard_until_staged(staged: Future, arrays: dict) -> Future:
+    """Until ``staged`` is done, make optimizer steps and training-mode forwards of modules whose
+    buffers are being staged wait for it; return the ``staging_completion`` future (result None).
+
+    Why these two: they are what a training loop changes in place between ``async_save`` and the
+    next save; a step waiting here costs nothing a correct loop would not wait anyway."""
+    global _staging_in_flight
+    from neural_arch.nn.module import register_module_forward_pre_hook
+    from neural_arch.optim.optimizer import register_optimizer_step_pre_hook
+
+    roots = {_root_id(local) for local, _ in arrays.values()}
+    completion: Future = Future()
+
+    def before_step(optimizer, args, kwargs):
+        staged.exception()  # wait; an error reaches the caller through the futures
+
+    def before_forward(module, args):
+        if not module.training:
+            return
+        # A module's own buffers: BatchNorm updates its running statistics in its forward. DDP's
+        # forward (broadcast_buffers) first copies rank 0's buffers into every module below it.
+        buffers = module.buffers() if vars(module).get("broadcast_buffers") else module._buffers.values()
+        for buf in buffers:
+            if buf is not None and _root_id(getattr(buf, "data", buf)) in roots:
+                staged.exception()
+                break
+
+    step_hook = register_optimizer_step_pre_hook(before_step)
+    forward_hook = register_module_forward_pre_hook(before_forward)
+
+    def settle(done: Future) -> None:
+        global _staging_in_flight
+        step_hook.remove()
+        forward_hook.remove()
+        with _pending_lock:
+            if _staging_in_flight is done:
+                _staging_in_flight = None
+        error = CheckpointError("async_save: staging was cancelled") if done.cancelled() else done.exception()
+        if error is None:
+            completion.set_result(None)
+        else:
+            completion.set_exception(error)
+
+    with _pending_lock:
+        _staging_in_flight = staged
+    staged.add_done_callback(settle)  # runs now if staging is already done
+    return completion
+
+
+def _wait_staging() -> None:
+    with _pending_lock:
+        in_flight = _staging_in_flight
+    if in_flight is not None:
+        in_flight.exception()
 
 
 # One long-lived writer thread: Thread.start waits until the new thread runs, so starting a thread
@@ -464,6 +674,7 @@ def load(state_dict, checkpoint_id, process_group=None, *, verify: bool = True, 
         model.load_state_dict(sd["model"]); opt.load_state_dict(sd["optim"])
     """
     del process_group  # accepted for torch compatibility: loading needs no collective
+    _wait_staging()  # an async_save may still be copying the arrays this load writes into
     directory = os.fspath(checkpoint_id)
     meta = read_metadata(directory)
     with ChunkReader(directory, meta, verify) as reader:
