@@ -250,17 +250,8 @@ def cross_entropy(logits: Tensor, target, ignore_index: int = -100, reduction: s
             p[rows, safe_t] -= 1 - label_smoothing
             if label_smoothing:
                 p -= label_smoothing / C
-            if reduction == "mean":
-                scale = (g / denom) * keep
-            elif reduction == "sum":
-                scale = g * keep
-            else:
-                scale = g.reshape(-1) * keep
-            p *= scale.reshape(-1, 1).astype(p.dtype, copy=False)
-            if len(lshape) > 2:
-                shp = (lshape[0],) + lshape[2:] + (C,)
-                return (xp.ascontiguousarray(xp.moveaxis(p.reshape(shp), -1, 1)),)
-            return (p.reshape(lshape),)
+            p *= _row_scale(g, keep, denom, reduction).reshape(-1, 1).astype(p.dtype, copy=False)
+            return (_logits_layout(xp, p, lshape),)
 
         if xp is not np and device_kernels.applies(logp):
             fn = _cross_entropy_device_backward(xp, logp, safe_t, keep, denom, reduction, label_smoothing,
@@ -276,22 +267,30 @@ def _cross_entropy_device_backward(xp, logp, safe_t, keep, denom, reduction: str
                                    lshape: tuple):
     """The backward of class-index :func:`cross_entropy` on a device: the gradient of every row in one
     kernel (neural_arch.core.device_kernels), the same formula as the host path's."""
-    C = logp.shape[-1]
 
     def fn(g):
-        if reduction == "mean":
-            scale = (g / denom) * keep
-        elif reduction == "sum":
-            scale = g * keep
-        else:
-            scale = g.reshape(-1) * keep
+        scale = _row_scale(g, keep, denom, reduction)
         p = device_kernels.cross_entropy_backward(xp, logp, safe_t, scale, label_smoothing)
-        if len(lshape) > 2:
-            shp = (lshape[0],) + lshape[2:] + (C,)
-            return (xp.ascontiguousarray(xp.moveaxis(p.reshape(shp), -1, 1)),)
-        return (p.reshape(lshape),)
+        return (_logits_layout(xp, p, lshape),)
 
     return fn
+
+
+def _row_scale(g, keep, denom, reduction: str):
+    """Each row's share of the upstream gradient ``g`` (0 for ignored rows): the backward's scale."""
+    if reduction == "mean":
+        return (g / denom) * keep
+    if reduction == "sum":
+        return g * keep
+    return g.reshape(-1) * keep
+
+
+def _logits_layout(xp, p, lshape: tuple):
+    """The per-row gradient ``p`` (rows, C) back in the logits' layout (classes on dim 1 for >2-d)."""
+    if len(lshape) > 2:
+        shp = (lshape[0],) + lshape[2:] + (lshape[1],)
+        return xp.ascontiguousarray(xp.moveaxis(p.reshape(shp), -1, 1))
+    return p.reshape(lshape)
 
 
 def _cross_entropy_probs(logits: Tensor, tt, td, xp, reduction: str, label_smoothing: float) -> Tensor:
