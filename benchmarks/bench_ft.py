@@ -22,6 +22,11 @@ Three measurements:
   replica every K quorum rounds (``--every``) and starts a replacement process at once (it heals
   when it is up). Step efficiency = undisturbed wall time / disturbed wall time for the same
   number of committed steps.
+* ``overlap``: 3 replicas, ``--steps`` committed steps, no failure, once with the quorum awaited
+  in ``start_quorum`` and once with ``Manager(use_async_quorum=True)`` (the lighthouse's answer
+  awaited on a background thread while the step computes). Time per committed step for each.
+
+``--quorum async`` runs ``recovery`` and ``efficiency`` with the asynchronous quorum (default sync).
 
 Usage::
 
@@ -29,6 +34,8 @@ Usage::
     python benchmarks/bench_ft.py --only heal --params 10000 1000000 --json benchmarks/results/bench_ft.json
     python benchmarks/bench_ft.py --only heal --params 10000 100000 1000000 --arrays 300 --repeat 3 \
         --json benchmarks/results/bench_ft_heal.json
+    python benchmarks/bench_ft.py --only overlap --params 100000 --compute-ms 5 20 --steps 100 \
+        --json benchmarks/results/bench_ft_overlap.json
 
 Prints tables and writes raw JSON (default ``benchmarks/results/bench_ft.json``).
 """
@@ -87,7 +94,8 @@ def worker(cfg: dict) -> dict:
                          state_dict=lambda: state, min_replica_size=cfg.get("min_replicas", 1),
                          heal_into=None if cfg.get("heal_fresh") else (lambda: state),
                          replica_id=cfg["name"], lighthouse_addr=cfg["addr"], timeout=cfg["timeout"],
-                         heartbeat_interval=cfg["heartbeat_interval"], auth_token=cfg["token"])
+                         heartbeat_interval=cfg["heartbeat_interval"], auth_token=cfg["token"],
+                         use_async_quorum=bool(cfg.get("async_quorum")))
     store = TCPStore(host, int(port), timeout=60.0, auth_token=cfg["token"])
     if cfg.get("announce"):
         store.set(JOINED, b"1")
@@ -102,6 +110,7 @@ def worker(cfg: dict) -> dict:
             store.wait([JOINED], timeout=60.0)      # trained alone so far; let the joiner catch this run
         manager.start_quorum()
         if cfg.get("kill_at") is not None and manager.current_step() == cfg["kill_at"]:
+            manager.wait_quorum()       # in the quorum (async quorum: its answer is in) before dying
             store.set(KILLED_AT, repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(cfg["compute_ms"] / 1000.0)
@@ -176,7 +185,8 @@ class Replicas:
 
 def base_config(args, lighthouse, token, **over) -> dict:
     cfg = {"addr": lighthouse.address, "token": token, "params": args.params[0], "steps": 20,
-           "compute_ms": args.compute_ms, "timeout": 10.0, "heartbeat_interval": 0.05}
+           "compute_ms": args.compute_ms[0], "timeout": 10.0, "heartbeat_interval": 0.05,
+           "async_quorum": args.quorum == "async"}
     cfg.update(over)
     return cfg
 
@@ -278,6 +288,31 @@ def run_efficiency(args) -> list[dict]:
     return rows
 
 
+def run_overlap(args) -> list[dict]:
+    """Time per committed step, undisturbed, with the quorum awaited before or during the compute."""
+    from neural_arch.distributed.ft import Lighthouse
+
+    rows = []
+    for compute_ms in args.compute_ms:
+        for mode in ("sync", "async"):
+            token = secrets.token_hex(16)
+            with Lighthouse(min_replicas=3, heartbeat_timeout=2.0, join_timeout=5.0, auth_token=token) as lh:
+                reps = Replicas(base_config(args, lh, token, steps=args.steps, compute_ms=compute_ms,
+                                            async_quorum=mode == "async"))
+                for name in ("r0", "r1", "r2"):
+                    reps.start(name, start_together=3)
+                reports = reps.finish()
+            times = [t for t, _step, _size in reports["r0"]["commits"]][2:]   # past the first quorum's setup
+            gaps = [b - a for a, b in itertools.pairwise(times)]
+            rows.append({"quorum": mode, "compute_ms": compute_ms, "params": args.params[0],
+                         "committed": len(times), "ms_per_step_mean": 1e3 * (times[-1] - times[0]) / len(gaps),
+                         "ms_per_step_median": 1e3 * statistics.median(gaps)})
+    for row in rows:     # against the sync run of the same compute time
+        sync = next(r for r in rows if r["quorum"] == "sync" and r["compute_ms"] == row["compute_ms"])
+        row["speedup_vs_sync"] = sync["ms_per_step_mean"] / row["ms_per_step_mean"]
+    return rows
+
+
 def _median_range(row: dict, key: str, scale: float) -> str:
     lo, hi = row[key + "_range"]
     return f"{row[key] * scale:.2f} ({lo * scale:.2f}-{hi * scale:.2f})"
@@ -286,14 +321,17 @@ def _median_range(row: dict, key: str, scale: float) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--only", choices=["recovery", "heal", "efficiency"], action="append")
+    parser.add_argument("--only", choices=["recovery", "heal", "efficiency", "overlap"], action="append")
     parser.add_argument("--params", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--arrays", type=int, default=1,
                         help="heal: the model (and each optimizer state) as this many arrays (a model's tensors)")
     parser.add_argument("--repeat", type=int, default=1, help="heal: runs per size (median and range)")
     parser.add_argument("--heal-fresh", action="store_true",
                         help="heal: receive into new memory (Manager(heal_into=None)) instead of the live state")
-    parser.add_argument("--compute-ms", type=float, default=20.0)
+    parser.add_argument("--compute-ms", type=float, nargs="+", default=[20.0],
+                        help="emulated compute per step (overlap: one pair of runs per value; else the first)")
+    parser.add_argument("--quorum", choices=["sync", "async"], default="sync",
+                        help="recovery and efficiency: Manager(use_async_quorum=) off (sync) or on (async)")
     parser.add_argument("--heartbeat-timeouts", type=float, nargs="+", default=[0.3, 1.0])
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--steps", type=int, default=60)
@@ -303,7 +341,7 @@ def main(argv=None) -> None:
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
-    parts = args.only or ["recovery", "heal", "efficiency"]
+    parts = args.only or ["recovery", "heal", "efficiency", "overlap"]
     out = {"command": " ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:]), "args": vars(args),
            "load_average": os.getloadavg()}
     if "recovery" in parts:
@@ -321,11 +359,18 @@ def main(argv=None) -> None:
                      "all-reduce same bytes ms", "heal / all-reduce", "heal MB/s (median)"])
     if "efficiency" in parts:
         out["efficiency"] = rows = run_efficiency(args)
-        print(f"\nstep efficiency ({args.steps} committed steps, {args.compute_ms:g} ms compute per step, "
-              f"heartbeat timeout {args.heartbeat_timeouts[0]:g} s)")
+        print(f"\nstep efficiency ({args.steps} committed steps, {args.compute_ms[0]:g} ms compute per step, "
+              f"heartbeat timeout {args.heartbeat_timeouts[0]:g} s, {args.quorum} quorum)")
         print_table([[r["kill_every_rounds"] or "never", r["kills"], r["committed"], r["rounds"], f"{r['wall_s']:.2f}",
                       f"{r['efficiency']:.2f}"] for r in rows],
                     ["kill every K rounds", "kills", "committed", "rounds", "wall (s)", "efficiency"])
+    if "overlap" in parts:
+        out["overlap"] = rows = run_overlap(args)
+        print(f"\nquorum awaited before (sync) or during (async) the step's compute (3 replicas, "
+              f"{args.params[0]} params, no failure)")
+        print_table([[r["compute_ms"], r["quorum"], r["committed"], f"{r['ms_per_step_mean']:.2f}",
+                      f"{r['ms_per_step_median']:.2f}", f"{r['speedup_vs_sync']:.2f}"] for r in rows],
+                    ["compute ms", "quorum", "steps timed", "ms/step (mean)", "ms/step (median)", "vs sync"])
     out["environment"] = environment()
     print("\nraw JSON:", write_json(args.json, out))
 

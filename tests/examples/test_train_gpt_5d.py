@@ -22,9 +22,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import subprocess
 import sys
 
+import background
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,20 +43,33 @@ def _verdict(out: str, layout: str) -> None:
     assert re.search(r"step   2  loss \d", out), out[-3000:]
 
 
-def _launch(nproc: int, *flags: str) -> str:
+def _command(nproc: int, flags) -> list[str]:
+    return [sys.executable, "-m", "neural_arch.distributed.launcher", "--standalone", "--nproc_per_node", str(nproc),
+            SCRIPT, *flags, "--steps", "3", "--verify"]
+
+
+def _job(nproc: int, flags) -> background.Job:
+    """One launcher run as a background job (``tests/background.py``): self-contained, so it runs beside the
+    other tests on the cycles they leave idle; the test judges its output."""
     from neural_arch.distributed.testing import script_env
 
-    cmd = [sys.executable, "-m", "neural_arch.distributed.launcher", "--standalone", "--nproc_per_node", str(nproc),
-           SCRIPT, *flags, "--steps", "3", "--verify"]
-    try:
-        proc = subprocess.run(cmd, check=False, cwd=REPO, env=script_env(ONE_THREAD), capture_output=True, text=True,
-                              timeout=150)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{' '.join(cmd)} did not finish within 150 s\n--- stdout ---\n{exc.stdout}\n"
-                    f"--- stderr ---\n{exc.stderr}")
-    assert proc.returncode == 0, (f"{' '.join(cmd)} exited with {proc.returncode}\n--- stdout ---\n"
-                                  f"{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}")
-    return proc.stdout
+    return background.Job(" ".join(_command(nproc, flags)[3:]), _command(nproc, flags), cwd=REPO,
+                          env=script_env(ONE_THREAD), timeout=150)
+
+
+def background_jobs(items):
+    """The launcher compositions the collected tests ask for, queued at collection."""
+    return [_job(item.callspec.params["nproc"], item.callspec.params["flags"]) for item in items
+            if item.originalname == "test_launcher_compositions_match_single_process"]
+
+
+def _launch(nproc: int, *flags: str) -> str:
+    job = background.result(_job(nproc, flags).name, lambda: _job(nproc, flags))
+    cmd = " ".join(job.argv)
+    assert not job.timed_out, f"{cmd} did not finish within {job.timeout:.0f} s\n--- stderr ---\n{job.stderr[-3000:]}"
+    assert job.returncode == 0, (f"{cmd} exited with {job.returncode}\n--- stdout ---\n"
+                                 f"{job.stdout[-3000:]}\n--- stderr ---\n{job.stderr[-3000:]}")
+    return job.stdout
 
 
 @pytest.mark.slow

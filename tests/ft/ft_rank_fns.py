@@ -39,7 +39,8 @@ def global_batch(epoch: int, processed: int, size: int) -> np.ndarray:
     return order[processed:processed + min(size * BATCH, N - processed)]
 
 
-def replica(addr: str, token: str, role: str, kill_at: int | None = None, wait_s: float = 60.0):
+def replica(addr: str, token: str, role: str, kill_at: int | None = None, wait_s: float = 60.0,
+            overlap: bool = False):
     """Train until the end of epoch ``EPOCHS - 1`` as one replica.
 
     ``role``: ``"replica"`` starts at once; ``"victim"`` SIGKILLs itself in the middle of step
@@ -48,6 +49,11 @@ def replica(addr: str, token: str, role: str, kill_at: int | None = None, wait_s
     must heal from a live peer. Returns ``(params, log, stats)``: ``log`` has one record per
     committed step (step number, epoch, samples processed before it, quorum size, members, this
     replica's samples).
+
+    ``overlap``: ``Manager(use_async_quorum=True)`` and a loop that overlaps the quorum with the
+    forward and backward: an up-to-date replica takes its share of the data from the last committed
+    quorum's size and its rank in it, and discards the step if the quorum that arrived differs
+    (docs/fault_tolerance.md, "Overlapping the quorum with compute").
     """
     import neural_arch.distributed as dist
     from neural_arch.core.tensor import Tensor
@@ -77,7 +83,8 @@ def replica(addr: str, token: str, role: str, kill_at: int | None = None, wait_s
     manager = ft.Manager(pg=ft.ProcessGroupGloo(timeout=10.0, transport="tcp"), load_state_dict=load_state_dict,
                          state_dict=state_dict, min_replica_size=2, replica_id=f"replica{rank}",
                          lighthouse_addr=addr, timeout=10.0, quorum_timeout=wait_s, heartbeat_interval=0.05,
-                         auth_token=token, init_sync=False)        # seeded alike: nothing to copy at step 0
+                         auth_token=token, init_sync=False,        # seeded alike: nothing to copy at step 0
+                         use_async_quorum=overlap)
     if role == "spare":
         signals.set(SPARE_READY, b"1")
     else:   # the three register before any asks (else the first quorum may be two, and the late one heals)
@@ -87,10 +94,15 @@ def replica(addr: str, token: str, role: str, kill_at: int | None = None, wait_s
             time.sleep(0.005)
     ddp = ft.DistributedDataParallel(manager, model)
     opt = ft.OptimizerWrapper(manager, adam)
-    log, discarded = [], 0
+    log, discarded, last, overlapped = [], 0, None, 0
     while sampler.epoch < EPOCHS:
-        opt.zero_grad()                                         # joins the quorum; heals if behind
-        size, me = manager.num_participants(), manager.participating_rank()
+        if overlap:
+            pending = manager.start_quorum() is None            # None: the quorum is still on its way
+            adam.zero_grad()
+            size, me = last if pending and last else (manager.num_participants(), manager.participating_rank())
+        else:
+            opt.zero_grad()                                     # joins the quorum; heals if behind
+            size, me = manager.num_participants(), manager.participating_rank()
         sampler.reset(num_replicas=size, rank=me)
         processed = sampler.processed_samples()
         mine = sampler.indices()[:BATCH][~sampler.padding_mask()[:BATCH]]
@@ -103,7 +115,10 @@ def replica(addr: str, token: str, role: str, kill_at: int | None = None, wait_s
         else:                                                    # only padding here: zero gradients, same collectives
             loss = (ddp(Tensor(X[:1])) * 0.0).sum()
         loss.backward()
+        if overlap and (manager.num_participants(), manager.participating_rank()) != (size, me):
+            manager.report_error(RuntimeError("the quorum changed under an overlapped step"))
         if opt.step():
+            last, overlapped = (size, me), overlapped + (overlap and pending)
             log.append((manager.current_step(), sampler.epoch, processed, size, manager.quorum.members,
                         mine.tolist()))
             sampler.record_samples(BATCH)
@@ -117,17 +132,17 @@ def replica(addr: str, token: str, role: str, kill_at: int | None = None, wait_s
             discarded += 1
     stats = {"member": manager.member, "heals": manager.heals, "discarded": discarded,
              "step": manager.current_step(), "rng": rng.bit_generator.state["state"]["state"],
-             "heal_bytes": manager.heal_bytes_received}
+             "heal_bytes": manager.heal_bytes_received, "overlapped": overlapped}
     manager.shutdown()
     signals.close()
     return [p.data.copy() for p in model.parameters()], log, stats
 
 
-def by_rank(addr: str, token: str, roles: tuple, kill_at: int):
+def by_rank(addr: str, token: str, roles: tuple, kill_at: int, overlap: bool = False):
     """Pool entry point: rank ``r`` plays ``roles[r]``."""
     import os
 
-    return replica(addr, token, roles[int(os.environ["RANK"])], kill_at)
+    return replica(addr, token, roles[int(os.environ["RANK"])], kill_at, overlap=overlap)
 
 
 def reference(log) -> list[np.ndarray]:

@@ -12,6 +12,14 @@ Each replica is two ranks with a process group of their own that shard it, in on
   (and the replicated last bias), both ranks run the replica's whole batch, and
   ``ft.DistributedDataParallel`` averages each rank's local gradients over its lane.
 
+* ``"fsdp1_hybrid"``: the older ``FullyShardedDataParallel`` class with ``HYBRID_SHARD``: the replica's
+  group shards one flat parameter (each rank holds its half of the flattened weights, Adam steps
+  that half), and the replicate group is the rank's lane:
+  ``process_group=(group, ft.ManagedProcessGroup(manager))``. Not in ``STRATEGIES`` (the proof's
+  parametrization) until ``FullyShardedDataParallel`` takes a replicate group whose size follows
+  the quorum (it reads the size once, at construction, and resolves the pair's groups as
+  process groups).
+
 Each way, each gradient shard is averaged across the replicas through the rank's
 ``Manager(shard=(s, 2))`` (``replicate_group=ManagedProcessGroup``, or ``ft.DistributedDataParallel``
 for tensor parallelism: the shard's lane), and a replacement heals each rank's part from the rank
@@ -27,6 +35,7 @@ import time
 import numpy as np
 
 STRATEGIES = ("zero2", "fully_shard", "tp")
+FSDP1_HYBRID = "fsdp1_hybrid"
 N, BATCH, SHARDS, EPOCHS, SEED = 24, 4, 2, 2, 3   # BATCH: samples per replica per step (BATCH / SHARDS per rank)
 STARTED = "sharded/started"
 SPARE_SIGNAL = "sharded/start_the_spare"      # set once the survivor committed two steps alone
@@ -64,14 +73,14 @@ def shard_rank(addr: str, token: str, replica: str, shard: int, role: str, kill_
     them); ``params`` are the whole parameters (``fully_shard``, ``"tp"``: gathered from the
     replica's ranks).
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r}: one of {STRATEGIES}")
+    if strategy not in (*STRATEGIES, FSDP1_HYBRID):
+        raise ValueError(f"strategy={strategy!r}: one of {(*STRATEGIES, FSDP1_HYBRID)}")
     import neural_arch.distributed as dist
     from neural_arch import optim
     from neural_arch.core.tensor import Tensor
     from neural_arch.distributed import ft
     from neural_arch.distributed.elastic.sampler import ElasticDistributedSampler
-    from neural_arch.distributed.fsdp import fully_shard
+    from neural_arch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy, fully_shard
     from neural_arch.distributed.optim import ZeroRedundancyOptimizer
     from neural_arch.distributed.rendezvous.base import PrefixStore
     from neural_arch.distributed.rendezvous.tcp_store import TCPStore
@@ -85,25 +94,34 @@ def shard_rank(addr: str, token: str, replica: str, shard: int, role: str, kill_
     model, X, Y = setup(seed=0 if role != "spare" else 99)
     sampler = ElasticDistributedSampler(dataset_size=N, num_replicas=1, rank=0, shuffle=True, seed=SEED)
     rng = np.random.default_rng(1000 if role != "spare" else 1099)   # the spare's differs until it heals
-    holder = {}
+    holder = {"owner": model}     # whose named_parameters are this rank's part (FSDP1: its flat shard)
 
     # this shard's part: ZeRO-2: the whole weights (kept on every rank) and its optimizer shard; fully_shard:
     # the rank's local rows of every parameter (model.state_dict() holds the DTensors' local pieces) and
     # the Adam state of those rows
+    # (FSDP1: the flat parameter's shard; its state_dict() would gather, a collective)
     def state_dict():
-        return {"model": model.state_dict(), "optim": holder["optim"].state_dict(),
+        weights = model.state_dict() if strategy != FSDP1_HYBRID else \
+            {name: p.data for name, p in holder["owner"].named_parameters()}
+        return {"model": weights, "optim": holder["optim"].state_dict(),
                 "sampler": sampler.state_dict(), "rng": rng.bit_generator.state}
 
     def load_state_dict(state):
-        holder["in_place"] = all(state["model"][name] is p.data for name, p in model.named_parameters())
-        model.load_state_dict(state["model"])      # ZeRO-2: the next step copies them into the master shards
+        owner = holder["owner"]
+        holder["in_place"] = all(state["model"][name] is p.data for name, p in owner.named_parameters())
+        if strategy == FSDP1_HYBRID:
+            for name, p in owner.named_parameters():
+                if state["model"][name] is not p.data:
+                    p.data[...] = state["model"][name]
+        else:
+            model.load_state_dict(state["model"])  # ZeRO-2: the next step copies them into the master shards
         holder["optim"].load_state_dict(state["optim"])
         sampler.load_state_dict(state["sampler"])
         rng.bit_generator.state = state["rng"]
 
     # fully_shard, tp: the heal receives each rank's pieces straight into its DTensors' local arrays
     def local_pieces():
-        return {"model": {name: p.data for name, p in model.named_parameters()}}
+        return {"model": {name: p.data for name, p in holder["owner"].named_parameters()}}
 
     if role == "spare":   # everything imported and built before the wait: it registers at once when told
         signals.wait([SPARE_SIGNAL], timeout=wait_s)
@@ -122,6 +140,10 @@ def shard_rank(addr: str, token: str, replica: str, shard: int, role: str, kill_
         fully_shard(model[0], replicate_group=lane)
         fully_shard(model, replicate_group=lane)
         optimizer = inner = holder["optim"] = optim.Adam(model.parameters(), lr=0.05)
+    elif strategy == FSDP1_HYBRID:   # one flat unit sharded over the replica's group, replicated over the lane
+        net = holder["owner"] = FullyShardedDataParallel(model, process_group=(group, lane),
+                                                         sharding_strategy=ShardingStrategy.HYBRID_SHARD)
+        optimizer = inner = holder["optim"] = optim.Adam(net.parameters(), lr=0.05)
     else:   # tensor parallel over the replica's group; each rank's local gradients averaged over its lane
         parallelize_module(model, group, {"0": ColwiseParallel(), "2": RowwiseParallel()})
         net = ft.DistributedDataParallel(manager, model, bucket_cap_mb=1e-4, first_bucket_mb=1e-4)   # a few buckets
@@ -176,11 +198,15 @@ def shard_rank(addr: str, token: str, replica: str, shard: int, role: str, kill_
              "rng": rng.bit_generator.state["state"]["state"],
              "optim_shard": [np.asarray(held[k][name]).copy() for k in sorted(held)
                              for name in ("exp_avg", "exp_avg_sq") if name in held[k]],
-             "local_params": [np.asarray(p.data).copy() for p in model.parameters()],
+             "local_params": [np.asarray(p.data).copy() for p in holder["owner"].parameters()],
              "healed_in_place": holder.get("in_place"),
              "placements": [repr(getattr(p, "placements", None)) for p in model.parameters()]}
-    params = [np.asarray(p.full_tensor().data if strategy != "zero2" else p.data).copy()
-              for p in model.parameters()]
+    if strategy == FSDP1_HYBRID:     # gathered over the replica's group (a collective of its two ranks)
+        with net.summon_full_params():
+            params = [np.asarray(p.data).copy() for p in model.parameters()]
+    else:
+        params = [np.asarray(p.full_tensor().data if strategy != "zero2" else p.data).copy()
+                  for p in model.parameters()]
     manager.shutdown()
     dist.destroy_process_group()
     group_store.close()

@@ -33,7 +33,7 @@ LAYOUT = (("a", 0, "replica"), ("a", 1, "replica"), ("b", 0, "victim"), ("b", 1,
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("strategy", fns.STRATEGIES)
+@pytest.mark.parametrize("strategy", (*fns.STRATEGIES, fns.FSDP1_HYBRID))
 def test_a_killed_sharded_replica_is_replaced_by_one_that_heals_shard_by_shard(strategy):
     token = secrets.token_hex(16)
     with Lighthouse(min_replicas=1, heartbeat_timeout=1.0, join_timeout=5.0, auth_token=token) as lighthouse:

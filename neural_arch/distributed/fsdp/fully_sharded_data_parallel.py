@@ -118,7 +118,7 @@ from neural_arch.distributed.flat_param import FlatLayout
 from neural_arch.distributed.fsdp.api import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 from neural_arch.distributed.fsdp.expert_units import ExpertFlatShard, ExpertShardReducer
 from neural_arch.distributed.fsdp.owner_reducer import OwnerGradReducer
-from neural_arch.distributed.fsdp.plan import plan_expert_units, plan_units, shard_groups
+from neural_arch.distributed.fsdp.plan import _follows_a_quorum, plan_expert_units, plan_units, shard_groups
 from neural_arch.distributed.fsdp.state_dict import (
     FSDPStateDicts,
     optim_state_dict,
@@ -237,7 +237,12 @@ class FullyShardedDataParallel(Module):
         all_experts = split_expert_parameters(module.parameters())[1]
         expert_plan, self._experts = ([], all_experts) if strategy is ShardingStrategy.NO_SHARD else \
             plan_expert_units(module, all_experts)
-        dp_size = shard_group.size() * (replicate_group.size() if replicate_group is not None else 1)
+        managed = replicate_group is not None and _follows_a_quorum(replicate_group)
+        if managed and all_experts:
+            raise NotImplementedError("FullyShardedDataParallel: expert parameters with a replicate group that "
+                                      "follows a quorum (ft.ManagedProcessGroup) are not supported")
+        # a quorum's size changes every step and is unknown before the first: the experts' scale needs none
+        dp_size = shard_group.size() * (replicate_group.size() if replicate_group is not None and not managed else 1)
         self.expert_reducer = ExpertGradReducer(self._experts, dp_size)
         if sync_module_states:
             self._broadcast_module(world, all_experts)

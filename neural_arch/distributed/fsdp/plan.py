@@ -160,7 +160,9 @@ def shard_groups(process_group, device_mesh, strategy):
         if isinstance(process_group, tuple):
             if len(process_group) != 2:
                 raise ValueError("HYBRID_SHARD: process_group must be a pair (shard_group, replicate_group)")
-            return _resolve_group(process_group[0], "FSDP"), _resolve_group(process_group[1], "FSDP")
+            shard, replicate = process_group
+            return _resolve_group(shard, "FSDP"), (replicate if _follows_a_quorum(replicate)
+                                                  else _resolve_group(replicate, "FSDP"))
         world = _resolve_group(process_group, "FullyShardedDataParallel")
         # LOCAL_WORLD_SIZE is torchrun's (and our launcher's) variable, not a neural_arch setting
         size = int(_config.get("NEURAL_ARCH_FSDP_SHARD_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or 0)
@@ -171,3 +173,11 @@ def shard_groups(process_group, device_mesh, strategy):
     if isinstance(process_group, tuple):
         raise TypeError(f"a (shard_group, replicate_group) pair is only for HYBRID_SHARD, not {strategy.name}")
     return _resolve_group(process_group, "FullyShardedDataParallel"), None
+
+
+def _follows_a_quorum(group) -> bool:
+    """A replicate group that is not a ProcessGroup but reduces like one (``ft.ManagedProcessGroup``:
+    the replicas of the current fault-tolerance quorum, re-formed every step)."""
+    from neural_arch.distributed.process_group import ProcessGroup
+
+    return not isinstance(group, ProcessGroup) and callable(getattr(getattr(group, "backend", None), "allreduce", None))

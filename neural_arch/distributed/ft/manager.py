@@ -11,6 +11,12 @@ Every step is a transaction across the replicas of the current quorum::
         optimizer.step()            # else every member discards it, and the next start_quorum
                                     # re-forms the quorum without the failed replica
 
+With ``use_async_quorum`` (the default, as in torchft) ``start_quorum`` only sends the request:
+the answer, the group rebuild and any state sent to a replacement are awaited on a background
+thread while the forward and backward run, and the first ``allreduce`` (or ``should_commit``,
+``num_participants`` ...) waits for them; a replica that may be behind waits and heals inside
+``start_quorum`` instead, before its forward.
+
 No process restarts and nothing is read from disk: survivors keep their (uncommitted, so still
 consistent) state and redo the step with the new quorum; a replacement replica copies weights,
 optimizer state, step, RNG and data position (whatever ``state_dict()`` returns) from an
@@ -101,19 +107,31 @@ class Manager:
             hold a mix of old and new values: the replica is still behind, so the next quorum heals it
             again before it steps, and ``start_quorum`` raises if no up-to-date peer is left to heal
             from. None: every array is received into new memory (a failed heal leaves the old state).
+        use_async_quorum: ``start_quorum`` sends the request and returns at once; the lighthouse's
+            answer, the group rebuild and sending state to a replacement run on a background thread
+            while the forward and backward run, and the first call that needs the quorum
+            (``allreduce``, ``should_commit``, ``num_participants``, ``participating_rank``,
+            ``quorum``, ``wait_quorum``) waits for it (torchft's ``use_async_quorum``, on by
+            default there too). False: ``start_quorum`` waits for all of it. A replica
+            that may be behind (new, or its last step was not committed) waits in ``start_quorum``
+            and heals before its step, as without overlap. ``state_dict()`` may then be called on
+            the background thread during the step: it must not return what the forward or backward
+            changes (docs/fault_tolerance.md, "Overlapping the quorum with compute").
 
     Example::
 
         manager = Manager(load_state_dict=load, state_dict=save, replica_id="r0",
                           lighthouse_addr=lighthouse.address, timeout=5.0)
-        manager.start_quorum()
+        manager.start_quorum()        # a new replica waits here (it may heal); later steps return
+                                      # None at once: the quorum is awaited beside the compute
         manager.num_participants(), manager.participating_rank(), manager.current_step()
     """
 
     def __init__(self, pg=None, load_state_dict=None, state_dict=None, min_replica_size: int = 1,
                  replica_id: str | None = None, lighthouse_addr: str | None = None, timeout: float = 60.0,
                  quorum_timeout: float = 120.0, heartbeat_interval: float = 0.1, auth_token=None,
-                 init_sync: bool = True, shard: tuple[int, int] | None = None, heal_into=None):
+                 init_sync: bool = True, shard: tuple[int, int] | None = None, heal_into=None,
+                 use_async_quorum: bool = True):
         if lighthouse_addr is None:
             raise ValueError("Manager(lighthouse_addr='host:port') is required: the address of the Lighthouse "
                              "that decides the quorums (Lighthouse(...).address)")
@@ -149,6 +167,10 @@ class Manager:
         self._quorum_id: int | None = None
         self._error: BaseException | None = None
         self._last_committed = True
+        self.use_async_quorum = bool(use_async_quorum)
+        self._pending: threading.Thread | None = None      # the quorum being waited for in the background
+        self._pending_exc: BaseException | None = None     # what that thread raised, re-raised by wait_quorum
+        self._error_lock = threading.Lock()                 # report_error may race the background rebuild
         #: how many times this replica healed, and the bytes it received / sent doing so
         self.heals, self.heal_bytes_received, self.heal_bytes_sent = 0, 0, 0
         #: Timings of the last group rebuild and heal as seen by this replica. Keys ``configure_s``
@@ -156,6 +178,7 @@ class Manager:
         #: sent a state), ``recv_started_at`` and ``loaded_at`` (this replica received one). The
         #: ``*_at`` values are ``time.time()``, so on one host ``loaded_at - max(send_started_at,
         #: recv_started_at)`` is the transfer, whatever either side waited for before it.
+        #: ``quorum_at`` is the ``time.monotonic()`` at which the last quorum's answer arrived.
         self.timings: dict[str, float] = {}
 
     # -- heartbeat ---------------------------------------------------------------------------------
@@ -169,26 +192,65 @@ class Manager:
                 return
 
     # -- the step ------------------------------------------------------------------------------------
-    def start_quorum(self) -> Quorum:
+    def start_quorum(self) -> Quorum | None:
         """Join the next quorum: ask the lighthouse, rebuild the group if the quorum changed, heal.
 
-        Blocks until the lighthouse answers (``quorum_timeout``). A failure while rebuilding the
+        Blocks until the lighthouse answers (``quorum_timeout``) and returns the quorum; with
+        ``use_async_quorum`` it returns None at once instead when this replica is up to date (the
+        answer is awaited in the background, see ``wait_quorum``). A failure while rebuilding the
         group or healing is recorded like a failed all-reduce: ``should_commit`` returns False.
         """
+        if self._pending is not None:      # the previous step never waited (no collective, no vote)
+            self.wait_quorum()
         self._error = None
         self._requests += 1
         n = self._requests
+        reconfigure = not self._last_committed or self._quorum_id is None
         self._store.set(protocol.request_key(self.member),
-                        protocol.encode_request(n, self._step, not self._last_committed or self._quorum_id is None,
-                                                self.min_replica_size, self.init_sync,
+                        protocol.encode_request(n, self._step, reconfigure, self.min_replica_size, self.init_sync,
                                                 self.replica_id if self._sharded else "", self.shard,
                                                 self.num_shards))
         self._store.add(protocol.REQ_SEQ, 1)
+        # a replica that may be behind heals before its forward, so it cannot overlap the wait
+        if not self.use_async_quorum or reconfigure or self._torn:
+            return self._join(n, overlapped=False)
+        self._pending_exc = None
+        self._pending = threading.Thread(target=self._join_in_background, args=(n,),
+                                         name=f"ft-quorum-{self.member}", daemon=True)
+        self._pending.start()
+        return None
+
+    def wait_quorum(self) -> Quorum:
+        """Wait for the quorum ``start_quorum`` asked for (at once without ``use_async_quorum``);
+        raise what the background wait raised (no answer within ``quorum_timeout``)."""
+        pending = self._pending
+        if pending is not None:
+            pending.join()
+            self._pending = None
+            if self._pending_exc is not None:
+                exc, self._pending_exc = self._pending_exc, None
+                raise exc
+        if self._quorum is None:
+            raise RuntimeError("Manager.wait_quorum() before start_quorum()")
+        return self._quorum
+
+    def _join_in_background(self, n: int) -> None:
         try:
-            raw = self._store.get(protocol.answer_key(self.member, n))
+            self._join(n, overlapped=True)
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread by wait_quorum
+            self._pending_exc = exc
+
+    def _join(self, n: int, overlapped: bool) -> Quorum:
+        """Wait for answer ``n``, rebuild the group if the quorum changed, heal (either side)."""
+        key = protocol.answer_key(self.member, n)
+        try:
+            if overlapped:
+                self._await_answer(key)
+            raw = self._store.get(key)
         except StoreTimeoutError as exc:
             raise DistributedError(f"ft {self.member}: the lighthouse gave no quorum within {self.quorum_timeout:g} s "
                                    f"(fewer than min_replicas replicas alive?)") from exc
+        self.timings["quorum_at"] = time.monotonic()
         quorum = self._quorum = Quorum.from_json(json.loads(raw))
         rank = quorum.rank_of(self.member)
         if self._torn and self.member not in quorum.heal:
@@ -202,11 +264,34 @@ class Manager:
                 prefix = protocol.pg_prefix(quorum.quorum_id, self.shard if self._sharded else None)
                 self._pg.configure(self._store, prefix, rank, quorum.size, auth_token=self._auth_token)
                 self.timings["configure_s"] = time.perf_counter() - start
-                self._quorum_id = quorum.quorum_id
+                with self._error_lock:
+                    if self._error is None:
+                        self._quorum_id = quorum.quorum_id
+                    else:       # the user reported an error during the rebuild: void the new group too
+                        self._pg.abort(f"replica {self.member} failed its step: {self._error}")
+            if overlapped and self.member in quorum.heal:
+                # the forward already ran on the old state: void the step; the next start_quorum
+                # waits (this step was not committed) and heals before computing
+                raise DistributedError(f"ft {self.member}: found behind its quorum during an overlapped step")
             self._heal(quorum)
         except Exception as exc:  # noqa: BLE001 - any failure here voids the step on every member
             self.report_error(exc)
         return quorum
+
+    def _await_answer(self, key: str) -> None:
+        """Wait for ``key`` in short slices: the store connection is free between them (``shutdown``
+        says goodbye on it) and a shutdown ends the wait."""
+        deadline = time.monotonic() + self.quorum_timeout
+        while not self._stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise StoreTimeoutError(f"store key {key!r} did not appear within {self.quorum_timeout:g} s")
+            try:
+                self._store.wait([key], timeout=min(0.25, remaining))
+                return
+            except StoreTimeoutError:
+                continue
+        raise DistributedError(f"ft {self.member}: shut down while waiting for a quorum")
 
     def _heal(self, quorum: Quorum) -> None:
         source = quorum.heal.get(self.member)
@@ -241,6 +326,8 @@ class Manager:
         poisoned the group) is recorded, not raised: ``should_commit`` then returns False.
         After a failure the call does nothing. Returns ``tensor``.
         """
+        if self._pending is not None:
+            self.wait_quorum()
         if self._error is not None:
             return tensor
         array = tensor if isinstance(tensor, np.ndarray) else tensor.data   # a Tensor's array
@@ -255,11 +342,12 @@ class Manager:
     def report_error(self, exc: BaseException) -> None:
         """Mark this step as failed here (it will not be committed anywhere), and abort the group so
         peers blocked in a collective with this replica fail at once instead of at their timeout."""
-        if self._error is None:
-            log.warning("ft %s: step %d failed: %s: %s", self.member, self._step, type(exc).__name__, exc)
-            self._error = exc
-            self._quorum_id = None     # the next quorum rebuilds the group
-            self._pg.abort(f"replica {self.member} failed its step: {type(exc).__name__}: {exc}")
+        with self._error_lock:
+            if self._error is None:
+                log.warning("ft %s: step %d failed: %s: %s", self.member, self._step, type(exc).__name__, exc)
+                self._error = exc
+                self._quorum_id = None     # the next quorum rebuilds the group
+                self._pg.abort(f"replica {self.member} failed its step: {type(exc).__name__}: {exc}")
 
     def errored(self) -> BaseException | None:
         """The error recorded in this step, or None."""
@@ -268,9 +356,9 @@ class Manager:
     def should_commit(self) -> bool:
         """Vote, then return the quorum's one decision: True (apply the step) only if it succeeded on
         every member. On True the step counter moves on."""
-        quorum = self._quorum
-        if quorum is None:
+        if self._quorum is None and self._pending is None:
             raise RuntimeError("Manager.should_commit() before start_quorum()")
+        quorum = self.wait_quorum()
         ok = self._error is None
         self._store.set(protocol.vote_key(quorum.round, self.member), b"1" if ok else b"0")
         decision = self._decide(quorum, ok)
@@ -304,25 +392,34 @@ class Manager:
 
     def num_participants(self) -> int:
         """Replicas in the current quorum (what ``allreduce`` divides by)."""
+        if self._pending is not None:
+            self.wait_quorum()
         return self._quorum.size if self._quorum is not None else 0
 
     def participating_rank(self) -> int:
         """This replica's index in the current quorum (its share of the data)."""
+        if self._pending is not None:
+            self.wait_quorum()
         return self._quorum.rank_of(self.member) if self._quorum is not None else 0
 
     @property
     def quorum(self) -> Quorum | None:
         """The current :class:`~neural_arch.distributed.ft.quorum.Quorum`."""
+        if self._pending is not None:
+            self.wait_quorum()
         return self._quorum
 
     def shutdown(self) -> None:
         """Leave: tell the lighthouse (it drops this replica at once), stop the heartbeat, drop the group."""
-        self._stop.set()
+        self._stop.set()                   # also ends a background wait for a quorum (see _await_answer)
         try:
             self._store.set(protocol.left_key(self.member), b"1")
         except Exception as exc:  # noqa: BLE001 - the lighthouse is gone already
             log.debug("ft %s: could not say goodbye: %s", self.member, exc)
         self._beater.join(2.0)
+        if self._pending is not None:      # a rebuild or heal under way ends within its timeout
+            self._pending.join(2 * self.timeout + 1.0)
+            self._pending = None
         self._pg.shutdown()
         self._store.close()
         self._beat_store.close()
