@@ -2,13 +2,14 @@
 bubble, pp=2 x tp=2, and
 pp=2 x dp=2 x tp=2 on 8 ranks with the zero-bubble schedule) and
 mpiexec (pp=2 interleaved, pp=4 1F1B, pp=2 x tp=2), and its ``--verify`` mode finds it equal to single-process training
-(float64, <= 1e-10). Each run is a subprocess with a hard timeout."""
+(float64, <= 1e-10). Each run is a subprocess with a hard timeout; the launcher runs are background jobs
+(``tests/background.py``: self-contained, they run beside the other tests and the test judges their output)."""
 
 import os
 import re
-import subprocess
 import sys
 
+import background
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,25 +27,33 @@ def _check(cmd, proc):
     return float(match.group(1)), proc.stdout
 
 
-def _run(cmd):
-    from neural_arch.distributed.testing import script_env
-
-    proc = subprocess.run(cmd, check=False, cwd=REPO, env=script_env(ONE_THREAD), capture_output=True, text=True,
-                          timeout=150)
-    return _check(cmd, proc)
-
-
-@pytest.mark.parametrize("flags, nproc", [
+LAUNCHER_CASES = [
     (["--pp", "2", "--dp", "2", "--schedule", "izb", "--virtual", "2", "--n-layer", "4"], 4),  # 4 stages x 2
     (["--pp", "2", "--tp", "2", "--schedule", "gpipe"], 4),
     (["--pp", "2", "--dp", "2", "--tp", "2", "--schedule", "zbh1"], 8),   # 3-D, zero bubble, oversubscribed
-], ids=["pp2xdp2-izb", "pp2xtp2", "pp2xdp2xtp2-zbh1"])
-def test_launcher_runs_and_matches_single_process(flags, nproc):
-    from neural_arch.distributed.testing import free_port
+]
 
-    cmd = [sys.executable, "-m", "neural_arch.distributed.launcher", "--nproc_per_node", str(nproc), "--master_port",
-           str(free_port()), SCRIPT, "--n-layer", "2", *flags, "--steps", "3", "--n-embd", "16", "--verify"]
-    diff, out = _run(cmd)
+
+def _job(flags, nproc: int) -> background.Job:
+    from neural_arch.distributed.testing import script_env
+
+    # --standalone: the launcher picks a free master port when the job starts, not when it is queued
+    cmd = [sys.executable, "-m", "neural_arch.distributed.launcher", "--standalone", "--nproc_per_node", str(nproc),
+           SCRIPT, "--n-layer", "2", *flags, "--steps", "3", "--n-embd", "16", "--verify"]
+    return background.Job(" ".join(cmd[3:]), cmd, cwd=REPO, env=script_env(ONE_THREAD), timeout=150)
+
+
+def background_jobs(items):
+    """The launcher runs the collected tests ask for, queued at collection."""
+    return [_job(item.callspec.params["flags"], item.callspec.params["nproc"]) for item in items
+            if item.originalname == "test_launcher_runs_and_matches_single_process"]
+
+
+@pytest.mark.parametrize("flags, nproc", LAUNCHER_CASES, ids=["pp2xdp2-izb", "pp2xtp2", "pp2xdp2xtp2-zbh1"])
+def test_launcher_runs_and_matches_single_process(flags, nproc):
+    job = background.result(_job(flags, nproc).name, lambda: _job(flags, nproc))
+    assert not job.timed_out, f"{job.name} did not finish within {job.timeout:.0f} s:\n{job.stderr[-3000:]}"
+    diff, out = _check(job.name, job)
     assert diff <= 1e-10, out[-2000:]
     assert "step    2  loss" in out
 
