@@ -53,8 +53,13 @@ def _job(nproc: int, flags) -> background.Job:
     other tests on the cycles they leave idle; the test judges its output."""
     from neural_arch.distributed.testing import script_env
 
-    return background.Job(" ".join(_command(nproc, flags)[3:]), _command(nproc, flags), cwd=REPO,
-                          env=script_env(ONE_THREAD), timeout=150)
+    return background.Job(_name(nproc, flags), _command(nproc, flags), cwd=REPO, env=script_env(ONE_THREAD),
+                          timeout=150)
+
+
+def _name(nproc: int, flags) -> str:
+    """The job's name, without building it (a Job makes its folder, which only the queue removes)."""
+    return " ".join(_command(nproc, flags)[3:])
 
 
 def background_jobs(items):
@@ -64,7 +69,7 @@ def background_jobs(items):
 
 
 def _launch(nproc: int, *flags: str) -> str:
-    job = background.result(_job(nproc, flags).name, lambda: _job(nproc, flags))
+    job = background.result(_name(nproc, flags), lambda: _job(nproc, flags))
     cmd = " ".join(job.argv)
     assert not job.timed_out, f"{cmd} did not finish within {job.timeout:.0f} s\n--- stderr ---\n{job.stderr[-3000:]}"
     assert job.returncode == 0, (f"{cmd} exited with {job.returncode}\n--- stdout ---\n"

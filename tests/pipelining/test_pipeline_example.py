@@ -37,10 +37,19 @@ LAUNCHER_CASES = [
 def _job(flags, nproc: int) -> background.Job:
     from neural_arch.distributed.testing import script_env
 
+    return background.Job(_name(flags, nproc), _command(flags, nproc), cwd=REPO, env=script_env(ONE_THREAD),
+                          timeout=150)
+
+
+def _command(flags, nproc: int) -> list[str]:
     # --standalone: the launcher picks a free master port when the job starts, not when it is queued
-    cmd = [sys.executable, "-m", "neural_arch.distributed.launcher", "--standalone", "--nproc_per_node", str(nproc),
-           SCRIPT, "--n-layer", "2", *flags, "--steps", "3", "--n-embd", "16", "--verify"]
-    return background.Job(" ".join(cmd[3:]), cmd, cwd=REPO, env=script_env(ONE_THREAD), timeout=150)
+    return [sys.executable, "-m", "neural_arch.distributed.launcher", "--standalone", "--nproc_per_node", str(nproc),
+            SCRIPT, "--n-layer", "2", *flags, "--steps", "3", "--n-embd", "16", "--verify"]
+
+
+def _name(flags, nproc: int) -> str:
+    """The job's name, without building it (a Job makes its folder, which only the queue removes)."""
+    return " ".join(_command(flags, nproc)[3:])
 
 
 def background_jobs(items):
@@ -51,7 +60,7 @@ def background_jobs(items):
 
 @pytest.mark.parametrize("flags, nproc", LAUNCHER_CASES, ids=["pp2xdp2-izb", "pp2xtp2", "pp2xdp2xtp2-zbh1"])
 def test_launcher_runs_and_matches_single_process(flags, nproc):
-    job = background.result(_job(flags, nproc).name, lambda: _job(flags, nproc))
+    job = background.result(_name(flags, nproc), lambda: _job(flags, nproc))
     assert not job.timed_out, f"{job.name} did not finish within {job.timeout:.0f} s:\n{job.stderr[-3000:]}"
     diff, out = _check(job.name, job)
     assert diff <= 1e-10, out[-2000:]
