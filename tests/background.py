@@ -2,7 +2,9 @@
 by ``tests/conftest.py``.
 
 Some tests spend most of their time in one subprocess that depends on nothing other tests do: the API
-reference's Sphinx build (``tests/docs``) and each notebook's headless run (``tests/examples``). A test
+reference's Sphinx build (``tests/docs``), each notebook's headless run (``tests/examples``), the Slurm
+scenario, and the examples' launcher runs (DDP, CNN, restart, 3-d and 5-d GPT, the strict fake cuda, the
+fault-tolerance replicas under their launchers). A test
 module declares such work by defining ``background_jobs(items)``, returning a :class:`Job` for each of its
 collected ``items`` that needs one. When collection ends, the session queues every module's jobs and one
 background threads (two) run the queue, a job each at a time, at the lowest CPU priority (nice 19): they take
