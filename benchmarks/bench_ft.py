@@ -18,6 +18,10 @@ Three measurements:
   ``--arrays K`` cuts the model and each optimizer state into K arrays (a real model's many
   tensors: the per-message cost shows), ``--repeat R`` reports the median and range of R heals,
   ``--heal-fresh`` receives into new memory instead of the live state (``Manager(heal_into=)``).
+  The heal is the first message on the group its quorum just formed; the all-reduce above is
+  measured after many steps on a warm group. Each run also times the same bytes all-reduced as
+  the first op of a fresh group of the two replicas (and once more on it): the like-for-like
+  figure, first-use costs included.
 * ``efficiency``: 3 replicas, ``--steps`` committed steps; the driver SIGKILLs a random non-first
   replica every K quorum rounds (``--every``) and starts a replacement process at once (it heals
   when it is up). Step efficiency = undisturbed wall time / disturbed wall time for the same
@@ -130,9 +134,32 @@ def worker(cfg: dict) -> dict:
            "timings": manager.timings,
            "heal_bytes": manager.heal_bytes_received,
            "allreduce_seconds": bandwidth}
+    if cfg.get("measure_allreduce"):               # the heal's run: the first replica is rank 0, the joiner 1
+        first = cfg.get("wait_for_joiner_at") is not None
+        out["fresh_allreduce"] = fresh_group_allreduce(ft, store, cfg, 3 * n, rank=0 if first else 1)
     manager.shutdown()
     store.close()
     return out
+
+
+def fresh_group_allreduce(ft, store, cfg: dict, count: int, rank: int) -> list[list[float]]:
+    """The heal's bytes (``count`` float64) all-reduced as the first op of a fresh two-rank group,
+    then again on the same group: ``[[start, end], [start, end]]`` (``time.time()``). The heal is
+    the first message on the group its quorum just formed, the measured all-reduce is not: this is
+    the like-for-like all-reduce (the kernel's and the interpreter's first-use costs included)."""
+    import numpy as np
+
+    pg = ft.ProcessGroupGloo(timeout=cfg["timeout"], transport="tcp")
+    pg.configure(store, "bench/fresh_allreduce/", rank, 2, auth_token=cfg["token"])
+    payload, times = np.ones(count), []
+    try:
+        for _ in range(2):
+            start = time.time()
+            pg.allreduce(payload)
+            times.append([start, time.time()])
+    finally:
+        pg.shutdown()
+    return times
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -217,7 +244,7 @@ def run_heal(args) -> list[dict]:
         runs = [heal_once(args, n) for _ in range(args.repeat)]
         row = {"params": n, "state_bytes": runs[0]["state_bytes"], "arrays": 3 * args.arrays,
                "heal_into": not args.heal_fresh, "runs": runs}
-        for key in ("heal_s", "allreduce_same_bytes_s", "ratio"):
+        for key in ("heal_s", "allreduce_same_bytes_s", "ratio", "fresh_group_allreduce_s", "ratio_fresh"):
             values = [r[key] for r in runs]
             row[key] = statistics.median(values)
             row[key + "_range"] = [min(values), max(values)]
@@ -244,7 +271,13 @@ def heal_once(args, n: int) -> dict:
     allreduce = statistics.median(joiner["allreduce_seconds"]) if joiner["allreduce_seconds"] else float("nan")
     got, sent = joiner["timings"], sender["timings"]
     transfer = got["loaded_at"] - max(got["recv_started_at"], sent["send_started_at"])
+
+    def fresh_group(i: int) -> float:   # all-reduce i on the fresh group, timed as the heal: later start -> end
+        spans = (joiner["fresh_allreduce"][i], sender["fresh_allreduce"][i])
+        return max(end for _start, end in spans) - max(start for start, _end in spans)
     return {"params": n, "state_bytes": nbytes, "heal_s": transfer,
+            "fresh_group_allreduce_s": fresh_group(0), "fresh_group_second_allreduce_s": fresh_group(1),
+            "ratio_fresh": transfer / fresh_group(0),
             "receiver_waited_s": got["loaded_at"] - got["recv_started_at"], "send_s": sent["send_s"],
             "configure_s": [got["configure_s"], sent["configure_s"]],
             "allreduce_same_bytes_s": allreduce, "ratio": transfer / allreduce}
@@ -354,9 +387,11 @@ def main(argv=None) -> None:
         print("\nheal from a live peer (weights + 2 optimizer arrays, float64)")
         print_table([[r["params"], r["arrays"], f"{r['state_bytes'] / 1e6:.2f}", _median_range(r, "heal_s", 1e3),
                       _median_range(r, "allreduce_same_bytes_s", 1e3), _median_range(r, "ratio", 1.0),
+                      _median_range(r, "fresh_group_allreduce_s", 1e3), _median_range(r, "ratio_fresh", 1.0),
                       f"{r['state_bytes'] / r['heal_s'] / 1e6:.0f}"] for r in rows],
                     ["params", "arrays", "state MB", "heal ms (both sides ready -> loaded)",
-                     "all-reduce same bytes ms", "heal / all-reduce", "heal MB/s (median)"])
+                     "all-reduce same bytes ms", "heal / all-reduce", "first all-reduce on a fresh group ms",
+                     "heal / fresh-group all-reduce", "heal MB/s (median)"])
     if "efficiency" in parts:
         out["efficiency"] = rows = run_efficiency(args)
         print(f"\nstep efficiency ({args.steps} committed steps, {args.compute_ms[0]:g} ms compute per step, "
