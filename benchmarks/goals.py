@@ -576,12 +576,33 @@ def pipeline_bubble(min_microbatches: int) -> Callable[[dict], Values | None]:
 
 
 def flight_recorder(data: dict) -> Values | None:
-    """bench_flight_recorder.py: the recorder's overhead on the 2-rank training step, percent."""
-    two = data.get("two_ranks_s") or {}
-    off, on = two.get("training step | off"), two.get("training step | on")
-    if not off or not on:
+    """bench_flight_recorder.py: the upper confidence bound of the recorder's paired overhead on the
+    2-rank training step, percent: by the CPU time of the thread that issues the ops, the worst rank,
+    the recorder on with the caller's file:line (the run's ``judged`` key names it).
+
+    The label carries the step time, that overhead's median and the paired wall-time figure with its
+    interval, which are shown, not judged (wall time moves by more than the recorder costs). Runs
+    from before the paired measurement (no ``paired``) are not read.
+
+    >>> run = {"step_off_s": 0.0116, "judged": "thread CPU | on",
+    ...        "paired": {"thread CPU | on": {"median_pct": 0.2, "ci_pct": [-0.1, 0.5], "confidence": 0.95},
+    ...                   "wall | on": {"median_pct": 0.3, "ci_pct": [-0.2, 0.8], "confidence": 0.95}}}
+    >>> flight_recorder(run)
+    {'11.6 ms step (thread CPU median +0.20%; wall +0.30% [-0.20%, +0.80%]), 95% upper bound': 0.5}
+    """
+    paired = data.get("paired") or {}
+    judged = data.get("judged")
+    if not judged or not data.get("step_off_s"):
         return None
-    return {f"{1e3 * off:.1f} ms step": 100.0 * (on / off - 1.0)}
+    clock, mode = judged.split(" | ")
+    cpu, wall = paired.get(judged), paired.get(f"wall | {mode}")
+    if not cpu or not wall:
+        return None
+    lo, hi = wall["ci_pct"]
+    label = (f"{1e3 * data['step_off_s']:.1f} ms step ({clock} median {cpu['median_pct']:+.2f}%; "
+             f"wall {wall['median_pct']:+.2f}% [{lo:+.2f}%, {hi:+.2f}%]), "
+             f"{round(100 * cpu['confidence'])}% upper bound")
+    return {label: cpu["ci_pct"][1]}
 
 
 def _find_rows(node, keys: tuple) -> list:
@@ -653,7 +674,8 @@ CHECKPOINT = _cmd("bench_checkpoint", "python benchmarks/bench_checkpoint.py --r
 FT = _cmd("bench_ft", "python benchmarks/bench_ft.py --json {out}", 2.0)
 PIPELINE = _cmd("bench_pipeline", "python benchmarks/bench_pipeline.py --stages 2,4 --microbatches 4,8,16 "
                 "--schedules 1f1b,zbh1,interleaved,izb,zbv --steps 5 --out {out}", 3.0)
-FLIGHT = _cmd("bench_flight_recorder", "python benchmarks/bench_flight_recorder.py --rounds 15 --out {out}", 1.0)
+FLIGHT = _cmd("bench_flight_recorder",
+              "python benchmarks/bench_flight_recorder.py --rounds 15 --cycles 800 --out {out}", 2.5)
 MOE = _cmd("bench_moe_a2a", "python benchmarks/bench_moe.py --part a2a --repeats 15 --iters 10 --json {out}", 2.0)
 
 MPI_R15 = ("bench_mpi_backend_r15_window32k_run*.json",)
@@ -754,8 +776,10 @@ GOALS: tuple = (
          (), ft_recovery(0.3), 1.0, "lower", seconds, strict=True),
     Goal("ft-heal", 34, "per-step FT: heal within 2x of the state's bytes over the all-reduce bandwidth", FT,
          (), ft_heal, 2.0, "lower", ratio),
-    Goal("flight-recorder", 34, "flight recorder overhead < 1% at a ~10 ms training step (2 ranks)", FLIGHT,
-         ("bench_flight_recorder.json",), flight_recorder, 1.0, "lower", pct, strict=True),
+    Goal("flight-recorder", 34, "flight recorder overhead < 1% at a ~10 ms training step (2 ranks; judged: the "
+         "upper 95% bound of the paired overhead in the issuing thread's CPU time, the recorder as shipped (on, "
+         "the caller's file:line opt-in and off), worst rank)", FLIGHT, ("bench_flight_recorder.json",), flight_recorder, 1.0, "lower",
+         lambda v: f"{v:+.2f}%", strict=True),
     Goal("pipeline-bubble", 13, "measured pipeline bubble within 0.05 of theory at m >= 4 (worst p per schedule)",
          PIPELINE, ("bench_pipeline.json", "bench_pipeline_izb.json"), pipeline_bubble(4), 0.05, "lower", plain),
     Goal("moe-all-to-all", 31, "MoE token all-to-all busbw >= 1.0x MPICH Alltoallv (2 ranks)", MOE,
