@@ -20,13 +20,15 @@ Example::
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 
 import numpy as np
 
 from neural_arch import backend as _backend
 from neural_arch.core import device_kernels
-from neural_arch.core.thread_pool import parallel_chunks
+from neural_arch.core.thread_pool import parallel_chunks, splits
 from neural_arch.optim._multi_tensor import run_group
 from neural_arch.optim.optimizer import Optimizer
 
@@ -96,7 +98,9 @@ class Adam(Optimizer):
             pairs = list(self._params_with_grad(group))
             # the flat path casts gradients to the parameters' dtype: only where that changes nothing
             if all(type(p.data) is np.ndarray and getattr(g, "dtype", None) == p.data.dtype for p, g in pairs):
-                run_group(self, gi, group, names, init, self._update)
+                pending = _PooledUpdates()
+                run_group(self, gi, group, names, init, functools.partial(self._update, pending=pending))
+                pending.run()
                 continue
             for p, g in pairs:  # device arrays, or gradients of another dtype: one tensor at a time
                 state = self.state.setdefault(p, {})
@@ -106,9 +110,11 @@ class Adam(Optimizer):
                 self._update(p.data, g, state, state["step"], None, group)
         return loss
 
-    def _update(self, d, g, st, t, seg, group):
+    def _update(self, d, g, st, t, seg, group, pending=None):
         """Adam's update of ``d`` (in place) and its state ``st`` at step ``t``; ``seg`` unused
-        (elementwise: a flat vector of many tensors updates like each tensor alone)."""
+        (elementwise: a flat vector of many tensors updates like each tensor alone). A contiguous
+        NumPy tensor too small for the thread pool on its own joins ``pending`` (a
+        :class:`_PooledUpdates`, run by the caller) instead of being updated inline."""
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
         wd, amsgrad = group["weight_decay"], group["amsgrad"]
         bias1 = 1 - beta1**t
@@ -125,17 +131,76 @@ class Adam(Optimizer):
             fd, fg, fm, fv = (a.reshape(-1) for a in (d, g, m, v))
             fvmax = None if vmax is None else vmax.reshape(-1)
 
+            # only a tensor updated in place: a multi-tensor flat vector is copied back right after
+            if pending is not None and getattr(seg, "single", False) and not splits(_ADAM_PASSES * fd.size):
+                pending.add((fd, fg, fm, fv, fvmax), scalars)
+                return
+
             def chunk(lo, hi):
                 _adam_kernel(np, fd[lo:hi], fg[lo:hi], fm[lo:hi], fv[lo:hi],
                              None if fvmax is None else fvmax[lo:hi], *scalars)
 
-            parallel_chunks(fd.size, chunk, work=14 * fd.size)
+            parallel_chunks(fd.size, chunk, work=_ADAM_PASSES * fd.size)
             return
         xp = _backend.get_array_module(d)
         if xp is not np and device_kernels.applies(*arrays, same_shape=True):
             device_kernels.adam_step(xp, d, g, m, v, vmax, *scalars)  # one kernel on a device
             return
         _adam_kernel(xp, d, g, m, v, vmax, *scalars)
+
+
+#: passes :func:`_adam_kernel` makes over its arrays: its work for the thread pool's size threshold
+_ADAM_PASSES = 14
+
+
+class _PooledUpdates:
+    """Per-tensor updates of NumPy tensors each too small for the thread pool, run as one pooled
+    job over their concatenated elements (the multi-tensor path leaves tensors above its size
+    limit to one update each; a GPT's MLP weights are such tensors, and one at a time they keep
+    the second core idle). Each element gets exactly the arithmetic of its tensor's own update, so
+    the results are bit-identical for any thread count.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.optim.adam import _PooledUpdates
+        >>> d, g, m, v = (np.ones(3) for _ in range(4))
+        >>> pending = _PooledUpdates()
+        >>> pending.add((d, g, m, v, None), (0.9, 0.999, 1e-8, 0.1, 1.0, None, None))
+        >>> pending.run()
+        >>> d.round(4).tolist()
+        [0.9, 0.9, 0.9]
+    """
+
+    __slots__ = ("jobs", "starts")
+
+    def __init__(self):
+        self.jobs, self.starts = [], [0]
+
+    def add(self, arrays, scalars) -> None:
+        """Queue the update of flat contiguous ``arrays`` ``(d, g, m, v, vmax or None)``."""
+        self.jobs.append((arrays, scalars))
+        self.starts.append(self.starts[-1] + arrays[0].size)
+
+    def run(self) -> None:
+        """Apply every queued update (split over the thread pool when large enough together)."""
+        if not self.jobs:
+            return
+        starts, jobs = self.starts, self.jobs
+
+        def chunk(lo, hi):
+            # the tensors overlapping [lo, hi), each on its own part of the range
+            for i in range(bisect.bisect_right(starts, lo) - 1, len(jobs)):
+                s0 = starts[i]
+                if s0 >= hi:
+                    break
+                a, b = max(lo, s0) - s0, min(hi, starts[i + 1]) - s0
+                (fd, fg, fm, fv, fvmax), scalars = jobs[i]
+                _adam_kernel(np, fd[a:b], fg[a:b], fm[a:b], fv[a:b],
+                             None if fvmax is None else fvmax[a:b], *scalars)
+
+        parallel_chunks(starts[-1], chunk, work=_ADAM_PASSES * starts[-1])
+        self.jobs, self.starts = [], [0]
 
 
 def _adam_kernel(xp, d, g, m, v, vmax, beta1, beta2, eps, step_size, sqrt_bias2, decay, l2):
