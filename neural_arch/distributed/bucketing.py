@@ -112,6 +112,29 @@ def queue_outermost_callback(fn: Callable[[], None]) -> None:
     stack[0].append(fn)
 
 
+def reduce_once_after_backward(owner, watched) -> list:
+    """Hooks that queue ``owner.reduce`` once, at the end of the outermost backward, from a
+    post-accumulate-grad hook on each parameter of ``watched`` that requires a gradient; ``owner.pending``
+    (a bool the owner's ``reduce`` clears) marks it queued. Returns the handles (``h.remove()`` detaches).
+    The end-of-backward reducers of expert parameters (DDP/ZeRO's and FSDP's) share it.
+
+    Example::
+
+        handles = reduce_once_after_backward(reducer, replicated_params)   # reducer.reduce() once per backward
+    """
+    def hook(_param) -> None:
+        if not owner.pending:
+            owner.pending = True
+            queue_outermost_callback(owner.reduce)
+
+    handles, seen = [], set()
+    for p in watched:
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            handles.append(p.register_post_accumulate_grad_hook(hook))
+    return handles
+
+
 class Bucket:
     """One gradient bucket: its parameters laid end to end in a flat array (a view per
     parameter), how many of their gradients are still pending in this backward, and the

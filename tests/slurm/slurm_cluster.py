@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -75,16 +76,41 @@ def resolvable_node_names() -> tuple[str, ...]:
 
 
 def free_ports(n: int) -> list[int]:
-    socks = []
+    """``n`` distinct ports, each free a moment ago together with the port after it (the launcher's node
+    agent listens on MASTER_PORT + 1), chosen *below* the kernel's ephemeral range.
+
+    A Slurm job binds its port seconds after the scenario picks it; a port from ``bind(0)`` lies in the
+    ephemeral range, where any other process's ``bind(0)`` or outgoing connection may take it meanwhile
+    (a 5-d launcher run beside the scenario once did). Nothing gets a port below that range unless it
+    asks for it by number.
+    """
+    low = _ephemeral_low()
+    rng = random.Random()
+    found: list[int] = []
+    while len(found) < n:
+        port = rng.randrange(max(1024, low - 12000), low - 2)
+        if port in found or port + 1 in found or port - 1 in found:
+            continue
+        if all(_bindable(p) for p in (port, port + 1)):
+            found.append(port)
+    return found
+
+
+def _ephemeral_low() -> int:
     try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class SlurmCluster:
@@ -167,7 +193,7 @@ class SlurmCluster:
             self._procs[key] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                                 env=self.env(), start_new_session=True, cwd=self.base_dir)
 
-    def start(self) -> "SlurmCluster":
+    def start(self) -> SlurmCluster:
         """Write the configuration, start the daemons in the foreground (as our children), wait until
         every node is idle. On any failure everything started is stopped and the error says what the
         daemons logged."""
@@ -260,7 +286,7 @@ class SlurmCluster:
         if remove:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
-    def __enter__(self) -> "SlurmCluster":
+    def __enter__(self) -> SlurmCluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -119,23 +119,9 @@ class ExpertGradReducer:
             sharded = ShardedGradReducer(buckets, group, on_shard)      # its hooks first
             handles = reducer.reduce_after_backward(replicated_params)
         """
-        from neural_arch.distributed.bucketing import queue_outermost_callback
+        from neural_arch.distributed.bucketing import reduce_once_after_backward
 
-        if not self.params:
-            return []
-
-        def hook(_param) -> None:
-            if not self.pending:
-                self.pending = True
-                queue_outermost_callback(self.reduce)
-
-        seen: set = set()
-        handles = []
-        for p in watched:
-            if p.requires_grad and id(p) not in seen:
-                seen.add(id(p))
-                handles.append(p.register_post_accumulate_grad_hook(hook))
-        return handles
+        return reduce_once_after_backward(self, watched) if self.params else []
 
     def reduce(self) -> None:
         """Sum over each expert-data-parallel group, divide by DDP's group size (in place on ``.grad``)."""

@@ -88,22 +88,9 @@ class ExpertShardReducer:
         """Queue :meth:`reduce` at the end of the outermost backward, from a post-accumulate-grad
         hook on each of ``watched`` (register after FSDP's own reducer: its callback runs first on
         every rank, so the groups' collectives come in the same order everywhere). Returns the handles."""
-        from neural_arch.distributed.bucketing import queue_outermost_callback
+        from neural_arch.distributed.bucketing import reduce_once_after_backward
 
-        if not self.units:
-            return []
-
-        def hook(_param) -> None:
-            if not self.pending:
-                self.pending = True
-                queue_outermost_callback(self.reduce)
-
-        handles, seen = [], set()
-        for p in watched:
-            if p.requires_grad and id(p) not in seen:
-                seen.add(id(p))
-                handles.append(p.register_post_accumulate_grad_hook(hook))
-        return handles
+        return reduce_once_after_backward(self, watched) if self.units else []
 
     def reduce(self) -> None:
         """Each unit's flat gradient reduce-scattered (summed) over its edp group, divided by the
