@@ -20,16 +20,23 @@ STARTED = "test/started"
 SPARE_READY = "test/spare_registered"     # the spare's Manager is up: replica 0 waits for it, so it joins
 
 
-def setup(seed: int = 0):
-    """A tiny float64 MLP, its data and an Adam optimizer (the same on every replica for seed 0)."""
-    from neural_arch import nn, optim
+def model_and_data(seed: int = 0, samples: int = N):
+    """A tiny float64 MLP (the same on every replica for seed 0) and ``samples`` rows of its data."""
+    from neural_arch import nn
 
     rng = np.random.default_rng(seed)
     model = nn.Sequential(nn.Linear(3, 4, dtype=np.float64), nn.Tanh(), nn.Linear(4, 2, dtype=np.float64))
     for p in model.parameters():
         p.data[...] = rng.normal(size=p.data.shape)
     data = np.random.default_rng(100)
-    X, Y = data.normal(size=(N, 3)), data.normal(size=(N, 2))
+    return model, data.normal(size=(samples, 3)), data.normal(size=(samples, 2))
+
+
+def setup(seed: int = 0):
+    """:func:`model_and_data` and an Adam optimizer."""
+    from neural_arch import optim
+
+    model, X, Y = model_and_data(seed)
     return model, optim.Adam(model.parameters(), lr=0.05), X, Y
 
 

@@ -32,6 +32,7 @@ import os
 import signal
 import time
 
+import ft_rank_fns
 import numpy as np
 
 STRATEGIES = ("zero2", "fully_shard", "tp")
@@ -43,15 +44,8 @@ SPARE_READY = "sharded/spare_registered"      # counted up by each of the spare'
 
 
 def setup(seed: int = 0):
-    """A tiny float64 MLP, its data (the same on every replica for seed 0)."""
-    from neural_arch import nn
-
-    rng = np.random.default_rng(seed)
-    model = nn.Sequential(nn.Linear(3, 4, dtype=np.float64), nn.Tanh(), nn.Linear(4, 2, dtype=np.float64))
-    for p in model.parameters():
-        p.data[...] = rng.normal(size=p.data.shape)
-    data = np.random.default_rng(100)
-    return model, data.normal(size=(N, 3)), data.normal(size=(N, 2))
+    """The DDP proof's tiny float64 MLP and ``N`` rows of its data (the same on every replica for seed 0)."""
+    return ft_rank_fns.model_and_data(seed, N)
 
 
 def global_batch(epoch: int, processed: int, size: int) -> np.ndarray:

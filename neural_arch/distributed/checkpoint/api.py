@@ -400,7 +400,6 @@ def async_save(state_dict, checkpoint_id, process_group=None, *, extra: dict | N
         optimizer.step()
         response.upload_completion.result()
     """
-    global _pending
     _wait_previous()
     if async_stager is not None:
         return _async_save_with_stager(state_dict, checkpoint_id, process_group, extra, async_stager)
@@ -415,13 +414,24 @@ def async_save(state_dict, checkpoint_id, process_group=None, *, extra: dict | N
     with _pending_lock:
         _staging.clear()
         _staging.update(staged)
-    future: Future = Future()
     timeout = _commit_timeout()
+
+    def write():
+        _write_mine(directory, rank, uid, tensors)
+        return _commit(directory, uid, world, entries, objects, extra, timeout) if rank == 0 else None
+
+    return _start_write(write)
+
+
+def _start_write(write) -> Future:
+    """Run ``write()`` on the writer thread as the pending save; its result or error goes to the
+    returned future (the next save waits for it: ``_wait_previous``)."""
+    global _pending
+    future: Future = Future()
 
     def work():
         try:
-            _write_mine(directory, rank, uid, tensors)
-            meta = _commit(directory, uid, world, entries, objects, extra, timeout) if rank == 0 else None
+            meta = write()
         except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
             future.set_exception(exc)
         else:
@@ -441,7 +451,6 @@ def _async_save_with_stager(state_dict, checkpoint_id, process_group, extra, sta
     rank 0 compares them before it commits. Under asynchronous staging the CRCs are computed in the
     writer thread while the stager copies, and staging completes only when both are done (the
     live arrays are read until then)."""
-    global _pending
     directory, _pg, rank, world, uid, arrays, entries, owners, objects, replicas = _prepare(
         state_dict, checkpoint_id, process_group, defer_replica_check=True)
     names, crcs = replicas if replicas is not None else (None, None)
@@ -452,35 +461,27 @@ def _async_save_with_stager(state_dict, checkpoint_id, process_group, extra, sta
     crc_now = crcs() if crcs is not None and not asynchronous else None
     staging: Future = Future()   # asynchronous staging: the copy and the replica CRCs are done
     staging_completion = _guard_until_staged(staging, arrays) if asynchronous else None
-    upload: Future = Future()
     timeout = _commit_timeout()
 
-    def work():
-        try:
-            if asynchronous:
-                try:
-                    replica_crcs = crcs() if crcs is not None else None
-                    tensors = staged.result()
-                except BaseException as exc:  # the staging failed: both futures say so
-                    staging.set_exception(exc)
-                    raise
-                staging.set_result(None)
-            else:
-                tensors, replica_crcs = staged, crc_now
-            missing = [name for name in chunks if name not in tensors]
-            if missing:
-                raise CheckpointError(f"async_save: the stager {type(stager).__name__} returned no copy of the "
-                                      f"chunks {missing[:5]}; stage() must return every chunk it was given")
-            _write_mine(directory, rank, uid, {name: tensors[name] for name in chunks}, replica_crcs)
-            meta = _commit(directory, uid, world, entries, objects, extra, timeout, names) if rank == 0 else None
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
-            upload.set_exception(exc)
+    def write():
+        if asynchronous:
+            try:
+                replica_crcs = crcs() if crcs is not None else None
+                tensors = staged.result()
+            except BaseException as exc:  # the staging failed: both futures say so
+                staging.set_exception(exc)
+                raise
+            staging.set_result(None)
         else:
-            upload.set_result(meta)
+            tensors, replica_crcs = staged, crc_now
+        missing = [name for name in chunks if name not in tensors]
+        if missing:
+            raise CheckpointError(f"async_save: the stager {type(stager).__name__} returned no copy of the "
+                                  f"chunks {missing[:5]}; stage() must return every chunk it was given")
+        _write_mine(directory, rank, uid, {name: tensors[name] for name in chunks}, replica_crcs)
+        return _commit(directory, uid, world, entries, objects, extra, timeout, names) if rank == 0 else None
 
-    with _pending_lock:
-        _pending = upload
-    _writer_submit(work)
+    upload = _start_write(write)
     if not asynchronous:
         if stager.should_synchronize_after_execute:
             stager.synchronize_staging()
