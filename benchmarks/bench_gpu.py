@@ -148,7 +148,10 @@ def _parse_batches(text: str) -> list:
 
 
 def _environment():
-    env = {"python": platform.python_version(), "numpy": np.__version__, "host": platform.node()}
+    from common import _commit
+
+    env = {"python": platform.python_version(), "numpy": np.__version__, "host": platform.node(),
+           "commit": _commit(), "load_average": os.getloadavg()}
     try:
         import cupy as cp
         env["cupy"] = cp.__version__

@@ -193,7 +193,8 @@ def _commit() -> str:
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError) as exc:
-        return f"unknown ({exc})"
+        # a copy of the work tree without .git (a lent GPU machine): whoever copied it names the commit
+        return os.environ.get("BENCH_COMMIT") or f"unknown ({exc})"
     return head + ("+dirty" if dirty else "")
 
 

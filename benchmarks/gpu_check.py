@@ -6,7 +6,10 @@ each step under its own time limit (the whole check fits in 8 minutes):
 1. ``env``        -- the GPU, the driver, CuPy and NCCL as the backend sees them (``missing_requirement``);
 2. ``pytest-gpu`` -- ``pytest -m gpu`` (CuPy ops, the NCCL backend, device dispatch, and the NCCL
    backend's native uneven all-to-all, ``tests/gpu/test_nccl_alltoallv_gpu.py``: the hook for one rank on
-   the device; with 2+ GPUs, 2-4 ranks against NumPy, counting that NCCL moved only the real rows);
+   the device; with 2+ GPUs, 2-4 ranks against NumPy, counting that NCCL moved only the real rows; and the
+   strict-device parallelism cases -- ZeRO, FSDP, TP, 1F1B -- on two gloo ranks with real CuPy arrays,
+   ``tests/gpu/test_parallel_on_gpu.py``); ``nccl-fake-peers`` -- the NCCL backend's tests against fake peers
+   (``tests/gpu/test_nccl_nogpu.py``) with the real CuPy and libnccl;
    ``device-kernels`` -- every kernel of ``neural_arch.core.device_kernels`` compiled by CuPy and checked,
    float32 and float64, against its unfused NumPy formula and against its own source evaluated on the
    host (``--check-kernels``: a table of the largest differences);
@@ -44,8 +47,11 @@ GPT = ["examples/train_gpt_ddp.py", "--steps", "30", "--device", "cuda"]
 
 #: name -> (command, time limit in seconds): the plan, printable with --plan
 STEPS: dict[str, tuple[list[str], int]] = {
-    "pytest-gpu": ([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"], 200),
-    "device-kernels": ([sys.executable, "benchmarks/gpu_check.py", "--check-kernels"], 60),
+    "pytest-gpu": ([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"], 160),
+    # the NCCL backend's peer logic against fake peers, here with the real CuPy and libnccl it imports
+    "nccl-fake-peers": ([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                         "tests/gpu/test_nccl_nogpu.py"], 60),
+    "device-kernels": ([sys.executable, "benchmarks/gpu_check.py", "--check-kernels"], 30),
     "bench-gpu": ([sys.executable, "benchmarks/bench_gpu.py", "--batches", "256,4096", "--steps", "20",
                    "--repeats", "3", "--out", "benchmarks/results/bench_gpu.json"], 60),
     "digits-nccl-1": ([*LAUNCH, "--nproc_per_node", "1", "--backend", "nccl", *DIGITS], 40),
@@ -132,7 +138,7 @@ def check_device_kernels() -> int:
     return 1 if failed else 0
 
 
-def run_step(name: str, command: list[str], limit: int) -> dict:
+def run_step(name: str, command: list[str], limit: int, log_dir: str = "") -> dict:
     start = time.monotonic()
     try:
         proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=limit,
@@ -143,6 +149,10 @@ def run_step(name: str, command: list[str], limit: int) -> dict:
         out = f"{(exc.stdout or b'').decode(errors='replace') if isinstance(exc.stdout, bytes) else exc.stdout or ''}"
         out += f"\n[gpu_check] {name} passed its {limit} s limit"
     wall = time.monotonic() - start
+    if log_dir:
+        os.makedirs(log_dir, exist_ok=True)
+        with open(os.path.join(log_dir, f"{name}.log"), "w") as f:
+            f.write(out)
     status = "passed" if code == 0 else "failed"
     print(f"{name:<15} {status:<7} {wall:7.1f} s   exit {code}", flush=True)
     return {"step": name, "command": command, "status": status, "exit": code, "wall_s": round(wall, 2),
@@ -155,6 +165,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help=f"comma-separated subset of {sorted(STEPS)}")
     parser.add_argument("--plan", action="store_true", help="print the steps and their limits, run nothing")
     parser.add_argument("--require-gpu", action="store_true", help="exit 1 when there is no usable GPU")
+    parser.add_argument("--log-dir", default="", help="also write each step's whole output to DIR/<step>.log")
     parser.add_argument("--check-kernels", action="store_true",
                         help="only compile and check the device kernels (the device-kernels step)")
     args = parser.parse_args(argv)
@@ -180,14 +191,20 @@ def main(argv=None) -> int:
             summary["steps"].append({"step": name, "status": "skipped", "reason": f"no GPU: {missing}"})
             print(f"{name:<15} skipped (no GPU: {missing})")
             continue
-        summary["steps"].append(run_step(name, *STEPS[name]))
+        summary["steps"].append(run_step(name, *STEPS[name], log_dir=args.log_dir))
+        _write(summary, args.out)  # after every step: a check cut off by its caller still leaves its record
     failed = [s["step"] for s in summary["steps"] if s["status"] == "failed"]
     summary["result"] = "no GPU" if missing else ("failed: " + ", ".join(failed) if failed else "passed")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(summary, f, indent=1)
+    _write(summary, args.out)
     print(f"gpu_check: {summary['result']}  ->  {args.out}")
     return 1 if failed or (missing and args.require_gpu) else 0
+
+
+def _write(summary: dict, path: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(summary, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def _commit() -> str:

@@ -23,7 +23,7 @@ Example (on a GPU machine)::
 
     graphed = make_graphed_step(step)         # warm-up runs + capture (runs the step 4 times)
     for x, y in batches:
-        static_x.data[...] = x; static_y.data[...] = y    # copy into the captured buffers
+        static_x.data[...] = cupy.asarray(x); static_y.data[...] = cupy.asarray(y)   # refill in place
         loss = graphed()                      # one launch; `loss` is the same static tensor
 
 What a replay does *not* redo: Python. Anything decided on the host at capture time is frozen:
@@ -93,7 +93,8 @@ def make_graphed_step(step_fn, warmup: int = 3) -> GraphedStep:
             return loss
         graphed = make_graphed_step(step)          # needs CuPy and a GPU
         for x, y in batches:
-            x_static.data[...] = x; y_static.data[...] = y   # refill the captured inputs in place
+            x_static.data[...] = cupy.asarray(x)   # refill the captured inputs in place (CuPy refuses
+            y_static.data[...] = cupy.asarray(y)   # a host array here: move it to the device first)
             graphed()                                 # replays every kernel of the step
     """
     if not callable(step_fn):

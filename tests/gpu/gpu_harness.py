@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,7 +19,6 @@ def gpu_skip_reason():
     from neural_arch.backend import gpu_unavailable_reason
 
     return gpu_unavailable_reason()
-
 
 
 def free_port() -> int:
@@ -36,6 +36,13 @@ def spawn(scenario: str, world: int, ranks=None, device=None, timeout: float = 2
     ranks = list(range(world)) if ranks is None else list(ranks)
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="na-nccl-")
+    try:
+        return _run_ranks(scenario, world, ranks, device, timeout, env, port, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the leak check fails a run that leaves it behind
+
+
+def _run_ranks(scenario, world, ranks, device, timeout, env, port, tmp):
     procs = {}
     for r in ranks:
         e = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
@@ -46,15 +53,18 @@ def spawn(scenario: str, world: int, ranks=None, device=None, timeout: float = 2
         procs[r] = (subprocess.Popen([sys.executable, WORKER, scenario], env=e, stdout=log, stderr=subprocess.STDOUT),
                     log)
     deadline = time.monotonic() + timeout
-    for r, (p, log) in procs.items():
-        try:
-            p.wait(max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            for q, _ in procs.values():
-                if q.poll() is None:
-                    q.kill()
+    try:
+        for p, _ in procs.values():
+            try:
+                p.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                break
+    finally:  # a timeout or an error here: no rank outlives the call
+        for p, log in procs.values():
+            if p.poll() is None:
+                p.kill()
             p.wait(10)
-        log.close()
+            log.close()
     results = []
     for r in ranks:
         path = os.path.join(tmp, f"{r}.json")
@@ -72,6 +82,8 @@ def duplicate_gpu_refusal(results):
     """NCCL's message when several ranks share one GPU (it refuses: 'Duplicate GPU detected')."""
     for res in results:
         err = str(res.get("error", ""))
-        if not res.get("ok") and ("Duplicate GPU" in err or "invalid usage" in err.lower()):
+        # NCCL's own words, or ours: the NCCL backend refuses a shared GPU before NCCL is asked
+        if not res.get("ok") and ("Duplicate GPU" in err or "invalid usage" in err.lower()
+                                  or "NCCL needs one GPU per process" in err):
             return err[:300]
     return None

@@ -457,6 +457,11 @@ class FakeArray:
         idx = _convert_index(idx, "index assignment")
         if type(value) is FakeArray:
             value = value._a
+        elif isinstance(value, np.ndarray) and value.ndim:
+            # CuPy refuses this (``x[...] = host_array`` raises "non-scalar numpy.ndarray cannot be used
+            # for fill"): the value must be moved to the device explicitly first
+            raise TypeError("index assignment of a non-scalar host numpy.ndarray into a device array: "
+                            "convert it with xp.asarray(value) first (CuPy raises here)")
         elif isinstance(value, np.ndarray):
             _event("from_host", "index assignment of a host array")
         elif isinstance(value, (list, tuple)):

@@ -21,6 +21,9 @@ import sys
 import numpy as np
 
 DEVICE = "fake"
+#: ``"cuda"``: run the same cases on a real GPU with CuPy (``tests/gpu/test_parallel_on_gpu.py``): no fake
+#: device, nothing counted; only the equality with NumPy and where the arrays live are checked
+REAL_DEVICE = os.environ.get("STRICT_FNS_REAL_DEVICE", "")
 _COMM = os.sep + os.path.join("neural_arch", "distributed", "comm") + os.sep
 
 
@@ -74,10 +77,18 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float(np.max(np.abs(_host(a[k]) - _host(b[k])))) if np.size(_host(a[k])) else 0.0 for k in a)
 
 
-def _on_device(params) -> bool:
+def _is_device_array(a) -> bool:
+    if REAL_DEVICE:
+        import cupy
+
+        return isinstance(a, cupy.ndarray)
     import fake_device as fd
 
-    return all(type(p.data) is fd.FakeArray for p in params)
+    return type(a) is fd.FakeArray
+
+
+def _on_device(params) -> bool:
+    return all(_is_device_array(p.data) for p in params)
 
 
 def _dev(x, device):
@@ -96,6 +107,13 @@ def _case(run):
     import fake_device as fd
 
     ref = run(None, contextlib.nullcontext)
+    if REAL_DEVICE:
+        @contextlib.contextmanager
+        def nothing_counted():
+            yield _Recorder()
+
+        got, on_device = run(REAL_DEVICE, nothing_counted)
+        return {"diff": _max_diff(got, ref[0]), "on_device": on_device, "outside": [], "staged": 0}
     fd.install(DEVICE)
     try:
         recs = []
@@ -242,8 +260,6 @@ def zero_run(stage: int, steps: int = 2):
 def fsdp_run(clip: bool = False, strategy: str = "FULL_SHARD", steps: int = 2):
     """``FSDP`` (every Linear a unit) + Adam (+ ``fsdp.clip_grad_norm_`` if ``clip``). Also returns
     ``host_params``: the FSDP parameters that are not on the device (name, shape, dtype)."""
-    import fake_device as fd
-
     import neural_arch.nn.functional as F
     from neural_arch import nn, optim
     from neural_arch.core.tensor import Tensor
@@ -264,7 +280,7 @@ def fsdp_run(clip: bool = False, strategy: str = "FULL_SHARD", steps: int = 2):
                 opt.step()
                 opt.zero_grad()
         host_params.extend((n, tuple(p.shape), str(p.dtype)) for n, p in fsdp.named_parameters()
-                           if device and type(p.data) is not fd.FakeArray)
+                           if device and not _is_device_array(p.data))
         return dict(fsdp.named_parameters()), _on_device(p for p in fsdp.parameters() if _holds_elements(p))
 
     host_params: list = []

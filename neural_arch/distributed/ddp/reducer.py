@@ -220,7 +220,8 @@ class Reducer:
         self.observer.bucket_launched(bucket.index)
         grad_bucket = self.grad_buckets[bucket.index]
         if bucket.tail.size and self._piggyback():
-            bucket.tail[...] = self._control_flags()  # counts are not scaled: the wire is SUM-reduced
+            # counts are not scaled: the wire is SUM-reduced; the flags live on the host, the tail may not
+            bucket.tail[...] = self.xp.asarray(self._control_flags(), dtype=bucket.tail.dtype)
             grad_bucket = self.wire_buckets[bucket.index]
         if inline and self.hook.supports_inline:
             bucket.work = self.hook(self.hook_state, grad_bucket, async_op=False)

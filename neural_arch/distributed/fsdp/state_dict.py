@@ -206,7 +206,7 @@ class FSDPStateDicts:
             u.flat_param.data[...] = _backend.to_device(flat[lo:hi], _backend.device_of(u.flat_param.data))
         for key, b in self._buffers():
             if key in state_dict:
-                b.data[...] = np.asarray(state_dict[key])
+                b.data[...] = _backend.to_device(np.asarray(state_dict[key]), _backend.device_of(b.data))
         return
 
     def _load_experts(self, state_dict, strict: bool) -> None:
