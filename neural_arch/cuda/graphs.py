@@ -30,7 +30,12 @@ What a replay does *not* redo: Python. Anything decided on the host at capture t
 the learning rate and Adam's step count ``t`` (its bias correction is a Python float), the
 shapes, the branches, the random numbers of dropout. Use SGD with a constant rate inside the
 graph (or run the optimizer outside it), fixed shapes, and refresh inputs by copying into the
-static buffers. **Not yet run on a GPU** (see docs/gpu.md, "To run on a GPU").
+static buffers.
+
+On CuPy (14.2 on an H200, 2026-11-28) a step with a matrix product cannot be captured: CuPy refuses
+cuBLAS calls during stream capture (cupy/cupy#6290) and ``make_graphed_step`` raises a
+``RuntimeError`` that says so. Elementwise work, reductions and CuPy's fused kernels -- an optimizer
+step, say -- capture and replay (``tests/gpu/test_cuda_on_gpu.py``).
 """
 
 from __future__ import annotations
@@ -112,6 +117,14 @@ def make_graphed_step(step_fn, warmup: int = 3) -> GraphedStep:
         stream.begin_capture()
         try:
             output = step_fn()
+        except NotImplementedError as exc:
+            # CuPy refuses library calls (cuBLAS: every matrix product) while a stream captures
+            # (cupy/cupy#6290); say what that means for the caller instead of CuPy's internals
+            raise RuntimeError(
+                f"make_graphed_step: CuPy {cp.__version__} cannot capture this step ({exc}): CuPy refuses "
+                "cuBLAS calls, so any matrix product (Linear, attention), during stream capture "
+                "(cupy/cupy#6290). Run the step eagerly, or capture only the part without matrix products "
+                "(e.g. the optimizer step)") from exc
         finally:
             graph = stream.end_capture()
     return GraphedStep(cp, graph, stream, pool, output)
