@@ -20,6 +20,7 @@ Usage::
     python benchmarks/bench_core.py --gpt                 # the GPT step vs torch, 1 and 2 threads,
                                                           # per-op profile, JSON + .txt + .png
     PYTHONPATH=/path/to/torch python benchmarks/bench_core.py --gpt --malloc-tuned
+    python benchmarks/bench_core.py --gpt-elementwise     # the GPT's elementwise kernels: NumPy vs numexpr
     git worktree add /tmp/base HEAD && python benchmarks/bench_core.py --gpt --baseline-tree /tmp/base
                                                           # before/after (+ torch), interleaved
 
@@ -611,6 +612,164 @@ def gpt_main(args) -> dict:
     return payload
 
 
+# ---------------------------------------------------------------------------- GPT elementwise: NumPy vs numexpr
+def _best_and_median_ms(fn, repeat: int) -> tuple[float, float]:
+    """(min, median) wall ms of ``fn()`` over ``repeat`` calls after 3 warm-up calls. The minimum is the
+    figure to compare on a shared machine: other jobs only ever add time."""
+    import statistics
+
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times) * 1e3, statistics.median(times) * 1e3
+
+
+def gpt_elementwise_worker(threads: int, repeat: int) -> dict:
+    """Each elementwise kernel of the gpt128 step (float32, the step's shapes): the core's NumPy form
+    against the same arithmetic as numexpr expressions (one pass over cache-sized blocks, numexpr's own
+    threads set to ``threads``). Reductions stay NumPy on both sides; erf is the core's Abramowitz &
+    Stegun 7.1.26 polynomial written into the expression (numexpr has no erf)."""
+    import math
+
+    import numexpr as ne
+    import numpy as np
+
+    import neural_arch.nn.functional as F
+    from neural_arch import optim
+    from neural_arch.core.tensor import Tensor
+    from neural_arch.nn.parameter import Parameter
+
+    ne.set_num_threads(threads)
+    f32 = np.float32
+    cfg = GPT_CONFIGS["gpt128"]
+    rows_, width, heads, block, vocab = cfg["batch"] * cfg["block"], cfg["n_embd"], cfg["n_head"], cfg["block"], \
+        cfg["vocab"]
+    rng = np.random.default_rng(0)
+    x_mlp = (2 * rng.standard_normal((rows_, 4 * width))).astype(f32)         # GELU's input
+    g_mlp = rng.standard_normal(x_mlp.shape).astype(f32)
+    x_ln = rng.standard_normal((rows_, width)).astype(f32)                    # a layer norm's rows
+    w_ln, b_ln = rng.standard_normal(width).astype(f32), rng.standard_normal(width).astype(f32)
+    scores = rng.standard_normal((cfg["batch"], heads, block, block)).astype(f32)
+    logits = rng.standard_normal((rows_, vocab)).astype(f32)
+    target = rng.integers(0, vocab, rows_)
+    n_params = cfg["n_layer"] * (12 * width * width + 13 * width) + (vocab + block) * width + 2 * width
+
+    c = {"p": f32(0.3275911 / math.sqrt(2)), "h": f32(0.5), "mh": f32(-0.5), "one": f32(1.0),
+         "k": f32(1 / math.sqrt(2 * math.pi))}
+    c.update({f"a{i}": f32(0.5 * a) for i, a in enumerate((0.254829592, -0.284496736, 1.421413741, -1.453152027,
+                                                             1.061405429))})
+    out_mlp, d_mlp = np.empty_like(x_mlp), np.empty_like(x_mlp)
+    poly = "tt * (a0 + tt * (a1 + tt * (a2 + tt * (a3 + tt * a4))))"
+
+    def ne_gelu():   # numexpr does not share subexpressions: t and Phi are materialised once each
+        ne.evaluate("one / (one + p * abs(x))", local_dict=dict(c, x=x_mlp), out=d_mlp)
+        ne.evaluate(f"h + where(x < 0, -one, one) * (h - {poly} * exp(mh * x * x))",
+                    local_dict=dict(c, x=x_mlp, tt=d_mlp), out=out_mlp)           # Phi(x)
+        ne.evaluate("cdf + x * k * exp(mh * x * x)", local_dict=dict(c, x=x_mlp, cdf=out_mlp), out=d_mlp)
+        ne.evaluate("x * cdf", local_dict={"x": x_mlp, "cdf": out_mlp}, out=out_mlp)
+
+    def ne_layer_norm():
+        mu = x_ln.mean(axis=1, keepdims=True)
+        rstd = 1 / np.sqrt(x_ln.var(axis=1, keepdims=True) + f32(1e-5))
+        return ne.evaluate("(x - mu) * rstd * w + b", local_dict={"x": x_ln, "mu": mu, "rstd": rstd, "w": w_ln,
+                                                                   "b": b_ln})
+
+    def ne_softmax():
+        e = ne.evaluate("exp(s - m)", local_dict={"s": scores, "m": scores.max(axis=-1, keepdims=True)})
+        return ne.evaluate("e / z", local_dict={"e": e, "z": e.sum(axis=-1, keepdims=True)})
+
+    keep = np.tril(np.ones((block, block), dtype=bool))
+    hidden, scale, ninf = ~keep, f32(1 / math.sqrt(width // heads)), f32(-np.inf)
+    row_max = scores.max(axis=-1, keepdims=True)
+
+    def np_attention_exp():   # the one-tile kernel's sequence, in place on a fresh score array
+        s = scores * scale
+        np.copyto(s, ninf, where=hidden)
+        s -= row_max
+        return np.exp(s, out=s)
+
+    def ne_attention_exp():
+        return ne.evaluate("where(keep, exp(s * c - m), 0)", local_dict={"keep": keep, "s": scores, "c": scale,
+                                                                         "m": row_max})
+
+    logp = logits - logits.max(axis=1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(axis=1, keepdims=True))
+    g_scale = f32(1 / rows_)
+    logits_t = Tensor(logits, requires_grad=True)
+
+    def np_cross_entropy():
+        F.cross_entropy(logits_t, target).backward()
+        logits_t.grad = None
+
+    def ne_cross_entropy():
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        lse = np.log(ne.evaluate("exp(s)", local_dict={"s": shifted}).sum(axis=1, keepdims=True))
+        lp = ne.evaluate("s - l", local_dict={"s": shifted, "l": lse})
+        grad = ne.evaluate("exp(lp) * g", local_dict={"lp": lp, "g": g_scale})
+        grad[np.arange(rows_), target] -= g_scale
+        return grad
+
+    flat = Parameter(rng.standard_normal(n_params).astype(f32))
+    flat.grad = Tensor(rng.standard_normal(n_params).astype(f32))
+    adamw = optim.AdamW([flat], lr=1e-3)
+    pd, pg, pm, pv = (rng.random(n_params).astype(f32) for _ in range(4))
+    b1, b2, decay, step_size, sqrt_b2, eps = f32(0.9), f32(0.999), f32(1 - 1e-5), f32(1e-3), f32(0.5), f32(1e-8)
+
+    def ne_adamw():
+        ne.evaluate("m * b1 + (1 - b1) * g", local_dict={"m": pm, "g": pg, "b1": b1}, out=pm)
+        ne.evaluate("v * b2 + (1 - b2) * g * g", local_dict={"v": pv, "g": pg, "b2": b2}, out=pv)
+        ne.evaluate("d * decay - step_size * m / (sqrt(v) / sqrt_b2 + eps)",
+                    local_dict={"d": pd, "decay": decay, "step_size": step_size, "m": pm, "v": pv,
+                                "sqrt_b2": sqrt_b2, "eps": eps}, out=pd)
+
+    kernels = [
+        (f"GELU forward + derivative {x_mlp.shape}", lambda: F.gelu(Tensor(x_mlp, requires_grad=True)), ne_gelu),
+        ("GELU backward g * gelu'", lambda: g_mlp * d_mlp,
+         lambda: ne.evaluate("g * d", local_dict={"g": g_mlp, "d": d_mlp})),
+        (f"layer norm forward {x_ln.shape}", lambda: F.layer_norm(Tensor(x_ln), (width,), w_ln, b_ln), ne_layer_norm),
+        (f"softmax {scores.shape}", lambda: F.softmax(Tensor(scores), dim=-1), ne_softmax),
+        ("attention scale, causal mask, exp", np_attention_exp, ne_attention_exp),
+        (f"cross entropy forward + gradient {logits.shape}", np_cross_entropy, ne_cross_entropy),
+        (f"AdamW update ({n_params} elements)", adamw.step, ne_adamw),
+    ]
+    results = []
+    for name, numpy_fn, numexpr_fn in kernels:
+        np_min, np_med = _best_and_median_ms(numpy_fn, repeat)
+        ne_min, ne_med = _best_and_median_ms(numexpr_fn, repeat)
+        results.append({"kernel": name, "numpy_min_ms": np_min, "numpy_median_ms": np_med,
+                        "numexpr_min_ms": ne_min, "numexpr_median_ms": ne_med})
+    return {"threads": threads, "blas_threads": blas_threads(), "intraop_threads": _intraop_threads("neural_arch"),
+            "numexpr_threads": ne.get_num_threads(),
+            "numexpr": ne.__version__, "numexpr_vml": bool(ne.use_vml), "kernels": results}
+
+
+def gpt_elementwise_main(args) -> dict:
+    """``--gpt-elementwise``: :func:`gpt_elementwise_worker` once per thread count, each in its own process."""
+    try:
+        import numexpr  # noqa: F401
+    except ImportError:
+        print("numexpr is not importable here: `pip install numexpr` to compare", file=sys.stderr)
+        return {}
+    script = os.path.abspath(__file__)
+    workers = [run_worker([script, "--gpt-elementwise-worker", str(n), "--repeat", str(args.repeat)], threads=n)
+               for n in (int(t) for t in args.threads.split(","))]
+    rows = [[w["threads"], k["kernel"], f"{k['numpy_min_ms']:.3f} / {k['numpy_median_ms']:.3f}",
+             f"{k['numexpr_min_ms']:.3f} / {k['numexpr_median_ms']:.3f}",
+             f"{k['numexpr_min_ms'] / k['numpy_min_ms']:.2f}x"] for w in workers for k in w["kernels"]]
+    print(f"gpt128's elementwise kernels, float32: the core's NumPy form against numexpr {workers[0]['numexpr']} "
+          f"(VML: {workers[0]['numexpr_vml']}), ms per call")
+    print(format_table(rows, ["threads", "kernel", "NumPy min / median", "numexpr min / median",
+                              "numexpr / NumPy (min)"]))
+    payload = {"benchmark": "core_gpt_elementwise_numexpr", "repeat": args.repeat, "results": workers}
+    if args.json:
+        print(f"wrote {write_json(args.json, payload)}")
+    return payload
+
+
 def _torch_version() -> str:
     try:
         import torch
@@ -654,6 +813,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--baseline-tree", default=None,
                         help="GPT: also time the neural_arch of this checkout (its benchmarks/bench_core.py), "
                              "interleaved with the others: before/after under the same load")
+    parser.add_argument("--gpt-elementwise", action="store_true",
+                        help="each elementwise kernel of the gpt128 step, the core's NumPy form against numexpr "
+                             "(default JSON: results/bench_core_gpt_elementwise.json)")
+    parser.add_argument("--gpt-elementwise-worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--gpt-worker", choices=GPT_IMPLS, help=argparse.SUPPRESS)
     parser.add_argument("--gpt-profile-worker", choices=tuple(GPT_CONFIGS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -662,6 +825,17 @@ def main(argv=None) -> dict:
         print(json.dumps(gpt_worker(args.gpt_worker, args.gpt_configs, args.worker_threads, args.repeat,
                                     args.warmup)))
         return {}
+    if args.gpt_elementwise_worker is not None:
+        print(json.dumps(gpt_elementwise_worker(args.gpt_elementwise_worker, args.repeat)))
+        return {}
+    if args.gpt_elementwise:
+        if args.json == os.path.join(_HERE, "results", "bench_core.json"):
+            args.json = os.path.join(_HERE, "results", "bench_core_gpt_elementwise.json")
+        if args.threads == "1,default":
+            args.threads = "1,2"
+        if args.repeat == 20:
+            args.repeat = 60
+        return gpt_elementwise_main(args)
     if args.gpt_profile_worker:
         print(json.dumps(gpt_profile(args.gpt_profile_worker, args.repeat)))
         return {}
