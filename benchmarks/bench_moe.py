@@ -15,6 +15,8 @@ tokens per second of an MoE GPT at ep = 1, 2.
    pair measured back to back. The last column times ``backend.alltoallv`` alone into a
    reused output (no allocation, no autograd). The machine is shared: ``--repeats`` runs, each the
    median of ``--iters`` iterations, reported as median [min-max]; ``--json`` keeps the raw numbers.
+   ``--backend gloo`` runs ours on a gloo world over the same mpiexec ranks (one host: the uneven
+   exchange on the shared segment, ``comm/gloo/shm_direct.py``), MPICH's ``Alltoallv`` unchanged.
 2. **MoE GPT** (gloo, DDP, float32): tokens per second of forward + backward + Adam of a GPT whose
    every other MLP is an MoE (``moe_num_experts`` experts, top-2), at ep = 1 (experts replicated,
    averaged over the group) and ep = 2 (experts split), on the same global batch.
@@ -24,6 +26,7 @@ Run::
     python benchmarks/bench_moe.py                      # both parts, 2 ranks
     python benchmarks/bench_moe.py --part a2a --sizes 65536 1048576
     python benchmarks/bench_moe.py --part a2a --repeats 7 --json benchmarks/results/bench_moe_a2a.json
+    python benchmarks/bench_moe.py --part a2a --backend gloo --repeats 15 --iters 10
     python benchmarks/bench_moe.py --part gpt --n-embd 128 --steps 5
 
 Numbers depend on the machine (here: 2 shared cores); each is a median over ``--iters`` runs.
@@ -43,17 +46,44 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np
 
 
-def _a2a_rank(sizes_bytes: list, width: int, iters: int):
+class _GlooGroup:
+    """What ``_exchange_rows`` reads of a group (``.backend``), for a gloo world built beside MPI."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+
+def _gloo_beside_mpi(comm):
+    """A gloo world over the same ranks as ``comm`` (mpiexec started them; MPICH's Alltoallv keeps
+    running in the same processes): rank 0 hosts a loopback store and sends its port over MPI."""
+    from neural_arch.distributed.comm.gloo.backend import GlooBackend
+    from neural_arch.distributed.rendezvous.tcp_store import TCPStore
+
+    r, n = comm.Get_rank(), comm.Get_size()
+    store = TCPStore("127.0.0.1", 0, world_size=n, is_master=True, timeout=60.0) if r == 0 else None
+    port = comm.bcast(store.port if r == 0 else None, root=0)
+    if r:
+        store = TCPStore("127.0.0.1", port, world_size=n, timeout=60.0)
+    return GlooBackend.create(store, r, n, timeout=60.0), store
+
+
+def _a2a_rank(sizes_bytes: list, width: int, iters: int, backend: str = "mpi"):
     """On every rank (under mpiexec): per size, the median seconds of ours, MPICH's Alltoallv and the
-    backend's alltoallv alone, the three interleaved in every iteration (the slowest rank's median)."""
+    backend's alltoallv alone, the three interleaved in every iteration (the slowest rank's median).
+    ``backend="gloo"``: ours runs on a gloo world over the same ranks (shared memory on one host)."""
     from mpi4py import MPI
 
     from neural_arch.core.tensor import Tensor
     from neural_arch.distributed.expert_parallel import _exchange_rows
     from neural_arch.distributed.resolve import _resolve_group
 
-    group = _resolve_group(None, "bench_moe")
     comm = MPI.COMM_WORLD
+    gloo = store = None
+    if backend == "gloo":
+        gloo, store = _gloo_beside_mpi(comm)
+        group = _GlooGroup(gloo)
+    else:
+        group = _resolve_group(None, "bench_moe")
     n, r = comm.Get_size(), comm.Get_rank()
     out = []
     for nbytes in sizes_bytes:
@@ -94,6 +124,10 @@ def _a2a_rank(sizes_bytes: list, width: int, iters: int):
         comm.Allreduce(np.array([ours, mpich, raw]), slow, op=MPI.MAX)
         out.append({"bytes": int(x.nbytes), "ours_s": slow[0].tolist(), "mpich_s": slow[1].tolist(),
                     "raw_s": slow[2].tolist()})
+    if gloo is not None:
+        comm.Barrier()
+        gloo.shutdown()
+        del store
     return out
 
 
@@ -135,6 +169,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--part", choices=["a2a", "gpt", "both"], default="both")
     p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--backend", choices=["mpi", "gloo"], default="mpi",
+                   help="all-to-all: the backend ours runs on (the ranks run under mpiexec either way)")
     p.add_argument("--sizes", type=int, nargs="*", default=[1 << 12, 1 << 14, 1 << 16, 1 << 20, 1 << 22, 1 << 24],
                    help="bytes each rank sends (about)")
     p.add_argument("--width", type=int, default=256)
@@ -154,14 +190,16 @@ def main(argv=None) -> int:
         n = args.ranks
         load_before = os.getloadavg()[0]
         runs = []
-        with RankPool(n, backend="mpi", timeout=600.0) as pool:
+        # gloo: no MPI process group in the ranks (mpi4py's COMM_WORLD only, for MPICH's Alltoallv), so
+        # nothing of our MPI backend (its watchdog thread) runs beside the gloo world being measured
+        with RankPool(n, backend="mpi", timeout=600.0, init=args.backend == "mpi") as pool:
             for _ in range(args.repeats):
-                runs.append(pool.run(_a2a_rank, args.sizes, args.width, args.iters)[0])
+                runs.append(pool.run(_a2a_rank, args.sizes, args.width, args.iters, args.backend)[0])
         busbw = lambda row, key: row["bytes"] / float(np.median(row[key])) * (n - 1) / n / 1e9
         # the ratio of one run: the median over its iterations of MPICH's time / ours, each pair measured
         # back to back (on shared cores a burst of load then hits both sides of a pair, not one median)
         paired = lambda row: float(np.median(np.asarray(row["mpich_s"]) / np.asarray(row["ours_s"])))
-        print(f"uneven all-to-all, {n} ranks under mpiexec (backend mpi), float32 rows of {args.width}, "
+        print(f"uneven all-to-all, {n} ranks under mpiexec (backend {args.backend}), float32 rows of {args.width}, "
               f"{os.cpu_count()} cpu(s); busbw = bytes/rank / time * (n-1)/n; median [min-max] of "
               f"{args.repeats} runs of {args.iters} interleaved iterations")
         print(f"{'bytes/rank':>11} {'ours GB/s':>20} {'MPICH Alltoallv GB/s':>22} {'ratio':>18} "
@@ -181,7 +219,8 @@ def main(argv=None) -> int:
             from benchmarks.common import write_json
 
             # (the environment block records the commit and the load average at the end; the payload the one before)
-            write_json(args.json, {"loadavg_1min_before": load_before, "ranks": n, "width": args.width,
+            write_json(args.json, {"loadavg_1min_before": load_before, "ranks": n, "backend": args.backend,
+                                   "width": args.width,
                                    "iters": args.iters, "repeats": args.repeats, "runs": runs, "table": table})
     if args.part in ("gpt", "both"):
         cfg = {k: getattr(args, k) for k in ("vocab", "seq", "n_layer", "n_head", "n_embd", "experts", "batch",

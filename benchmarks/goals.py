@@ -623,7 +623,20 @@ def moe_all_to_all(data: dict) -> Values | None:
     The script's ``table`` gives each size's ratio per repeat (MPICH's time / ours, paired per
     iteration): the run's value is their median, the figure the script prints. Without a table,
     rows holding ``bytes``, ``ours_s`` and ``mpich_s`` (seconds, or one per iteration) are read.
+    Runs of our MPI backend only (runs from before the ``backend`` field measured it);
+    :func:`moe_all_to_all_gloo` reads the gloo backend's runs.
     """
+    if data.get("backend", "mpi") != "mpi":
+        return None
+    return _moe_ratios(data)
+
+
+def moe_all_to_all_gloo(data: dict) -> Values | None:
+    """bench_moe.py --part a2a --backend gloo: the gloo backend's all-to-all over MPICH's, per size."""
+    return _moe_ratios(data) if data.get("backend") == "gloo" else None
+
+
+def _moe_ratios(data: dict) -> Values | None:
     table = data.get("table")
     if isinstance(table, list) and table and all(isinstance(r, dict) and "ratio" in r and "bytes" in r
                                                  for r in table):
@@ -679,6 +692,8 @@ PIPELINE = _cmd("bench_pipeline", "python benchmarks/bench_pipeline.py --stages 
 FLIGHT = _cmd("bench_flight_recorder",
               "python benchmarks/bench_flight_recorder.py --rounds 15 --cycles 800 --out {out}", 2.5)
 MOE = _cmd("bench_moe_a2a", "python benchmarks/bench_moe.py --part a2a --repeats 15 --iters 10 --json {out}", 2.0)
+MOE_GLOO = _cmd("bench_moe_a2a_gloo", "python benchmarks/bench_moe.py --part a2a --backend gloo --repeats 15 --iters 10 "
+                "--json {out}", 2.0)
 
 MPI_R15 = ("bench_mpi_backend_r15_window32k_run*.json",)
 # the current implementation's runs only (bench_core_gpt128_run*.json, added by the command): the earlier files
@@ -785,6 +800,8 @@ GOALS: tuple = (
          PIPELINE, ("bench_pipeline.json", "bench_pipeline_izb.json"), pipeline_bubble(4), 0.05, "lower", plain),
     Goal("moe-all-to-all", 31, "MoE token all-to-all busbw >= 1.0x MPICH Alltoallv (2 ranks)", MOE,
          ("bench_moe*.json",), moe_all_to_all, 1.0, "higher", ratio),
+    Goal("moe-all-to-all-gloo", 31, "MoE token all-to-all on gloo (the default backend) >= 1.0x MPICH Alltoallv "
+         "(2 ranks)", MOE_GLOO, ("bench_moe_a2a_gloo_run*.json",), moe_all_to_all_gloo, 1.0, "higher", ratio),
 )
 
 

@@ -129,6 +129,8 @@ class Backend(OpRunner):
 
     #: device kinds whose arrays this backend can move
     devices: tuple = ("cpu",)
+    #: the OpInfo the fused alltoallv path reuses while nobody else holds it (see :meth:`alltoallv`)
+    _a2av_info: OpInfo | None = None
 
     # -- primitives (synchronous; run on the caller's thread or the progress thread) -------
     @abc.abstractmethod
@@ -521,7 +523,7 @@ class Backend(OpRunner):
         return self._run(info, run, async_op)
 
     def alltoallv(self, output, input, output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
-                  async_op: bool = False) -> Work:
+                  async_op: bool = False, _work: bool = True) -> Work:
         """Uneven all-to-all along dim 0 (MPI's ``Alltoallv``, torch's ``all_to_all_single`` with splits).
 
         Rank r sends rows ``input[off_d : off_d + input_split_sizes[d]]`` to rank d (``off_d``: the sum
@@ -537,6 +539,9 @@ class Backend(OpRunner):
 
         Every frame and the call check carry the row's byte count as the op's size (the rows differ
         between ranks; the row shape does not), and debug mode compares every dim but the first.
+
+        ``_work=False`` (internal: callers that discard the handle, as expert parallelism's exchange
+        does) returns None instead of a finished Work from a synchronous call that took the fused path.
 
         Example (2 ranks)::
 
@@ -562,9 +567,22 @@ class Backend(OpRunner):
                     seq = self._seq = self._seq + 1
                     now = _monotonic()
                     # the op's size on the wire and in the call check: one row's bytes, the same on every rank
-                    info = OpInfo("all_to_allv", seq, self.group_ranks, self._global_rank, shape, fast[0], None, None,
-                                  now + self.timeout, None, fast[1] | (seq & _SEQ_MASK),
-                                  input.nbytes // shape[0] if shape[0] else _row_bytes(input))
+                    row_bytes = input.nbytes // shape[0] if shape[0] else _row_bytes(input)
+                    info = self._a2av_info
+                    if info is not None and _refcount(info) == _UNSHARED_REFS:
+                        # nobody but this slot holds the previous call's OpInfo: it becomes this call's
+                        # (as allreduce's fused path does; its op, group and rank fields stay the same)
+                        info.seq = seq
+                        info.shape = shape
+                        info.dtype = fast[0]
+                        info.deadline = now + self.timeout
+                        info._wire = fast[1] | (seq & _SEQ_MASK)
+                        info.nbytes = row_bytes
+                        info._extra = None
+                    else:
+                        info = self._a2av_info = OpInfo(
+                            "all_to_allv", seq, self.group_ranks, self._global_rank, shape, fast[0], None, None,
+                            now + self.timeout, None, fast[1] | (seq & _SEQ_MASK), row_bytes)
                     rec = None
                     ring = self._fr
                     if ring is not None:   # the flight recorder's record, as _run builds it
@@ -592,7 +610,7 @@ class Backend(OpRunner):
                         rec[_T_END] = _monotonic()
                     if span is not None:
                         _spans.end(span, info)
-                    return Work.completed(output, info)
+                    return Work.completed(output, info) if _work else None
         self._check_array(input, "input")
         self._check_array(output, "output", writable=True)
         if input.ndim == 0 or output.ndim == 0:

@@ -7,8 +7,8 @@ per process: shared memory between ranks of one host, TCP between hosts
 (``NEURAL_ARCH_GLOO_TRANSPORT=auto|shm|tcp``). CuPy arrays are staged through host memory.
 
 When every rank of a group is on this host (shared-memory links), all_reduce, reduce,
-reduce_scatter, all_gather, broadcast and barrier of that group skip the messages: they run on one
-shared segment (:mod:`neural_arch.distributed.comm.gloo.shm_direct`). The world group maps
+reduce_scatter, all_gather, broadcast, barrier and the uneven all_to_allv of that group skip the
+messages: they run on one shared segment (:mod:`neural_arch.distributed.comm.gloo.shm_direct`). The world group maps
 its segment during this rendezvous; a sub-group whose members are all shared-memory peers maps
 its own at its first collective that would use it (lazily: jobs create many groups that never run
 one, and every member reaches that collective in the same order, so the store exchange there is
@@ -45,7 +45,12 @@ from neural_arch.backend import to_device_like, to_host
 from neural_arch.distributed.comm.backend import Backend
 from neural_arch.distributed.comm.dtypes import SUPPORTED_DTYPES
 from neural_arch.distributed.comm.gloo.executor import PlanExecutor, force_algo_from_env
-from neural_arch.distributed.comm.gloo.shm_direct import DIRECT_DTYPES, DIRECT_OPS, direct_for_every_size
+from neural_arch.distributed.comm.gloo.shm_direct import (
+    DIRECT_DTYPES,
+    DIRECT_OPS,
+    alltoallv_fits,
+    direct_for_every_size,
+)
 from neural_arch.distributed.comm.gloo.shm_direct import choose as choose_direct
 from neural_arch.distributed.comm.work import OpInfo, ReduceOp
 from neural_arch.distributed.errors import DistributedError, PeerFailureError
@@ -110,6 +115,8 @@ class GlooBackend(Backend):
         #: this group is on this host and the transport is shared memory; None otherwise
         self._direct = direct
         self._direct_always = direct is not None and direct_for_every_size(size)
+        #: whether all_to_allv's split table fits the segment's slots (see shm_direct.alltoallv_fits)
+        self._a2av_fits = alltoallv_fits(size)
         #: the rendezvous store (sub-groups map their segments through it) and whether this group
         #: maps one at its first direct collective (see :meth:`_connect_lazy`)
         self._store = store
@@ -339,6 +346,8 @@ class GlooBackend(Backend):
         >>> backend.chosen_algorithm("all_reduce", np.ones(16, np.float32))   # doctest: +SKIP
         'direct'
         """
+        if op == "all_to_allv" and self._size > 1 and type(array) is np.ndarray and self._use_direct_alltoallv():
+            return "direct"
         if op in DIRECT_OPS and self._size > 1 and (op == "barrier" or array.size):
             # the same tests as the collectives below
             if op == "barrier":
@@ -439,7 +448,28 @@ class GlooBackend(Backend):
         self.plans.alltoall(output, input, info)
 
     def _alltoallv(self, output, input, output_splits: list, input_splits: list, info: OpInfo) -> None:
+        # host arrays of any dtype on a same-host group: the segment (bytes move, nothing is reduced);
+        # every rank decides the same (array kinds, group size and forced algorithm agree across ranks)
+        if type(input) is np.ndarray and type(output) is np.ndarray:
+            direct = self._direct
+            if direct is not None and not self.plans.force and self._a2av_fits:
+                # the mixture of experts' latency path: _prepare_direct's abort check, inline
+                if self._t._abort is not None:
+                    raise self._t._abort_error(info)
+                direct.alltoallv(output, input, output_splits, input_splits, info.nbytes, info)
+                return
+            if self._use_direct_alltoallv():
+                self._prepare_direct(info)
+                self._direct.alltoallv(output, input, output_splits, input_splits, info.nbytes, info)
+                return
         self.plans.alltoallv(output, input, output_splits, input_splits, info)
+
+    def _use_direct_alltoallv(self) -> bool:
+        """Whether this group's all_to_allv of host arrays runs on the shared segment."""
+        if not self._has_direct() or not self._a2av_fits:
+            return False
+        force = self.plans.force
+        return not force or "direct" in force
 
     def _barrier(self, info: OpInfo) -> None:
         if self._has_direct() and (not self.plans.force or "direct" in self.plans.force):

@@ -23,6 +23,7 @@ all_gather       ring (p - 1 steps of n)                ring
 reduce_scatter   ring                                   ring
 all_to_all       pairwise exchange                      pairwise exchange
 all_to_allv      pairwise exchange of uneven blocks     pairwise exchange of uneven blocks
+                 (one host: the shared segment)
 barrier          dissemination: ceil(log2 p) rounds of  dissemination
                  one byte
 ===============  =====================================  ==========================================
@@ -279,6 +280,9 @@ class PlanExecutor:
         #: The forced algorithm, or None to choose by size (see :meth:`forced_algorithm`).
         self.force: Optional[str] = force
         self._compiled_plans: Dict[tuple, CompiledPlan] = {}   # the one plan cache
+        # all_to_allv's steps by (sends, receives, row width): apart from the plan cache, as they are
+        # this rank's steps for one split matrix row and column, not a plan of the group
+        self._alltoallv_steps: Dict[tuple, Tuple[PlanStep, ...]] = {}
         self._buffers: Dict[tuple, np.ndarray] = {}
 
     def _scratch(self, dtype, n: int, slot: str) -> np.ndarray:
@@ -294,6 +298,7 @@ class PlanExecutor:
         """Drop the plan cache and the buffers (the group shut down)."""
         self._buffers.clear()
         self._compiled_plans.clear()
+        self._alltoallv_steps.clear()
 
     # -- the public testing seam ------------------------------------------------------------------
     @contextlib.contextmanager
@@ -327,6 +332,8 @@ class PlanExecutor:
             return "none"
         if op == "barrier":
             return _FIXED_ALGORITHMS[op]
+        if op == "all_to_allv":    # a rank with no rows of its own still receives
+            return "pairwise_alltoallv"
         n, nbytes, force = int(array.size), int(array.nbytes), self.force
         if n == 0:
             return "none"
@@ -339,7 +346,7 @@ class PlanExecutor:
         if op in _FIXED_ALGORITHMS:
             return _FIXED_ALGORITHMS[op]
         raise ValueError(f"chosen_algorithm: {op!r} is not a collective of this backend; use one of "
-                         f"{['all_reduce', 'broadcast', 'reduce', *_FIXED_ALGORITHMS]}")
+                         f"{['all_reduce', 'broadcast', 'reduce', 'all_to_allv', *_FIXED_ALGORITHMS]}")
 
     def compiled_plans(self) -> List[CompiledPlan]:
         """The plans this group compiled so far (its plan cache), oldest first: what ran, with names."""
@@ -597,17 +604,44 @@ class PlanExecutor:
         """``input_splits[d]`` rows of ``input`` to rank d, ``output_splits[s]`` rows from rank s into
         ``output``, straight between the caller's buffers: pairwise exchanges of blocks of their own
         length (:func:`~neural_arch.distributed.comm.gloo.plans.pairwise_alltoallv_steps`), no padding
-        and no staging copy of host arrays; a zero-length block sends no message. Not cached: the splits
-        change with every call of a mixture of experts, and this rank's steps are ``p`` records.
+        and no staging copy of host arrays; a zero-length block sends no message. This rank's steps are
+        cached by its split row and column and the row width (a mixture of experts repeats its splits
+        across the layers of a step and its backward); the cache starts over past
+        ``_PLAN_CACHE_ENTRIES`` entries.
 
         >>> ex.alltoallv(out, inp, [1, 3], [1, 2], info)     # doctest: +SKIP
         """
         hin, hout = _to_host(input), _to_host(output)
-        width = int(np.prod(hin.shape[1:], dtype=np.int64))          # elements per row
-        steps = P.pairwise_alltoallv_steps(self._size, self._rank, input_splits, output_splits, width)
-        compiled = CompiledPlan(0, self._plan_steps(steps), False, "pairwise_alltoallv", "all_to_allv", hin.dtype)
-        self._run_plan(compiled, _flat(hin), None, info, out=_flat(hout))
+        shape = hin.shape
+        width = 1
+        for d in shape[1:]:                                           # elements per row
+            width *= d
+        key = (tuple(input_splits), tuple(output_splits), width)
+        cache = self._alltoallv_steps
+        steps = cache.get(key)
+        if steps is None:
+            steps = self._plan_steps(P.pairwise_alltoallv_steps(self._size, self._rank, input_splits,
+                                                                output_splits, width))
+            if len(cache) >= _PLAN_CACHE_ENTRIES:
+                cache.clear()
+            cache[key] = steps
+        self._run_steps(steps, _flat(hin), _flat(hout), info)
         _back(output, hout)
+
+    def _run_steps(self, steps: Tuple[PlanStep, ...], buf: np.ndarray, out: np.ndarray, info: OpInfo) -> None:
+        """Copy-only steps (all_to_allv's): sends read ``buf``, receives land in ``out``; what
+        :meth:`_run_plan` does for them, without a :class:`CompiledPlan` around the steps."""
+        t, ch = self._t, self._coll_channel
+        for s in steps:
+            if s.local:
+                out[s.recv_start:s.recv_stop] = buf[s.send_start:s.send_stop]
+            elif s.recv_from is None:
+                t.send(s.send_to, buf[s.send_start:s.send_stop], ch, info)
+            elif s.send_to is None:
+                t.recv_into(s.recv_from, out[s.recv_start:s.recv_stop], ch, info)
+            else:
+                t.sendrecv(s.send_to, buf[s.send_start:s.send_stop], s.recv_from, out[s.recv_start:s.recv_stop],
+                           ch, info)
 
     def barrier(self, info: OpInfo) -> None:
         """Return once every rank of the group arrived (dissemination: ceil(log2 p) rounds of one byte)."""

@@ -13,6 +13,15 @@ Every rank of a group on one host maps one :class:`~neural_arch.distributed.comm
   chunk j. The buffer index continues across ops, so an op's last barrier-free phase never races
   the next op's first.
 * **reduce_scatter / all_gather / broadcast / reduce / barrier** work the same way.
+* **all_to_allv** (uneven, the token exchange of a mixture of experts): the op's small area holds
+  the split table twice, ``sends[s][d]`` (rank s writes its row) and ``receives[s][d]`` (rank d writes
+  its column: what it expects from each s); each rank writes those and its whole input into its large
+  slot, then one ``sync``. Every rank then reads the table, checks it in one comparison (the two
+  halves are equal exactly when every rank's sends are its peers' receives: else a
+  CollectiveMismatchError on every rank, nothing exchanged, every output untouched) and copies its
+  block out of each sender's slot, whose offset the sender's row gives. Inputs larger than a chunk
+  go in chunks through the two buffers, one barrier per chunk (the table says how many every rank
+  needs). No plan and no message: one copy in, one copy out per block.
 * **Small messages** (<= ``SMALL_BYTES`` per rank) take a latency path: slots indexed by the op's
   parity, one barrier, then every rank reduces the whole (tiny) buffer itself in rank order. Two
   slot sets suffice: a rank that writes op k+2's set (op k's) has passed op k+1's barrier, which
@@ -25,7 +34,8 @@ Every rank of a group on one host maps one :class:`~neural_arch.distributed.comm
 
 When the direct path is used (:func:`choose`): the table ``ALGORITHMS`` below, keyed by world
 size and byte count, measured with ``benchmarks/bench_collectives.py`` (see the numbers there). Ops
-and dtypes outside it (all_to_all, gather, scatter, CuPy arrays, sub-groups spanning hosts) use the plans.
+and dtypes outside it (all_to_all, gather, scatter, CuPy arrays, sub-groups spanning hosts) use the plans;
+all_to_allv moves bytes, so it takes the direct path for every dtype (:func:`alltoallv_fits`).
 
 Example (the selection table, as data and as text)::
 
@@ -37,11 +47,15 @@ Example (the selection table, as data and as text)::
 
 from __future__ import annotations
 
+import struct
+from array import array
+
 import numpy as np
 
 from neural_arch.distributed.comm.dtypes import REDUCE_UFUNCS
-from neural_arch.distributed.comm.gloo.transport.shm_segment import _AUX_BITS, pack_words
+from neural_arch.distributed.comm.gloo.transport.shm_segment import _AUX_BITS, SMALL_BYTES, pack_words
 from neural_arch.distributed.comm.work import ReduceOp
+from neural_arch.distributed.errors import CollectiveMismatchError
 
 # (world size or None for "any other") -> list of (up to this many bytes, algorithm), first match
 # wins. "direct": this module; "plans": the ring / tree schedules of executor.py over the shm rings.
@@ -77,6 +91,33 @@ def direct_for_every_size(world: int) -> bool:
     """
     rows = ALGORITHMS.get(world, ALGORITHMS[None])
     return all(algo == "direct" for _, algo in rows) and rows[-1][0] >= 1 << 62
+
+
+def alltoallv_fits(world: int, small_bytes: int = SMALL_BYTES) -> bool:
+    """Whether a group of ``world`` ranks can run all_to_allv directly: its split table (two
+    ``world x world`` int64 matrices) must fit the small area of one parity (``world`` slots of
+    ``small_bytes``). Every rank decides the same.
+
+    Example::
+
+        >>> alltoallv_fits(5), alltoallv_fits(1024)
+        (True, False)
+    """
+    return 16 * world * world <= world * small_bytes
+
+
+_EMPTY = memoryview(b"")
+
+
+def _byte_view(array: np.ndarray) -> memoryview:
+    """A flat byte view of a C-contiguous host array (a memoryview: slicing and copying it is the
+    cheapest way Python has to move a few KiB between buffers)."""
+    if not array.nbytes:
+        return _EMPTY          # memoryview refuses to cast a shape with a zero in it
+    try:
+        return memoryview(array).cast("B")
+    except (TypeError, ValueError):       # dtypes without a buffer format (bfloat16)
+        return memoryview(array.reshape(-1).view(np.uint8))
 
 
 def choose(world: int, nbytes: int) -> str:
@@ -130,10 +171,12 @@ class DirectCollectives:
         self._reduce_views: dict = {}      # dtype -> {elements: _reduce_plan}
         self._small_bytes = seg.small
         self._sync = seg.sync       # bound once: the small path's one segment call per op
+        self._a2a = None            # all_to_allv's structs and slot views (built at its first call)
 
     def close(self) -> None:
         self._views.clear()
         self._reduce_views.clear()
+        self._a2a = None
         self.seg.close()
 
     # -- views into the segment, cached per dtype -----------------------------------------------------
@@ -404,3 +447,130 @@ class DirectCollectives:
     # -- barrier ----------------------------------------------------------------------------------------------------
     def barrier(self, info) -> None:
         self._sync(self._next_parity(), info.wire, pack_words(0, -1), info)
+
+    # -- all_to_allv ----------------------------------------------------------------------------------------------
+    def _alltoallv_layout(self):
+        """(write my sends row, [parity] -> its offset, [parity] -> my receives column (a slice of the
+        segment's int64 words), read the table, [parity] -> its offset, [buffer] -> [rank] -> its large slot as bytes,
+        [buffer] -> my slot), built once per segment."""
+        seg, n, me = self.seg, self.size, self.rank
+        table = [seg.small_off + p * n * seg.small for p in (0, 1)]   # the sends, then the receives matrix
+        write = struct.Struct(f"{n}q").pack_into
+        row = [t + 8 * me * n for t in table]
+        # my receives column as a strided slice of the segment's int64 words (one assignment)
+        column = [slice((t + 8 * (n * n + me)) // 8, (t + 8 * (2 * n * n)) // 8, n) for t in table]
+        read = struct.Struct(f"{2 * n * n}q").unpack_from
+        whole = memoryview(seg.mm)
+        slots = [[whole[seg.large_off + (b * n + r) * seg.chunk:seg.large_off + (b * n + r + 1) * seg.chunk]
+                  for r in range(n)] for b in (0, 1)]
+        self._a2a = (write, row, column, read, table, slots, [slots[0][me], slots[1][me]])
+        return self._a2a
+
+    def alltoallv(self, out: np.ndarray, inp: np.ndarray, out_splits: list, in_splits: list, row_bytes: int,
+                  info) -> None:
+        """``in_splits[d]`` rows of ``inp`` to rank d, ``out_splits[s]`` rows from rank s into ``out``
+        (rank order; both C-contiguous host arrays, rows of ``row_bytes`` bytes; the lengths and sums
+        were checked by the caller). See the module docstring; the group must pass
+        :func:`alltoallv_fits`.
+
+        Example::
+
+            # rank 0 of 2 keeps 1 row and sends 2; rank 1 sends it 3 (info: the op's OpInfo)
+            direct.alltoallv(out, inp, [1, 3], [1, 2], inp.itemsize * 4, info)
+        """
+        # the latency path of a mixture of experts' token exchange: the Python calls are the cost at
+        # its sizes, so the layout comes from one attribute and the views, offsets and checks are inline
+        seg, n, me = self.seg, self.size, self.rank
+        ops = seg.ops
+        seg.ops = ops + 1
+        parity = ops & 1
+        write, row_off, column, read, table_off, slots, my_slots = self._a2a or self._alltoallv_layout()
+        mm = seg.mm
+        write(mm, row_off[parity], *in_splits)
+        seg._q[column[parity]] = array("q", out_splits)
+        try:
+            src = memoryview(inp).cast("B")
+        except (TypeError, ValueError):      # no rows, or a dtype without a buffer format
+            src = _byte_view(inp)
+        chunk = seg.chunk
+        base = seg.buffer
+        nbytes = src.nbytes
+        if nbytes:
+            if nbytes <= chunk:
+                my_slots[base & 1][:nbytes] = src
+            else:
+                my_slots[base & 1][:] = src[:chunk]
+        # the op words (row bytes as the size: the same on every rank), the barrier, their check
+        self._sync(parity, info.wire, (row_bytes << _AUX_BITS) & 0xFFFFFFFFFFFFFFFF, info)
+        table = read(mm, table_off[parity])
+        nn = n * n
+        # every rank checks every pair at once (the same table everywhere: all raise or none does)
+        if table[:nn] != table[nn:]:
+            raise self._split_mismatch(table, info)
+        try:
+            dst = memoryview(out).cast("B")
+        except (TypeError, ValueError):
+            dst = _byte_view(out)
+        # one phase when every input fit its slot: surely so when all of them together fit one
+        if sum(table[:nn]) * row_bytes > chunk:
+            longest = max(sum(table[s * n:s * n + n]) for s in range(n)) * row_bytes
+            if longest > chunk:
+                self._alltoallv_chunks(dst, src, table, row_bytes, -(-longest // chunk), base, info)
+                return
+        seg.buffer = base + 1
+        got = slots[base & 1]
+        o = 0
+        for s in range(n):
+            length = out_splits[s] * row_bytes
+            if length:
+                at = sum(table[s * n:s * n + me]) * row_bytes
+                dst[o:o + length] = (src if s == me else got[s])[at:at + length]
+                o += length
+
+    def _alltoallv_chunks(self, dst, src, table, row_bytes: int, phases: int, base: int, info) -> None:
+        """The rest of an all_to_allv whose largest input spans ``phases`` chunks (chunk 0 is in the
+        slots, behind the first barrier): phase j reads the pieces of chunk j-1 that are this rank's,
+        writes chunk j, and ends on a barrier (as all_gather's pipeline; the last read needs none:
+        the next op starts on the other buffer)."""
+        seg, n, me = self.seg, self.size, self.rank
+        chunk = seg.chunk
+        slots = self._a2a[5]
+        seg.buffer = base + phases
+        # (sender, its block's byte range in its input, where that lands in the output)
+        blocks = []
+        o = 0
+        for s in range(n):
+            row = table[s * n:s * n + n]
+            length = row[me] * row_bytes
+            if length:
+                at = sum(row[:me]) * row_bytes
+                if s == me:
+                    dst[o:o + length] = src[at:at + length]
+                else:
+                    blocks.append((s, at, at + length, o))
+                o += length
+        total = src.nbytes
+        for j in range(1, phases + 1):
+            lo, hi = (j - 1) * chunk, j * chunk
+            got = slots[(base + j - 1) & 1]
+            for s, a, b, at in blocks:
+                a2, b2 = max(a, lo), min(b, hi)
+                if a2 < b2:
+                    dst[at + a2 - a:at + b2 - a] = got[s][a2 - lo:b2 - lo]
+            if j < phases:
+                a, b = j * chunk, min(total, (j + 1) * chunk)
+                if a < b:
+                    slots[(base + j) & 1][me][:b - a] = src[a:b]
+                seg.barrier(info)
+
+    def _split_mismatch(self, table, info) -> CollectiveMismatchError:
+        """The error every rank raises when the split table disagrees (each reads the same table)."""
+        n, names = self.size, self.seg.names
+        nn = n * n
+        pairs = [f"rank {names[s]} sends {table[s * n + d]} rows to rank {names[d]}, which expects "
+                 f"{table[nn + s * n + d]}" for s in range(n) for d in range(n)
+                 if table[s * n + d] != table[nn + s * n + d]]
+        return CollectiveMismatchError(
+            f"{info.describe()} on group {names}: the split sizes disagree ({'; '.join(pairs[:4])}"
+            f"{'; ...' if len(pairs) > 4 else ''}). Rank s's input_split_sizes[d] must equal rank d's "
+            "output_split_sizes[s]. Nothing was exchanged; this group is unusable now (raised on every rank).")
