@@ -18,6 +18,8 @@ Three measurements:
   ``--arrays K`` cuts the model and each optimizer state into K arrays (a real model's many
   tensors: the per-message cost shows), ``--repeat R`` reports the median and range of R heals,
   ``--heal-fresh`` receives into new memory instead of the live state (``Manager(heal_into=)``).
+  The joiner asks for a head sized by its own state (``transfer.head_bytes_for``), so a state of
+  small arrays crosses in one message; ``pack_s`` is the sender's part spent reading and packing it.
   The heal is the first message on the group its quorum just formed; the all-reduce above is
   measured after many steps on a warm group. Each run also times the same bytes all-reduced as
   the first op of a fresh group of the two replicas (and once more on it): the like-for-like
@@ -279,6 +281,7 @@ def heal_once(args, n: int) -> dict:
             "fresh_group_allreduce_s": fresh_group(0), "fresh_group_second_allreduce_s": fresh_group(1),
             "ratio_fresh": transfer / fresh_group(0),
             "receiver_waited_s": got["loaded_at"] - got["recv_started_at"], "send_s": sent["send_s"],
+            "pack_s": sent.get("pack_s"),
             "configure_s": [got["configure_s"], sent["configure_s"]],
             "allreduce_same_bytes_s": allreduce, "ratio": transfer / allreduce}
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from neural_arch.distributed import ft
+from neural_arch.distributed.ft.transfer import head_bytes_for
 
 
 def replica(lighthouse, name, w, steps, grads, before_allreduce=None, timeout=5.0, registered=None):
@@ -75,6 +76,9 @@ def test_a_late_replica_heals_from_a_live_peer_then_both_average():
         out = in_threads(("a", a), ("b", b))
     assert out["b"][0] == 1 and out["a"][0] == 0                 # b copied a's state, a healed nobody's
     assert np.array_equal(wa, wb)
+    # b, new, asked for a head sized by its own state; the quorum handed that number to its healer
+    (healing,) = [q for q in lighthouse.quorums if q.heal]
+    assert list(healing.heal_head.values()) == [head_bytes_for({"user": {"w": wb}, "step": 0})]
     # a alone commits its own gradient (1.0); together the average is 2.0; wa ends at -(k*1 + j*2)
     alone = sum(1 for _r, size, ok in out["a"][1] if ok and size == 1)
     together = sum(1 for _r, size, ok in out["a"][1] if ok and size == 2)

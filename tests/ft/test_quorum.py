@@ -119,3 +119,13 @@ def test_the_lighthouse_reads_requests_from_its_store_and_forgets_old_rounds():
         assert lighthouse.healthy(rounds + 1.5) == {"a"}
     finally:
         lighthouse.stop()
+
+
+def test_a_replacements_head_size_reaches_its_healer_through_the_quorum():
+    requests = reqs({"a": 5, "b": 5, "c": 0}, c={"heal_head": 250_000}, a={"heal_head": 9000})
+    q = plan_quorum(requests, set("abc"), None, 1, 1.0, 0.0)
+    assert q.heal == {"c": "a"} and q.heal_head == {"c": 250_000}    # a is not healed: its number is not used
+    assert Quorum.from_json(q.to_json()) == q
+    assert Quorum.from_json({k: v for k, v in q.to_json().items() if k != "heal_head"}).heal_head == {}
+    assert decode_request("c", encode_request(1, 0, True, 1, heal_head=250_000), 0.0).heal_head == 250_000
+    assert b"heal_head" not in encode_request(1, 0, True, 1)           # a step in the quorum does not carry it

@@ -1,8 +1,10 @@
-"""The heal's wire format: the skeleton in a fixed-size head (with the first bundle when it fits),
+"""The heal's wire format: the skeleton in a head of a fixed size or of the size the receiver asked for
+(with the first bundle when it fits),
 small arrays in bundles, large ones raw, and ``into`` receives in place into the receiver's own
 arrays (no process group: a pipe of two ends in one process)."""
 
 import numpy as np
+import pytest
 
 from neural_arch.distributed.ft import transfer
 from neural_arch.distributed.ft.transfer import inline_offset, plan_messages, recv_state, send_state
@@ -70,3 +72,34 @@ def test_a_small_state_is_one_message_and_a_long_skeleton_or_a_large_bundle_trav
     # a bundle larger than the head's room travels on its own; a plan that starts raw has nothing inline
     assert inline_offset(plan_messages([8, 16]), 100) == 128
     assert inline_offset(plan_messages([4000]), 100) is None and inline_offset(plan_messages([1 << 20]), 10) is None
+
+
+def test_a_head_sized_by_the_receivers_own_state_carries_every_small_array_in_one_message():
+    rng = np.random.default_rng(2)
+    layout = {"w": np.zeros(1000), "m": [np.zeros(1000), np.zeros(3, np.float32)], "pos": 5}   # 8 KiB of small arrays
+    live = {"user": {"w": rng.normal(size=1000), "m": [rng.normal(size=1000), np.ones(3, np.float32)], "pos": 9},
+            "step": 12}
+    head = transfer.head_bytes_for({"user": layout, "step": 0})     # the replacement's own state
+    assert transfer.HEAD_BYTES < head <= transfer.MAX_HEAD_BYTES
+    pipe = Pipe()
+    sent = send_state(pipe, live, dst=1, head_bytes=head)
+    assert pipe.messages == 1 and sent == head                       # skeleton and both bundled arrays in the head
+    mine = np.zeros(1000)
+    got = recv_state(pipe, src=0, into={"user": {"w": mine}}, head_bytes=head)
+    assert got["user"]["w"] is mine and np.array_equal(mine, live["user"]["w"])
+    assert np.array_equal(got["user"]["m"][0], live["user"]["m"][0]) and got["user"]["m"][1].dtype == np.float32
+    assert got["step"] == 12 and got["user"]["pos"] == 9
+
+    # the healer's layout differs (a bigger state than the replacement predicted): what does not fit follows
+    bigger = {"user": {"w": rng.normal(size=3000), "extra": [rng.normal(size=50) for _ in range(40)]}, "step": 1}
+    pipe = Pipe()
+    send_state(pipe, bigger, dst=1, head_bytes=head)
+    assert pipe.messages == 2                                        # the head (skeleton), then the bundle
+    got = recv_state(pipe, src=0, head_bytes=head)
+    assert not pipe.queue and np.array_equal(got["user"]["w"], bigger["user"]["w"])
+    assert all(np.array_equal(a, b) for a, b in zip(got["user"]["extra"], bigger["user"]["extra"]))
+    # a large array travels raw whatever the head; a head outside the bounds is refused before any I/O
+    assert transfer.head_bytes_for({"w": np.zeros(1 << 20)}) == transfer.HEAD_BYTES
+    for bad in (0, transfer.MAX_HEAD_BYTES + 1):
+        with pytest.raises(ValueError, match="head_bytes"):
+            send_state(Pipe(), live, dst=1, head_bytes=bad)

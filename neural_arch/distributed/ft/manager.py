@@ -70,7 +70,14 @@ from neural_arch.distributed.errors import DistributedError, StoreTimeoutError
 from neural_arch.distributed.ft import protocol
 from neural_arch.distributed.ft.quorum import Quorum
 from neural_arch.distributed.ft.replica_group import ProcessGroupGloo
-from neural_arch.distributed.ft.transfer import recv_state, send_state, split_arrays
+from neural_arch.distributed.ft.transfer import (
+    PackedState,
+    head_bytes_for,
+    pack_state,
+    recv_state,
+    send_packed,
+    split_arrays,
+)
 from neural_arch.distributed.rendezvous.tcp_store import TCPStore
 
 __all__ = ["Manager"]
@@ -175,7 +182,8 @@ class Manager:
         self.heals, self.heal_bytes_received, self.heal_bytes_sent = 0, 0, 0
         #: Timings of the last group rebuild and heal as seen by this replica. Keys ``configure_s``
         #: (seconds the group took to connect), ``send_started_at`` and ``send_s`` (this replica
-        #: sent a state), ``recv_started_at`` and ``loaded_at`` (this replica received one). The
+        #: sent a state; ``pack_s`` of it went to reading and packing the state), ``recv_started_at``
+        #: and ``loaded_at`` (this replica received one). The
         #: ``*_at`` values are ``time.time()``, so on one host ``loaded_at - max(send_started_at,
         #: recv_started_at)`` is the transfer, whatever either side waited for before it.
         #: ``quorum_at`` is the ``time.monotonic()`` at which the last quorum's answer arrived.
@@ -209,7 +217,7 @@ class Manager:
         self._store.set(protocol.request_key(self.member),
                         protocol.encode_request(n, self._step, reconfigure, self.min_replica_size, self.init_sync,
                                                 self.replica_id if self._sharded else "", self.shard,
-                                                self.num_shards))
+                                                self.num_shards, self._heal_head()))
         self._store.add(protocol.REQ_SEQ, 1)
         # a replica that may be behind heals before its forward, so it cannot overlap the wait
         if not self.use_async_quorum or reconfigure or self._torn:
@@ -219,6 +227,22 @@ class Manager:
                                          name=f"ft-quorum-{self.member}", daemon=True)
         self._pending.start()
         return None
+
+    def _heal_head(self) -> int:
+        """The heal's first-message size to ask for (0: the default): only a replica that is new or
+        torn asks -- it is the one likely to be healed, and it is idle until then -- so a step of a
+        replica in the quorum never pays for it. Computed from this replica's own state, which has
+        the healer's layout when both run the same model and optimizer (``transfer.head_bytes_for``)."""
+        if self._quorum is not None and not self._torn:
+            return 0
+        source = self._state_dict if self._state_dict is not None else self._heal_into
+        if source is None:
+            return 0
+        try:
+            return head_bytes_for({"user": source(), "step": self._step})
+        except Exception as exc:  # noqa: BLE001 - only a hint: the heal works with the default head
+            log.debug("ft %s: no heal head size from the local state: %s", self.member, exc)
+            return 0
 
     def wait_quorum(self) -> Quorum:
         """Wait for the quorum ``start_quorum`` asked for (at once without ``use_async_quorum``);
@@ -293,13 +317,30 @@ class Manager:
                 continue
         raise DistributedError(f"ft {self.member}: shut down while waiting for a quorum")
 
+    def _pack_outgoing(self, quorum: Quorum) -> dict[str, PackedState]:
+        """``{target: packed state}`` for every member this replica heals in ``quorum``: the state is
+        read once and packed once per head size the targets asked for."""
+        targets = sorted(t for t, src in quorum.heal.items() if src == self.member)
+        start = time.perf_counter()
+        state = {"user": self._state_dict() if self._state_dict is not None else None, "step": self._step}
+        by_head: dict = {}
+        packed = {}
+        for target in targets:
+            head = quorum.heal_head.get(target)
+            if head not in by_head:
+                by_head[head] = pack_state(state, head)
+            packed[target] = by_head[head]
+        self.timings["pack_s"] = time.perf_counter() - start
+        return packed
+
     def _heal(self, quorum: Quorum) -> None:
         source = quorum.heal.get(self.member)
         if source is not None:
             self.timings["recv_started_at"] = time.time()
             into = {"user": self._heal_into()} if self._heal_into is not None else None
             self._torn = self._torn or into is not None
-            state = recv_state(self._pg, quorum.rank_of(source), into=into)
+            state = recv_state(self._pg, quorum.rank_of(source), into=into,
+                               head_bytes=quorum.heal_head.get(self.member))
             if self._load_state_dict is not None:
                 self._load_state_dict(state["user"])
             self._step = int(state["step"])
@@ -308,16 +349,12 @@ class Manager:
             self.heals += 1
             self.heal_bytes_received += _nbytes(state)
             log.info("ft %s: healed from %s at step %d", self.member, source, self._step)
-        outgoing = None                    # built once, however many replacements this member heals
-        for target, src in sorted(quorum.heal.items()):
-            if src == self.member:
-                start = time.perf_counter()
-                self.timings["send_started_at"] = time.time()
-                if outgoing is None:
-                    outgoing = {"user": self._state_dict() if self._state_dict is not None else None,
-                                "step": self._step}
-                self.heal_bytes_sent += send_state(self._pg, outgoing, quorum.rank_of(target))
-                self.timings["send_s"] = time.perf_counter() - start
+        if any(src == self.member for src in quorum.heal.values()):
+            start = time.perf_counter()
+            self.timings["send_started_at"] = time.time()
+            for target, packed in self._pack_outgoing(quorum).items():
+                self.heal_bytes_sent += send_packed(self._pg, packed, quorum.rank_of(target))
+            self.timings["send_s"] = time.perf_counter() - start
 
     def allreduce(self, tensor):
         """Average ``tensor`` (a Tensor or NumPy array, in place) across the quorum's members.

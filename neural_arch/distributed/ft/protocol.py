@@ -88,16 +88,19 @@ def commit_key(round_: int) -> str:
 
 
 def encode_request(n: int, step: int, reconfigure: bool, min_replicas: int, init_sync: bool = True,
-                   replica: str = "", shard: int = 0, num_shards: int = 1) -> bytes:
+                   replica: str = "", shard: int = 0, num_shards: int = 1, heal_head: int = 0) -> bytes:
     """A request as the member writes it (the lighthouse adds the member and its own clock).
 
     Example:
         >>> decode_request("a", encode_request(2, 5, False, 1), since=0.0)
-        QuorumRequest(member='a', n=2, step=5, since=0.0, reconfigure=False, min_replicas=1, init_sync=True, replica='', shard=0, num_shards=1)
+        QuorumRequest(member='a', n=2, step=5, since=0.0, reconfigure=False, min_replicas=1, init_sync=True, replica='', shard=0, num_shards=1, heal_head=0)
     """
-    return json.dumps({"n": int(n), "step": int(step), "reconfigure": bool(reconfigure),
-                       "min_replicas": int(min_replicas), "init_sync": bool(init_sync), "replica": str(replica),
-                       "shard": int(shard), "num_shards": int(num_shards)}).encode()
+    fields = {"n": int(n), "step": int(step), "reconfigure": bool(reconfigure), "min_replicas": int(min_replicas),
+              "init_sync": bool(init_sync), "replica": str(replica), "shard": int(shard),
+              "num_shards": int(num_shards)}
+    if heal_head:         # only a replica that may be healed asks (most requests never carry it)
+        fields["heal_head"] = int(heal_head)
+    return json.dumps(fields).encode()
 
 
 def decode_request(member: str, raw: bytes, since: float) -> QuorumRequest:
@@ -110,4 +113,4 @@ def decode_request(member: str, raw: bytes, since: float) -> QuorumRequest:
     d = json.loads(raw)
     return QuorumRequest(member, int(d["n"]), int(d["step"]), since, bool(d["reconfigure"]), int(d["min_replicas"]),
                          bool(d.get("init_sync", True)), str(d.get("replica", "")), int(d.get("shard", 0)),
-                         int(d.get("num_shards", 1)))
+                         int(d.get("num_shards", 1)), int(d.get("heal_head", 0)))

@@ -62,6 +62,9 @@ class QuorumRequest:
         replica: the replica this member belongs to ("": the member is a whole replica).
         shard: the member's shard index in its replica (0 unless the replica is sharded).
         num_shards: how many members (shards) make up the replica; every replica has as many.
+        heal_head: the size of the heal's first message this member asks for if it is healed (a
+            new replica computes it from its own state:
+            :func:`~neural_arch.distributed.ft.transfer.head_bytes_for`); 0: the default.
 
     Example:
         >>> QuorumRequest("r0:1a2b", n=3, step=7, since=12.5).step
@@ -80,6 +83,7 @@ class QuorumRequest:
     replica: str = ""
     shard: int = 0
     num_shards: int = 1
+    heal_head: int = 0
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,8 @@ class Quorum:
     that is behind to the up-to-date member it copies its state from. With sharded replicas
     ``shards`` holds each member's shard index: the members of one index form a *lane* (its own
     process group); ``size`` and ``rank_of`` are then counted within the lane, i.e. in replicas.
+    ``heal_head`` holds, for each member in ``heal`` that asked for one, the size of the heal's
+    first message (the receiver posts exactly that; its healer sends exactly that).
 
     Example:
         >>> q = Quorum(round=5, quorum_id=2, members=("a", "b"), steps=(3, 3))
@@ -108,6 +114,7 @@ class Quorum:
     steps: tuple[int, ...]
     heal: dict[str, str] = field(default_factory=dict)
     shards: tuple[int, ...] = ()
+    heal_head: dict[str, int] = field(default_factory=dict)
 
     @property
     def max_step(self) -> int:
@@ -134,13 +141,15 @@ class Quorum:
 
     def to_json(self) -> dict:
         return {"round": self.round, "quorum_id": self.quorum_id, "members": list(self.members),
-                "steps": list(self.steps), "heal": dict(self.heal), "shards": list(self.shards)}
+                "steps": list(self.steps), "heal": dict(self.heal), "shards": list(self.shards),
+                "heal_head": dict(self.heal_head)}
 
     @classmethod
     def from_json(cls, data: Mapping) -> Quorum:
         return cls(int(data["round"]), int(data["quorum_id"]), tuple(data["members"]),
                    tuple(int(s) for s in data["steps"]), dict(data["heal"]),
-                   tuple(int(s) for s in data.get("shards", ())))
+                   tuple(int(s) for s in data.get("shards", ())),
+                   {m: int(n) for m, n in data.get("heal_head", {}).items()})
 
 
 def plan_quorum(requests: Mapping[str, QuorumRequest], healthy: AbstractSet[str], previous: Quorum | None,
@@ -199,5 +208,7 @@ def plan_quorum(requests: Mapping[str, QuorumRequest], healthy: AbstractSet[str]
         source = complete[sources[i % len(sources)]]
         for s, r in complete[key].items():
             heal[r.member] = source[s].member
+    heal_head = {m: candidates[m].heal_head for m in heal if candidates[m].heal_head > 0}
     return Quorum(round=(previous.round + 1 if previous else 1), quorum_id=quorum_id, members=members,
-                  steps=steps, heal=heal, shards=tuple(r.shard for r in ranked) if sharded else ())
+                  steps=steps, heal=heal, shards=tuple(r.shard for r in ranked) if sharded else (),
+                  heal_head=heal_head)

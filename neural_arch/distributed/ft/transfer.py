@@ -2,9 +2,10 @@
 
 A replica that is behind copies the whole training state from a live peer, never from a file.
 ``send_state`` splits the state into its arrays and a *skeleton* (the nesting, the scalars, and
-each array's shape and dtype). The skeleton goes first, pickled, in a *head* message of a fixed
-``HEAD_BYTES`` (its length, then its bytes; a skeleton too long for the head sends the rest in a
-message of its own): the receiver needs no length message before it. Then the arrays, in the
+each array's shape and dtype). The skeleton goes first, pickled, in a *head* message of a size
+both ends know (``HEAD_BYTES``, or the size the receiver asked for: below; its length, then its
+bytes; a skeleton too long for the head sends the rest in a message of its own): the receiver
+needs no length message before it. Then the arrays, in the
 messages :func:`plan_messages` lays out from their sizes alone (both ends compute the same plan,
 so it is never sent):
 
@@ -19,6 +20,14 @@ so it is never sent):
   message for its skeleton and small arrays together. A heal of a small state is bound by the
   number of messages, not by its bytes: each is a frame, a header check and a wake-up on each side.
 
+The head's size is ``HEAD_BYTES`` unless the receiver asked for another (``head_bytes=`` on both
+ends; both must pass the same): a replacement computes, from its own state, the head that would
+carry its skeleton and its small arrays (:func:`head_bytes_for`), and the quorum hands that number
+to its healer (``Quorum.heal_head``). When the healer's state has the same layout -- the same model
+and optimizer -- every small array rides in the head: one message instead of a head and a bundle
+(measured in docs/benchmarks.md). When it does not, nothing breaks: the head carries what fits and
+the rest follows as above.
+
 ``recv_state(..., into=state)`` receives in place: every incoming array whose place in the
 skeleton holds, in ``into``, a writable C-contiguous NumPy array of the same shape and dtype is
 received straight into that array (a raw message) or copied into it from its bundle; the others
@@ -28,6 +37,9 @@ second copy of the state. The returned state holds the ``into`` arrays where the
 
 Pickle is only the skeleton's, between the replicas of one job (trusted peers only, like every
 ``*_object`` helper); the data path moves arrays.
+
+``send_state`` is :func:`pack_state` (read the state, fill the head) then :func:`send_packed`
+(move the bytes): a healer of several replacements that asked for the same head packs once.
 
 Example::
 
@@ -42,7 +54,8 @@ import pickle
 
 import numpy as np
 
-__all__ = ["inline_offset", "join_arrays", "plan_messages", "recv_state", "send_state", "split_arrays"]
+__all__ = ["PackedState", "head_bytes_for", "inline_offset", "join_arrays", "pack_state", "plan_messages",
+           "recv_state", "send_packed", "send_state", "split_arrays"]
 
 _TAG = 7  # one tag for the whole transfer: send and recv pair up in order on it
 #: arrays smaller than this travel in bundles (a copy each side is cheaper than a message of their own)
@@ -53,6 +66,11 @@ BUNDLE_BYTES = 4 << 20
 #: (a fixed size lets the receiver post it without a length message first; a few KiB cost less
 #: than a second message)
 HEAD_BYTES = 4096
+#: the largest head a receiver may ask for (bounds the memory a head takes on each side)
+MAX_HEAD_BYTES = BUNDLE_BYTES + (256 << 10)
+#: ``head_bytes_for`` sizes a head only for states of at most this many arrays: a larger state
+#: saves one message of many, and walking and pickling its skeleton once more costs more than that
+SIZED_HEAD_MAX_ARRAYS = 64
 _ALIGN = 64
 _LEN = 8      # the skeleton's length, an int64 at the start of the head
 
@@ -165,36 +183,137 @@ def inline_offset(plan: list[tuple], skeleton_bytes: int, head: int | None = Non
     return offset if offset + plan[0][2] <= head else None
 
 
+def _header_payload(skeleton, arrays) -> np.ndarray:
+    """The pickled skeleton (nesting, scalars, each array's shape and dtype) as bytes."""
+    header = {"skeleton": skeleton, "arrays": [(a.shape, a.dtype.str) for a in arrays]}
+    return np.frombuffer(pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+
+
+def head_bytes_for(state) -> int:
+    """The head size that carries ``state``'s skeleton and its first bundle in one message.
+
+    A replacement asks its healer for this size, computed from its *own* state: a peer with the
+    same layout then sends everything but the large arrays in the head. The skeleton part gets
+    some room to spare: its scalars (step, RNG state, data position) pickle to a few bytes more or
+    less on the healer. At least ``HEAD_BYTES``, at most ``MAX_HEAD_BYTES``; ``HEAD_BYTES`` for a
+    state of more than ``SIZED_HEAD_MAX_ARRAYS`` arrays (counted with an early stop, so a large
+    state costs no more than a small one here).
+
+    Example:
+        >>> head_bytes_for({"w": np.zeros(1000), "step": 3}) > 8000
+        True
+        >>> head_bytes_for({"w": np.zeros(1 << 20)}) == HEAD_BYTES    # a large array goes raw
+        True
+        >>> head_bytes_for([np.zeros(10)] * 100) == HEAD_BYTES          # many arrays: the default
+        True
+    """
+    if _more_arrays_than(state, SIZED_HEAD_MAX_ARRAYS):
+        return HEAD_BYTES
+    skeleton, arrays = split_arrays(state)
+    length = _header_payload(skeleton, arrays).size
+    plan = plan_messages([a.nbytes for a in arrays])
+    room = length + length // 8 + 256
+    offset = -(-(_LEN + room) // _ALIGN) * _ALIGN
+    wanted = offset + (plan[0][2] if plan and plan[0][0] == "bundle" else 0)
+    return int(min(max(wanted, HEAD_BYTES), MAX_HEAD_BYTES))
+
+
+def _more_arrays_than(state, limit: int) -> bool:
+    """Whether ``state`` holds more than ``limit`` arrays (the walk stops once it knows)."""
+    count = 0
+    stack = [state]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, np.ndarray) and x.dtype != object:
+            count += 1
+            if count > limit:
+                return True
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+    return False
+
+
+def _check_head(head: int | None) -> int:
+    head = HEAD_BYTES if head is None else int(head)
+    if not _LEN + 1 <= head <= MAX_HEAD_BYTES:
+        raise ValueError(f"head_bytes={head} must be between {_LEN + 1} and MAX_HEAD_BYTES ({MAX_HEAD_BYTES})")
+    return head
+
+
 def _pack(packed: np.ndarray, members, arrays) -> None:
+    end = 0
     for i, offset in members:
-        packed[offset:offset + arrays[i].nbytes] = _bytes(arrays[i])
+        packed[end:offset] = 0               # alignment padding: no stale memory on the wire
+        end = offset + arrays[i].nbytes
+        packed[offset:end] = _bytes(arrays[i])
 
 
-def send_state(pg, state, dst: int) -> int:
-    """Send ``state`` to group rank ``dst`` of ``pg``; returns the bytes sent (head, skeleton and arrays).
+class PackedState:
+    """A state laid out for sending (what :func:`pack_state` returns): the head message (its
+    skeleton and, when it fits, the first bundle), the skeleton's rest if the head was too short,
+    the plan of the messages still to send, and the arrays they read. Packing reads the state
+    once; :func:`send_packed` then only moves bytes, so a healer can pack while its new group
+    connects (``Manager``) and send the moment both ends are ready.
 
     Example::
 
-        nbytes = send_state(pg, state_dict(), dst=heal_rank)
+        packed = pack_state({"model": model.state_dict(), "step": 12}, head_bytes=4096)
+        packed.head.nbytes        # 4096: the first message
     """
+
+    __slots__ = ("arrays", "head", "plan", "skeleton_rest")
+
+    def __init__(self, head: np.ndarray, skeleton_rest: np.ndarray, plan: list, arrays: list):
+        self.head, self.skeleton_rest, self.plan, self.arrays = head, skeleton_rest, plan, arrays
+
+
+def pack_state(state, head_bytes: int | None = None) -> PackedState:
+    """Lay ``state`` out for :func:`send_packed`: split it, pickle its skeleton, fill the head.
+
+    ``head_bytes``: the size of the first message, as the receiver asked (default ``HEAD_BYTES``;
+    the receiver's ``recv_state`` must pass the same). The arrays are not copied (the large ones
+    are sent from the state's own memory): the state must not change until the send is done.
+
+    Example:
+        >>> packed = pack_state({"w": np.ones(3), "step": 2})
+        >>> packed.head.nbytes == HEAD_BYTES, packed.plan        # the one small array rode in the head
+        (True, [])
+    """
+    head_size = _check_head(head_bytes)
     skeleton, arrays = split_arrays(state)
-    header = {"skeleton": skeleton, "arrays": [(a.shape, a.dtype.str) for a in arrays]}
-    payload = np.frombuffer(pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+    payload = _header_payload(skeleton, arrays)
     plan = plan_messages([a.nbytes for a in arrays])
-    inline = inline_offset(plan, payload.size)
-    head = np.zeros(HEAD_BYTES, dtype=np.uint8)
+    inline = inline_offset(plan, payload.size, head_size)
+    head = np.empty(head_size, dtype=np.uint8)
     head[:_LEN] = np.array([payload.size], dtype=np.int64).view(np.uint8)
-    first = min(payload.size, HEAD_BYTES - _LEN)
+    first = min(payload.size, head_size - _LEN)
     head[_LEN:_LEN + first] = payload[:first]
+    used = _LEN + first
     if inline is not None:
         _, members, size = plan[0]
+        head[used:inline] = 0                # padding (zeroed: no stale memory on the wire)
         _pack(head[inline:inline + size], members, arrays)
         plan = plan[1:]
-    pg.send(head, dst, _TAG)
-    sent = head.nbytes
-    if first < payload.size:                 # a long skeleton: the rest in a message of its own
-        pg.send(payload[first:], dst, _TAG)
-        sent += payload.size - first
+        used = inline + size
+    head[used:] = 0
+    return PackedState(head, payload[first:], plan, arrays)
+
+
+def send_packed(pg, packed: PackedState, dst: int) -> int:
+    """Send a :func:`pack_state` result to group rank ``dst`` of ``pg``; returns the bytes sent.
+
+    Example::
+
+        nbytes = send_packed(pg, pack_state(state_dict(), head_bytes=quorum.heal_head.get(target)), dst=1)
+    """
+    pg.send(packed.head, dst, _TAG)
+    sent = packed.head.nbytes
+    if packed.skeleton_rest.size:            # a long skeleton: the rest in a message of its own
+        pg.send(packed.skeleton_rest, dst, _TAG)
+        sent += packed.skeleton_rest.size
+    plan, arrays = packed.plan, packed.arrays
     # one buffer for every bundle: send returns once the bytes are out, and fresh memory per
     # bundle would cost a page fault per page on top of the copy
     scratch = np.empty(max([m[2] for m in plan if m[0] == "bundle"], default=0), dtype=np.uint8)
@@ -204,11 +323,25 @@ def send_state(pg, state, dst: int) -> int:
             sent += arrays[message[1]].nbytes
             continue
         _, members, size = message
-        packed = scratch[:size]
-        _pack(packed, members, arrays)
-        pg.send(packed, dst, _TAG)
+        bundle = scratch[:size]
+        _pack(bundle, members, arrays)
+        pg.send(bundle, dst, _TAG)
         sent += size
     return sent
+
+
+def send_state(pg, state, dst: int, head_bytes: int | None = None) -> int:
+    """Send ``state`` to group rank ``dst`` of ``pg``; returns the bytes sent (head, skeleton and arrays):
+    :func:`pack_state` then :func:`send_packed`.
+
+    ``head_bytes``: the size of the first message, as the receiver asked (default ``HEAD_BYTES``;
+    the receiver's ``recv_state`` must pass the same).
+
+    Example::
+
+        nbytes = send_state(pg, state_dict(), dst=heal_rank)
+    """
+    return send_packed(pg, pack_state(state, head_bytes), dst)
 
 
 def _targets(skeleton, into, count: int) -> list:
@@ -231,22 +364,24 @@ def _targets(skeleton, into, count: int) -> list:
     return found
 
 
-def recv_state(pg, src: int, into=None):
+def recv_state(pg, src: int, into=None, head_bytes: int | None = None):
     """Receive what ``send_state`` sent from group rank ``src`` (trusted peers only: it unpickles).
 
     ``into``: a state of the same nesting whose matching arrays are filled in place (module
-    docstring); None allocates every array.
+    docstring); None allocates every array. ``head_bytes``: the first message's size, the same
+    as the sender's (default ``HEAD_BYTES``).
 
     Example::
 
         load_state_dict(recv_state(pg, src=quorum.rank_of(source), into=live_state()))
     """
-    head = np.empty(HEAD_BYTES, dtype=np.uint8)
+    head_size = _check_head(head_bytes)
+    head = np.empty(head_size, dtype=np.uint8)
     pg.recv(head, src, _TAG)
     length = int(head[:_LEN].view(np.int64)[0])
     payload = head[_LEN:_LEN + length]
-    if length > HEAD_BYTES - _LEN:           # a long skeleton: the rest came on its own
-        rest = np.empty(length - (HEAD_BYTES - _LEN), dtype=np.uint8)
+    if length > head_size - _LEN:            # a long skeleton: the rest came on its own
+        rest = np.empty(length - (head_size - _LEN), dtype=np.uint8)
         pg.recv(rest, src, _TAG)
         payload = np.concatenate([payload, rest])
     header = pickle.loads(payload.tobytes())  # trusted peers only (module docstring)
@@ -259,7 +394,7 @@ def recv_state(pg, src: int, into=None):
             arrays[i] = t
     nbytes = [math.prod(shape) * dtype.itemsize for shape, dtype in metas]
     plan = plan_messages(nbytes)
-    inline = inline_offset(plan, length)
+    inline = inline_offset(plan, length, head_size)
     if inline is not None:                   # the first bundle came in the head
         _, members, size = plan[0]
         _unpack(head[inline:inline + size], members, metas, nbytes, arrays)
@@ -275,7 +410,8 @@ def recv_state(pg, src: int, into=None):
         _, members, size = message
         if all(arrays[i] is not None for i, _ in members):
             if scratch is None or scratch.size < size:
-                scratch = np.empty(max(BUNDLE_BYTES, size), dtype=np.uint8)
+                # the largest bundle still to come: fresh memory costs a page fault per page touched
+                scratch = np.empty(max(m[2] for m in plan if m[0] == "bundle"), dtype=np.uint8)
             packed = scratch[:size]
         else:
             packed = np.empty(size, dtype=np.uint8)
