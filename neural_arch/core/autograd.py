@@ -478,14 +478,17 @@ def _execute(root_node, grad, retain_graph, make_tensor):
                 k = id(p)
                 leaf_count[k] = leaf_count.get(k, 0) + 1
 
-    # 2) Run nodes, newest first among the ready ones.
+    # 2) Run nodes, newest first among the ready ones. The accumulation of a gradient into its
+    #    buffer is written out inline (this loop runs once per recorded op: a call per edge costs
+    #    about as much as the bookkeeping itself, docs/benchmarks.md, issue 37).
     bufs = {root_node: [grad, False]}
     leaf_bufs: dict = {}
     ready = [(-root_node.seq, root_node)]
     pop, push = heapq.heappop, heapq.heappush
+    bufs_pop, bufs_get = bufs.pop, bufs.get
     while ready:
         n = pop(ready)[1]
-        entry = bufs.pop(n, None)
+        entry = bufs_pop(n, None)
         fn = n.fn
         parents = n.parents
         if not retain_graph:
@@ -493,34 +496,62 @@ def _execute(root_node, grad, retain_graph, make_tensor):
             # die as soon as backward is done even if the caller keeps the loss tensor around.
             n.fn = None
             n.parents = ()
-        if entry is not None:
-            g = entry[0]
-            if n.hooks:
-                g, replaced = _run_tensor_hooks(n.hooks, g, make_tensor)
-                if replaced:
-                    entry[1] = False
-            if n.retain is not None:
-                t = n.retain()
-                if t is not None:
-                    if t._grad is None:
-                        keep = np.array(g) if isinstance(g, np.generic) else g.copy()
-                        t._grad = make_tensor(keep)
-                    else:
-                        t._grad.data = t._grad.data + g
-            grads = fn(g)
-            fresh = n.fresh
-        else:
-            grads = None  # this node got no gradient: only propagate the "done" signal
-        for i, p in enumerate(parents):
+        if entry is None:
+            # this node got no gradient: only propagate the "done" signal
+            for p in parents:
+                if p is None:
+                    continue
+                gf = p.grad_fn
+                if gf is not None:
+                    c = deps[gf] - 1
+                    deps[gf] = c
+                    if c == 0:
+                        push(ready, (-gf.seq, gf))
+                elif p.requires_grad:
+                    k = id(p)
+                    c = leaf_count[k] - 1
+                    leaf_count[k] = c
+                    if c == 0:
+                        e = leaf_bufs.pop(k, None)
+                        if e is not None:
+                            _finalize_leaf(p, e[0], e[1], make_tensor)
+            continue
+        g = entry[0]
+        if n.hooks:
+            g, replaced = _run_tensor_hooks(n.hooks, g, make_tensor)
+            if replaced:
+                entry[1] = False
+        if n.retain is not None:
+            t = n.retain()
+            if t is not None:
+                if t._grad is None:
+                    keep = np.array(g) if isinstance(g, np.generic) else g.copy()
+                    t._grad = make_tensor(keep)
+                else:
+                    t._grad.data = t._grad.data + g
+        grads = fn(g)
+        fresh = n.fresh
+        if len(grads) < len(parents):  # a short tuple: an IndexError for a parent left without one
+            grads = [grads[i] if p is not None else None for i, p in enumerate(parents)]
+        for p, pg in zip(parents, grads):
             if p is None:
                 continue
-            pg = None if grads is None else grads[i]
             gf = p.grad_fn
             if gf is not None:
                 if pg is not None:
                     if pg.dtype != p.data.dtype:
                         pg = pg.astype(p.data.dtype)
-                    _accumulate(bufs, gf, pg, fresh)
+                    acc = bufs_get(gf)
+                    if acc is None:
+                        bufs[gf] = [pg, fresh]
+                    elif acc[1]:
+                        try:
+                            acc[0] += pg
+                        except (TypeError, ValueError):
+                            acc[0] = acc[0] + pg
+                    else:
+                        acc[0] = acc[0] + pg
+                        acc[1] = True
                 c = deps[gf] - 1
                 deps[gf] = c
                 if c == 0:

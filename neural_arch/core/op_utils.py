@@ -87,6 +87,79 @@ def _scatter_add_rows(target, idx, values) -> None:
     target[rows[starts]] += np.add.reduceat(values[order], starts, axis=0)
 
 
+#: inner-loop length from which NumPy runs a binary ufunc against a broadcast row at the speed of
+#: two same-shape arrays (its default buffer size): below it, ``(rows, n) op (n,)`` walks one short
+#: row per inner loop and runs about half as fast (docs/benchmarks.md, issue 37)
+_LONG_ROW = 8192
+#: blocks of ``k`` rows below which :func:`vector_op` keeps the plain broadcast (measured break-even)
+_MIN_BLOCKS = 8
+#: elements below which :func:`vector_op` always keeps the plain broadcast (callers on a hot path
+#: test this first and skip the call)
+VECTOR_OP_MIN_SIZE = _LONG_ROW * _MIN_BLOCKS
+
+
+def vector_op(ufunc, a, v, out) -> None:
+    """``ufunc(a, v, out=out)`` for a 2-d NumPy ``a`` (rows, n) and a vector ``v`` (n,) broadcast over
+    its rows (a bias add, a layer norm's weight), with the same values, faster for short rows.
+
+    Blocks of ``k`` rows are viewed as one long row against ``v`` repeated ``k`` times (one small
+    copy): each element gets exactly the arithmetic of the broadcast form, so results are
+    bit-identical. ``a`` and ``out`` must be C-contiguous to be viewed so (``out`` may be ``a``);
+    otherwise, on a device array, or for a matrix of fewer than :data:`_MIN_BLOCKS` blocks (the
+    copy and the extra calls would cost more than they save), the broadcast form runs.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.core.op_utils import vector_op
+        >>> a = np.ones((4, 3))
+        >>> vector_op(np.add, a, np.array([1.0, 2.0, 3.0]), a)
+        >>> a[-1].tolist()
+        [2.0, 3.0, 4.0]
+    """
+    rows, n = a.shape if a.ndim == 2 and a.size >= VECTOR_OP_MIN_SIZE else (0, 0)
+    k = -(-_LONG_ROW // n) if n else 0
+    if (not (1 < k and k * _MIN_BLOCKS <= rows) or type(a) is not np.ndarray or type(out) is not np.ndarray
+            or not (a.flags.c_contiguous and out.flags.c_contiguous)):
+        ufunc(a, v, out=out)
+        return
+    main = rows - rows % k
+    tiled = np.empty((k, n), dtype=v.dtype)
+    tiled[...] = v
+    blocks = (main // k, k * n)
+    ufunc(a[:main].reshape(blocks), tiled.reshape(k * n), out=out[:main].reshape(blocks))
+    if main != rows:
+        ufunc(a[main:], v, out=out[main:])
+
+
+_ONES: dict = {}
+_ONES_KEPT = 64  # distinct (length, dtype) pairs kept; a model uses a handful
+
+
+def ones_vector(n: int, dtype):
+    """A read-only NumPy vector of ``n`` ones, shared: the operand of the reductions written as
+    BLAS products (``ones @ a`` column sums, ``vecdot(a, ones)`` row sums), made once per length
+    and dtype instead of once per call.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.core.op_utils import ones_vector
+        >>> v = ones_vector(3, np.float32)
+        >>> v.tolist(), v.flags.writeable, ones_vector(3, np.float32) is v
+        ([1.0, 1.0, 1.0], False, True)
+    """
+    key = (n, dtype)
+    v = _ONES.get(key)
+    if v is None:
+        if len(_ONES) >= _ONES_KEPT:
+            _ONES.clear()
+        v = np.ones(n, dtype=dtype)
+        v.flags.writeable = False
+        _ONES[key] = v
+    return v
+
+
 def _same_device(datas, op: str) -> None:
     """Raise a clear error when arrays of one op live on different devices (cheap on CPU)."""
     if all(type(d) is np.ndarray for d in datas):

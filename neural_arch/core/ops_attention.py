@@ -44,7 +44,7 @@ import math
 import numpy as np
 
 from .autograd import Node
-from .op_utils import _needs, _result, _same_device, _xp, unbroadcast
+from .op_utils import _needs, _result, _same_device, _xp, ones_vector, unbroadcast
 from .rng import get_generator
 from .tensor import Tensor
 from .thread_pool import parallel_chunks, splits
@@ -190,7 +190,7 @@ def _row_dots(xp, a, b=None):
     vecdot = getattr(np, "vecdot", None) if xp is np else None
     if vecdot is None:
         return a.sum(axis=-1) if b is None else (a * b).sum(axis=-1)
-    return vecdot(a, np.ones(a.shape[-1], dtype=a.dtype) if b is None else b)
+    return vecdot(a, ones_vector(a.shape[-1], a.dtype) if b is None else b)
 
 
 def _split_over_heads(xp, mask, q, *arrays) -> bool:
@@ -241,7 +241,7 @@ def _column_sums(xp, a):
     one BLAS call per matrix, so a chunk of heads gets exactly the values of the whole), which reads
     ``a`` once at full speed where NumPy's sum over the second-last axis is several times slower."""
     if xp is np and a.dtype in (np.float32, np.float64):
-        return np.matmul(np.ones(a.shape[-2], dtype=a.dtype), a)
+        return np.matmul(ones_vector(a.shape[-2], a.dtype), a)
     return a.sum(axis=-2)
 
 
@@ -484,10 +484,14 @@ def local_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, i
     _same_device([q.data, k.data, v.data], "scaled_dot_product_attention")
     xp = _xp(q.data)
     n_q, n_k = q.shape[-2], k.shape[-2]
-    lead = tuple(np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]))
-    qd = xp.broadcast_to(q.data, lead + tuple(q.shape[-2:]))
-    kd = xp.broadcast_to(k.data, lead + tuple(k.shape[-2:]))
-    vd = xp.broadcast_to(v.data, lead + tuple(v.shape[-2:]))
+    lead = q.shape[:-2]
+    if lead == k.shape[:-2] == v.shape[:-2]:  # the usual case: nothing to broadcast (nothing writes into these)
+        qd, kd, vd = q.data, k.data, v.data
+    else:
+        lead = tuple(np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]))
+        qd = xp.broadcast_to(q.data, lead + tuple(q.shape[-2:]))
+        kd = xp.broadcast_to(k.data, lead + tuple(k.shape[-2:]))
+        vd = xp.broadcast_to(v.data, lead + tuple(v.shape[-2:]))
     sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if is_causal:
         mask = AttentionMask.causal(np.arange(n_q), np.arange(n_k))

@@ -28,7 +28,7 @@ from neural_arch.core import device_kernels
 
 from .. import backend as _backend
 from .autograd import Node
-from .op_utils import _needs, _result, _xp, scatter_add
+from .op_utils import VECTOR_OP_MIN_SIZE, _needs, _result, _xp, ones_vector, scatter_add, vector_op
 from .rng import get_generator
 from .tensor import Tensor
 from .thread_pool import parallel_chunks
@@ -235,7 +235,7 @@ def _row_dots(a, b=None):
 def _column_sums(a):
     """``a.sum(axis=0)`` of a 2-d float NumPy matrix as a BLAS matrix-vector product (``ones @ a``):
     it reads ``a`` once at full speed, where NumPy's column sum is about twice as slow."""
-    return np.ones(a.shape[0], dtype=a.dtype) @ a
+    return ones_vector(a.shape[0], a.dtype) @ a
 
 
 def _fused_rows_ok(xd, weight, bias, normalized_shape) -> bool:
@@ -266,7 +266,7 @@ def _layer_norm_rows(x: Tensor, normalized_shape, weight, bias, eps: float) -> T
     rows = xd.reshape(xd.size // n, n)
     n_rows = rows.shape[0]
     dtype = xd.dtype
-    ones = np.ones(n, dtype=dtype)
+    ones = ones_vector(n, dtype)
     wd = None if weight is None else (weight.data if isinstance(weight, Tensor) else weight).reshape(n)
     bd = None if bias is None else (bias.data if isinstance(bias, Tensor) else bias).reshape(n)
     xhat = np.empty_like(rows)
@@ -286,11 +286,11 @@ def _layer_norm_rows(x: Tensor, normalized_shape, weight, bias, eps: float) -> T
         np.divide(1.0, var, out=sd)
         xh *= sd[:, None]
         if wd is not None:
-            np.multiply(xh, wd, out=out[lo:hi])
+            vector_op(np.multiply, xh, wd, out[lo:hi])
             if bd is not None:
-                out[lo:hi] += bd
+                vector_op(np.add, out[lo:hi], bd, out[lo:hi])
         elif bd is not None:
-            np.add(xh, bd, out=out[lo:hi])
+            vector_op(np.add, xh, bd, out[lo:hi])
 
     parallel_chunks(n_rows, forward_rows, work=8 * rows.size)
     rstd = rstd[:, None]
@@ -321,7 +321,7 @@ def _layer_norm_rows(x: Tensor, normalized_shape, weight, bias, eps: float) -> T
                 m1 = _row_dots(g_r, w)
                 m1 /= n
                 np.divide(_row_dots(gxhat[lo:hi], w), n, out=m2[lo:hi])
-                np.multiply(g_r, w, out=gxr)
+                vector_op(np.multiply, g_r, w, gxr)
                 gxr -= m1[:, None]
 
         def finish(lo, hi):
@@ -370,12 +370,15 @@ def linear(x: Tensor, weight: Tensor, bias=None) -> Tensor:
     # each too small to reach the BLAS's full speed (docs/benchmarks.md, issue 37).
     x2 = xd if xd.ndim == 2 else xd.reshape(math.prod(xshape[:-1]), xshape[-1])
     out = x2 @ wd.T
+    bd = None if bias is None else (bias.data if isinstance(bias, Tensor) else bias)
+    # out is freshly allocated: the bias is added in place, no extra temporary
+    added = type(bd) is np.ndarray and bd.ndim == 1 and out.size >= VECTOR_OP_MIN_SIZE
+    if added:
+        vector_op(np.add, out, bd, out)
     if xd.ndim != 2:
         out = out.reshape(xshape[:-1] + (wd.shape[0],))
-    bd = None
-    if bias is not None:
-        bd = bias.data if isinstance(bias, Tensor) else bias
-        out += bd  # out is freshly allocated: add in place, no extra temporary
+    if bd is not None and not added:
+        out += bd
     bt = bias if isinstance(bias, Tensor) and bias.requires_grad else None
     rx, rw = x.requires_grad, weight.requires_grad
     if not _needs(x if rx else None, weight if rw else None, bt):
