@@ -186,6 +186,8 @@ def print_table(rows: Iterable[Sequence[Any]], headers: Sequence[str]) -> None:
 
 def _commit() -> str:
     """The checked-out commit (with ``+dirty`` when the work tree differs), or why it is unknown."""
+    if os.environ.get("BENCH_COMMIT"):  # named by whoever copied the tree (a lent GPU machine's copy of .git can be stale)
+        return os.environ["BENCH_COMMIT"]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
@@ -193,8 +195,7 @@ def _commit() -> str:
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError) as exc:
-        # a copy of the work tree without .git (a lent GPU machine): whoever copied it names the commit
-        return os.environ.get("BENCH_COMMIT") or f"unknown ({exc})"
+        return f"unknown ({exc})"
     return head + ("+dirty" if dirty else "")
 
 
