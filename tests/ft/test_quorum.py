@@ -129,3 +129,48 @@ def test_a_replacements_head_size_reaches_its_healer_through_the_quorum():
     assert Quorum.from_json({k: v for k, v in q.to_json().items() if k != "heal_head"}).heal_head == {}
     assert decode_request("c", encode_request(1, 0, True, 1, heal_head=250_000), 0.0).heal_head == 250_000
     assert b"heal_head" not in encode_request(1, 0, True, 1)           # a step in the quorum does not carry it
+
+
+def test_a_member_left_behind_cannot_step_alone_while_the_one_ahead_is_alive():
+    """Rule 5 (never two lines of history): a went on alone (its step 2 committed: it holds step 3);
+    b, slow, asks at step 2 with a absent. Going on would give two replicas at step 3 with different
+    weights: b waits, past join_timeout, until a asks (then heals from a) or a's heartbeat stops."""
+    alone_b = reqs({"b": 2}, since=10.0)
+    assert plan_quorum(alone_b, {"a", "b"}, None, 1, 1.0, now=10.5, known_steps={"a": 3}) is None
+    assert plan_quorum(alone_b, {"a", "b"}, None, 1, 1.0, now=99.0, known_steps={"a": 3}) is None
+    both = plan_quorum(reqs({"a": 3, "b": 2}, since=10.0), {"a", "b"}, None, 1, 1.0, now=10.1)
+    assert both.members == ("a", "b") and both.heal == {"b": "a"}
+    assert plan_quorum(alone_b, {"b"}, None, 1, 1.0, now=10.5, known_steps={"a": 3}).members == ("b",)  # a died
+    # a slow member that is not ahead is still left out after join_timeout (rule 4 unchanged)
+    assert plan_quorum(alone_b, {"a", "b"}, None, 1, 1.0, now=11.0, known_steps={"a": 2}).members == ("b",)
+
+
+def test_the_lighthouse_knows_who_may_be_ahead_from_its_quorums_and_their_commit_decisions():
+    from neural_arch.distributed.ft import protocol
+    from neural_arch.distributed.ft.lighthouse import Lighthouse
+
+    lighthouse = Lighthouse(min_replicas=1, heartbeat_timeout=100.0, join_timeout=1.0)   # ticked by hand
+    store = lighthouse.store
+
+    def ask(member, n, step):
+        store.add(protocol.heartbeat_key(member), 1)
+        store.set(protocol.request_key(member), encode_request(n, step, False, 1, init_sync=False))
+
+    try:
+        for i, member in enumerate(("a", "b")):
+            store.add(protocol.MEMBERS, 1)
+            store.set(protocol.member_key(i), member)
+        ask("a", 1, 0), ask("b", 1, 0)
+        assert lighthouse.tick(now=0.0).members == ("a", "b")
+        store.set(protocol.commit_key(1), b"1")                  # both at step 1 now
+        ask("a", 2, 1)                                           # b is slow: a goes on alone
+        assert lighthouse.tick(now=0.5) is None
+        assert lighthouse.tick(now=1.6).members == ("a",)        # round 2 in flight: a may reach step 2
+        ask("b", 2, 1)
+        assert lighthouse.tick(now=5.0) is None
+        assert lighthouse.tick(now=7.0) is None                  # past join_timeout: b must not step alone from 1
+        store.set(protocol.commit_key(2), b"0")                  # a's step was voided: a holds step 1
+        q = lighthouse.tick(now=7.1)
+        assert q is not None and q.members == ("b",) and q.max_step == 1
+    finally:
+        lighthouse.stop()

@@ -87,6 +87,8 @@ class Lighthouse:
         self._since: dict[tuple[str, int], float] = {}   # (member, n) -> when first seen
         self._dead: set[str] = set()
         self._issued: list[dict[str, int]] = []          # per round: member -> request number answered
+        self._last_quorum: dict[str, Quorum] = {}        # member -> the last quorum it was in (rule 5)
+        self._decided: dict[int, bytes] = {}             # round -> its commit decision, once read (final)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
@@ -129,6 +131,7 @@ class Lighthouse:
             self.store.delete_key(protocol.answer_key(member, n))
             self.store.delete_key(protocol.vote_key(round_, member))
         self.store.delete_key(protocol.commit_key(round_))
+        self._decided.pop(round_, None)
 
     # -- the loop ----------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -145,6 +148,21 @@ class Lighthouse:
         """Members whose heartbeat moved within ``heartbeat_timeout`` and that did not leave."""
         return {m for m, (_, seen) in self._beats.items()
                 if m not in self._dead and now - seen < self.heartbeat_timeout}
+
+    def _known_steps(self, members) -> dict[str, int]:
+        """The newest step each of ``members`` (healthy, not asking now) may hold: its last quorum's
+        ``max_step`` + 1 if that step committed or is still undecided (in flight), else ``max_step``
+        (the quorum's step was voided; a member that healed before it holds ``max_step``)."""
+        known = {}
+        for member in members:
+            quorum = self._last_quorum.get(member)
+            if quorum is None:
+                continue
+            decision = self._decided.get(quorum.round)
+            if decision is None and self.store.check(protocol.commit_key(quorum.round)):
+                decision = self._decided[quorum.round] = self.store.get(protocol.commit_key(quorum.round))
+            known[member] = quorum.max_step + (0 if decision == b"0" else 1)
+        return known
 
     def tick(self, now: float) -> Quorum | None:
         """One look at the store: new members, heartbeats, requests; issue a quorum if the rule allows."""
@@ -173,8 +191,10 @@ class Lighthouse:
                 continue
             since = self._since.setdefault((member, n), now)
             requests[member] = protocol.decode_request(member, raw, since)
-        quorum = plan_quorum(requests, self.healthy(now), self.quorums[-1] if self.quorums else None,
-                             self.min_replicas, self.join_timeout, now)
+        healthy = self.healthy(now)
+        quorum = plan_quorum(requests, healthy, self.quorums[-1] if self.quorums else None,
+                             self.min_replicas, self.join_timeout, now,
+                             known_steps=self._known_steps(healthy - set(requests)) if requests else None)
         if quorum is None:
             return None
         answer = json.dumps(quorum.to_json()).encode()
@@ -185,6 +205,8 @@ class Lighthouse:
             self._since.pop((member, n), None)
         self.quorums.append(quorum)
         self._issued.append({m: requests[m].n for m in quorum.members})
+        for member in quorum.members:
+            self._last_quorum[member] = quorum
         self._forget(quorum.round - KEEP_ROUNDS)
         log.info("ft quorum round %d: id %d, members %s, steps %s, heal %s", quorum.round, quorum.quorum_id,
                  quorum.members, quorum.steps, quorum.heal)

@@ -10,6 +10,13 @@ and calls ``plan_quorum``. It is a pure function, so the rule is tested without 
 4. Some healthy replica did not ask (slow, or hung in user code while its heartbeat thread still
    beats): wait ``join_timeout`` from the oldest request, then go on without it; it joins a later
    quorum and heals there.
+5. **Never two lines of history.** A healthy replica that did not ask may hold a newer state than
+   every candidate: it stepped on in a quorum the candidates were not in (its step committed, or is
+   still in flight). Then wait -- past ``join_timeout`` -- until it asks (and the others heal from it)
+   or its heartbeat stops. Without this rule two replicas could each commit steps alone while the
+   other is slow, reach the same step count with different weights, and later average gradients
+   with no heal: a silent divergence. (torchft avoids it by requiring a majority of the heartbeating
+   replicas in every quorum; this rule keeps going on without a slow replica that is not ahead.)
 
 A quorum keeps its ``quorum_id`` (and so its process group) while the members stay the same and
 none asks to reconfigure (a replica whose last step was not committed always asks: its group may be
@@ -153,7 +160,8 @@ class Quorum:
 
 
 def plan_quorum(requests: Mapping[str, QuorumRequest], healthy: AbstractSet[str], previous: Quorum | None,
-                min_replicas: int, join_timeout: float, now: float) -> Quorum | None:
+                min_replicas: int, join_timeout: float, now: float,
+                known_steps: Mapping[str, int] | None = None) -> Quorum | None:
     """The next quorum, or None to wait (the rule in the module docstring).
 
     Args:
@@ -163,6 +171,8 @@ def plan_quorum(requests: Mapping[str, QuorumRequest], healthy: AbstractSet[str]
         min_replicas: the lighthouse's smallest quorum (a request may ask for more).
         join_timeout: seconds to wait for healthy members that did not ask.
         now: the lighthouse's clock.
+        known_steps: for members that did not ask, the newest step they may hold (the lighthouse's
+            record of the quorums they were in and whether those committed): rule 5.
 
     Example:
         >>> reqs = {"a": QuorumRequest("a", 1, 0, since=0.0)}
@@ -170,6 +180,8 @@ def plan_quorum(requests: Mapping[str, QuorumRequest], healthy: AbstractSet[str]
         True
         >>> plan_quorum(reqs, {"a", "b"}, None, 1, join_timeout=1.0, now=1.5).members  # b is late: go on
         ('a',)
+        >>> plan_quorum(reqs, {"a", "b"}, None, 1, 1.0, now=9.0, known_steps={"b": 2}) is None  # b went ahead
+        True
     """
     candidates = {m: r for m, r in requests.items() if m in healthy}
     if not candidates:
@@ -184,10 +196,14 @@ def plan_quorum(requests: Mapping[str, QuorumRequest], healthy: AbstractSet[str]
         return None
     taking_part = {r.member for shards in complete.values() for r in shards.values()}
     superseded = set(candidates) - {r.member for shards in replicas.values() for r in shards.values()}
-    if set(healthy) - taking_part - superseded:     # healthy but not asked, or a shard of theirs missing
+    absent = set(healthy) - taking_part - superseded   # healthy but not asked, or a shard of theirs missing
+    if absent:
         oldest = min(r.since for shards in complete.values() for r in shards.values())
         if now - oldest < join_timeout:
             return None
+        top_asking = max(min(r.step for r in shards.values()) for shards in complete.values())
+        if known_steps and any(known_steps.get(m, -1) > top_asking for m in absent):
+            return None   # rule 5: one of them may hold a newer state than every candidate
     order = sorted(complete)
     ranked = [complete[key][s] for key in order for s in range(len(complete[key]))]
     members = tuple(r.member for r in ranked)
