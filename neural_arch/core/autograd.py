@@ -541,6 +541,7 @@ def _execute(root_node, grad, retain_graph, make_tensor):
                 if pg is not None:
                     if pg.dtype != p.data.dtype:
                         pg = pg.astype(p.data.dtype)
+                    # _accumulate, inlined: this runs once per gradient edge of the graph
                     acc = bufs_get(gf)
                     if acc is None:
                         bufs[gf] = [pg, fresh]
