@@ -16,7 +16,8 @@ each step under its own time limit (the whole check fits in 8 minutes):
 3. ``bench-gpu``  -- ``benchmarks/bench_gpu.py`` against PyTorch on the same GPU (when torch imports);
 4. ``digits-nccl-1`` / ``gpt-nccl-1`` -- both DDP examples with ``--device cuda`` on NCCL in a world of one;
 5. ``digits-gloo-2`` / ``gpt-gloo-2`` -- the same examples on two ranks over gloo with CuPy arrays (one GPU:
-   NCCL refuses two ranks on one device, so the multi-rank run stages through host memory).
+   NCCL refuses two ranks on one device, so the multi-rank run stages through host memory);
+   ``digits-mpi-2`` -- the digits example under ``mpiexec -n 2`` (the mpi backend, CuPy staged likewise).
 
 Each step records its command, exit code, wall time and the tail of its output; the summary is
 ``benchmarks/results/gpu_check.json`` (``--out``). On a machine without a GPU every step reports
@@ -45,9 +46,27 @@ DIGITS = ["examples/train_digits_ddp.py", "--epochs", "3", "--no-progress", "--d
           "--checkpoint", "/tmp/neural_arch_gpu_check/digits.npz"]
 GPT = ["examples/train_gpt_ddp.py", "--steps", "30", "--device", "cuda"]
 
+
+def _mpiexec(n: int) -> list[str]:
+    """``mpiexec -n N python``: the MPICH wheel's next to this interpreter, else the host's (a GPU image
+    may ship Open MPI's, which wants ``--allow-run-as-root`` as root and ``-x`` to pass PYTHONPATH on)."""
+    from neural_arch.distributed.run.pool import mpiexec_path
+
+    path = mpiexec_path() or "mpiexec"
+    try:
+        version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    extra = []
+    if "Open MPI" in version or "OpenRTE" in version:
+        extra += ["-x", "PYTHONPATH"] if "PYTHONPATH" in os.environ else []
+        extra += ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [path, *extra, "-n", str(n), sys.executable]
+
+
 #: name -> (command, time limit in seconds): the plan, printable with --plan
 STEPS: dict[str, tuple[list[str], int]] = {
-    "pytest-gpu": ([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"], 160),
+    "pytest-gpu": ([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"], 130),
     # the NCCL backend's peer logic against fake peers, here with the real CuPy and libnccl it imports
     "nccl-fake-peers": ([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                          "tests/gpu/test_nccl_nogpu.py"], 60),
@@ -58,6 +77,8 @@ STEPS: dict[str, tuple[list[str], int]] = {
     "gpt-nccl-1": ([*LAUNCH, "--nproc_per_node", "1", "--backend", "nccl", *GPT], 40),
     "digits-gloo-2": ([*LAUNCH, "--nproc_per_node", "2", "--backend", "gloo", *DIGITS], 40),
     "gpt-gloo-2": ([*LAUNCH, "--nproc_per_node", "2", "--backend", "gloo", *GPT], 40),
+    # under mpiexec the examples take the mpi backend (two ranks share the GPU, so not NCCL)
+    "digits-mpi-2": ([*_mpiexec(2), *DIGITS], 30),
 }
 
 
