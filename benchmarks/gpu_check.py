@@ -54,7 +54,7 @@ def _mpiexec(n: int) -> list[str]:
 
     path = mpiexec_path() or "mpiexec"
     try:
-        version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
+        version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False).stdout
     except (OSError, subprocess.SubprocessError):
         version = ""
     extra = []
