@@ -55,6 +55,7 @@ from neural_arch.distributed.checkpoint.flatten import (
 )
 from neural_arch.distributed.checkpoint.plan import PlanCache, describe, my_pieces
 from neural_arch.distributed.checkpoint.sharded import Region, ShardedArray
+from neural_arch.distributed.checkpoint.staging import _ChunkCopier
 from neural_arch.distributed.checkpoint.storage import (
     FORMAT_VERSION,
     METADATA_NAME,
@@ -73,10 +74,9 @@ __all__ = ["AsyncSaveResponse", "async_save", "load", "remove_orphans", "save", 
 
 _pending_lock = threading.Lock()
 _pending: Future | None = None
-# async_save's host staging buffers, kept for the next call: copying into memory already touched
-# is several times faster than into fresh pages (first-touch page faults), and the previous save
+# async_save's host staging buffers, kept for the next call (the stagers' copier): the previous save
 # has always finished writing before the next one stages (see _wait_previous).
-_staging: dict[tuple, np.ndarray] = {}
+_copier = _ChunkCopier(reuse=True)
 # The last save plan, reused while every rank's layout is unchanged (one small all-gather per save).
 _plans = PlanCache()
 
@@ -411,9 +411,6 @@ def async_save(state_dict, checkpoint_id, process_group=None, *, extra: dict | N
     if staged is None:
         staged = _stage_all(arrays, rank, owners)
     tensors = {name: a for (_, name), a in staged.items()}
-    with _pending_lock:
-        _staging.clear()
-        _staging.update(staged)
     timeout = _commit_timeout()
 
     def write():
@@ -587,17 +584,7 @@ os.register_at_fork(after_in_child=_forget_writer_after_fork)
 
 def _stage_all(arrays: dict, rank: int, owners: dict) -> dict:
     """{(rk, chunk name): staged copy} of every chunk ``rank`` writes under ``owners``."""
-    return {(rk, name): _stage((rk, name), piece) for rk, name, piece in my_pieces(arrays, owners, rank)}
-
-
-def _stage(rk: tuple, local: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of ``local``, in last call's buffer for this chunk when it fits."""
-    with _pending_lock:
-        buf = _staging.get(rk)
-    if buf is None or buf.shape != np.shape(local) or buf.dtype != local.dtype:
-        return np.array(local, copy=True, order="C")
-    np.copyto(buf, local)
-    return buf
+    return _copier.copy({(rk, name): piece for rk, name, piece in my_pieces(arrays, owners, rank)})
 
 
 def _wait_at_exit() -> None:

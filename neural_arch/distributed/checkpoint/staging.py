@@ -113,7 +113,7 @@ class _ChunkCopier:
 
     def __init__(self, reuse: bool) -> None:
         self._reuse = reuse
-        self._buffers: dict[str, np.ndarray] = {}
+        self._buffers: dict = {}  # chunk key (a name, or async_save's (rank, name)) -> its buffer
 
     def copy(self, chunks: dict) -> dict:
         staged = {}
