@@ -196,13 +196,14 @@ def plan_quorum(requests: Mapping[str, QuorumRequest], healthy: AbstractSet[str]
         return None
     taking_part = {r.member for shards in complete.values() for r in shards.values()}
     superseded = set(candidates) - {r.member for shards in replicas.values() for r in shards.values()}
+    replica_step = {key: min(r.step for r in shards.values()) for key, shards in complete.items()}
+    top = max(replica_step.values())
     absent = set(healthy) - taking_part - superseded   # healthy but not asked, or a shard of theirs missing
     if absent:
         oldest = min(r.since for shards in complete.values() for r in shards.values())
         if now - oldest < join_timeout:
             return None
-        top_asking = max(min(r.step for r in shards.values()) for shards in complete.values())
-        if known_steps and any(known_steps.get(m, -1) > top_asking for m in absent):
+        if known_steps and any(known_steps.get(m, -1) > top for m in absent):
             return None   # rule 5: one of them may hold a newer state than every candidate
     order = sorted(complete)
     ranked = [complete[key][s] for key in order for s in range(len(complete[key]))]
@@ -212,8 +213,6 @@ def plan_quorum(requests: Mapping[str, QuorumRequest], healthy: AbstractSet[str]
     same = previous is not None and previous.members == members
     reconfigure = any(r.reconfigure for r in ranked)
     quorum_id = previous.quorum_id if same and not reconfigure else (previous.quorum_id + 1 if previous else 1)
-    replica_step = {key: min(r.step for r in complete[key].values()) for key in order}
-    top = max(replica_step.values())
     if top == 0 and any(r.init_sync for r in ranked):
         sources, behind = [order[0]], order[1:]     # step 0: everyone takes the first one's state
     else:
