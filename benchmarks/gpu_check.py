@@ -40,6 +40,8 @@ import subprocess
 import sys
 import time
 
+from common import _commit  # benchmarks/common.py: the run's commit (BENCH_COMMIT first)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = [sys.executable, "-m", "neural_arch.distributed.launcher", "--standalone"]
 DIGITS = ["examples/train_digits_ddp.py", "--epochs", "3", "--no-progress", "--device", "cuda",
@@ -226,16 +228,6 @@ def _write(summary: dict, path: str) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump(summary, f, indent=1)
     os.replace(path + ".tmp", path)
-
-
-def _commit() -> str:
-    if os.environ.get("BENCH_COMMIT"):  # as benchmarks/common.py: the copier names the commit
-        return os.environ["BENCH_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
 
 
 if __name__ == "__main__":
