@@ -104,6 +104,9 @@ class Job:
             self.returncode, self.stderr = -1, f"could not start {self.argv[0]}: {exc}"
         finally:
             self.seconds = time.monotonic() - start
+            import os as _os
+            with open("/tmp/bgjobs.log", "a") as _f:
+                _f.write(f"{self.name}\tnice={nice!r}\tstart={start:.1f}\tsec={self.seconds:.1f}\trc={self.returncode}\n")
             self._done.set()
 
     def kill(self) -> None:
@@ -203,14 +206,24 @@ def result(name: str, make: Callable[[], Job]) -> Job:
 def pytest_collection_modifyitems(session, config, items):
     """The tests that read a background job's result run last (in their order): by then the queue has
     had the whole run's idle cycles for their jobs, where in collection order (``tests/docs``,
-    ``tests/examples`` come early) a test would wait for its job or run it itself in the foreground."""
+    ``tests/examples`` come early) a test would wait for its job or run it itself in the foreground.
+
+    Just before them run the tests marked ``latency_bound``: ranks that busy-wait on each other (the
+    shared-memory transport's spin, MPI's polling), whose every step waits for a peer to be scheduled.
+    Beside the queue's multi-rank jobs they take several times as long (nice 19 does not keep a waiting
+    rank's peer on a core); run after the rest of the suite, they find the queue drained."""
     def reads_a_job(item) -> bool:
         module = getattr(item, "module", None)
         return module is not None and callable(getattr(module, "background_jobs", None))
 
+    def busy_waits(item) -> bool:
+        return item.get_closest_marker("latency_bound") is not None
+
     late = [item for item in items if reads_a_job(item)]
-    if late:
-        items[:] = [item for item in items if not reads_a_job(item)] + late
+    waiting = [item for item in items if busy_waits(item) and not reads_a_job(item)]
+    if late or waiting:
+        rest = [item for item in items if not busy_waits(item) and not reads_a_job(item)]
+        items[:] = rest + waiting + late
 
 
 def pytest_collection_finish(session):

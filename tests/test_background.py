@@ -1,7 +1,7 @@
 """The background job queue (tests/background.py): a queued job the test reaches first runs in the test, one
 the thread has is waited for, a job never queued is built and run, a job past its timeout is killed and says
 so, a job that failed in the background runs again in the test (with a warning), and stopping removes every
-job's folder."""
+job's folder; the tests that read a job run last, the busy-waiting ones just before them."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import os
 import sys
 import threading
 
+import types
+
 import pytest
-from background import Job, JobQueue
+from background import Job, JobQueue, pytest_collection_modifyitems
 
 
 def _python(name: str, code: str, timeout: float = 30.0) -> Job:
@@ -47,3 +49,15 @@ def test_a_job_that_fails_in_the_background_runs_again_in_the_test():
         job = queue.result("niced", lambda: _python("unused", ""))
     assert job.returncode == 0 and not job.ran_in_background
     queue.stop()
+
+
+def test_latency_bound_tests_run_after_the_rest_and_before_the_tests_that_read_a_job():
+    def item(name, marker=None, reads=False):
+        module = types.SimpleNamespace(background_jobs=(lambda items: []) if reads else None)
+        return types.SimpleNamespace(name=name, module=module,
+                                     get_closest_marker=lambda m, _k=marker: object() if m == _k else None)
+
+    items = [item("reads", reads=True), item("spins", "latency_bound"), item("plain"), item("slow", "slow"),
+             item("spins-and-reads", "latency_bound", reads=True), item("spins too", "latency_bound")]
+    pytest_collection_modifyitems(None, None, items)
+    assert [i.name for i in items] == ["plain", "slow", "spins", "spins too", "reads", "spins-and-reads"]

@@ -18,7 +18,7 @@ import pytest
 
 from neural_arch.distributed.testing import RankPool
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.latency_bound, pytest.mark.timeout(180)]
 
 N = 3
 

@@ -15,7 +15,7 @@ from neural_arch.distributed.testing import RankPool
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.latency_bound, pytest.mark.timeout(120)]
 
 
 def bf16_round_trip(seed: int):

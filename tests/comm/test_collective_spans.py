@@ -14,7 +14,7 @@ from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.testing import RankPool
 from neural_arch.profiler import events
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.latency_bound, pytest.mark.timeout(120)]
 
 
 def spans_of_collectives():

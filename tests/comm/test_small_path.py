@@ -24,7 +24,7 @@ from neural_arch.distributed.errors import GroupPoisonedError
 from neural_arch.distributed.stall import StallInspector
 from neural_arch.distributed.testing import RankPool
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.latency_bound, pytest.mark.timeout(120)]
 
 
 class Echo(Backend):

@@ -9,7 +9,7 @@ import pytest
 from neural_arch.distributed.bucketing import plan_buckets
 from neural_arch.distributed.testing import RankPool
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.latency_bound, pytest.mark.timeout(240)]
 
 TOL = {"float64": 1e-10, "float32": 1e-5}
 

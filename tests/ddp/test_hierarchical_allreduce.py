@@ -10,7 +10,7 @@ import pytest
 from neural_arch.distributed.algorithms.hierarchical import hosts_from_keys
 from neural_arch.distributed.testing import RankPool
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.latency_bound, pytest.mark.timeout(180)]
 
 
 @pytest.fixture(scope="module", params=[

@@ -30,7 +30,7 @@ from neural_arch.distributed.comm.gloo.executor import (
     RING_ALLREDUCE_MIN_BYTES,
 )
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.latency_bound, pytest.mark.timeout(240)]
 
 EXAMPLES = int(os.environ.get("NEURAL_ARCH_ORACLE_EXAMPLES", "25"))
 

@@ -22,7 +22,7 @@ import pytest
 from neural_arch.distributed.comm.gloo.transport.shm_segment import direct_supported
 from neural_arch.distributed.testing import RankPool
 
-pytestmark = [pytest.mark.timeout(120),
+pytestmark = [pytest.mark.latency_bound, pytest.mark.timeout(120),
               pytest.mark.skipif(not direct_supported(), reason="direct shm collectives need Linux on x86-64")]
 
 WORLD = 5

@@ -9,7 +9,7 @@ from gloo_inproc import run_threads
 import neural_arch.distributed.comm.gloo.transport.engine  # noqa: F401  (a broken transport must fail, not skip)
 from neural_arch.distributed.errors import CollectiveMismatchError
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.latency_bound, pytest.mark.timeout(60)]
 
 
 def _pool(size, mode, timeout_s):

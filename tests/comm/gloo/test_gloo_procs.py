@@ -11,7 +11,7 @@ import pytest
 import neural_arch.distributed.comm.gloo.transport.engine  # noqa: F401  (a broken transport must fail, not skip)
 from neural_arch.distributed.testing import RankPool
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.latency_bound, pytest.mark.timeout(60)]
 SIZES = [1, 2, 3, 4, 5]
 MODES = ["tcp", "shm"]
 SHAPES = [(), (0,), (1,), (2,), (7,), (3, 5), (70001,)]

@@ -17,7 +17,7 @@ from neural_arch.distributed.comm.gloo import shm_direct
 from neural_arch.distributed.comm.gloo.transport.shm_segment import direct_supported
 from neural_arch.distributed.testing import RankPool
 
-pytestmark = [pytest.mark.timeout(90),
+pytestmark = [pytest.mark.latency_bound, pytest.mark.timeout(90),
               pytest.mark.skipif(not direct_supported(), reason="direct shm collectives need Linux on x86-64")]
 
 # 4 KiB chunks: a 40000-element float64 buffer runs ~80 pipelined chunks

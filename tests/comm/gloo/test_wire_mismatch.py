@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import neural_arch.distributed.comm.gloo.transport.engine  # noqa: F401  (a broken transport must fail, not skip)
 from neural_arch.distributed.testing import RankPool
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.latency_bound, pytest.mark.timeout(120)]
 
 # element counts around the crossovers: 128 Ki float32 is one 512 KiB pipeline segment, 1 Mi
 # float32 (4 MiB) is where two ranks switch from recursive doubling to the ring

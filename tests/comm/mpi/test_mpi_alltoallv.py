@@ -12,7 +12,7 @@ import pytest
 
 from neural_arch.distributed.testing import run_mpiexec
 
-pytestmark = [pytest.mark.mpi, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.latency_bound, pytest.mark.mpi, pytest.mark.timeout(90)]
 
 _SCRIPT = """
 import time, numpy as np

@@ -9,7 +9,7 @@ import pytest
 
 from neural_arch.distributed.testing import run_mpiexec
 
-pytestmark = [pytest.mark.mpi, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.latency_bound, pytest.mark.mpi, pytest.mark.timeout(60)]
 
 _SCRIPT = """
 import time, numpy as np

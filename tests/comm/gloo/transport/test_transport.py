@@ -13,7 +13,7 @@ from rank_snippets import reap, run_ranks, start_ranks
 
 from neural_arch.distributed.rendezvous.store import TCPStore
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.latency_bound, pytest.mark.timeout(120)]
 MODES = ["tcp", "shm", "auto"]
 
 
