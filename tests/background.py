@@ -104,9 +104,6 @@ class Job:
             self.returncode, self.stderr = -1, f"could not start {self.argv[0]}: {exc}"
         finally:
             self.seconds = time.monotonic() - start
-            import os as _os
-            with open("/tmp/bgjobs.log", "a") as _f:
-                _f.write(f"{self.name}\tnice={nice!r}\tstart={start:.1f}\tsec={self.seconds:.1f}\trc={self.returncode}\n")
             self._done.set()
 
     def kill(self) -> None:
