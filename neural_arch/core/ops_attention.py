@@ -21,7 +21,10 @@ Conventions (written down because PyTorch's kernels differ among themselves here
   convention; PyTorch's math kernel gives NaN), so merging it with other blocks is a no-op;
 * dropout regenerates each block's mask from one seed drawn from the global generator, so the
   backward needs no stored mask (on a GPU the masks come from the device generator and are kept);
-  the gradient of a float ``attn_mask`` is not computed.
+  a float ``attn_mask`` Tensor with ``requires_grad`` gets its gradient (as torch: a learned bias),
+  the score gradient summed down to the mask's shape (held whole: O(L x S), only then);
+* a mask must be boolean or floating (torch's rule): an integer 0/1 mask is a ``TypeError``, since
+  adding it to the scores would silently attend everywhere.
 
 Example::
 
@@ -136,7 +139,7 @@ class _Dropout:
     and are kept for the backward (one float per score: O(L x S), only when dropout is on).
     """
 
-    __slots__ = ("seed", "p", "masks")
+    __slots__ = ("masks", "p", "seed")
 
     def __init__(self, seed: int, p: float):
         self.seed, self.p, self.masks = seed, p, {}
@@ -245,8 +248,9 @@ def _column_sums(xp, a):
     return a.sum(axis=-2)
 
 
-def _backward_one_tile(q, k, v, dout, lse_safe, delta, sc, mask, xp, dtype):
-    """:func:`attention_backward` for a single tile: the loop body's arithmetic, written in place."""
+def _backward_one_tile(q, k, v, dout, lse_safe, delta, sc, mask, xp, dtype, dmask=None):
+    """:func:`attention_backward` for a single tile: the loop body's arithmetic, written in place
+    (``dmask``, when given, receives the gradient of the scores before scaling)."""
     skip, keep, add = mask.tile(0, q.shape[-2], 0, k.shape[-2], xp)
     if skip:
         return xp.zeros(q.shape, dtype=dtype), xp.zeros(k.shape, dtype=dtype), xp.zeros(v.shape, dtype=dtype)
@@ -257,6 +261,8 @@ def _backward_one_tile(q, k, v, dout, lse_safe, delta, sc, mask, xp, dtype):
     dv = _swap(p) @ dout
     ds -= delta[..., None]
     ds *= p
+    if dmask is not None:
+        dmask[...] = ds
     ds *= sc
     return ds @ k, _swap(ds) @ q, dv
 
@@ -328,12 +334,14 @@ def attention_forward(q, k, v, scale: float, mask: AttentionMask | None = None,
 
 
 def attention_backward(q, k, v, out, dout, lse, scale: float, mask: AttentionMask | None = None,
-                       block: int = DEFAULT_BLOCK_SIZE, dropout=None, delta=None):
+                       block: int = DEFAULT_BLOCK_SIZE, dropout=None, delta=None, dmask=None):
     """Gradients ``(dq, dk, dv)`` of attention of ``q`` over ``k``/``v``, given the *final* ``out``,
     its gradient ``dout`` and the *final* ``lse`` (over every key the queries see, possibly more
     keys than these: a ring attention rank passes its global row statistics and one K/V block).
 
     ``delta`` = rowsum(dout * out) may be passed precomputed (it is the same for every block).
+    ``dmask``: None, or a zeroed ``(..., L, S)`` array that receives the gradient of the scores
+    (that of an additive mask; tiles the mask hides entirely stay 0).
 
     Example::
 
@@ -354,8 +362,8 @@ def attention_backward(q, k, v, out, dout, lse, scale: float, mask: AttentionMas
         delta = _row_dots(xp, dout, out)
     lse_safe = xp.where(xp.isneginf(lse), dtype.type(np.inf), lse)  # exp(s - inf) = 0 for unseen rows
     if _one_tile(n_q, n_k, block, dropout, q, k, v, dout, lse_safe, delta):
-        if not _split_over_heads(xp, mask, q, k, v, dout, lse_safe, delta):
-            return _backward_one_tile(q, k, v, dout, lse_safe, delta, sc, mask, xp, dtype)
+        if dmask is not None or not _split_over_heads(xp, mask, q, k, v, dout, lse_safe, delta):
+            return _backward_one_tile(q, k, v, dout, lse_safe, delta, sc, mask, xp, dtype, dmask)
         dq, dk, dv = (np.empty(a.shape, dtype=dtype) for a in (q, k, v))
 
         def chunk(lo, hi):
@@ -385,7 +393,10 @@ def attention_backward(q, k, v, out, dout, lse, scale: float, mask: AttentionMas
                 dp = dp * z
             else:
                 dv[..., j0:j1, :] += _swap(p) @ doi
-            ds = p * (dp - delta_i) * sc
+            ds = p * (dp - delta_i)
+            if dmask is not None:
+                dmask[..., i0:i1, j0:j1] = ds
+            ds = ds * sc
             dq[..., i0:i1, :] += ds @ kb
             dk[..., j0:j1, :] += _swap(ds) @ qi
     return dq, dk, dv
@@ -446,7 +457,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     >>> y.shape
     (1, 2, 5, 4)
     """
-    if _OVERRIDES and not return_lse:
+    if _OVERRIDES and return_lse:
+        # the override attends across ranks; this rank's arrays alone would give a partial lse silently
+        raise NotImplementedError("scaled_dot_product_attention(return_lse=True) is not available inside "
+                                  "context_parallel: call neural_arch.core.ops_attention.local_attention for "
+                                  "this rank's partial (output, lse)")
+    if _OVERRIDES:
         return _OVERRIDES[-1](query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                               scale=scale)
     return local_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, return_lse=return_lse,
@@ -498,6 +514,9 @@ def local_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, i
     elif attn_mask is not None:
         m = attn_mask.data if isinstance(attn_mask, Tensor) else attn_mask
         m = xp.asarray(m)
+        if m.dtype != bool and m.dtype.kind != "f":
+            raise TypeError(f"scaled_dot_product_attention: attn_mask must be boolean (True = attend) or floating "
+                            f"(added to the scores), got dtype {m.dtype}; for a 0/1 keep-mask pass mask.astype(bool)")
         try:
             m = xp.broadcast_to(m, lead + (n_q, n_k))
         except ValueError:
@@ -511,14 +530,20 @@ def local_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, i
         dropout = _Dropout(int(get_generator().integers(0, 2**63 - 1)), float(dropout_p))
     out, lse = attention_forward(qd, kd, vd, sc, mask, block, dropout)
     node = None
-    if _needs(q, k, v):
+    # an additive mask Tensor that requires grad (a learned bias) is an input like q, k, v
+    bias = attn_mask if (mask.kind == "add" and isinstance(attn_mask, Tensor) and attn_mask.requires_grad) else None
+    if _needs(q, k, v, bias):
         shapes = (q.shape, k.shape, v.shape)
 
         def backward(g):
-            dq, dk, dv = attention_backward(qd, kd, vd, out, g, lse, sc, mask, block, dropout)
-            return tuple(unbroadcast(d, s) for d, s in zip((dq, dk, dv), shapes))
+            dmask = None if bias is None else xp.zeros(lead + (n_q, n_k), dtype=qd.dtype)
+            dq, dk, dv = attention_backward(qd, kd, vd, out, g, lse, sc, mask, block, dropout, dmask=dmask)
+            grads = tuple(unbroadcast(d, s) for d, s in zip((dq, dk, dv), shapes))
+            if bias is None:
+                return grads
+            return grads + (unbroadcast(dmask, tuple(bias.shape)).astype(bias.dtype, copy=False),)
 
-        node = Node(backward, (q if q.requires_grad else None, k if k.requires_grad else None,
-                               v if v.requires_grad else None), "ScaledDotProductAttention")
+        parents = (q if q.requires_grad else None, k if k.requires_grad else None, v if v.requires_grad else None)
+        node = Node(backward, parents if bias is None else parents + (bias,), "ScaledDotProductAttention")
     result = _result(out, node)
     return (result, Tensor._wrap(lse)) if return_lse else result

@@ -351,7 +351,7 @@ class MultiheadAttention(Module):
         if need_weights:
             scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
             if mask is not None:
-                scores = scores + Tensor(mask)
+                scores = scores + (mask if isinstance(mask, Tensor) else Tensor(mask))
             weights = F.dropout(F.softmax(scores, axis=-1), p=p, training=p > 0)
             y = weights @ v
             if average_attn_weights:
@@ -372,7 +372,8 @@ class MultiheadAttention(Module):
     def _merged_mask(self, attn_mask, key_padding_mask, is_causal: bool, bsz: int, tgt_len: int, src_len: int,
                      batched: bool, like):
         """One additive mask broadcastable to ``(N, H, L, S)`` (or None), from torch's two masks and the
-        causal hint (applied when no ``attn_mask`` is given)."""
+        causal hint (applied when no ``attn_mask`` is given). A float ``attn_mask`` Tensor that requires
+        grad (a learned bias) stays a Tensor, so it gets its gradient as in torch."""
         xp = _backend.get_array_module(like)
         am = _mask_array(attn_mask, "attn_mask")
         kpm = _mask_array(key_padding_mask, "key_padding_mask")
@@ -395,13 +396,15 @@ class MultiheadAttention(Module):
             else:
                 raise ValueError(f"MultiheadAttention: attn_mask must be 2-D or 3-D, got shape {tuple(am.shape)}")
             out = am
+            if isinstance(attn_mask, Tensor) and attn_mask.requires_grad:
+                out = attn_mask.to(like.dtype).reshape(*am.shape)      # the same values, in the graph
         if kpm is not None:
             want = (bsz, src_len) if batched else (src_len,)
             if tuple(kpm.shape) != want:
                 raise ValueError(f"MultiheadAttention: key_padding_mask must be {'(N, S)' if batched else '(S,)'} "
                                  f"= {want}, got {tuple(kpm.shape)}")
             kpm = _additive(kpm, xp, like.dtype).reshape(bsz, 1, 1, src_len)
-            out = kpm if out is None else out + kpm
+            out = kpm if out is None else out + (Tensor(kpm) if isinstance(out, Tensor) else kpm)
         return out
 
     def extra_repr(self) -> str:

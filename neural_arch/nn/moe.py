@@ -7,7 +7,8 @@
    probabilities renormalised to sum to one (``normalize_gates=False`` keeps the raw
    probabilities, Switch's top-1 rule: then the router also learns from the main loss);
 2. **capacity** (only with ``capacity_factor``): each expert takes at most
-   ``ceil(capacity_factor * tokens * top_k / num_experts)`` assignments, ``tokens`` counted over
+   ``ceil(capacity_factor * tokens * top_k / num_experts)`` assignments (exact arithmetic on the
+   factor's decimal form, not float rounding), ``tokens`` counted over
    the *whole* batch (every data-parallel rank's tokens once expert parallelism is on). The
    assignments are served in one fixed order: all first choices before all second choices
    (GShard), and within one choice level by the token's **global index** in the batch: sequence
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from fractions import Fraction
 
 import numpy as np
 
@@ -279,8 +281,8 @@ class MoE(Module):
             raise ValueError(f"MoE: embed_dim ({embed_dim}) and num_experts ({num_experts}) must be positive")
         if not 1 <= int(top_k) <= int(num_experts):
             raise ValueError(f"MoE: top_k={top_k} must be between 1 and num_experts={num_experts}")
-        if capacity_factor is not None and not capacity_factor > 0:
-            raise ValueError(f"MoE: capacity_factor={capacity_factor} must be > 0 (or None: drop nothing)")
+        if capacity_factor is not None and not 0 < capacity_factor < math.inf:
+            raise ValueError(f"MoE: capacity_factor={capacity_factor} must be finite and > 0 (or None: drop nothing)")
         self.embed_dim, self.num_experts, self.top_k = int(embed_dim), int(num_experts), int(top_k)
         self.hidden_dim = int(hidden_dim) if hidden_dim is not None else 4 * self.embed_dim
         self.capacity_factor = None if capacity_factor is None else float(capacity_factor)
@@ -303,10 +305,18 @@ class MoE(Module):
         self.dropped = 0
 
     def capacity(self, tokens: int) -> int | None:
-        """Assignments one expert may serve in a batch of ``tokens`` tokens (None: unlimited)."""
+        """Assignments one expert may serve in a batch of ``tokens`` tokens (None: unlimited).
+
+        Exact arithmetic on the factor as written (its shortest decimal form): in floats
+        ``1.1 * 100 / 2`` is ``55.00000000000001`` and its ceiling 56, one more than the rule says.
+
+        >>> MoE(4, num_experts=2, top_k=1, capacity_factor=1.1).capacity(100)
+        55
+        """
         if self.capacity_factor is None:
             return None
-        return math.ceil(self.capacity_factor * tokens * self.top_k / self.num_experts)
+        factor = Fraction(repr(float(self.capacity_factor)))
+        return math.ceil(factor * tokens * self.top_k / self.num_experts)
 
     def forward(self, x):
         if not isinstance(x, Tensor):

@@ -444,6 +444,11 @@ def ulysses_attention(query, key, value, group=None, is_causal: bool = False, *,
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(f"{op}: query, key and value must be (B, H, T/cp, D), got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[:-1] != k.shape[:-1] or k.shape[:-1] != v.shape[:-1] or q.shape[-1] != k.shape[-1]:
+        # the all-to-all reshapes k and v by the query's (B, H, T/cp): a different shape of the same
+        # size would be cut into the wrong heads and positions without an error
+        raise ValueError(f"{op}: query {tuple(q.shape)}, key {tuple(k.shape)} and value {tuple(v.shape)} must be "
+                         "(B, H, T/cp, D), (B, H, T/cp, D), (B, H, T/cp, Dv) shares of one sequence")
     g = _group(group, op)
     n = g.size()
     b, heads, local, _ = q.shape
