@@ -61,7 +61,7 @@ resume, keep-last-k cleanup and best-metric tracking.
 from neural_arch.distributed.checkpoint.api import AsyncSaveResponse, async_save, load, remove_orphans, save, verify
 from neural_arch.distributed.checkpoint.manager import CheckpointManager
 from neural_arch.distributed.checkpoint.sharded import ShardedArray
-from neural_arch.distributed.checkpoint.storage import CheckpointError
+from neural_arch.distributed.checkpoint.storage import CheckpointError, CheckpointMismatchError
 
-__all__ = ["AsyncSaveResponse", "CheckpointError", "CheckpointManager", "ShardedArray", "async_save", "load", "remove_orphans", "save",
-           "verify"]
+__all__ = ["AsyncSaveResponse", "CheckpointError", "CheckpointManager", "CheckpointMismatchError", "ShardedArray",
+           "async_save", "load", "remove_orphans", "save", "verify"]

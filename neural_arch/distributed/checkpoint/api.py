@@ -60,6 +60,7 @@ from neural_arch.distributed.checkpoint.storage import (
     FORMAT_VERSION,
     METADATA_NAME,
     CheckpointError,
+    CheckpointMismatchError,
     data_file_name,
     file_sha256,
     fsync_dir,
@@ -241,7 +242,8 @@ def _replica_crcs(slots: dict, arrays: dict, objects: dict) -> np.ndarray:
     for (key, rkey), (local, _) in arrays.items():
         i = slots.get(("a", key, rkey))
         if i is not None:
-            mine[i] = held | _crc32(memoryview(np.ascontiguousarray(local)).cast("B"))
+            # a flat byte view: memoryview.cast refuses arrays with a zero in their shape (an empty shard)
+            mine[i] = held | _crc32(np.ascontiguousarray(local).reshape(-1).view(np.uint8))
     for key, (_, value) in objects.items():
         i = slots.get(("o", key, None))
         if i is not None:
@@ -652,8 +654,9 @@ def load(state_dict, checkpoint_id, process_group=None, *, verify: bool = True, 
     verified (``verify=False`` skips that). No collective: ranks load independently. When a
     CheckpointError is raised for corrupt data, arrays already filled keep what was read.
 
-    Returns ``state_dict``. Raises :class:`~neural_arch.distributed.checkpoint.storage.CheckpointError` when a key is missing
-    (``strict=False`` skips it), the shape or dtype differs, or data is corrupt.
+    Returns ``state_dict``. Raises :class:`~neural_arch.distributed.checkpoint.storage.CheckpointError` when data is
+    corrupt or incomplete, and its subclass ``CheckpointMismatchError`` when a key is missing (``strict=False``
+    skips it) or a shape, dtype or kind differs (an array where the checkpoint holds a plain value).
 
     Example::
 
@@ -673,19 +676,30 @@ def load(state_dict, checkpoint_id, process_group=None, *, verify: bool = True, 
 def _load_into(state_dict, directory: str, meta: dict, reader: ChunkReader, strict: bool) -> None:
     tensors, objects = meta["tensors"], meta["objects"]
     empties = _empty_containers(state_dict)
+    # Check every leaf against the checkpoint before reading any (torch plans the whole load
+    # first): a mismatch raises with the state dict untouched, never after a partial load.
+    plan = []
     for key, path, leaf in flatten_state_dict(state_dict):
         if key in objects:
-            _set_path(state_dict, path, decode_object(objects[key]["value"]))
+            value = decode_object(objects[key]["value"])
+            plan.append(("object", key, path, _object_slot(key, leaf, value), value))
             continue
         if key not in tensors:
             if strict:
-                raise CheckpointError(f"load: {key!r} is not in the checkpoint {directory!r}; it has "
-                                      f"{len(tensors) + len(objects)} keys (pass strict=False to skip missing keys)")
+                raise CheckpointMismatchError(f"load: {key!r} is not in the checkpoint {directory!r}; it has "
+                                              f"{len(tensors) + len(objects)} keys (pass strict=False to skip "
+                                              "missing keys)")
             continue
-        entry = tensors[key]
         if not is_array_leaf(leaf):
             leaf = None  # a plain value where the checkpoint has an array: replace it
-        _load_leaf(reader, entry, key, path, leaf, state_dict)
+        plan.append(("array", key, path, leaf, _fit(tensors[key], key, leaf)))
+    for kind, key, path, leaf, arg in plan:
+        if kind == "array":
+            _load_leaf(reader, tensors[key], key, path, leaf, state_dict, arg)
+        elif leaf is None:  # a plain value: replace the leaf
+            _set_path(state_dict, path, arg)
+        else:  # a number into a 0-d array leaf, in place
+            leaf[...] = arg
     # Fill empty containers (a fresh optimizer's state) with every saved key below them.
     if empties:
         for table in (tensors, objects):
@@ -697,8 +711,30 @@ def _load_into(state_dict, directory: str, meta: dict, reader: ChunkReader, stri
                         if table is objects:
                             _set_path(state_dict, path, decode_object(item["value"]))
                         else:
-                            _load_leaf(reader, item, key, path, None, state_dict)
+                            _load_leaf(reader, item, key, path, None, state_dict, _fit(item, key, None))
                         break
+
+
+def _holder(leaf):
+    """The array a leaf's values live in (a Tensor's array, a ShardedArray's piece)."""
+    holder = leaf.local if isinstance(leaf, ShardedArray) else leaf
+    if not isinstance(holder, (np.ndarray, np.generic)) and not _backend.is_device_array(holder) \
+            and hasattr(holder, "data"):
+        holder = holder.data  # a Tensor: load into its array (a CuPy array's .data is not its array)
+    return holder
+
+
+def _object_slot(key, leaf, value):
+    """Where a plain saved value goes: None (it replaces the plain leaf), or the 0-d array a number
+    is written into. Any other array leaf (a parameter, a DTensor or ShardedArray piece) is refused:
+    replacing it in the dict would leave the array the caller holds (the model's) silently unloaded."""
+    if not is_array_leaf(leaf) or isinstance(leaf, np.generic):
+        return None
+    holder = _holder(leaf)
+    if isinstance(value, (bool, int, float)) and not isinstance(leaf, ShardedArray) and np.ndim(holder) == 0:
+        return holder
+    raise CheckpointMismatchError(f"load: {key!r} is a plain value ({type(value).__name__}) in the checkpoint but "
+                                  f"an array of shape {tuple(np.shape(holder))} here; load it into a plain value")
 
 
 def _build_path(root, path: list) -> None:
@@ -709,30 +745,39 @@ def _build_path(root, path: list) -> None:
         node = node[p]
 
 
-def _load_leaf(reader, entry, key, path, leaf, root) -> None:
+def _fit(entry, key, leaf):
+    """The region ``leaf`` takes of the saved array ``key`` and the array to fill (None, None for a
+    leaf to create); raises ``CheckpointMismatchError`` when its shape or dtype does not fit."""
     dtype = np.dtype(entry["dtype"])
     gshape = tuple(entry["global_shape"])
     if leaf is None:
-        target = np.empty(gshape, dtype=dtype)
+        return None, None
+    if isinstance(leaf, ShardedArray):
+        if leaf.global_shape != gshape:
+            raise CheckpointMismatchError(f"load: {key!r} has global shape {gshape} in the checkpoint but "
+                                          f"{leaf.global_shape} here")
+        region = Region.of(leaf)
+    else:
+        region = Region(tuple(int(s) for s in np.shape(to_host(leaf))), (0,) * len(gshape), gshape)
+        if region.global_shape != gshape:
+            raise CheckpointMismatchError(f"load: {key!r} has shape {gshape} in the checkpoint but "
+                                          f"{region.global_shape} here")
+    holder = _holder(leaf)
+    host_dtype = np.dtype(holder.dtype)
+    if host_dtype != dtype:
+        raise CheckpointMismatchError(f"load: {key!r} is {dtype} in the checkpoint but {host_dtype} here; load into "
+                                      f"an array of dtype {dtype} and cast afterwards")
+    return region, holder
+
+
+def _load_leaf(reader, entry, key, path, leaf, root, fit) -> None:
+    dtype = np.dtype(entry["dtype"])
+    region, holder = fit
+    if leaf is None:
+        target = np.empty(tuple(entry["global_shape"]), dtype=dtype)
         _fill(reader, entry, target, Region.of(target), key)
         _set_path(root, path, target)
         return
-    if isinstance(leaf, ShardedArray):
-        if leaf.global_shape != gshape:
-            raise CheckpointError(f"load: {key!r} has global shape {gshape} in the checkpoint but {leaf.global_shape} here")
-        region, holder = Region.of(leaf), leaf.local
-    else:
-        holder = leaf
-        region = Region(tuple(int(s) for s in np.shape(to_host(leaf))), (0,) * len(gshape), gshape)
-        if region.global_shape != gshape:
-            raise CheckpointError(f"load: {key!r} has shape {gshape} in the checkpoint but {region.global_shape} here")
-    if not isinstance(holder, (np.ndarray, np.generic)) and not _backend.is_device_array(holder) \
-            and hasattr(holder, "data"):
-        holder = holder.data  # a Tensor: load into its array (a CuPy array's .data is not its array)
-    host_dtype = np.dtype(holder.dtype)
-    if host_dtype != dtype:
-        raise CheckpointError(f"load: {key!r} is {dtype} in the checkpoint but {host_dtype} here; load into an "
-                              f"array of dtype {dtype} and cast afterwards")
     writable = isinstance(holder, np.ndarray) and holder.flags.writeable and holder.flags.c_contiguous
     target = holder if writable else np.empty(np.shape(holder), dtype=dtype)
     _fill(reader, entry, target, region, key)

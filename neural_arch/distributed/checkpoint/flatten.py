@@ -81,6 +81,14 @@ def flatten_state_dict(state_dict, prefix: tuple = ()) -> list[tuple[str, list, 
             key = ".".join(str(p) for p in path)
             # a DTensor is saved and loaded as its box (sharing its local array: loads are in place)
             out.append((key, list(path), as_sharded_array(value, repr(key)) if is_dtensor(value) else value))
+    if not prefix:  # two paths that join to one dotted key ({"a.b": x, "a": {"b": y}}, "0" and 0) would
+        # share one slot of the checkpoint: one of them would silently load the other's values
+        seen: dict[str, list] = {}
+        for key, path, _ in out:
+            if key in seen:
+                raise ValueError(f"duplicated flatten key {key!r}: the state dict paths {seen[key]!r} and {path!r} "
+                                 "join to the same dotted key; rename one of them")
+            seen[key] = path
     return out
 
 

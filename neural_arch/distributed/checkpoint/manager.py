@@ -24,7 +24,12 @@ import re
 import shutil
 
 from neural_arch.distributed.checkpoint.api import async_save, load, save, verify
-from neural_arch.distributed.checkpoint.storage import METADATA_NAME, CheckpointError, read_metadata
+from neural_arch.distributed.checkpoint.storage import (
+    METADATA_NAME,
+    CheckpointError,
+    CheckpointMismatchError,
+    read_metadata,
+)
 from neural_arch.utils.atomic_file import TMP_MARK as _TMP_MARK
 
 __all__ = ["CheckpointManager", "find_latest_checkpoint"]
@@ -132,7 +137,10 @@ class CheckpointManager:
     def load_latest(self, state_dict, verify_files: bool = False) -> int | None:
         """Load the newest committed checkpoint into ``state_dict`` in place; its step, or None.
 
-        A checkpoint that fails verification is skipped (with the next older one tried).
+        A checkpoint that fails verification is skipped (with the next older one tried). A state
+        dict that does not fit the checkpoint (a key missing, a shape or dtype changed) raises
+        ``CheckpointMismatchError``: an older checkpoint would not fit either, and falling back
+        (to None: a fresh start) would resume the wrong run with exit 0.
         """
         for step, path, _ in reversed(self.checkpoints()):
             try:
@@ -140,6 +148,8 @@ class CheckpointManager:
                     verify(path)
                 load(state_dict, path)
                 return step
+            except CheckpointMismatchError:
+                raise
             except CheckpointError:
                 continue
         return None

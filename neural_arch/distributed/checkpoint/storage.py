@@ -45,6 +45,7 @@ from neural_arch.utils.atomic_file import atomic_write_bytes, fsync_dir  # fsync
 __all__ = [
     "METADATA_NAME",
     "CheckpointError",
+    "CheckpointMismatchError",
     "chunk_digest",
     "data_file_name",
     "file_sha256",
@@ -73,6 +74,21 @@ class CheckpointError(RuntimeError):
         ... except CheckpointError as exc:
         ...     print(str(exc).split(":")[0])
         no complete checkpoint at '...'
+    """
+
+
+class CheckpointMismatchError(CheckpointError):
+    """The checkpoint is sound but does not fit the state dict it is loaded into: a key is missing,
+    or a shape, dtype or kind (array or plain value) differs. Unlike a corrupt or incomplete
+    checkpoint, an older checkpoint is no way out: ``CheckpointManager.load_latest`` raises it
+    instead of falling back (which would resume from an older step, or from scratch, silently).
+
+    Example::
+
+        try:
+            dcp.load({"w": np.zeros(4)}, "ckpt")        # saved as shape (3,)
+        except CheckpointMismatchError as exc:
+            print(exc)                                  # load: 'w' has shape (3,) in the checkpoint ...
     """
 
 
@@ -179,7 +195,8 @@ def chunk_digest(array: np.ndarray) -> str:
         >>> len(chunk_digest(np.arange(4.0)))     # 16 bytes, in hex
         32
     """
-    return hashlib.blake2b(memoryview(np.ascontiguousarray(array)).cast("B"), digest_size=16).hexdigest()
+    # a flat byte view: memoryview.cast refuses arrays with a zero in their shape
+    return hashlib.blake2b(np.ascontiguousarray(array).reshape(-1).view(np.uint8), digest_size=16).hexdigest()
 
 
 def file_sha256(path: str, block: int = 1 << 24) -> str:

@@ -465,6 +465,38 @@ class DTensor:
 
     __rmul__ = __mul__
 
+    # Comparisons and truth: without these, ``dt == 0`` / ``dt_a == dt_b`` were object identity (a
+    # Python bool, never the elementwise result a Tensor gives) and ``if dt:`` was always True --
+    # wrong answers with exit 0. No rule here: raise, naming the op.
+    def _no_compare(self, op: str, other=None) -> NotImplementedError:
+        from neural_arch.distributed.tensor._sharding_rules import describe
+
+        return NotImplementedError(f"DTensor {op}: no sharding rule for placements {describe(self, other)}; "
+                                   "compare the pieces (.to_local()) or the whole (.full_tensor())")
+
+    def __eq__(self, other):
+        raise self._no_compare("==", other)
+
+    def __ne__(self, other):
+        raise self._no_compare("!=", other)
+
+    def __lt__(self, other):
+        raise self._no_compare("<", other)
+
+    def __le__(self, other):
+        raise self._no_compare("<=", other)
+
+    def __gt__(self, other):
+        raise self._no_compare(">", other)
+
+    def __ge__(self, other):
+        raise self._no_compare(">=", other)
+
+    def __bool__(self) -> bool:
+        raise self._no_compare("bool()")
+
+    __hash__ = object.__hash__  # identity, as before (defining __eq__ would otherwise drop it)
+
     def __matmul__(self, other) -> DTensor:
         """2-d ``self @ other`` with torch's sharding rules, per mesh dimension:
 

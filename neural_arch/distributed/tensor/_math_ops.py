@@ -43,7 +43,10 @@ def _reduce_dims(dim, ndim: int, op: str) -> tuple[int, ...]:
     if dim is None:
         return tuple(range(ndim))
     dims = (dim,) if isinstance(dim, int) else tuple(dim)
-    return tuple(sorted({norm_dim(d, ndim, op) for d in dims}))
+    normed = [norm_dim(d, ndim, op) for d in dims]
+    if len(set(normed)) != len(normed):  # torch and NumPy refuse it; a silent dedup would hide a typo
+        raise ValueError(f"DTensor {op}(dim={dim}): a dim appears more than once in the list of dims")
+    return tuple(sorted(normed))
 
 
 def _reduction(x: DTensor, dim, keepdim: bool, op: str, mean: bool) -> DTensor:
