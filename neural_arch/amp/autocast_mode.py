@@ -20,6 +20,8 @@ bfloat16, and ``ml_dtypes`` gives a real 2-byte dtype with bfloat16 rounding who
 accumulates in float32 (as GPUs do). CuPy has no bfloat16, so on the GPU use float16
 (``device_type="cuda"`` defaults to float16, ``"cpu"`` to bfloat16, like torch).
 
+Regions are per thread, as in torch: entering one in a thread casts only the ops that thread runs.
+
 How it hooks in: the layers call their ops through ``neural_arch.nn.functional`` (``F.linear``...),
 so while an autocast region is active those names point at casting wrappers (installed on the
 first enter, removed on the last exit; the wrappers read the innermost region's settings at
@@ -58,7 +60,18 @@ LOWER_PRECISION_OPS = ("linear", "matmul", "conv2d")
 FP32_OPS = ("softmax", "log_softmax", "layer_norm", "batch_norm", "cross_entropy", "nll_loss", "mse_loss",
             "sum", "mean", "exp", "log")
 
-_stack: list = []  # active regions, innermost last: (enabled, dtype)
+# Regions are per thread, as torch's autocast state is thread-local: a region in one thread must not
+# cast the ops another thread runs (an evaluation thread would silently compute in bfloat16).
+_local = threading.local()   # .stack: this thread's open regions, innermost last: (enabled, dtype)
+_open_regions = 0            # regions open in all threads: the wrappers are installed while > 0
+
+
+def _regions() -> list:
+    """This thread's open regions (innermost last)."""
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
 _lock = threading.Lock()
 _originals: dict = {}
 _ELIGIBLE = ("float16", "bfloat16", "float32")
@@ -76,7 +89,8 @@ def is_autocast_enabled(device_type: str | None = None) -> bool:
         >>> is_autocast_enabled()
         False
     """
-    return bool(_stack) and _stack[-1][0]
+    stack = _regions()
+    return bool(stack) and stack[-1][0]
 
 
 def get_autocast_dtype(device_type: str = "cpu"):
@@ -90,7 +104,8 @@ def get_autocast_dtype(device_type: str = "cpu"):
         ...     get_autocast_dtype("cpu") == na.bfloat16
         True
     """
-    return _stack[-1][1] if _stack else None
+    stack = _regions()
+    return stack[-1][1] if stack else None
 
 
 def _cast(x, dtype):
@@ -102,9 +117,10 @@ def _cast(x, dtype):
 def _wrap(name: str, orig, lower: bool):
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
-        if not (_stack and _stack[-1][0]):
+        stack = getattr(_local, "stack", None)
+        if not (stack and stack[-1][0]):
             return orig(*args, **kwargs)
-        dtype = _stack[-1][1] if lower else np.dtype(np.float32)
+        dtype = stack[-1][1] if lower else np.dtype(np.float32)
         args = tuple(_cast(a, dtype) for a in args)
         kwargs = {k: _cast(v, dtype) for k, v in kwargs.items()}
         out = orig(*args, **kwargs)
@@ -168,16 +184,20 @@ class autocast:
         self.device_type, self.fast_dtype, self.enabled = kind, dtype, bool(enabled)
 
     def __enter__(self):
+        global _open_regions
         with _lock:
-            if not _stack:
+            if _open_regions == 0:
                 _install()
-            _stack.append((self.enabled, self.fast_dtype))
+            _open_regions += 1
+        _regions().append((self.enabled, self.fast_dtype))
         return self
 
     def __exit__(self, *exc):
+        global _open_regions
+        _regions().pop()
         with _lock:
-            _stack.pop()
-            if not _stack:
+            _open_regions -= 1
+            if _open_regions == 0:
                 _uninstall()
         return False
 

@@ -119,7 +119,13 @@ class GradScaler:
                 if p.grad is None:
                     continue
                 g = p.grad.data
-                g *= g.dtype.type(inv) if hasattr(g.dtype, "type") else inv
+                if g.dtype.itemsize < 4:
+                    # float16/bfloat16: multiply in float32, as torch's kernel does. 1/scale itself
+                    # underflows to 0 in float16 once the scale passes 2**24, which would zero every
+                    # finite gradient without a word (and round it for scales that are not powers of 2).
+                    g[...] = (g.astype("float32") * _backend.get_array_module(g).float32(inv)).astype(g.dtype)
+                else:
+                    g *= g.dtype.type(inv) if hasattr(g.dtype, "type") else inv
                 if not found:
                     xp = _backend.get_array_module(g)
                     found = not bool(xp.isfinite(g.astype("float32") if g.dtype.name == "bfloat16" else g).all())

@@ -64,9 +64,20 @@ def _stack(items: list) -> Any:
     if _backend.is_device_array(first):  # CuPy (or a registered device type): stack on the device
         return Tensor(_backend.get_array_module(first).stack(items))
     if isinstance(first, (tuple, list)):
+        if any(len(item) != len(first) for item in items):
+            # zip would silently cut every sample to the shortest one's fields
+            raise ValueError(f"default_collate: samples have different numbers of fields "
+                             f"({sorted({len(item) for item in items})}); each sample must have the same structure")
         fields = [_stack(list(field)) for field in zip(*items)]
+        if hasattr(first, "_fields"):  # a namedtuple stays one, field names and all (torch's rule)
+            return type(first)(*fields)
         return tuple(fields) if isinstance(first, tuple) else fields
     if isinstance(first, dict):
+        if any(item.keys() != first.keys() for item in items):
+            # keys only some samples have would vanish from the batch without a word
+            raise ValueError(f"default_collate: samples have different keys ({sorted(first)} and "
+                             f"{sorted(next(i for i in items if i.keys() != first.keys()))}); "
+                             "each sample must have the same keys")
         return {k: _stack([item[k] for item in items]) for k in first}
     if isinstance(first, str):
         return list(items)
@@ -239,7 +250,16 @@ class DataLoader:
     def _order(self) -> np.ndarray:
         """The indices of one epoch, in the order they will be served."""
         if self.sampler is not None:
-            return np.fromiter((int(i) for i in self.sampler), dtype=np.int64, count=len(self.sampler))
+            n = len(self.sampler)
+            it = iter(self.sampler)
+            order = np.fromiter((int(i) for i in itertools.islice(it, n)), dtype=np.int64)
+            # a sampler whose len() disagrees with what it yields would lose its extra indices (or be
+            # cut short) without a word: len(loader), the epoch's batches and a resume all rely on it
+            extra = next(it, None) is not None
+            if len(order) != n or extra:
+                raise ValueError(f"DataLoader: the sampler's len() is {n} but it yielded "
+                                 f"{'more' if extra else len(order)} indices; make __len__ match __iter__")
+            return order
         n = len(self.dataset)
         return self._generator.permutation(n) if self.shuffle else np.arange(n, dtype=np.int64)
 

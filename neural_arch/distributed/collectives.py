@@ -118,6 +118,20 @@ def _check_list(items, n: int, shape, dtype, what: str) -> None:
             raise ValueError(f"{what}[{i}] has shape {s}; every entry must have shape {tuple(shape)}")
 
 
+def _agree_on_root_args(pg, xp, error: Exception | None, what: str) -> None:
+    """Raise on every rank when the root rejected an argument only the root has (``scatter_list``,
+    ``gather_list``). Without this one-int all-reduce the other ranks would wait for a collective
+    the root never joined (scatter) or return as if it had run, leaving the group's streams out of
+    step for the next collective (gather). ``xp`` is the data's array module (a NCCL group moves
+    device arrays only)."""
+    flag = xp.array([0 if error is None else 1], dtype=np.int64)
+    pg.backend.allreduce(flag, ReduceOp.MAX).wait()
+    if error is not None:
+        raise error
+    if int(flag[0]):
+        raise ValueError(f"{what}; nothing was sent (see that rank's error)")
+
+
 def _finish(work: Work, make_result: Callable[[], Any], async_op: bool):
     """Synchronous: the result. Asynchronous: a Work whose ``result()`` is ``make_result()``."""
     if not async_op:
@@ -308,11 +322,15 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
     root = pg.group_rank(dst, "dst")
     data = _buf(tensor)
     is_root = pg.rank() == root
-    table = None
+    table, error = None, None
     if is_root:
         if gather_list is not None:
-            _check_list(gather_list, pg.size(), data.shape, data.dtype, "gather_list")
+            try:
+                _check_list(gather_list, pg.size(), data.shape, data.dtype, "gather_list")
+            except (TypeError, ValueError) as err:
+                error = err
         table = _xp(data).empty((pg.size(),) + _at_least_1d(data).shape, dtype=data.dtype)
+    _agree_on_root_args(pg, _xp(data), error, f"gather: global rank {dst} (the destination) rejected its gather_list")
     work = pg.backend.gather(table, _at_least_1d(data), root, async_op=async_op)
 
     def result():
@@ -340,13 +358,17 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool 
         return None
     root = pg.group_rank(src, "src")
     data = _buf(tensor)
-    stacked = None
+    stacked, error = None, None
     if pg.rank() == root:
-        if scatter_list is None:
-            raise ValueError(f"scatter: global rank {src} is the source and needs scatter_list, a list "
-                             f"of {pg.size()} tensors shaped like tensor {tuple(data.shape)}")
-        _check_list(scatter_list, pg.size(), data.shape, data.dtype, "scatter_list")
-        stacked = _stack(scatter_list, _xp(data)).reshape((pg.size(),) + _at_least_1d(data).shape)
+        try:
+            if scatter_list is None:
+                raise ValueError(f"scatter: global rank {src} is the source and needs scatter_list, a list "
+                                 f"of {pg.size()} tensors shaped like tensor {tuple(data.shape)}")
+            _check_list(scatter_list, pg.size(), data.shape, data.dtype, "scatter_list")
+            stacked = _stack(scatter_list, _xp(data)).reshape((pg.size(),) + _at_least_1d(data).shape)
+        except (TypeError, ValueError) as err:
+            error = err
+    _agree_on_root_args(pg, _xp(data), error, f"scatter: global rank {src} (the source) rejected its scatter_list")
     work = pg.backend.scatter(_at_least_1d(data), stacked, root, async_op=async_op)
     return _finish(work, lambda: tensor, async_op)
 
@@ -395,7 +417,9 @@ def reduce_scatter(output_or_input, input_list_or_op=None, op=ReduceOp.SUM, grou
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False):
-    """torch's flat form: ``input.shape[0] == size * output.shape[0]``; fills and returns ``output``.
+    """torch's flat form: ``input`` is the concatenation of ``size`` outputs along dim 0
+    (``input.shape[0] == size * output.shape[0]``) or their stack (``(size, *output.shape)``, which
+    also serves a 0-d ``output``), as in torch; fills and returns ``output``.
 
     Example::
 
@@ -405,7 +429,15 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
     pg = _group(group, "reduce_scatter_tensor")
     if pg is None:
         return None
-    work = pg.backend.reduce_scatter(_buf(output, "output"), _buf(input, "input"), op, async_op=async_op)
+    out, inp = _buf(output, "output"), _buf(input, "input")
+    if getattr(inp, "ndim", 0) == getattr(out, "ndim", 0) + 1 and tuple(inp.shape) == (pg.size(),) + tuple(out.shape):
+        # the stacked form: the backend reduces (size, *shape) into a (1, *shape) view of the output
+        if hasattr(out, "flags") and not out.flags.c_contiguous:
+            # reshape would silently copy, and the result would never reach the caller
+            raise ValueError("reduce_scatter_tensor: output is not C-contiguous; pass np.ascontiguousarray(output) "
+                             "or a Tensor")
+        out = out.reshape((1,) + tuple(out.shape))
+    work = pg.backend.reduce_scatter(out, inp, op, async_op=async_op)
     return _finish(work, lambda: output, async_op)
 
 

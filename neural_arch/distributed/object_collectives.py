@@ -66,6 +66,15 @@ def all_gather_object(object_list: list[Any], obj: Any, group=None) -> list[Any]
     return object_list
 
 
+def _raise_if_root_refused(refused: bool, error: Exception | None, op: str, arg: str, root: int) -> None:
+    """Raise on every rank when the root rejected ``arg``, an argument only the root has: the root its own
+    error, the others one naming the root (the verdict travelled with the collective's own message)."""
+    if error is not None:
+        raise error
+    if refused:
+        raise ValueError(f"{op}: global rank {root} rejected its {arg}; nothing was exchanged (see that rank's error)")
+
+
 def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: int = 0, group=None):
     """Every rank's ``obj`` on global rank ``dst`` (filling ``object_gather_list`` there); None elsewhere.
 
@@ -78,11 +87,15 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: in
     if pg is None:
         return None
     root = pg.group_rank(dst, "dst")
+    error = None
     if pg.rank() == root and object_gather_list is not None and (
             not isinstance(object_gather_list, list) or len(object_gather_list) != pg.size()):
-        raise ValueError(f"gather_object: object_gather_list must be a list of length {pg.size()} on dst")
-    # Built on all_gather_object: simple and correct; objects are small by nature.
-    everything = pg.backend.allgather_object(obj)
+        error = ValueError(f"gather_object: object_gather_list must be a list of length {pg.size()} on dst")
+    # Built on all_gather_object: simple and correct; objects are small by nature. The root's verdict on
+    # its object_gather_list rides along, so a bad one is an error on every rank, not only on dst.
+    everything = pg.backend.allgather_object((obj, error is not None))
+    _raise_if_root_refused(everything[root][1], error, "gather_object", "object_gather_list", dst)
+    everything = [item for item, _ in everything]
     if pg.rank() != root:
         return None
     if object_gather_list is None:
@@ -107,10 +120,14 @@ def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_in
     root = pg.group_rank(src, "src")
     if not isinstance(scatter_object_output_list, list):
         raise TypeError("scatter_object_output_list must be a list (its first entry receives the object)")
+    error = None
     if pg.rank() == root and (not isinstance(scatter_object_input_list, (list, tuple))
                               or len(scatter_object_input_list) != pg.size()):
-        raise ValueError(f"scatter_object_list: on src the input list needs {pg.size()} objects")
-    items = pg.backend.broadcast_object(list(scatter_object_input_list) if pg.rank() == root else None, root)
+        error = ValueError(f"scatter_object_list: on src the scatter_object_input_list needs {pg.size()} objects")
+    # the root broadcasts its list, or that it refused it: every rank raises instead of waiting
+    sent = ((None if error else list(scatter_object_input_list)), error is not None) if pg.rank() == root else None
+    items, refused = pg.backend.broadcast_object(sent, root)
+    _raise_if_root_refused(refused, error, "scatter_object_list", "scatter_object_input_list", src)
     if scatter_object_output_list:
         scatter_object_output_list[0] = items[pg.rank()]
     else:

@@ -17,6 +17,7 @@ from neural_arch.optim.lamb import LAMB
 from neural_arch.optim.lars import LARS
 from neural_arch.optim.lr_scheduler import (
     ChainedScheduler,
+    CosineAnnealingLR,
     CosineAnnealingWarmup,
     CosineWithWarmup,
     ExponentialLR,
@@ -42,6 +43,7 @@ __all__ = [
     "Adam",
     "AdamW",
     "ChainedScheduler",
+    "CosineAnnealingLR",
     "CosineAnnealingWarmup",
     "CosineWithWarmup",
     "ExponentialLR",

@@ -1,7 +1,7 @@
 """Adam and AdamW (decoupled weight decay), torch's update formulas, in place and vectorised.
 
-For step t with gradient g (Adam adds ``weight_decay * p`` to g; AdamW instead multiplies
-``p`` by ``1 - lr * weight_decay`` first)::
+For step t with gradient g (negated first if ``maximize``; Adam adds ``weight_decay * p`` to g;
+AdamW instead multiplies ``p`` by ``1 - lr * weight_decay`` first)::
 
     m = beta1 * m + (1 - beta1) * g
     v = beta2 * v + (1 - beta2) * g * g
@@ -65,10 +65,12 @@ class Adam(Optimizer):
     _decoupled = False
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, amsgrad: bool = False, *, foreach: bool | None = None):
+                 weight_decay: float = 0.0, amsgrad: bool = False, *, foreach: bool | None = None,
+                 maximize: bool = False):
         _check(lr, betas, eps, weight_decay, type(self).__name__)
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps,
-                                  "weight_decay": weight_decay, "amsgrad": amsgrad, "foreach": foreach})
+                                  "weight_decay": weight_decay, "amsgrad": amsgrad, "foreach": foreach,
+                                  "maximize": bool(maximize)})
 
     def _init_state(self, group):
         amsgrad = group["amsgrad"]
@@ -115,6 +117,14 @@ class Adam(Optimizer):
         (elementwise: a flat vector of many tensors updates like each tensor alone). A contiguous
         NumPy tensor too small for the thread pool on its own joins ``pending`` (a
         :class:`_PooledUpdates`, run by the caller) instead of being updated inline."""
+        if getattr(d, "ndim", 1) == 0:
+            # 0-d (the per-tensor path, e.g. a gradient of another dtype): 1-element views, so the
+            # kernel's in-place writes have arrays to land in (NumPy turns 0-d results into scalars)
+            xp0 = _backend.get_array_module(d)
+            d, g = d.reshape(1), xp0.asarray(g).reshape(1)
+            st = {k: (v.reshape(1) if getattr(v, "ndim", None) == 0 else v) for k, v in st.items()}
+        if group.get("maximize", False):  # a group saved before the option existed has none
+            g = -g  # a new array: never modify the caller's gradient
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
         wd, amsgrad = group["weight_decay"], group["amsgrad"]
         bias1 = 1 - beta1**t
@@ -252,6 +262,7 @@ class AdamW(Adam):
     _decoupled = True
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, amsgrad: bool = False, *, foreach: bool | None = None):
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, foreach: bool | None = None,
+                 maximize: bool = False):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                         foreach=foreach)
+                         foreach=foreach, maximize=maximize)

@@ -154,14 +154,20 @@ def _clip_sharded(params, max_norm: float, norm_type: float, error_if_nonfinite:
     return Tensor._wrap(total) if device is not None else float(total)
 
 
+def _wide(g):
+    """``g`` itself, or a float32 copy of a float16/bfloat16 gradient: their squares overflow at 256
+    (a norm of inf would zero every gradient) and underflow below 0.004, as the device path knows."""
+    return g.astype(np.float32) if g.dtype.itemsize < 4 and g.dtype.kind != "c" else g
+
+
 def _clip_host(grads, max_norm: float, norm_type: float, error_if_nonfinite: bool) -> float:
     if math.isinf(norm_type):
         total = max(float(np.abs(g).max()) if g.size else 0.0 for g in grads)
     elif norm_type == 2.0:
-        # vdot of the flat view: one BLAS pass per gradient, no temporaries.
-        total = math.sqrt(sum(float(np.vdot(g.ravel(), g.ravel())) for g in grads))
+        # vdot of the flat view: one BLAS pass per gradient, no temporaries (but for float16).
+        total = math.sqrt(sum(float(np.vdot(w.ravel(), w.ravel())) for w in map(_wide, grads)))
     else:
-        total = sum(float((np.abs(g) ** norm_type).sum()) for g in grads) ** (1.0 / norm_type)
+        total = sum(float((np.abs(_wide(g)) ** norm_type).sum()) for g in grads) ** (1.0 / norm_type)
     if error_if_nonfinite and not math.isfinite(total):
         raise _nonfinite_error(total)
     coef = max_norm / (total + 1e-6)

@@ -24,7 +24,7 @@ from collections import Counter
 
 from neural_arch.optim.optimizer import Optimizer
 
-__all__ = ["ChainedScheduler", "CosineAnnealingWarmup", "CosineWithWarmup", "ExponentialLR", "LRScheduler",
+__all__ = ["ChainedScheduler", "CosineAnnealingLR", "CosineAnnealingWarmup", "CosineWithWarmup", "ExponentialLR", "LRScheduler",
            "LambdaLR", "LinearLR", "MultiStepLR", "OneCycleLR", "ReduceLROnPlateau", "SequentialLR", "StepLR"]
 
 
@@ -126,6 +126,17 @@ class StepLR(LRScheduler):
 
     def lr_at(self, base_lr: float, step: int) -> float:
         return base_lr * self.gamma ** (step // self.step_size)
+
+    def get_lr(self) -> list[float]:
+        # Chainable, as torch's: scale the rate in force, so ``ChainedScheduler`` keeps the other
+        # schedules' factors (a closed form here would overwrite them with ``base * gamma**k``).
+        groups = self.optimizer.param_groups
+        if self.last_epoch == 0 or self.last_epoch % self.step_size != 0:
+            return [g["lr"] for g in groups]
+        return [g["lr"] * self.gamma for g in groups]
+
+    def _get_closed_form_lr(self) -> list[float]:
+        return [self.lr_at(base, self.last_epoch) for base in self.base_lrs]
 
 
 class CosineAnnealingWarmup(LRScheduler):
@@ -288,6 +299,47 @@ class ExponentialLR(LRScheduler):
         return [b * self.gamma ** self.last_epoch for b in self.base_lrs]
 
 
+class CosineAnnealingLR(LRScheduler):
+    """Half a cosine from the base rate down to ``eta_min`` over ``T_max`` steps (torch's SGDR
+    schedule without restarts): ``eta_min + (base - eta_min) * (1 + cos(pi * t / T_max)) / 2``.
+
+    Chainable like torch's: each step rescales the rate in force by the ratio of consecutive
+    cosine values, so past ``T_max`` the rate climbs back up (the cosine continues).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch import nn, optim
+        >>> opt = optim.SGD([nn.Parameter(np.ones(1))], lr=1.0)
+        >>> sched = CosineAnnealingLR(opt, T_max=2)
+        >>> rates = []
+        >>> for _ in range(3):
+        ...     rates.append(round(opt.param_groups[0]["lr"], 3)); opt.step(); sched.step()
+        >>> rates
+        [1.0, 0.5, 0.0]
+    """
+
+    def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1):
+        if int(T_max) <= 0:
+            raise ValueError(f"CosineAnnealingLR: T_max must be a positive integer, got {T_max}")
+        self.T_max, self.eta_min = int(T_max), float(eta_min)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        groups, t, period = self.optimizer.param_groups, self.last_epoch, self.T_max
+        if t == 0:
+            return [g["lr"] for g in groups]
+        if (t - 1 - period) % (2 * period) == 0:  # the bottom of the cosine: the ratio below would be 0/0
+            return [g["lr"] + (base - self.eta_min) * (1 - math.cos(math.pi / period)) / 2
+                    for base, g in zip(self.base_lrs, groups)]
+        ratio = (1 + math.cos(math.pi * t / period)) / (1 + math.cos(math.pi * (t - 1) / period))
+        return [ratio * (g["lr"] - self.eta_min) + self.eta_min for g in groups]
+
+    def _get_closed_form_lr(self) -> list[float]:
+        return [self.eta_min + (base - self.eta_min) * (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
+                for base in self.base_lrs]
+
+
 def _per_group(value, optimizer, name, who):
     if isinstance(value, (list, tuple)):
         if len(value) != len(optimizer.param_groups):
@@ -398,6 +450,10 @@ class OneCycleLR(LRScheduler):
             for i, phase in enumerate(self._schedule_phases):
                 end = phase["end_step"]
                 if step <= end or i == len(self._schedule_phases) - 1:
+                    if end == start:  # torch divides by zero here; say what to change instead
+                        raise ValueError(
+                            f"OneCycleLR: total_steps={self.total_steps} with this pct_start leaves phase {i + 1} "
+                            "of the cycle with no steps; use more total_steps or another pct_start")
                     pct = (step - start) / (end - start)
                     lr = self._anneal(group[phase["start_lr"]], group[phase["end_lr"]], pct)
                     if self.cycle_momentum:

@@ -2,6 +2,7 @@
 
 For each parameter ``p`` with gradient ``g``::
 
+    g = -g if maximize
     g = g + weight_decay * p
     if momentum:
         buf = g                                  (first step)
@@ -47,7 +48,7 @@ class SGD(Optimizer):
     """
 
     def __init__(self, params, lr=required, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False):
+                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False):
         if lr is not required and lr < 0.0:
             raise ValueError(f"SGD: invalid learning rate lr={lr}; it must be >= 0")
         if momentum < 0.0:
@@ -57,7 +58,8 @@ class SGD(Optimizer):
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("SGD: nesterov=True needs momentum > 0 and dampening = 0")
         super().__init__(params, {"lr": lr, "momentum": momentum, "dampening": dampening,
-                                      "weight_decay": weight_decay, "nesterov": nesterov})
+                                      "weight_decay": weight_decay, "nesterov": nesterov,
+                                      "maximize": bool(maximize)})
 
     def step(self, closure=None):
         """Apply one update to every parameter that has a gradient; returns ``closure()`` if given."""
@@ -65,8 +67,11 @@ class SGD(Optimizer):
         for group in self.param_groups:
             lr, momentum = group["lr"], group["momentum"]
             dampening, wd, nesterov = group["dampening"], group["weight_decay"], group["nesterov"]
+            maximize = group.get("maximize", False)  # a group saved before the option existed has none
             for p, g in self._params_with_grad(group):
                 d = p.data
+                if maximize:
+                    g = -g  # a new array: never modify the caller's gradient
                 if wd != 0:
                     g = g + wd * d  # a new array: never modify the caller's gradient
                 if momentum != 0:

@@ -200,11 +200,16 @@ class DistributedSampler:
         if int(state.get("dataset_size", self.dataset_size)) != self.dataset_size:
             raise ValueError(f"{type(self).__name__}.load_state_dict: the state is for {state['dataset_size']} "
                              f"samples, this sampler has {self.dataset_size}")
+        processed = int(state["processed"])
+        if not 0 <= processed <= self.dataset_size:
+            # a negative count would resume from the end of the order (Python slicing), silently
+            raise ValueError(f"{type(self).__name__}.load_state_dict: 'processed' is {processed}, outside "
+                             f"0..{self.dataset_size} (the samples of one epoch): a state of another run?")
         self.epoch = int(state["epoch"])
         self.seed = int(state.get("seed", self.seed))
         self.shuffle = bool(state.get("shuffle", self.shuffle))
         self.drop_last = bool(state.get("drop_last", self.drop_last))
-        self.processed, self._local_done = int(state["processed"]), 0
+        self.processed, self._local_done = processed, 0
         self._layout()
 
     def __iter__(self) -> Iterator[int]:
