@@ -124,6 +124,28 @@ def _group_of_mesh(process_group, device_mesh):
     return device_mesh.get_group()
 
 
+def _check_not_sharded_over(module, process_group) -> None:
+    """Refuse flat shards (FullyShardedDataParallel's) whose shard group shares ranks with DDP's group:
+    each such rank holds *another* slice, so DDP's broadcast from rank 0 would overwrite them with rank
+    0's slice and its all-reduce would average unrelated elements. DDP across the replicas of one
+    shard index (an orthogonal group) is fine."""
+    for name, p in module.named_parameters():
+        shard_group = getattr(getattr(p, "_flat_shard", None), "group", None)
+        if shard_group is None or not hasattr(shard_group, "ranks"):
+            continue
+        if process_group is None:
+            from neural_arch.distributed.resolve import _resolve_group
+
+            process_group = _resolve_group(None, "DistributedDataParallel")
+        ddp_ranks = getattr(process_group, "ranks", None)
+        if ddp_ranks is not None and len(set(shard_group.ranks) & set(ddp_ranks)) > 1:
+            raise ValueError(
+                f"DistributedDataParallel: parameter {name!r} is a flat shard of FullyShardedDataParallel over "
+                f"ranks {list(shard_group.ranks)}, which DDP's group {list(ddp_ranks)} shares; every rank holds a "
+                "different slice, so DDP would overwrite them with rank 0's and average unrelated elements. FSDP "
+                "already reduces its gradients: drop DDP, or use ShardingStrategy.HYBRID_SHARD for replicas")
+
+
 class DistributedDataParallel(Module):
     """Wrap ``module`` so that backward averages gradients over the ranks of ``process_group``.
 
@@ -144,6 +166,8 @@ class DistributedDataParallel(Module):
         first_bucket_mb: the first bucket closes at this size (1 MB, like torch): starts the first
             all-reduce early.
         device_ids, output_device: accepted for torch compatibility and ignored.
+        static_graph: torch's promise that every iteration uses the same parameters; accepted and kept
+            as ``ddp.static_graph`` (the reducer needs no such promise: results are the same either way).
 
     Example::
 
@@ -156,7 +180,7 @@ class DistributedDataParallel(Module):
     def __init__(self, module: Module, device_ids=None, output_device=None, broadcast_buffers: bool = True,
                  process_group=None, bucket_cap_mb: float | None = None, find_unused_parameters: bool = False,
                  gradient_as_bucket_view: bool = False, *, bucket_size_mb: float | None = None,
-                 first_bucket_mb: float = 1.0, device_mesh=None):
+                 first_bucket_mb: float = 1.0, device_mesh=None, static_graph: bool = False):
         super().__init__()
         process_group = _group_of_mesh(process_group, device_mesh)
         self.device_mesh = device_mesh      # as in torch 2.x: the 1-d mesh given, else None
@@ -173,7 +197,9 @@ class DistributedDataParallel(Module):
         self.broadcast_buffers = bool(broadcast_buffers)
         self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
         self.process_group = process_group
+        self.static_graph = bool(static_graph)
         self._backend = _process_group_backend(process_group)
+        _check_not_sharded_over(module, process_group)
         trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not trainable:
             raise ValueError("DistributedDataParallel: the module has no parameter that requires a gradient; "
@@ -210,6 +236,8 @@ class DistributedDataParallel(Module):
             return
         buffers = [(n, b) for n, b in self.module.named_buffers() if b is not None]
         mine = [(n, tuple(p.data.shape), str(p.data.dtype)) for n, p in zip(self._param_names, self._params)]
+        mine += [("frozen " + n, tuple(p.data.shape), str(p.data.dtype)) for n, p in self.module.named_parameters()
+                 if not p.requires_grad and not is_expert_parameter(p)]
         mine += [("buffer " + n, tuple(b.data.shape), str(b.data.dtype)) for n, b in buffers]
         everyone = backend.allgather_object(mine)
         problems = []
@@ -225,7 +253,10 @@ class DistributedDataParallel(Module):
         if problems:
             raise ValueError("DistributedDataParallel: the model differs between ranks: " + "; ".join(problems)
                              + ". Build the same model (same layers, sizes and dtype) on every rank.")
-        broadcast_arrays([p.data for p in self._params], backend, root=0)
+        # Every replicated parameter, frozen ones too (torch syncs all module states): a frozen layer
+        # initialised differently per rank would otherwise give each rank another model, silently.
+        frozen = [p for _, p in self.module.named_parameters() if not p.requires_grad and not is_expert_parameter(p)]
+        broadcast_arrays([p.data for p in self._params + frozen], backend, root=0)
         broadcast_arrays([b.data for _, b in buffers], backend, root=0)
         self.expert_reducer.broadcast()
 
@@ -309,6 +340,10 @@ class DistributedDataParallel(Module):
     def extra_repr(self) -> str:
         return (f"world_size={self._backend.size}, buckets={len(self.reducer.buckets)}, "
                 f"bucket_cap_mb={self.bucket_cap_mb}, find_unused_parameters={self.find_unused_parameters}")
+
+    def _set_static_graph(self) -> None:
+        """torch's older spelling of ``static_graph=True`` (nothing else to do here)."""
+        self.static_graph = True
 
     # -- gradient synchronisation control ----------------------------------------------------------
     @contextlib.contextmanager

@@ -107,6 +107,7 @@ class Reducer:
                                      if bucket.tail.size else grad_bucket)
         self.where = [self.buckets.locate(p) for p in self.params]  # param -> (bucket, slot)
         self.hook_state, self.hook = None, None
+        self._hook_registered = False
         self._set_hook(backend, allreduce_hook)  # state, hook(state, bucket) -> Work
         self._scale = 1.0 / backend.size
         self.phase = Phase.SYNCED
@@ -119,11 +120,12 @@ class Reducer:
     def register_comm_hook(self, state, hook) -> None:
         if not callable(hook):
             raise TypeError(f"register_comm_hook: hook must be callable as hook(state, bucket) -> Work, got {hook!r}")
-        if self.hook is not allreduce_hook:
+        if self._hook_registered:  # (registering the default hook counts too: torch raises on any second call)
             raise RuntimeError("register_comm_hook can only be called once per DistributedDataParallel (as in torch)")
         if self.phase in (Phase.REDUCING, Phase.ACCUMULATING):
             raise RuntimeError("register_comm_hook: call it before the first backward, not during one")
         self._set_hook(state, hook)
+        self._hook_registered = True
 
     def _set_hook(self, state, hook) -> None:
         """Install the hook; whether buckets reach it pre-scaled by 1/world is decided here, once,

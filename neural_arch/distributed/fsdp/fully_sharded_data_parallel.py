@@ -51,9 +51,12 @@ Training is equal to single-process training on the global batch (tests: float64
 
 Differences from torch, stated plainly:
 
-* A unit whose parameters are partly frozen (``requires_grad=False``) is not resharded after
-  forward (its "backward is over" signal is its trainable gradients being final): it keeps its
-  gathered parameters until then, like ``SHARD_GRAD_OP``.
+* A unit must be all trainable or all frozen (``requires_grad=False``), as torch's rule with
+  ``use_orig_params=False``: a partly frozen unit raises ``ValueError`` at construction (the
+  optimizer steps the whole flat shard, so weight decay or momentum would move the frozen
+  elements). Give frozen layers units of their own (``auto_wrap_policy``), or use ``fully_shard``.
+  An all-frozen unit is not resharded after forward (it has no gradients to say when its
+  backward is over): it keeps its gathered parameters, like ``SHARD_GRAD_OP``.
 * Unit buffers are shared (see :mod:`.unit`): a unit's parameters must be used only inside its
   own ``forward`` (true of ordinary modules). A parameter, or a view of it, that escapes the
   unit's forward and is used by later ops reads placeholder zeros in forward and possibly
@@ -127,7 +130,6 @@ from neural_arch.distributed.fsdp.state_dict import (
 )
 from neural_arch.distributed.fsdp.unit import FlatParamUnit, GatherBuffer, GatherPool
 from neural_arch.distributed.fsdp.wrap import resolve_policy
-from neural_arch.distributed.resolve import _resolve_group
 from neural_arch.nn.module import Module
 
 __all__ = ["FullyShardedDataParallel"]
@@ -174,7 +176,8 @@ class FullyShardedDataParallel(Module):
         forward_prefetch: gather the next unit (last iteration's order) while one runs.
         limit_all_gathers: at most two units gathered at once (see the module docstring).
         mixed_precision: :class:`~neural_arch.distributed.fsdp.api.MixedPrecision`.
-        sync_module_states: broadcast rank 0's parameters and buffers first (ranks may init differently).
+        sync_module_states: broadcast the group's first rank's parameters and buffers first (ranks may init
+            differently); within ``process_group`` (and the replicate group), as torch.
         device_mesh: a 2-D mesh ``(replicate, shard)`` for ``HYBRID_SHARD``, if it has
             ``get_group(dim)``; a 1-D mesh for the other strategies.
 
@@ -230,7 +233,6 @@ class FullyShardedDataParallel(Module):
         shard_group, replicate_group = shard_groups(process_group, device_mesh, strategy)
         self.process_group = shard_group
         self.replicate_group = replicate_group
-        world = _resolve_group(None, "FullyShardedDataParallel")
         # Expert parameters stay out of the replicated units (see the module docstring): those an
         # expert-data-parallel group of several ranks holds get units of their own over that group
         # (expert_units); the others (held once) stay whole, ordinary parameters.
@@ -245,7 +247,10 @@ class FullyShardedDataParallel(Module):
         dp_size = shard_group.size() * (replicate_group.size() if replicate_group is not None and not managed else 1)
         self.expert_reducer = ExpertGradReducer(self._experts, dp_size)
         if sync_module_states:
-            self._broadcast_module(world, all_experts)
+            # within this FSDP's own groups (torch's rule), never the world: ranks outside them run
+            # another model (or no FSDP at all) and would either hang or receive these values
+            groups = [shard_group] + ([replicate_group] if replicate_group is not None and not managed else [])
+            self._broadcast_module(groups, all_experts)
         if mp.buffer_dtype is not None:
             for b in module.buffers():
                 if b.data.dtype.kind == "f":
@@ -260,6 +265,16 @@ class FullyShardedDataParallel(Module):
         self._units: list[FlatParamUnit] = []
         reshard = sharded and strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD)
         like = next(iter(module.parameters()), None)
+        for name, _sub, params in plan:
+            frozen = [p for p in params if not p.requires_grad]
+            if frozen and len(frozen) < len(params):
+                names = {id(p): n for n, p in module.named_parameters()}
+                raise ValueError(
+                    f"FullyShardedDataParallel: the unit {name or '<root>'!r} mixes frozen parameters "
+                    f"{[names.get(id(p), '?') for p in frozen]} with trainable ones; its flat parameter is "
+                    "stepped as a whole, so weight decay or momentum would change the frozen ones (torch "
+                    "raises the same with use_orig_params=False). Wrap the frozen modules in units of their "
+                    "own (auto_wrap_policy) so each unit is all frozen or all trainable, or use fully_shard")
         for i, (name, sub, params) in enumerate(plan):
             lay = FlatLayout([tuple(p.shape) for p in params], shard_world)
             unit = FlatParamUnit(name, sub, params, lay, shard_rank, shard_group if sharded else None,
@@ -305,14 +320,15 @@ class FullyShardedDataParallel(Module):
             raise AssertionError("FSDP: reducer and unit layouts disagree")  # pragma: no cover
 
     # ------------------------------------------------------------------ construction helpers
-    def _broadcast_module(self, world, all_experts) -> None:
+    def _broadcast_module(self, groups, all_experts) -> None:
         experts = {id(p) for p in all_experts}
         tensors = [t for t in self.module.parameters() if id(t) not in experts] + list(self.module.buffers())
         for t in tensors + all_experts:
             if hasattr(t.data, "flags") and not t.data.flags.c_contiguous:
                 t.data = t.data.copy()
-        for t in tensors:
-            world.backend.broadcast(t.data, root=0)
+        for group in groups:   # shard group, then replicate group: every rank ends with global rank 0's values
+            for t in tensors:
+                group.backend.broadcast(t.data, root=0)
         # each expert from the first rank of the ranks holding it (before any is sharded)
         ExpertGradReducer(all_experts, 1).broadcast()
 

@@ -162,8 +162,8 @@ class OwnerGradReducer:
     def _finish(self) -> None:
         try:
             for i, bucket in enumerate(self.buckets):
-                if not bucket.params:
-                    continue
+                if not bucket.params or not bucket.expected:
+                    continue  # an all-frozen unit keeps .grad None: a zero one would let weight decay move it
                 acc = self._acc.pop(i, None)
                 if acc is None:  # no gradient reached this unit: a zero shard, as torch's FSDP
                     lay, first = bucket.layout, bucket.params[0]

@@ -16,6 +16,14 @@ of every bucket. The rank keeps a master copy of its slices as flat shard parame
 them with the inner optimizer, and all-gathers the updated slices into the model's parameters.
 Do **not** also wrap the model in DDP with ``stage=2``. Only elementwise optimizers (SGD, Adam,
 AdamW, ...) give single-process results on flat slices; LAMB/LARS-style per-tensor norms do not.
+A parameter that gets no gradient on any rank in a step (a branch not taken) is skipped by a plain
+optimizer (no momentum, no weight decay, no Adam step): stage 2 counts, per step, on how many ranks
+each bucket parameter got a gradient (one small all-reduce) and leaves a bucket's shard without a
+gradient when none of its parameters got one, so the inner optimizer skips it too. A bucket only
+*partly* unused everywhere cannot be stepped like that (its slice is stepped as a whole): ``step()``
+raises on every rank, naming the parameters; a small ``bucket_cap_mb`` (e.g. ``1e-6``: one
+parameter per bucket) gives conditionally used parameters buckets of their own. (Not with
+``replicate_group``: there the shards are stepped as before, unused parameters as zeros.)
 
 Both stages produce parameters equal to single-process training on the global batch.
 
@@ -55,6 +63,7 @@ import numpy as np
 from neural_arch import backend as _backend
 from neural_arch.core.tensor import Tensor, no_grad
 from neural_arch.distributed.bucketing import ShardedGradReducer, plan_buckets
+from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.ddp.expert_grads import ExpertGradReducer, split_expert_parameters
 from neural_arch.distributed.flat_param import FlatLayout, FlatShard
 from neural_arch.distributed.resolve import _resolve_group
@@ -229,7 +238,7 @@ class ZeroRedundancyOptimizer(Optimizer):
 
     # ------------------------------------------------------------------ stage 2
     def _build_stage2(self, bucket_cap_mb: float) -> None:
-        if bucket_cap_mb <= 0:
+        if not bucket_cap_mb > 0:   # NaN too
             raise ValueError(f"ZeroRedundancyOptimizer: bucket_cap_mb must be > 0, got {bucket_cap_mb}")
         self._buckets, self._bucket_group = [], []
         for gi, group in enumerate(self.param_groups):
@@ -263,6 +272,15 @@ class ZeroRedundancyOptimizer(Optimizer):
         self._adopt_inner_groups()
         self.reducer = ShardedGradReducer(self._buckets, self.process_group, self._accumulate_shard,
                                           replicate_group=self.replicate_group)
+        # which bucket parameters got a gradient on this rank since the last step (see the module docstring)
+        self._bucket_params = [p for b in self._buckets for p in b]
+        self._got_grad = np.zeros(len(self._bucket_params), dtype=np.float64)
+        self._grad_hooks = []
+        if self.replicate_group is None:
+            for j, p in enumerate(self._bucket_params):
+                if p.requires_grad:
+                    self._grad_hooks.append(p.register_post_accumulate_grad_hook(
+                        lambda _p, j=j, flags=self._got_grad: flags.__setitem__(j, 1.0)))
         if self._experts:
             # DDP's reduction of expert gradients (summed over each expert-data-parallel group,
             # divided by the data-parallel size), queued behind the reducer's end of backward
@@ -277,6 +295,40 @@ class ZeroRedundancyOptimizer(Optimizer):
             shard.grad = Tensor._wrap(g.copy())
         else:
             shard.grad.data += g
+
+    def _skip_unused_buckets(self) -> None:
+        """Stage 2: a bucket none of whose parameters got a gradient on any rank since the last step
+        keeps no shard gradient (the inner optimizer skips it, as a plain one skips ``grad=None``); a
+        bucket partly unused everywhere raises on every rank (the counts are the same everywhere)."""
+        if not self._grad_hooks:
+            return
+        backend = self.process_group.backend
+        if "cpu" in getattr(backend, "devices", ("cpu",)):
+            counts = self._got_grad.copy()     # host flags on a backend that moves host arrays: no device copy
+            backend.allreduce(counts, ReduceOp.SUM)
+        else:                                  # NCCL moves device arrays only
+            xp = _backend.get_array_module(self._shards[0].data)
+            counts = xp.asarray(self._got_grad)
+            backend.allreduce(counts, ReduceOp.SUM)
+            counts = _backend.to_host(counts)
+        used = counts > 0
+        self._got_grad[:] = 0
+        at = 0
+        for bi, (b, shard) in enumerate(zip(self._buckets, self._shards)):
+            mine = used[at:at + len(b)]
+            at += len(b)
+            trainable = np.array([p.requires_grad for p in b])
+            if not mine[trainable].any():
+                shard.grad = None
+            elif not mine[trainable].all():
+                missing = [f"#{self._index[id(p)]} {tuple(p.shape)}" for p, u, t in zip(b, mine, trainable)
+                           if t and not u]
+                raise RuntimeError(
+                    f"ZeroRedundancyOptimizer(stage=2): parameters {missing} (index in the optimizer, shape) got no "
+                    f"gradient on any rank since the last step, but share flat bucket {bi} with parameters that "
+                    "did; a plain optimizer would skip them (no momentum, weight decay or Adam step) while the "
+                    "bucket's shard is stepped as a whole. Pass a smaller bucket_cap_mb (1e-6: one parameter per "
+                    "bucket) so conditionally used parameters get buckets of their own, or use every parameter")
 
     def _refresh_shards(self) -> None:
         """Copy the model's parameters into this rank's master shards: equal to them after every
@@ -318,6 +370,7 @@ class ZeroRedundancyOptimizer(Optimizer):
         loss = closure() if closure is not None else None
         self._sync_hyperparameters()
         if self.stage == 2:
+            self._skip_unused_buckets()
             self._refresh_shards()
         if self.optim is not None:
             self.optim.step()
@@ -333,6 +386,7 @@ class ZeroRedundancyOptimizer(Optimizer):
         if self.expert_reducer is not None:
             self.expert_reducer.pending = False   # a backward that raised never ran its reduction
         if self.stage == 2:
+            self._got_grad[:] = 0      # the gradients counted so far are gone
             for s in self._shards:
                 if s.grad is not None:
                     if set_to_none:
