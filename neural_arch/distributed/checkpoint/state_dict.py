@@ -64,6 +64,7 @@ from neural_arch.distributed.checkpoint.expert_names import (
     sliced_lists,
 )
 from neural_arch.distributed.checkpoint.sharded import Region, ShardedArray, copy_overlap
+from neural_arch.distributed.flat_param import FlatShard
 from neural_arch.distributed.tensor._api import DTensor, compute_local_shape_and_global_offset
 from neural_arch.nn.module import Module
 from neural_arch.optim.optimizer import Optimizer, ParamState
@@ -222,7 +223,7 @@ def get_model_state_dict(model, *, submodules=None, options: StateDictOptions | 
         for n, b in sub._buffers.items():
             if b is not None and n not in sub._non_persistent:
                 out[f"{prefix}.{n}" if prefix else n] = _backend.to_host(b.data).copy()
-    return _full(out, options) if options.full_state_dict else out
+    return _full(out, options, _state_group(list(model.parameters()))) if options.full_state_dict else out
 
 
 def _host_dtensor(dt, like) -> DTensor:
@@ -231,10 +232,32 @@ def _host_dtensor(dt, like) -> DTensor:
     return DTensor(local, like.device_mesh, like.placements, shape=global_shape_of(like))
 
 
-def _full(tree: dict, options: StateDictOptions) -> dict:
-    """The whole arrays of ``tree`` (a collective); ``cpu_offload``: gathered to rank 0 only, the
-    other ranks send their pieces and get an empty dict (torch's)."""
-    return _gather_full(tree, dst=0 if options.cpu_offload else None)
+def _full(tree: dict, options: StateDictOptions, group=None) -> dict:
+    """The whole arrays of ``tree`` (a collective over ``group``, None: the world); ``cpu_offload``:
+    gathered to the group's first rank only, the other ranks send their pieces and get an empty dict
+    (torch's)."""
+    first = 0 if group is None else group.ranks[0]
+    return _gather_full(tree, dst=first if options.cpu_offload else None, group=group)
+
+
+def _state_group(params) -> object | None:
+    """The process group a full state dict of these parameters is gathered over: the one group every
+    split flat shard among them (FSDP's, ZeRO-2's) is split over, when there is exactly one and nothing
+    else is sharded. None (the world) otherwise: DTensor parameters, experts' shards (experts differ
+    across the expert-parallel group), shards over several groups. A model sharded over a sub-group is
+    gathered there: its ranks alone call this, and a gather over the world would wait for the others
+    until the timeout."""
+    group = None
+    for p in params:
+        if is_dtensor(p):
+            return None
+        fs = getattr(p, "_flat_shard", None)
+        if fs is None or fs.group is None:
+            continue
+        if type(fs) is not FlatShard or (group is not None and fs.group is not group):
+            return None
+        group = fs.group
+    return group
 
 
 def set_model_state_dict(model, model_state_dict: dict, *, options: StateDictOptions | None = None):
@@ -387,7 +410,9 @@ def get_optimizer_state_dict(model, optimizers, *, submodules=None, options: Sta
                     _get_param_state(p, st, names, state)
     out = {"state": state, "param_groups": groups}
     if options.full_state_dict:
-        out["state"] = _full(state, options)
+        shards = [p for opt in _optimizers(optimizers) for holder in [_state_holder(opt)] if holder is not None
+                  for g in holder.param_groups for p in g["params"]]
+        out["state"] = _full(state, options, _state_group(list(model.parameters()) + shards))
     return out
 
 
@@ -549,7 +574,7 @@ def set_state_dict(model, optimizers, *, model_state_dict: dict, optim_state_dic
     return result
 
 
-def _gather_full(tree: dict, dst: int | None = None) -> dict:
+def _gather_full(tree: dict, dst: int | None = None, group=None) -> dict:
     """``tree`` (nested dicts) as every rank's union of them, each ``ShardedArray`` replaced by the
     whole array assembled from every rank's pieces: one ``all_gather_object`` -- or, with ``dst``,
     one ``send_object_list`` from each rank to ``dst``, the others getting ``{}`` (pickles: trusted
@@ -559,26 +584,27 @@ def _gather_full(tree: dict, dst: int | None = None) -> dict:
     tree = _boxes(tree)  # DTensors as their boxes: placements and offsets, no mesh to pickle
     every = [tree]
     if groups.is_initialized() and groups.get_world_size() > 1:
-        every = [None] * groups.get_world_size()
+        members = list(range(groups.get_world_size())) if group is None else list(group.ranks)
+        every = [None] * len(members)
         if dst is None:
             from neural_arch.distributed.collectives import all_gather_object
 
-            all_gather_object(every, tree)
+            all_gather_object(every, tree, group=group)
         else:
             # point to point, not gather_object: that one is an all-gather underneath, and every
             # rank would receive the whole state only to drop it
             from neural_arch.distributed.collectives import recv_object_list, send_object_list
 
             if groups.get_rank() != dst:
-                send_object_list([tree], dst=dst)
+                send_object_list([tree], dst=dst, group=group)
                 return {}
-            for src in range(groups.get_world_size()):
+            for i, src in enumerate(members):
                 if src != dst:
                     got = [None]
-                    recv_object_list(got, src=src)
-                    every[src] = got[0]
+                    recv_object_list(got, src=src, group=group)
+                    every[i] = got[0]
                 else:
-                    every[src] = tree
+                    every[i] = tree
     return _merge(every)
 
 
