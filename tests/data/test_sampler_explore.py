@@ -220,3 +220,11 @@ def test_a_resume_state_with_processed_outside_the_epoch_is_a_clear_error(proces
     with pytest.raises(ValueError, match="'processed' is"):
         sampler.load_state_dict(state)
     assert list(sampler) == [0, 2, 4, 6, 8]       # untouched
+
+
+def test_recording_a_negative_count_is_a_clear_error():
+    sampler = DistributedSampler(dataset_size=10, num_replicas=2, rank=0, shuffle=False)
+    sampler.record_samples(3)
+    with pytest.raises(ValueError, match="count must be >= 0"):
+        sampler.record_samples(-2)
+    assert sampler.processed_samples() == 6       # unchanged: 3 samples on each of 2 ranks

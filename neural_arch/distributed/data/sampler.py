@@ -157,6 +157,8 @@ class DistributedSampler:
     # -- resumable position ----------------------------------------------------------------------
     def record_samples(self, count: int) -> None:
         """This rank finished ``count`` more of its samples (every rank records the same counts)."""
+        if int(count) < 0:   # the position would move back: samples seen twice after a resume, silently
+            raise ValueError(f"{type(self).__name__}.record_samples: count must be >= 0, got {count}")
         self._local_done = min(self.num_samples, self._local_done + int(count))
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:

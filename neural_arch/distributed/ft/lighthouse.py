@@ -89,6 +89,8 @@ class Lighthouse:
         self._issued: list[dict[str, int]] = []          # per round: member -> request number answered
         self._last_quorum: dict[str, Quorum] = {}        # member -> the last quorum it was in (rule 5)
         self._decided: dict[int, bytes] = {}             # round -> its commit decision, once read (final)
+        self._line: dict[str, int] = {}                  # member -> the round whose step its state holds (rule 6)
+        self._undecided: dict[int, tuple[Quorum, dict]] = {}   # round -> (quorum, each member's line if voided)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
@@ -132,6 +134,7 @@ class Lighthouse:
             self.store.delete_key(protocol.vote_key(round_, member))
         self.store.delete_key(protocol.commit_key(round_))
         self._decided.pop(round_, None)
+        self._undecided.pop(round_, None)      # never decided: its members' lines stay unknown
 
     # -- the loop ----------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -164,6 +167,25 @@ class Lighthouse:
             known[member] = quorum.max_step + (0 if decision == b"0" else 1)
         return known
 
+    def _decide_lines(self) -> None:
+        """Each member's line once its last quorum's commit decision is known: that quorum's round
+        if the step committed, else the line its state had after the quorum's heals (rule 6)."""
+        for round_, (quorum, if_voided) in list(self._undecided.items()):
+            decision = self._decided.get(round_)
+            if decision is None and self.store.check(protocol.commit_key(round_)):
+                decision = self._decided[round_] = self.store.get(protocol.commit_key(round_))
+            if decision is None:
+                continue
+            del self._undecided[round_]
+            for member in quorum.members:
+                if self._last_quorum.get(member) is not quorum:
+                    continue
+                line = if_voided[member] if decision == b"0" else round_
+                if line is None:
+                    self._line.pop(member, None)
+                else:
+                    self._line[member] = line
+
     def tick(self, now: float) -> Quorum | None:
         """One look at the store: new members, heartbeats, requests; issue a quorum if the rule allows."""
         store = self.store
@@ -192,9 +214,12 @@ class Lighthouse:
             since = self._since.setdefault((member, n), now)
             requests[member] = protocol.decode_request(member, raw, since)
         healthy = self.healthy(now)
+        if requests:     # after the requests were read: a member asks only once its last step was decided
+            self._decide_lines()
         quorum = plan_quorum(requests, healthy, self.quorums[-1] if self.quorums else None,
                              self.min_replicas, self.join_timeout, now,
-                             known_steps=self._known_steps(healthy - set(requests)) if requests else None)
+                             known_steps=self._known_steps(healthy - set(requests)) if requests else None,
+                             lines={m: self._line[m] for m in requests if m in self._line})
         if quorum is None:
             return None
         answer = json.dumps(quorum.to_json()).encode()
@@ -205,8 +230,11 @@ class Lighthouse:
             self._since.pop((member, n), None)
         self.quorums.append(quorum)
         self._issued.append({m: requests[m].n for m in quorum.members})
+        if_voided = {m: self._line.get(quorum.heal.get(m, m)) for m in quorum.members}
         for member in quorum.members:
             self._last_quorum[member] = quorum
+            self._line.pop(member, None)        # unknown until the step's decision (_decide_lines)
+        self._undecided[quorum.round] = (quorum, if_voided)
         self._forget(quorum.round - KEEP_ROUNDS)
         log.info("ft quorum round %d: id %d, members %s, steps %s, heal %s", quorum.round, quorum.quorum_id,
                  quorum.members, quorum.steps, quorum.heal)

@@ -114,6 +114,8 @@ class Manager:
             hold a mix of old and new values: the replica is still behind, so the next quorum heals it
             again before it steps, and ``start_quorum`` raises if no up-to-date peer is left to heal
             from. None: every array is received into new memory (a failed heal leaves the old state).
+            Without ``load_state_dict`` it is the only loader: a heal whose state holds a part it has
+            no place for (another shape, dtype or key) raises instead of loading part of it.
         use_async_quorum: ``start_quorum`` sends the request and returns at once; the lighthouse's
             answer, the group rebuild and sending state to a replacement run on a background thread
             while the forward and backward run, and the first call that needs the quorum
@@ -147,6 +149,11 @@ class Manager:
         self._pg = pg if pg is not None else ProcessGroupGloo(timeout=self.timeout)
         self._load_state_dict, self._state_dict = load_state_dict, state_dict
         self._heal_into = heal_into
+        if state_dict is not None and load_state_dict is None and heal_into is None:
+            # a heal would move the step count on and drop the state it received: a replica at the
+            # quorum's step with its old weights
+            raise ValueError("Manager(state_dict=...) needs load_state_dict=... (or heal_into=...): how a "
+                             "replica that is behind loads the state it heals from")
         self._torn = False     # a heal into the live arrays failed midway: they must be healed again
         self.min_replica_size = int(min_replica_size)
         self.init_sync = bool(init_sync)
@@ -343,6 +350,12 @@ class Manager:
                                head_bytes=quorum.heal_head.get(self.member))
             if self._load_state_dict is not None:
                 self._load_state_dict(state["user"])
+            else:
+                lost = _not_filled_in_place(state["user"], into["user"] if into is not None else None)
+                if lost:     # only heal_into() loads: a part it has no place for would be dropped silently
+                    raise DistributedError(f"ft {self.member}: healed from {source}, but heal_into() has no array of "
+                                           f"the same place, shape and dtype for {', '.join(lost[:5])} and there is "
+                                           f"no load_state_dict to load it: the replicas' states differ in layout")
             self._step = int(state["step"])
             self._torn = False
             self.timings["loaded_at"] = time.time()
@@ -460,6 +473,31 @@ class Manager:
         self._pg.shutdown()
         self._store.close()
         self._beat_store.close()
+
+
+def _not_filled_in_place(received, into, path: str = "state") -> list[str]:
+    """Where ``received`` (a healed state) holds something ``into`` did not take in place: an array
+    that is not ``into``'s own array of that place, or a plain value that differs from ``into``'s.
+
+    Example:
+        >>> w = np.zeros(2)
+        >>> _not_filled_in_place({"w": w, "b": np.ones(1), "step": 3}, {"w": w, "step": 3})
+        ["state['b']"]
+    """
+    if isinstance(received, np.ndarray):
+        return [] if received is into else [path]
+    if isinstance(received, dict):
+        if not isinstance(into, dict):
+            return [path]
+        return [p for k, v in received.items() for p in _not_filled_in_place(v, into.get(k), f"{path}[{k!r}]")]
+    if isinstance(received, (list, tuple)):
+        if not isinstance(into, (list, tuple)) or len(into) != len(received):
+            return [path]
+        return [p for i, (v, w) in enumerate(zip(received, into)) for p in _not_filled_in_place(v, w, f"{path}[{i}]")]
+    try:
+        return [] if bool(received == into) else [path]
+    except Exception:  # noqa: BLE001 - a value with no plain equality: not known to be loaded
+        return [path]
 
 
 def _nbytes(state) -> int:

@@ -18,6 +18,12 @@ and calls ``plan_quorum``. It is a pure function, so the rule is tested without 
    with no heal: a silent divergence. (torchft avoids it by requiring a majority of the heartbeating
    replicas in every quorum; this rule keeps going on without a slow replica that is not ahead.)
 
+6. **Same step, other history.** A replica whose heartbeat lapsed (a stalled process, not a dead
+   one) is left out while the others commit steps; if it had itself committed steps alone before,
+   it comes back at the same step count with other weights. The lighthouse records each member's
+   *line* (the round of the last quorum whose step its state holds: ``lines``); up-to-date replicas
+   on different lines are not equal: those off the newest line heal from it.
+
 A quorum keeps its ``quorum_id`` (and so its process group) while the members stay the same and
 none asks to reconfigure (a replica whose last step was not committed always asks: its group may be
 poisoned). Members whose ``step`` is behind the quorum's ``max_step`` heal from an up-to-date member
@@ -161,7 +167,8 @@ class Quorum:
 
 def plan_quorum(requests: Mapping[str, QuorumRequest], healthy: AbstractSet[str], previous: Quorum | None,
                 min_replicas: int, join_timeout: float, now: float,
-                known_steps: Mapping[str, int] | None = None) -> Quorum | None:
+                known_steps: Mapping[str, int] | None = None,
+                lines: Mapping[str, int] | None = None) -> Quorum | None:
     """The next quorum, or None to wait (the rule in the module docstring).
 
     Args:
@@ -173,6 +180,8 @@ def plan_quorum(requests: Mapping[str, QuorumRequest], healthy: AbstractSet[str]
         now: the lighthouse's clock.
         known_steps: for members that did not ask, the newest step they may hold (the lighthouse's
             record of the quorums they were in and whether those committed): rule 5.
+        lines: for members that asked, the round of the last quorum whose step their state holds
+            (the lighthouse's record; a member not in it is on an unknown line): rule 6.
 
     Example:
         >>> reqs = {"a": QuorumRequest("a", 1, 0, since=0.0)}
@@ -218,6 +227,11 @@ def plan_quorum(requests: Mapping[str, QuorumRequest], healthy: AbstractSet[str]
     else:
         sources = [key for key in order if replica_step[key] == top]
         behind = [key for key in order if replica_step[key] < top]
+        line = {key: lines.get(complete[key][0].member) for key in sources} if lines else {}
+        if len({v for v in line.values() if v is not None}) > 1:   # rule 6: two histories at one step
+            newest = max(v for v in line.values() if v is not None)
+            behind = sorted(behind + [key for key in sources if line[key] != newest])
+            sources = [key for key in sources if line[key] == newest]
     heal = {}
     for i, key in enumerate(behind):              # shard s of a replica heals from shard s of its source
         source = complete[sources[i % len(sources)]]

@@ -101,7 +101,8 @@ def split_arrays(state) -> tuple[object, list[np.ndarray]]:
 
     def walk(x):
         if isinstance(x, np.ndarray) and x.dtype != object:
-            arrays.append(np.ascontiguousarray(x))
+            # not ``np.ascontiguousarray``: it turns a 0-d array (an optimizer's step count) into shape (1,)
+            arrays.append(np.asarray(x, order="C"))
             return _ArrayRef(len(arrays) - 1)
         if isinstance(x, dict):
             return type(x)((k, walk(v)) for k, v in x.items())
@@ -185,7 +186,9 @@ def inline_offset(plan: list[tuple], skeleton_bytes: int, head: int | None = Non
 
 def _header_payload(skeleton, arrays) -> np.ndarray:
     """The pickled skeleton (nesting, scalars, each array's shape and dtype) as bytes."""
-    header = {"skeleton": skeleton, "arrays": [(a.shape, a.dtype.str) for a in arrays]}
+    # the dtype itself, not ``dtype.str``: an extension dtype (ml_dtypes' bfloat16) spells itself
+    # "<V2", which would come back as raw void bytes
+    header = {"skeleton": skeleton, "arrays": [(a.shape, a.dtype) for a in arrays]}
     return np.frombuffer(pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
 
 
