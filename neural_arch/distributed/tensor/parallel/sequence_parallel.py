@@ -32,7 +32,7 @@ from neural_arch.distributed.nn.functional import (
 from neural_arch.distributed.tensor._api import DTensor
 from neural_arch.distributed.tensor._parameter import DTensorParameter
 from neural_arch.distributed.tensor.parallel.layers import tp_device_mesh
-from neural_arch.distributed.tensor.parallel.style import ParallelStyle, Replicate, Shard
+from neural_arch.distributed.tensor.parallel.style import ParallelStyle, Replicate, Shard, _local_output_only
 from neural_arch.nn.module import Module
 
 __all__ = ["PrepareModuleInput", "SequenceParallel"]
@@ -59,6 +59,10 @@ class SequenceParallel(ParallelStyle):
         self.sequence_dim = sequence_dim
 
     def apply(self, module: Module, group) -> Module:
+        if getattr(module, "_sequence_parallel_handles", None) is not None:
+            # a second set of hooks would all-reduce every gradient twice (p times too large)
+            raise ValueError(f"SequenceParallel: {type(module).__name__} is already sequence-parallel (two plan "
+                             "keys match it, or parallelize_module ran twice on it)")
         mesh = None
         for name, p in list(module._parameters.items()):
             if p is not None and not isinstance(p, DTensor):
@@ -99,6 +103,7 @@ class PrepareModuleInput(ParallelStyle):
     """
 
     def __init__(self, *, input_layouts=None, desired_input_layouts=None, use_local_output: bool = True):
+        _local_output_only("PrepareModuleInput", use_local_output)
         self.input_layouts = _single(input_layouts, "input_layouts")
         self.desired_input_layouts = _single(desired_input_layouts, "desired_input_layouts")
         pair = (type(self.input_layouts), getattr(self.input_layouts, "dim", None),
@@ -107,8 +112,16 @@ class PrepareModuleInput(ParallelStyle):
             raise NotImplementedError(f"PrepareModuleInput: {self.input_layouts!r} -> {self.desired_input_layouts!r} "
                                       "is not supported; use Replicate() <-> Shard(1)")
 
+    #: it only converts the input: the module keeps its parameters (tied ones stay tied)
+    replaces_parameters = False
+
     def apply(self, module: Module, group) -> Module:
+        if getattr(module, "_prepare_module_input", None) is not None:
+            # a second hook would convert the already converted input again (e.g. T/p -> T/p^2)
+            raise ValueError(f"PrepareModuleInput: {type(module).__name__} already has {module._prepare_module_input!r}"
+                             " (two plan keys match it, or parallelize_module ran twice on it)")
         group = resolve_group_or_mesh(group, "PrepareModuleInput")
+        object.__setattr__(module, "_prepare_module_input", self)  # not a submodule/parameter
         enter = isinstance(self.desired_input_layouts, Shard)
 
         def convert(_module, args):

@@ -53,6 +53,20 @@ def _is_shard_sequence(layout) -> bool:
     return isinstance(layout, Shard) and layout.dim == 1
 
 
+def _local_output_only(style: str, use_local_output: bool) -> bool:
+    """``use_local_output=False`` asks torch for a DTensor output; here the output is always this
+    rank's local tensor, and a reduction over a local shard (``y.sum()``) would silently differ
+    from torch's over the DTensor: refuse it at the call.
+
+    >>> _local_output_only("ColwiseParallel", True)
+    True
+    """
+    if not use_local_output:
+        raise NotImplementedError(f"{style}(use_local_output=False): a DTensor output is not implemented; the "
+                                  "output is this rank's local tensor (use_local_output=True, the default)")
+    return True
+
+
 class ParallelStyle:
     """Base of the styles: ``apply(module, group) -> sharded module`` (``group``: a ProcessGroup or
     a 1-d DeviceMesh).
@@ -64,6 +78,10 @@ class ParallelStyle:
         >>> RowwiseParallel(input_layouts=Shard(-1))
         RowwiseParallel(input_layouts=Shard(dim=-1), output_layouts=Replicate())
     """
+
+    #: whether ``apply`` gives the module new (sharded) parameters; parallelize_module then
+    #: refuses a module whose parameters are tied to a module outside it
+    replaces_parameters = True
 
     def apply(self, module: Module, group) -> Module:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -86,7 +104,7 @@ class ColwiseParallel(ParallelStyle):
         if not (isinstance(self.output_layouts, Replicate) or _is_shard_last(self.output_layouts)):
             raise ValueError(f"ColwiseParallel: output_layouts must be Shard(-1) or Replicate(), got "
                              f"{self.output_layouts!r}")
-        self.use_local_output = use_local_output
+        self.use_local_output = _local_output_only(type(self).__name__, use_local_output)
 
     def apply(self, module: Module, group) -> Module:
         gather = isinstance(self.output_layouts, Replicate)
@@ -126,7 +144,7 @@ class RowwiseParallel(ParallelStyle):
         if not (isinstance(self.input_layouts, Replicate) or _is_shard_last(self.input_layouts)):
             raise ValueError(f"RowwiseParallel: input_layouts must be Shard(-1) or Replicate(), got "
                              f"{self.input_layouts!r}")
-        self.use_local_output = use_local_output
+        self.use_local_output = _local_output_only(type(self).__name__, use_local_output)
 
     def apply(self, module: Module, group) -> Module:
         sequence = _is_shard_sequence(self.output_layouts)
@@ -145,13 +163,35 @@ class RowwiseParallel(ParallelStyle):
         return f"RowwiseParallel(input_layouts={self.input_layouts!r}, output_layouts={self.output_layouts!r})"
 
 
+def _refuse_tied(root: Module, name: str) -> None:
+    """Raise if a parameter of ``root.<name>`` (or below it) is also held by a module outside it.
+
+    Sharding gives the module new parameters: a tied weight (nanoGPT's ``head.weight =
+    tok_emb.weight``) would silently become two independent ones, each getting only its own
+    gradient, so the model would no longer compute what the dense one does.
+    """
+    target = root.get_submodule(name)
+    own = {id(p): pname for pname, p in target.named_parameters()}
+    for other_name, other in root.named_modules():
+        if other_name == name or other_name.startswith(name + "."):
+            continue
+        for pname, p in other._parameters.items():
+            if p is not None and id(p) in own:
+                where = f"{other_name}.{pname}" if other_name else pname
+                raise NotImplementedError(
+                    f"parallelize_module: {name}.{own[id(p)]} is the same parameter as {where} (tied weights); "
+                    f"sharding {name!r} would untie them and silently change the model. Untie them first "
+                    f"(e.g. give {where} its own copy), or leave {name!r} out of the plan")
+
+
 def parallelize_module(module: Module, device_mesh=None, parallelize_plan=None) -> Module:
     """Shard ``module`` across ``device_mesh`` (a 1-d DeviceMesh, a ProcessGroup, or None = world).
 
     ``parallelize_plan`` is a style (applied to ``module`` itself; the sharded module is returned)
     or a dict ``{pattern: style}`` applied to the matching submodules in place (``module`` is
     returned). A pattern that matches nothing is an error (a typo would silently leave a layer
-    replicated). Every rank of the group must call it with the same model and plan.
+    replicated), and so is a module to shard whose parameter is tied to a module outside it
+    (sharding would untie them). Every rank of the group must call it with the same model and plan.
 
     Example::
 
@@ -171,6 +211,7 @@ def parallelize_module(module: Module, device_mesh=None, parallelize_plan=None) 
         raise TypeError(f"parallelize_module: parallelize_plan must be a ParallelStyle or a dict, got "
                         f"{type(parallelize_plan).__name__}")
     names = [name for name, _ in module.named_modules() if name]
+    planned = []
     for pattern, style in parallelize_plan.items():
         if not isinstance(style, ParallelStyle):
             raise TypeError(f"parallelize_module: plan[{pattern!r}] must be a ParallelStyle (ColwiseParallel(), "
@@ -179,6 +220,13 @@ def parallelize_module(module: Module, device_mesh=None, parallelize_plan=None) 
         if not matches:
             raise ValueError(f"parallelize_module: plan key {pattern!r} matches no submodule of "
                              f"{type(module).__name__}; names look like {names[:6]}")
+        planned.append((style, matches))
+    # checked before anything is sharded, so an error leaves the model as it was
+    for style, matches in planned:
+        if style.replaces_parameters:
+            for name in matches:
+                _refuse_tied(module, name)
+    for style, matches in planned:
         for name in matches:
             parent_name, _, child = name.rpartition(".")
             parent = module.get_submodule(parent_name) if parent_name else module
