@@ -112,7 +112,7 @@ class PrepareModuleInput(ParallelStyle):
             raise NotImplementedError(f"PrepareModuleInput: {self.input_layouts!r} -> {self.desired_input_layouts!r} "
                                       "is not supported; use Replicate() <-> Shard(1)")
 
-    #: it only converts the input: the module keeps its parameters (tied ones stay tied)
+    # False: it only converts the input, so the module keeps its parameters (tied ones stay tied)
     replaces_parameters = False
 
     def apply(self, module: Module, group) -> Module:
