@@ -26,18 +26,7 @@ def full_arrays(case) -> dict[str, np.ndarray]:
             "exp_avg_sq": rng.random(size=shape).astype(dtype), "bias": rng.normal(size=(3,)).astype(dtype)}
 
 
-_MESHES: dict = {}
-
-
-def _mesh(shape):
-    """One mesh per shape for the life of the rank: every new mesh makes new process groups, whose
-    shared-memory buffers live as long as the process."""
-    from neural_arch.distributed.device_mesh import init_device_mesh
-
-    shape = tuple(shape)
-    if shape not in _MESHES:
-        _MESHES[shape] = init_device_mesh("cpu", shape)
-    return _MESHES[shape]
+from pooled_groups import mesh_of as _mesh
 
 
 def _placement(code: str):

@@ -18,21 +18,7 @@ Example (on every rank of a RankPool)::
 from __future__ import annotations
 
 import numpy as np
-
-_GROUPS: dict = {}   # world size -> the group of the first ranks (the pool's processes live on)
-
-
-def group_of(world: int):
-    """``(group, rank in it, world)`` for the first ``world`` ranks (made once per process: every rank
-    of the pool calls this with the same ``world``), or None on the ranks outside it."""
-    import neural_arch.distributed as dist
-
-    if world not in _GROUPS:
-        _GROUPS[world] = dist.new_group(list(range(world)))
-    group = _GROUPS[world]
-    if group is dist.GroupMember.NON_GROUP_MEMBER:
-        return None
-    return group, dist.get_rank(group), world
+from pooled_groups import group_of
 
 
 def _head_cls():
