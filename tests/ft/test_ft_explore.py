@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from loopback_pipe import Pipe
 
 from neural_arch.distributed import ft
 from neural_arch.distributed.errors import DistributedError
@@ -23,22 +24,6 @@ from neural_arch.distributed.ft.lighthouse import Lighthouse
 from neural_arch.distributed.ft.protocol import encode_request
 from neural_arch.distributed.ft.quorum import Quorum, QuorumRequest, plan_quorum
 from neural_arch.distributed.ft.transfer import pack_state, recv_state, send_packed
-
-
-class Pipe:
-    """What one end sends, the other receives, in order (a copy: no aliasing with the sender)."""
-
-    def __init__(self):
-        self.queue = []
-
-    def send(self, array, dst, tag=0):
-        self.queue.append(np.array(array, copy=True))
-
-    def recv(self, array, src, tag=0):
-        got = self.queue.pop(0)
-        assert got.shape == array.shape and got.dtype == array.dtype
-        array[...] = got
-
 
 # -- the heal's wire format ---------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """The quorum rule (``plan_quorum``) as plain data, and the heal's wire format: no processes."""
 
 import numpy as np
+from loopback_pipe import Pipe
 
 from neural_arch.distributed.ft.protocol import decode_request, encode_request
 from neural_arch.distributed.ft.quorum import Quorum, QuorumRequest, plan_quorum
@@ -56,22 +57,6 @@ def test_requests_round_trip_through_the_store_encoding():
     r = decode_request("m", encode_request(4, 9, True, 2), since=1.5)
     assert r == QuorumRequest("m", 4, 9, 1.5, True, 2, True)
 
-
-class _Pipe:
-    """A process group of two ends in one process: what one end sends, the other receives, in order."""
-
-    def __init__(self):
-        self.queue = []
-
-    def send(self, array, dst, tag=0):
-        self.queue.append(np.array(array, copy=True))
-
-    def recv(self, array, src, tag=0):
-        got = self.queue.pop(0)
-        assert got.shape == array.shape and got.dtype == array.dtype
-        array[...] = got
-
-
 def test_a_state_crosses_as_raw_arrays_plus_a_skeleton():
     rng = np.random.default_rng(0)
     state = {"user": {"model": {"w": rng.normal(size=(3, 2)), "b": np.zeros(0)},
@@ -79,7 +64,7 @@ def test_a_state_crosses_as_raw_arrays_plus_a_skeleton():
                                 "param_groups": [{"lr": 0.1, "params": [0]}]},
                       "rng": np.random.default_rng(7).bit_generator.state, "ints": np.arange(5, dtype=np.int32)},
              "step": 12}
-    pipe = _Pipe()
+    pipe = Pipe()
     sent = send_state(pipe, state, dst=1)
     assert sent >= 3 * 2 * 8 * 2 + 5 * 4
     got = recv_state(pipe, src=0)

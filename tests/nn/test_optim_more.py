@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from optim_references import rmsprop_ref
 
 from neural_arch import nn, optim
 from neural_arch.core.tensor import Tensor
@@ -32,23 +33,6 @@ def _run(factory, p0, grads, steps=None):
 
 
 # ------------------------------------------------------------------ references (one tensor, float64)
-def rmsprop_ref(p, grads, lr, alpha=0.99, eps=1e-8, wd=0.0, momentum=0.0, centered=False, maximize=False):
-    p = p.copy(); v = np.zeros_like(p); ga = np.zeros_like(p); buf = np.zeros_like(p)
-    for g in grads:
-        g = -g if maximize else g
-        g = g + wd * p
-        v = alpha * v + (1 - alpha) * g * g
-        if centered:
-            ga = alpha * ga + (1 - alpha) * g
-            avg = np.sqrt(v - ga * ga) + eps
-        else:
-            avg = np.sqrt(v) + eps
-        if momentum > 0:
-            buf = momentum * buf + g / avg
-            p = p - lr * buf
-        else:
-            p = p - lr * g / avg
-    return p
 
 
 def adagrad_ref(p, grads, lr, lr_decay=0.0, wd=0.0, init=0.0, eps=1e-10, maximize=False):

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from optim_references import rmsprop_ref
 
 from neural_arch import nn, optim
 from neural_arch.core.tensor import Tensor
@@ -76,25 +77,6 @@ def _ref_adam(p, gs, lr, betas, eps, weight_decay, amsgrad, decoupled, maximize=
     return p
 
 
-def _ref_rmsprop(p, gs, lr, alpha, eps, weight_decay, momentum, centered):
-    p = p.astype(np.float64)
-    v, ga, buf = np.zeros_like(p), np.zeros_like(p), np.zeros_like(p)
-    for g in gs:
-        g = g.astype(np.float64) + weight_decay * p
-        v = alpha * v + (1 - alpha) * g * g
-        if centered:
-            ga = alpha * ga + (1 - alpha) * g
-            avg = np.sqrt(v - ga * ga) + eps
-        else:
-            avg = np.sqrt(v) + eps
-        if momentum > 0:
-            buf = momentum * buf + g / avg
-            p = p - lr * buf
-        else:
-            p = p - lr * g / avg
-    return p
-
-
 def _ref_adagrad(p, gs, lr, lr_decay, weight_decay, init_acc, eps):
     p = p.astype(np.float64)
     s = np.full_like(p, init_acc)
@@ -152,7 +134,8 @@ def test_rmsprop_matches_torch_formula(seed, dtype, n, wd, momentum, centered, f
     init, grads = _problem(seed, dtype, n, 3)
     kw = {"lr": 0.01, "alpha": 0.9, "eps": 1e-6, "weight_decay": wd, "momentum": momentum, "centered": centered}
     got, _, _ = _run(lambda ps: optim.RMSprop(ps, foreach=foreach, **kw), init, grads, dtype)
-    _check(got, init, grads, lambda p, gs: _ref_rmsprop(p, gs, **kw), dtype)
+    _check(got, init, grads, lambda p, gs: rmsprop_ref(p.astype(np.float64), [g.astype(np.float64) for g in gs], kw["lr"], kw["alpha"],
+                                                       kw["eps"], wd, momentum, centered), dtype)
 
 
 @settings(max_examples=15)

@@ -61,6 +61,7 @@ from neural_arch.distributed.checkpoint.storage import (
     METADATA_NAME,
     CheckpointError,
     CheckpointMismatchError,
+    byte_view,
     data_file_name,
     file_sha256,
     fsync_dir,
@@ -242,8 +243,7 @@ def _replica_crcs(slots: dict, arrays: dict, objects: dict) -> np.ndarray:
     for (key, rkey), (local, _) in arrays.items():
         i = slots.get(("a", key, rkey))
         if i is not None:
-            # a flat byte view: memoryview.cast refuses arrays with a zero in their shape (an empty shard)
-            mine[i] = held | _crc32(np.ascontiguousarray(local).reshape(-1).view(np.uint8))
+            mine[i] = held | _crc32(byte_view(local))
     for key, (_, value) in objects.items():
         i = slots.get(("o", key, None))
         if i is not None:

@@ -46,6 +46,7 @@ __all__ = [
     "METADATA_NAME",
     "CheckpointError",
     "CheckpointMismatchError",
+    "byte_view",
     "chunk_digest",
     "data_file_name",
     "file_sha256",
@@ -195,8 +196,18 @@ def chunk_digest(array: np.ndarray) -> str:
         >>> len(chunk_digest(np.arange(4.0)))     # 16 bytes, in hex
         32
     """
-    # a flat byte view: memoryview.cast refuses arrays with a zero in their shape
-    return hashlib.blake2b(np.ascontiguousarray(array).reshape(-1).view(np.uint8), digest_size=16).hexdigest()
+    return hashlib.blake2b(byte_view(array), digest_size=16).hexdigest()
+
+
+def byte_view(array) -> np.ndarray:
+    """``array``'s bytes as a flat ``uint8`` array (a copy only when it is not C-contiguous); unlike
+    ``memoryview(...).cast("B")`` it takes arrays with a zero in their shape (an empty shard).
+
+    Example:
+        >>> byte_view(np.zeros((0, 3))).size, byte_view(np.arange(2, dtype=np.int16)).size
+        (0, 4)
+    """
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
 
 def file_sha256(path: str, block: int = 1 << 24) -> str:

@@ -161,19 +161,21 @@ class Lighthouse:
             quorum = self._last_quorum.get(member)
             if quorum is None:
                 continue
-            decision = self._decided.get(quorum.round)
-            if decision is None and self.store.check(protocol.commit_key(quorum.round)):
-                decision = self._decided[quorum.round] = self.store.get(protocol.commit_key(quorum.round))
-            known[member] = quorum.max_step + (0 if decision == b"0" else 1)
+            known[member] = quorum.max_step + (0 if self._decision(quorum.round) == b"0" else 1)
         return known
+
+    def _decision(self, round_: int) -> bytes | None:
+        """The commit decision of ``round_`` once written (final, so kept), else None (in flight)."""
+        decision = self._decided.get(round_)
+        if decision is None and self.store.check(protocol.commit_key(round_)):
+            decision = self._decided[round_] = self.store.get(protocol.commit_key(round_))
+        return decision
 
     def _decide_lines(self) -> None:
         """Each member's line once its last quorum's commit decision is known: that quorum's round
         if the step committed, else the line its state had after the quorum's heals (rule 6)."""
         for round_, (quorum, if_voided) in list(self._undecided.items()):
-            decision = self._decided.get(round_)
-            if decision is None and self.store.check(protocol.commit_key(round_)):
-                decision = self._decided[round_] = self.store.get(protocol.commit_key(round_))
+            decision = self._decision(round_)
             if decision is None:
                 continue
             del self._undecided[round_]

@@ -163,25 +163,31 @@ class RowwiseParallel(ParallelStyle):
         return f"RowwiseParallel(input_layouts={self.input_layouts!r}, output_layouts={self.output_layouts!r})"
 
 
-def _refuse_tied(root: Module, name: str) -> None:
-    """Raise if a parameter of ``root.<name>`` (or below it) is also held by a module outside it.
+def _refuse_tied(root: Module, name: str, holders: dict) -> None:
+    """Raise if a parameter of ``root.<name>`` (or below it) is also held by a module outside it
+    (``holders``: id of a parameter -> the dotted names it is held under, from :func:`_holders`).
 
     Sharding gives the module new parameters: a tied weight (nanoGPT's ``head.weight =
     tok_emb.weight``) would silently become two independent ones, each getting only its own
     gradient, so the model would no longer compute what the dense one does.
     """
-    target = root.get_submodule(name)
-    own = {id(p): pname for pname, p in target.named_parameters()}
-    for other_name, other in root.named_modules():
-        if other_name == name or other_name.startswith(name + "."):
-            continue
-        for pname, p in other._parameters.items():
-            if p is not None and id(p) in own:
-                where = f"{other_name}.{pname}" if other_name else pname
+    for pname, p in root.get_submodule(name).named_parameters():
+        for where in holders.get(id(p), ()):
+            if not where.startswith(name + "."):
                 raise NotImplementedError(
-                    f"parallelize_module: {name}.{own[id(p)]} is the same parameter as {where} (tied weights); "
+                    f"parallelize_module: {name}.{pname} is the same parameter as {where} (tied weights); "
                     f"sharding {name!r} would untie them and silently change the model. Untie them first "
                     f"(e.g. give {where} its own copy), or leave {name!r} out of the plan")
+
+
+def _holders(root: Module) -> dict:
+    """id of each parameter -> every dotted name a module of ``root`` holds it under."""
+    out: dict = {}
+    for module_name, sub in root.named_modules():
+        for pname, p in sub._parameters.items():
+            if p is not None:
+                out.setdefault(id(p), []).append(f"{module_name}.{pname}" if module_name else pname)
+    return out
 
 
 def parallelize_module(module: Module, device_mesh=None, parallelize_plan=None) -> Module:
@@ -222,10 +228,11 @@ def parallelize_module(module: Module, device_mesh=None, parallelize_plan=None) 
                              f"{type(module).__name__}; names look like {names[:6]}")
         planned.append((style, matches))
     # checked before anything is sharded, so an error leaves the model as it was
+    holders = _holders(module) if any(style.replaces_parameters for style, _ in planned) else {}
     for style, matches in planned:
         if style.replaces_parameters:
             for name in matches:
-                _refuse_tied(module, name)
+                _refuse_tied(module, name, holders)
     for style, matches in planned:
         for name in matches:
             parent_name, _, child = name.rpartition(".")
