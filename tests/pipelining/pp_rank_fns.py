@@ -212,21 +212,29 @@ def plan_shapes_run(kind: str = "gpt"):
 
 
 def bad_batch_run():
-    """A batch of 4 rows with 3 micro-batches: a clear ValueError on the first stage, before any I/O."""
+    """A batch of 4 rows with 3 micro-batches: a clear ValueError on the first stage, before any I/O,
+    and every other stage, already waiting for the first stage's activations, told at once (its
+    error names the first stage) instead of waiting out the group's timeout. Returns the error
+    text and the seconds the step took on this rank."""
+    import time
     dist, *_ = _imports()
     from neural_arch.distributed import pipelining as pl
 
     rank, world = dist.get_rank(), dist.get_world_size()
     stage = pl.pipeline(build_model("mlp", layers=world), num_stages=world).build_stage(rank)
     schedule = pl.Schedule1F1B(stage, 3, loss_fn=loss_fn("mlp"))
-    X, _y = make_batch("mlp", 4, 0)
-    if rank != 0:
-        return "not first"
+    X, y = make_batch("mlp", 4, 0)
+    start = time.monotonic()
     try:
-        schedule.step(X)
-    except ValueError as exc:
-        return str(exc)
-    return "no error"
+        if rank == 0:
+            schedule.step(X)
+        elif rank == world - 1:
+            schedule.step(target=y[:3])
+        else:
+            schedule.step()
+    except Exception as exc:  # noqa: BLE001 -- the test reads the text
+        return {"error": f"{type(exc).__name__}: {exc}", "seconds": time.monotonic() - start}
+    return {"error": "no error", "seconds": time.monotonic() - start}
 
 
 def zb_vs_1f1b_run(kind: str, m: int, steps: int = 2):

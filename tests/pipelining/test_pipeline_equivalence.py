@@ -71,10 +71,16 @@ def test_shape_header_is_sent_every_step(pool):
     assert results[-1] == [2, 2] and all(r == [None, None] for r in results[:-1])
 
 
-@pytest.mark.cases(lambda p: p["pool"] == ("gloo", 2))   # an argument check: one case is enough
-def test_batch_not_divisible_is_a_clear_error(pool):
-    results = pool.run(fns.bad_batch_run)
-    assert "multiple of 3" in results[0]
+def test_batch_not_divisible_is_a_clear_error():
+    """Only the first stage sees the batch; it raises, and the later stages (waiting for its
+    activations) raise at once naming it, not after the group's timeout. The group is poisoned
+    by design, so the check runs on fresh ranks of its own rather than on the module's pool."""
+    with RankPool(3, backend="gloo", timeout=60.0) as fresh:
+        results = fresh.run(fns.bad_batch_run)
+    assert "multiple of 3" in results[0]["error"], results[0]
+    for rank, r in enumerate(results[1:], start=1):
+        assert "pipeline stage 0 (global rank 0)" in r["error"] and "multiple of 3" in r["error"], (rank, r)
+        assert r["seconds"] < 30, f"rank {rank} waited {r['seconds']:.1f} s: it was not told"
 
 
 @pytest.mark.cases(lambda p: p["pool"][0] == "gloo")   # arithmetic, not transport: gloo's pools suffice

@@ -168,6 +168,36 @@ def execute(actions: Sequence[Action], stages: dict[int, PipelineStage], inputs:
     return st.losses
 
 
+def fail_before_execute(stages: dict, what: str, exc: Exception) -> None:
+    """This rank's ``schedule.step()`` refused its arguments (a batch that does not split into the
+    micro-batches, a missing target): tell the other pipeline ranks, as a failed action would.
+
+    They are already waiting for this rank's first activation or gradient; without this they would
+    wait until the group's timeout. The step is numbered as :func:`execute` numbers it, this rank is
+    recorded as the culprit and the group poisoned, so every rank raises at once naming this stage.
+
+    Example::
+
+        try:
+            inputs = _split(x, m, "the input")
+        except ValueError as exc:
+            fail_before_execute({0: stage}, "step()'s arguments", exc)
+            raise
+    """
+    group = next(iter(stages.values())).group
+    if group.size() < 2:
+        return
+    step = failure.next_step(group)
+    me = group.ranks[group.rank()]
+    stage = min(stages)
+    error = f"{type(exc).__name__}: {str(exc)[:1500]}"
+    failure.record(group, step, me, {"kind": "self", "rank": me, "stage": stage, "action": what,
+                                     "microbatch": -1, "error": error})
+    text = f"pipeline stage {stage} (global rank {me}) failed in {what}: {error}"
+    failure.poison(group, text)
+    exc.add_note(text + "; the other pipeline stages were told")
+
+
 def _name_culprit(st: _Step, step: int, a: Action | None, exc: Exception) -> Exception | None:
     """Record this rank's part in the failed step, find the culprit, return the error to raise
     (None: re-raise ``exc`` itself, with a note). See :mod:`~neural_arch.distributed.pipelining.failure`."""

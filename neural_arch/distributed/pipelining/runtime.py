@@ -32,7 +32,7 @@ import numpy as np
 
 from neural_arch import backend as _backend
 from neural_arch.core.tensor import Tensor
-from neural_arch.distributed.pipelining.executor import execute
+from neural_arch.distributed.pipelining.executor import execute, fail_before_execute
 from neural_arch.distributed.pipelining.schedules import (
     Event,
     PipelinePlan,
@@ -155,17 +155,22 @@ class PipelineSchedule:
         by_index = {s.stage_index: s for s in self.stages}
         has_first = any(s.is_first for s in self.stages)
         has_last = any(s.is_last for s in self.stages)
-        if has_first and len(args) != 1:
-            raise ValueError("step(): the first stage needs the input batch: step(x)")
-        if not has_first and args:
-            raise ValueError("step(): only the first stage takes an input batch; call step() here "
-                             "(with target= on the last stage)")
-        if has_last and self.loss_fn is not None and target is None:
-            raise ValueError("step(): the last stage computes loss_fn(output, target): pass target=")
-        if has_last and self.loss_fn is None:
-            raise ValueError(f"{type(self).__name__}: the last stage needs loss_fn= to start backward")
-        inputs = _split(args[0], m, "the input") if has_first else None
-        targets = _split(target, m, "target") if has_last and target is not None else None
+        try:
+            if has_first and len(args) != 1:
+                raise ValueError("step(): the first stage needs the input batch: step(x)")
+            if not has_first and args:
+                raise ValueError("step(): only the first stage takes an input batch; call step() here "
+                                 "(with target= on the last stage)")
+            if has_last and self.loss_fn is not None and target is None:
+                raise ValueError("step(): the last stage computes loss_fn(output, target): pass target=")
+            if has_last and self.loss_fn is None:
+                raise ValueError(f"{type(self).__name__}: the last stage needs loss_fn= to start backward")
+            inputs = _split(args[0], m, "the input") if has_first else None
+            targets = _split(target, m, "target") if has_last and target is not None else None
+        except ValueError as exc:
+            # only this rank sees its arguments: the others would wait for it until their timeout
+            fail_before_execute(by_index, "checking step()'s arguments", exc)
+            raise
         plan = self.plan()
         events: list[Event] = []
         by_mb = execute(plan.for_rank(self.stages[0].group.rank()), by_index, inputs, targets, self.loss_fn, m,
