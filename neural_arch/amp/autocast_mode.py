@@ -51,6 +51,7 @@ import threading
 import numpy as np
 
 import neural_arch.nn.functional as F
+from neural_arch.core import autocast_state
 from neural_arch.core import dtypes as _dtypes
 from neural_arch.core.tensor import Tensor
 
@@ -61,17 +62,11 @@ FP32_OPS = ("softmax", "log_softmax", "layer_norm", "batch_norm", "cross_entropy
             "sum", "mean", "exp", "log")
 
 # Regions are per thread, as torch's autocast state is thread-local: a region in one thread must not
-# cast the ops another thread runs (an evaluation thread would silently compute in bfloat16).
-_local = threading.local()   # .stack: this thread's open regions, innermost last: (enabled, dtype)
+# cast the ops another thread runs (an evaluation thread would silently compute in bfloat16). The
+# stacks live in the core (``core.autocast_state``) so activation checkpointing can replay a region.
+_local = autocast_state._local   # .stack: this thread's open regions, innermost last: (enabled, dtype)
+_regions = autocast_state.regions
 _open_regions = 0            # regions open in all threads: the wrappers are installed while > 0
-
-
-def _regions() -> list:
-    """This thread's open regions (innermost last)."""
-    stack = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
-    return stack
 _lock = threading.Lock()
 _originals: dict = {}
 _ELIGIBLE = ("float16", "bfloat16", "float32")
@@ -207,3 +202,6 @@ class autocast:
             with autocast(self.device_type, self.fast_dtype, self.enabled):
                 return func(*args, **kwargs)
         return wrapper
+
+
+autocast_state.register_opener(autocast)   # checkpointing reopens regions through the core

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 
+from neural_arch.core import autocast_state
 from neural_arch.core import rng as _rng
 from neural_arch.core.autograd import Node, enable_grad, is_backward_running, is_grad_enabled, no_grad
 from neural_arch.core.tensor import Tensor
@@ -77,35 +78,43 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state: bool = T
     if not is_grad_enabled():
         return function(*args, **kwargs)
     state = _get_rng_state() if preserve_rng_state else None
+    cast = autocast_state.current()
     with no_grad():
         out = function(*args, **kwargs)
     single = isinstance(out, Tensor)
     outs = (out,) if single else out
     if not isinstance(outs, (tuple, list)):
         raise TypeError(f"checkpoint: function must return a Tensor or a tuple/list of Tensors, got {type(out).__name__}")
-    positions = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
-    parents = tuple(args[i] if args[i].requires_grad else None for i in positions)
+    # every Tensor among the arguments, keyword arguments and lists/tuples/dicts of them (torch's
+    # non-reentrant checkpoint takes them all): each is a fresh leaf in the recomputation, so the
+    # nested backward stops there and hands its gradient to the outer graph
+    tensors: list[Tensor] = []
+    template = _take_tensors((args, kwargs), tensors)
+    parents = tuple(t if t.requires_grad else None for t in tensors)
 
     def make_backward(k: int):
         def backward(g):
             now = _get_rng_state() if state is not None else None
             if state is not None:
                 _set_rng_state(state)
-            inputs = list(args)
-            for i in positions:
-                leaf = Tensor._wrap(args[i].data)
-                leaf.requires_grad = args[i].requires_grad
-                inputs[i] = leaf
+            leaves = []
+            for t in tensors:
+                leaf = Tensor._wrap(t.data)
+                leaf.requires_grad = t.requires_grad
+                leaves.append(leaf)
+            inputs, kw = _put_tensors(template, leaves)
             try:
-                with enable_grad():
-                    redo = function(*inputs, **kwargs)
+                # the forward's autocast region, whatever is open around backward: the recomputed
+                # graph must be the one the first run built (torch restores it likewise)
+                with enable_grad(), autocast_state.restore(cast):
+                    redo = function(*inputs, **kw)
             finally:
                 if now is not None:
                     _set_rng_state(now)
             target = redo if single else redo[k]
             if isinstance(target, Tensor) and target.requires_grad:
                 target.backward(Tensor._wrap(g))
-            return tuple(inputs[i].grad.data if inputs[i].grad is not None else None for i in positions)
+            return tuple(leaf.grad.data if leaf.grad is not None else None for leaf in leaves)
         return backward
 
     results = []
@@ -118,6 +127,40 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state: bool = T
         else:
             results.append(o)
     return results[0] if single else type(outs)(results)
+
+
+class _Slot:
+    """Where the ``index``-th Tensor of a checkpoint's arguments goes back."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+def _take_tensors(x, found: list):
+    """``x`` with each Tensor (also inside lists, tuples and dicts) replaced by a :class:`_Slot`."""
+    if isinstance(x, Tensor):
+        found.append(x)
+        return _Slot(len(found) - 1)
+    if isinstance(x, dict):
+        return type(x)((k, _take_tensors(v, found)) for k, v in x.items())
+    if isinstance(x, (list, tuple)):
+        items = [_take_tensors(v, found) for v in x]
+        return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)   # a namedtuple takes fields
+    return x
+
+
+def _put_tensors(template, tensors: list):
+    """The inverse of :func:`_take_tensors`, with ``tensors`` in the slots."""
+    if isinstance(template, _Slot):
+        return tensors[template.index]
+    if isinstance(template, dict):
+        return type(template)((k, _put_tensors(v, tensors)) for k, v in template.items())
+    if isinstance(template, (list, tuple)):
+        items = [_put_tensors(v, tensors) for v in template]
+        return type(template)(*items) if hasattr(template, "_fields") else type(template)(items)
+    return template
 
 
 def checkpoint_sequential(functions, segments: int, input, use_reentrant=None, **kwargs):
@@ -214,7 +257,7 @@ def checkpoint_wrapper(module, only_if=None, **checkpoint_kwargs):
     def forward(*args, **kwargs):
         if only_if is not None and not only_if():
             return orig(*args, **kwargs)
-        return checkpoint(run, *args, use_reentrant=checkpoint_kwargs.get("use_reentrant"), **kwargs)
+        return checkpoint(run, *args, **checkpoint_kwargs, **kwargs)
 
     object.__setattr__(module, "forward", forward)
     object.__setattr__(module, "_checkpoint_wrapper", CheckpointWrapper(module, orig))
