@@ -233,6 +233,7 @@ class DataLoader:
         self._pool: WorkerPool | None = None      # persistent workers only
         self._yielded = 0                         # batches yielded in the current epoch
         self._epoch_start = None                  # generator state when the current epoch was drawn
+        self._seeds_start = None                  # worker-seed stream's state when the epoch drew its seed
         self._skip = 0                            # batches the next epoch skips (load_state_dict)
         self._segment_batches = None              # batches yielded since iter() (None: not iterated yet)
 
@@ -271,6 +272,7 @@ class DataLoader:
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator:
         self._epoch_start = self._generator.bit_generator.state  # drawn below: a resume redraws the same
+        self._seeds_start = self._seed_stream.bit_generator.state   # likewise the workers' base seed
         base_seed = int(self._seed_stream.integers(0, 2**62))
         skip, self._skip = self._skip, 0
         if self._iterable:
@@ -300,7 +302,8 @@ class DataLoader:
             self._yielded += 1
             self._segment_batches += 1
             yield batch
-        self._yielded, self._epoch_start = 0, None  # the epoch is complete: a resume starts the next one
+        # the epoch is complete: a resume starts the next one
+        self._yielded, self._epoch_start, self._seeds_start = 0, None, None
 
     def _workers(self, base_seed: int) -> WorkerPool:
         if self._pool is not None and self._pool.alive:
@@ -317,7 +320,9 @@ class DataLoader:
     # -- resumable position -------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Where the current epoch stands: batches yielded, the shuffle generator's state at the epoch's
-        start, and the sampler's ``state_dict()`` when it has one. Plain data (JSON-serialisable).
+        start, the sampler's ``state_dict()`` when it has one, and the state of the stream that draws
+        each epoch's worker base seed (so the workers of a job resumed at an epoch's start seed their
+        random transforms as the uninterrupted job's did). Plain data (JSON-serialisable).
 
         Example::
 
@@ -340,7 +345,11 @@ class DataLoader:
             # absolute, so it also corrects a count the user kept with record_samples
             record(self._segment_batches - 1, self.batch_size)
         sampler = self.sampler.state_dict() if callable(getattr(self.sampler, "state_dict", None)) else None
-        return {"batches_yielded": int(self._yielded), "generator": generator, "sampler": sampler}
+        # the stream that draws each epoch's worker base seed: without it a resumed job's workers would
+        # seed their random transforms as in the first epoch, not as in the one it resumes
+        seeds = self._seeds_start if self._seeds_start is not None else self._seed_stream.bit_generator.state
+        return {"batches_yielded": int(self._yielded), "generator": generator, "sampler": sampler,
+                "worker_seeds": seeds}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at ``state``: the next ``iter(loader)`` continues the interrupted epoch.
@@ -349,6 +358,8 @@ class DataLoader:
         serves only the rest of the epoch; otherwise the epoch's order is redrawn from the saved
         generator state and the batches already yielded are skipped (not loaded).
         """
+        if state.get("worker_seeds") is not None:      # (states saved before it existed: the loader's own)
+            self._seed_stream.bit_generator.state = state["worker_seeds"]
         if state.get("generator") is not None:
             self._generator.bit_generator.state = state["generator"]
         if state.get("sampler") is not None and callable(getattr(self.sampler, "load_state_dict", None)):
