@@ -48,6 +48,9 @@ class KVCache:
     def __init__(self) -> None:
         self.key_cache: list = []
         self.value_cache: list = []
+        #: Set by ``GPT.forward`` when an attention mask with padding came with the cached positions:
+        #: then every later step must bring the mask too (without it the padding would be attended).
+        self.padded = False
 
     def __len__(self) -> int:
         return len(self.key_cache)

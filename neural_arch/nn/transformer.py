@@ -40,7 +40,7 @@ from neural_arch.nn.module import Module
 from neural_arch.nn.moe import MoE
 from neural_arch.nn.normalization import Dropout, LayerNorm
 
-__all__ = ["TransformerBlock", "GPT"]
+__all__ = ["GPT", "TransformerBlock", "capacity_limited_moe"]
 
 
 def _ids(x):
@@ -48,6 +48,87 @@ def _ids(x):
     if isinstance(x, Tensor):
         return x.data
     return x if hasattr(x, "shape") else np.asarray(x)
+
+
+def _check_token_ids(raw, vocab_size: int, where: str):
+    """``raw`` as int64 token ids, or a ``ValueError`` saying what is wrong: ids must be integers
+    (integral floats pass, as ``F.embedding`` takes them) in ``[0, vocab_size)``. An embedding lookup
+    with a negative id would read row ``vocab_size + id`` (NumPy's indexing), and ``astype(int64)``
+    would truncate ``1.5`` to ``1``: both would generate from a prompt nobody gave."""
+    xp = _backend.get_array_module(raw)
+    kind = raw.dtype.kind
+    if kind not in "iu" and not (kind == "f" and bool((raw == xp.round(raw)).all())):
+        raise ValueError(f"{where}: token ids must be integers, got dtype {raw.dtype}"
+                         + (" with a non-integral value" if kind == "f" else ""))
+    if raw.size:
+        low, high = int(raw.min()), int(raw.max())
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(f"{where}: token id {bad} is outside the vocabulary [0, {vocab_size})")
+    return raw.astype(np.int64)
+
+
+def _eos_ids(eos_token_id, where: str):
+    """``eos_token_id`` (an int or a list of ints) as a non-empty 1-d int64 array, or None; a float
+    such as ``2.5`` would otherwise be truncated to another token and an empty list fail mid-generation."""
+    if eos_token_id is None:
+        return None
+    ids = np.atleast_1d(np.asarray(getattr(eos_token_id, "data", eos_token_id)))
+    if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
+        raise ValueError(f"{where}: eos_token_id must be an integer token id or a non-empty list of them, "
+                         f"got {eos_token_id!r}")
+    return ids.astype(np.int64)
+
+
+def capacity_limited_moe(model) -> bool:
+    """Whether ``model`` has an ``nn.MoE`` block with a ``capacity_factor`` (it drops tokens past an
+    expert's capacity, a capacity counted over the tokens of one forward).
+
+    Which tokens such a block drops depends on which tokens run together: a cached decoding step
+    runs one token per sequence, padding takes capacity, and continuous batching mixes requests, so
+    none of them would equal the full forward over the prefix. ``GPT.generate`` therefore refuses such
+    a model with a cache or padding (``use_cache=False`` on unpadded prompts is the full forward of the
+    batch each step, whose rows share the capacity), and the serving engine and
+    ``PipelineGenerator`` refuse it outright.
+
+    Example::
+
+        >>> from neural_arch import nn
+        >>> capacity_limited_moe(nn.GPT(16, 8, 1, 2, 8, moe_num_experts=2, moe_kwargs={"capacity_factor": 1.0}))
+        True
+    """
+    return any(isinstance(m, MoE) and getattr(m, "capacity_factor", None) is not None for m in model.modules())
+
+
+_CAPACITY_MOE = ("this model has MoE blocks with a capacity_factor, which drop tokens by what runs in one forward: "
+                 "cached steps (one token per sequence) and padding would route differently from the full forward "
+                 "over the prefix. Set capacity_factor = None on those blocks for generation (no token dropped)")
+
+
+def _check_sampling(do_sample: bool, temperature, top_k, top_p, where: str) -> None:
+    """A ``ValueError`` naming the sampling argument that is out of range (checked only when sampling)."""
+    if not do_sample:
+        return
+    if not 0 < temperature < math.inf:   # inf would flatten every logit to 0: top-k/top-p then keep all
+        raise ValueError(f"{where}: temperature must be finite and > 0 when sampling, got {temperature}")
+    if top_k is not None and (isinstance(top_k, bool) or int(top_k) != top_k or top_k < 1):
+        raise ValueError(f"{where}: top_k must be a positive integer or None, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"{where}: top_p must be in (0, 1] or None, got {top_p}")
+
+
+def _left_padding_mask(attention_mask, shape: tuple, xp, where: str):
+    """``attention_mask`` as a boolean array of ``shape`` describing left padding, or None; otherwise a
+    ``ValueError`` (a right-padded prompt would be continued after its padding)."""
+    if attention_mask is None:
+        return None
+    mask = xp.asarray(_ids(attention_mask)) != 0
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"{where}: attention_mask must have the shape of idx {tuple(shape)}, got {tuple(mask.shape)}")
+    if bool((mask[:, 1:] < mask[:, :-1]).any()) or not bool(mask[:, -1].all()):
+        raise ValueError(f"{where}: attention_mask must describe LEFT padding (each row zeros then ones, its last "
+                         "entry 1); pad prompts on the left")
+    return mask
 
 
 def _next_token(logits, do_sample: bool, temperature: float, top_k, top_p, gen, xp):
@@ -243,7 +324,9 @@ class GPT(Module):
                 and each sequence's positions count its tokens only: ``position = cumsum(mask) - 1``,
                 so a left-padded prompt gets the same logits as the prompt alone.
             kv_cache: a :class:`~neural_arch.nn.kv_cache.KVCache` (see :meth:`generate`); ``idx``
-                then holds only the new tokens, at positions after the ``past`` cached ones.
+                then holds only the new tokens, at positions after the ``past`` cached ones. Once a
+                mask with padding came with the cache, every later step needs its ``attention_mask``
+                too (a ``ValueError`` otherwise: the padding would be attended).
         """
         if attention_mask is None and kv_cache is None:
             x = self.embed(idx)
@@ -256,8 +339,22 @@ class GPT(Module):
         b, t = raw.shape
         xp = _backend.get_array_module(raw)
         past = 0 if kv_cache is None else kv_cache.get_seq_length(0)
+        if past and (len(kv_cache) != len(self.blocks)
+                     or any(kv_cache.get_seq_length(i) != past for i in range(1, len(kv_cache)))):
+            # another model's cache, or one a failed forward left half updated: the layers would see
+            # different pasts (positions from layer 0's, causal masks from their own)
+            raise ValueError(f"GPT: the kv_cache holds {len(kv_cache)} layers of lengths "
+                             f"{[kv_cache.get_seq_length(i) for i in range(len(kv_cache))]}, this model has "
+                             f"{len(self.blocks)} blocks; use one KVCache per model and sequence batch (a new "
+                             "one after a failed step)")
         key_mask = None
         if attention_mask is None:
+            if past and getattr(kv_cache, "padded", False):
+                # without the mask the padded keys would be attended and positions counted from the
+                # padding: every padded sequence would get other logits, silently
+                raise ValueError(f"GPT: the kv_cache holds padded sequences (an attention_mask with zeros "
+                                 f"came with them); pass attention_mask of shape (batch, past + time) = "
+                                 f"{(b, past + t)} on every step, the cached positions included")
             position_ids = past + xp.arange(t)
         else:
             am = xp.asarray(_ids(attention_mask))
@@ -265,6 +362,8 @@ class GPT(Module):
                 raise ValueError(f"GPT: attention_mask must have shape (batch, past + time) = {(b, past + t)} "
                                  f"(past = {past} cached positions), got {tuple(am.shape)}")
             am = am != 0
+            if kv_cache is not None and not getattr(kv_cache, "padded", False) and not bool(am.all()):
+                kv_cache.padded = True   # later steps must bring the mask too (see above)
             # per-sequence positions: padding does not count (HF's cumsum(mask) - 1; pads get 0, unused)
             position_ids = xp.maximum(xp.cumsum(am, axis=1) - 1, 0)[:, past:]
             key_mask = am[:, None, None, :]  # (B, 1, 1, S): broadcast over heads and queries
@@ -299,7 +398,10 @@ class GPT(Module):
 
         Raises ``ValueError`` when ``T + max_new_tokens`` exceeds ``block_size`` (the position
         embedding has no row for later positions): crop the prompt first, e.g.
-        ``idx[:, -(block_size - max_new_tokens):]``.
+        ``idx[:, -(block_size - max_new_tokens):]``. Also raises ``ValueError`` for token ids that are
+        not integers in ``[0, vocab_size)``, and for a model with capacity-limited MoE blocks
+        (:func:`capacity_limited_moe`) when cached or padded (their dropped tokens depend on what runs
+        together).
 
         Returns ``(B, T + n)`` token ids, a Tensor if ``idx`` was one, else an array.
 
@@ -316,7 +418,12 @@ class GPT(Module):
             >>> model.generate(np.array([[1, 2, 3]]), max_new_tokens=4).shape
             (1, 7)
         """
-        raw = _ids(idx)
+        try:
+            raw = _ids(idx)
+        except ValueError as exc:   # NumPy refuses ragged lists: say how to batch prompts of different lengths
+            raise ValueError(f"GPT.generate: idx must be token ids of shape (batch, time) ({exc}); prompts of "
+                             "different lengths: left-pad them and pass attention_mask (1 = token, 0 = padding)"
+                             ) from None
         if raw.ndim != 2:
             raise ValueError(f"GPT.generate: idx must be token ids of shape (batch, time), got {tuple(raw.shape)}")
         if isinstance(max_new_tokens, bool) or int(max_new_tokens) != max_new_tokens or max_new_tokens < 0:
@@ -331,26 +438,15 @@ class GPT(Module):
             )
         if t == 0:
             raise ValueError("GPT.generate: idx must hold at least one token per sequence")
-        if do_sample:
-            if not temperature > 0:
-                raise ValueError(f"GPT.generate: temperature must be > 0 when sampling, got {temperature}")
-            if top_k is not None and (isinstance(top_k, bool) or int(top_k) != top_k or top_k < 1):
-                raise ValueError(f"GPT.generate: top_k must be a positive integer or None, got {top_k}")
-            if top_p is not None and not 0.0 < top_p <= 1.0:
-                raise ValueError(f"GPT.generate: top_p must be in (0, 1] or None, got {top_p}")
+        raw = _check_token_ids(raw, self.vocab_size, "GPT.generate")
+        _check_sampling(do_sample, temperature, top_k, top_p, "GPT.generate")
         xp = _backend.get_array_module(raw)
-        mask = None
-        if attention_mask is not None:
-            mask = xp.asarray(_ids(attention_mask)) != 0
-            if tuple(mask.shape) != (b, t):
-                raise ValueError(f"GPT.generate: attention_mask must have the shape of idx {(b, t)}, "
-                                 f"got {tuple(mask.shape)}")
-            if bool((mask[:, 1:] < mask[:, :-1]).any()) or not bool(mask[:, -1].all()):
-                raise ValueError("GPT.generate: attention_mask must describe LEFT padding (each row zeros "
-                                 "then ones, its last entry 1); pad prompts on the left")
-        eos = None
-        if eos_token_id is not None:
-            eos = xp.asarray(np.atleast_1d(np.asarray(eos_token_id, dtype=np.int64)))
+        mask = _left_padding_mask(attention_mask, (b, t), xp, "GPT.generate")
+        if capacity_limited_moe(self) and (use_cache or (mask is not None and not bool(mask.all()))):
+            raise ValueError(f"GPT.generate: {_CAPACITY_MOE}, or pass use_cache=False with unpadded prompts")
+        eos = _eos_ids(eos_token_id, "GPT.generate")
+        if eos is not None:
+            eos = xp.asarray(eos)
         gen = numpy_generator(generator)
 
         def choose(last_logits):

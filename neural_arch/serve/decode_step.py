@@ -29,6 +29,7 @@ import numpy as np
 from neural_arch import backend as _backend
 from neural_arch.core.autograd import no_grad
 from neural_arch.nn.kv_cache import KVCache
+from neural_arch.nn.transformer import capacity_limited_moe
 
 __all__ = ["DecodeEngine"]
 
@@ -49,6 +50,10 @@ class DecodeEngine:
     """
 
     def __init__(self, model, stage=None):
+        if capacity_limited_moe(model):
+            raise ValueError("DecodeEngine: the model has MoE blocks with a capacity_factor, which drop tokens by "
+                             "what runs in one forward: a batch of requests would change each other's tokens. Set "
+                             "capacity_factor = None on those blocks to serve it (no token dropped)")
         self.model = model.eval()
         #: This rank's pipeline stage (``pipeline_stage.PipelineStage``), or None: the whole model.
         self.stage = stage

@@ -7,7 +7,7 @@ field               type (default)              meaning
 ==================  ==========================  ================================================================
 ``prompt``          list of int (required)      token ids, each in ``[0, vocab_size)``, at least one
 ``max_new_tokens``  int >= 1 (16)               tokens to generate; ``len(prompt) + max_new_tokens <= block_size``
-``temperature``     number >= 0 (0)             0 = greedy (argmax); > 0 samples from ``softmax(logits / T)``
+``temperature``     finite number >= 0 (0)      0 = greedy (argmax); > 0 samples from ``softmax(logits / T)``
 ``top_k``           int >= 1 or null (null)     sampling: keep the k most likely tokens
 ``top_p``           number in (0, 1] or null    sampling: keep the smallest set reaching probability p
 ``seed``            int or null (null)          sampling: the request's own generator (reproducible draws)
@@ -33,6 +33,7 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 __all__ = ["MAX_BODY_BYTES", "GenerationRequest", "RequestError", "parse_request"]
@@ -129,8 +130,10 @@ def parse_request(body: bytes, vocab_size: int, block_size: int) -> GenerationRe
                                 f"{req.max_new_tokens} = {len(prompt) + req.max_new_tokens} exceed the model's "
                                 f"block_size {block_size}; shorten the prompt or ask for fewer tokens")
     if data.get("temperature") is not None:
-        if not _is_number(data["temperature"]) or not data["temperature"] >= 0:
-            raise RequestError(400, f"'temperature' must be a number >= 0 (0 = greedy), got {data['temperature']!r}")
+        # finite: Infinity (or 1e999) would flatten the logits to 0 and top_k / top_p would keep every token
+        if not _is_number(data["temperature"]) or not 0 <= data["temperature"] < math.inf:
+            raise RequestError(400, f"'temperature' must be a finite number >= 0 (0 = greedy), got "
+                                    f"{data['temperature']!r}")
         req.temperature = float(data["temperature"])
     if data.get("top_k") is not None:
         if not _is_int(data["top_k"]) or data["top_k"] < 1:

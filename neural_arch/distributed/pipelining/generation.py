@@ -65,7 +65,16 @@ from neural_arch.distributed.pipelining import p2p
 from neural_arch.distributed.pipelining.schedules import DeadlockError
 from neural_arch.distributed.pipelining.split import even_split_points
 from neural_arch.nn.kv_cache import KVCache
-from neural_arch.nn.transformer import GPT, _next_token
+from neural_arch.nn.transformer import (
+    _CAPACITY_MOE,
+    GPT,
+    _check_sampling,
+    _check_token_ids,
+    _eos_ids,
+    _left_padding_mask,
+    _next_token,
+    capacity_limited_moe,
+)
 
 __all__ = ["DecodeAction", "DecodeEvent", "PipelineGenerator", "decode_makespan", "decode_plan",
            "format_decode_timeline", "simulate_decode"]
@@ -341,7 +350,7 @@ class PipelineGenerator:
         """
         model, group = self.model, self.group
         backend = group.backend
-        prompts = [np.asarray(getattr(q, "data", q)).astype(np.int64) for q in prompts]
+        prompts = [np.asarray(getattr(q, "data", q)) for q in prompts]
         m, n = len(prompts), int(max_new_tokens)
         if m == 0 or n < 1:
             raise ValueError(f"PipelineGenerator.generate: need at least one prompt and max_new_tokens >= 1 "
@@ -353,9 +362,24 @@ class PipelineGenerator:
             if q.shape[1] + n > model.block_size:
                 raise ValueError(f"PipelineGenerator.generate: prompt {r} has {q.shape[1]} tokens; plus "
                                  f"max_new_tokens {n} that exceeds block_size {model.block_size}")
+        # GPT.generate's checks, on every rank before any message (every rank raises the same error): a
+        # negative id would embed as row vocab_size + id, a right-padded mask would continue the padding
+        prompts = [_check_token_ids(q, model.vocab_size, f"PipelineGenerator.generate: prompt {r}")
+                   for r, q in enumerate(prompts)]
+        _check_sampling(do_sample, temperature, top_k, top_p, "PipelineGenerator.generate")
+        if attention_masks is not None and len(attention_masks) != m:
+            raise ValueError(f"PipelineGenerator.generate: {len(attention_masks)} attention_masks for {m} prompts; "
+                             "give one per prompt (None for an unpadded one)")
         masks = [np.ones(q.shape, dtype=bool) if attention_masks is None or attention_masks[r] is None
-                 else np.asarray(attention_masks[r]) != 0 for r, q in enumerate(prompts)]
-        eos = None if eos_token_id is None else np.atleast_1d(np.asarray(eos_token_id, dtype=np.int64))
+                 else _left_padding_mask(np.asarray(getattr(attention_masks[r], "data", attention_masks[r])), q.shape,
+                                         np, f"PipelineGenerator.generate: prompt {r}")
+                 for r, q in enumerate(prompts)]
+        if capacity_limited_moe(model):
+            raise ValueError(f"PipelineGenerator.generate: {_CAPACITY_MOE}")
+        if generators is not None and len(generators) != m:   # else only the last stage would fail, the rest wait
+            raise ValueError(f"PipelineGenerator.generate: {len(generators)} generators for {m} prompts; give one "
+                             "per prompt")
+        eos = _eos_ids(eos_token_id, "PipelineGenerator.generate")
         first_param = next(iter(model.parameters()))
         xp = _backend.get_array_module(first_param.data)
         dtype, width = first_param.data.dtype, model.n_embd

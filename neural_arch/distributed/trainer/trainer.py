@@ -49,6 +49,7 @@ import numpy as np
 from neural_arch.core.tensor import Tensor
 from neural_arch.distributed.trainer.strategies import resolve_strategy
 from neural_arch.nn.module import Module
+from neural_arch.optim.lr_scheduler import ReduceLROnPlateau
 from neural_arch.optim.optimizer import Optimizer
 
 __all__ = ["DistributedTrainer", "EnhancedDistributedTrainer"]
@@ -548,7 +549,9 @@ class DistributedTrainer:
         """Run one micro-batch; at an accumulation window's end also clip, step, zero and schedule.
 
         ``step`` is the micro-batch's index (the seed's ``enumerate(loader)``): the window ends
-        when ``(step + 1) % gradient_accumulation_steps == 0``. None: the trainer counts.
+        when ``(step + 1) % gradient_accumulation_steps == 0``. None: the trainer counts, and the
+        window ends at the ``K``-th micro-batch since the last optimizer step (so a window that
+        ``end_window`` closed early does not shorten the next one).
         ``end_window=True`` ends the window here anyway (the last batch of an epoch: :meth:`fit`
         does this, so no partial window leaks into the next epoch; its micro-batches keep their
         ``1/K`` weight, as torch's usual loop and Accelerate do).
@@ -570,8 +573,12 @@ class DistributedTrainer:
         """
         eff = self._resolve_optimizer(optimizer)
         k = self.gradient_accumulation_steps
-        index = self.micro_step if step is None else int(step)
-        last = (index + 1) % k == 0 if end_window is None else bool(end_window)
+        if end_window is not None:
+            last = bool(end_window)
+        elif step is None:   # the trainer counts: K micro-batches since the last optimizer step
+            last = self._open_window + 1 >= k
+        else:
+            last = (int(step) + 1) % k == 0
         x, y = self._split_batch(batch)
         if self.pipeline is not None:
             return self._pipeline_step(x, y, optimizer, eff, criterion, last)
@@ -652,6 +659,10 @@ class DistributedTrainer:
         return float(clip_grad_norm_(list(self.model.parameters()), limit))
 
     def _optimizer_step(self, optimizer, eff) -> dict:
+        if isinstance(self.lr_scheduler, ReduceLROnPlateau):   # before the step: nothing half done
+            raise TypeError("DistributedTrainer: lr_scheduler is stepped once per optimizer step without a metric, "
+                             "but ReduceLROnPlateau.step needs one (a validation loss); leave "
+                             "trainer.lr_scheduler=None and call scheduler.step(val_loss) yourself after evaluating")
         self._sync_hyper(optimizer, eff)
         skipped = False
         if self.scaler is not None:
@@ -843,7 +854,9 @@ class DistributedTrainer:
         The loader's data state goes into every checkpoint ``fit`` saves: when ``train_loader`` has
         ``state_dict``/``load_state_dict`` (a :class:`~neural_arch.data.DataLoader`, whose state holds
         its ``DistributedSampler``'s), ``data_state`` is ``{"epoch_complete": ..., "loader":
-        train_loader.state_dict()}`` as of the last batch trained on. ``checkpoint_every_n_steps=N``
+        train_loader.state_dict()}`` as of the last batch trained on (at an epoch's end also
+        ``"next_epoch_loader"``, its state between epochs, which a resume loads so that a shuffling
+        loader's next epoch has the uninterrupted run's order). ``checkpoint_every_n_steps=N``
         also saves one every N optimizer steps within an epoch (at a window's end); a run stopped
         after one resumes that epoch through ``train_loader.load_state_dict``, so every sample of it is
         trained on exactly once, also on another world size (the sampler re-partitions the rest).
@@ -887,6 +900,10 @@ class DistributedTrainer:
                     # the loader resumes itself (on any world size); no batches to skip here
                     train_loader.load_state_dict(saved_loader)
                     restored_loader = True
+                elif done and loader_state is not None and (meta["data"] or {}).get("next_epoch_loader") is not None:
+                    # a fresh loader would shuffle the next epoch as its first one (DataLoader(shuffle=True)
+                    # draws each epoch's order from its own generator): continue from where it stood
+                    train_loader.load_state_dict(meta["data"]["next_epoch_loader"])
         history, best = [], math.inf
         found = self.checkpoint_manager.best() if self.checkpoint_manager is not None else None
         if found is not None:   # a resumed run keeps the earlier best: it must beat that one
@@ -941,8 +958,12 @@ class DistributedTrainer:
             history.append(record)
             score = record.get("eval_loss", record["train_loss"])
             if self.checkpoint_manager is not None and checkpoint_every_epoch:
-                self.save_checkpoint(epoch, optimizer, score, is_best=score < best,
-                                     data_state=self._data_state(True, data_state))
+                state = self._data_state(True, data_state)
+                if loader_state is not None:
+                    # the loader between epochs (its shuffle generator past this epoch's draw): a run
+                    # resumed from here must shuffle the next epoch as the uninterrupted one does
+                    state["next_epoch_loader"] = loader_state()
+                self.save_checkpoint(epoch, optimizer, score, is_best=score < best, data_state=state)
             best = min(best, score)
             if self.rank == 0 and progress:
                 print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()),
