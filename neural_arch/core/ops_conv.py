@@ -39,14 +39,19 @@ __all__ = ["adaptive_avg_pool2d", "avg_pool2d", "conv2d", "dropout2d", "max_pool
 
 
 # ============================================================================ helpers
-def _pair(value, name: str) -> tuple:
+def _pair(value, name: str, minimum: int | None = None) -> tuple:
+    """``value`` as a pair of ints; with ``minimum``, each must be at least that (torch refuses a
+    zero stride, dilation or kernel: a zero dilation would otherwise run and give wrong numbers)."""
     if isinstance(value, (int, np.integer)):
-        return (int(value), int(value))
+        value = (int(value), int(value))
     value = tuple(int(v) for v in value)
     if len(value) == 1:
-        return value * 2
+        value = value * 2
     if len(value) != 2:
         raise ValueError(f"{name} must be an int or a pair of ints, got {value}")
+    if minimum is not None and min(value) < minimum:
+        kind = "positive" if minimum == 1 else "non-negative"
+        raise ValueError(f"{name} must be {kind}, got {value}")
     return value
 
 
@@ -154,8 +159,8 @@ def conv2d(input: Tensor, weight: Tensor, bias=None, stride=1, padding=0, dilati
             f"Given groups={groups}, weight of size {list(wd.shape)}, expected input{list(xd.shape)} "
             f"to have {cg * groups} channels, but got {c} channels instead"
         )
-    sh, sw = _pair(stride, "stride")
-    dh, dw = _pair(dilation, "dilation")
+    sh, sw = _pair(stride, "stride", 1)
+    dh, dw = _pair(dilation, "dilation", 1)
     top, bottom, left, right = _conv_padding(padding, kh, kw, dh, dw, sh, sw)
     hp, wp = h + top + bottom, w + left + right
     ho = (hp - dh * (kh - 1) - 1) // sh + 1
@@ -178,6 +183,8 @@ def conv2d(input: Tensor, weight: Tensor, bias=None, stride=1, padding=0, dilati
     bd = None
     if bias is not None:
         bd = bias.data if isinstance(bias, Tensor) else xp.asarray(bias)
+        if tuple(bd.shape) != (co,):  # torch: a 1-D bias of C_out elements, nothing that merely reshapes
+            raise ValueError(f"conv2d: expected bias to be 1-D with {co} elements, got shape {list(bd.shape)}")
         out += bd.reshape(1, co, 1, 1)
     bt = bias if isinstance(bias, Tensor) and bias.requires_grad else None
     rx, rw = x.requires_grad, weight.requires_grad
@@ -212,10 +219,10 @@ def _pool_out(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int
 
 
 def _pool_args(x, kernel_size, stride, padding, dilation, ceil_mode, who):
-    kh, kw = _pair(kernel_size, "kernel_size")
-    sh, sw = _pair(kernel_size if stride is None or stride == () else stride, "stride")
-    ph, pw = _pair(padding, "padding")
-    dh, dw = _pair(dilation, "dilation")
+    kh, kw = _pair(kernel_size, "kernel_size", 1)
+    sh, sw = _pair(kernel_size if stride is None or stride == () else stride, "stride", 1)
+    ph, pw = _pair(padding, "padding", 0)
+    dh, dw = _pair(dilation, "dilation", 1)
     if ph > kh // 2 or pw > kw // 2:
         raise ValueError(
             f"{who}: pad should be smaller than or equal to half of kernel size, but got "
@@ -312,6 +319,8 @@ def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bo
         inside = np.minimum(end, size) - np.maximum(start, 0)
         return with_pad, inside
 
+    if divisor_override is not None and divisor_override == 0:
+        raise ValueError("avg_pool2d: divisor_override must not be zero")
     if divisor_override:
         divisor = np.full((ho, wo), float(divisor_override))
     else:
@@ -361,6 +370,8 @@ def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
     h, w = xd.shape[-2:]
     if isinstance(output_size, (int, np.integer)) or output_size is None:
         output_size = (output_size, output_size)
+    if len(output_size) != 2:  # a third entry used to be ignored silently
+        raise ValueError(f"adaptive_avg_pool2d: output_size must be an int or a pair, got {tuple(output_size)}")
     oh, ow = (h if output_size[0] is None else int(output_size[0]),
               w if output_size[1] is None else int(output_size[1]))
     if oh <= 0 or ow <= 0:
@@ -412,6 +423,13 @@ def pad(input: Tensor, pad, mode: str = "constant", value=None) -> Tensor:
                 f"pad: padding size should be less than the corresponding input dimension, but got "
                 f"padding ({before}, {after}) at dimension {ax} of input {list(xd.shape)}"
             )
+        if mode == "circular" and max(before, after) > size:
+            raise ValueError(
+                f"pad: circular padding ({before}, {after}) at dimension {ax} of input {list(xd.shape)} would "
+                f"wrap around more than once; it must be at most the dimension's size"
+            )
+        if mode == "replicate" and size == 0:
+            raise ValueError(f"pad: replicate padding needs a non-empty dimension {ax}, input {list(xd.shape)}")
         index[ax] = xp.asarray(np.pad(np.arange(size), (before, after), mode=_PAD_MODES[mode]))
     out = xd
     for ax, idx in index.items():

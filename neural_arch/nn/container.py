@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from typing import Iterable, Iterator, Mapping
 
@@ -34,6 +35,7 @@ class _IndexedContainer(Module):
     """Shared indexing for Sequential and ModuleList: children keyed "0", "1", ... in order."""
 
     def _index(self, idx: int) -> int:
+        idx = operator.index(idx)  # torch: a float index is a TypeError, never truncated
         n = len(self._modules)
         if not -n <= idx < n:
             raise IndexError(f"index {idx} is out of range for {type(self).__name__} of length {n}")
@@ -52,10 +54,10 @@ class _IndexedContainer(Module):
                 return Sequential(OrderedDict(picked)) if not self._numbered() else \
                     Sequential(*[m for _, m in picked])
             return type(self)([m for _, m in picked])
-        return list(self._modules.values())[self._index(int(idx))]
+        return list(self._modules.values())[self._index(idx)]
 
     def __setitem__(self, idx: int, module: Module) -> None:
-        key = list(self._modules)[self._index(int(idx))]
+        key = list(self._modules)[self._index(idx)]
         self._modules[key] = _check_module(module, f"{type(self).__name__}[{idx}] =")
 
     def _numbered(self) -> bool:

@@ -63,10 +63,10 @@ class Conv2d(Module):
         if padding_mode not in _PADDING_MODES:
             raise ValueError(f"Conv2d: padding_mode must be one of {_PADDING_MODES}, got {padding_mode!r}")
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-        self.kernel_size = _pair(kernel_size, "kernel_size")
-        self.stride = _pair(stride, "stride")
+        self.kernel_size = _pair(kernel_size, "kernel_size", 1)
+        self.stride = _pair(stride, "stride", 1)
         self.padding = padding if isinstance(padding, str) else _pair(padding, "padding")
-        self.dilation = _pair(dilation, "dilation")
+        self.dilation = _pair(dilation, "dilation", 1)
         self.groups = int(groups)
         self.padding_mode = padding_mode
         # Validates 'same' with stride > 1 now rather than at the first forward.

@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import numpy as np
 
@@ -129,13 +130,44 @@ def trunc_normal_(tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, 
         True
     """
     _check(tensor)
+    if not a < b or not std >= 0:
+        raise ValueError(f"trunc_normal_: need a < b and std >= 0, got a={a}, b={b}, std={std}")
     rng = _rng(generator)
+    if std == 0:
+        return _fill(tensor, np.full(tensor.shape, min(max(mean, a), b)))
+    phi = NormalDist(mean, std)
+    if phi.cdf(b) - phi.cdf(a) < 0.01:  # also true far in a tail, where both round to 0 or 1
+        return _fill(tensor, _trunc_normal_by_inversion(phi, a, b, rng, tensor.shape))
     values = rng.normal(mean, std, size=tensor.shape)
     bad = (values < a) | (values > b)
-    while bad.any():  # rejection sampling: a few rounds at most for the usual +-2 std bounds
+    while bad.any():  # rejection sampling: a few rounds, each keeps at least 1% of the draws
         values[bad] = rng.normal(mean, std, size=int(bad.sum()))
         bad = (values < a) | (values > b)
     return _fill(tensor, values)
+
+
+def _trunc_normal_by_inversion(phi: NormalDist, a: float, b: float, rng, shape) -> np.ndarray:
+    """N(mean, std) truncated to a narrow or far-off [a, b], by inverting the CDF.
+
+    Rejection would take ~1/P(a <= x <= b) rounds, or never end when [a, b] lies far in a tail.
+    A right-tail interval is mirrored into the left tail, where the CDF's tiny values are still
+    represented; past underflow the distribution is all at the bound nearest the mean."""
+    m, s = phi.mean, phi.stdev
+    mirrored = a > m
+    lo, hi = (2 * m - b, 2 * m - a) if mirrored else (a, b)
+
+    def cdf(x):  # erfc keeps the left tail's tiny values (NormalDist.cdf's erf rounds them to 0)
+        return 0.5 * math.erfc((m - x) / (s * math.sqrt(2.0)))
+
+    low, high = cdf(lo), cdf(hi)
+    if high <= low:
+        values = np.full(shape, hi if hi <= m else lo)
+    else:
+        u = rng.uniform(low, high, size=shape)
+        inverse = np.vectorize(lambda q: phi.inv_cdf(q) if 0.0 < q < 1.0 else (lo if q <= 0.0 else hi),
+                               otypes=[float])
+        values = np.clip(inverse(u), lo, hi)
+    return 2 * m - values if mirrored else values
 
 
 def constant_(tensor, value: float):

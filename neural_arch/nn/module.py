@@ -185,7 +185,7 @@ class Module:
 
     def register_parameter(self, name: str, param: Parameter | None) -> None:
         """Register ``param`` under ``name`` (``None`` reserves the slot, e.g. a missing bias)."""
-        self._check_name(name)
+        self._check_name(name, "_parameters")
         if param is not None and not isinstance(param, Parameter):
             raise TypeError(
                 f"register_parameter('{name}'): expected a Parameter or None, got "
@@ -200,7 +200,7 @@ class Module:
         Persistent buffers appear in ``state_dict()``; pass ``persistent=False`` for values that are
         cheap to rebuild (a causal mask) so checkpoints stay small.
         """
-        self._check_name(name)
+        self._check_name(name, "_buffers")
         if tensor is not None and not isinstance(tensor, Tensor):
             tensor = Tensor(tensor)
         self._forget(name)
@@ -212,7 +212,7 @@ class Module:
 
     def add_module(self, name: str, module: "Module | None") -> None:
         """Register ``module`` as a child under ``name`` (what ``self.name = module`` does)."""
-        self._check_name(name)
+        self._check_name(name, "_modules")
         if module is not None and not isinstance(module, Module):
             raise TypeError(f"add_module('{name}'): expected a Module, got {type(module).__name__}")
         self._forget(name)
@@ -220,11 +220,16 @@ class Module:
 
     register_module = add_module
 
-    def _check_name(self, name: str) -> None:
+    def _check_name(self, name: str, registry: str) -> None:
         if "_parameters" not in self.__dict__:
             raise AttributeError("call super().__init__() before registering anything")
         if not isinstance(name, str) or not name or "." in name:
             raise KeyError(f"invalid name {name!r}: use a non-empty string without '.'")
+        # torch's rule: registering may replace an entry of the same kind, never another attribute
+        # (a buffer named like a parameter, or a parameter named 'training', would silently
+        # take its place). Plain assignment (``self.name = value``) still replaces anything.
+        if name not in getattr(self, registry) and hasattr(self, name):
+            raise KeyError(f"attribute '{name}' already exists")
 
     # ------------------------------------------------------------------ traversal
     def named_modules(self, prefix: str = "", memo: set | None = None) -> Iterator[tuple[str, "Module"]]:

@@ -1,17 +1,21 @@
 """``SyncBatchNorm``: batch normalisation whose statistics cover the whole process group (torch's).
 
 Under DDP each rank normalises with the mean and variance of the **global** batch, so training on
-N ranks with per-rank batches b_0..b_{N-1} (uneven sizes allowed) equals BatchNorm on the
-concatenated batch of sum(b_r) rows. What travels, per forward and per backward, is one small
-all-reduce of a (2C+1)-vector:
+N ranks with per-rank batches b_0..b_{N-1} (uneven sizes allowed, an empty one included) equals
+BatchNorm on the concatenated batch of sum(b_r) rows. It is built from the seam of
+:mod:`neural_arch.core.ops_norm`, as torch builds its own:
 
-* forward: per-channel ``sum(x)``, ``sum(x*x)`` and the row count -> global mean and (biased)
-  variance; the running variance takes the unbiased variance with the *global* count (torch);
-* backward: per-channel ``sum(dy)`` and ``sum(dy * xhat)`` -> the input gradient of the global
-  batch. The weight/bias gradients stay local (as in torch): DDP reduces them like any other.
+* forward: each rank's per-channel ``(count, mean, biased var)`` (two passes, so no
+  ``E[x^2] - E[x]^2`` cancellation: data far from zero keeps its digits) is all-gathered, one
+  ``(2C+1)``-vector per rank in float64, and merged exactly (Chan's formula); the running variance
+  takes the unbiased variance with the *global* count (torch);
+* backward: per-channel ``sum(dy)`` and ``sum(dy * xhat)`` are all-reduced -> the input gradient of
+  the global batch. The weight/bias gradients stay local (as in torch): DDP reduces them like any
+  other.
 
-In ``eval()`` mode (with running statistics) nothing is communicated. Without an initialised
-process group (or in a world of one) it is plain BatchNorm. Example::
+In ``eval()`` mode nothing is communicated (torch): running statistics when tracked, else this
+rank's own batch statistics. Without an initialised process group (or in a world of one) it is
+plain BatchNorm, with its error for a training batch of one value per channel. Example::
 
     model = SyncBatchNorm.convert_sync_batchnorm(model)        # every BatchNorm*d -> SyncBatchNorm
     ddp = DistributedDataParallel(model)
@@ -24,8 +28,16 @@ parameters and buffers is torch's: ``weight``, ``bias``, ``running_mean``, ``run
 
 from __future__ import annotations
 
+import numpy as np
+
 from neural_arch.backend import get_array_module
-from neural_arch.core.autograd import Node, is_grad_enabled
+from neural_arch.core.ops_norm import (
+    batch_norm,
+    batch_norm_elemt,
+    batch_norm_gather_stats,
+    batch_norm_stats,
+    update_running_stats,
+)
 from neural_arch.core.tensor import Tensor
 from neural_arch.nn.batchnorm import _BatchNorm
 from neural_arch.nn.module import Module
@@ -46,55 +58,45 @@ def _all_reduce(array, process_group) -> None:
     all_reduce(array, group=process_group)
 
 
-def _sync_batch_norm(x: Tensor, weight, bias, eps: float, process_group, reduce: bool):
-    """The differentiable op: returns (y, global mean, global biased var, global count)."""
-    data = x.data
+def _global_stats(data, process_group) -> tuple:
+    """``(count, mean, var)`` per channel of the union of every rank's batch (biased variance)."""
+    from neural_arch.distributed.collectives import all_gather
+
     xp = get_array_module(data)
     channels = data.shape[1]
-    axes = (0,) + tuple(range(2, data.ndim))
-    shape = (1, channels) + (1,) * (data.ndim - 2)
-    stats = xp.concatenate([data.sum(axis=axes), (data * data).sum(axis=axes),
-                            xp.asarray([data.size // max(channels, 1)], dtype=data.dtype)])
-    if reduce:
-        _all_reduce(stats, process_group)
-    count = float(stats[-1])
-    if count == 0:
-        raise ValueError("SyncBatchNorm: the whole batch (over every rank) is empty; feed at least one row")
-    mean = stats[:channels] / count
-    var = xp.maximum(stats[channels:2 * channels] / count - mean * mean, 0)
-    invstd = 1.0 / xp.sqrt(var + eps)
-    xhat = (data - mean.reshape(shape)) * invstd.reshape(shape)
-    w = weight.data.reshape(shape) if weight is not None else None
-    out = xhat * w + bias.data.reshape(shape) if weight is not None else xhat
+    if data.size:
+        count, mean, var = batch_norm_stats(data)
+    else:  # an empty local batch adds nothing (its mean would be NaN)
+        count, mean, var = 0, xp.zeros(channels), xp.zeros(channels)
+    # float64 on the wire: the counts stay exact and the merge loses nothing for float32 data
+    mine = xp.concatenate([xp.asarray([count], dtype=np.float64), mean.astype(np.float64),
+                           var.astype(np.float64)])
+    table = xp.stack(all_gather(mine, group=process_group))
+    total, mean, var = batch_norm_gather_stats(table[:, 0], table[:, 1:1 + channels], table[:, 1 + channels:])
+    return total, mean, var
 
-    parents = (x if x.requires_grad else None,
-               weight if weight is not None and weight.requires_grad else None,
-               bias if bias is not None and bias.requires_grad else None)
-    if not (is_grad_enabled() and any(p is not None for p in parents)):
-        return Tensor(out), mean, var, count
 
-    def backward(g):
-        # Local sums first (they also give the weight/bias gradients, which stay local) ...
-        sum_dy = g.sum(axis=axes)
-        sum_dy_xhat = (g * xhat).sum(axis=axes)
-        grad_w = sum_dy_xhat if parents[1] is not None else None
-        grad_b = sum_dy if parents[2] is not None else None
-        grad_x = None
-        if parents[0] is not None:
-            # ... then the global ones, for the input gradient of the concatenated batch.
-            both = xp.concatenate([sum_dy, sum_dy_xhat])
-            if reduce:
-                _all_reduce(both, process_group)
-            mean_dy = (both[:channels] / count).reshape(shape)
-            mean_dy_xhat = (both[channels:] / count).reshape(shape)
-            scale = invstd.reshape(shape) * (w if w is not None else 1.0)
-            grad_x = scale * (g - mean_dy - xhat * mean_dy_xhat)
-        return grad_x, grad_w, grad_b
+def _sync_batch_norm(module, x: Tensor) -> Tensor:
+    """The training forward over the group: global statistics, running-statistics update, and a
+    normalisation whose backward all-reduces the two per-channel gradient sums."""
+    pg = module.process_group
+    count, mean, var = _global_stats(x.data, pg)
+    if count <= 1:
+        raise ValueError(
+            f"Expected more than 1 value per channel when training, got {count} over the whole group "
+            f"(this rank's input has shape {list(x.shape)})"
+        )
+    if module.track_running_stats:
+        factor = module._update_factor()  # counts the batch; momentum or 1/num_batches_tracked
+        update_running_stats(module.running_mean, module.running_var, mean, var, count, factor)
 
-    y = Tensor(out)
-    y.grad_fn = Node(backward, parents, "SyncBatchNorm")
-    y.requires_grad = True
-    return y, mean, var, count
+    def reduce_grad(sum_dy, sum_dy_xhat):
+        both = get_array_module(sum_dy).concatenate([sum_dy, sum_dy_xhat])
+        _all_reduce(both, pg)
+        return both[:len(sum_dy)], both[len(sum_dy):]
+
+    return batch_norm_elemt(x, mean, var, module.weight, module.bias, module.eps,
+                            count=count, reduce_grad=reduce_grad)
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -124,35 +126,13 @@ class SyncBatchNorm(_BatchNorm):
         if x.data.ndim not in self._expected_dims or x.data.shape[1] != self.num_features:
             raise ValueError(f"SyncBatchNorm expects input (N, {self.num_features}, *), got shape "
                              f"{tuple(x.data.shape)}")
-        use_batch_stats = self.training or not self.track_running_stats
-        if not use_batch_stats:
-            return self._eval_forward(x)
-        reduce = _group_size(self.process_group) > 1
-        y, mean, var, count = _sync_batch_norm(x, self.weight, self.bias, self.eps, self.process_group, reduce)
-        if self.training and self.track_running_stats:
-            self._update_running(mean, var, count)
-        return y
-
-    def _update_running(self, mean, var, count: float) -> None:
-        # In place, as torch: DDP's buffer broadcast and state_dict() keep seeing the same arrays.
-        factor = self._update_factor()  # counts the batch; momentum or 1/num_batches_tracked
-        unbiased = var * (count / (count - 1)) if count > 1 else var
-        rm, rv = self.running_mean.data, self.running_var.data
-        rm *= 1 - factor
-        rm += factor * mean
-        rv *= 1 - factor
-        rv += factor * unbiased
-
-    def _eval_forward(self, x: Tensor) -> Tensor:
-        # Differentiable through the Tensor ops; the running statistics are constants here.
-        shape = (1, self.num_features) + (1,) * (x.data.ndim - 2)
-        xp = get_array_module(x.data)
-        mean = Tensor(self.running_mean.data.reshape(shape))
-        invstd = Tensor((1.0 / xp.sqrt(self.running_var.data + self.eps)).reshape(shape))
-        y = (x - mean) * invstd
-        if self.affine:
-            y = y * self.weight.reshape(shape) + self.bias.reshape(shape)
-        return y
+        if self.training and _group_size(self.process_group) > 1:
+            return _sync_batch_norm(self, x)
+        # A world of one, or eval (torch never communicates in eval): plain BatchNorm.
+        factor = self._update_factor()
+        use_batch = self.training or not self.track_running_stats
+        return batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, use_batch,
+                          factor, self.eps)
 
     @classmethod
     def convert_sync_batchnorm(cls, module: Module, process_group=None) -> Module:

@@ -1,4 +1,5 @@
-"""``nn.utils``: torch's home of the gradient-clipping helpers.
+"""``nn.utils``: torch's home of the gradient-clipping helpers and of ``parameters_to_vector`` /
+``vector_to_parameters`` (:mod:`.convert_parameters`).
 
 ``clip_grad_norm_`` and ``clip_grad_value_`` are re-exported from :mod:`neural_arch.optim.clip`
 (imported on first use, so ``import neural_arch.nn`` does not load the optimizers).
@@ -17,11 +18,15 @@ Example::
 
 from __future__ import annotations
 
-__all__ = ["clip_grad_norm_", "clip_grad_value_"]
+from neural_arch.nn.utils.convert_parameters import parameters_to_vector, vector_to_parameters
+
+__all__ = ["clip_grad_norm_", "clip_grad_value_", "parameters_to_vector", "vector_to_parameters"]
+
+_FROM_OPTIM = ("clip_grad_norm_", "clip_grad_value_")
 
 
 def __getattr__(name: str):
-    if name in __all__:
+    if name in _FROM_OPTIM:
         from neural_arch.optim import clip  # lazy: nn must not load optim eagerly
 
         value = getattr(clip, name)
