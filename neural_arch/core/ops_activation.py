@@ -24,6 +24,7 @@ import numpy as np
 
 from neural_arch.core import device_kernels
 
+from . import dtypes as _dtypes
 from .autograd import Node
 from .op_utils import _needs, _result, _same_device, _xp, unbroadcast
 from .tensor import Tensor
@@ -31,6 +32,14 @@ from .thread_pool import parallel_chunks
 
 
 # ============================================================================ elementwise
+def _require_float(xd, op: str) -> None:
+    """Refuse an integer or bool input where the op's arithmetic would be cast back to integers
+    (torch raises for these too: ``"silu_cpu" not implemented for 'Long'``)."""
+    if xd.dtype.kind in "biu":
+        raise TypeError(f"{op}: expected a floating-point tensor, got dtype {xd.dtype}; convert it with "
+                        f".float() (or .double()) first")
+
+
 def exp(x: Tensor) -> Tensor:
     """Elementwise ``e ** x``; the gradient is the result itself.
 
@@ -128,6 +137,8 @@ def sigmoid(x: Tensor) -> Tensor:
         [0.5]
     """
     xd = x.data
+    if xd.dtype.kind in "biu":  # torch: an integer or bool input gives the default float dtype
+        xd = xd.astype(_dtypes.default_float_dtype)
     out = _sigmoid_array(_xp(xd), xd)
     if not _needs(x):
         return _result(out, None)
@@ -181,6 +192,7 @@ def silu(x: Tensor) -> Tensor:
         [0.0]
     """
     xd = x.data
+    _require_float(xd, "silu")
     s = _sigmoid_array(_xp(xd), xd)
     out = xd * s
     if not _needs(x):
@@ -302,6 +314,8 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
         0.841345
     """
     xd = x.data
+    if xd.dtype.kind in "biu":
+        _require_float(xd, "gelu")
     xp = _xp(xd)
     if xp is not np and approximate in ("none", "tanh") and device_kernels.applies(xd):
         return _gelu_device(x, xp, approximate)
@@ -339,7 +353,12 @@ def _gelu_device(x: Tensor, xp, approximate: str) -> Tensor:
 
 
 def clip(x: Tensor, min=None, max=None) -> Tensor:
-    """Clamp to ``[min, max]`` (either may be None). Gradient is 1 inside the range, 0 outside.
+    """Clamp to ``[min, max]`` (either may be None; numbers or tensors that broadcast with ``x``),
+    as torch's ``clamp``: ``minimum(maximum(x, min), max)``, so ``max`` wins where ``min > max``.
+
+    ``x``'s gradient is 1 where ``min <= x <= max``, else 0. A tensor bound that requires grad
+    receives the gradient where its value was picked (torch's rule: ``min`` where ``x < min < max``,
+    ``max`` where ``x > max`` or ``min > max``); gradients are summed back to each input's shape.
 
     Example::
 
@@ -358,9 +377,14 @@ def clip(x: Tensor, min=None, max=None) -> Tensor:
         out = xp.maximum(out, lo)
     if hi is not None:
         out = xp.minimum(out, hi)
-    out = out.astype(xd.dtype, copy=False)
-    if not _needs(x):
+    if xd.dtype.kind not in "biu":  # keep a float dtype (bfloat16 too); an int one clamped to 1.5 is float (torch)
+        out = out.astype(xd.dtype, copy=False)
+    lot = min if isinstance(min, Tensor) and min.requires_grad else None
+    hit = max if isinstance(max, Tensor) and max.requires_grad else None
+    rx = x.requires_grad
+    if not _needs(x if rx else None, lot, hit):
         return _result(out, None)
+    xsh = xd.shape
 
     def fn(g):
         keep = True
@@ -368,9 +392,17 @@ def clip(x: Tensor, min=None, max=None) -> Tensor:
             keep = xd >= lo
         if hi is not None:
             keep = keep & (xd <= hi) if lo is not None else (xd <= hi)
-        return (g * keep,)
+        gx = unbroadcast(g * keep, xsh) if rx else None
+        glo = ghi = None
+        if lot is not None:  # the lower bound was the value picked
+            picked = (xd < lo) & (lo < hi) if hi is not None else (xd < lo)
+            glo = unbroadcast(g * picked, lo.shape).astype(lo.dtype, copy=False)
+        if hit is not None:
+            picked = (xd > hi) | (lo > hi) if lo is not None else (xd > hi)
+            ghi = unbroadcast(g * picked, hi.shape).astype(hi.dtype, copy=False)
+        return gx, glo, ghi
 
-    return _result(out, Node(fn, (x,), "Clip"))
+    return _result(out, Node(fn, (x if rx else None, lot, hit), "Clip"))
 
 
 clamp = clip
@@ -472,10 +504,13 @@ def softmax(x: Tensor, axis: int = -1, *, dim=None) -> Tensor:
         axis = dim
     xd = x.data
     xp = _xp(xd)
-    if xp is not np and device_kernels.applies(xd):
+    if not xd.size:  # torch: an empty result (the max below has nothing to reduce)
+        out = xd.copy()
+    elif xp is not np and device_kernels.applies(xd):
         return _softmax_device(x, xp, axis)
-    e = xp.exp(xd - xd.max(axis=axis, keepdims=True))
-    out = e / e.sum(axis=axis, keepdims=True)
+    else:
+        e = xp.exp(xd - xd.max(axis=axis, keepdims=True))
+        out = e / e.sum(axis=axis, keepdims=True)
     if not _needs(x):
         return _result(out, None)
 
@@ -502,6 +537,8 @@ def _softmax_device(x: Tensor, xp, axis) -> Tensor:
 
 
 def _log_softmax_array(xp, xd, axis):
+    if not xd.size:  # torch: an empty result (the max below has nothing to reduce)
+        return xd.copy()
     if xp is not np and device_kernels.applies(xd):
         return device_kernels.log_softmax(xp, xd, axis)
     shifted = xd - xd.max(axis=axis, keepdims=True)

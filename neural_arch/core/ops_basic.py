@@ -203,13 +203,9 @@ def pow(a: Tensor, b) -> Tensor:  # noqa: A001  (mirrors the operator name)
     def fn(g):
         ga = gb = None
         if ra:
-            if isinstance(bd, _SCALARS) and bd == 2:
-                ga = g * (2 * ad)  # the common square: skip the general power
-            else:
-                ga = unbroadcast(g * (bd * ad ** (bd - 1)), ash)
+            ga = _pow_base_grad(g, ad, bd, ash)
         if rb:
-            xp = _xp(out)
-            gb = unbroadcast(g * out * xp.log(xp.where(ad > 0, ad, 1)), bsh)
+            gb = unbroadcast(_pow_exponent_grad(g, out, ad, bd), bsh)
         return ga, gb
 
     return _result(out, Node(fn, (a if ra else None, bt), "Pow"))
@@ -233,12 +229,39 @@ def rpow(a: Tensor, b) -> Tensor:
     ra, rb = a.requires_grad, bt is not None
 
     def fn(g):
-        xp = _xp(out)
-        ga = unbroadcast(g * out * xp.log(bd), ash) if ra else None
-        gb = unbroadcast(g * (ad * bd ** (ad - 1)), bsh) if rb else None
+        ga = unbroadcast(_pow_exponent_grad(g, out, bd, ad), ash) if ra else None
+        gb = _pow_base_grad(g, bd, ad, bsh) if rb else None
         return ga, gb
 
     return _result(out, Node(fn, (a if ra else None, bt), "RPow"))
+
+
+def _pow_base_grad(g, base, exponent, base_shape):
+    """``d(base ** exponent)/d base`` times ``g``, summed to ``base_shape``: ``exponent * base **
+    (exponent - 1)``, and 0 where the exponent is 0 (torch's rule: ``x ** 0`` is constant even at
+    ``x = 0``, where the formula gives ``0 * inf``)."""
+    if isinstance(exponent, _SCALARS):
+        if exponent == 2:
+            return g * (2 * base)  # the common square: skip the general power
+        if exponent == 0:
+            return unbroadcast(g * 0, base_shape)
+        return unbroadcast(g * (exponent * base ** (exponent - 1)), base_shape)
+    xp = _xp(g)
+    with _errstate(xp):
+        d = exponent * base ** (exponent - 1)
+    return unbroadcast(g * xp.where(exponent == 0, 0, d), base_shape)
+
+
+def _pow_exponent_grad(g, out, base, exponent):
+    """``d(base ** exponent)/d exponent`` times ``g`` (not yet summed to a shape): ``out * log(base)``,
+    and 0 where ``base == 0`` and ``exponent >= 0`` (torch's rule: ``0 ** y`` is flat there); a negative
+    base gives nan, as torch."""
+    xp = _xp(out)
+    with _errstate(xp):
+        d = out * xp.log(base)
+    if isinstance(base, _SCALARS):  # a number base (``2 ** t``): one mask at most, no array made from it
+        return g * (xp.where(exponent >= 0, 0, d) if base == 0 else d)
+    return g * xp.where((base == 0) & (exponent >= 0), 0, d)
 
 
 def _integral(d) -> bool:

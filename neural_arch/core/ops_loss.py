@@ -146,7 +146,7 @@ def _target_array(xp, ld, target):
     return xp.asarray(td)  # host data (for device logits: one host-to-device copy)
 
 
-def cross_entropy(logits: Tensor, target, ignore_index: int = -100, reduction: str = "mean",
+def cross_entropy(logits: Tensor, target, weight=None, *, ignore_index: int = -100, reduction: str = "mean",
                   label_smoothing: float = 0.0) -> Tensor:
     """Softmax cross-entropy from raw ``logits`` (fused op), with class-index or probability targets.
 
@@ -162,6 +162,13 @@ def cross_entropy(logits: Tensor, target, ignore_index: int = -100, reduction: s
       of samples. The target may require grad.
 
     ``label_smoothing`` mixes the target with the uniform distribution, as torch does.
+
+    ``weight`` (torch's third positional argument; a ``(C,)`` tensor or array, no gradient) scales
+    each class's term, as torch: with class indices a row's loss is ``(1 - eps) * w[y] * -log p[y] +
+    eps / C * sum_c w[c] * -log p[c]`` and ``"mean"`` divides by the sum of ``w[y]`` over the
+    non-ignored rows; with probabilities each ``t_c`` is scaled by ``w[c]`` and ``"mean"`` still
+    divides by the number of samples. The arguments after ``weight`` are keyword-only: torch's
+    fourth positional argument is the legacy ``size_average``, which is refused rather than guessed.
 
     Out-of-range class targets raise ``IndexError``: at once for NumPy arrays (free); for device
     arrays the check runs on the device and raises when the loss is read (``.item()``,
@@ -183,12 +190,16 @@ def cross_entropy(logits: Tensor, target, ignore_index: int = -100, reduction: s
     ld = logits.data
     if ld.ndim == 0:
         raise ValueError("cross_entropy: logits must have at least 1 dimension (the classes)")
+    if ld.dtype.kind in "biu":  # the loss would be cast back to the logits' integer dtype (torch raises)
+        raise TypeError(f"cross_entropy: expected floating-point logits, got dtype {ld.dtype}; convert them "
+                        f"with .float() first")
     xp = _xp(ld)
     td = _target_array(xp, ld, target)
+    wv = _class_weight(xp, ld, weight, "cross_entropy")
     kind = td.dtype.kind
     if kind == "f" and td.shape == ld.shape:
         tt = target if isinstance(target, Tensor) and target.requires_grad else None
-        return _cross_entropy_probs(logits, tt, td, xp, reduction, label_smoothing)
+        return _cross_entropy_probs(logits, tt, td, xp, reduction, label_smoothing, wv)
     if kind not in "iu":
         found = _TORCH_DTYPE_NAMES.get(str(td.dtype), str(td.dtype))
         raise TargetDtypeError(
@@ -219,6 +230,10 @@ def cross_entropy(logits: Tensor, target, ignore_index: int = -100, reduction: s
     safe_t = xp.where(keep, t1, 0)
     logp = _log_softmax_array(xp, l2, -1)
     rows = xp.arange(l2.shape[0])
+    if wv is not None:
+        res = _weighted_class_loss(logits, logp, rows, safe_t, keep, bad, eager, wv, reduction,
+                                   label_smoothing, td.shape)
+        return res if eager else _with_pending_check(res, bad, t1, C, ignore_index)
     nll = -logp[rows, safe_t]
     if label_smoothing:
         nll = (1 - label_smoothing) * nll - label_smoothing * logp.mean(axis=-1)
@@ -257,10 +272,69 @@ def cross_entropy(logits: Tensor, target, ignore_index: int = -100, reduction: s
             fn = _cross_entropy_device_backward(xp, logp, safe_t, keep, denom, reduction, label_smoothing,
                                                 lshape)
         res = _result(out, Node(fn, (logits,), "CrossEntropy"))
-    if not eager:
-        res.__class__ = _CheckedLoss
-        res.__dict__["_pending_check"] = (bad.any(), t1, bad, C, ignore_index)
+    return res if eager else _with_pending_check(res, bad, t1, C, ignore_index)
+
+
+def _with_pending_check(res: Tensor, bad, t1, C: int, ignore_index: int) -> Tensor:
+    """``res`` as a :class:`_CheckedLoss` that raises for out-of-range targets when it is read."""
+    res.__class__ = _CheckedLoss
+    res.__dict__["_pending_check"] = (bad.any(), t1, bad, C, ignore_index)
     return res
+
+
+def _class_weight(xp, ld, weight, who: str):
+    """``weight`` (None, or a Tensor/array/list of the ``C`` class weights) as an array of the
+    logits ``ld``'s dtype on their device."""
+    if weight is None:
+        return None
+    C = ld.shape[1] if ld.ndim > 1 else ld.shape[0]
+    wd = _target_array(xp, ld, weight)
+    if tuple(wd.shape) != (C,):
+        raise ValueError(f"{who}: weight must hold one value per class, shape ({C},), got shape {tuple(wd.shape)}")
+    return wd.astype(ld.dtype, copy=False)
+
+
+def _weighted_class_loss(logits: Tensor, logp, rows, safe_t, keep, bad, eager: bool, wv, reduction: str,
+                         eps: float, tshape: tuple) -> Tensor:
+    """Class-index cross-entropy with class weights ``wv`` (torch's formula, see :func:`cross_entropy`),
+    from the rows' log-probabilities ``logp`` (rows, C); plain array ops on every device."""
+    xp = _xp(logp)
+    C = logp.shape[-1]
+    wk = wv[safe_t] * keep  # each row's weight: 0 where ignored (or out of range)
+    nll = -logp[rows, safe_t] * wk
+    if eps:
+        nll = (1 - eps) * nll - (eps / C) * (logp @ wv) * keep
+    if not eager:
+        nll = xp.where(bad, math.nan, nll)
+    denom = wk.sum()
+    if reduction == "mean":
+        with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0 = nan when nothing counts, as torch
+            out = nll.sum() / denom
+    elif reduction == "sum":
+        out = nll.sum()
+    else:
+        out = nll.reshape(tshape)
+    out = xp.asarray(out, dtype=logp.dtype)
+    if not _needs(logits):
+        return _result(out, None)
+    lshape = logits.data.shape
+
+    def fn(g):
+        # d/dx of -sum_c a_c log_softmax(x)_c = softmax(x) * sum_c a_c - a, a row's coefficients a
+        a = xp.zeros_like(logp)
+        a[rows, safe_t] = (1 - eps) * wk
+        if eps:
+            a += (eps / C) * (wv * keep[:, None])
+        p = xp.exp(logp) * a.sum(axis=-1, keepdims=True) - a
+        if reduction == "mean":
+            scale = g / denom  # nothing counted (denom 0): nan, as the loss
+        else:
+            scale = g if reduction == "sum" else g.reshape(-1, 1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            p *= xp.asarray(scale, dtype=p.dtype)
+        return (_logits_layout(xp, p, lshape),)
+
+    return _result(out, Node(fn, (logits,), "CrossEntropy"))
 
 
 def _cross_entropy_device_backward(xp, logp, safe_t, keep, denom, reduction: str, label_smoothing: float,
@@ -293,8 +367,9 @@ def _logits_layout(xp, p, lshape: tuple):
     return p.reshape(lshape)
 
 
-def _cross_entropy_probs(logits: Tensor, tt, td, xp, reduction: str, label_smoothing: float) -> Tensor:
-    """Cross-entropy with probability ("soft label") targets of the logits' shape (fused op)."""
+def _cross_entropy_probs(logits: Tensor, tt, td, xp, reduction: str, label_smoothing: float, wv=None) -> Tensor:
+    """Cross-entropy with probability ("soft label") targets of the logits' shape (fused op); class
+    weights ``wv`` scale each class's term (torch: ``"mean"`` still divides by the sample count)."""
     ld = logits.data
     td = td.astype(ld.dtype, copy=False)
     if ld.ndim > 2:
@@ -308,7 +383,8 @@ def _cross_entropy_probs(logits: Tensor, tt, td, xp, reduction: str, label_smoot
         t2 = t2 * (1 - label_smoothing) + label_smoothing / C
     M = l2.shape[0]
     logp = _log_softmax_array(xp, l2, -1)
-    nll = -(t2 * logp).sum(axis=-1)
+    a2 = t2 if wv is None else t2 * wv  # each class's coefficient of -log p
+    nll = -(a2 * logp).sum(axis=-1)
     if reduction == "mean":
         out = nll.sum() / M if M else nll.sum() * float("nan")
     elif reduction == "sum":
@@ -338,16 +414,23 @@ def _cross_entropy_probs(logits: Tensor, tt, td, xp, reduction: str, label_smoot
         gl = gt = None
         if rl:
             # d/dx of -sum_c t_c log_softmax(x)_c = softmax(x) * sum_c t_c - t
-            gl = back((xp.exp(logp) * t2.sum(axis=-1, keepdims=True) - t2) * scale)
+            gl = back((xp.exp(logp) * a2.sum(axis=-1, keepdims=True) - a2) * scale)
         if tt is not None:
-            gt = back(-logp * scale * (1 - label_smoothing))
+            gt = back(-logp * (scale * (1 - label_smoothing) if wv is None else wv * scale * (1 - label_smoothing)))
         return gl, gt
 
     return _result(out, Node(fn, (logits if rl else None, tt), "CrossEntropy"))
 
 
-def nll_loss(log_probs: Tensor, target, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
-    """Negative log-likelihood of integer ``target`` under ``log_probs`` of shape (N, C).
+def nll_loss(log_probs: Tensor, target, weight=None, *, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    """Negative log-likelihood of integer ``target`` under ``log_probs``, as torch's ``nll_loss``.
+
+    Shapes: ``(C,)`` with a 0-d target, ``(N, C)`` with ``(N,)``, ``(N, C, d1, ...)`` with
+    ``(N, d1, ...)``. A row's loss is ``-weight[y] * log_probs[y]`` (``weight`` a ``(C,)`` tensor or
+    array, torch's third positional argument; no gradient), 0 where ``y == ignore_index``;
+    ``"mean"`` divides by the sum of ``weight[y]`` over the non-ignored rows (nan when there is
+    none, as torch). A target outside ``[0, C)`` raises ``IndexError`` (NumPy arrays; device
+    targets give nan rows instead of waiting for the GPU), a non-integer target ``TypeError``.
 
     Example::
 
@@ -357,19 +440,52 @@ def nll_loss(log_probs: Tensor, target, ignore_index: int = -100, reduction: str
         >>> F.nll_loss(na.tensor([[-1.0, -2.0], [-3.0, -4.0]]), np.array([0, 1])).item()
         2.5
     """
-    xp = _xp(log_probs.data)
-    td = _target_array(xp, log_probs.data, target).astype(xp.int64, copy=False)
-    valid = td != ignore_index
-    safe = xp.where(valid, td, 0)
-    picked = getitem(log_probs, (xp.arange(td.shape[0]), safe)) * valid.astype(log_probs.dtype)
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"nll_loss: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    ld = log_probs.data
+    if ld.ndim == 0:
+        raise ValueError("nll_loss: input must have at least 1 dimension (the classes)")
+    xp = _xp(ld)
+    td = _target_array(xp, ld, target)
+    if td.dtype.kind not in "iu":
+        found = _TORCH_DTYPE_NAMES.get(str(td.dtype), str(td.dtype))
+        raise TargetDtypeError(f"nll_loss: expected scalar type Long but found {found}: the target holds "
+                               f"class indices; convert it with target.long() (or .astype(np.int64))")
+    want = () if ld.ndim == 1 else (ld.shape[0],) + ld.shape[2:]
+    if tuple(td.shape) != want:
+        raise ValueError(f"nll_loss: target shape {tuple(td.shape)} does not match input shape {ld.shape}: "
+                         f"expected {want} (input (N, C, d1, ...) takes a target (N, d1, ...))")
+    C = ld.shape[0] if ld.ndim == 1 else ld.shape[1]
+    wv = _class_weight(xp, ld, weight, "nll_loss")
+    # rows of classes: (C,) -> (1, C); (N, C, d...) -> (N * d..., C), classes last
+    if ld.ndim == 1:
+        rows = log_probs.reshape(1, C)
+    elif ld.ndim == 2:
+        rows = log_probs
+    else:
+        rows = log_probs.permute(0, *range(2, ld.ndim), 1).reshape(-1, C)
+    t1 = td.reshape(-1).astype(xp.int64, copy=False)
+    valid = t1 != ignore_index
+    bad = valid & ((t1 < 0) | (t1 >= C))
+    eager = _eager_checks(xp)
+    if eager and bool(bad.any()):
+        first = int(_backend.to_host(t1)[_backend.to_host(bad)][0])
+        raise IndexError(f"nll_loss: target {first} is out of bounds for {C} classes (valid: 0..{C - 1}; "
+                         f"use ignore_index={ignore_index} to skip entries)")
+    keep = valid & ~bad
+    safe = xp.where(keep, t1, 0)
+    share = keep.astype(ld.dtype) if wv is None else wv[safe] * keep  # each row's weight
+    picked = getitem(rows, (xp.arange(t1.shape[0]), safe)) * share
+    if not eager:  # out-of-range device targets: visibly nan, no host sync
+        picked = picked + xp.where(bad, math.nan, 0.0).astype(ld.dtype)
     if reduction == "none":
-        return -picked
+        return -picked.reshape(td.shape)
     if reduction == "sum":
         return -_sum(picked)
     if xp is np:
-        return -_sum(picked) / max(int(valid.sum()), 1)
-    # On a device: divide by the count where it lives (no host sync).
-    return -_sum(picked) / xp.maximum(valid.sum(), 1).astype(log_probs.dtype)
+        total = float(share.sum())
+        return -_sum(picked) / total if total else _sum(picked) * math.nan  # 0 / 0: torch's nan
+    return -_sum(picked) / share.sum()  # on a device: divide where the count lives (no host sync)
 
 
 def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:
@@ -405,7 +521,7 @@ def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:
 
     def fn(g):
         if reduction == "mean":
-            gd = diff * (g * (2.0 / n))
+            gd = diff * (g * (2.0 / n if n else math.nan))  # empty input: an empty gradient
         else:
             gd = diff * (2 * g)
         return (

@@ -28,7 +28,16 @@ from neural_arch.core import device_kernels
 
 from .. import backend as _backend
 from .autograd import Node
-from .op_utils import VECTOR_OP_MIN_SIZE, _needs, _result, _xp, ones_vector, scatter_add, vector_op
+from .op_utils import (
+    VECTOR_OP_MIN_SIZE,
+    _needs,
+    _result,
+    _xp,
+    ones_vector,
+    scatter_add,
+    unbroadcast,
+    vector_op,
+)
 from .rng import get_generator
 from .tensor import Tensor
 from .thread_pool import parallel_chunks
@@ -53,6 +62,9 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     if not training or p == 0.0:
         return x
     xd = x.data
+    if xd.dtype.kind in "biu":  # the 1 / (1 - p) scale would be truncated to an integer (torch raises)
+        raise TypeError(f"dropout: expected a floating-point tensor, got dtype {xd.dtype}; convert it with "
+                        f".float() first")
     xp = _xp(xd)
     if p == 1.0:
         mask = xp.zeros(xd.shape, dtype=xd.dtype)
@@ -68,10 +80,13 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     return _result(out, Node(lambda g: (g * mask,), (x,), "Dropout"))
 
 
-def embedding(indices, weight: Tensor) -> Tensor:
+def embedding(indices, weight: Tensor, padding_idx=None) -> Tensor:
     """Rows of ``weight`` (num_embeddings, dim) picked by integer ``indices`` (any shape).
 
-    The weight gradient is a scatter-add, so repeated indices accumulate.
+    The weight gradient is a scatter-add, so repeated indices accumulate. ``padding_idx`` (as
+    torch's; negative counts from the end) names a row that receives no gradient: entries equal to
+    it still read that row. A negative index raises ``IndexError`` as in torch (NumPy would wrap it
+    around to a row from the end); device indices are not checked (that would wait for the GPU).
 
     Example::
 
@@ -91,6 +106,15 @@ def embedding(indices, weight: Tensor) -> Tensor:
             idx = idx.astype(xp.int64)
         else:
             raise TypeError(f"embedding: indices must be integers, got dtype {idx.dtype}")
+    if padding_idx is not None:
+        num = wd.shape[0]
+        if not -num <= padding_idx < num:
+            raise ValueError(f"embedding: padding_idx must be within the {num} embeddings "
+                             f"([-{num}, {num - 1}]), got {padding_idx}")
+        padding_idx = int(padding_idx) % num
+    if type(idx) is np.ndarray and idx.size and idx.dtype.kind == "i" and idx.min() < 0:
+        raise IndexError(f"embedding: index {int(idx.min())} is out of range for {wd.shape[0]} embeddings "
+                         f"(valid: 0..{wd.shape[0] - 1})")
     out = wd[idx]
     if not _needs(weight):
         return _result(out, None)
@@ -102,6 +126,8 @@ def embedding(indices, weight: Tensor) -> Tensor:
     def fn(g):
         gw = xp.zeros(shape, dtype=g.dtype)
         scatter_add(xp, gw, idx.reshape(-1), g.reshape((-1,) + shape[1:]))
+        if padding_idx is not None:
+            gw[padding_idx] = 0  # only entries equal to padding_idx added to that row
         return (gw,)
 
     return _result(out, Node(fn, (weight,), "Embedding"))
@@ -124,6 +150,9 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
     normalized_shape = tuple(normalized_shape)
     k = len(normalized_shape)
     xd = x.data
+    if xd.dtype.kind in "biu":  # the result would be cast back to integers (torch raises too)
+        raise TypeError(f"layer_norm: expected a floating-point tensor, got dtype {xd.dtype}; convert it "
+                        f"with .float() (or .double()) first")
     if xd.shape[xd.ndim - k :] != normalized_shape:
         raise ValueError(
             f"layer_norm: input shape {xd.shape} does not end with normalized_shape {normalized_shape}"
@@ -393,6 +422,8 @@ def linear(x: Tensor, weight: Tensor, bias=None) -> Tensor:
                 gx = gx.reshape(xshape)
         gw = (g2.T @ x2) if rw else None
         gb = linear_bias_grad(g2) if bt is not None else None
+        if gb is not None and gb.shape != bd.shape:  # a bias broadcast from fewer elements (a 0-d one)
+            gb = unbroadcast(gb, bd.shape)
         return gx, gw, gb
 
     return _result(out, Node(fn, (x if rx else None, weight if rw else None, bt), "Linear"))

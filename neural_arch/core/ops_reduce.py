@@ -17,10 +17,22 @@ Example::
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .autograd import Node
-from .op_utils import _as_array, _bmax, _expand_reduced, _needs, _operand, _result, _xp, unbroadcast
+from .op_utils import (
+    _as_array,
+    _bmax,
+    _expand_reduced,
+    _needs,
+    _norm_axes,
+    _operand,
+    _result,
+    _xp,
+    unbroadcast,
+)
 from .tensor import Tensor
 
 
@@ -87,7 +99,7 @@ def mean(x: Tensor, dim=None, keepdim: bool = False, *, dtype=None, axis=None, k
     return _result(out, Node(fn, (x,), "Mean", fresh=False))
 
 
-def _minmax(x: Tensor, axis, keepdims, which):
+def _minmax(x: Tensor, axis, keepdims, which, nan_is_extreme: bool = False):
     xd = x.data
     out = xd.max(axis=axis, keepdims=keepdims) if which == "Max" else xd.min(axis=axis, keepdims=keepdims)
     if not _needs(x):
@@ -97,6 +109,11 @@ def _minmax(x: Tensor, axis, keepdims, which):
     def fn(g):
         o = _expand_reduced(out, shape, axis, keepdims)
         mask = xd == o
+        if nan_is_extreme and xd.dtype.kind not in "biu":
+            # torch's max()/min() of a tensor holding NaN (the result): its NaNs share the gradient
+            # (NaN == NaN is False, so the mask alone would count 0 and give NaN everywhere);
+            # torch's amax/amin keep the plain mask, NaN gradients included
+            mask |= _xp(xd).isnan(xd)
         # Ties share the gradient equally (a subgradient; matches torch.amax/amin).
         count = mask.sum(axis=axis, keepdims=True)
         return (mask * (_expand_reduced(g, shape, axis, keepdims) / count),)
@@ -210,7 +227,7 @@ def _max_or_min(which: str, elementwise):
             return elementwise(x, dim)  # torch.max(a, b): the elementwise maximum
         axis, keepdims = _reduce_args(dim, keepdim, axis, keepdims)
         if axis is None:
-            return _minmax(x, None, False, which)
+            return _minmax(x, None, False, which, nan_is_extreme=True)
         return _minmax_dim(x, axis, keepdims, which)
 
     return op
@@ -307,9 +324,12 @@ def var(x: Tensor, dim=None, unbiased=None, keepdim: bool = False, *, correction
     xd = x.data
     mu = xd.mean(axis=axis, keepdims=True)
     diff = xd - mu
-    n = xd.size // _bmax(mu.size, 1) if xd.size else 1
-    scale = 1.0 / (n - ddof) if n > ddof else float("nan")  # nan for n <= correction, as torch
-    out = (diff * diff).sum(axis=axis, keepdims=keepdims) * scale  # python float: dtype kept
+    n = math.prod(xd.shape[a] for a in _norm_axes(axis, xd.ndim))  # elements per result (0 if empty)
+    # torch divides by max(0, n - correction): inf for n <= correction, so a sum of squares > 0
+    # gives inf and an all-equal (or empty) slice gives nan, as torch
+    scale = 1.0 / (n - ddof) if n > ddof else math.inf
+    with np.errstate(invalid="ignore"):  # 0 * inf: the nan torch returns (CuPy has no errstate)
+        out = (diff * diff).sum(axis=axis, keepdims=keepdims) * scale  # python float: dtype kept
     if not _needs(x):
         return _result(out, None)
     shape = xd.shape

@@ -19,7 +19,7 @@ from .. import backend as _backend
 from . import autograd as _ag
 from . import dtypes as _dtypes
 from .autograd import Node
-from .op_utils import _SCALARS, _bmax, _needs, _result, _same_device, _xp, scatter_add, unbroadcast
+from .op_utils import _SCALARS, _needs, _result, _same_device, _xp, scatter_add, unbroadcast
 from .tensor import Tensor, _check_dim
 
 
@@ -131,8 +131,8 @@ def contiguous(x: Tensor) -> Tensor:
 def transpose(x: Tensor, *axes) -> Tensor:
     """Permute axes (reverse them when none given), like ``ndarray.transpose``.
 
-    ``transpose(x, d0, d1)`` with exactly two axes on a tensor of more than 2 dims swaps those
-    two (torch style).
+    ``transpose(x, d0, d1)`` with exactly two axes swaps those two (torch style; the identity on a
+    0-d or 1-d tensor), and a dim out of range raises ``IndexError`` as in torch.
 
     Example::
 
@@ -142,14 +142,17 @@ def transpose(x: Tensor, *axes) -> Tensor:
     """
     axes = _shape_arg(axes)
     xd = x.data
-    if len(axes) == 2 and xd.ndim >= 2:
+    if len(axes) == 2:
+        # torch's transpose(dim0, dim1): a swap (out-of-range dims raise rather than wrap around;
+        # on a 0-d or 1-d tensor the swap is the identity)
         perm = list(range(xd.ndim))
-        i, j = axes[0] % xd.ndim, axes[1] % xd.ndim
-        perm[i], perm[j] = perm[j], perm[i]
+        i, j = _check_dim(axes[0], xd.ndim), _check_dim(axes[1], xd.ndim)
+        if xd.ndim:
+            perm[i], perm[j] = perm[j], perm[i]
         axes = tuple(perm)
     if not axes:
         axes = tuple(range(xd.ndim))[::-1]
-    axes = tuple(a % xd.ndim for a in axes) if xd.ndim else ()
+    axes = tuple(_check_dim(a, xd.ndim) for a in axes) if xd.ndim else ()
     out = xd.transpose(axes)
     if not _needs(x):
         return _result(out, None)
@@ -238,9 +241,12 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
         ((24,), (2, 12))
     """
     shape = x.shape
+    s, e = _check_dim(start_dim, len(shape)), _check_dim(end_dim, len(shape))
+    if s > e:
+        raise RuntimeError(f"flatten() has invalid args: start_dim ({start_dim}) cannot come after end_dim "
+                           f"({end_dim}) for a {len(shape)}-d tensor")
     if not shape:
         return reshape(x, 1)
-    s, e = start_dim % len(shape), end_dim % len(shape)
     n = 1
     for d in shape[s : e + 1]:
         n *= d
@@ -396,9 +402,12 @@ def getitem(x: Tensor, idx) -> Tensor:
 def setitem(x: Tensor, idx, value) -> None:
     """``x[idx] = value`` in place on the data (not recorded by autograd).
 
-    Allowed on leaves and constants (like writing ``x.data[idx]``); refused on a tensor that an
-    op produced while grad mode is on, because ops that saved it for backward would silently
-    compute wrong gradients.
+    Allowed on constants, and on leaves that require grad under ``no_grad()`` (like writing
+    ``x.data[idx]``). Refused while grad mode is on, as torch refuses it, on a tensor that an op
+    produced (ops that saved it for backward would compute wrong gradients) and on a leaf that
+    requires grad (an op may already have saved it: ``y = x * w; x[0] = 5`` would change ``w``'s
+    gradient); also refused: a ``value`` that requires grad (the assignment is not recorded, so its
+    gradient would be lost without a word).
 
     Example::
 
@@ -412,6 +421,18 @@ def setitem(x: Tensor, idx, value) -> None:
         raise RuntimeError(
             "in-place assignment to a tensor that is part of an autograd graph would corrupt its "
             "gradients; build a new tensor instead (e.g. F.where or F.cat), or write under no_grad()"
+        )
+    if x.requires_grad and _ag._grad_enabled:
+        raise RuntimeError(
+            "a leaf tensor that requires grad is being used in an in-place assignment (x[idx] = value); "
+            "an op that already used it would compute wrong gradients. Write under "
+            "`with neural_arch.no_grad():` (as initialisers do), or build a new tensor (F.where, F.cat)"
+        )
+    if isinstance(value, Tensor) and value.requires_grad and _ag._grad_enabled:
+        raise RuntimeError(
+            "x[idx] = value: value requires grad, but the assignment is not recorded by autograd, so its "
+            "gradient would be lost; build the result with F.where or F.cat (recorded), or assign "
+            "value.detach() if no gradient should flow"
         )
     idx = _convert_index(idx, x.data)
     val = value.data if isinstance(value, Tensor) else value
@@ -538,17 +559,21 @@ def split(x: Tensor, split_size_or_sections, axis: int = 0, *, dim=None) -> list
     """
     if dim is not None:
         axis = dim
-    n = x.shape[axis]
+    ax = _check_dim(axis, x.ndim)
+    n = x.shape[ax]
     if isinstance(split_size_or_sections, (int, np.integer)):
         s = int(split_size_or_sections)
-        if s <= 0:
-            raise ValueError(f"split: split_size must be positive, got {s}")
-        sizes = [s] * (n // s) + ([n % s] if n % s else [])
+        if s < 0 or (s == 0 and n):
+            raise ValueError(f"split: split_size must be positive (0 only for an empty dimension), got {s} "
+                             f"for a dimension of size {n}")
+        # torch: an empty dimension gives one empty piece
+        sizes = [s] * (n // s) + ([n % s] if n % s else []) if n else [0]
     else:
         sizes = [int(v) for v in split_size_or_sections]
+        if any(v < 0 for v in sizes):
+            raise ValueError(f"split: section sizes must be non-negative, got {sizes}")
         if np.sum(sizes) != n:
             raise ValueError(f"split: sections {sizes} do not add up to the axis length {n}")
-    ax = axis % x.ndim
     pieces, start = [], 0
     for sz in sizes:
         sl = [slice(None)] * x.ndim
@@ -571,9 +596,10 @@ def chunk(x: Tensor, chunks: int, axis: int = 0, *, dim=None) -> list:
         axis = dim
     if chunks <= 0:
         raise ValueError(f"chunk: chunks must be positive, got {chunks}")
-    n = x.shape[axis]
-    size = _bmax(-(-n // chunks), 1)
-    return split(x, size, axis)
+    n = x.shape[_check_dim(axis, x.ndim)]
+    if n == 0:
+        return split(x, [0] * chunks, axis)  # torch: `chunks` empty pieces
+    return split(x, -(-n // chunks), axis)
 
 
 # ============================================================================ method binding

@@ -31,6 +31,9 @@ class CrossEntropyLoss(Module):
 
     Extra leading dimensions are flattened, so a language model's ``(B, T, vocab)`` logits and
     ``(B, T)`` targets work directly. Targets equal to ``ignore_index`` contribute nothing.
+    ``weight`` (a ``(C,)`` tensor, torch's first argument, kept as a buffer) scales each class as in
+    :func:`~neural_arch.nn.functional.cross_entropy`; the other arguments are keyword-only (torch's
+    second positional argument is the legacy ``size_average``).
 
     Example::
 
@@ -41,10 +44,12 @@ class CrossEntropyLoss(Module):
         1.3863
     """
 
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0):
+    def __init__(self, weight=None, *, ignore_index: int = -100, reduction: str = "mean",
+                 label_smoothing: float = 0.0):
         super().__init__()
         if not 0.0 <= float(label_smoothing) <= 1.0:
             raise ValueError(f"CrossEntropyLoss: label_smoothing must be in [0, 1], got {label_smoothing}")
+        self.register_buffer("weight", weight)
         self.ignore_index = int(ignore_index)
         self.reduction = _check_reduction(reduction, "CrossEntropyLoss")
         self.label_smoothing = float(label_smoothing)
@@ -57,8 +62,8 @@ class CrossEntropyLoss(Module):
             target = target.reshape(-1, logits.shape[-1]) if soft else target.reshape(-1)
         if isinstance(target, Tensor) and not target.requires_grad:
             target = target.data
-        return F.cross_entropy(logits, target, ignore_index=self.ignore_index, reduction=self.reduction,
-                               label_smoothing=self.label_smoothing)
+        return F.cross_entropy(logits, target, self.weight, ignore_index=self.ignore_index,
+                               reduction=self.reduction, label_smoothing=self.label_smoothing)
 
     def extra_repr(self) -> str:
         extra = f", label_smoothing={self.label_smoothing}" if self.label_smoothing else ""

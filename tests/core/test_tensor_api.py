@@ -101,13 +101,30 @@ def test_comparisons_return_bool_tensors_without_grad():
 
 
 def test_setitem():
+    import neural_arch as na
+
     x = Tensor(np.zeros(4), requires_grad=True)
-    x[1] = 5.0
-    x[np.array([2, 3])] = Tensor(np.array([1.0, 2.0]))
+    with na.no_grad():                       # a leaf that requires grad: written under no_grad, as torch
+        x[1] = 5.0
+        x[np.array([2, 3])] = Tensor(np.array([1.0, 2.0]))
     assert x.tolist() == [0.0, 5.0, 1.0, 2.0]
     y = x * 2.0
     with pytest.raises(RuntimeError, match="in-place"):
         y[0] = 1.0
+    # torch's leaf rule: an op may have saved x (here y = x * w), so writing it would change w's gradient
+    w = Tensor(np.array([3.0, 4.0]), requires_grad=True)
+    x = Tensor(np.array([1.0, 2.0]), requires_grad=True)
+    z = (x * w).sum()
+    with pytest.raises(RuntimeError, match="leaf tensor that requires grad"):
+        x[0] = 5.0
+    z.backward()
+    assert w.grad.tolist() == [1.0, 2.0]
+    c = Tensor(np.zeros(2))                  # a constant takes values, but not a value that needs its gradient
+    c[0] = 1.0
+    with pytest.raises(RuntimeError, match="gradient would be lost"):
+        c[1] = w[0]
+    c[1] = w[0].detach()
+    assert c.tolist() == [1.0, 3.0]
 
 
 # ----------------------------------------------------------------------------- attributes

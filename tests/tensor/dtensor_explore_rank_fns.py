@@ -72,6 +72,8 @@ def _reference(op: str, x: np.ndarray, args: dict, other: np.ndarray | None = No
         return np.asarray(fn(x, axis=axis, keepdims=keep)).astype(dtype)
     if op in ("softmax", "log_softmax"):
         d = args["dim"]
+        if x.size == 0:              # torch: an empty tensor in, an empty tensor out
+            return x.copy()
         e = np.exp(x - x.max(axis=d, keepdims=True))
         s = e / e.sum(axis=d, keepdims=True)
         return (s if op == "softmax" else np.log(s)).astype(dtype)
