@@ -64,10 +64,15 @@ def plan_buckets(sizes_dtypes: Sequence[tuple[int, str]], cap: int, first_cap: i
     the first layer's gradient is computed (the old "close before passing the cap" rule held it
     back with the first layer's, so the default 25 MB cap hid almost nothing). Buckets are
     returned in launch order; ``first_cap=None`` gives the first bucket the same cap as the rest.
+    A cap below one byte (callers truncate a tiny ``bucket_cap_mb * 2**20`` to 0) puts every
+    parameter in a bucket of its own; a negative cap is a caller's bug and raises ValueError.
 
         >>> plan_buckets([(100, "float32"), (1000, "float32"), (10, "float32")], cap=4096, first_cap=100)
         [[2, 1], [0]]
     """
+    for name, value in (("cap", cap), ("first_cap", first_cap)):
+        if value is not None and not value >= 0:   # (also NaN)
+            raise ValueError(f"plan_buckets: {name}={value} must be a number of bytes >= 0")
     cap = max(int(cap), 1)
     first_cap = cap if first_cap is None else max(min(int(first_cap), cap), 1)
     open_buckets: dict = {}  # dtype -> [indices, bytes, order key]

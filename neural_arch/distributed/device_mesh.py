@@ -18,6 +18,8 @@ Example (4 ranks)::
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -33,6 +35,30 @@ def _groups_along(mesh: np.ndarray, dim: int) -> list[list[int]]:
     """Every 1-d slice of ``mesh`` along ``dim``, in row-major order of the other dimensions."""
     moved = np.moveaxis(mesh, dim, -1).reshape(-1, mesh.shape[dim])
     return [[int(r) for r in row] for row in moved]
+
+
+def _check_increasing(mesh: np.ndarray) -> None:
+    """Refuse a mesh whose ranks decrease along some dimension.
+
+    A process group numbers its members in increasing global rank (torch's ``new_group`` sorts
+    them too), while the mesh's coordinate along a dimension is the position in the mesh: with
+    ``[[1, 0], [3, 2]]`` rank 0 would sit at coordinate 1 of its row but be rank 0 of the row's
+    group, and a sharded tensor gathered over that group would come back with its pieces swapped.
+
+    >>> _check_increasing(np.array([[0, 2], [1, 3]]))     # a transposed layout is fine
+    >>> _check_increasing(np.array([[1, 0], [3, 2]]))
+    Traceback (most recent call last):
+    ...
+    ValueError: DeviceMesh: along dimension 1 the ranks [1, 0] are not in increasing order; ...
+    """
+    for dim in range(mesh.ndim):
+        for line in _groups_along(mesh, dim):
+            if any(a >= b for a, b in itertools.pairwise(line)):
+                raise ValueError(
+                    f"DeviceMesh: along dimension {dim} the ranks {line} are not in increasing order; a process "
+                    "group numbers its ranks in increasing global rank, so coordinates along that dimension would "
+                    f"disagree with group ranks (and sharded results land in the wrong place). Mesh: {mesh.tolist()}; "
+                    "lay the ranks out increasing along every dimension (e.g. a transpose of np.arange(n).reshape(...))")
 
 
 class DeviceMesh:
@@ -81,6 +107,7 @@ class DeviceMesh:
         if _groups is not None:
             self._groups, self._all = _groups
         else:
+            _check_increasing(self.mesh)
             for dim in range(self.mesh.ndim):
                 lists = _groups_along(self.mesh, dim)
                 mine, _ = new_subgroups_by_enumeration(lists)  # every rank creates every group
@@ -234,7 +261,10 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int], *,
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     """
     world = _resolve_group(None, "init_device_mesh")
-    shape = tuple(int(s) for s in mesh_shape)
+    try:
+        shape = tuple(operator.index(s) for s in mesh_shape)
+    except TypeError:
+        raise TypeError(f"init_device_mesh: mesh_shape={tuple(mesh_shape)} must hold ints") from None
     if not shape or any(s <= 0 for s in shape):
         raise ValueError(f"init_device_mesh: mesh_shape={tuple(mesh_shape)} must be positive sizes")
     total = int(np.prod(shape))

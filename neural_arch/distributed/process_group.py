@@ -123,10 +123,15 @@ class ProcessGroup:
         return self._index[g]
 
     def global_rank(self, group_rank: int) -> int:
-        if not 0 <= int(group_rank) < len(self.ranks):
+        """Translate a rank of this group into the global numbering; a clear error if out of range."""
+        try:
+            k = operator.index(group_rank)
+        except TypeError:
+            raise TypeError(f"group_rank={group_rank!r} must be an int (a rank of group {self.name})") from None
+        if not 0 <= k < len(self.ranks):
             raise ValueError(f"group rank {group_rank} is out of range for group {self.name} of size "
                              f"{len(self.ranks)}")
-        return self.ranks[int(group_rank)]
+        return self.ranks[k]
 
     def __repr__(self) -> str:
         state = ", destroyed" if self.destroyed else ""

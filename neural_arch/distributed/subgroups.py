@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Sequence
 
@@ -49,7 +50,7 @@ def new_group(ranks: Sequence[int] | None = None, timeout=None, backend: str | N
     """
     world = _resolve_group(None, "new_group")
     size = world.size()
-    ranks = list(range(size)) if ranks is None else [int(r) for r in ranks]
+    ranks = list(range(size)) if ranks is None else [_as_int(r, "new_group", "rank") for r in ranks]
     _check_ranks(ranks, size, "new_group")
     if backend is not None and str(backend).lower() != world.backend_name:
         raise ValueError(f"new_group(backend={backend!r}): sub-groups use the world's backend "
@@ -68,6 +69,15 @@ def new_group(ranks: Sequence[int] | None = None, timeout=None, backend: str | N
             "new_subgroups_by_enumeration([[...], [...]])")
     groups = _make_groups(partition, me, timeout)
     return next(g for g, members in zip(groups, partition) if me in members)
+
+
+def _as_int(value, op: str, what: str) -> int:
+    """``value`` as an int if it is one (Python or NumPy integer); a float such as 1.5 is refused
+    rather than truncated into another rank."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{op}: {what} {value!r} must be an int, got {type(value).__name__}") from None
 
 
 def _check_ranks(ranks: list[int], size: int, op: str) -> None:
@@ -140,7 +150,7 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list: Sequence[Sequence[int]
                          f"backend ({world.backend_name!r}); omit backend=")
     if not ranks_per_subgroup_list:
         raise ValueError("new_subgroups_by_enumeration: ranks_per_subgroup_list must not be empty")
-    groups = [[int(r) for r in g] for g in ranks_per_subgroup_list]
+    groups = [[_as_int(r, "new_subgroups_by_enumeration", "rank") for r in g] for g in ranks_per_subgroup_list]
     seen: dict[int, int] = {}
     for i, g in enumerate(groups):
         _check_ranks(g, world.size(), "new_subgroups_by_enumeration")
@@ -203,7 +213,7 @@ def new_subgroups(group_size: int | None = None, group=None, timeout=None, backe
     if group_size is None:
         group_size = int(os.environ.get("LOCAL_WORLD_SIZE") or (_STATE.info.get("layout") or {}).get(
             "local_world_size") or world.size())
-    group_size = int(group_size)
+    group_size = _as_int(group_size, "new_subgroups", "group_size")
     size = world.size()
     if group_size <= 0 or size % group_size:
         raise ValueError(f"new_subgroups: group_size={group_size} must be positive and divide the world "

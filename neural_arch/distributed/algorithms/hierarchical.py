@@ -50,6 +50,7 @@ from neural_arch.distributed.algorithms.hierarchical_pipeline import (
     run_leader_pipelined,
     run_two_d_pipelined,
 )
+from neural_arch.distributed.comm.dtypes import is_bfloat16
 from neural_arch.distributed.comm.work import ReduceOp
 from neural_arch.distributed.host import host_identity
 from neural_arch.distributed.process_group import GroupMember, ProcessGroup
@@ -201,6 +202,7 @@ def run_leader(array, op: ReduceOp, intra, inter, chunk_bytes=None) -> None:
         inter = hg.inter.backend if hg.inter is not GroupMember.NON_GROUP_MEMBER else None
         run_leader(flat, ReduceOp.SUM, hg.intra.backend, inter)
     """
+    _check_in_place(array)
     if pipelines(intra, array, chunk_bytes):
         return run_leader_pipelined(array, op, intra, inter, chunk_bytes)
     intra.reduce(array, root=0, op=op)
@@ -223,6 +225,7 @@ def run_two_d(array, op: ReduceOp, intra, cross, chunk_bytes=None) -> None:
         hg = host_groups()                  # every host holds the same number of ranks
         run_two_d(flat, ReduceOp.SUM, hg.intra.backend, hg.cross.backend)
     """
+    _check_in_place(array)
     if pipelines(intra, array, chunk_bytes):
         return run_two_d_pipelined(array, op, intra, cross, chunk_bytes)
     flat = array.reshape(-1)
@@ -246,6 +249,15 @@ def run_two_d(array, op: ReduceOp, intra, cross, chunk_bytes=None) -> None:
         flat[...] = table.reshape(-1)[:n]
 
 
+def _check_in_place(array) -> None:
+    """Both forms work on ``array.reshape(-1)``: for an array that is not C-contiguous (a Fortran-ordered
+    or strided view) that is a copy, and the caller's buffer would silently keep its old values."""
+    flags = getattr(array, "flags", None)
+    if flags is not None and not flags.c_contiguous:
+        raise ValueError("hierarchical all-reduce: the array is not C-contiguous; pass np.ascontiguousarray(array) "
+                         "(the result is written into the buffer in place)")
+
+
 def _xp(array):
     from neural_arch.backend import get_array_module as xp
 
@@ -253,14 +265,34 @@ def _xp(array):
 
 
 def wire_op(op, dtype) -> tuple[ReduceOp, bool]:
-    """(the op to send, whether to divide by the group size after): AVG travels as SUM."""
+    """(the op to send, whether to average): AVG travels as SUM (see :func:`start_average`).
+
+    >>> wire_op("avg", np.float32), wire_op(ReduceOp.MAX, np.int64)
+    ((<ReduceOp.SUM: 'sum'>, True), (<ReduceOp.MAX: 'max'>, False))
+    """
     if not isinstance(op, ReduceOp):
         op = ReduceOp.coerce(op)
     if op is ReduceOp.AVG:
-        if np.dtype(dtype).kind not in "fc":
+        dtype = np.dtype(dtype)
+        if dtype.kind not in "fc" and not is_bfloat16(dtype):
             raise TypeError(f"ReduceOp.AVG needs a floating dtype, got {dtype}; use ReduceOp.SUM")
         return ReduceOp.SUM, True
     return op, False
+
+
+def start_average(array, total: int) -> bool:
+    """Before an AVG's SUM over ``total`` ranks: float16 is multiplied by ``1 / total`` first, as the
+    flat all-reduce does (its sum can overflow where the mean does not); returns whether the sum
+    still has to be divided by ``total`` afterwards (every other dtype).
+
+    >>> x = np.full(2, 40000.0, dtype=np.float16)
+    >>> start_average(x, 4), x.tolist()
+    (False, [10000.0, 10000.0])
+    """
+    if array.dtype == np.float16:
+        array *= array.dtype.type(1.0 / total)
+        return False
+    return True
 
 
 # -- the explicit API on process groups -----------------------------------------------------------
@@ -279,8 +311,13 @@ def hierarchical_all_reduce(tensor, op=ReduceOp.SUM, intra_node_group=None, inte
     ``inter_node_group``: the group of every host's leader, on the leaders (``None`` or
     ``GroupMember.NON_GROUP_MEMBER`` elsewhere); ``cross_node_group`` (2-D form): the ranks with
     this rank's local rank on every host. With all omitted they come from :func:`host_groups`.
-    The intra groups must partition the world (and have one size, for the 2-D form).
-    ``ReduceOp.AVG`` sums and divides by the number of ranks. ``pipeline_chunk_bytes``: messages of
+    The intra groups must partition the ranks taking part, each of which calls this (and have one
+    size, for the 2-D form); with groups from :func:`host_groups` those are the world's.
+    ``ReduceOp.AVG`` sums and divides by the number of ranks taking part (float16 is multiplied
+    by its inverse first, as the flat all-reduce does; in the leader form over groups passed by hand,
+    which may leave ranks of the world out, the ranks are counted by the same reduction: it runs on
+    a copy one element longer). The array must be C-contiguous (it is written in place).
+    ``pipeline_chunk_bytes``: messages of
     two pieces or more overlap the host and cross-host steps of neighbouring pieces of this size
     (:mod:`.hierarchical_pipeline`, gloo only; None: its default; 0: never).
 
@@ -295,6 +332,7 @@ def hierarchical_all_reduce(tensor, op=ReduceOp.SUM, intra_node_group=None, inte
     if algorithm not in ALGORITHMS:
         raise ValueError(f"hierarchical_all_reduce(algorithm={algorithm!r}): use one of {ALGORITHMS}")
     array = _buf(tensor)
+    _check_in_place(array)
     wire, avg = wire_op(op, array.dtype)
     hosts = None
     if intra_node_group is None and inter_node_group is None and cross_node_group is None:
@@ -319,6 +357,7 @@ def hierarchical_all_reduce(tensor, op=ReduceOp.SUM, intra_node_group=None, inte
                              "ranks on every host and the group of each local rank across hosts "
                              "(host_groups().cross); use algorithm='leader'")
         total = intra_node_group.size() * cross_node_group.size()
+        divide = avg and start_average(array, total)
         run_two_d(array, wire, intra_node_group.backend, cross_node_group.backend, pipeline_chunk_bytes)
     else:
         leader = intra_node_group.rank() == 0
@@ -329,11 +368,31 @@ def hierarchical_all_reduce(tensor, op=ReduceOp.SUM, intra_node_group=None, inte
             raise ValueError(f"hierarchical_all_reduce: this rank is not the leader of its host group "
                              f"{intra_node_group.ranks} (the leader is its group rank 0) but was given an "
                              "inter_node_group; pass None (or GroupMember.NON_GROUP_MEMBER) on non-leaders")
-        from neural_arch.distributed import groups as _groups
-
-        total = _groups.get_world_size()
-        run_leader(array, wire, intra_node_group.backend, inter_node_group.backend if leader else None,
-                   pipeline_chunk_bytes)
-    if avg:
+        inter_backend = inter_node_group.backend if leader else None
+        if avg and hosts is None:
+            # Groups given by hand may cover part of the world, and no rank knows the other hosts'
+            # sizes: every rank adds a 1 after its data, so the same reduction counts the ranks.
+            return _leader_average_counting_ranks(tensor, array, intra_node_group.backend, inter_backend,
+                                                  pipeline_chunk_bytes)
+        total = sum(len(h) for h in hosts) if hosts is not None else None
+        divide = avg and start_average(array, total)
+        run_leader(array, wire, intra_node_group.backend, inter_backend, pipeline_chunk_bytes)
+    if divide:
         array /= array.dtype.type(total)
+    return tensor
+
+
+def _leader_average_counting_ranks(tensor, array, intra, inter, chunk_bytes):
+    """``ReduceOp.AVG`` in the leader form over host groups given by hand: SUM ``array`` with one
+    extra element holding 1 on every rank, whose sum is the number of ranks taking part (the
+    world's size would be wrong when the groups leave some of its ranks out)."""
+    flat = array.reshape(-1)
+    xp = np if type(flat) is np.ndarray else _xp(flat)
+    # float16 sums in float32 here: the count is not known before the sum (to pre-scale, as
+    # start_average does), and a float16 sum can overflow where the mean does not
+    scratch = xp.empty(flat.size + 1, dtype=np.float32 if flat.dtype == np.float16 else flat.dtype)
+    scratch[:-1] = flat
+    scratch[-1] = 1
+    run_leader(scratch, ReduceOp.SUM, intra, inter, chunk_bytes)
+    flat[...] = scratch[:-1] / scratch[-1]
     return tensor

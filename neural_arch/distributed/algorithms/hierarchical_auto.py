@@ -64,6 +64,7 @@ from neural_arch.distributed.algorithms.hierarchical import (
     identity_key,
     run_leader,
     run_two_d,
+    start_average,
     wire_op,
 )
 from neural_arch.distributed.host import machine_identity
@@ -184,11 +185,12 @@ def all_reduce(pg, array, op) -> bool:
     if algorithm == "flat":
         return False
     wire, avg = wire_op(op, array.dtype)
+    divide = avg and start_average(array, pg.size())
     if algorithm == "2d":
         run_two_d(array, wire, lay.intra, lay.cross)
     else:
         run_leader(array, wire, lay.intra, lay.inter)
-    if avg:
+    if divide:
         array /= array.dtype.type(pg.size())
     return True
 

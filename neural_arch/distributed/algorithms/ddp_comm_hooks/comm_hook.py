@@ -37,8 +37,10 @@ from typing import Any
 
 from neural_arch.distributed.comm.work import Work
 from neural_arch.distributed.groups import get_default_group
+from neural_arch.distributed.process_group import GroupMember, ProcessGroup
+from neural_arch.distributed.resolve import _resolve_group
 
-__all__ = ["CommHook", "GradBucket", "comm_hook", "deferred", "hook_backend", "then"]
+__all__ = ["CommHook", "GradBucket", "check_process_group", "comm_hook", "deferred", "hook_backend", "then"]
 
 
 class GradBucket:
@@ -235,4 +237,25 @@ def hook_backend(process_group):
     """
     if process_group is None:
         return get_default_group().backend
+    check_process_group(process_group, "comm hook")
+    if isinstance(process_group, ProcessGroup) or process_group is GroupMember.NON_GROUP_MEMBER:
+        return _resolve_group(process_group, "comm hook").backend   # (destroyed, non-member: clear errors)
     return getattr(process_group, "backend", process_group)
+
+
+def check_process_group(process_group, owner: str) -> None:
+    """Refuse, at the call, a hook state's ``process_group`` that is none of: None (the default
+    group), a ProcessGroup (or ``GroupMember.NON_GROUP_MEMBER``, refused when used), a backend.
+
+    >>> check_process_group(None, "PowerSGDState")
+    >>> check_process_group("gloo", "PowerSGDState")
+    Traceback (most recent call last):
+    ...
+    TypeError: PowerSGDState: process_group='gloo' must be a ProcessGroup from new_group() (or None for the default group)
+    """
+    if process_group is None or isinstance(process_group, ProcessGroup) or process_group is GroupMember.NON_GROUP_MEMBER:
+        return
+    backend = getattr(process_group, "backend", process_group)
+    if not (callable(getattr(backend, "allreduce", None)) and isinstance(getattr(backend, "size", None), int)):
+        raise TypeError(f"{owner}: process_group={process_group!r} must be a ProcessGroup from new_group() "
+                        "(or None for the default group)")

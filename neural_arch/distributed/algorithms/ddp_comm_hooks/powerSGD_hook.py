@@ -32,6 +32,7 @@ import numpy as np
 from neural_arch import backend as _xpmod
 from neural_arch.distributed.algorithms.ddp_comm_hooks.comm_hook import (
     GradBucket,
+    check_process_group,
     comm_hook,
     deferred,
     hook_backend,
@@ -60,6 +61,7 @@ class PowerSGDState:
                  random_seed: int = 0):
         if int(matrix_approximation_rank) < 1:
             raise ValueError(f"matrix_approximation_rank must be >= 1, got {matrix_approximation_rank}")
+        check_process_group(process_group, "PowerSGDState")
         self.process_group = process_group
         self.matrix_approximation_rank = int(matrix_approximation_rank)
         self.start_powerSGD_iter = int(start_powerSGD_iter)
@@ -115,7 +117,7 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> Work:
     r = state.matrix_approximation_rank
     matrices, rest = [], []
     for slot, grad in enumerate(bucket.gradients()):
-        if grad.ndim >= 2:
+        if grad.ndim >= 2 and grad.size:   # (an empty parameter has nothing to compress)
             n, m = grad.shape[0], grad.size // grad.shape[0]
             rank = min(r, n, m)
             if n * m >= state.min_compression_rate * (n + m) * rank:

@@ -51,6 +51,7 @@ import numpy as np
 from neural_arch import backend as _xpmod
 from neural_arch.distributed.algorithms.ddp_comm_hooks.comm_hook import (
     GradBucket,
+    check_process_group,
     comm_hook,
     hook_backend,
     then,
@@ -194,6 +195,7 @@ class TopKState:
             raise ValueError(f"TopKState(ratio={ratio}): ratio must be in (0, 1], e.g. 0.01 sends 1% of entries")
         if not 0.0 <= float(momentum) < 1.0:
             raise ValueError(f"TopKState(momentum={momentum}): must be in [0, 1) (0: no momentum correction)")
+        check_process_group(process_group, "TopKState")
         self.ratio = float(ratio)
         self.process_group = process_group
         self.momentum = float(momentum)
