@@ -218,6 +218,20 @@ def bad_input_run(case: str) -> str:
             dist.DistributedDataParallel(model, process_group=[0, 1])
         elif case == "bucket-cap-nan":
             dist.DistributedDataParallel(model, bucket_cap_mb=float("nan"))
+        elif case == "bucket-cap-inf":
+            dist.DistributedDataParallel(model, bucket_cap_mb=float("inf"))
+        elif case == "hook-group-not-the-ddps":
+            # DDP over the first 2 ranks; a built-in hook whose state (None) means the default group
+            # would average its buckets over all 4 (found: the gradients came out mixed, exit 0)
+            from neural_arch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            member = group_of(2)
+            if member is None:
+                return "not a member"
+            ddp = dist.DistributedDataParallel(model, process_group=member[0])
+            ddp.register_comm_hook(member[0], default_hooks.allreduce_hook)     # its own group: fine
+            fresh = dist.DistributedDataParallel(nn.Linear(2, 2, dtype=np.float64), process_group=member[0])
+            fresh.register_comm_hook(None, default_hooks.allreduce_hook)
         elif case == "hook-twice":
             from neural_arch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

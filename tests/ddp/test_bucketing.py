@@ -103,3 +103,29 @@ def test_bucket_timing_observer_splits_hidden_and_exposed_communication():
     assert obs.comm_stats()["backwards"] == 1
     obs.reset()
     assert obs.comm_stats()["comm_s"] == 0.0 and obs.comm_stats()["bucket_comm_s"] == [0.0]
+
+
+def test_a_hook_registered_on_a_world_of_one_sees_every_bucket():
+    """A plain ``python`` run (no init_process_group) is a world of one: DDP reduces nothing, but a
+    hook the user registers must still run, as in torch (found: it never did, so a hook that
+    scales or compresses gradients silently did nothing); the default hook's state None works there."""
+    from neural_arch import nn
+    from neural_arch.core.tensor import Tensor
+    from neural_arch.distributed import DistributedDataParallel
+
+    def doubling_hook(state, bucket):
+        buffer = bucket.buffer()
+        buffer *= 2.0
+        return Work.completed(buffer)
+
+    grads = {}
+    for name, hook in (("plain", None), ("default", allreduce_hook), ("doubling", doubling_hook)):
+        model = nn.Linear(3, 2, dtype=np.float64)
+        model.weight.data[...] = 1.0
+        ddp = DistributedDataParallel(model)
+        if hook is not None:
+            ddp.register_comm_hook(None, hook)
+        ddp(Tensor(np.arange(6.0).reshape(2, 3))).sum().backward()
+        grads[name] = model.weight.grad.data.copy()
+    assert np.array_equal(grads["default"], grads["plain"])
+    assert np.array_equal(grads["doubling"], 2 * grads["plain"])

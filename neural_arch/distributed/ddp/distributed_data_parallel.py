@@ -47,6 +47,7 @@ Warnings (constraints, as in torch):
 from __future__ import annotations
 
 import contextlib
+import math
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -189,8 +190,8 @@ class DistributedDataParallel(Module):
         if bucket_cap_mb is not None and bucket_size_mb is not None and bucket_cap_mb != bucket_size_mb:
             raise ValueError("pass only one of bucket_cap_mb and bucket_size_mb (they are the same setting)")
         cap = bucket_cap_mb if bucket_cap_mb is not None else (bucket_size_mb if bucket_size_mb is not None else 25.0)
-        if not cap > 0:
-            raise ValueError(f"bucket_cap_mb must be > 0, got {cap}")
+        if not (cap > 0 and math.isfinite(cap)):
+            raise ValueError(f"bucket_cap_mb must be > 0 and finite, got {cap}")
         self.module = module
         self.bucket_cap_mb = float(cap)
         self.find_unused_parameters = bool(find_unused_parameters)
@@ -396,8 +397,35 @@ class DistributedDataParallel(Module):
 
             from neural_arch.distributed.algorithms.ddp_comm_hooks import default_hooks
             ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+
+        A built-in hook communicates over the group its state names (None: the default group, as
+        in torch); registering one whose group is not this DDP's ``process_group`` is an error: its
+        buckets would be averaged over other ranks than the ones this DDP keeps in step.
         """
+        self._check_hook_group(state, hook)
         self.reducer.register_comm_hook(state, hook)
+        if not self._hooks:
+            # a world of one reduces nothing, so no gradient hooks were installed; a hook the user
+            # registers must still see every bucket, as in torch (one that scales or compresses
+            # gradients would otherwise do nothing without a word)
+            self._install_hooks()
+
+    def _check_hook_group(self, state, hook) -> None:
+        """Refuse a built-in hook (one made with ``comm_hook``: it declares how it takes buckets)
+        whose state's group holds other ranks than this DDP's; a plain function's state is its own."""
+        from neural_arch.distributed.algorithms.ddp_comm_hooks.comm_hook import CommHook, hook_backend
+
+        if not isinstance(hook, CommHook) or self._backend.size == 1:
+            return
+        group = getattr(state, "process_group", state)      # PowerSGDState / TopKState carry it
+        theirs = getattr(hook_backend(group), "group_ranks", None)
+        ours = getattr(self._backend, "group_ranks", None)
+        if theirs is not None and ours is not None and list(theirs) != list(ours):
+            raise ValueError(
+                f"register_comm_hook: the hook's state communicates over ranks {list(theirs)} "
+                f"({'None: the default group' if group is None else 'its process_group'}), but this "
+                f"DistributedDataParallel reduces over ranks {list(ours)}; pass this DDP's process group "
+                f"as the state (register_comm_hook(ddp.process_group, hook)), or build the hook's state with it")
 
     # -- introspection -----------------------------------------------------------------------------
     def bucket_timeline(self) -> list[tuple[str, int | None, float]]:

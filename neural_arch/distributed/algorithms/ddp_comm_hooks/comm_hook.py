@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from neural_arch.distributed.comm.work import Work
-from neural_arch.distributed.groups import get_default_group
+from neural_arch.distributed.groups import backend_or_world_of_one
 from neural_arch.distributed.process_group import GroupMember, ProcessGroup
 from neural_arch.distributed.resolve import _resolve_group
 
@@ -236,7 +236,8 @@ def hook_backend(process_group):
             return hook_backend(process_group).allreduce(bucket.buffer(), op=ReduceOp.AVG, async_op=True)
     """
     if process_group is None:
-        return get_default_group().backend
+        # the default group; a plain ``python`` run (DDP works without init_process_group) is a world of one
+        return backend_or_world_of_one(None, "comm hook")
     check_process_group(process_group, "comm hook")
     if isinstance(process_group, ProcessGroup) or process_group is GroupMember.NON_GROUP_MEMBER:
         return _resolve_group(process_group, "comm hook").backend   # (destroyed, non-member: clear errors)
