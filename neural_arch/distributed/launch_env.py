@@ -9,7 +9,8 @@ Priority (the first that matches wins):
 
 1. ``torchrun-style``: ``RANK`` and ``WORLD_SIZE`` are both set (our launcher sets them).
 2. ``mpiexec``: Open MPI ``OMPI_COMM_WORLD_*``, MPICH/Hydra ``PMI_RANK``/``PMI_SIZE`` +
-   ``MPI_LOCALRANKID``/``MPI_LOCALNRANKS``, PMIx ``PMIX_RANK`` (size taken from the other families).
+   ``MPI_LOCALRANKID``/``MPI_LOCALNRANKS``, PMIx ``PMIX_RANK`` (size taken from the other families;
+   under ``srun --mpi=pmix``, which sets none of them, the layout is srun's).
    An explicit launcher beats mpiexec because ``srun --mpi=pmi2`` and friends set PMI variables too.
 3. ``slurm``: ``SLURM_PROCID`` + ``SLURM_NTASKS`` (inside an ``srun`` step).
 
@@ -61,36 +62,99 @@ MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "OMPI_COMM_WORLD_", "MPI_LOCALRANKID", "MPI
 
 
 # --------------------------------------------------------------------------- small helpers
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
 def _int(environ: Mapping[str, str], *names: str, default: int | None = None) -> int | None:
-    """First of ``names`` present in ``environ``, as int; ``default`` when none is set."""
+    """First of ``names`` present in ``environ``, as int; ``default`` when none is set.
+
+    Only plain decimal text counts: Python's ``int()`` would also read ``"1_0"`` as 10 or other
+    scripts' digits, and a garbled variable must never become a plausible rank.
+    """
     for name in names:
         value = environ.get(name)
         if value is not None and value.strip() != "":
-            try:
-                return int(value.strip())
-            except ValueError:
+            if not _INTEGER.fullmatch(value.strip()):
                 raise ValueError(
                     f"environment variable {name}={value!r} is not an integer; "
                     f"unset it or fix the job script that sets it"
-                ) from None
+                )
+            return int(value.strip())
     return default
+
+
+def _required(environ: Mapping[str, str], name: str) -> int:
+    """``name`` as int; a set-but-empty variable is an error naming it (never a None rank)."""
+    value = _int(environ, name)
+    if value is None:
+        raise ValueError(f"environment variable {name} is set but empty; give it a number "
+                         f"(or unset both RANK and WORLD_SIZE to run as a single process)")
+    return value
+
+
+def _port(environ: Mapping[str, str], default: int) -> int:
+    """``MASTER_PORT`` (a TCP port; 0, "any free port", only passes :func:`_check` in a world of one),
+    else ``default``."""
+    port = _int(environ, "MASTER_PORT", default=default)
+    if not 0 <= port < 65536:
+        raise ValueError(f"environment variable MASTER_PORT={environ.get('MASTER_PORT')!r} is not a TCP port "
+                         "(1..65535); fix the job script that sets it")
+    return port
+
+
+def _addr(environ: Mapping[str, str]) -> str | None:
+    """``MASTER_ADDR`` without surrounding blanks; None when unset or blank."""
+    return (environ.get("MASTER_ADDR") or "").strip() or None
+
+
+# The variables each source reads, named in its errors (the user fixes *these*).
+_NAMES = {
+    "torchrun-style": {"rank": "RANK", "world_size": "WORLD_SIZE", "local_rank": "LOCAL_RANK",
+                       "local_world_size": "LOCAL_WORLD_SIZE", "node_rank": "NODE_RANK/GROUP_RANK"},
+    "mpiexec": {"rank": "OMPI_COMM_WORLD_RANK/PMI_RANK/PMIX_RANK",
+                "world_size": "OMPI_COMM_WORLD_SIZE/PMI_SIZE/PMIX_SIZE",
+                "local_rank": "OMPI_COMM_WORLD_LOCAL_RANK/MPI_LOCALRANKID/PMIX_LOCAL_RANK",
+                "local_world_size": "OMPI_COMM_WORLD_LOCAL_SIZE/MPI_LOCALNRANKS/PMIX_LOCAL_SIZE",
+                "node_rank": "the rank and local world size"},
+    "slurm": {"rank": "SLURM_PROCID", "world_size": "SLURM_NTASKS", "local_rank": "SLURM_LOCALID",
+              "local_world_size": "SLURM_NTASKS_PER_NODE/SLURM_STEP_TASKS_PER_NODE/SLURM_TASKS_PER_NODE",
+              "node_rank": "SLURM_NODEID"},
+}
 
 
 def _check(info: dict) -> dict:
     """Reject impossible combinations with a message naming the variables to fix."""
+    names = _NAMES[info["source"]]
     rank, size = info["rank"], info["world_size"]
+    local_rank, local_size = info["local_rank"], info["local_world_size"]
     if size < 1:
-        raise ValueError(f"world size {size} from {info['source']} variables must be >= 1")
+        raise ValueError(f"world size {size} from {info['source']} variables must be >= 1 "
+                         f"(check {names['world_size']})")
     if not 0 <= rank < size:
         raise ValueError(
             f"rank {rank} is outside world size {size} ({info['source']} variables); "
-            f"check RANK/WORLD_SIZE or the job script"
+            f"check {names['rank']}/{names['world_size']} or the job script"
         )
-    if not 0 <= info["local_rank"] < max(info["local_world_size"], 1):
+    # SLURM_NTASKS_PER_NODE is the job's request, which a smaller srun step inside the job inherits:
+    # more than the step's world is stale there, not a contradiction (and only sizes the warnings)
+    most = size if info["source"] != "slurm" else local_size
+    if not 1 <= local_size <= most:
         raise ValueError(
-            f"local rank {info['local_rank']} is outside local world size "
-            f"{info['local_world_size']} ({info['source']} variables)"
+            f"local world size {local_size} must be in [1, {most}] ({info['source']} variables, world size {size}); "
+            f"check {names['local_world_size']}"
         )
+    if not 0 <= local_rank < local_size:
+        raise ValueError(
+            f"local rank {local_rank} is outside local world size "
+            f"{local_size} ({info['source']} variables); check {names['local_rank']}"
+        )
+    if info["master_port"] == 0 and size > 1:
+        # port 0 = "any free port": rank 0 would listen on one the other ranks cannot know
+        raise ValueError(f"environment variable MASTER_PORT=0 cannot gather a world of {size} ranks "
+                         "(the other ranks cannot know which port rank 0 picked); give a fixed free port")
+    if info["node_rank"] < 0:
+        raise ValueError(f"node rank {info['node_rank']} must be >= 0 ({info['source']} variables); "
+                         f"check {names['node_rank']}")
     return info
 
 # --------------------------------------------------------------------------- SLURM hostlists
@@ -175,13 +239,16 @@ def parse_tasks_per_node(text: str) -> list[int]:
         match = re.match(r"^(\d+)(?:\(x(\d+)\))?$", item)
         if not match:
             raise ValueError(f"cannot parse SLURM_TASKS_PER_NODE item {item!r} in {text!r}")
-        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+        repeat = int(match.group(2) or 1)
+        if repeat < 1:
+            raise ValueError(f"SLURM_TASKS_PER_NODE item {item!r} in {text!r} repeats zero times")
+        counts.extend([int(match.group(1))] * repeat)
     return counts
 
 # --------------------------------------------------------------------------- the three sources
 def _from_explicit(env: Mapping[str, str]) -> dict:
-    rank = _int(env, "RANK")
-    size = _int(env, "WORLD_SIZE")
+    rank = _required(env, "RANK")
+    size = _required(env, "WORLD_SIZE")
     local_size = _int(env, "LOCAL_WORLD_SIZE", default=None)
     local_rank = _int(env, "LOCAL_RANK", default=None)
     if local_size is None:
@@ -195,15 +262,22 @@ def _from_explicit(env: Mapping[str, str]) -> dict:
     return {
         "rank": rank, "world_size": size, "local_rank": local_rank,
         "local_world_size": local_size, "node_rank": node_rank,
-        "master_addr": env.get("MASTER_ADDR") or "127.0.0.1",
-        "master_port": _int(env, "MASTER_PORT", default=DEFAULT_MASTER_PORT),
+        "master_addr": _addr(env) or "127.0.0.1",
+        "master_port": _port(env, DEFAULT_MASTER_PORT),
         "source": "torchrun-style",
     }
 
 
 def _from_mpiexec(env: Mapping[str, str]) -> dict:
     rank = _int(env, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
-    size = _int(env, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "OMPI_UNIVERSE_SIZE")
+    # Not OMPI_UNIVERSE_SIZE: that is the number of slots Open MPI may use, which can exceed the
+    # ranks started (a world size too large: every rank would wait for ranks that never come).
+    size = _int(env, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")
+    if size is None and _srun_task(env, rank):
+        # srun --mpi=pmix sets PMIX_RANK but no size variable: the task is srun's, read its layout
+        info = _from_slurm(env)
+        info["source"] = "mpiexec"
+        return info
     if size is None:
         raise ValueError(
             "launched by an MPI launcher (PMIX_RANK is set) but no world size variable was found "
@@ -214,14 +288,37 @@ def _from_mpiexec(env: Mapping[str, str]) -> dict:
     if local_rank is None or local_size is None:
         local_rank, local_size = rank, size
     single_host = local_size == size
-    addr = env.get("MASTER_ADDR") or ("127.0.0.1" if single_host else None)
+    addr = _addr(env) or ("127.0.0.1" if single_host else None)
     return {
         "rank": rank, "world_size": size, "local_rank": local_rank,
         "local_world_size": local_size, "node_rank": rank // max(local_size, 1),
         "master_addr": addr,
-        "master_port": _int(env, "MASTER_PORT", default=DEFAULT_MASTER_PORT),
+        "master_port": _port(env, DEFAULT_MASTER_PORT),
         "source": "mpiexec",
     }
+
+
+def _srun_task(env: Mapping[str, str], rank: int | None) -> bool:
+    """Whether this MPI process is the srun task whose SLURM variables describe it (same rank)."""
+    return (rank is not None and _int(env, "SLURM_PROCID") == rank
+            and _int(env, "SLURM_NTASKS", "SLURM_NPROCS") is not None)
+
+
+def _slurm_local_size(env: Mapping[str, str], node_rank: int) -> int:
+    """Tasks on this node: the step's own list first (``SLURM_NTASKS_PER_NODE`` is the job's request,
+    which an ``srun -n`` inside the job may not follow), then the request, then the job's list."""
+    step = parse_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE", ""))
+    request = _int(env, "SLURM_NTASKS_PER_NODE", default=None)
+    counts = step or ([request] if request is not None else parse_tasks_per_node(env.get("SLURM_TASKS_PER_NODE", "")))
+    if not counts:
+        return 1
+    if len(set(counts)) == 1:
+        return counts[0]  # every node alike: the index does not matter (a step may use part of the job)
+    if not 0 <= node_rank < len(counts):
+        raise ValueError(f"SLURM_NODEID={node_rank} has no entry in the tasks-per-node list {counts} "
+                         "(SLURM_STEP_TASKS_PER_NODE/SLURM_TASKS_PER_NODE); set LOCAL_WORLD_SIZE, RANK and "
+                         "WORLD_SIZE explicitly")
+    return counts[node_rank]
 
 
 def _from_slurm(env: Mapping[str, str]) -> dict:
@@ -229,21 +326,17 @@ def _from_slurm(env: Mapping[str, str]) -> dict:
     size = _int(env, "SLURM_NTASKS", "SLURM_NPROCS")
     node_rank = _int(env, "SLURM_NODEID", default=0)
     local_rank = _int(env, "SLURM_LOCALID", default=0)
-    local_size = _int(env, "SLURM_NTASKS_PER_NODE", default=None)
-    if local_size is None:
-        counts = parse_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE")
-                                      or env.get("SLURM_TASKS_PER_NODE", ""))
-        local_size = counts[node_rank] if node_rank < len(counts) else (counts[0] if counts else 1)
+    local_size = _slurm_local_size(env, node_rank)
     nodelist = (env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
                 or env.get("SLURM_NODELIST") or "")
     hosts = expand_hostlist(nodelist)
-    addr = env.get("MASTER_ADDR") or (hosts[0] if hosts else "127.0.0.1")
+    addr = _addr(env) or (hosts[0] if hosts else "127.0.0.1")
     job_id = _int(env, "SLURM_JOB_ID", "SLURM_JOBID", default=0)
     return {
         "rank": rank, "world_size": size, "local_rank": local_rank,
         "local_world_size": local_size, "node_rank": node_rank,
         "master_addr": addr,
-        "master_port": _int(env, "MASTER_PORT", default=15000 + job_id % 20000),
+        "master_port": _port(env, 15000 + job_id % 20000),
         "source": "slurm",
     }
 
@@ -265,7 +358,9 @@ def detect_launch_env(environ: Mapping[str, str] | None = None) -> dict | None:
     master_port, source}`` for this process, or ``None`` when no launcher is detected.
 
     ``source`` is ``"torchrun-style"``, ``"mpiexec"`` or ``"slurm"``. Raises ``ValueError`` (saying
-    which variable to fix) when the variables are present but inconsistent.
+    which variable to fix) when the variables are present but inconsistent: a rank outside the world,
+    a local rank outside the node, a negative node rank, a port that is not one, text that is not a
+    decimal integer, an empty ``RANK``/``WORLD_SIZE``.
 
     >>> detect_launch_env({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1"})["master_addr"]
     '10.0.0.1'
@@ -371,9 +466,11 @@ def get_node_local_rank(fallback_rank: int | None = None) -> int:
     >>> get_node_local_rank(fallback_rank=0) >= 0
     True
     """
-    value = (os.environ.get("LOCAL_RANK") or "").strip()
-    if value:
-        return int(value)
+    value = _int(os.environ, "LOCAL_RANK")
+    if value is not None:
+        if value < 0:
+            raise ValueError(f"environment variable LOCAL_RANK={value} must be >= 0")
+        return value
     launch = detect_launch_env()
     if launch is not None:
         return int(launch["local_rank"])

@@ -17,8 +17,10 @@ Python::
 which Python rejects: positional arguments cannot follow keywords. Put script arguments first.)
 
 What each rank gets in its environment: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
-``LOCAL_WORLD_SIZE``, ``NODE_RANK``, ``GROUP_RANK`` (= node rank), ``MASTER_ADDR``, ``MASTER_PORT``,
+``LOCAL_WORLD_SIZE``, ``NODE_RANK``, ``GROUP_RANK`` (= node rank), ``ROLE_NAME`` (``default``),
+``ROLE_RANK``/``ROLE_WORLD_SIZE`` (= ``RANK``/``WORLD_SIZE``: one role), ``MASTER_ADDR``, ``MASTER_PORT``,
 ``NEURAL_ARCH_BACKEND``, ``NEURAL_ARCH_RESTART_COUNT`` (and ``TORCHELASTIC_RESTART_COUNT``),
+``TORCHELASTIC_MAX_RESTARTS``, ``TORCHELASTIC_RUN_ID`` (with ``--rdzv_id``),
 ``NEURAL_ARCH_AUTH_TOKEN``, ``NEURAL_ARCH_PARENT_PID``, ``NEURAL_ARCH_READY_DIR`` (see
 ``--start_timeout``), ``NEURAL_ARCH_MAX_RESTARTS``, ``PYTHONUNBUFFERED=1`` (so output is not lost
 when a rank is killed). ``init_process_group()`` reads them. MPI launcher variables (``PMI_*``,
@@ -203,6 +205,9 @@ class DistributedLauncher:
                        backend=cfg.backend, token=token, restart_count=self.restart_count,
                        parent_pid=os.getpid())
         env["NEURAL_ARCH_MAX_RESTARTS"] = str(cfg.max_restarts)
+        # the rest of torchrun's documented list: one role ("default"), so its ranks are the job's
+        env.update({"ROLE_NAME": "default", "ROLE_RANK": env["RANK"], "ROLE_WORLD_SIZE": env["WORLD_SIZE"],
+                    "TORCHELASTIC_MAX_RESTARTS": str(cfg.max_restarts)})
         env["NEURAL_ARCH_READY_DIR"] = ready_dir
         if cfg.rdzv_id:
             env["TORCHELASTIC_RUN_ID"] = str(cfg.rdzv_id)  # torchrun's --rdzv_id, as torchrun exports it

@@ -1,7 +1,8 @@
 """The rendezvous store interface (torch's ``Store`` names and semantics) and what works on any store.
 
 * :class:`Store` -- the methods every store implements (``set``/``get``/``add``/``compare_set``/
-  ``wait``/``check``/``delete_key``/``num_keys``), ``timeout``, a context manager.
+  ``wait``/``check``/``delete_key``/``num_keys``/``append``/``multi_get``/``multi_set``), ``timeout``,
+  a context manager.
 * :class:`PrefixStore` -- namespacing wrapper (sub-groups, restarts).
 * :func:`store_barrier` -- the rendezvous every backend starts with: it says *which ranks* never
   arrived when it times out.
@@ -25,8 +26,11 @@ Example::
 
 from __future__ import annotations
 
+import math
+import operator
 import time
 from collections.abc import Iterable, Sequence
+from datetime import timedelta
 from typing import Union
 
 from neural_arch.distributed.errors import RendezvousError, StoreTimeoutError
@@ -45,8 +49,51 @@ def _b(value: BytesLike) -> bytes:
                     "encode it first (pickle only between trusted peers, in the *_object helpers)")
 
 
-def _keys(keys: str | Iterable[str]) -> list[str]:
-    return [keys] if isinstance(keys, str) else [str(k) for k in keys]
+_FOREVER = 1e9  # seconds: "no timeout" (inf) as a number sockets and the wire format can carry
+
+
+def _key(key: str | bytes) -> str:
+    """A key as text: str as is, bytes as UTF-8 (torch takes both); anything else is a TypeError
+    (``str(b"k")`` would quietly name another key, ``"b'k'"``)."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, (bytes, bytearray)):
+        return bytes(key).decode("utf-8")
+    raise TypeError(f"store keys must be str (or UTF-8 bytes), got {type(key).__name__} {key!r}")
+
+
+def _keys(keys: str | bytes | Iterable[str]) -> list[str]:
+    if isinstance(keys, (str, bytes, bytearray)):
+        return [_key(keys)]
+    return [_key(k) for k in keys]
+
+
+def _seconds(timeout, what: str = "timeout") -> float:
+    """A timeout as seconds: a number or a ``datetime.timedelta`` (torch's type); never negative/NaN."""
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        raise TypeError(f"store {what} must be seconds or a datetime.timedelta, got {timeout!r}") from None
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"store {what} must be >= 0 seconds, got {timeout!r}")
+    return min(value, _FOREVER)
+
+
+def _pairs(keys, values) -> tuple[list[str], list[bytes]]:
+    """``multi_set``'s arguments checked: as many values as keys (zip would drop the extra ones)."""
+    keys, values = _keys(keys), [_b(v) for v in values]
+    if len(keys) != len(values):
+        raise ValueError(f"multi_set got {len(keys)} keys and {len(values)} values; give one value per key")
+    return keys, values
+
+
+def _amount(amount) -> int:
+    """``add()``'s increment: an integer (``add(key, 1.7)`` used to add 1, ``add(key, "3")`` 3)."""
+    try:
+        return operator.index(amount)
+    except TypeError:
+        raise TypeError(f"store add() needs an integer amount, got {type(amount).__name__} {amount!r}") from None
 
 
 def _to_int(value: bytes, key: str) -> int:
@@ -99,11 +146,23 @@ class Store:
     def num_keys(self) -> int:
         raise NotImplementedError
 
+    def append(self, key: str, value: BytesLike) -> None:
+        """Atomically append ``value`` to the bytes stored at ``key`` (created when absent)."""
+        raise NotImplementedError
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        """The values of ``keys``, in order, waiting (like ``get``) until every one exists."""
+        raise NotImplementedError
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[BytesLike]) -> None:
+        """Set every ``keys[i]`` to ``values[i]`` at once."""
+        raise NotImplementedError
+
     def close(self) -> None:
         pass
 
-    def set_timeout(self, timeout: float) -> None:
-        self.timeout = float(timeout)
+    def set_timeout(self, timeout: float | timedelta) -> None:
+        self.timeout = _seconds(timeout)
 
     def __enter__(self):
         return self
@@ -130,7 +189,7 @@ class PrefixStore(Store):
         return getattr(self.store, "job_secret", None)
 
     def _k(self, key: str) -> str:
-        return f"{self.prefix}/{key}"
+        return f"{self.prefix}/{_key(key)}"
 
     def set(self, key, value):
         self.store.set(self._k(key), value)
@@ -157,9 +216,18 @@ class PrefixStore(Store):
         """Keys of the **whole** underlying store (as in torch)."""
         return self.store.num_keys()
 
+    def append(self, key, value):
+        self.store.append(self._k(key), value)
+
+    def multi_get(self, keys):
+        return self.store.multi_get([self._k(k) for k in _keys(keys)])
+
+    def multi_set(self, keys, values):
+        self.store.multi_set([self._k(k) for k in _keys(keys)], values)
+
     def set_timeout(self, timeout):
-        self.timeout = float(timeout)
-        self.store.set_timeout(timeout)
+        self.timeout = _seconds(timeout)
+        self.store.set_timeout(self.timeout)
 
     def close(self):
         """A view owns nothing: closing it leaves the underlying store open."""
@@ -179,6 +247,9 @@ def store_barrier(store: Store, rank: int, world_size: int, name: str, timeout: 
         # RendezvousError: rendezvous 'init' timed out after 30.0 s: ranks [2] never arrived
         # (0, 1, 3 did); check that every rank started and uses the same MASTER_ADDR/MASTER_PORT
     """
+    if isinstance(rank, bool) or not 0 <= operator.index(rank) < operator.index(world_size):
+        # keys[-1] would announce the last rank's arrival for it
+        raise ValueError(f"store_barrier({name!r}): rank {rank!r} is outside world size {world_size!r}")
     keys = [f"{name}/arrived/{r}" for r in range(world_size)]
     store.set(keys[rank], b"1")
     deadline = time.monotonic() + float(timeout)

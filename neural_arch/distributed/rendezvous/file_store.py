@@ -34,9 +34,20 @@ import struct
 import threading
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 
 from neural_arch.distributed.errors import DistributedError, StoreTimeoutError
-from neural_arch.distributed.rendezvous.base import BytesLike, Store, _b, _keys, _to_int
+from neural_arch.distributed.rendezvous.base import (
+    BytesLike,
+    Store,
+    _amount,
+    _b,
+    _key,
+    _keys,
+    _pairs,
+    _seconds,
+    _to_int,
+)
 
 __all__ = ["FileStore"]
 
@@ -55,8 +66,8 @@ class FileStore(Store):
         dist.init_process_group("gloo", store=store, rank=rank, world_size=4)
     """
 
-    def __init__(self, path: str, world_size: int | None = None, timeout: float = 300.0):
-        self.path, self.world_size, self.timeout = str(path), world_size, float(timeout)
+    def __init__(self, path: str, world_size: int | None = None, timeout: float | timedelta = 300.0):
+        self.path, self.world_size, self.timeout = str(path), world_size, _seconds(timeout)
         try:
             self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError as exc:
@@ -105,14 +116,18 @@ class FileStore(Store):
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    def _append(self, kind: int, key: str, value: bytes = b"") -> None:
-        k = key.encode("utf-8")
-        os.write(self._fd, _REC.pack(kind, len(k), len(value)) + k + value)
+    def _append(self, kind: int, key: str, value: bytes = b"", *more: tuple[str, bytes]) -> None:
+        """Write one record (``more``: further ``(key, value)`` set records) in a single ``os.write``."""
+        blob = b""
+        for k, v in ((key, value), *more):
+            kb = k.encode("utf-8")
+            blob += _REC.pack(kind, len(kb), len(v)) + kb + v
+        os.write(self._fd, blob)
         self._replay()
 
     # -- the interface ----------------------------------------------------------------------------
     def set(self, key: str, value: BytesLike) -> None:
-        value = _b(value)
+        key, value = _key(key), _b(value)
         with self._locked(True):
             self._append(_SET, key, value)
 
@@ -128,6 +143,7 @@ class FileStore(Store):
             delay = min(delay * 2, 0.05)
 
     def get(self, key: str) -> bytes:
+        key = _key(key)
         if self._poll([key], self.timeout):
             raise StoreTimeoutError(f"store key {key!r} did not appear in {self.path} within {self.timeout:.1f} s; "
                                     "the rank that should set it did not start, crashed, or is stuck")
@@ -135,13 +151,14 @@ class FileStore(Store):
             return self._data[key]
 
     def add(self, key: str, amount: int) -> int:
+        key, amount = _key(key), _amount(amount)
         with self._locked(True):
-            value = _to_int(self._data[key], key) + int(amount) if key in self._data else int(amount)
+            value = _to_int(self._data[key], key) + amount if key in self._data else amount
             self._append(_SET, key, str(value).encode("ascii"))
         return value
 
     def compare_set(self, key: str, expected: BytesLike, desired: BytesLike) -> bytes:
-        expected, desired = _b(expected), _b(desired)
+        key, expected, desired = _key(key), _b(expected), _b(desired)
         with self._locked(True):
             current = self._data.get(key)
             if (current is None and expected == b"") or current == expected:
@@ -149,17 +166,40 @@ class FileStore(Store):
                 return desired
             return expected if current is None else current
 
-    def wait(self, keys: str | Sequence[str], timeout: float | None = None) -> None:
-        t = self.timeout if timeout is None else float(timeout)
+    def append(self, key: str, value: BytesLike) -> None:
+        key, value = _key(key), _b(value)
+        with self._locked(True):
+            self._append(_SET, key, self._data.get(key, b"") + value)
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        keys = _keys(keys)
+        missing = self._poll(keys, self.timeout)
+        if missing:
+            raise StoreTimeoutError(f"store keys {missing} did not appear in {self.path} within {self.timeout:.1f} s; "
+                                    "the rank that should set them did not start, crashed, or is stuck")
+        with self._locked(False):
+            return [self._data[k] for k in keys]
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[BytesLike]) -> None:
+        keys, values = _pairs(keys, values)
+        if not keys:
+            return
+        with self._locked(True):
+            self._append(_SET, keys[0], values[0], *zip(keys[1:], values[1:]))
+
+    def wait(self, keys: str | Sequence[str], timeout: float | timedelta | None = None) -> None:
+        t = self.timeout if timeout is None else _seconds(timeout)
         missing = self._poll(_keys(keys), t)
         if missing:
             raise StoreTimeoutError(f"store keys {missing} did not appear in {self.path} within {t:.1f} s")
 
     def check(self, keys: str | Sequence[str]) -> bool:
+        keys = _keys(keys)
         with self._locked(False):
-            return all(k in self._data for k in _keys(keys))
+            return all(k in self._data for k in keys)
 
     def delete_key(self, key: str) -> bool:
+        key = _key(key)
         with self._locked(True):
             if key not in self._data:
                 return False

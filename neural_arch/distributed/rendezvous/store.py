@@ -8,7 +8,12 @@ Three stores share one small interface (torch's ``Store`` names and semantics)::
     compare_set(key, expected, desired) -> bytes
     wait(keys, timeout=None)   blocks until every key exists
     check(keys) -> bool        whether every key exists, without blocking
+    append(key, value)         atomic append to the bytes at key (created when absent)
+    multi_get(keys) -> list    multi_set(keys, values)
     delete_key(key) -> bool    num_keys() -> int          close()
+
+Keys are str (UTF-8 bytes are read as text, as torch does); timeouts are seconds or a
+``datetime.timedelta``; ``add`` takes an integer only.
 
 * :class:`TCPStore` -- rank 0 (``is_master=True``) runs a small threaded server; everyone else
   connects to it (retrying while it is not up yet). The wire protocol is length-prefixed binary

@@ -43,6 +43,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import operator
 import os
 import resource
 import socket
@@ -50,6 +51,7 @@ import struct
 import threading
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 
 from neural_arch.distributed import auth as handshake
 from neural_arch.distributed.errors import (
@@ -60,7 +62,17 @@ from neural_arch.distributed.errors import (
     RendezvousError,
     StoreTimeoutError,
 )
-from neural_arch.distributed.rendezvous.base import BytesLike, Store, _b, _keys, _to_int
+from neural_arch.distributed.rendezvous.base import (
+    BytesLike,
+    Store,
+    _amount,
+    _b,
+    _key,
+    _keys,
+    _pairs,
+    _seconds,
+    _to_int,
+)
 
 __all__ = ["TCPStore"]
 
@@ -85,6 +97,7 @@ _FREE = 64 << 10             # ...beyond the first 64 KiB of each frame (rendezv
 _PIECE = 1 << 20             # a frame's bytes are read (and buffered) this much at a time
 
 OP_SET, OP_GET, OP_ADD, OP_CAS, OP_WAIT, OP_CHECK, OP_DELETE, OP_NUMKEYS = range(1, 9)
+OP_APPEND, OP_MULTI_GET, OP_MULTI_SET = range(9, 12)
 ST_OK, ST_TIMEOUT, ST_ERROR, ST_CLOSED = 0, 1, 2, 3
 _WORKERS_KEY = "\x00workers"  # internal: counts connected clients (wait_for_workers)
 
@@ -191,7 +204,21 @@ class _State:
                 self.data[key] = value
                 self.cond.notify_all()
             return ST_OK, []
-        if op in (OP_GET, OP_WAIT):
+        if op == OP_APPEND:
+            key, value = args[0].decode(), args[1]
+            with self.cond:
+                self.data[key] = self.data.get(key, b"") + value
+                self.cond.notify_all()
+            return ST_OK, []
+        if op == OP_MULTI_SET:
+            if len(args) % 2:
+                raise ValueError("multi_set needs one value per key")
+            with self.cond:
+                for i in range(0, len(args), 2):
+                    self.data[args[i].decode()] = args[i + 1]
+                self.cond.notify_all()
+            return ST_OK, []
+        if op in (OP_GET, OP_WAIT, OP_MULTI_GET):
             keys = [a.decode() for a in args[:-1]]
             (timeout_ms,) = _U64.unpack(args[-1])
             # No global count of waiters: a blocking request holds only its own connection's thread
@@ -203,6 +230,8 @@ class _State:
             if missing:
                 return ST_TIMEOUT, [k.encode() for k in missing]
             with self.cond:
+                if op == OP_MULTI_GET:
+                    return ST_OK, [self.data[k] for k in keys]
                 return ST_OK, [self.data[keys[0]]] if op == OP_GET else []
         if op == OP_ADD:
             key = args[0].decode()
@@ -401,10 +430,22 @@ class TCPStore(Store):
     """
 
     def __init__(self, host: str, port: int, world_size: int | None = None, is_master: bool = False,
-                 timeout: float = 300.0, auth_token: BytesLike | None = None, wait_for_workers: bool = False,
-                 job_id: str | None = None, allow_unauthenticated: bool = False):
+                 timeout: float | timedelta = 300.0, wait_for_workers: bool = False, *,
+                 auth_token: BytesLike | None = None, job_id: str | None = None,
+                 allow_unauthenticated: bool = False):
+        # the first six in torch's order (a torch call passing wait_for_workers by position works);
+        # the rest by keyword only
+        host = str(host)
+        if len(host) > 2 and host[0] == "[" and host[-1] == "]":
+            host = host[1:-1]  # "[::1]", as in a URL: the address inside
+        if isinstance(port, bool) or not 0 <= operator.index(port) < 65536:
+            raise ValueError(f"TCPStore port {port!r} is not a TCP port (0..65535; 0 = any free port, on the "
+                             "master only); check MASTER_PORT or init_method")
+        if port == 0 and not is_master:
+            raise ValueError("a TCPStore client needs the master's port, not 0 (port 0 lets the master pick a "
+                             "free one: read it from master.port and give that to the other ranks)")
         self.host, self.world_size, self.is_master = host, world_size, is_master
-        self.timeout = float(timeout)
+        self.timeout = _seconds(timeout)
         token = None if auth_token is None or auth_token == "" else _b(auth_token)
         # checked (>= 128 bits) and stretched here, once: a weak token fails this constructor, with the fix
         self._key = handshake.job_key(token) if token is not None else None
@@ -537,9 +578,10 @@ class TCPStore(Store):
 
     # -- the interface --------------------------------------------------------------------------
     def set(self, key: str, value: BytesLike) -> None:
-        self._request(OP_SET, [key.encode(), _b(value)])
+        self._request(OP_SET, [_key(key).encode(), _b(value)])
 
     def get(self, key: str) -> bytes:
+        key = _key(key)
         status, out = self._request(OP_GET, [key.encode(), _U64.pack(int(self.timeout * 1000))], self.timeout)
         if status == ST_TIMEOUT:
             raise StoreTimeoutError(f"store key {key!r} did not appear within {self.timeout:.1f} s; "
@@ -547,14 +589,33 @@ class TCPStore(Store):
         return out[0]
 
     def add(self, key: str, amount: int) -> int:
-        return int(self._request(OP_ADD, [key.encode(), str(int(amount)).encode()])[1][0])
+        return int(self._request(OP_ADD, [_key(key).encode(), str(_amount(amount)).encode()])[1][0])
 
     def compare_set(self, key: str, expected: BytesLike, desired: BytesLike) -> bytes:
-        return self._request(OP_CAS, [key.encode(), _b(expected), _b(desired)])[1][0]
+        return self._request(OP_CAS, [_key(key).encode(), _b(expected), _b(desired)])[1][0]
 
-    def wait(self, keys: str | Sequence[str], timeout: float | None = None) -> None:
+    def append(self, key: str, value: BytesLike) -> None:
+        self._request(OP_APPEND, [_key(key).encode(), _b(value)])
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
         keys = _keys(keys)
-        t = self.timeout if timeout is None else float(timeout)
+        if not keys:
+            return []
+        t = self.timeout
+        status, out = self._request(OP_MULTI_GET, [k.encode() for k in keys] + [_U64.pack(int(t * 1000))], t)
+        if status == ST_TIMEOUT:
+            missing = [m.decode() for m in out]
+            raise StoreTimeoutError(f"store keys {missing} did not appear within {t:.1f} s; "
+                                    "the rank that should set them did not start, crashed, or is stuck")
+        return list(out)
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[BytesLike]) -> None:
+        keys, values = _pairs(keys, values)
+        self._request(OP_MULTI_SET, [part for k, v in zip(keys, values) for part in (k.encode(), v)])
+
+    def wait(self, keys: str | Sequence[str], timeout: float | timedelta | None = None) -> None:
+        keys = _keys(keys)
+        t = self.timeout if timeout is None else _seconds(timeout)
         status, out = self._request(OP_WAIT, [k.encode() for k in keys] + [_U64.pack(int(t * 1000))], t)
         if status == ST_TIMEOUT:
             missing = [m.decode() for m in out]
@@ -564,7 +625,7 @@ class TCPStore(Store):
         return self._request(OP_CHECK, [k.encode() for k in _keys(keys)])[1][0] == b"\x01"
 
     def delete_key(self, key: str) -> bool:
-        return self._request(OP_DELETE, [key.encode()])[1][0] == b"\x01"
+        return self._request(OP_DELETE, [_key(key).encode()])[1][0] == b"\x01"
 
     def num_keys(self) -> int:
         return int(self._request(OP_NUMKEYS, [])[1][0])
