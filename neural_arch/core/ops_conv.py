@@ -1,5 +1,7 @@
 """Differentiable ops on ``(N, C, H, W)`` feature maps: ``conv2d``, ``max_pool2d``, ``avg_pool2d``,
-``adaptive_avg_pool2d``, ``pad`` and channel dropout (``dropout2d``), with torch's signatures.
+``adaptive_avg_pool2d``, ``pad`` and channel dropout (``dropout2d``), with torch's signatures; and
+their 1-d forms over ``(N, C, L)`` signals (``conv1d``, ``max_pool1d``, ``avg_pool1d``,
+``adaptive_avg_pool1d``), which run the 2-d ops on ``(N, C, 1, L)``.
 
 Convolution is im2col + GEMM: a strided *view* of the padded input holds every receptive field
 without copying (``as_strided``), one reshape turns it into a ``(K, L)`` column matrix per image
@@ -35,7 +37,8 @@ from .op_utils import _needs, _result, _xp, scatter_add
 from .rng import get_generator
 from .tensor import Tensor
 
-__all__ = ["adaptive_avg_pool2d", "avg_pool2d", "conv2d", "dropout2d", "max_pool2d", "pad"]
+__all__ = ["adaptive_avg_pool1d", "adaptive_avg_pool2d", "avg_pool1d", "avg_pool2d", "conv1d", "conv2d", "dropout2d",
+           "max_pool1d", "max_pool2d", "pad"]
 
 
 # ============================================================================ helpers
@@ -518,3 +521,168 @@ def dropout2d(input: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
         return _result(out, None)
     return _result(out, Node(lambda g: (g * mask,), (x,), "Dropout2d"))
 
+
+
+# ============================================================================ 1-d: over the 2-d ops
+# A (N, C, L) signal is a (N, C, 1, L) image: each 1-d op checks its arguments in 1-d terms (so an error
+# names what the caller wrote), then runs the 2-d op with a height-1 kernel and drops the height.
+def _single(value, name: str, minimum: int | None = None) -> int:
+    """``value`` (an int or a 1-tuple) as an int; with ``minimum``, at least that."""
+    if not isinstance(value, (int, np.integer)):
+        value = tuple(value)
+        if len(value) != 1:
+            raise ValueError(f"{name} must be an int or a 1-tuple, got {value}")
+        value = value[0]
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be {'positive' if minimum == 1 else 'non-negative'}, got {value}")
+    return value
+
+
+def _as_3d(x, who: str):
+    """(``x`` as a (N, C, L) Tensor, was_unbatched). torch accepts (C, L) as one unbatched signal."""
+    x = x if isinstance(x, Tensor) else Tensor(x)
+    if x.ndim == 3:
+        return x, False
+    if x.ndim == 2:
+        return x.reshape(1, *x.shape), True
+    raise ValueError(f"Expected 2D (unbatched) or 3D (batched) input to {who}, but got input of size: "
+                     f"{list(x.shape)}")
+
+
+def _from_image(y: Tensor, unbatched: bool) -> Tensor:
+    """A (N, C, 1, L) result back as (N, C, L), or (C, L) for an unbatched input."""
+    n, c, _, length = y.shape
+    return y.reshape(c, length) if unbatched else y.reshape(n, c, length)
+
+
+def conv1d(input: Tensor, weight: Tensor, bias=None, stride=1, padding=0, dilation=1,
+           groups: int = 1) -> Tensor:
+    """1-D convolution (cross-correlation, as torch) of ``input`` ``(N, C_in, L)`` (or an unbatched
+    ``(C_in, L)``) with ``weight`` ``(C_out, C_in / groups, k)``: :func:`conv2d` on ``(N, C_in, 1, L)``.
+
+    ``padding`` may be an int, ``"valid"`` or ``"same"`` (stride 1; an odd extra element goes at the
+    end, as torch). Output length: ``floor((L + 2 * padding - dilation * (k - 1) - 1) / stride) + 1``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.core.ops_conv import conv1d
+        >>> conv1d(na.ones(2, 3, 10), na.ones(4, 3, 3), padding=1).shape
+        (2, 4, 10)
+        >>> conv1d(na.tensor([[1.0, 2.0, 3.0, 4.0]]), na.tensor([[[1.0, -1.0]]])).tolist()
+        [[-1.0, -1.0, -1.0]]
+    """
+    x, unbatched = _as_3d(input, "conv1d")
+    weight = weight if isinstance(weight, Tensor) else Tensor(weight)
+    wd = weight.data
+    if wd.ndim != 3:
+        raise ValueError(f"conv1d: weight must be 3-D (C_out, C_in/groups, k), got shape {list(wd.shape)}")
+    n, c, length = x.shape
+    co, cg, k = wd.shape
+    groups = int(groups)
+    if groups < 1 or co % groups:
+        raise ValueError(f"conv1d: given groups={groups}, expected weight to be divisible by {groups} at "
+                         f"dimension 0, but got weight of size {list(wd.shape)}")
+    if cg * groups != c:
+        raise ValueError(f"conv1d: given groups={groups}, weight of size {list(wd.shape)}, expected input "
+                         f"{list(x.shape)} to have {cg * groups} channels, but got {c} channels")
+    s = _single(stride, "stride", 1)
+    d = _single(dilation, "dilation", 1)
+    if isinstance(padding, str):
+        if padding not in ("same", "valid"):
+            raise ValueError(f"conv1d: padding must be an int, 'valid' or 'same', got {padding!r}")
+        if padding == "same" and s != 1:
+            raise ValueError("conv1d: padding='same' is not supported for strided convolutions")
+        pads = padding
+        total = 0 if padding == "valid" else d * (k - 1)
+    else:
+        p = _single(padding, "padding", 0)
+        pads, total = (0, p), 2 * p
+    if length + total - d * (k - 1) - 1 < 0:
+        raise ValueError(f"conv1d: calculated padded input length per channel: {length + total}; effective "
+                         f"kernel size: {d * (k - 1) + 1}; the kernel can't be larger than the input")
+    y = conv2d(x.reshape(n, c, 1, length), weight.reshape(co, cg, 1, k), bias, (1, s), pads, (1, d), groups)
+    return _from_image(y, unbatched)
+
+
+def _pool1d_args(kernel_size, stride, padding, dilation, who: str):
+    k = _single(kernel_size, "kernel_size", 1)
+    s = k if stride is None or (not isinstance(stride, (int, np.integer)) and len(stride) == 0) \
+        else _single(stride, "stride", 1)
+    p = _single(padding, "padding", 0)
+    d = _single(dilation, "dilation", 1)
+    if p > k // 2:
+        raise ValueError(f"{who}: pad should be at most half of kernel size, but got padding={p}, "
+                         f"kernel_size={k}")
+    return k, s, p, d
+
+
+def _check_pool1d_length(length: int, k: int, s: int, p: int, d: int, ceil_mode: bool, who: str) -> None:
+    if _pool_out(length, k, s, p, d, ceil_mode) <= 0:
+        raise ValueError(f"{who}: output length {_pool_out(length, k, s, p, d, ceil_mode)} is too small "
+                         f"for an input of length {length} (kernel_size={k}, padding={p}, dilation={d})")
+
+
+def max_pool1d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
+               return_indices: bool = False):
+    """Max over each window of a ``(N, C, L)`` (or ``(C, L)``) signal, torch's ``F.max_pool1d``:
+    :func:`max_pool2d` with a height-1 window. ``return_indices=True`` also returns each maximum's
+    position along ``L`` (int64).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.core.ops_conv import max_pool1d
+        >>> max_pool1d(na.tensor([[[1.0, 3.0, 2.0, 5.0, 4.0]]]), 2).tolist()
+        [[[3.0, 5.0]]]
+    """
+    x, unbatched = _as_3d(input, "max_pool1d")
+    k, s, p, d = _pool1d_args(kernel_size, stride, padding, dilation, "max_pool1d")
+    n, c, length = x.shape
+    _check_pool1d_length(length, k, s, p, d, ceil_mode, "max_pool1d")
+    res = max_pool2d(x.reshape(n, c, 1, length), (1, k), (1, s), (0, p), (1, d), ceil_mode, return_indices)
+    if not return_indices:
+        return _from_image(res, unbatched)
+    y, idx = res
+    return _from_image(y, unbatched), _from_image(idx, unbatched)
+
+
+def avg_pool1d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+               count_include_pad: bool = True) -> Tensor:
+    """Mean over each window of a ``(N, C, L)`` (or ``(C, L)``) signal, torch's ``F.avg_pool1d``
+    (``count_include_pad``: zeros of the padding count in the divisor): :func:`avg_pool2d` with a
+    height-1 window.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.core.ops_conv import avg_pool1d
+        >>> avg_pool1d(na.tensor([[[1.0, 3.0, 2.0, 6.0]]]), 2).tolist()
+        [[[2.0, 4.0]]]
+    """
+    x, unbatched = _as_3d(input, "avg_pool1d")
+    k, s, p, _ = _pool1d_args(kernel_size, stride, padding, 1, "avg_pool1d")
+    n, c, length = x.shape
+    _check_pool1d_length(length, k, s, p, 1, ceil_mode, "avg_pool1d")
+    y = avg_pool2d(x.reshape(n, c, 1, length), (1, k), (1, s), (0, p), ceil_mode, count_include_pad)
+    return _from_image(y, unbatched)
+
+
+def adaptive_avg_pool1d(input: Tensor, output_size) -> Tensor:
+    """Average-pool a ``(N, C, L)`` (or ``(C, L)``) signal to ``output_size`` bins with torch's bin
+    edges (``floor(i * L / out)`` to ``ceil((i + 1) * L / out)``): :func:`adaptive_avg_pool2d`.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.core.ops_conv import adaptive_avg_pool1d
+        >>> adaptive_avg_pool1d(na.tensor([[[1.0, 2.0, 3.0, 4.0, 5.0]]]), 2).tolist()
+        [[[2.0, 4.0]]]
+    """
+    x, unbatched = _as_3d(input, "adaptive_avg_pool1d")
+    out = _single(output_size, "output_size", 1)
+    n, c, length = x.shape
+    return _from_image(adaptive_avg_pool2d(x.reshape(n, c, 1, length), (1, out)), unbatched)

@@ -1,5 +1,7 @@
 """Losses: ``cross_entropy`` (fused softmax + negative log-likelihood, class-index or probability
-targets, ``ignore_index``, ``label_smoothing``), ``nll_loss`` and ``mse_loss``.
+targets, ``ignore_index``, ``label_smoothing``), ``nll_loss``, ``mse_loss``, and the element-wise
+``l1_loss``, ``smooth_l1_loss``, ``huber_loss``, ``binary_cross_entropy``,
+``binary_cross_entropy_with_logits`` and ``kl_div`` (torch's signatures and formulas).
 
 Targets are validated without stalling a GPU: on the host out-of-range classes raise at once; on
 a device the check rides on the loss and raises when its value is read (``_CheckedLoss``), unless
@@ -19,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
@@ -530,3 +533,376 @@ def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:
         )
 
     return _result(out, Node(fn, (input if ri else None, tt if rt else None), "MseLoss"))
+
+
+# ============================================================================ element-wise losses
+# l1, smooth_l1, huber, binary cross-entropy (on probabilities and on logits) and kl_div: each builds
+# its element-wise loss and the partial derivatives of that loss with respect to each operand that
+# requires grad; ``_reduced_loss`` reduces it and writes the one backward they share.
+_KL_REDUCTIONS = ("mean", "batchmean", "sum", "none")
+_BCE_LOG_FLOOR = -100.0  # torch clamps log() at -100 so a probability of exactly 0 or 1 stays finite
+_BCE_GRAD_EPS = 1e-12  # torch's floor for x * (1 - x) in BCE's input gradient
+
+
+def _check_reduction(reduction: str, who: str, allowed: tuple = _REDUCTIONS) -> None:
+    if reduction not in allowed:
+        raise ValueError(f"{who}: reduction must be one of {allowed}, got {reduction!r}")
+
+
+def _loss_input(input, who: str) -> Tensor:
+    """``input`` as a Tensor of a floating-point dtype (the loss and its gradient have that dtype)."""
+    x = _t(input)
+    if x.data.dtype.kind != "f":
+        raise TypeError(f"{who}: expected a floating-point input, got dtype {x.data.dtype}; convert it with "
+                        f".float() first")
+    return x
+
+
+def _loss_operand(xd, value, who: str, name: str):
+    """(``value``'s array in the input ``xd``'s dtype on its device, ``value`` when it is a Tensor that
+    requires grad else None). A device array next to a host input is an error, as everywhere."""
+    tensor = value if isinstance(value, Tensor) else None
+    vd = tensor.data if tensor is not None else value
+    if _backend.is_device_array(vd):
+        _backend.check_same_device(xd, vd, f"{who} ({name})")
+    xp = _xp(xd)
+    vd = xp.asarray(vd)
+    if vd.dtype.kind not in "biuf":
+        raise TypeError(f"{who}: {name} must hold numbers, got dtype {vd.dtype}")
+    vd = vd.astype(xd.dtype, copy=False)
+    return vd, (tensor if tensor is not None and tensor.requires_grad else None)
+
+
+def _warn_if_broadcast(xd, td, who: str) -> None:
+    """torch's rule for the regression losses: a target of another shape broadcasts, with a warning
+    (a (N, 1) prediction against a (N,) target silently becomes an (N, N) loss otherwise)."""
+    if tuple(td.shape) == tuple(xd.shape):
+        return
+    try:
+        np.broadcast_shapes(tuple(xd.shape), tuple(td.shape))
+    except ValueError:
+        raise ValueError(f"{who}: target size {tuple(td.shape)} does not broadcast with input size "
+                         f"{tuple(xd.shape)}; give the target the input's shape") from None
+    warnings.warn(f"{who}: using a target size {tuple(td.shape)} that is different to the input size "
+                  f"{tuple(xd.shape)}. This will likely lead to incorrect results due to broadcasting. "
+                  f"Please ensure they have the same size.", UserWarning, stacklevel=3)
+
+
+def _check_same_size(xd, td, who: str) -> None:
+    """torch's rule for the binary cross-entropies: the target must have the input's shape."""
+    if tuple(td.shape) != tuple(xd.shape):
+        raise ValueError(f"{who}: target size {tuple(td.shape)} must be the same as input size "
+                         f"{tuple(xd.shape)} (this loss never broadcasts the target)")
+
+
+def _check_fits_input(xd, wd, who: str, name: str) -> None:
+    """A rescaling ``weight`` / ``pos_weight`` must broadcast to the input's shape without growing it."""
+    try:
+        shape = np.broadcast_shapes(tuple(xd.shape), tuple(wd.shape))
+    except ValueError:
+        shape = None
+    if shape != tuple(xd.shape):
+        raise ValueError(f"{who}: {name} of shape {tuple(wd.shape)} must broadcast to the input's shape "
+                         f"{tuple(xd.shape)}")
+
+
+def _reduced_loss(elementwise, reduction: str, operands, name: str, divisor=None) -> Tensor:
+    """Reduce the element-wise loss and record its backward.
+
+    ``operands`` lists ``(tensor_or_None, partial)`` pairs: ``partial()`` gives d(element-wise loss) /
+    d(operand) at each element (anything that broadcasts to the loss's shape); it runs only in
+    backward, and only for a tensor that requires grad. ``"mean"`` divides by ``divisor`` (the number
+    of elements unless given; 0 gives nan, as torch's mean of nothing).
+    """
+    xp = _xp(elementwise)
+    dtype = elementwise.dtype
+    count = elementwise.size if divisor is None else divisor
+    factor = (1.0 / count) if count else math.nan
+    if reduction == "none":
+        out = elementwise
+    elif reduction == "sum":
+        out = elementwise.sum()
+    else:
+        out = elementwise.sum() * factor
+    out = xp.asarray(out, dtype=dtype)
+    wanted = [(t, partial) for t, partial in operands if t is not None]
+    if not wanted or not _needs(*(t for t, _ in wanted)):
+        return _result(out, None)
+    full = elementwise.shape
+
+    def fn(g):
+        scale = g * factor if reduction not in ("none", "sum") else g
+        grads = []
+        for t, partial in operands:
+            if t is None:
+                grads.append(None)
+                continue
+            d = partial() * scale
+            if d.shape != full:  # a fresh array, not a read-only broadcast view: a leaf's .grad accumulates in place
+                d = d + xp.zeros(full, dtype=d.dtype)
+            grads.append(unbroadcast(d, t.data.shape).astype(t.data.dtype, copy=False))
+        return tuple(grads)
+
+    return _result(out, Node(fn, tuple(t for t, _ in operands), name))
+
+
+def l1_loss(input: Tensor, target, *, reduction: str = "mean") -> Tensor:
+    """Mean (or summed) absolute error ``|input - target|``, as torch's ``F.l1_loss``.
+
+    A target of another shape broadcasts with torch's warning. The gradient is ``sign(input -
+    target)`` (0 where they are equal, as torch). The arguments after ``target`` are keyword-only:
+    torch's third positional argument is the legacy ``size_average``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.core.ops_loss import l1_loss
+        >>> l1_loss(na.tensor([1.0, -3.0]), na.tensor([0.0, 0.0])).item()
+        2.0
+    """
+    _check_reduction(reduction, "l1_loss")
+    x = _loss_input(input, "l1_loss")
+    xd = x.data
+    td, tt = _loss_operand(xd, target, "l1_loss", "target")
+    _warn_if_broadcast(xd, td, "l1_loss")
+    xp = _xp(xd)
+    diff = xd - td
+    return _reduced_loss(xp.abs(diff), reduction,
+                         [(x, lambda: xp.sign(diff)), (tt, lambda: -xp.sign(diff))], "L1Loss")
+
+
+def smooth_l1_loss(input: Tensor, target, *, reduction: str = "mean", beta: float = 1.0) -> Tensor:
+    """torch's ``F.smooth_l1_loss``: ``0.5 * d**2 / beta`` where ``|d| < beta``, else ``|d| - 0.5 * beta``,
+    with ``d = input - target``. ``beta=0`` is :func:`l1_loss` (as torch); a negative ``beta`` is an error.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.core.ops_loss import smooth_l1_loss
+        >>> smooth_l1_loss(na.tensor([0.5, 3.0]), na.zeros(2), reduction="none").tolist()
+        [0.125, 2.5]
+    """
+    _check_reduction(reduction, "smooth_l1_loss")
+    beta = float(beta)
+    if not beta >= 0:
+        raise ValueError(f"smooth_l1_loss: beta must be non-negative, got {beta}")
+    if beta == 0.0:
+        return l1_loss(input, target, reduction=reduction)
+    x = _loss_input(input, "smooth_l1_loss")
+    xd = x.data
+    td, tt = _loss_operand(xd, target, "smooth_l1_loss", "target")
+    _warn_if_broadcast(xd, td, "smooth_l1_loss")
+    xp = _xp(xd)
+    diff = xd - td
+    adiff = xp.abs(diff)
+    inside = adiff < beta
+    loss = xp.where(inside, (0.5 / beta) * diff * diff, adiff - 0.5 * beta)
+
+    def partial():
+        return xp.where(inside, diff * (1.0 / beta), xp.sign(diff))
+
+    return _reduced_loss(loss, reduction, [(x, partial), (tt, lambda: -partial())], "SmoothL1Loss")
+
+
+def huber_loss(input: Tensor, target, reduction: str = "mean", delta: float = 1.0) -> Tensor:
+    """torch's ``F.huber_loss``: ``0.5 * d**2`` where ``|d| < delta``, else ``delta * (|d| - 0.5 * delta)``,
+    with ``d = input - target`` (``delta`` times :func:`smooth_l1_loss` with ``beta=delta``). ``delta``
+    must be positive.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.core.ops_loss import huber_loss
+        >>> huber_loss(na.tensor([0.5, 3.0]), na.zeros(2), reduction="none", delta=2.0).tolist()
+        [0.125, 4.0]
+    """
+    _check_reduction(reduction, "huber_loss")
+    delta = float(delta)
+    if not delta > 0:
+        raise ValueError(f"huber_loss: delta must be positive, got {delta}")
+    x = _loss_input(input, "huber_loss")
+    xd = x.data
+    td, tt = _loss_operand(xd, target, "huber_loss", "target")
+    _warn_if_broadcast(xd, td, "huber_loss")
+    xp = _xp(xd)
+    diff = xd - td
+    adiff = xp.abs(diff)
+    inside = adiff < delta
+    loss = xp.where(inside, 0.5 * diff * diff, delta * (adiff - 0.5 * delta))
+
+    def partial():
+        return xp.where(inside, diff, delta * xp.sign(diff))
+
+    return _reduced_loss(loss, reduction, [(x, partial), (tt, lambda: -partial())], "HuberLoss")
+
+
+def _check_probabilities(xd, who: str) -> None:
+    """torch's check that BCE's input holds probabilities. Free on the host; on a device only with
+    ``NEURAL_ARCH_EAGER_CHECKS=1`` (it would make the host wait for the GPU)."""
+    xp = _xp(xd)
+    if not _eager_checks(xp):
+        return
+    bad = ~((xd >= 0) & (xd <= 1))  # NaN is out of range too
+    if bool(bad.any()):
+        first = float(_backend.to_host(xd[bad])[0])
+        raise ValueError(f"{who}: all elements of input should be between 0 and 1 (probabilities), got "
+                         f"{first}; for raw scores use binary_cross_entropy_with_logits")
+
+
+def binary_cross_entropy(input: Tensor, target, weight=None, *, reduction: str = "mean") -> Tensor:
+    """Binary cross-entropy of probabilities ``input`` against ``target`` (same shape), torch's
+    ``F.binary_cross_entropy``: ``-weight * (t * log(x) + (1 - t) * log(1 - x))`` with each log
+    clamped to ``>= -100``, so ``x`` of exactly 0 or 1 gives a finite loss.
+
+    ``input`` must lie in ``[0, 1]`` (an error otherwise; on a device checked only with
+    ``NEURAL_ARCH_EAGER_CHECKS=1``). A target of another shape is an error, as torch. ``weight``
+    broadcasts to the input's shape. The input's gradient is torch's ``(x - t) / max(x * (1 - x),
+    1e-12)`` times the weight; ``target`` and ``weight`` get gradients when they require grad.
+    The arguments after ``weight`` are keyword-only (torch's fourth is the legacy ``size_average``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.core.ops_loss import binary_cross_entropy
+        >>> round(binary_cross_entropy(na.tensor([0.5, 0.5]), na.tensor([1.0, 0.0])).item(), 4)   # log 2
+        0.6931
+        >>> binary_cross_entropy(na.tensor([0.0]), na.tensor([1.0])).item()       # log clamped at -100
+        100.0
+    """
+    who = "binary_cross_entropy"
+    _check_reduction(reduction, who)
+    x = _loss_input(input, who)
+    xd = x.data
+    td, tt = _loss_operand(xd, target, who, "target")
+    _check_same_size(xd, td, who)
+    wd, wt = (None, None) if weight is None else _loss_operand(xd, weight, who, "weight")
+    if wd is not None:
+        _check_fits_input(xd, wd, who, "weight")
+    _check_probabilities(xd, who)
+    xp = _xp(xd)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_x = xp.maximum(xp.log(xd), _BCE_LOG_FLOOR)
+        log_1mx = xp.maximum(xp.log1p(-xd), _BCE_LOG_FLOOR)
+    plain = -(td * log_x + (1 - td) * log_1mx)
+    loss = plain if wd is None else plain * wd
+    w = 1 if wd is None else wd
+
+    def d_input():
+        return (xd - td) / xp.maximum(xd * (1 - xd), _BCE_GRAD_EPS) * w
+
+    return _reduced_loss(loss, reduction, [(x, d_input), (tt, lambda: (log_1mx - log_x) * w),
+                                           (wt, lambda: plain)], "BinaryCrossEntropy")
+
+
+def _sigmoid_and_softplus_neg(xp, xd):
+    """(sigmoid(x), softplus(-x) = -log sigmoid(x)), both without overflow for any |x|."""
+    e = xp.exp(-xp.abs(xd))
+    sig = xp.where(xd >= 0, 1 / (1 + e), e / (1 + e))
+    return sig, xp.maximum(-xd, 0) + xp.log1p(e)
+
+
+def binary_cross_entropy_with_logits(input: Tensor, target, weight=None, *, reduction: str = "mean",
+                                     pos_weight=None) -> Tensor:
+    """Binary cross-entropy of ``sigmoid(input)`` against ``target`` (same shape), torch's
+    ``F.binary_cross_entropy_with_logits``, computed stably for any ``|input|``::
+
+        loss = weight * ((1 - t) * x + (1 + (pos_weight - 1) * t) * softplus(-x))
+
+    which is ``-weight * (pos_weight * t * log sigmoid(x) + (1 - t) * log(1 - sigmoid(x)))``.
+    ``pos_weight`` scales the positive term and broadcasts as torch's does (a ``(C,)`` vector against a
+    ``(N, C)`` input weighs each class); ``weight`` broadcasts to the input's shape. A target of another
+    shape is an error. Every operand that requires grad gets a gradient. The arguments after
+    ``weight`` are keyword-only (torch's fourth positional argument is the legacy ``size_average``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.core.ops_loss import binary_cross_entropy_with_logits
+        >>> round(binary_cross_entropy_with_logits(na.zeros(2), na.tensor([1.0, 0.0])).item(), 4)  # log 2
+        0.6931
+        >>> binary_cross_entropy_with_logits(na.tensor([-1000.0]), na.tensor([1.0])).item()    # no overflow
+        1000.0
+    """
+    who = "binary_cross_entropy_with_logits"
+    _check_reduction(reduction, who)
+    x = _loss_input(input, who)
+    xd = x.data
+    td, tt = _loss_operand(xd, target, who, "target")
+    _check_same_size(xd, td, who)
+    wd, wt = (None, None) if weight is None else _loss_operand(xd, weight, who, "weight")
+    if wd is not None:
+        _check_fits_input(xd, wd, who, "weight")
+    pd, pt = (None, None) if pos_weight is None else _loss_operand(xd, pos_weight, who, "pos_weight")
+    if pd is not None:
+        _check_fits_input(xd, pd, who, "pos_weight")
+    xp = _xp(xd)
+    sig, sp = _sigmoid_and_softplus_neg(xp, xd)
+    log_weight = 1 if pd is None else 1 + (pd - 1) * td
+    plain = (1 - td) * xd + log_weight * sp
+    loss = plain if wd is None else plain * wd
+    w = 1 if wd is None else wd
+    p = 1 if pd is None else pd
+
+    def d_input():
+        return (log_weight * sig - p * td) * w
+
+    def d_target():
+        return ((p - 1) * sp - xd) * w
+
+    return _reduced_loss(loss, reduction, [(x, d_input), (tt, d_target), (wt, lambda: plain),
+                                           (pt, lambda: td * sp * w)], "BinaryCrossEntropyWithLogits")
+
+
+def kl_div(input: Tensor, target, *, reduction: str = "mean", log_target: bool = False) -> Tensor:
+    """Kullback-Leibler divergence ``target * (log(target) - input)`` with ``input`` holding
+    log-probabilities, torch's ``F.kl_div``; with ``log_target=True`` the target holds
+    log-probabilities too: ``exp(target) * (target - input)``.
+
+    A target entry of 0 adds 0 (``0 * log 0 = 0``, as torch's ``xlogy``). Reductions: ``"batchmean"``
+    divides the sum by the batch size ``input.shape[0]`` (the KL divergence per sample); ``"mean"``
+    divides by the number of elements and warns, as torch does; ``"sum"``; ``"none"``. A target of
+    another shape broadcasts with a warning. The arguments after ``target`` are keyword-only (torch's
+    third positional argument is the legacy ``size_average``).
+
+    Example::
+
+        >>> import numpy as np
+        >>> import neural_arch as na
+        >>> from neural_arch.core.ops_loss import kl_div
+        >>> p = na.tensor([[0.5, 0.5]])
+        >>> kl_div(p.log(), p, reduction="batchmean").item()                      # KL(p || p)
+        0.0
+        >>> round(kl_div(na.tensor([[0.25, 0.75]]).log(), p, reduction="batchmean").item(), 4)
+        0.1438
+    """
+    who = "kl_div"
+    _check_reduction(reduction, who, _KL_REDUCTIONS)
+    x = _loss_input(input, who)
+    xd = x.data
+    td, tt = _loss_operand(xd, target, who, "target")
+    _warn_if_broadcast(xd, td, who)
+    if reduction == "mean":
+        warnings.warn("kl_div: reduction='mean' divides the total loss by both the batch size and the "
+                      "support size; 'batchmean' divides only by the batch size and matches the KL "
+                      "divergence's definition", UserWarning, stacklevel=2)
+    xp = _xp(xd)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if log_target:
+            et = xp.exp(td)
+            loss = et * (td - xd)
+        else:
+            # xlogy(t, t): exactly 0 where t == 0 (log 0 would give nan there)
+            loss = xp.where(td == 0, 0, td * xp.log(xp.where(td == 0, 1, td))) - td * xd
+    divisor = None
+    if reduction == "batchmean":  # torch: a 0-d input has no batch dim and is not divided
+        divisor = loss.shape[0] if loss.ndim else 1
+
+    def d_input():
+        return -et if log_target else -td
+
+    def d_target():
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return et * (td - xd + 1) if log_target else xp.log(td) + 1 - xd
+
+    return _reduced_loss(loss.astype(xd.dtype, copy=False), "mean" if reduction == "batchmean" else reduction,
+                         [(x, d_input), (tt, d_target)], "KLDivLoss", divisor)

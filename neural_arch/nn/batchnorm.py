@@ -1,4 +1,4 @@
-"""``BatchNorm1d`` and ``BatchNorm2d``: batch normalisation with running statistics.
+"""``BatchNorm1d``, ``BatchNorm2d`` and ``BatchNorm3d``: batch normalisation with running statistics.
 
 Training normalises with the batch's per-channel mean and (biased) variance and updates the
 ``running_mean`` / ``running_var`` buffers (``running_var`` with the unbiased variance), with
@@ -35,7 +35,7 @@ from neural_arch.nn import functional as F
 from neural_arch.nn.module import Module
 from neural_arch.nn.parameter import Parameter
 
-__all__ = ["BatchNorm1d", "BatchNorm2d"]
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d"]
 
 
 class _BatchNorm(Module):
@@ -146,3 +146,18 @@ class BatchNorm2d(_BatchNorm):
     """
 
     _expected_dims = (4,)
+
+
+class BatchNorm3d(_BatchNorm):
+    """Batch norm over ``(N, C, D, H, W)`` input (statistics per channel ``C``, over ``N, D, H, W``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.nn.batchnorm import BatchNorm3d
+        >>> bn = BatchNorm3d(2)
+        >>> bn(na.randn(2, 2, 3, 4, 4)).shape, bn.running_var.shape
+        ((2, 2, 3, 4, 4), (2,))
+    """
+
+    _expected_dims = (5,)
