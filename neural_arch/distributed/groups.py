@@ -370,6 +370,11 @@ def _make_store(init_method: str, rank: int, world_size: int, timeout: float, au
     ``auth`` (:class:`_StoreAuth`) says who may join; a bare token (str) is accepted too."""
     from neural_arch.distributed.rendezvous.store import FileStore, TCPStore
 
+    if "?" in init_method:
+        # torch reads ?rank=&world_size= there; here they are arguments: a query would become part of
+        # a file's name or the port, so ranks spelling it differently would wait for each other in vain
+        raise ValueError(f"init_method={init_method!r}: query parameters are not read; pass rank= and "
+                         "world_size= to init_process_group (or set RANK/WORLD_SIZE) and drop the '?...'")
     if init_method.startswith("file://"):
         path = init_method[len("file://"):]
         key = ("file", os.path.abspath(path))
@@ -380,7 +385,14 @@ def _make_store(init_method: str, rank: int, world_size: int, timeout: float, au
         host, _, port = init_method[len("tcp://"):].rstrip("/").rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"init_method={init_method!r} must look like 'tcp://HOST:PORT'")
+        if ":" in host and not (host.startswith("[") and host.endswith("]")):
+            # 'tcp://::1' would read as host '::' and port 1
+            raise ValueError(f"init_method={init_method!r}: write an IPv6 address in brackets, then the "
+                             "port: 'tcp://[ADDR]:PORT', e.g. 'tcp://[::1]:29500'")
         port = int(port)
+        if port == 0 and world_size > 1:
+            raise ValueError(f"init_method={init_method!r}: port 0 lets rank 0 pick a port the other ranks "
+                             "cannot know; give the port every rank connects to")
     elif init_method.startswith("env://"):
         host = os.environ.get("MASTER_ADDR") or (launch or {}).get("master_addr") or "127.0.0.1"
         port_text = os.environ.get("MASTER_PORT") or str((launch or {}).get("master_port") or 29500)

@@ -51,7 +51,7 @@ def test_module_mode():
     ((), "no script given"),
     (("--bogus", "train.py"), "unknown launcher option '--bogus'"),
     (("--nproc_per_node",), "needs a value"),
-    (("--nproc_per_node=two", "t.py"), "not a valid int"),
+    (("--nproc_per_node=two", "t.py"), "'two' is not a valid process count N, cpu, gpu or auto"),
     (("--standalone=1", "t.py"), "takes no value"),
     (("--nnodes=2", "--node_rank=2", "t.py"), "node_rank=2"),
     (("--standalone", "--nnodes=2", "t.py"), "single node"),
@@ -150,3 +150,31 @@ def test_torchrun_rendezvous_errors_say_what_to_write(argv, message, capsys):
     with pytest.raises(SystemExit):
         parse(*argv)
     assert message in capsys.readouterr().err
+
+
+def test_torchruns_nproc_words_and_endpoints():
+    """torchrun's --nproc_per_node words, a bracketed IPv6 endpoint without a port (torchrun's 29400),
+    and a master port of 0 that only --standalone or a world of one can use."""
+    import os
+
+    from neural_arch.distributed.run.launch_config import _gpu_count
+
+    gpus = _gpu_count()
+    cfg, _, _ = parse_command_line(["--nproc_per_node", "cpu", "t.py"])
+    assert cfg.nproc_per_node == (os.cpu_count() or 1)
+    cfg, _, _ = parse_command_line(["--nproc_per_node=auto", "t.py"])     # GPUs if any, else CPU cores
+    assert cfg.nproc_per_node == (gpus or os.cpu_count() or 1)
+    cfg, _, _ = parse_command_line(["--rdzv_endpoint=[::1]", "t.py"])
+    assert (cfg.master_addr, cfg.master_port) == ("::1", 29400)
+    cfg, _, _ = parse_command_line(["--rdzv_endpoint=[::1]:1234", "t.py"])
+    assert (cfg.master_addr, cfg.master_port) == ("::1", 1234)
+    refused = [["--rdzv_endpoint= ", "t.py"], ["--master_port", "0", "--nproc_per_node", "2", "t.py"]]
+    if not gpus:
+        refused.append(["--nproc_per_node", "gpu", "t.py"])
+    for argv in refused:
+        with pytest.raises(SystemExit) as info:
+            parse_command_line(argv)
+        assert info.value.code == 2, argv
+    cfg, _, _ = parse_command_line(["--master_port", "0", "t.py"])         # a world of one may
+    assert cfg.master_port == 0
+

@@ -290,6 +290,10 @@ def test_store_barrier_refuses_a_rank_outside_the_world(tcp, rank):
     ("tcp://[::1]", "must look like 'tcp://HOST:PORT'"),           # IPv6 without a port
     ("tcp://127.0.0.1:70000", "port 70000 is not a TCP port"),     # was OverflowError from bind()
     ("udp://h:1", "is not understood"),
+    ("tcp://::1", "IPv6 address in brackets"),                     # read as host '::', port 1
+    ("tcp://127.0.0.1:0", "port 0 lets rank 0 pick a port"),       # the other ranks cannot know it
+    ("tcp://127.0.0.1:29511?rank=0", "query parameters are not read"),
+    ("file:///tmp/na-init-query?rank=0&world_size=2", "query parameters are not read"),   # a file per spelling
 ])
 def test_init_method_that_names_no_store_is_a_clear_error(init_method, message, monkeypatch):
     import neural_arch.distributed as dist

@@ -22,7 +22,8 @@ from neural_arch.distributed.launch_env import MPI_ENV_PREFIXES
 __all__ = ["free_port", "package_root", "port_taken", "rank_env", "report_ready", "set_python_path"]
 
 # Per-launch variables that must not leak from an outer job into the ranks of an inner one.
-_PER_LAUNCH = ("NEURAL_ARCH_READY_DIR", "NEURAL_ARCH_PARENT_PID", "RANK", "LOCAL_RANK")
+_PER_LAUNCH = ("NEURAL_ARCH_READY_DIR", "NEURAL_ARCH_PARENT_PID", "RANK", "LOCAL_RANK", "ROLE_RANK",
+               "ROLE_WORLD_SIZE")
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -96,6 +97,9 @@ class LaunchConfig:
              f"node_rank={self.node_rank} must be in [0, nnodes={self.nnodes}); "
              f"number nodes 0..nnodes-1, node 0 hosts the rendezvous")
         need(0 <= int(self.master_port) < 65536, f"master_port={self.master_port} is not a TCP port")
+        need(int(self.master_port) != 0 or self.standalone or int(self.nproc_per_node) * parse_nnodes(self.nnodes)[1] == 1,
+             "master_port=0 lets the store pick a port the other ranks cannot know; give a port, or --standalone "
+             "(one node: the launcher picks a free port and tells its workers)")
         need(int(self.max_restarts) >= 0, f"max_restarts={self.max_restarts} must be >= 0")
         need(float(self.monitor_interval) > 0, "monitor_interval must be > 0 seconds")
         need(float(self.start_timeout) > 0, "start_timeout must be > 0 seconds")
@@ -150,6 +154,31 @@ def parse_nnodes(value) -> tuple[int, int]:
         raise ValueError(f"nnodes={value!r}: write a count N or a range MIN:MAX such as 1:4") from None
 
 
+def _nproc_arg(raw: str) -> int:
+    """torchrun's ``--nproc_per_node``: a count, ``cpu`` (one per CPU core), ``gpu`` (one per visible
+    GPU; an error when there is none) or ``auto`` (GPUs if any, else CPU cores)."""
+    text = str(raw).strip().lower()
+    if text in ("cpu", "gpu", "auto"):
+        gpus = _gpu_count() if text != "cpu" else 0
+        if text == "gpu" and gpus == 0:
+            raise argparse.ArgumentTypeError("gpu: no GPU is visible here (CuPy sees none); give a count, or cpu")
+        return gpus if gpus else (os.cpu_count() or 1)
+    return int(text)
+
+
+_nproc_arg.__name__ = "process count N, cpu, gpu or auto"  # argparse's error names it
+
+
+def _gpu_count() -> int:
+    """GPUs CuPy can see (0 without CuPy or a driver)."""
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device: no GPU to count
+        return 0
+
+
 def _nnodes_arg(raw: str) -> str:
     parse_nnodes(raw)  # reject garbage at parse time, with the message above
     return raw
@@ -161,7 +190,7 @@ _nnodes_arg.__name__ = "node count N or range MIN:MAX"  # argparse's error names
 # name -> (field, converter); None converter = boolean flag
 _OPTIONS: dict[str, tuple[str, Callable | None]] = {}
 for _field, _conv in [
-    ("nproc_per_node", int), ("nnodes", _nnodes_arg), ("node_rank", int), ("master_addr", str),
+    ("nproc_per_node", _nproc_arg), ("nnodes", _nnodes_arg), ("node_rank", int), ("master_addr", str),
     ("master_port", int), ("backend", str), ("max_restarts", int), ("monitor_interval", float),
     ("start_timeout", float), ("log_dir", str), ("standalone", None), ("term_timeout", float),
     ("agent_port", int), ("rdzv_backend", str), ("rdzv_endpoint", str), ("rdzv_id", str),
@@ -295,10 +324,11 @@ def _apply_rdzv(values: dict) -> None:
                           "node 0 hosts the store at --rdzv_endpoint")
     if endpoint is None:
         return
+    endpoint = endpoint.strip()
     host, sep, port = endpoint.rpartition(":")
-    if not sep:
-        host, port = endpoint, str(_TORCHRUN_RDZV_PORT)
-    if not host or not port.isdigit():
+    if not sep or (endpoint.startswith("[") and endpoint.endswith("]")):
+        host, port = endpoint, str(_TORCHRUN_RDZV_PORT)     # no port (also a bare [IPv6]): torchrun's 29400
+    if not host.strip("[]").strip() or not port.isdigit():
         raise _UsageError(f"--rdzv_endpoint={endpoint!r} must look like HOST:PORT, e.g. node0:29400")
     for field, value in (("master_addr", host.strip("[]")), ("master_port", int(port))):
         if field in values and values[field] != value:
