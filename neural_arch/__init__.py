@@ -87,8 +87,8 @@ from .core.factory import (
 from .core.generator import Generator
 from .core.ops_activation import masked_fill
 from .core.ops_basic import remainder
-from .core.ops_reduce import return_types
-from .core.ops_shape import cat, concatenate, stack, tril, triu
+from .core.ops_reduce import cumsum, logsumexp, norm, prod, return_types
+from .core.ops_shape import cat, concatenate, gather, index_select, scatter_add, stack, tril, triu
 from .core.rng import get_generator, manual_seed
 from .core.tensor import Tensor, tensor
 from .serialization import load, save
@@ -113,6 +113,7 @@ __all__ = [
     "randperm", "zeros_like", "ones_like", "empty_like", "full_like", "randn_like", "rand_like",
     "randint_like", "from_numpy", "is_tensor", "device", "cat", "concatenate", "stack",
     "save", "load", "return_types", "dtype", "multinomial", "remainder", "masked_fill", "tril", "triu",
+    "logsumexp", "prod", "cumsum", "norm", "gather", "scatter_add", "index_select",
     "nn",
     "optim",
     "data",
@@ -125,7 +126,7 @@ __all__ = [
 
 # Lazily imported subpackages. `distributed` is deliberately absent: it must be imported
 # explicitly (`import neural_arch.distributed as dist`), never as a side effect.
-_LAZY = {"nn", "optim", "data", "backend", "cuda", "amp", "profiler"}
+_LAZY = {"nn", "optim", "data", "backend", "cuda", "amp", "profiler", "linalg"}
 
 
 def __getattr__(name: str):

@@ -1,5 +1,5 @@
 """Elementwise math and activations, and the softmax family: ``exp``, ``log``, ``sqrt``, ``abs``,
-``tanh``, ``sigmoid``, ``relu``, ``leaky_relu``, ``silu``, ``gelu``, ``clip``, ``where``,
+``tanh``, ``sigmoid``, ``relu``, ``leaky_relu``, ``silu``, ``softplus``, ``gelu``, ``clip``, ``where``,
 ``masked_fill``, ``softmax``, ``log_softmax`` (one fused node each, with its hand-derived backward).
 
 This module binds their Tensor methods (``x.relu()``, ``x.softmax(-1)``...); their functional
@@ -198,6 +198,38 @@ def silu(x: Tensor) -> Tensor:
     if not _needs(x):
         return _result(out, None)
     return _result(out, Node(lambda g: (g * (s * (1 + xd * (1 - s))),), (x,), "Silu"))
+
+
+def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """torch's ``F.softplus``: ``log(1 + exp(beta * x)) / beta``, and ``x`` itself where
+    ``beta * x > threshold`` (the linear regime, as torch). Computed without overflow; the gradient
+    is ``sigmoid(beta * x)`` (1 in the linear regime).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> [round(v, 4) for v in F.softplus(na.tensor([-1.0, 0.0, 30.0])).tolist()]
+        [0.3133, 0.6931, 30.0]
+        >>> [round(v, 4) for v in F.softplus(na.tensor([1.0]), beta=2.0).tolist()]
+        [1.0635]
+    """
+    x = input
+    xd = x.data
+    _require_float(xd, "softplus")
+    xp = _xp(xd)
+    bx = xd * beta  # a Python float keeps the dtype
+    linear = bx > threshold
+    # log(1 + e^z) = max(z, 0) + log1p(e^-|z|): no overflow for any z
+    soft = (xp.maximum(bx, 0) + xp.log1p(xp.exp(-xp.abs(bx)))) / beta
+    out = xp.where(linear, xd, soft).astype(xd.dtype, copy=False)
+    if not _needs(x):
+        return _result(out, None)
+
+    def fn(g):
+        return (xp.where(linear, g, g * _sigmoid_array(xp, bx)),)
+
+    return _result(out, Node(fn, (x,), "Softplus"))
 
 
 # Abramowitz & Stegun 7.1.26: erf(z) = 1 - t*P(t)*exp(-z^2), t = 1/(1 + p|z|), |error| < 1.5e-7

@@ -1,4 +1,5 @@
-"""Differentiable neural-network ops: dropout, embedding, layer_norm and the fused ``linear``
+"""Differentiable neural-network ops: dropout, embedding, the normalisations over a sample
+(``layer_norm``, ``rms_norm``, ``group_norm``) and the fused ``linear``
 (the activations live in :mod:`.ops_activation`, the losses in :mod:`.ops_loss`; the functional
 face of them all is :mod:`neural_arch.nn.functional`).
 
@@ -371,6 +372,136 @@ def _layer_norm_rows(x: Tensor, normalized_shape, weight, bias, eps: float) -> T
         return gx, gw, gb
 
     return _result(out, Node(fn, (x if rx else None, wt, bt), "LayerNorm"))
+
+
+def _param_data(p, name: str, shape: tuple, op: str):
+    """A weight/bias (Tensor, array or None) as an array of exactly ``shape`` (torch's check)."""
+    if p is None:
+        return None
+    d = p.data if isinstance(p, Tensor) else p
+    if tuple(d.shape) != tuple(shape):
+        raise RuntimeError(f"{op}: expected {name} of shape {list(shape)}, got {list(d.shape)}")
+    return d
+
+
+def _grad_param(p):
+    return p if isinstance(p, Tensor) and p.requires_grad else None
+
+
+def rms_norm(input: Tensor, normalized_shape, weight=None, eps=None) -> Tensor:
+    """torch's ``F.rms_norm`` (2.4): ``x / sqrt(mean(x**2) + eps) * weight`` over the trailing
+    ``normalized_shape`` dims; ``eps=None`` is the input dtype's machine epsilon (torch's default).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> y = F.rms_norm(na.tensor([[3.0, 4.0]]), (2,), eps=0.0)
+        >>> [round(v, 4) for v in y.tolist()[0]]
+        [0.8485, 1.1314]
+    """
+    x = input
+    if isinstance(normalized_shape, (int, np.integer)):
+        normalized_shape = (int(normalized_shape),)
+    normalized_shape = tuple(int(s) for s in normalized_shape)
+    k = len(normalized_shape)
+    xd = x.data
+    if xd.dtype.kind in "biu":
+        raise TypeError(f"rms_norm: expected a floating-point tensor, got dtype {xd.dtype}; convert it with "
+                        f".float() (or .double()) first")
+    if k > xd.ndim or xd.shape[xd.ndim - k:] != normalized_shape:
+        raise RuntimeError(f"rms_norm: given normalized_shape={list(normalized_shape)}, expected input with "
+                           f"shape [*, {', '.join(map(str, normalized_shape))}], got {list(xd.shape)}")
+    wd = _param_data(weight, "weight", normalized_shape, "rms_norm")
+    if eps is None:
+        eps = float(np.finfo(xd.dtype).eps)
+    xp = _xp(xd)
+    axes = tuple(range(xd.ndim - k, xd.ndim))
+    inv_n = 1.0 / max(math.prod(normalized_shape), 1)  # sums scaled, not means: nothing warns when empty
+    rstd = 1.0 / xp.sqrt((xd * xd).sum(axis=axes, keepdims=True) * inv_n + eps)
+    xhat = xd * rstd
+    out = (xhat * wd if wd is not None else xhat).astype(xd.dtype, copy=False)
+    wt = _grad_param(weight)
+    rx = x.requires_grad
+    if not _needs(x if rx else None, wt):
+        return _result(out, None)
+    batch_axes = tuple(range(xd.ndim - k))
+
+    def fn(g):
+        gx = gw = None
+        if wt is not None:
+            gw = (g * xhat).sum(axis=batch_axes).astype(wd.dtype, copy=False)
+        if rx:
+            dxhat = g * wd if wd is not None else g
+            # d(x * rstd): rstd * (dxhat - xhat * mean(dxhat * xhat)) over the normalised dims
+            gx = rstd * (dxhat - xhat * ((dxhat * xhat).sum(axis=axes, keepdims=True) * inv_n))
+            gx = gx.astype(xd.dtype, copy=False)
+        return gx, gw
+
+    return _result(out, Node(fn, (x if rx else None, wt), "RmsNorm"))
+
+
+def group_norm(input: Tensor, num_groups: int, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
+    """torch's ``F.group_norm``: input ``(N, C, *)`` with its ``C`` channels split into ``num_groups``
+    groups, each ``(sample, group)`` normalised by its own mean and (biased) variance, then the
+    per-channel ``weight``/``bias`` ``(C,)`` applied. ``C`` must divide by ``num_groups`` (torch's
+    error otherwise).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> x = na.tensor([[[1.0, 3.0], [10.0, 30.0]]])          # N=1, C=2, L=2
+        >>> [[round(v, 3) for v in row] for row in F.group_norm(x, 2, eps=0.0).tolist()[0]]
+        [[-1.0, 1.0], [-1.0, 1.0]]
+    """
+    x = input
+    xd = x.data
+    if xd.ndim < 2:
+        raise RuntimeError(f"group_norm: expected input of at least 2 dimensions (N, C, *), got shape "
+                           f"{list(xd.shape)}")
+    if xd.dtype.kind in "biu":
+        raise TypeError(f"group_norm: expected a floating-point tensor, got dtype {xd.dtype}; convert it with "
+                        f".float() (or .double()) first")
+    n, c = xd.shape[:2]
+    if isinstance(num_groups, bool) or not isinstance(num_groups, (int, np.integer)) or num_groups <= 0 \
+            or c % num_groups:
+        raise RuntimeError(f"group_norm: expected number of channels in input to be divisible by num_groups, "
+                           f"but got input of shape {list(xd.shape)} and num_groups={num_groups}")
+    wd = _param_data(weight, "weight", (c,), "group_norm")
+    bd = _param_data(bias, "bias", (c,), "group_norm")
+    xp = _xp(xd)
+    groups = (n, int(num_groups), math.prod(xd.shape) // (n * num_groups) if n else 0)
+    bshape = (1, c) + (1,) * (xd.ndim - 2)
+    inv_m = 1.0 / max(groups[2], 1)  # sums scaled, not means: an empty group (no element) warns of nothing
+    xg = xd.reshape(groups)
+    xc = xg - xg.sum(axis=-1, keepdims=True) * inv_m
+    rstd = 1.0 / xp.sqrt((xc * xc).sum(axis=-1, keepdims=True) * inv_m + eps)
+    xhat = (xc * rstd).reshape(xd.shape)
+    out = xhat * wd.reshape(bshape) if wd is not None else xhat
+    if bd is not None:
+        out = out + bd.reshape(bshape)
+    out = out.astype(xd.dtype, copy=False)
+    wt, bt = _grad_param(weight), _grad_param(bias)
+    rx = x.requires_grad
+    if not _needs(x if rx else None, wt, bt):
+        return _result(out, None)
+    channel_axes = (0,) + tuple(range(2, xd.ndim))
+
+    def fn(g):
+        gx = gw = gb = None
+        if wt is not None:
+            gw = (g * xhat).sum(axis=channel_axes).astype(wd.dtype, copy=False)
+        if bt is not None:
+            gb = g.sum(axis=channel_axes).astype(bd.dtype, copy=False)
+        if rx:
+            d = (g * wd.reshape(bshape) if wd is not None else g).reshape(groups)
+            h = xhat.reshape(groups)
+            gx = rstd * (d - d.sum(axis=-1, keepdims=True) * inv_m - h * ((d * h).sum(axis=-1, keepdims=True) * inv_m))
+            gx = gx.reshape(xd.shape).astype(xd.dtype, copy=False)
+        return gx, gw, gb
+
+    return _result(out, Node(fn, (x if rx else None, wt, bt), "GroupNorm"))
 
 
 # ============================================================================ linear

@@ -1,6 +1,8 @@
 """Differentiable reductions: ``sum``, ``mean``, ``amax``/``amin``, ``max``/``min`` (all-reduce,
 per-``dim`` with indices as torch's ``return_types``, or elementwise with a second tensor),
-``maximum``/``minimum``, ``var``/``std``, and the gradient-free ``argmax``/``argmin``/``any``/``all``.
+``maximum``/``minimum``, ``var``/``std``, ``logsumexp``, ``prod``, ``cumsum``, the norms
+(``vector_norm`` as torch's ``linalg.vector_norm``, ``norm``), and the gradient-free
+``argmax``/``argmin``/``any``/``all``.
 
 Every op takes torch's ``dim``/``keepdim`` and NumPy's ``axis``/``keepdims`` spellings.
 This module binds their Tensor methods (``x.sum()``, ``x.max(dim=1)``...).
@@ -21,6 +23,7 @@ import math
 
 import numpy as np
 
+from . import dtypes as _dtypes
 from .autograd import Node
 from .op_utils import (
     _as_array,
@@ -33,7 +36,7 @@ from .op_utils import (
     _xp,
     unbroadcast,
 )
-from .tensor import Tensor
+from .tensor import Tensor, _check_dim
 
 
 def _reduce_args(dim, keepdim, axis, keepdims):
@@ -385,7 +388,293 @@ _any = _index_reduce("any")
 _all = _index_reduce("all")
 
 
+# ============================================================================ logsumexp, prod, cumsum, norms
+def _reduce_dims(dim, ndim: int, op: str) -> tuple:
+    """``dim`` (None, an int, or a tuple/list; ``()`` and None mean every dim) as sorted axes in
+    ``[0, ndim)``, with torch's errors: ``IndexError`` out of range, ``RuntimeError`` repeated."""
+    if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0):
+        return tuple(range(ndim))
+    dims = tuple(dim) if isinstance(dim, (tuple, list)) else (dim,)
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
+            raise TypeError(f"{op}: dim must be an int or a tuple of ints, got {dim!r}")
+    axes = [_check_dim(int(d), ndim) for d in dims]
+    if len(set(axes)) != len(axes):
+        raise RuntimeError(f"{op}: dim {dim!r} names a dimension more than once")
+    return tuple(sorted(axes)) if ndim else ()
+
+
+def _kept_shape(shape, axes) -> tuple:
+    """``shape`` with the reduced ``axes`` set to 1 (the keepdim shape)."""
+    return tuple(1 if i in axes else s for i, s in enumerate(shape))
+
+
+def _dropped_shape(shape, axes) -> tuple:
+    return tuple(s for i, s in enumerate(shape) if i not in axes)
+
+
+def logsumexp(input: Tensor, dim=None, keepdim: bool = False, *, axis=None, keepdims=None) -> Tensor:
+    """torch's ``logsumexp(input, dim, keepdim=False)``: ``log(sum(exp(x)))`` over ``dim`` (an int,
+    a tuple, or None/``()`` for every dim), computed stably with the slice's maximum shifted out.
+
+    As in torch: a slice of all ``-inf`` gives ``-inf`` (its gradient is NaN, torch's
+    ``exp(x - result)``), an empty slice gives ``-inf``, an integer input gives the default float
+    dtype. The gradient is ``softmax(x)`` along the reduced dims.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> x = na.tensor([[0.0, 0.0], [1000.0, 1000.0]], dtype=na.float64)
+        >>> [round(v, 4) for v in na.logsumexp(x, dim=1).tolist()]
+        [0.6931, 1000.6931]
+        >>> na.tensor([float("-inf")] * 2).logsumexp(0).item()
+        -inf
+    """
+    dim, keepdim = _reduce_args(dim, keepdim, axis, keepdims)
+    x = input
+    xd = x.data
+    if xd.dtype.kind in "biu":  # torch: integers and bools give the default float dtype
+        xd = xd.astype(_dtypes.default_float_dtype)
+    xp = _xp(xd)
+    axes = _reduce_dims(dim, xd.ndim, "logsumexp")
+    kept = _kept_shape(xd.shape, axes)
+    if math.prod(xd.shape[a] for a in axes) == 0:  # empty slices: log(0) (no maximum to shift by)
+        outk = xp.full(kept, -math.inf, dtype=xd.dtype)
+    else:
+        m = xd.max(axis=axes, keepdims=True)
+        # an infinite maximum is not shifted out (torch): all -inf stays -inf, +inf stays +inf
+        m = xp.where(xp.isinf(m), 0, m).astype(xd.dtype, copy=False)
+        with np.errstate(divide="ignore"):  # log(0) of an all -inf slice: -inf, as torch
+            outk = xp.log(xp.exp(xd - m).sum(axis=axes, keepdims=True)) + m
+    out = outk if keepdim else outk.reshape(_dropped_shape(xd.shape, axes))
+    if not _needs(x):
+        return _result(out, None)
+
+    def fn(g):
+        with np.errstate(invalid="ignore"):  # -inf - (-inf) of an all -inf slice: NaN, as torch
+            return ((g.reshape(kept) if not keepdim else g) * xp.exp(xd - outk),)
+
+    return _result(out, Node(fn, (x,), "LogSumExp"))
+
+
+def _int_to_int64(xd, dtype):
+    """torch's accumulation dtype for ``prod``/``cumsum``: ``dtype=`` when given, int64 for integer
+    and bool input (NumPy would keep uint64 or a platform int), the input's own otherwise."""
+    if dtype is not None:
+        return xd.astype(_dtypes.as_dtype(dtype), copy=False)
+    if xd.dtype.kind in "biu":
+        return xd.astype(_xp(xd).int64)
+    return xd
+
+
+def _product_of_others(xp, a, ax: int):
+    """For each element, the product of the other elements of its slice along ``ax``: the exclusive
+    cumulative products from both ends multiplied. Exact with zeros in the slice (no division), which
+    gives torch's gradient of ``prod``: with one zero only that element's gradient is non-zero, with
+    several all are zero."""
+    n = a.shape[ax]
+    if n == 0:
+        return xp.ones(a.shape, dtype=a.dtype)
+    one = xp.ones(_kept_shape(a.shape, (ax,)), dtype=a.dtype)
+    head = a[(slice(None),) * ax + (slice(0, n - 1),)]
+    tail = a[(slice(None),) * ax + (slice(1, n),)]
+    before = xp.cumprod(xp.concatenate([one, head], axis=ax), axis=ax)
+    after = xp.flip(xp.cumprod(xp.flip(xp.concatenate([tail, one], axis=ax), axis=ax), axis=ax), axis=ax)
+    return before * after
+
+
+def prod(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None, axis=None, keepdims=None) -> Tensor:
+    """torch's ``prod``: the product of every element (``dim=None``) or along one ``dim``.
+
+    torch's ``prod`` takes a single dim (reduce several by chaining calls); integer and bool input
+    gives int64; ``dtype=`` casts the input first. The gradient is the product of the *other*
+    elements of the slice, exact when the slice holds zeros (torch's rule: with one zero only that
+    element gets a non-zero gradient, with two or more every gradient is zero).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> x = na.tensor([[2.0, 3.0], [0.0, 4.0]], requires_grad=True)
+        >>> y = x.prod(dim=1)
+        >>> y.tolist()
+        [6.0, 0.0]
+        >>> y.sum().backward()
+        >>> x.grad.tolist()
+        [[3.0, 2.0], [4.0, 0.0]]
+    """
+    dim, keepdim = _reduce_args(dim, keepdim, axis, keepdims)
+    if isinstance(dim, tuple):
+        raise TypeError(f"prod: dim must be a single int (torch's prod reduces one dim or all), got {dim!r}; "
+                        f"chain calls to reduce several dims")
+    x = input
+    xd = _int_to_int64(x.data, dtype)
+    xp = _xp(xd)
+    shape = xd.shape
+    if dim is None:
+        out = _as_array(xd.prod())
+        if keepdim:
+            out = out.reshape((1,) * xd.ndim)
+    else:
+        ax = _check_dim(dim, xd.ndim)
+        out = xd.prod(axis=ax if xd.ndim else None, keepdims=keepdim)
+    if not _needs(x) or not _dtypes.is_floating_dtype(out.dtype):
+        return _result(out, None)
+    src = x.data.dtype
+
+    def fn(g):
+        if dim is None:
+            others = _product_of_others(xp, xd.reshape(-1), 0).reshape(shape)
+            gx = g.reshape(()) * others
+        elif not shape:
+            gx = g.reshape(())
+        else:
+            ax = dim % len(shape)
+            gx = (g if keepdim else xp.expand_dims(g, ax)) * _product_of_others(xp, xd, ax)
+        return (xp.asarray(gx).astype(src, copy=False),)
+
+    return _result(out, Node(fn, (x,), "Prod"))
+
+
+def cumsum(input: Tensor, dim=None, *, dtype=None, axis=None) -> Tensor:
+    """torch's ``cumsum(input, dim)``: running sums along ``dim``; integer and bool input gives
+    int64 and ``dtype=`` casts first (torch). The gradient is the reversed running sum of the
+    upstream gradient.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> x = na.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
+        >>> y = x.cumsum(dim=-1)
+        >>> y.tolist()
+        [[1.0, 3.0, 6.0]]
+        >>> y.sum().backward()
+        >>> x.grad.tolist()
+        [[3.0, 2.0, 1.0]]
+    """
+    dim, _ = _reduce_args(dim, False, axis, None)
+    if dim is None or isinstance(dim, tuple):
+        raise TypeError(f"cumsum: dim must be a single int (torch's cumsum(input, dim)), got {dim!r}")
+    x = input
+    xd = _int_to_int64(x.data, dtype)
+    xp = _xp(xd)
+    ax = _check_dim(dim, xd.ndim)
+    out = xp.cumsum(xd, axis=ax) if xd.ndim else xd.copy()
+    if not _needs(x) or not _dtypes.is_floating_dtype(out.dtype):
+        return _result(out, None)
+    src = x.data.dtype
+
+    def fn(g):
+        if g.ndim:
+            g = xp.flip(xp.cumsum(xp.flip(g, axis=ax), axis=ax), axis=ax)
+        return (g.astype(src, copy=False),)
+
+    return _result(out, Node(fn, (x,), "Cumsum"))
+
+
+def vector_norm(x: Tensor, ord=2, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
+    """torch's ``linalg.vector_norm``: ``(sum |x|**ord) ** (1/ord)`` over ``dim`` (None = every
+    element, an int or a tuple). ``ord`` is any number: ``inf`` is ``max |x|``, ``-inf`` ``min |x|``,
+    ``0`` the count of non-zero elements. ``dtype=`` casts the input first; integer input is refused
+    (torch's error).
+
+    Gradients follow torch's subgradients: 0 where the norm is 0 (ord 2, any ord > 1), ``sign(x)``
+    for ord 1, shared among tied maxima (minima) for ``inf`` (``-inf``), zero for ord 0. The ``inf``
+    and negative norms of an empty slice have no value (torch's error).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.core.ops_reduce import vector_norm
+        >>> x = na.tensor([[3.0, -4.0], [0.0, 0.0]], requires_grad=True)
+        >>> y = vector_norm(x, dim=1)
+        >>> y.tolist(), vector_norm(x, ord=float("inf")).item(), vector_norm(x, ord=1).item()
+        ([5.0, 0.0], 4.0, 7.0)
+        >>> y.sum().backward()
+        >>> x.grad.tolist()
+        [[0.6000000238418579, -0.800000011920929], [0.0, 0.0]]
+    """
+    xd = x.data
+    if dtype is not None:
+        xd = xd.astype(_dtypes.as_dtype(dtype), copy=False)
+    if xd.dtype.kind not in "fc":
+        raise TypeError(f"linalg.vector_norm: expected a floating-point input, got dtype {xd.dtype}; "
+                        f"convert it with .float() / .double() or pass dtype=")
+    if isinstance(ord, (str, bool)) or not isinstance(ord, (int, float, np.integer, np.floating)):
+        raise TypeError(f"linalg.vector_norm: ord must be a number (2, 1, inf, -inf, 0, any p), got {ord!r}")
+    p = float(ord)
+    xp = _xp(xd)
+    axes = _reduce_dims(dim, xd.ndim, "linalg.vector_norm")
+    if (p < 0 or p == math.inf) and any(xd.shape[a] == 0 for a in axes):
+        raise RuntimeError(f"linalg.vector_norm cannot compute the {ord} norm on an empty tensor because "
+                           f"the operation does not have an identity (dims {axes} of shape {list(xd.shape)})")
+    kept = _kept_shape(xd.shape, axes)
+    a = xp.abs(xd)
+    if p == 2:
+        outk = xp.sqrt((a * a).sum(axis=axes, keepdims=True))
+    elif p == 1:
+        outk = a.sum(axis=axes, keepdims=True)
+    elif p == math.inf:
+        outk = a.max(axis=axes, keepdims=True)
+    elif p == -math.inf:
+        outk = a.min(axis=axes, keepdims=True)
+    elif p == 0:
+        outk = (a != 0).sum(axis=axes, keepdims=True).astype(a.dtype)
+    else:
+        with np.errstate(divide="ignore"):  # 0 ** negative p: inf, as torch (CuPy has no errstate)
+            outk = (a ** p).sum(axis=axes, keepdims=True) ** (1.0 / p)
+    outk = outk.astype(a.dtype, copy=False)
+    out = outk if keepdim else outk.reshape(_dropped_shape(xd.shape, axes))
+    if not _needs(x):
+        return _result(out, None)
+    src = x.data.dtype
+    if p == 0:  # a count of non-zeros is piecewise constant: a zero gradient (torch)
+        return _result(out, Node(lambda g: (xp.zeros(x.data.shape, dtype=src),), (x,), "VectorNorm"))
+
+    def fn(g):
+        gk = g if keepdim else g.reshape(kept)
+        sign = xp.sign(xd)
+        if p == 1:
+            gx = sign * gk
+        elif p in (math.inf, -math.inf):
+            hit = (a == outk) | xp.isnan(a)  # ties share the gradient (torch's amax/amin rule)
+            gx = sign * hit * (gk / hit.sum(axis=axes, keepdims=True))
+        else:
+            zero = outk == 0
+            scale = xp.where(zero, 0, gk * xp.where(zero, 1, outk) ** (1.0 - p))  # 0 where the norm is 0
+            if p == 2:
+                gx = xd * scale
+            else:
+                gx = sign * xp.where(a == 0, 1, a) ** (p - 1.0) * scale  # sign(0) = 0 keeps 0 ** (p - 1) out
+        return (gx.astype(src, copy=False),)
+
+    return _result(out, Node(fn, (x,), "VectorNorm"))
+
+
+def norm(input: Tensor, p="fro", dim=None, keepdim: bool = False, dtype=None) -> Tensor:
+    """torch's ``norm(input, p="fro", dim=None, keepdim=False, dtype=None)``: ``"fro"`` (or None) is
+    the 2-norm of the elements over ``dim`` (every element when None), a number ``p`` is
+    ``vector_norm`` (torch's ``linalg.vector_norm``) with ``ord=p``. The nuclear norm (``"nuc"``)
+    needs a matrix decomposition and is not provided.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> x = na.tensor([[3.0, 4.0], [0.0, 0.0]])
+        >>> x.norm().item(), x.norm(p=1, dim=0).tolist(), na.norm(x, float("inf")).item()
+        (5.0, [3.0, 4.0], 4.0)
+    """
+    if p is None or p == "fro":
+        if isinstance(dim, (tuple, list)) and len(dim) > 2:
+            raise RuntimeError(f"norm: the Frobenius norm takes at most two dims, got dim={dim!r}")
+        return vector_norm(input, 2, dim, keepdim, dtype=dtype)
+    if isinstance(p, str):
+        raise (NotImplementedError if p == "nuc" else ValueError)(
+            f"norm: p={p!r} is not supported; use 'fro' or a number (vector_norm's ord)")
+    return vector_norm(input, p, dim, keepdim, dtype=dtype)
+
+
 def _bind_methods(T) -> None:
     T.sum, T.mean, T.max, T.min, T.var, T.std = sum, mean, max, min, var, std
     T.amax, T.amin, T.maximum, T.minimum = amax, amin, maximum, minimum
     T.any, T.all, T.argmax, T.argmin = _any, _all, argmax, argmin
+    T.logsumexp, T.prod, T.cumsum, T.norm = logsumexp, prod, cumsum, norm

@@ -1,5 +1,6 @@
 """Differentiable shape ops: reshape/view, transpose/permute, expand, clone, casting and device
-moves, indexing (basic, integer-array, boolean, the triangles ``tril``/``triu``) and joining/splitting (cat, stack, split, chunk).
+moves, indexing (basic, integer-array, boolean, the triangles ``tril``/``triu``, torch's ``gather``,
+``scatter_add`` and ``index_select``) and joining/splitting (cat, stack, split, chunk).
 
 Example::
 
@@ -19,7 +20,8 @@ from .. import backend as _backend
 from . import autograd as _ag
 from . import dtypes as _dtypes
 from .autograd import Node
-from .op_utils import _SCALARS, _needs, _result, _same_device, _xp, scatter_add, unbroadcast
+from .op_utils import _SCALARS, _needs, _result, _same_device, _xp, unbroadcast
+from .op_utils import scatter_add as _scatter_add_at
 from .tensor import Tensor, _check_dim
 
 
@@ -393,7 +395,7 @@ def getitem(x: Tensor, idx) -> Tensor:
         if basic or mask_only:
             gx[idx] = g  # basic indices never repeat: plain assignment is exact and fast
         else:
-            scatter_add(xp, gx, idx, g)
+            _scatter_add_at(xp, gx, idx, g)
         return (gx,)
 
     return _result(out, Node(fn, (x,), "Index"))
@@ -602,6 +604,238 @@ def chunk(x: Tensor, chunks: int, axis: int = 0, *, dim=None) -> list:
     return split(x, -(-n // chunks), axis)
 
 
+# ============================================================================ gather / scatter_add / index_select
+def _index_data(index, like, op: str):
+    """``index`` (Tensor, array or list) as an integer array on ``like``'s device; a float or bool
+    index is torch's error, named after the argument."""
+    idx = index.data if isinstance(index, Tensor) else index
+    xp = _xp(like)
+    if isinstance(idx, (list, tuple, int, np.integer)):
+        idx = xp.asarray(idx)
+    elif type(idx) is not type(like):
+        idx = _backend.to_device(idx, _backend.device_of(like))
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"{op}(): index must be an integer tensor (int64, as torch), got dtype {idx.dtype}")
+    return idx
+
+
+def _check_index_bounds(idx, size: int, dim: int, op: str, error) -> None:
+    """torch's out-of-range error for a host index (negative or ``>= size``). A device index is not
+    checked: reading its bounds would make the host wait for the device."""
+    if type(idx) is np.ndarray and idx.size:
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= size:
+            raise error(f"{op}(): index {lo if lo < 0 else hi} is out of bounds for dimension {dim} with "
+                        f"size {size}")
+
+
+def _leading(arr, shape, skip=None):
+    """``arr`` cut to its first ``shape[d]`` entries along every dim but ``skip``."""
+    return arr[tuple(slice(None) if d == skip else slice(0, s) for d, s in enumerate(shape))]
+
+
+def _along_grid(xp, idx, ax: int):
+    """Full advanced-index tuple addressing ``target[..., idx[i, j, k], ...]`` (``idx`` along ``ax``,
+    every other dim its own position), for a scatter-add along one dim."""
+    nd = idx.ndim
+    return tuple(idx if d == ax else xp.arange(s).reshape((-1,) + (1,) * (nd - d - 1))
+                 for d, s in enumerate(idx.shape))
+
+
+def _gather_array(xp, arr, ax: int, idx):
+    return xp.take_along_axis(_leading(arr, idx.shape, skip=ax), idx, axis=ax)
+
+
+def _as_1d(xd, idx):
+    """torch treats a 0-d input and index as one element along dim 0."""
+    return (xd.reshape(1), idx.reshape(1)) if xd.ndim == 0 else (xd, idx)
+
+
+def gather(input: Tensor, dim: int, index, *, sparse_grad: bool = False) -> Tensor:
+    """torch's ``gather``: ``out[i][j][k] = input[i][index[i][j][k]][k]`` for ``dim=1`` (likewise for
+    any dim); the result has ``index``'s shape. ``index`` is an integer tensor with ``input``'s number
+    of dims, no larger than ``input`` along every other dim; an index outside ``[0, size)`` is torch's
+    ``RuntimeError`` (checked for host arrays). The gradient scatter-adds back, so repeated indices
+    accumulate. ``sparse_grad`` is accepted for torch's signature; the gradient is dense.
+
+    Example::
+
+        >>> import numpy as np
+        >>> import neural_arch as na
+        >>> x = na.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+        >>> y = na.gather(x, 1, np.array([[0, 0], [1, 0]]))
+        >>> y.tolist()
+        [[1.0, 1.0], [4.0, 3.0]]
+        >>> y.sum().backward()
+        >>> x.grad.tolist()
+        [[2.0, 0.0], [1.0, 1.0]]
+    """
+    xd = input.data
+    idx = _index_data(index, xd, "gather")
+    if idx.ndim != xd.ndim and not (xd.ndim <= 1 and idx.ndim <= 1):
+        raise RuntimeError(f"gather(): index must have the same number of dimensions as input: index "
+                           f"{list(idx.shape)}, input {list(xd.shape)}")
+    xp = _xp(xd)
+    ax = _check_dim(dim, xd.ndim)
+    shape, ishape = xd.shape, idx.shape
+    xw, iw = _as_1d(xd, idx)
+    for d in range(xw.ndim):
+        if d != ax and iw.shape[d] > xw.shape[d]:
+            raise RuntimeError(f"gather(): size does not match at dimension {d}: expected index "
+                               f"{list(iw.shape)} to be no larger than input {list(xw.shape)} apart from "
+                               f"dimension {ax}")
+    _check_index_bounds(iw, xw.shape[ax], ax, "gather", RuntimeError)
+    out = _gather_array(xp, xw, ax, iw).reshape(ishape)
+    if not _needs(input):
+        return _result(out, None)
+
+    def fn(g):
+        gx = xp.zeros(xw.shape, dtype=g.dtype)
+        _scatter_add_at(xp, gx, _along_grid(xp, iw, ax), g.reshape(iw.shape))
+        return (gx.reshape(shape),)
+
+    return _result(out, Node(fn, (input,), "Gather"))
+
+
+def _scatter_operands(xd, dim, index, src, op: str):
+    """Checked operands of ``scatter_add``: ``(axis, index, src values cut to index's shape)``."""
+    sd = src.data if isinstance(src, Tensor) else src
+    if isinstance(sd, (*_SCALARS, np.generic)):
+        raise TypeError(f"{op}(): src must be a tensor (torch's scatter_add takes no scalar src), got {src!r}")
+    if type(sd) is not type(xd):
+        sd = _backend.to_device(_xp(xd).asarray(sd) if isinstance(sd, (list, tuple)) else sd,
+                                _backend.device_of(xd))
+    idx = _index_data(index, xd, op)
+    if sd.dtype != xd.dtype:
+        raise RuntimeError(f"{op}(): expected src's dtype to equal input's: src {sd.dtype}, input {xd.dtype}")
+    if not idx.ndim == sd.ndim == xd.ndim and not max(idx.ndim, sd.ndim, xd.ndim) <= 1:
+        raise RuntimeError(f"{op}(): index, src and input must have the same number of dimensions: index "
+                           f"{list(idx.shape)}, src {list(sd.shape)}, input {list(xd.shape)}")
+    ax = _check_dim(dim, xd.ndim)
+    xw, iw = _as_1d(xd, idx)
+    sw = sd.reshape(1) if sd.ndim == 0 else sd
+    for d in range(xw.ndim):
+        if iw.shape[d] > sw.shape[d] or (d != ax and iw.shape[d] > xw.shape[d]):
+            raise RuntimeError(f"{op}(): expected index {list(iw.shape)} to be no larger than src "
+                               f"{list(sw.shape)} and, apart from dimension {ax}, than input {list(xw.shape)}")
+    _check_index_bounds(iw, xw.shape[ax], ax, op, RuntimeError)
+    return ax, iw, sw, _leading(sw, iw.shape)
+
+
+def scatter_add(input: Tensor, dim: int, index, src) -> Tensor:
+    """torch's ``scatter_add`` (out of place): a copy of ``input`` with
+    ``out[index[i][j][k]][j][k] += src[i][j][k]`` for ``dim=0`` (likewise for any dim), over
+    ``index``'s extent; repeated indices accumulate. ``index``, ``src`` and ``input`` have the same
+    number of dims, ``index`` no larger than ``src`` and, apart from ``dim``, than ``input``; ``src``
+    has ``input``'s dtype; an index outside ``[0, size)`` is torch's ``RuntimeError`` (host arrays).
+    Gradients: ``input`` gets the upstream gradient, ``src`` gathers it at ``index`` (zero beyond
+    ``index``'s extent).
+
+    Example::
+
+        >>> import numpy as np
+        >>> import neural_arch as na
+        >>> src = na.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        >>> y = na.scatter_add(na.zeros(2), 0, np.array([1, 0, 1]), src)
+        >>> y.tolist()
+        [2.0, 4.0]
+        >>> (y * na.tensor([10.0, 100.0])).sum().backward()
+        >>> src.grad.tolist()
+        [100.0, 10.0, 100.0]
+    """
+    xd = input.data
+    ax, iw, sw, vals = _scatter_operands(xd, dim, index, src, "scatter_add")
+    xp = _xp(xd)
+    xw = xd.reshape(1) if xd.ndim == 0 else xd
+    out = xw.copy()
+    _scatter_add_at(xp, out, _along_grid(xp, iw, ax), vals)
+    out = out.reshape(xd.shape)
+    st = src if isinstance(src, Tensor) and src.requires_grad else None
+    rx = input.requires_grad
+    if not _needs(input if rx else None, st):
+        return _result(out, None)
+    sshape = st.data.shape if st is not None else None
+
+    def fn(g):
+        gs = None
+        if st is not None:
+            gs = xp.zeros(sw.shape, dtype=g.dtype)
+            gs[tuple(slice(0, s) for s in iw.shape)] = _gather_array(xp, g.reshape(xw.shape), ax, iw)
+            gs = gs.reshape(sshape)
+        return (g if rx else None), gs
+
+    return _result(out, Node(fn, (input if rx else None, st), "ScatterAdd"))
+
+
+def scatter_add_(self: Tensor, dim: int, index, src) -> Tensor:
+    """``self.scatter_add_(dim, index, src)``: ``scatter_add`` in place; returns self.
+
+    torch's in-place rules (those of ``neural_arch.core.ops_inplace``): refused on a leaf that requires
+    grad or a recorded result while grad mode is on; a constant updated from a ``src`` that requires
+    grad becomes the recorded out-of-place result.
+
+    Example::
+
+        >>> import numpy as np
+        >>> import neural_arch as na
+        >>> t = na.zeros(3)
+        >>> t.scatter_add_(0, np.array([2, 2]), na.ones(2)).tolist()
+        [0.0, 0.0, 2.0]
+    """
+    # imported here: the in-place rules' module builds on the op modules
+    from .ops_inplace import _adopt, _records, _refuse_graph_tensor
+
+    _refuse_graph_tensor(self, "scatter_add_", "t = t.scatter_add(dim, index, src)")
+    if _records(self, src):
+        return _adopt(self, scatter_add(self, dim, index, src))
+    xd = self.data
+    ax, iw, _, vals = _scatter_operands(xd, dim, index, src, "scatter_add_")
+    xp = _xp(xd)
+    _scatter_add_at(xp, xd.reshape(1) if xd.ndim == 0 else xd, _along_grid(xp, iw, ax), vals)
+    return self
+
+
+def index_select(input: Tensor, dim: int, index) -> Tensor:
+    """torch's ``index_select``: the entries of ``input`` at ``index`` (a 1-d integer tensor, repeats
+    allowed) along ``dim``; an index outside ``[0, size)`` is torch's ``IndexError`` (host arrays).
+    The gradient scatter-adds back, so repeated indices accumulate.
+
+    Example::
+
+        >>> import numpy as np
+        >>> import neural_arch as na
+        >>> x = na.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], requires_grad=True)
+        >>> y = x.index_select(1, np.array([2, 0, 2]))
+        >>> y.tolist()
+        [[3.0, 1.0, 3.0], [6.0, 4.0, 6.0]]
+        >>> y.sum().backward()
+        >>> x.grad.tolist()
+        [[1.0, 0.0, 2.0], [1.0, 0.0, 2.0]]
+    """
+    xd = input.data
+    idx = _index_data(index, xd, "index_select")
+    if idx.ndim > 1:
+        raise IndexError(f"index_select(): index must be a vector (1-d), got shape {list(idx.shape)}")
+    idx = idx.reshape(-1)
+    xp = _xp(xd)
+    ax = _check_dim(dim, xd.ndim)
+    xw = xd.reshape(1) if xd.ndim == 0 else xd
+    _check_index_bounds(idx, xw.shape[ax], ax, "index_select", IndexError)
+    out = xp.take(xw, idx, axis=ax)
+    if xd.ndim == 0 and idx.size == 1:
+        out = out.reshape(())  # a 0-d input picked once stays 0-d
+    if not _needs(input):
+        return _result(out, None)
+    shape = xd.shape
+
+    def fn(g):
+        gx = xp.zeros(xw.shape, dtype=g.dtype)
+        _scatter_add_at(xp, gx, (slice(None),) * ax + (idx,), g if xd.ndim else g.reshape(-1))
+        return (gx.reshape(shape),)
+
+    return _result(out, Node(fn, (input,), "IndexSelect"))
+
+
 # ============================================================================ method binding
 def _bind_methods(T) -> None:
     T.__getitem__ = getitem
@@ -637,3 +871,7 @@ def _bind_methods(T) -> None:
     T.byte = lambda self: astype(self, np.uint8)
     T.bool = lambda self: astype(self, np.bool_)
     T.bfloat16 = lambda self: astype(self, "bfloat16")
+    T.gather = gather
+    T.scatter_add = scatter_add
+    T.scatter_add_ = scatter_add_
+    T.index_select = index_select

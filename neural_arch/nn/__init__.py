@@ -13,20 +13,37 @@ Example::
 """
 
 from neural_arch.nn import functional, init, utils
-from neural_arch.nn.activation import GELU, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh
+from neural_arch.nn.activation import GELU, LogSoftmax, ReLU, Sigmoid, Softmax, Softplus, Tanh
 from neural_arch.nn.attention import CausalSelfAttention, MultiheadAttention
-from neural_arch.nn.batchnorm import BatchNorm1d, BatchNorm2d
+from neural_arch.nn.batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from neural_arch.nn.container import ModuleDict, ModuleList, Sequential
-from neural_arch.nn.conv import Conv2d
+from neural_arch.nn.conv import Conv1d, Conv2d
 from neural_arch.nn.flatten import Flatten, Unflatten
 from neural_arch.nn.kv_cache import KVCache
 from neural_arch.nn.linear import Embedding, Identity, Linear
-from neural_arch.nn.loss import CrossEntropyLoss, MSELoss
+from neural_arch.nn.loss import (
+    BCELoss,
+    BCEWithLogitsLoss,
+    CrossEntropyLoss,
+    HuberLoss,
+    KLDivLoss,
+    L1Loss,
+    MSELoss,
+    NLLLoss,
+    SmoothL1Loss,
+)
 from neural_arch.nn.module import IncompatibleKeys, Module
 from neural_arch.nn.moe import MoE
-from neural_arch.nn.normalization import Dropout, Dropout2d, LayerNorm
+from neural_arch.nn.normalization import Dropout, Dropout2d, GroupNorm, LayerNorm, RMSNorm
 from neural_arch.nn.parameter import Parameter
-from neural_arch.nn.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from neural_arch.nn.pooling import (
+    AdaptiveAvgPool1d,
+    AdaptiveAvgPool2d,
+    AvgPool1d,
+    AvgPool2d,
+    MaxPool1d,
+    MaxPool2d,
+)
 from neural_arch.nn.sketched import SKLinear
 from neural_arch.nn.transformer import GPT, TransformerBlock
 
@@ -39,9 +56,10 @@ __all__ = [
     "MultiheadAttention", "CausalSelfAttention", "TransformerBlock", "GPT", "MoE", "KVCache",
     "CrossEntropyLoss", "MSELoss", "utils",
     "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "BatchNorm1d", "BatchNorm2d",
-    "Dropout2d", "Flatten", "Unflatten",
+    "Dropout2d", "Flatten", "Unflatten", "Softplus", "RMSNorm", "GroupNorm",
+    "Conv1d", "BatchNorm3d", "MaxPool1d", "AvgPool1d", "AdaptiveAvgPool1d", "L1Loss", "SmoothL1Loss",
+    "HuberLoss", "BCELoss", "BCEWithLogitsLoss", "KLDivLoss", "NLLLoss",
 ]
-
 
 
 def __getattr__(name: str):

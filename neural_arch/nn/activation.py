@@ -1,4 +1,4 @@
-"""Element-wise activation modules: ``ReLU``, ``GELU``, ``Tanh``, ``Sigmoid``, ``Softmax``.
+"""Element-wise activation modules: ``ReLU``, ``GELU``, ``Tanh``, ``Sigmoid``, ``Softplus``, ``Softmax``.
 
 They hold no parameters; they exist so activations can sit inside ``Sequential``.
 
@@ -16,7 +16,7 @@ from neural_arch.core.tensor import Tensor
 from neural_arch.nn import functional as F
 from neural_arch.nn.module import Module
 
-__all__ = ["ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax"]
+__all__ = ["ReLU", "GELU", "Tanh", "Sigmoid", "Softplus", "Softmax", "LogSoftmax"]
 
 
 def _as_tensor(x) -> Tensor:
@@ -91,6 +91,29 @@ class Sigmoid(Module):
     def forward(self, x):
         return F.sigmoid(_as_tensor(x))
 
+
+class Softplus(Module):
+    """``log(1 + exp(beta * x)) / beta``, linear where ``beta * x > threshold`` (torch's
+    ``nn.Softplus(beta=1.0, threshold=20.0)``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> [round(v, 4) for v in nn.Softplus()(na.tensor([0.0, 25.0])).tolist()]
+        [0.6931, 25.0]
+    """
+
+    def __init__(self, beta: float = 1.0, threshold: float = 20.0):
+        super().__init__()
+        self.beta = float(beta)
+        self.threshold = float(threshold)
+
+    def forward(self, x):
+        return F.softplus(_as_tensor(x), self.beta, self.threshold)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, threshold={self.threshold}"
 
 class Softmax(Module):
     """Softmax over ``axis`` (``dim`` accepted as torch's spelling).

@@ -30,21 +30,36 @@ from neural_arch.core.ops_activation import (
     sigmoid,
     silu,
     softmax,
+    softplus,
     sqrt,
     tanh,
     where,
 )
 from neural_arch.core.ops_basic import add, div, matmul, mul, pow, sub  # noqa: F401
 from neural_arch.core.ops_conv import (
+    adaptive_avg_pool1d,
     adaptive_avg_pool2d,
+    avg_pool1d,
     avg_pool2d,
+    conv1d,
     conv2d,
     dropout2d,
+    max_pool1d,
     max_pool2d,
     pad,
 )
-from neural_arch.core.ops_loss import cross_entropy, mse_loss, nll_loss
-from neural_arch.core.ops_nn import dropout, embedding, layer_norm, linear  # noqa: F401
+from neural_arch.core.ops_loss import (
+    binary_cross_entropy,
+    binary_cross_entropy_with_logits,
+    cross_entropy,
+    huber_loss,
+    kl_div,
+    l1_loss,
+    mse_loss,
+    nll_loss,
+    smooth_l1_loss,
+)
+from neural_arch.core.ops_nn import dropout, embedding, group_norm, layer_norm, linear, rms_norm  # noqa: F401
 from neural_arch.core.ops_norm import batch_norm
 from neural_arch.core.ops_reduce import (
     amax,
@@ -83,6 +98,9 @@ __all__ = [
     "transpose", "permute", "squeeze", "unsqueeze", "flatten", "broadcast_to",
     "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "pad", "dropout2d", "batch_norm",
     "amax", "amin", "argmax", "argmin", "maximum", "minimum", "std",
+    "softplus", "rms_norm", "group_norm",
+    "conv1d", "max_pool1d", "avg_pool1d", "adaptive_avg_pool1d", "l1_loss", "smooth_l1_loss", "huber_loss",
+    "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div",
 ]
 
 # ---- attention (issue 31): blockwise, online-softmax scaled dot-product attention ----------------

@@ -1,4 +1,5 @@
-"""``LayerNorm``, ``Dropout`` and ``Dropout2d`` (batch norm lives in ``nn.batchnorm``).
+"""``LayerNorm``, ``RMSNorm``, ``GroupNorm``, ``Dropout`` and ``Dropout2d`` (batch norm lives in
+``nn.batchnorm``).
 
 Example::
 
@@ -19,7 +20,7 @@ from neural_arch.nn import functional as F
 from neural_arch.nn.module import Module
 from neural_arch.nn.parameter import Parameter
 
-__all__ = ["LayerNorm", "Dropout", "Dropout2d"]
+__all__ = ["LayerNorm", "RMSNorm", "GroupNorm", "Dropout", "Dropout2d"]
 
 
 class LayerNorm(Module):
@@ -60,6 +61,80 @@ class LayerNorm(Module):
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
 
+
+class RMSNorm(Module):
+    """Root-mean-square normalisation over the trailing ``normalized_shape`` dims with a learnable
+    scale (torch 2.4's ``nn.RMSNorm``); ``eps=None`` is the input dtype's machine epsilon.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> norm = nn.RMSNorm(4)
+        >>> y = norm(na.randn(2, 4))
+        >>> y.shape, bool(abs((y.data ** 2).mean(axis=-1) - 1).max() < 1e-4)
+        ((2, 4), True)
+    """
+
+    def __init__(self, normalized_shape, eps=None, elementwise_affine: bool = True, device=None,
+                 dtype=np.float32):
+        super().__init__()
+        if isinstance(normalized_shape, (int, np.integer)):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(int(d) for d in normalized_shape)
+        self.eps = None if eps is None else float(eps)
+        self.elementwise_affine = bool(elementwise_affine)
+        if self.elementwise_affine:
+            self.weight = Parameter(np.ones(self.normalized_shape, dtype=dtype), device=device)
+        else:
+            self.register_parameter("weight", None)
+
+    def forward(self, x):
+        x = x if isinstance(x, Tensor) else Tensor(x)
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class GroupNorm(Module):
+    """Group normalisation (torch's ``nn.GroupNorm(num_groups, num_channels, eps=1e-5,
+    affine=True)``): the channels of ``(N, C, *)`` input split into ``num_groups`` groups, each
+    normalised per sample, then a learnable per-channel scale and shift.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> gn = nn.GroupNorm(2, 4)
+        >>> y = gn(na.randn(3, 4, 5))
+        >>> y.shape, bool(abs(y.data.reshape(3, 2, 10).mean(axis=-1)).max() < 1e-5)
+        ((3, 4, 5), True)
+    """
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True,
+                 device=None, dtype=np.float32):
+        super().__init__()
+        if num_groups <= 0 or num_channels % num_groups:
+            raise ValueError(f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups "
+                             f"({num_groups})")
+        self.num_groups = int(num_groups)
+        self.num_channels = int(num_channels)
+        self.eps = float(eps)
+        self.affine = bool(affine)
+        if self.affine:
+            self.weight = Parameter(np.ones(self.num_channels, dtype=dtype), device=device)
+            self.bias = Parameter(np.zeros(self.num_channels, dtype=dtype), device=device)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, x):
+        x = x if isinstance(x, Tensor) else Tensor(x)
+        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
 
 class Dropout(Module):
     """Zero each element with probability ``p`` while training, scaling the rest by 1/(1-p).
