@@ -11,7 +11,9 @@ gradients travel the other way: each unsharded gradient is padded to ``n`` chunk
 an ``(n, per_rank)`` array in the reduce dtype; the reduce-scatter leaves this rank its
 ``per_rank`` elements (the sum over the shard group), HSDP then all-reduces them over the replicate
 group, and the sum is divided by the data-parallel degree (the mean, as DDP) and stored, in the
-sharded parameter's dtype, as (or added to) the sharded parameter's gradient. A ``replicate_group``
+sharded parameter's dtype, as (or added to) the sharded parameter's gradient. The reduction carries
+one more element per parameter after each rank's ``per_rank``: how many ranks had a gradient for it
+(none: its gradient is left alone, as one process leaves an unused parameter's). A ``replicate_group``
 from outside the mesh (a fault-tolerant replica's lane, whose size is the current quorum's) averages
 instead, and the shard group's sum is divided by the shard group's size.
 
@@ -87,6 +89,10 @@ class FSDPParamGroup:
         self.reshard_after_forward = bool(reshard_after_forward)
         self.reshard_after_backward = True
         self.requires_gradient_sync = True
+        self.requires_all_reduce = True
+        # HSDP with requires_all_reduce False: the reduce-scattered sums (and counts) not yet
+        # all-reduced over the replicate group, added to the next reduction that is
+        self._partial = None
         dtypes = {np.dtype(fp.orig_dtype) for fp in self.fsdp_params}
         if mp_policy.param_dtype is None and len(dtypes) > 1:
             raise ValueError(f"fully_shard: the parameters of one module have several dtypes {sorted(map(str, dtypes))}; "
@@ -104,8 +110,7 @@ class FSDPParamGroup:
         self.buffer = None
         self.is_unsharded = False
         self._trainable = [fp for fp in self.fsdp_params if fp.requires_grad]
-        self._ready: set[int] = set()
-        self._reduced = False
+        self._ready: set[int] = set()   # the parameters whose gradient is final in this round
         self._callback_queued = False
         self._pending = None          # a prefetched all-gather: (work, table)
         #: the group whose module ran just before this one in the last forward (its backward comes
@@ -130,9 +135,20 @@ class FSDPParamGroup:
         self.buffer = buf
         for fp in self.fsdp_params:
             view = buf[fp.unsharded_offset:fp.unsharded_offset + fp.numel].reshape(fp.shape)
-            fp.unsharded = Tensor(view, requires_grad=fp.requires_grad)
-            if fp.requires_grad:
-                fp.unsharded.register_post_accumulate_grad_hook(lambda t, fp=fp: self._on_grad_final(fp))
+            # every leaf gets the hook; whether it takes a gradient follows the sharded parameter at
+            # each forward (see _follow_requires_grad), so freezing one later works
+            fp.unsharded = Tensor(view, requires_grad=True)
+            fp.unsharded.register_post_accumulate_grad_hook(lambda t, fp=fp: self._on_grad_final(fp))
+            fp.unsharded.requires_grad = fp.requires_grad
+
+    def _follow_requires_grad(self) -> None:
+        """Take ``requires_grad`` from the sharded parameters (what the user sets, e.g. freezing a layer
+        for fine-tuning after ``fully_shard``): the unsharded leaves the forward uses, and the set of
+        parameters whose gradients a backward waits for."""
+        self._trainable = [fp for fp in self.fsdp_params if fp.requires_grad]
+        if self.buffer is not None:
+            for fp in self.fsdp_params:
+                fp.unsharded.requires_grad = fp.requires_grad
 
     # ------------------------------------------------------------------ unshard / reshard
     def _start_gather(self, async_op: bool):
@@ -188,12 +204,17 @@ class FSDPParamGroup:
 
     # ------------------------------------------------------------------ forward / backward hooks
     def pre_forward(self, args):
+        self._follow_requires_grad()
         self.unshard()
+        return self.cast_inputs(args)
+
+    def cast_inputs(self, inputs):
+        """``inputs`` (the positional tuple, or the keyword dict) with every floating Tensor in them,
+        nested ones too, cast to ``param_dtype`` (``cast_forward_inputs``, torch's); None: no cast."""
         dt = self.mp_policy.param_dtype
         if dt is None or not self.mp_policy.cast_forward_inputs:
             return None
-        return tuple(a.to(dt) if isinstance(a, Tensor) and a.is_floating_point() and a.dtype != dt else a
-                     for a in args)
+        return _cast_floating(inputs, dt)
 
     def post_forward(self, out, reshard: bool):
         if reshard:
@@ -223,54 +244,83 @@ class FSDPParamGroup:
             self._post_backward()
 
     def _post_backward(self) -> None:
-        if self._reduced:
-            return
-        self._reduced = True
+        # a new round may follow in the same backward: an activation-checkpointed module applied twice
+        # (or in two forwards) is recomputed once per use, and each recomputation's backward ends with
+        # the gradients "final"; the next round's contributions are reduced and added in turn
+        self._ready.clear()
         if self.requires_gradient_sync:
             self.reduce_grads()
-        if self.reshard_after_backward:
+        if self._reshards_after_backward():
             self.reshard()
+
+    def _reshards_after_backward(self) -> bool:
+        # a synced backward is followed by the optimizer step, which changes the shards: parameters
+        # kept gathered would be stale in the next forward (reshard_after_backward=False is for the
+        # unsynced backwards of gradient accumulation, torch's use)
+        return self.reshard_after_backward or self.requires_gradient_sync
 
     def _finish_backward(self) -> None:
         self._drop_prefetch()   # prefetched but never needed: the shards change before the next forward
         # the parameters that got no gradient in this backward never reported final: reduce now
-        if self._ready and not self._reduced:
+        if self._ready:
             self._post_backward()
-        elif self.reshard_after_backward:
+        elif self._reshards_after_backward():
             self.reshard()
-        self._ready.clear()
-        self._reduced = False
         self._callback_queued = False
 
     # ------------------------------------------------------------------ gradients
     def reduce_grads(self) -> None:
         """Reduce-scatter the unsharded gradients (one collective; HSDP: then one all-reduce over the
-        replicate group), average over the data-parallel ranks, add to the sharded gradients."""
-        grads = [(fp, fp.unsharded.grad) for fp in self._trainable]
+        replicate group), average over the data-parallel ranks, add to the sharded gradients.
+
+        A parameter without a gradient on this rank contributes zeros (the mean over the ranks that
+        used it counts this one as zero). One more element per parameter, after each rank's
+        ``per_rank`` elements, counts the ranks that had a gradient for it: a parameter no rank used
+        in this backward keeps its sharded gradient as it was (``None`` after ``zero_grad``), as in
+        one process, where the optimizer then skips it (a zero gradient would still move it by
+        momentum and weight decay)."""
+        # every parameter, frozen ones too (frozen after gradients accumulated: one process would
+        # still step them with those): the same list on every rank, whatever each one's gradients
+        grads = [(fp, fp.unsharded.grad if fp.unsharded is not None else None) for fp in self.fsdp_params]
         if all(g is None for _, g in grads):
             return
         xp = _backend.get_array_module(next(g for _, g in grads if g is not None).data)
-        n = self.shard_size
-        send = xp.zeros((n, self.per_rank), dtype=self.reduce_dtype)
-        for fp, g in grads:
+        n, width = self.shard_size, self.per_rank + len(grads)
+        send = xp.zeros((n, width), dtype=self.reduce_dtype)
+        for i, (fp, g) in enumerate(grads):
             if g is None:
                 continue
             padded = xp.zeros(n * fp.padded_numel, dtype=self.reduce_dtype)
             padded[:fp.numel] = g.data.reshape(-1)
             send[:, fp.offset:fp.offset + fp.padded_numel] = padded.reshape(n, fp.padded_numel)
+            send[:, self.per_rank + i] = 1      # in every rank's part: the count reaches them all
             fp.unsharded.grad = None
-        out = xp.empty(self.per_rank, dtype=self.reduce_dtype)
+        out = xp.empty(width, dtype=self.reduce_dtype)
         self.shard_group.backend.reduce_scatter(out, send.reshape(-1), ReduceOp.SUM)
+        if self.replicate_group is not None:
+            if self._partial is not None:
+                out += self._partial
+                self._partial = None
+            if not self.requires_all_reduce:
+                self._partial = out      # the sharded gradients wait for the all-reduce
+                return
         if self._replicate_averages:
-            self.replicate_group.backend.allreduce(out, ReduceOp.AVG)
+            # a fault-tolerant lane carries the gradient shard only (its quorum changes from step to
+            # step): the counts are the shard group's, so every parameter takes its (zero-filled)
+            # gradient, the same on every replica
+            self.replicate_group.backend.allreduce(out[:self.per_rank], ReduceOp.AVG)
             out /= self.shard_size
+            out[self.per_rank:] = 1
         else:
             if self.replicate_group is not None:
                 self.replicate_group.backend.allreduce(out, ReduceOp.SUM)
             out /= self.dp_size
         if self.host_offload and self.device != "cpu":
             out = _backend.to_device(out, "cpu")
-        for fp, g in grads:
+        used = _backend.to_host(out[self.per_rank:] > 0)
+        for i, (fp, g) in enumerate(grads):
+            if not used[i]:
+                continue
             sp = fp.sharded_param
             piece = out[fp.offset:fp.offset + fp.local_rows * fp.row_numel]
             piece = piece.reshape((fp.local_rows,) + fp.shape[1:]).astype(fp.orig_dtype, copy=True)
@@ -284,7 +334,8 @@ def _cast_floating(out, dtype):
     if isinstance(out, Tensor):
         return out.to(dtype) if out.is_floating_point() and out.dtype != dtype else out
     if isinstance(out, tuple):
-        return tuple(_cast_floating(o, dtype) for o in out)
+        items = [_cast_floating(o, dtype) for o in out]
+        return type(out)(*items) if hasattr(out, "_fields") else tuple(items)   # namedtuples stay
     if isinstance(out, list):
         return [_cast_floating(o, dtype) for o in out]
     if isinstance(out, dict):

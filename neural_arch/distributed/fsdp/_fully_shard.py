@@ -18,7 +18,11 @@ flat units), and hooks the module so that, per call:
    (``DTensor`` ``Shard(0)`` too), and the module is resharded.
 
 ``set_requires_gradient_sync(False)`` skips the reductions: the unsharded gradients accumulate on
-each rank, and the next synced backward reduces their sum (gradient accumulation, torch's).
+each rank, and the next synced backward reduces their sum (gradient accumulation, torch's). With
+HSDP, ``set_requires_all_reduce(False)`` reduce-scatters each backward but keeps the sums until a
+backward that all-reduces them. A parameter that no rank used in a backward keeps its gradient
+(``None`` after ``zero_grad``: the optimizer skips it, as in one process); one used on some ranks
+only gets the mean with zeros for the others.
 
 The module's class becomes a subclass of its own class and :class:`FSDPModule` (torch does this),
 so ``isinstance(model, FSDPModule)`` and ``model.unshard()`` work and everything else is unchanged.
@@ -81,6 +85,7 @@ from neural_arch.distributed.fsdp._fsdp_param_group import FSDPParamGroup
 from neural_arch.distributed.resolve import _resolve_group
 from neural_arch.distributed.tensor.placement_types import Replicate, Shard
 from neural_arch.nn.module import Module
+from neural_arch.optim.optimizer import register_optimizer_step_pre_hook
 
 __all__ = ["FSDPModule", "UnshardHandle", "fully_shard"]
 
@@ -99,8 +104,6 @@ class _FSDPState:
         self.group = group
         self.is_root = True           # until a fully_shard on an ancestor says otherwise
         self.is_last_backward = True
-        # the parameters it replaced, weakly (one still alive in another slot is shared with it)
-        self.originals: dict[int, weakref.ref] = {}
 
     def pre_forward(self, module, args):
         if self.is_root and is_grad_enabled():
@@ -146,6 +149,13 @@ class FSDPModule:
         model.set_requires_gradient_sync(False)    # accumulate without reducing
     """
 
+    def __call__(self, *args, **kwargs):
+        # the forward pre-hook casts the positional inputs; Module's hooks never see keyword ones,
+        # which torch's cast_forward_inputs casts too
+        if kwargs:
+            kwargs = self._fsdp_state.group.cast_inputs(kwargs) or kwargs
+        return super().__call__(*args, **kwargs)
+
     def _fsdp_modules(self, recurse: bool):
         mods = self.modules() if recurse else [self]
         return [m for m in mods if isinstance(m, FSDPModule)]
@@ -186,15 +196,40 @@ class FSDPModule:
         for m in self._fsdp_modules(recurse):
             m._fsdp_state.group.requires_gradient_sync = requires_gradient_sync
 
-    def set_reshard_after_backward(self, reshard_after_backward: bool, *, recurse: bool = True) -> None:
-        """Whether the parameters are resharded once the module's backward is over (default True).
+    def set_requires_all_reduce(self, requires_all_reduce: bool, *, recurse: bool = True) -> None:
+        """HSDP: ``False`` reduce-scatters each backward's gradients over the shard dimension but
+        skips the all-reduce over the replicate dimension; the sums wait (this rank's shard of them)
+        until a backward with ``True`` all-reduces them with its own, and only then are the sharded
+        gradients set (torch's gradient accumulation that keeps sharded gradients only, with less
+        traffic across replicas). Without a replicate dimension it changes nothing.
 
         Example::
 
-            model.set_reshard_after_backward(False)    # keep them gathered for the next forward
+            for k, (x, y) in enumerate(micro_batches):
+                model.set_requires_all_reduce(k == len(micro_batches) - 1)
+                loss_fn(model(x), y).backward()
         """
+        if not isinstance(requires_all_reduce, bool):
+            raise TypeError(f"set_requires_all_reduce: requires_all_reduce={requires_all_reduce!r} must be a bool")
         for m in self._fsdp_modules(recurse):
-            m._fsdp_state.group.reshard_after_backward = bool(reshard_after_backward)
+            m._fsdp_state.group.requires_all_reduce = requires_all_reduce
+
+    def set_reshard_after_backward(self, reshard_after_backward: bool, *, recurse: bool = True) -> None:
+        """Whether the parameters are resharded once the module's backward is over (default True).
+        ``False`` keeps them gathered after the *unsynced* backwards of gradient accumulation (no
+        re-gather before the next micro-batch, torch's use); a synced backward always reshards, as
+        the optimizer step that follows changes the shards (the gathered copy would be stale).
+
+        Example::
+
+            model.set_requires_gradient_sync(False)
+            model.set_reshard_after_backward(False)    # keep them gathered for the next micro-batch
+        """
+        if not isinstance(reshard_after_backward, bool):
+            raise TypeError(f"set_reshard_after_backward: reshard_after_backward={reshard_after_backward!r} "
+                            "must be a bool")
+        for m in self._fsdp_modules(recurse):
+            m._fsdp_state.group.reshard_after_backward = reshard_after_backward
 
     def set_reshard_after_forward(self, reshard_after_forward: bool, recurse: bool = True) -> None:
         """Change ``reshard_after_forward`` after ``fully_shard`` (torch's).
@@ -220,6 +255,27 @@ class FSDPModule:
 
 
 _CLASSES: dict[type, type] = {}
+#: every parameter a fully_shard call replaced by its shard, by id, while it is alive anywhere (a slot
+#: of another module still holding it is a tie across fully_shard modules: refused)
+_SHARDED_ORIGINALS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_calls = 0                # fully_shard calls so far (a checked optimizer is checked again after one)
+_step_check = None        # the global optimizer step pre-hook, registered by the first call
+_checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # optimizer -> (parameters, _calls)
+
+
+def _refuse_replaced_parameters(optimizer, args, kwargs):
+    """Before every optimizer step: an optimizer built before ``fully_shard`` holds the parameters it
+    replaced, which never get a gradient again -- its steps would silently train nothing."""
+    params = [p for g in getattr(optimizer, "param_groups", ()) for p in g["params"]]
+    if _checked.get(optimizer) == (len(params), _calls):
+        return
+    for p in params:
+        if _SHARDED_ORIGINALS.get(id(p)) is p:
+            raise RuntimeError(f"{type(optimizer).__name__}.step(): the optimizer holds a parameter of shape "
+                               f"{tuple(p.shape)} that fully_shard has replaced by its shard, so it never gets a "
+                               "gradient and the step would train nothing; build the optimizer after "
+                               "fully_shard, from model.parameters() (the sharded parameters)")
+    _checked[optimizer] = (len(params), _calls)
 
 
 def _fsdp_class(cls: type) -> type:
@@ -244,6 +300,26 @@ def _managed_slots(module: Module):
 
     walk(module)
     return list(found.values())
+
+
+def _refuse_shards_of_an_ancestor(module: Module) -> None:
+    """A sharded parameter below ``module`` that no nested ``fully_shard`` module holds was sharded by
+    a ``fully_shard`` call on an ancestor (called top-down): ``module`` would get no parameters, and
+    the ancestor's unit would still gather them around ``module``'s forward."""
+
+    def walk(m: Module, prefix: str):
+        for name, p in m._parameters.items():
+            if isinstance(p, ShardedParameter):
+                raise ValueError(  # noqa: TRY004 - a wrong order of calls, not a wrong argument type
+                    f"fully_shard: parameter {prefix}{name} of {type(module).__name__} is already a shard "
+                    "of an earlier fully_shard call that no fully_shard module inside it holds: apply "
+                    "fully_shard bottom-up (each block first, then the root), and keep shared "
+                    "parameters in one fully_shard module")
+        for child_name, child in m._modules.items():
+            if child is not None and not isinstance(child, FSDPModule):
+                walk(child, f"{prefix}{child_name}.")
+
+    walk(module, "")
 
 
 def _check_args(module, mesh, reshard_after_forward, mp_policy, offload_policy, replicate_group=None):
@@ -309,10 +385,11 @@ def fully_shard(module: Module, *, mesh: DeviceMesh | None = None, reshard_after
     offload_policy = OffloadPolicy() if offload_policy is None else offload_policy
     _check_args(module, mesh, reshard_after_forward, mp_policy, offload_policy, replicate_group)
     slots = _managed_slots(module)
-    nested = {k: ref for sub in module.modules() if isinstance(sub, FSDPModule)
-              for k, ref in sub._fsdp_state.originals.items()}
+    _refuse_shards_of_an_ancestor(module)
     for p, where in slots:
-        if id(p) in nested and nested[id(p)]() is p:
+        # any earlier call, not only one nested in this module: a sibling sharing the parameter (block 1
+        # tied to block 0) would otherwise get a second, independent shard of it -- silently untied
+        if _SHARDED_ORIGINALS.get(id(p)) is p:
             owner, name = where[0]
             raise ValueError(f"fully_shard: parameter {type(owner).__name__}.{name} is shared with a module that "
                              "an earlier fully_shard call sharded; shared parameters must belong to one "
@@ -336,7 +413,12 @@ def fully_shard(module: Module, *, mesh: DeviceMesh | None = None, reshard_after
         if sub is not module and isinstance(sub, FSDPModule):
             sub._fsdp_state.is_root = False
     state = _FSDPState(group)
-    state.originals = {id(p): weakref.ref(p) for p, _ in slots}
+    global _calls, _step_check
+    for p, _ in slots:
+        _SHARDED_ORIGINALS[id(p)] = p
+    _calls += 1
+    if _step_check is None:
+        _step_check = register_optimizer_step_pre_hook(_refuse_replaced_parameters)
     object.__setattr__(module, "_fsdp_state", state)
     module.register_forward_pre_hook(state.pre_forward)
     module.register_forward_hook(state.post_forward)
