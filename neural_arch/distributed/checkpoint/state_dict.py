@@ -243,20 +243,30 @@ def _full(tree: dict, options: StateDictOptions, group=None) -> dict:
 def _state_group(params) -> object | None:
     """The process group a full state dict of these parameters is gathered over: the one group every
     split flat shard among them (FSDP's, ZeRO-2's) is split over, when there is exactly one and nothing
-    else is sharded. None (the world) otherwise: DTensor parameters, experts' shards (experts differ
-    across the expert-parallel group), shards over several groups. A model sharded over a sub-group is
+    else is sharded, or the group of the 1-d mesh ``fully_shard`` sharded every DTensor parameter
+    over. None (the world) otherwise: TP's DTensors (replicas may live on other ranks), meshes of
+    several dimensions, experts' shards (experts differ across the expert-parallel group), shards over
+    several groups. A model sharded over a sub-group is
     gathered there: its ranks alone call this, and a gather over the world would wait for the others
     until the timeout."""
     group = None
+    mesh = None
     for p in params:
         if is_dtensor(p):
-            return None
+            # fully_shard's parameters, all on one 1-d mesh: the model lives on that mesh's ranks alone
+            # (a sub-group: the other ranks never call this). A TP DTensor may have replicas elsewhere.
+            if not getattr(p, "fully_sharded", False) or (mesh is not None and p.device_mesh is not mesh):
+                return None
+            mesh = p.device_mesh
+            continue
         fs = getattr(p, "_flat_shard", None)
         if fs is None or fs.group is None:
             continue
         if type(fs) is not FlatShard or (group is not None and fs.group is not group):
             return None
         group = fs.group
+    if mesh is not None:
+        return mesh.get_group() if group is None and mesh.ndim == 1 else None
     return group
 
 

@@ -64,6 +64,10 @@ class ShardedParameter(DTensorParameter):
         p.shape, p.dtensor_shape, p.placements   # (3, 3), (5, 3), (Shard(dim=0),)
     """
 
+    #: read by the distributed checkpoint's full state dicts: a model ``fully_shard`` sharded over a
+    #: 1-d mesh lives on that mesh's ranks only (a TP DTensor may be replicated on other ranks)
+    fully_sharded = True
+
 
 class ShardedGrad(Tensor, DTensor):
     """The gradient of a :class:`ShardedParameter`: this rank's rows of the averaged gradient, as a
