@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from neural_arch import config
 from neural_arch.distributed.comm import spans as _spans
@@ -94,6 +94,8 @@ class StallReport:
     waiting: list[int]
     last_seen: dict[int, str]
     message: str
+    #: rank -> the other collective it waits in at this sequence number ("broadcast #12"): a desync
+    other_op: dict[int, str] = field(default_factory=dict)
 
 
 class StallInspector:
@@ -234,7 +236,7 @@ class StallInspector:
                             "irecv() or batch_isend_irecv()")
             missing = [peer] if peer is not None else []
             return StallReport(self.rank, info.name, seq, group, age, missing, [self.rank], {}, message)
-        missing, waiting, last_seen = [], [], {}
+        missing, waiting, last_seen, other, past = [], [], {}, {}, []
         if self.store is None:
             return self._report_by_presence(info, age, runner, head, group, seq)
         self._publish(info)  # refresh: this rank is certainly waiting here
@@ -246,12 +248,36 @@ class StallInspector:
             text = self.store.get(key).decode(errors="replace")
             their_seq, _, their_op = text.partition(" ")
             last_seen[r] = f"{their_op} #{their_seq}"
-            (waiting if int(their_seq) >= seq else missing).append(r)
-        seen = "; ".join(f"rank {r} last waited at {last_seen[r]}" for r in missing if r in last_seen)
+            try:
+                their = int(their_seq)
+            except ValueError:      # not a key this inspector wrote: the rank is not known to be here
+                missing.append(r)
+                continue
+            if their == seq and their_op != info.name:
+                # the same number in another collective: it will never join this one (a desync)
+                other[r] = last_seen[r]
+                missing.append(r)
+            elif their >= seq:
+                (past if their > seq else waiting).append(r)
+            else:
+                missing.append(r)
+        if not missing:
+            message = (f"{head}: every rank of the group has reached it (ranks {sorted(waiting + past)}), none is "
+                       "missing: it is only slow, or its transport makes no progress (look at the network/stacks)")
+            return StallReport(self.rank, info.name, seq, group, age, [], sorted(waiting + past), last_seen, message)
+        seen = "; ".join(f"rank {r} waits in {other[r]} instead" if r in other else
+                         f"rank {r} last waited at {last_seen[r]}" for r in missing if r in last_seen)
         message = (f"{head}: ranks {missing} have not arrived" + (f" ({seen})" if seen else "") +
-                   f"; ranks {waiting} are waiting here. A rank that has not arrived is slow, stuck outside "
-                   "collectives, or took a different code path (look at its log/stack)")
-        return StallReport(self.rank, info.name, seq, group, age, missing, waiting, last_seen, message)
+                   f"; ranks {waiting} are waiting here" +
+                   (f" (ranks {past} already waited at a later op of this group)" if past else "") + ". ")
+        if other:
+            message += (f"Ranks {sorted(other)} called another collective as #{seq} of this group: the ranks' code "
+                        "paths differ (look at the collectives each one calls)")
+        else:
+            message += ("A rank that has not arrived is slow, stuck outside collectives, or took a different code "
+                        "path (look at its log/stack)")
+        return StallReport(self.rank, info.name, seq, group, age, missing, sorted(waiting + past), last_seen,
+                           message, other)
 
     def _report_by_presence(self, info, age: float, runner, head: str, group: list[int], seq: int) -> StallReport:
         """No rendezvous store (an MPI job): ask the other ranks' presence threads what they are doing
