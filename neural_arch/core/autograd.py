@@ -30,6 +30,7 @@ import functools
 import heapq
 import itertools
 import threading
+import weakref
 
 import numpy as np
 
@@ -43,6 +44,8 @@ __all__ = [
     "is_backward_running",
     "Node",
     "RemovableHandle",
+    "version_of",
+    "bump_version",
     "run_backward",
 ]
 
@@ -137,8 +140,9 @@ class enable_grad(_NoArgGradMode):
 
 
 class inference_mode(_GradMode):
-    """torch's ``inference_mode``: here the same as :class:`no_grad` (there are no version
-    counters or views to skip); ``inference_mode(False)`` leaves the grad mode as it is.
+    """torch's ``inference_mode``: here the same as :class:`no_grad` (version counters are kept
+    on every array, so there is nothing to skip); ``inference_mode(False)`` leaves the grad mode
+    as it is.
 
     Example::
 
@@ -316,6 +320,126 @@ def next_seq() -> int:
     module call's nodes with two of these to know when all of them have run in backward)."""
     return next(_seq)
 
+# --------------------------------------------------------------------------------------------
+# Version counters (torch's ``Tensor._version``)
+# --------------------------------------------------------------------------------------------
+#
+# torch keeps one counter per storage, shared by a tensor and all its views, bumped by every
+# in-place write; a node remembers the versions of the tensors it saved and refuses to run its
+# backward when one moved. Here a tensor's array *is* its storage handle: views made by basic
+# indexing, reshape, transpose, detach() or ``Tensor(t.data)`` are arrays whose ``.base`` chain
+# ends at the array that owns the memory, so the counter is kept per owner, in one dict keyed by
+# the owner's id. Nothing is stored per tensor or per op output: only in-place
+# writes and the ops that save a constant input for backward touch the dict.
+#
+# Not covered (documented limits): writes through ``.data`` or straight NumPy calls (torch does not
+# count ``.data`` writes either); tensors that require grad (in-place changes to them are refused
+# while grad mode is on, but an update under ``no_grad`` between forward and backward, e.g. an
+# optimizer step taken too early, is not detected); gradients accumulated into ``.grad``.
+#
+# An owner's entry is dropped when the owner dies (a weakref callback), so a later array that
+# reuses its id starts again at 0; an owner that takes no weak reference keeps its entry (a stale
+# count is harmless: a node holds the array it saved, so the id cannot be reused before the check).
+_versions: dict = {}
+
+
+def _owner(arr):
+    """The array that owns ``arr``'s memory: the last array of its ``.base`` chain (NumPy collapses
+    view-of-view chains, so this is one step for ordinary views). A chain that ends in a raw buffer
+    (``np.frombuffer``, an array over shared memory) stops at the array made from it: arrays made
+    separately over one buffer count apart, as torch's separate storages do."""
+    base = getattr(arr, "base", None)
+    while base is not None and getattr(base, "dtype", None) is not None:
+        arr = base
+        base = getattr(arr, "base", None)
+    return arr
+
+
+def version_of(arr) -> int:
+    """The version counter of the memory behind ``arr``: how many recorded in-place writes it has
+    seen (shared with every view of the same memory).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.core.autograd import bump_version, version_of
+        >>> a = np.zeros(4)
+        >>> bump_version(a[1:])             # an in-place write through a view
+        >>> version_of(a), version_of(a.reshape(2, 2))
+        (1, 1)
+    """
+    return _versions.get(id(_owner(arr)), 0)
+
+
+def _forget(key: int) -> None:
+    _versions.pop(key, None)
+
+
+def bump_version(arr, to: int | None = None) -> None:
+    """Record one in-place write to ``arr`` (or set its counter to ``to``): every in-place
+    method calls this after writing, so nodes that saved the array see the change.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.core.autograd import bump_version, version_of
+        >>> a = np.zeros(2)
+        >>> bump_version(a); bump_version(a)
+        >>> version_of(a)
+        2
+    """
+    owner = _owner(arr)
+    key = id(owner)
+    cur = _versions.get(key)
+    if cur is None:
+        try:
+            weakref.finalize(owner, _forget, key)
+        except TypeError:  # bytes, mmap and the like take no weak reference: keep the entry
+            pass
+        cur = 0
+    _versions[key] = cur + 1 if to is None else to
+
+
+def saved_versions(tensors) -> tuple | None:
+    """``(array, version)`` for each constant Tensor in ``tensors`` (``None`` entries, non-Tensors
+    and tensors that require grad are skipped): what a :class:`Node` checks before its backward.
+    Returns ``None`` when there is nothing to check (the common case costs one loop).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from neural_arch.core.tensor import Tensor
+        >>> x = Tensor(np.zeros(2))
+        >>> [(a.shape, v) for a, v in saved_versions((x, None))]
+        [((2,), 0)]
+    """
+    out = None
+    for t in tensors:
+        if t is None or getattr(t, "requires_grad", True):
+            continue
+        arr = t.data
+        entry = (arr, _versions.get(id(_owner(arr)), 0) if _versions else 0)
+        out = (entry,) if out is None else out + (entry,)
+    return out
+
+
+_MODIFIED_MSG = (
+    "one of the variables needed for gradient computation has been modified by an inplace "
+    "operation: [{dtype} tensor of shape {shape}], saved by {name}Backward, is at version {now}; "
+    "expected version {then} instead. Hint: the in-place change came after the forward pass that "
+    "used it; make it before the forward, after backward, or on a copy (t = t.clone())"
+)
+
+
+def _check_saved_entries(name: str, saved: tuple) -> None:
+    """Raise torch's error when an array that node ``name`` saved was written in place since."""
+    for arr, then in saved:
+        now = _versions.get(id(_owner(arr)), 0)
+        if now != then:
+            raise RuntimeError(_MODIFIED_MSG.format(
+                dtype=arr.dtype, shape=list(arr.shape), name=name, now=now, then=then))
+
+
 _FREED_MSG = (
     "Trying to backward through the graph a second time (its saved arrays were freed after the "
     "first backward). Pass retain_graph=True to the first .backward() call if you need to "
@@ -329,6 +453,9 @@ class Node:
     ``parents`` holds the input Tensors (``None`` for inputs that need no gradient).
     ``fresh=True`` promises that the arrays ``fn`` returns are newly allocated and not shared with
     each other, so the engine may store them as ``.grad`` (or add into them) without copying.
+    ``saved`` lists the op's inputs whose arrays ``fn`` reads: the constant ones among them (those
+    that need no gradient, so no ``parents`` edge guards them) have their version remembered, and
+    the engine refuses to run ``fn`` once one of them was changed in place (torch's check).
 
     Example::
 
@@ -338,14 +465,22 @@ class Node:
         ('Node', 'Mul')
     """
 
-    __slots__ = ("fn", "parents", "name", "seq", "fresh", "hooks", "retain", "__weakref__")
+    __slots__ = ("fn", "parents", "name", "seq", "fresh", "hooks", "retain", "saved", "__weakref__")
 
-    def __init__(self, fn, parents, name: str, fresh: bool = True):
+    def __init__(self, fn, parents, name: str, fresh: bool = True, saved=None):
         self.fn = fn
         self.parents = parents
         self.name = name
         self.seq = next(_seq)
         self.fresh = fresh
+        # (array, version) per constant input fn reads; None: nothing to check. The loop finds the
+        # common case (every input requires grad, or is a number) without a call.
+        self.saved = None
+        if saved is not None:
+            for t in saved:
+                if t is not None and not getattr(t, "requires_grad", True):
+                    self.saved = saved_versions(saved)
+                    break
         self.hooks = None  # dict of tensor hooks of the output tensor (register_hook on non-leaf)
         self.retain = None  # weakref to the output tensor when retain_grad() was called
 
@@ -491,11 +626,13 @@ def _execute(root_node, grad, retain_graph, make_tensor):
         entry = bufs_pop(n, None)
         fn = n.fn
         parents = n.parents
+        saved = n.saved
         if not retain_graph:
             # Free the saved arrays (closure) and the links to the input tensors, so activations
             # die as soon as backward is done even if the caller keeps the loss tensor around.
             n.fn = None
             n.parents = ()
+            n.saved = None
         if entry is None:
             # this node got no gradient: only propagate the "done" signal
             for p in parents:
@@ -516,6 +653,8 @@ def _execute(root_node, grad, retain_graph, make_tensor):
                         if e is not None:
                             _finalize_leaf(p, e[0], e[1], make_tensor)
             continue
+        if saved is not None:
+            _check_saved_entries(n.name, saved)
         g = entry[0]
         if n.hooks:
             g, replaced = _run_tensor_hooks(n.hooks, g, make_tensor)

@@ -434,7 +434,7 @@ def clip(x: Tensor, min=None, max=None) -> Tensor:
             ghi = unbroadcast(g * picked, hi.shape).astype(hi.dtype, copy=False)
         return gx, glo, ghi
 
-    return _result(out, Node(fn, (x if rx else None, lot, hit), "Clip"))
+    return _result(out, Node(fn, (x if rx else None, lot, hit), "Clip", saved=(x, min, max)))
 
 
 clamp = clip
@@ -474,7 +474,7 @@ def where(cond, a, b) -> Tensor:
             unbroadcast(xp.where(cd, zero, g), bsh) if rb else None,
         )
 
-    return _result(out, Node(fn, (at if ra else None, bt if rb else None), "Where"))
+    return _result(out, Node(fn, (at if ra else None, bt if rb else None), "Where", saved=(cond,)))
 
 
 def masked_fill(input: Tensor, mask, value) -> Tensor:
@@ -518,7 +518,8 @@ def masked_fill(input: Tensor, mask, value) -> Tensor:
         gv = xp.where(md, g, zero).sum().astype(vd.dtype) if rv else None
         return gx, gv
 
-    return _result(out, Node(fn, (input if rx else None, vt if rv else None), "MaskedFill"))
+    return _result(out, Node(fn, (input if rx else None, vt if rv else None), "MaskedFill",
+                                saved=(mask,)))
 
 
 # ============================================================================ softmax family

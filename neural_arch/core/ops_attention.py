@@ -544,6 +544,8 @@ def local_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, i
             return grads + (unbroadcast(dmask, tuple(bias.shape)).astype(bias.dtype, copy=False),)
 
         parents = (q if q.requires_grad else None, k if k.requires_grad else None, v if v.requires_grad else None)
-        node = Node(backward, parents if bias is None else parents + (bias,), "ScaledDotProductAttention")
+        # the backward recomputes the scores from q, k, v and a boolean mask (an additive one was copied)
+        node = Node(backward, parents if bias is None else parents + (bias,), "ScaledDotProductAttention",
+                    saved=(q, k, v, attn_mask if mask.kind == "bool" else None))
     result = _result(out, node)
     return (result, Tensor._wrap(lse)) if return_lse else result

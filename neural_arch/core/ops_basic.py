@@ -126,7 +126,7 @@ def mul(a: Tensor, b) -> Tensor:
             unbroadcast(g * ad, bsh) if rb else None,
         )
 
-    return _result(out, Node(fn, (a if ra else None, bt), "Mul"))
+    return _result(out, Node(fn, (a if ra else None, bt), "Mul", saved=(a, b)))
 
 
 def div(a: Tensor, b) -> Tensor:
@@ -153,7 +153,7 @@ def div(a: Tensor, b) -> Tensor:
             unbroadcast(-ga * out, bsh) if rb else None,  # d(a/b)/db = -(a/b)/b
         )
 
-    return _result(out, Node(fn, (a if ra else None, bt), "Div"))
+    return _result(out, Node(fn, (a if ra else None, bt), "Div", saved=(b,)))
 
 
 def rdiv(a: Tensor, b) -> Tensor:
@@ -180,7 +180,7 @@ def rdiv(a: Tensor, b) -> Tensor:
             unbroadcast(gb, bsh) if rb else None,
         )
 
-    return _result(out, Node(fn, (a if ra else None, bt), "RDiv"))
+    return _result(out, Node(fn, (a if ra else None, bt), "RDiv", saved=(a,)))
 
 
 def pow(a: Tensor, b) -> Tensor:  # noqa: A001  (mirrors the operator name)
@@ -208,7 +208,7 @@ def pow(a: Tensor, b) -> Tensor:  # noqa: A001  (mirrors the operator name)
             gb = unbroadcast(_pow_exponent_grad(g, out, ad, bd), bsh)
         return ga, gb
 
-    return _result(out, Node(fn, (a if ra else None, bt), "Pow"))
+    return _result(out, Node(fn, (a if ra else None, bt), "Pow", saved=(a, b)))
 
 
 def rpow(a: Tensor, b) -> Tensor:
@@ -233,7 +233,7 @@ def rpow(a: Tensor, b) -> Tensor:
         gb = _pow_base_grad(g, bd, ad, bsh) if rb else None
         return ga, gb
 
-    return _result(out, Node(fn, (a if ra else None, bt), "RPow"))
+    return _result(out, Node(fn, (a if ra else None, bt), "RPow", saved=(a, b)))
 
 
 def _pow_base_grad(g, base, exponent, base_shape):
@@ -318,7 +318,8 @@ def remainder(input, other) -> Tensor:
                 gb = unbroadcast(-g * _xp(g).floor_divide(ad, bd), bsh)
         return (unbroadcast(g, ash) if ra else None, gb)
 
-    return _result(out, Node(fn, (input if ra else None, bt), "Remainder"))
+    return _result(out, Node(fn, (input if ra else None, bt), "Remainder",
+                                saved=(input,) if rb else None))
 
 
 def rremainder(a: Tensor, b) -> Tensor:
@@ -345,7 +346,8 @@ def rremainder(a: Tensor, b) -> Tensor:
                 ga = unbroadcast(-g * _xp(g).floor_divide(bd, ad), ash)
         return (ga, unbroadcast(g, bsh) if rb else None)
 
-    return _result(out, Node(fn, (a if ra else None, bt), "RRemainder"))
+    return _result(out, Node(fn, (a if ra else None, bt), "RRemainder",
+                                saved=(b,) if ra else None))
 
 
 def neg(a: Tensor) -> Tensor:
@@ -423,7 +425,8 @@ def matmul(a: Tensor, b) -> Tensor:
             gb = unbroadcast(a2.swapaxes(-1, -2) @ g2, b2.shape).reshape(bd.shape)
         return ga, gb
 
-    return _result(out, Node(fn, (a if ra else None, b if rb else None), "MatMul"))
+    return _result(out, Node(fn, (a if ra else None, b if rb else None), "MatMul",
+                                saved=(a, b)))
 
 
 def rmatmul(a: Tensor, b) -> Tensor:

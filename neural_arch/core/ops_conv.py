@@ -207,7 +207,8 @@ def conv2d(input: Tensor, weight: Tensor, bias=None, stride=1, padding=0, dilati
             gx = gpad[:, :, top:top + h, left:left + w]
         return gx, gw, gb
 
-    return _result(out, Node(fn, (x if rx else None, weight if rw else None, bt), "Conv2d"))
+    return _result(out, Node(fn, (x if rx else None, weight if rw else None, bt), "Conv2d",
+                                saved=(x, weight)))
 
 
 # ============================================================================ pooling

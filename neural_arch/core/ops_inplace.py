@@ -14,9 +14,11 @@ The rules are torch's, as far as a graph made of tensor references allows:
 * a constant updated from a tensor that requires grad (``acc = zeros(3); acc += w``): ``acc``
   becomes that op's output (a non-leaf requiring grad), as in torch.
 
-Like writing to ``.data``, an in-place change on a tensor that an earlier op saved for backward
-is not detected (torch's version counters would catch it): do not mutate inputs of a graph you
-still want to differentiate.
+Every in-place write bumps the tensor's version counter (``t._version``, shared with every view
+of the same memory, :func:`neural_arch.core.autograd.bump_version`): an op that saved a constant
+for its backward refuses to run that backward once the constant was changed, with torch's
+"modified by an inplace operation" error. Writes through ``.data`` (``t.data[...] = v``, NumPy
+calls on the array) are not counted, as in torch.
 
 Example::
 
@@ -71,6 +73,8 @@ def _adopt(t: Tensor, out: Tensor) -> Tensor:
     No node refers to a constant, so it can take over ``out``'s history. Rebinding the array
     (rather than writing into it) keeps any array an earlier op saved for backward intact.
     """
+    # torch counts this as one in-place write of t: the new array carries the old count plus one
+    _ag.bump_version(out.data, to=_ag.version_of(t.data) + 1)
     t.data = out.data
     t.grad_fn = out.grad_fn
     t.requires_grad = out.requires_grad
@@ -95,6 +99,7 @@ def _binary(op: str, sym: str, fn, ufunc_name: str):
                 f"{op}: the result cannot be stored in this {arr.dtype} tensor ({exc}); write "
                 f"`t = t {sym} x` to get a new tensor of the promoted dtype"
             ) from None
+        _ag.bump_version(arr)
         return self
 
     method.__name__ = op
@@ -146,6 +151,7 @@ def clamp_(self: Tensor, min=None, max=None) -> Tensor:
         xp.maximum(self.data, lo, out=self.data)
     if hi is not None:
         xp.minimum(self.data, hi, out=self.data)
+    _ag.bump_version(self.data)
     return self
 
 
@@ -160,6 +166,7 @@ def zero_(self: Tensor) -> Tensor:
     """
     _refuse_graph_tensor(self, "zero_", "t = neural_arch.zeros_like(t)")
     self.data[...] = 0
+    _ag.bump_version(self.data)
     return self
 
 
@@ -174,6 +181,7 @@ def fill_(self: Tensor, value) -> Tensor:
     """
     _refuse_graph_tensor(self, "fill_", "t = neural_arch.full_like(t, value)")
     self.data[...] = value.data if isinstance(value, Tensor) else value
+    _ag.bump_version(self.data)
     return self
 
 
@@ -200,6 +208,7 @@ def copy_(self: Tensor, src) -> Tensor:
     if not isinstance(arr, _SCALARS) and _backend.device_of(arr) != self.device:
         arr = _backend.to_device(arr, self.device)
     self.data[...] = arr
+    _ag.bump_version(self.data)
     return self
 
 

@@ -202,7 +202,7 @@ def cross_entropy(logits: Tensor, target, weight=None, *, ignore_index: int = -1
     kind = td.dtype.kind
     if kind == "f" and td.shape == ld.shape:
         tt = target if isinstance(target, Tensor) and target.requires_grad else None
-        return _cross_entropy_probs(logits, tt, td, xp, reduction, label_smoothing, wv)
+        return _cross_entropy_probs(logits, tt, td, xp, reduction, label_smoothing, wv, saved=(target, weight))
     if kind not in "iu":
         found = _TORCH_DTYPE_NAMES.get(str(td.dtype), str(td.dtype))
         raise TargetDtypeError(
@@ -235,7 +235,7 @@ def cross_entropy(logits: Tensor, target, weight=None, *, ignore_index: int = -1
     rows = xp.arange(l2.shape[0])
     if wv is not None:
         res = _weighted_class_loss(logits, logp, rows, safe_t, keep, bad, eager, wv, reduction,
-                                   label_smoothing, td.shape)
+                                   label_smoothing, td.shape, saved=(weight,) if label_smoothing else None)
         return res if eager else _with_pending_check(res, bad, t1, C, ignore_index)
     nll = -logp[rows, safe_t]
     if label_smoothing:
@@ -298,9 +298,10 @@ def _class_weight(xp, ld, weight, who: str):
 
 
 def _weighted_class_loss(logits: Tensor, logp, rows, safe_t, keep, bad, eager: bool, wv, reduction: str,
-                         eps: float, tshape: tuple) -> Tensor:
+                         eps: float, tshape: tuple, saved=None) -> Tensor:
     """Class-index cross-entropy with class weights ``wv`` (torch's formula, see :func:`cross_entropy`),
-    from the rows' log-probabilities ``logp`` (rows, C); plain array ops on every device."""
+    from the rows' log-probabilities ``logp`` (rows, C); plain array ops on every device. ``saved``:
+    the constant inputs whose arrays the backward reads (see :class:`~neural_arch.core.autograd.Node`)."""
     xp = _xp(logp)
     C = logp.shape[-1]
     wk = wv[safe_t] * keep  # each row's weight: 0 where ignored (or out of range)
@@ -337,7 +338,7 @@ def _weighted_class_loss(logits: Tensor, logp, rows, safe_t, keep, bad, eager: b
             p *= xp.asarray(scale, dtype=p.dtype)
         return (_logits_layout(xp, p, lshape),)
 
-    return _result(out, Node(fn, (logits,), "CrossEntropy"))
+    return _result(out, Node(fn, (logits,), "CrossEntropy", saved=saved))
 
 
 def _cross_entropy_device_backward(xp, logp, safe_t, keep, denom, reduction: str, label_smoothing: float,
@@ -370,9 +371,11 @@ def _logits_layout(xp, p, lshape: tuple):
     return p.reshape(lshape)
 
 
-def _cross_entropy_probs(logits: Tensor, tt, td, xp, reduction: str, label_smoothing: float, wv=None) -> Tensor:
+def _cross_entropy_probs(logits: Tensor, tt, td, xp, reduction: str, label_smoothing: float, wv=None,
+                         saved=None) -> Tensor:
     """Cross-entropy with probability ("soft label") targets of the logits' shape (fused op); class
-    weights ``wv`` scale each class's term (torch: ``"mean"`` still divides by the sample count)."""
+    weights ``wv`` scale each class's term (torch: ``"mean"`` still divides by the sample count).
+    ``saved``: the constant inputs whose arrays the backward reads (the target, the class weights)."""
     ld = logits.data
     td = td.astype(ld.dtype, copy=False)
     if ld.ndim > 2:
@@ -422,7 +425,7 @@ def _cross_entropy_probs(logits: Tensor, tt, td, xp, reduction: str, label_smoot
             gt = back(-logp * (scale * (1 - label_smoothing) if wv is None else wv * scale * (1 - label_smoothing)))
         return gl, gt
 
-    return _result(out, Node(fn, (logits if rl else None, tt), "CrossEntropy"))
+    return _result(out, Node(fn, (logits if rl else None, tt), "CrossEntropy", saved=saved))
 
 
 def nll_loss(log_probs: Tensor, target, weight=None, *, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
@@ -606,13 +609,15 @@ def _check_fits_input(xd, wd, who: str, name: str) -> None:
                          f"{tuple(xd.shape)}")
 
 
-def _reduced_loss(elementwise, reduction: str, operands, name: str, divisor=None) -> Tensor:
+def _reduced_loss(elementwise, reduction: str, operands, name: str, divisor=None, saved=None) -> Tensor:
     """Reduce the element-wise loss and record its backward.
 
     ``operands`` lists ``(tensor_or_None, partial)`` pairs: ``partial()`` gives d(element-wise loss) /
     d(operand) at each element (anything that broadcasts to the loss's shape); it runs only in
     backward, and only for a tensor that requires grad. ``"mean"`` divides by ``divisor`` (the number
-    of elements unless given; 0 gives nan, as torch's mean of nothing).
+    of elements unless given; 0 gives nan, as torch's mean of nothing). ``saved`` names the operands
+    whose arrays the partials read: the constant ones among them (a target, a weight) must not be
+    changed in place before backward (see :class:`~neural_arch.core.autograd.Node`).
     """
     xp = _xp(elementwise)
     dtype = elementwise.dtype
@@ -643,7 +648,7 @@ def _reduced_loss(elementwise, reduction: str, operands, name: str, divisor=None
             grads.append(unbroadcast(d, t.data.shape).astype(t.data.dtype, copy=False))
         return tuple(grads)
 
-    return _result(out, Node(fn, tuple(t for t, _ in operands), name))
+    return _result(out, Node(fn, tuple(t for t, _ in operands), name, saved=saved))
 
 
 def l1_loss(input: Tensor, target, *, reduction: str = "mean") -> Tensor:
@@ -791,7 +796,8 @@ def binary_cross_entropy(input: Tensor, target, weight=None, *, reduction: str =
         return (xd - td) / xp.maximum(xd * (1 - xd), _BCE_GRAD_EPS) * w
 
     return _reduced_loss(loss, reduction, [(x, d_input), (tt, lambda: (log_1mx - log_x) * w),
-                                           (wt, lambda: plain)], "BinaryCrossEntropy")
+                                           (wt, lambda: plain)], "BinaryCrossEntropy",
+                         saved=(target, weight))
 
 
 def _sigmoid_and_softplus_neg(xp, xd):
@@ -850,7 +856,8 @@ def binary_cross_entropy_with_logits(input: Tensor, target, weight=None, *, redu
         return ((p - 1) * sp - xd) * w
 
     return _reduced_loss(loss, reduction, [(x, d_input), (tt, d_target), (wt, lambda: plain),
-                                           (pt, lambda: td * sp * w)], "BinaryCrossEntropyWithLogits")
+                                           (pt, lambda: td * sp * w)], "BinaryCrossEntropyWithLogits",
+                         saved=(input, target, weight, pos_weight))
 
 
 def kl_div(input: Tensor, target, *, reduction: str = "mean", log_target: bool = False) -> Tensor:
@@ -905,4 +912,4 @@ def kl_div(input: Tensor, target, *, reduction: str = "mean", log_target: bool =
             return et * (td - xd + 1) if log_target else xp.log(td) + 1 - xd
 
     return _reduced_loss(loss.astype(xd.dtype, copy=False), "mean" if reduction == "batchmean" else reduction,
-                         [(x, d_input), (tt, d_target)], "KLDivLoss", divisor)
+                         [(x, d_input), (tt, d_target)], "KLDivLoss", divisor, saved=(input, target))

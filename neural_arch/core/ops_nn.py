@@ -131,7 +131,7 @@ def embedding(indices, weight: Tensor, padding_idx=None) -> Tensor:
             gw[padding_idx] = 0  # only entries equal to padding_idx added to that row
         return (gw,)
 
-    return _result(out, Node(fn, (weight,), "Embedding"))
+    return _result(out, Node(fn, (weight,), "Embedding", saved=(indices,)))
 
 
 # ============================================================================ normalisation
@@ -215,7 +215,7 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
                 gx = rstd * (gx - xhat * m2)
         return gx, gw, gb
 
-    return _result(out, Node(fn, (x if rx else None, wt, bt), "LayerNorm"))
+    return _result(out, Node(fn, (x if rx else None, wt, bt), "LayerNorm", saved=(weight,)))
 
 
 def _device_kernels_ok(xd, weight, bias, normalized_shape) -> bool:
@@ -247,7 +247,7 @@ def _layer_norm_device(x: Tensor, xp, normalized_shape, weight, bias, eps: float
         return device_kernels.layer_norm_backward(xp, g, xhat, rstd, wd, axes, batch_axes,
                                                   rx, wt is not None, bt is not None)
 
-    return _result(out, Node(fn, (x if rx else None, wt, bt), "LayerNorm"))
+    return _result(out, Node(fn, (x if rx else None, wt, bt), "LayerNorm", saved=(weight,)))
 
 
 def _row_dots(a, b=None):
@@ -371,7 +371,7 @@ def _layer_norm_rows(x: Tensor, normalized_shape, weight, bias, eps: float) -> T
             gx = gx.reshape(xshape)
         return gx, gw, gb
 
-    return _result(out, Node(fn, (x if rx else None, wt, bt), "LayerNorm"))
+    return _result(out, Node(fn, (x if rx else None, wt, bt), "LayerNorm", saved=(weight,)))
 
 
 def _param_data(p, name: str, shape: tuple, op: str):
@@ -438,7 +438,7 @@ def rms_norm(input: Tensor, normalized_shape, weight=None, eps=None) -> Tensor:
             gx = gx.astype(xd.dtype, copy=False)
         return gx, gw
 
-    return _result(out, Node(fn, (x if rx else None, wt), "RmsNorm"))
+    return _result(out, Node(fn, (x if rx else None, wt), "RmsNorm", saved=(weight,)))
 
 
 def group_norm(input: Tensor, num_groups: int, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
@@ -501,7 +501,7 @@ def group_norm(input: Tensor, num_groups: int, weight=None, bias=None, eps: floa
             gx = gx.reshape(xd.shape).astype(xd.dtype, copy=False)
         return gx, gw, gb
 
-    return _result(out, Node(fn, (x if rx else None, wt, bt), "GroupNorm"))
+    return _result(out, Node(fn, (x if rx else None, wt, bt), "GroupNorm", saved=(weight,)))
 
 
 # ============================================================================ linear
@@ -557,7 +557,8 @@ def linear(x: Tensor, weight: Tensor, bias=None) -> Tensor:
             gb = unbroadcast(gb, bd.shape)
         return gx, gw, gb
 
-    return _result(out, Node(fn, (x if rx else None, weight if rw else None, bt), "Linear"))
+    return _result(out, Node(fn, (x if rx else None, weight if rw else None, bt), "Linear",
+                                saved=(x, weight)))
 
 
 def linear_bias_grad(g2):

@@ -278,7 +278,7 @@ def _elementwise_extreme(a: Tensor, b, name: str) -> Tensor:
             unbroadcast(g * (1 - share), bsh) if rb else None,
         )
 
-    return _result(out, Node(fn, (a if ra else None, bt), name))
+    return _result(out, Node(fn, (a if ra else None, bt), name, saved=(a, b)))
 
 
 max = _max_or_min("Max", maximum)  # noqa: A001

@@ -369,6 +369,15 @@ def _convert_index(idx, like=None):
     return idx
 
 
+def _index_tensors(idx):
+    """The Tensors inside an index (the backward scatters through their arrays), or None."""
+    if isinstance(idx, Tensor):
+        return (idx,)
+    if isinstance(idx, tuple):
+        return tuple(i for i in idx if isinstance(i, Tensor)) or None
+    return None
+
+
 def getitem(x: Tensor, idx) -> Tensor:
     """``x[idx]``: slicing, integer-array and boolean indexing. The gradient is scattered back
     with ``add.at`` for advanced indices (repeated indices accumulate).
@@ -381,6 +390,7 @@ def getitem(x: Tensor, idx) -> Tensor:
         ([3, 4, 5], [0, 3])
     """
     xd = x.data
+    given = idx
     idx = _convert_index(idx, xd)
     out = xd[idx]
     if not _needs(x):
@@ -398,7 +408,7 @@ def getitem(x: Tensor, idx) -> Tensor:
             _scatter_add_at(xp, gx, idx, g)
         return (gx,)
 
-    return _result(out, Node(fn, (x,), "Index"))
+    return _result(out, Node(fn, (x,), "Index", saved=_index_tensors(given)))
 
 
 def setitem(x: Tensor, idx, value) -> None:
@@ -409,7 +419,8 @@ def setitem(x: Tensor, idx, value) -> None:
     produced (ops that saved it for backward would compute wrong gradients) and on a leaf that
     requires grad (an op may already have saved it: ``y = x * w; x[0] = 5`` would change ``w``'s
     gradient); also refused: a ``value`` that requires grad (the assignment is not recorded, so its
-    gradient would be lost without a word).
+    gradient would be lost without a word). On a constant the write bumps its version counter
+    (``x._version``), so an op that saved ``x`` for backward refuses to run that backward.
 
     Example::
 
@@ -441,6 +452,7 @@ def setitem(x: Tensor, idx, value) -> None:
     if not isinstance(val, _SCALARS) and _backend.device_of(val) != _backend.device_of(x.data):
         val = _backend.to_device(val, _backend.device_of(x.data))
     x.data[idx] = val
+    _ag.bump_version(x.data)
 
 
 def _triangle(x: Tensor, diagonal, keep: str) -> Tensor:
@@ -694,7 +706,7 @@ def gather(input: Tensor, dim: int, index, *, sparse_grad: bool = False) -> Tens
         _scatter_add_at(xp, gx, _along_grid(xp, iw, ax), g.reshape(iw.shape))
         return (gx.reshape(shape),)
 
-    return _result(out, Node(fn, (input,), "Gather"))
+    return _result(out, Node(fn, (input,), "Gather", saved=(index,)))
 
 
 def _scatter_operands(xd, dim, index, src, op: str):
@@ -764,7 +776,7 @@ def scatter_add(input: Tensor, dim: int, index, src) -> Tensor:
             gs = gs.reshape(sshape)
         return (g if rx else None), gs
 
-    return _result(out, Node(fn, (input if rx else None, st), "ScatterAdd"))
+    return _result(out, Node(fn, (input if rx else None, st), "ScatterAdd", saved=(index,)))
 
 
 def scatter_add_(self: Tensor, dim: int, index, src) -> Tensor:
@@ -792,6 +804,7 @@ def scatter_add_(self: Tensor, dim: int, index, src) -> Tensor:
     ax, iw, _, vals = _scatter_operands(xd, dim, index, src, "scatter_add_")
     xp = _xp(xd)
     _scatter_add_at(xp, xd.reshape(1) if xd.ndim == 0 else xd, _along_grid(xp, iw, ax), vals)
+    _ag.bump_version(xd)
     return self
 
 
@@ -833,7 +846,7 @@ def index_select(input: Tensor, dim: int, index) -> Tensor:
         _scatter_add_at(xp, gx, (slice(None),) * ax + (idx,), g if xd.ndim else g.reshape(-1))
         return (gx.reshape(shape),)
 
-    return _result(out, Node(fn, (input,), "IndexSelect"))
+    return _result(out, Node(fn, (input,), "IndexSelect", saved=(index,)))
 
 
 # ============================================================================ method binding

@@ -160,6 +160,23 @@ class Tensor:
             self._grad = Tensor._wrap(arr)
 
     @property
+    def _version(self) -> int:
+        """torch's version counter: the number of in-place writes (``add_``, ``x[i] = v``,
+        ``copy_`` ...) to this tensor's memory, shared with its views; an op that saved the
+        tensor for backward checks it has not moved.
+
+        Example::
+
+            >>> import neural_arch as na
+            >>> t = na.zeros(3)
+            >>> v = t[1:]
+            >>> _ = t.add_(1)
+            >>> t._version, v._version
+            (1, 1)
+        """
+        return _ag.version_of(self.data)
+
+    @property
     def is_leaf(self) -> bool:
         """True for tensors created by the user (not by a recorded op)."""
         return self.grad_fn is None

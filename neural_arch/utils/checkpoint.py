@@ -121,7 +121,7 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state: bool = T
     for k, o in enumerate(outs):
         if isinstance(o, Tensor) and o.is_floating_point():
             t = Tensor._wrap(o.data)
-            t.grad_fn = Node(make_backward(k), parents, "Checkpoint")
+            t.grad_fn = Node(make_backward(k), parents, "Checkpoint", saved=tuple(tensors))
             t.requires_grad = True
             results.append(t)
         else:

@@ -177,3 +177,17 @@ def test_checkpoint_sequential_under_autocast_equals_plain():
         out[mode] = [q.grad.data.copy() for q in model.parameters()]
     for i, (a, b) in enumerate(zip(out["plain"], out["sequential"])):
         _close(a, b, f"gradient {i}")
+
+
+def test_a_constant_argument_changed_in_place_before_backward_is_torchs_error():
+    """The recomputation reads every argument's array: one changed in place between the forward and
+    backward would be recomputed with the new values (a silent wrong gradient); torch's version
+    counter error instead."""
+    import pytest
+
+    w = Tensor(np.random.default_rng(0).normal(size=(3, 3)), requires_grad=True)
+    x = Tensor(np.random.default_rng(1).normal(size=(2, 3)))
+    y = checkpoint(lambda a: (a @ w).tanh(), x, use_reentrant=False).sum()
+    x.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation.*CheckpointBackward"):
+        y.backward()

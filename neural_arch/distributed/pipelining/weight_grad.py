@@ -158,7 +158,7 @@ def _deferred_linear(m: Linear, x, stash: WeightGradStash) -> Tensor:
 
     # the weight is a parent that receives nothing: the output still requires grad when x does
     # not (a stage's first layer), and the engine leaves the weight's .grad alone
-    return _result(out, Node(fn, (x if rx else None, weight), "LinearInputGrad"))
+    return _result(out, Node(fn, (x if rx else None, weight), "LinearInputGrad", saved=(x,)))
 
 
 @contextlib.contextmanager

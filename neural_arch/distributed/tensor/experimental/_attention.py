@@ -344,7 +344,7 @@ def ring_attention(query, key, value, group=None, is_causal: bool = False, rotat
         def backward(grad):
             return _ring_backward(g, grad, qd, kd, vd, out, lse, sc, mask, block, rotate)
 
-        node = Node(backward, (q, k, v), "RingAttention")
+        node = Node(backward, (q, k, v), "RingAttention", saved=(q, k, v))
     return _result(out, node)
 
 
