@@ -94,7 +94,8 @@ class StallReport:
     waiting: list[int]
     last_seen: dict[int, str]
     message: str
-    #: rank -> the other collective it waits in at this sequence number ("broadcast #12"): a desync
+    #: for each rank waiting in another collective at this sequence number, that collective (for
+    #: example "broadcast #12"), a desync
     other_op: dict[int, str] = field(default_factory=dict)
 
 

@@ -172,15 +172,15 @@ class Verdict:
     last_completed: dict
     #: per rank, a dict of its last completed record, its record in flight and why it dumped
     rows: dict
-    #: every divergence's ranks are only waiting inside another group's divergence: the ranks called
-    #: collectives of different groups in different orders and wait for each other
+    #: True when every divergence's ranks are only waiting inside another group's divergence (the
+    #: ranks called collectives of different groups in different orders and wait for each other)
     deadlock: bool = False
     #: group -> ranks whose records of it mix two groups with the same members (not compared)
     mixed: dict = field(default_factory=dict)
     #: rank -> its point-to-point records that did not complete (never compared across ranks)
     p2p_pending: dict = field(default_factory=dict)
-    #: group -> ranks whose records of it may be the old group's: other ranks' rings show the group
-    #: made again (numbers back to 1), theirs do not
+    #: for each group, the ranks whose records of it may be the old group's (other ranks' rings show
+    #: the group made again, numbers back to 1; theirs do not)
     maybe_old: dict = field(default_factory=dict)
 
     @property
