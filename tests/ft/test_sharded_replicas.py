@@ -88,7 +88,9 @@ def test_a_late_sharded_replica_heals_each_shard_from_the_same_shard_of_a_peer()
     assert not errors, errors
     assert [out["c", s][0] for s in range(SHARDS)] == [1, 1] and out["a", 0][0] == out["b", 1][0] == 0
     sizes = [size for size, _rank, ok in out["a", 0][1] if ok]
-    assert sizes == [2, 2, 2, 3], sizes                      # replicas, not ranks: 2, then 3 with c
+    # replicas, not ranks (4 and 6): 2, then 3 once c is in. Which step c joins depends on when a's
+    # other shard asks for step 2's quorum relative to c's registration (the suite's load moved it)
+    assert len(sizes) == 4 and sizes[0] == 2 and sizes[-1] == 3 and sizes == sorted(sizes), sizes
     for r in "abc":                                           # a replica's ranks share one data rank
         assert [rank for _n, rank, _ok in out[r, 0][1]] == [rank for _n, rank, _ok in out[r, 1][1]]
     for s in range(SHARDS):   # c's shard s came from shard s of a peer (555 + 100 s is gone), then stepped with them
