@@ -754,6 +754,21 @@ def _check_probabilities(xd, who: str) -> None:
                          f"{first}; for raw scores use binary_cross_entropy_with_logits")
 
 
+
+def _bce_operands(input, target, weight, reduction: str, who: str):
+    """The two binary cross-entropies' checked operands: ``(x, xd, td, tt, wd, wt)`` -- the input
+    Tensor and its array, the target's array and Tensor (same size as the input, torch's rule), the
+    weight's (None, or broadcastable to the input)."""
+    _check_reduction(reduction, who)
+    x = _loss_input(input, who)
+    xd = x.data
+    td, tt = _loss_operand(xd, target, who, "target")
+    _check_same_size(xd, td, who)
+    wd, wt = (None, None) if weight is None else _loss_operand(xd, weight, who, "weight")
+    if wd is not None:
+        _check_fits_input(xd, wd, who, "weight")
+    return x, xd, td, tt, wd, wt
+
 def binary_cross_entropy(input: Tensor, target, weight=None, *, reduction: str = "mean") -> Tensor:
     """Binary cross-entropy of probabilities ``input`` against ``target`` (same shape), torch's
     ``F.binary_cross_entropy``: ``-weight * (t * log(x) + (1 - t) * log(1 - x))`` with each log
@@ -775,14 +790,7 @@ def binary_cross_entropy(input: Tensor, target, weight=None, *, reduction: str =
         100.0
     """
     who = "binary_cross_entropy"
-    _check_reduction(reduction, who)
-    x = _loss_input(input, who)
-    xd = x.data
-    td, tt = _loss_operand(xd, target, who, "target")
-    _check_same_size(xd, td, who)
-    wd, wt = (None, None) if weight is None else _loss_operand(xd, weight, who, "weight")
-    if wd is not None:
-        _check_fits_input(xd, wd, who, "weight")
+    x, xd, td, tt, wd, wt = _bce_operands(input, target, weight, reduction, who)
     _check_probabilities(xd, who)
     xp = _xp(xd)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -830,14 +838,7 @@ def binary_cross_entropy_with_logits(input: Tensor, target, weight=None, *, redu
         1000.0
     """
     who = "binary_cross_entropy_with_logits"
-    _check_reduction(reduction, who)
-    x = _loss_input(input, who)
-    xd = x.data
-    td, tt = _loss_operand(xd, target, who, "target")
-    _check_same_size(xd, td, who)
-    wd, wt = (None, None) if weight is None else _loss_operand(xd, weight, who, "weight")
-    if wd is not None:
-        _check_fits_input(xd, wd, who, "weight")
+    x, xd, td, tt, wd, wt = _bce_operands(input, target, weight, reduction, who)
     pd, pt = (None, None) if pos_weight is None else _loss_operand(xd, pos_weight, who, "pos_weight")
     if pd is not None:
         _check_fits_input(xd, pd, who, "pos_weight")
