@@ -5,7 +5,8 @@ Op lists (torch's, restricted to the ops this framework has):
 =============================  =================================================================
 policy                         ops
 =============================  =================================================================
-lower precision (``dtype``)    ``linear``, ``matmul``, ``conv2d``
+lower precision (``dtype``)    ``linear``, ``matmul``, ``conv1d``, ``conv2d``, ``conv_transpose1d``,
+                               ``conv_transpose2d``
 float32                        ``softmax``, ``log_softmax``, ``layer_norm``, ``batch_norm``,
                                ``cross_entropy``, ``nll_loss``, ``mse_loss``, ``sum``, ``mean``,
                                ``exp``, ``log``
@@ -57,7 +58,7 @@ from neural_arch.core.tensor import Tensor
 
 __all__ = ["FP32_OPS", "LOWER_PRECISION_OPS", "autocast", "get_autocast_dtype", "is_autocast_enabled"]
 
-LOWER_PRECISION_OPS = ("linear", "matmul", "conv2d")
+LOWER_PRECISION_OPS = ("linear", "matmul", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d")
 FP32_OPS = ("softmax", "log_softmax", "layer_norm", "batch_norm", "cross_entropy", "nll_loss", "mse_loss",
             "sum", "mean", "exp", "log")
 

@@ -1,7 +1,8 @@
 """Differentiable ops on ``(N, C, H, W)`` feature maps: ``conv2d``, ``max_pool2d``, ``avg_pool2d``,
-``adaptive_avg_pool2d``, ``pad`` and channel dropout (``dropout2d``), with torch's signatures; and
-their 1-d forms over ``(N, C, L)`` signals (``conv1d``, ``max_pool1d``, ``avg_pool1d``,
-``adaptive_avg_pool1d``), which run the 2-d ops on ``(N, C, 1, L)``.
+``adaptive_avg_pool2d``, ``pad``, channel dropout (``dropout2d``) and the transposed convolution
+(``conv_transpose2d``), with torch's signatures; and their 1-d forms over ``(N, C, L)`` signals
+(``conv1d``, ``conv_transpose1d``, ``max_pool1d``, ``avg_pool1d``, ``adaptive_avg_pool1d``), which run
+the 2-d ops on ``(N, C, 1, L)``.
 
 Convolution is im2col + GEMM: a strided *view* of the padded input holds every receptive field
 without copying (``as_strided``), one reshape turns it into a ``(K, L)`` column matrix per image
@@ -9,6 +10,8 @@ and group, and a batched matmul does the rest. The backward pass multiplies by t
 weight and scatters the columns back (col2im) with one strided add per kernel offset, so the
 loops run over ``kh * kw`` offsets, never over pixels. The column matrix is rebuilt in backward
 instead of being saved: it is ``kh * kw`` times the input's size, too big to keep per layer.
+The transposed convolution is the same machinery run the other way: its forward is conv2d's input
+gradient (multiply by the transposed weight, col2im), its input gradient is conv2d's forward.
 Everything goes through the input's array module, so the same code runs on NumPy and CuPy.
 
 Example::
@@ -37,16 +40,23 @@ from .op_utils import _needs, _result, _xp, scatter_add
 from .rng import get_generator
 from .tensor import Tensor
 
-__all__ = ["adaptive_avg_pool1d", "adaptive_avg_pool2d", "avg_pool1d", "avg_pool2d", "conv1d", "conv2d", "dropout2d",
-           "max_pool1d", "max_pool2d", "pad"]
+__all__ = ["adaptive_avg_pool1d", "adaptive_avg_pool2d", "avg_pool1d", "avg_pool2d", "conv1d", "conv2d",
+           "conv_transpose1d", "conv_transpose2d", "dropout2d", "max_pool1d", "max_pool2d", "pad"]
 
 
 # ============================================================================ helpers
 def _pair(value, name: str, minimum: int | None = None) -> tuple:
     """``value`` as a pair of ints; with ``minimum``, each must be at least that (torch refuses a
     zero stride, dilation or kernel: a zero dilation would otherwise run and give wrong numbers)."""
-    if isinstance(value, (int, np.integer)):
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         value = (int(value), int(value))
+    try:
+        value = tuple(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}") from None
+    if any(isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) for v in value):
+        # int() would truncate: stride=(1.5, 2) used to run as (1, 2)
+        raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}")
     value = tuple(int(v) for v in value)
     if len(value) == 1:
         value = value * 2
@@ -103,6 +113,28 @@ def _col2im(xp, dcols, padded_shape, kh, kw, sh, sw, dh, dw, ho, wo):
             ws = j * dw
             out[:, :, hs:hs + sh * (ho - 1) + 1:sh, ws:ws + sw * (wo - 1) + 1:sw] += dcols[:, :, i, j]
     return out
+
+
+def _columns(xp, xpad, kh, kw, sh, sw, dh, dw, ho, wo):
+    """The ``(N, C, kh, kw, ho, wo)`` receptive fields of ``xpad`` as a new array, copied one strided
+    slice per kernel offset (the inverse of _col2im; no ``as_strided``, so it runs on any array module)."""
+    n, c = xpad.shape[:2]
+    cols = xp.empty((n, c, kh, kw, ho, wo), dtype=xpad.dtype)
+    for i in range(kh):
+        hs = i * dh
+        for j in range(kw):
+            ws = j * dw
+            cols[:, :, i, j] = xpad[:, :, hs:hs + sh * (ho - 1) + 1:sh, ws:ws + sw * (wo - 1) + 1:sw]
+    return cols
+
+
+def _groups(value, who: str) -> int:
+    """``groups`` as a positive int (a float used to be truncated by ``int()``)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{who}: groups must be an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{who}: non-positive groups is not supported, got groups={value}")
+    return int(value)
 
 
 def _conv_padding(padding, kh, kw, dh, dw, sh, sw):
@@ -208,6 +240,106 @@ def conv2d(input: Tensor, weight: Tensor, bias=None, stride=1, padding=0, dilati
         return gx, gw, gb
 
     return _result(out, Node(fn, (x if rx else None, weight if rw else None, bt), "Conv2d",
+                                saved=(x, weight)))
+
+
+def _check_output_padding(output_padding, stride, dilation, who: str) -> None:
+    """torch's rule: each output padding must be smaller than its stride or its dilation (a larger one
+    would add rows that no input pixel reaches and that no other output size could describe)."""
+    for op, s, d in zip(output_padding, stride, dilation):
+        if op >= s and op >= d:
+            raise ValueError(f"{who}: output padding must be smaller than either stride or dilation, but got "
+                             f"output_padding={tuple(output_padding)}, stride={tuple(stride)}, "
+                             f"dilation={tuple(dilation)}")
+
+
+def conv_transpose2d(input: Tensor, weight: Tensor, bias=None, stride=1, padding=0, output_padding=0,
+                     groups: int = 1, dilation=1) -> Tensor:
+    """2-D transposed convolution (torch's ``F.conv_transpose2d``, the gradient of :func:`conv2d` with
+    respect to its input) of ``input`` ``(N, C_in, H, W)`` (or an unbatched ``(C_in, H, W)``) with
+    ``weight`` ``(C_in, C_out / groups, kH, kW)``. Each input pixel adds itself times the kernel into
+    the output, ``stride`` apart; ``padding`` crops that many rows/columns from each side of the
+    full result, ``output_padding`` adds rows/columns at the end (it must be smaller than the stride
+    or the dilation, as torch). Output size per spatial dim:
+    ``(H - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.nn import functional as F
+        >>> F.conv_transpose2d(na.ones(1, 3, 4, 4), na.ones(3, 2, 3, 3), stride=2, padding=1,
+        ...                    output_padding=1).shape
+        (1, 2, 8, 8)
+        >>> F.conv_transpose2d(na.ones(1, 1, 1, 2), na.ones(1, 1, 1, 2)).tolist()   # overlaps add up
+        [[[[1.0, 2.0, 1.0]]]]
+    """
+    x = input if isinstance(input, Tensor) else Tensor(input)
+    weight = weight if isinstance(weight, Tensor) else Tensor(weight)
+    x, unbatched = _as_4d(x, "conv_transpose2d")
+    if unbatched:
+        out = conv_transpose2d(x, weight, bias, stride, padding, output_padding, groups, dilation)
+        return out.reshape(*out.shape[1:])
+    xd, wd = x.data, weight.data
+    if type(xd) is not type(wd):
+        _backend.check_same_device(xd, wd, "conv_transpose2d")
+    if wd.ndim != 4:
+        raise ValueError(f"conv_transpose2d: weight must be 4-D (C_in, C_out/groups, kH, kW), got shape "
+                         f"{list(wd.shape)}")
+    n, c, h, w = xd.shape
+    ci, cog, kh, kw = wd.shape
+    groups = _groups(groups, "conv_transpose2d")
+    if ci % groups:
+        raise ValueError(f"conv_transpose2d: given groups={groups}, expected weight to be divisible by {groups} "
+                         f"at dimension 0, but got weight of size {list(wd.shape)}")
+    if ci != c:
+        raise ValueError(f"conv_transpose2d: given transposed=1, weight of size {list(wd.shape)}, expected input "
+                         f"{list(xd.shape)} to have {ci} channels, but got {c} channels")
+    sh, sw = _pair(stride, "stride", 1)
+    ph, pw = _pair(padding, "padding", 0)
+    oph, opw = _pair(output_padding, "output_padding", 0)
+    dh, dw = _pair(dilation, "dilation", 1)
+    _check_output_padding((oph, opw), (sh, sw), (dh, dw), "conv_transpose2d")
+    # The full (uncropped) output: every input pixel's kernel footprint, plus the output padding rows.
+    hf, wf = (h - 1) * sh + dh * (kh - 1) + 1 + oph, (w - 1) * sw + dw * (kw - 1) + 1 + opw
+    ho, wo = hf - 2 * ph, wf - 2 * pw
+    if ho <= 0 or wo <= 0:
+        raise ValueError(f"conv_transpose2d: the output size ({ho} x {wo}) is too small: input ({h} x {w}), "
+                         f"kernel ({kh} x {kw}), stride {(sh, sw)}, padding {(ph, pw)}, dilation {(dh, dw)}, "
+                         f"output_padding {(oph, opw)}")
+    xp = _xp(xd)
+    co, cg, k = cog * groups, c // groups, cog * kh * kw
+    wmat = wd.reshape(groups, cg, k)
+    xm = xd.reshape(n, groups, cg, h * w)
+    # conv2d's input gradient: (G, K, C_in/G) @ (N, G, C_in/G, H*W) columns, scattered back by col2im.
+    cols = (wmat.swapaxes(-1, -2) @ xm).reshape(n, co, kh, kw, h, w)
+    full = _col2im(xp, cols, (n, co, hf, wf), kh, kw, sh, sw, dh, dw, h, w)
+    out = xp.ascontiguousarray(full[:, :, ph:ph + ho, pw:pw + wo])
+    if bias is not None:
+        bd = bias.data if isinstance(bias, Tensor) else xp.asarray(bias)
+        if tuple(bd.shape) != (co,):
+            raise ValueError(f"conv_transpose2d: expected bias to be 1-D with {co} elements (C_out), got shape "
+                             f"{list(bd.shape)}")
+        out += bd.reshape(1, co, 1, 1)
+    bt = bias if isinstance(bias, Tensor) and bias.requires_grad else None
+    rx, rw = x.requires_grad, weight.requires_grad
+    if not _needs(x if rx else None, weight if rw else None, bt):
+        return _result(out, None)
+
+    def fn(g):
+        gx = gw = gb = None
+        if bt is not None:
+            gb = g.sum(axis=(0, 2, 3))
+        if rx or rw:
+            # conv2d's forward on the upstream gradient: its receptive fields, as columns.
+            gfull = _pad_hw(xp, g, ph, hf - ph - ho, pw, wf - pw - wo)
+            gcols = _columns(xp, gfull, kh, kw, sh, sw, dh, dw, h, w).reshape(n, groups, k, h * w)
+            if rx:
+                gx = (wmat @ gcols).reshape(n, c, h, w)
+            if rw:
+                gw = (xm @ gcols.swapaxes(-1, -2)).sum(axis=0).reshape(wd.shape)
+        return gx, gw, gb
+
+    return _result(out, Node(fn, (x if rx else None, weight if rw else None, bt), "ConvTranspose2d",
                                 saved=(x, weight)))
 
 
@@ -606,6 +738,40 @@ def conv1d(input: Tensor, weight: Tensor, bias=None, stride=1, padding=0, dilati
         raise ValueError(f"conv1d: calculated padded input length per channel: {length + total}; effective "
                          f"kernel size: {d * (k - 1) + 1}; the kernel can't be larger than the input")
     y = conv2d(x.reshape(n, c, 1, length), weight.reshape(co, cg, 1, k), bias, (1, s), pads, (1, d), groups)
+    return _from_image(y, unbatched)
+
+
+def conv_transpose1d(input: Tensor, weight: Tensor, bias=None, stride=1, padding=0, output_padding=0,
+                     groups: int = 1, dilation=1) -> Tensor:
+    """1-D transposed convolution (torch's ``F.conv_transpose1d``) of ``input`` ``(N, C_in, L)`` (or an
+    unbatched ``(C_in, L)``) with ``weight`` ``(C_in, C_out / groups, k)``: :func:`conv_transpose2d` on
+    ``(N, C_in, 1, L)``. Output length:
+    ``(L - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch.core.ops_conv import conv_transpose1d
+        >>> conv_transpose1d(na.ones(2, 4, 5), na.ones(4, 3, 3), stride=2, output_padding=1).shape
+        (2, 3, 12)
+        >>> conv_transpose1d(na.tensor([[1.0, 10.0]]), na.tensor([[[1.0, 2.0]]])).tolist()
+        [[1.0, 12.0, 20.0]]
+    """
+    x, unbatched = _as_3d(input, "conv_transpose1d")
+    weight = weight if isinstance(weight, Tensor) else Tensor(weight)
+    wd = weight.data
+    if wd.ndim != 3:
+        raise ValueError(f"conv_transpose1d: weight must be 3-D (C_in, C_out/groups, k), got shape "
+                         f"{list(wd.shape)}")
+    n, c, length = x.shape
+    ci, cog, k = wd.shape
+    s = _single(stride, "stride", 1)
+    p = _single(padding, "padding", 0)
+    op = _single(output_padding, "output_padding", 0)
+    d = _single(dilation, "dilation", 1)
+    _check_output_padding((op,), (s,), (d,), "conv_transpose1d")   # named in 1-d terms, before the 2-d call
+    y = conv_transpose2d(x.reshape(n, c, 1, length), weight.reshape(ci, cog, 1, k), bias, (1, s), (0, p),
+                         (0, op), groups, (1, d))
     return _from_image(y, unbatched)
 
 

@@ -17,7 +17,7 @@ from neural_arch.nn.activation import GELU, LogSoftmax, ReLU, Sigmoid, Softmax, 
 from neural_arch.nn.attention import CausalSelfAttention, MultiheadAttention
 from neural_arch.nn.batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from neural_arch.nn.container import ModuleDict, ModuleList, Sequential
-from neural_arch.nn.conv import Conv1d, Conv2d
+from neural_arch.nn.conv import Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d
 from neural_arch.nn.flatten import Flatten, Unflatten
 from neural_arch.nn.kv_cache import KVCache
 from neural_arch.nn.linear import Embedding, Identity, Linear
@@ -59,6 +59,7 @@ __all__ = [
     "Dropout2d", "Flatten", "Unflatten", "Softplus", "RMSNorm", "GroupNorm",
     "Conv1d", "BatchNorm3d", "MaxPool1d", "AvgPool1d", "AdaptiveAvgPool1d", "L1Loss", "SmoothL1Loss",
     "HuberLoss", "BCELoss", "BCEWithLogitsLoss", "KLDivLoss", "NLLLoss",
+    "ConvTranspose1d", "ConvTranspose2d",
 ]
 
 

@@ -43,6 +43,8 @@ from neural_arch.core.ops_conv import (
     avg_pool2d,
     conv1d,
     conv2d,
+    conv_transpose1d,
+    conv_transpose2d,
     dropout2d,
     max_pool1d,
     max_pool2d,
@@ -101,6 +103,7 @@ __all__ = [
     "softplus", "rms_norm", "group_norm",
     "conv1d", "max_pool1d", "avg_pool1d", "adaptive_avg_pool1d", "l1_loss", "smooth_l1_loss", "huber_loss",
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div",
+    "conv_transpose1d", "conv_transpose2d",
 ]
 
 # ---- attention (issue 31): blockwise, online-softmax scaled dot-product attention ----------------
