@@ -92,10 +92,33 @@ class ProcessGroup:
         self.backend = backend
         self.ranks: list[int] = [int(r) for r in ranks]
         self.backend_name = backend_name
+        #: the group's name as torch gives it, ``"WORLD"`` or ``"group<n>"`` for the n-th group made by
+        #: ``new_group`` and its kin in this world (counted on every rank of the world, members or not,
+        #: so the name is the same on each member, as torch's ``pg_name``)
         self.name = name
+        #: the world's incarnation, counted up by ``init_process_group`` (a re-initialised or re-formed
+        #: world has another), so a group made again with the same members and name is another group
         self.generation = generation
         self.destroyed = False
         self._index = {g: i for i, g in enumerate(self.ranks)}
+        # groups made by new_group and its kin in this world so far (on the world's ProcessGroup only)
+        self._groups_made = 0
+        # the backend's records and stall keys carry the group's identity (the flight recorder's analyzer
+        # and the stall inspector tell two groups with the same members apart by it)
+        backend.group_id = self.group_id
+
+    @property
+    def group_id(self) -> str:
+        """The group's id, ``"pg<generation>/<name>"``, the same on every member and different for
+        every group of a process's life (the flight recorder's records carry it as ``group_id``).
+
+        Example::
+
+            >>> from neural_arch.distributed.comm.local import LocalBackend
+            >>> ProcessGroup(LocalBackend(), [0], "local", "WORLD", 3).group_id
+            'pg3/WORLD'
+        """
+        return f"pg{self.generation}/{self.name}"
 
     def rank(self) -> int:
         return self.backend.rank

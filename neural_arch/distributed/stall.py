@@ -8,7 +8,8 @@ slots every few moments, so a collective pays nothing for being watched:
 
 * at half the threshold a rank *publishes* ``waiting at (group, seq, op)`` under one key per
   rank in the rendezvous store (one ``set``; nothing is written for collectives that finish in
-  time);
+  time); the key names the group by its members and its id (``ProcessGroup.group_id``), so two
+  groups with the same members -- two live ones, or one made again -- never read each other's keys;
 * at the threshold (``NEURAL_ARCH_STALL_WARNING_S``, default 60 s; ``0`` turns it off) it reads
   the other members' keys and logs a warning: ranks that published the same group at this
   sequence number (or later) are waiting too, the others **have not arrived**; the warning is
@@ -202,7 +203,7 @@ class StallInspector:
             info, begun, published, warned, runner = entry
             age = t - begun
             if not published and age >= self.warning_s / 2:
-                self._publish(info)
+                self._publish(info, runner)
                 entry[2] = True
             if age >= self.warning_s * (warned + 1):
                 entry[3] = warned + 1
@@ -212,14 +213,18 @@ class StallInspector:
                 _log.warning("%s", report.message)
         return made
 
-    def _key(self, group: list[int], rank: int) -> str:
-        return f"{self.namespace}/{'-'.join(map(str, group))}/{rank}"
+    def _key(self, group: list[int], rank: int, group_id: str | None = None) -> str:
+        # the group's id keeps two groups with the same members apart (their numbers are unrelated)
+        members = '-'.join(map(str, group))
+        return f"{self.namespace}/{members}/{rank}" if group_id is None else \
+            f"{self.namespace}/{members}@{group_id}/{rank}"
 
-    def _publish(self, info) -> None:
+    def _publish(self, info, runner=None) -> None:
         # point-to-point ops are numbered per rank pair and direction: nothing to compare across the group
         if self.store is None or info.name in _P2P_NAMES:
             return
-        self.store.set(self._key(list(info.group_ranks), self.rank), f"{int(info.seq)} {info.name}")
+        self.store.set(self._key(list(info.group_ranks), self.rank, getattr(runner, "group_id", None)),
+                       f"{int(info.seq)} {info.name}")
 
     def _report(self, info, age: float, runner=None) -> StallReport:
         group = [int(r) for r in info.group_ranks]
@@ -240,9 +245,10 @@ class StallInspector:
         missing, waiting, last_seen, other, past = [], [], {}, {}, []
         if self.store is None:
             return self._report_by_presence(info, age, runner, head, group, seq)
-        self._publish(info)  # refresh: this rank is certainly waiting here
+        self._publish(info, runner)  # refresh: this rank is certainly waiting here
+        group_id = getattr(runner, "group_id", None)
         for r in group:
-            key = self._key(group, r)
+            key = self._key(group, r, group_id)
             if not self.store.check([key]):
                 missing.append(r)
                 continue

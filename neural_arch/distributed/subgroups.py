@@ -123,12 +123,15 @@ def _make_groups(groups: Sequence[Sequence[int]], me: int, timeout) -> list:
         members = sorted(int(r) for r in members)
         impl = world.backend.new_group(members)  # collective over the world
         with _STATE.lock:
+            # counted on every rank, members or not (torch's group_count): the name -- and so the flight
+            # recorder's group id -- is the same on each member, whichever groups each rank belongs to
+            world._groups_made += 1
             if impl is None:
                 out.append(GroupMember.NON_GROUP_MEMBER)
                 continue
             if timeout is not None:
                 impl.timeout = _seconds(timeout, "timeout")
-            pg = ProcessGroup(impl, members, world.backend_name, f"group{len(_STATE.groups)}", world.generation)
+            pg = ProcessGroup(impl, members, world.backend_name, f"group{world._groups_made}", world.generation)
             _STATE.groups.append(pg)
             out.append(pg)
     return out

@@ -364,7 +364,7 @@ class Backend(OpRunner):
                 code, offset = self._fr_caller()
                 index = ring.next_index()
                 rec = ring.slots[index % ring.size]   # a slot reused in place (flight_recorder.buffer.Ring)
-                rec[:] = (self.group_ranks, seq, "all_reduce", info.shape, fast[0], op._value_, None,
+                rec[:] = (self._fr_group, seq, "all_reduce", info.shape, fast[0], op._value_, None,
                           _STARTED, now, 0.0, code, offset, None, False, index)
             span = None
             if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
@@ -589,7 +589,7 @@ class Backend(OpRunner):
                         code, offset = self._fr_caller()
                         index = ring.next_index()
                         rec = ring.slots[index % ring.size]
-                        rec[:] = (self.group_ranks, seq, "all_to_allv", shape, fast[0], None, None,
+                        rec[:] = (self._fr_group, seq, "all_to_allv", shape, fast[0], None, None,
                                   _STARTED, now, 0.0, code, offset, None, False, index)
                     span = None
                     if _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS:
@@ -713,7 +713,13 @@ class Backend(OpRunner):
             self._check_rank(r, "ranks[...]")
         if len(set(ranks)) != len(ranks):
             raise ValueError(f"new_group: ranks {ranks} contain duplicates")
-        return self._new_group(sorted(ranks))
+        # every rank of this group calls it, in the same order: the count names the sub-group alike
+        # on its members (the flight recorder tells same-member groups apart by it)
+        self._fr_subgroups += 1
+        sub = self._new_group(sorted(ranks))
+        if sub is not None and self.group_id is not None:
+            sub.group_id = f"{self.group_id}.{self._fr_subgroups}"
+        return sub
 
     def shutdown(self) -> None:
         if self._closed:

@@ -17,7 +17,8 @@ lanes and its failure state, and runs each operation the same way:
 * an op that fails once data may have moved **poisons** the group (``_failed``): every later op
   here fails naming that first failure, and ``_poison_peers`` (the backend's) tells the other ranks.
 * each op is one record in the flight recorder's ring (``_fr``;
-  :mod:`neural_arch.distributed.flight_recorder`), built in the caller's thread and moved from
+  :mod:`neural_arch.distributed.flight_recorder`; its group field is ``_fr_group``, the members
+  and the group's :attr:`~OpRunner.group_id`), built in the caller's thread and moved from
   queued to started to completed or failed; a group's first failure dumps the ring
   (``_failed``), for ``python -m neural_arch.distributed.flight_recorder``.
 
@@ -135,6 +136,11 @@ class OpRunner(abc.ABC):
         self._fr = _fr.RECORDER.ring
         self._fr_caller = _fr.RECORDER.caller
         self._fr_queued: dict = {}
+        # what every record's group field points at: the members and the group's id (named by the
+        # ProcessGroup, the parent backend or the FT replica group once it is made; see group_id)
+        self._fr_group = _fr.GroupIdentity(self.group_ranks)
+        # sub-communicators made from this one so far (Backend.new_group numbers their ids with it)
+        self._fr_subgroups = 0
         if self._fr is not None:
             _fr.RECORDER.attach(self)
             install_signal_handler()
@@ -172,6 +178,29 @@ class OpRunner(abc.ABC):
 
     def global_rank(self, group_rank: int) -> int:
         return self.group_ranks[group_rank]
+
+    @property
+    def group_id(self) -> str | None:
+        """This group's id (torch's ``pg_name``), the same on every member and different between two
+        groups with the same members; the flight recorder's records and the stall inspector's keys
+        carry it. None until whoever made the group names it (``ProcessGroup``, ``Backend.new_group``,
+        the FT replica group).
+
+        Example::
+
+            >>> from neural_arch.distributed.comm.local import LocalBackend
+            >>> b = LocalBackend()
+            >>> b.group_id = "pg1/WORLD"
+            >>> b.group_id
+            'pg1/WORLD'
+        """
+        return self._fr_group.group_id
+
+    @group_id.setter
+    def group_id(self, value: str | None) -> None:
+        # set on the one object every record of this backend points at: records made before the
+        # name (a backend's own set-up ops) read it too
+        self._fr_group.group_id = None if value is None else str(value)
 
     @classmethod
     def is_available(cls) -> bool:
@@ -215,7 +244,7 @@ class OpRunner(abc.ABC):
             code, offset = self._fr_caller()
             index = ring.next_index()
             rec = ring.slots[index % ring.size]
-            rec[:] = (self.group_ranks, info.seq, info.name, info.shape, info.dtype, info.reduce_op, info.root,
+            rec[:] = (self._fr_group, info.seq, info.name, info.shape, info.dtype, info.reduce_op, info.root,
                       _QUEUED, 0.0, 0.0, code, offset, None, lane is not self._lane, index)
         observed = _events.OBSERVERS or _events.BEGIN_OBSERVERS or _events.END_OBSERVERS
         if observed and not async_op:

@@ -3,7 +3,9 @@ fails or hangs, and an analyzer that names where the ranks' histories split (PyT
 Recorder and its ``fr_trace`` analyzer).
 
 * :mod:`~neural_arch.distributed.flight_recorder.buffer`: the ring (always on,
-  ``NEURAL_ARCH_FLIGHT_RECORDER_SIZE`` records, 0 = off), filled by every backend's op runner;
+  ``NEURAL_ARCH_FLIGHT_RECORDER_SIZE`` records, 0 = off), filled by every backend's op runner; each
+  record names its group by members and id (``group_id``, torch's ``pg_name``: ``"pg1/WORLD"``,
+  ``"pg1/group2"``), so groups with the same members are told apart;
 * :mod:`~neural_arch.distributed.flight_recorder.writer`: one JSON file per rank, written atomically
   on a timeout, poisoning, a peer's failure or ``SIGUSR1`` (to ``NEURAL_ARCH_FLIGHT_RECORDER_DIR``
   or the rendezvous store);

@@ -22,10 +22,14 @@ What it reads with care, so that the verdict is never confidently wrong:
 * **several groups**: a rank blocked in a sub-group's split is "behind" on the world only because of
   it, so the divergence that is a cause comes first; when every split is only ranks waiting in
   another one, the verdict says the ranks wait for each other across groups (:attr:`Verdict.deadlock`);
-* **groups with the same members**: a group made again (numbers start over at 1) replaces the old
-  one's records, and ranks whose rings do not show it are named as maybe holding the old group's
-  (:attr:`Verdict.maybe_old`); two live groups of the same members cannot be told apart (records
-  hold no group id) and are named, not compared (:attr:`Verdict.mixed`);
+* **groups with the same members**: records carry their group's id (``group_id``: the same on every
+  member, different between groups of the same members, e.g. ``"pg1/group2"``), and groups are keyed
+  by members *and* id, so a group made again (a new ``init_process_group``, an elastic re-form) and
+  two live groups of the same members each get their own verdict (:attr:`Divergence.group_id`).
+  Records without an id (dumps from before ids, a backend nothing named) are read as before: a
+  group made again (numbers start over at 1) replaces the old one's records, and ranks whose rings
+  do not show it are named as maybe holding the old group's (:attr:`Verdict.maybe_old`); two live
+  groups of the same members cannot be told apart and are named, not compared (:attr:`Verdict.mixed`);
 * ops queued behind the one a rank waits in (async) are not read as a split.
 
 The verdict is worded after PyTorch's ``fr_trace``: it names ranks, ops and sequence numbers, never
@@ -98,6 +102,15 @@ def describe(e: dict | None) -> str:
     return f"{e['op']} #{e['seq']}" + (f" ({', '.join(parts)})" if parts else "")
 
 
+def _label(members, group_id=None) -> str:
+    """How the report names a group: ``group [0, 1]``, with its id when it has one.
+
+    >>> _label((0, 1), "pg1/group2")
+    'group [0, 1] (pg1/group2)'
+    """
+    return f"group {list(members)}" + (f" ({group_id})" if group_id else "")
+
+
 def _where(e: dict | None) -> str:
     if not e or not e.get("file"):
         return ""
@@ -139,6 +152,9 @@ class Divergence:
     #: holds ``seq`` only as queued behind an op it forgot. The histories may then split earlier
     #: than ``seq``, or at ``seq`` on these ranks.
     unseen: list = field(default_factory=list)
+    #: the group's id (``"pg1/group2"``, None for records without one), which tells, with ``group``,
+    #: which group of those with these members split
+    group_id: str | None = None
 
     @property
     def ranks(self) -> list:
@@ -168,7 +184,8 @@ class Verdict:
     reported: list
     missing: list
     divergences: list
-    #: group -> (seq, record) of the last op every reporting member completed
+    #: group -> (seq, record) of the last op every reporting member completed; a group is keyed by its
+    #: members (a tuple), or by ``(members, group_id)`` where several groups of the dumps have those members
     last_completed: dict
     #: per rank, a dict of its last completed record, its record in flight and why it dumped
     rows: dict
@@ -195,29 +212,30 @@ class Verdict:
             lines.append(f"ranks {self.missing} never reported (no dump: likely dead, or hung where no dump "
                          "could run; SIGUSR1 dumps a live rank)")
         for g, ranks in self.mixed.items():
-            lines.append(f"group {list(g)}: not compared: the rings of ranks {ranks} mix the records of two groups "
-                         "with these members (the records hold no group id); compare those ranks' records by hand")
+            lines.append(f"{_label(*_unkey(g))}: not compared: the rings of ranks {ranks} mix the records of two "
+                         "groups with these members (the records hold no group id); compare those ranks' records by "
+                         "hand")
         for g, ranks in self.maybe_old.items():
-            lines.append(f"group {list(g)}: made again with the same members (numbers start over at 1); the records "
-                         f"of ranks {ranks} may be the old group's (the records hold no group id): read its verdict "
-                         "with care")
+            lines.append(f"{_label(*_unkey(g))}: made again with the same members (numbers start over at 1); the "
+                         f"records of ranks {ranks} may be the old group's (the records hold no group id): read its "
+                         "verdict with care")
         if not self.divergences:
             agree = ("the reporting ranks' histories agree" if not self.mixed else
                      "the other groups' histories agree")
             lines.append(f"{agree} and every recorded collective completed")
         if self.deadlock:
-            waits = "; ".join(f"ranks {d.expected_ranks} wait in {describe(d.expected)} on group {list(d.group)} "
-                              f"for ranks {d.ranks}" for d in self.divergences)
+            waits = "; ".join(f"ranks {d.expected_ranks} wait in {describe(d.expected)} on "
+                              f"{_label(d.group, d.group_id)} for ranks {d.ranks}" for d in self.divergences)
             lines.append(f"the ranks wait for each other across groups ({waits}): they called these groups' "
                          "collectives in different orders")
         for d in self.divergences:
-            g = list(d.group)
+            g = _label(d.group, d.group_id)
             if d.unseen:
-                lines.append(f"group {g}: the rings of ranks {d.unseen} no longer hold every op up to #{d.seq} "
+                lines.append(f"{g}: the rings of ranks {d.unseen} no longer hold every op up to #{d.seq} "
                              f"(they wrapped): the histories may split before #{d.seq}, or at #{d.seq} on those ranks")
             if d.kind == "mismatch":
                 tie = max(Counter(_key(e) for e in d.other_op.values()).values()) >= len(d.expected_ranks)
-                lines.append(f"group {g}: histories differ first at #{d.seq}"
+                lines.append(f"{g}: histories differ first at #{d.seq}"
                              f"{' (a tie: nothing says which side is right)' if tie else ''}: ranks {d.expected_ranks} "
                              f"called {describe(d.expected)}")
                 for r, e in sorted(d.other_op.items()):
@@ -227,14 +245,16 @@ class Verdict:
             elif d.kind == "behind":
                 called = (describe(d.expected) if d.expected is not None else
                           f"#{d.seq} (their rings no longer hold which op)")
-                lines.append(f"group {g}: histories differ first at #{d.seq}: ranks {d.expected_ranks} called "
+                lines.append(f"{g}: histories differ first at #{d.seq}: ranks {d.expected_ranks} called "
                              f"{called}; ranks {sorted(d.behind)} never did (behind)")
-                at = {(x.group, x.seq) for x in self.divergences if x is not d}
+                at = {(x.group, x.group_id, x.seq) for x in self.divergences if x is not d}
                 for r, last in sorted(d.behind.items()):
                     row = self.rows.get(r, {})
                     cur = row.get("in_flight")
-                    waits = (f"; it waits in {describe(cur)} on group {cur['group']} (a split above)"
-                             if cur and (tuple(cur["group"]), cur["seq"]) in at and not cur.get("p2p") else "")
+                    waits = (f"; it waits in {describe(cur)} on {_label(cur['group'], cur.get('group_id'))} "
+                             "(a split above)"
+                             if cur and (tuple(cur["group"]), cur.get("group_id"), cur["seq"]) in at
+                             and not cur.get("p2p") else "")
                     lines.append(f"  rank {r}: last op on this group #{last}; last completed "
                                  f"{describe(row.get('last_completed'))}{waits}")
             else:
@@ -244,7 +264,7 @@ class Verdict:
                 forgot = (f"; ranks {d.forgotten} kept no op of this group (their ring wrapped): they may not have "
                           "arrived") if d.forgotten else ""
                 who_reached = f"ranks {d.expected_ranks}" if d.unseen else "every reporting rank"
-                lines.append(f"group {g}: {who_reached} reached {describe(d.expected)} and it did not "
+                lines.append(f"{g}: {who_reached} reached {describe(d.expected)} and it did not "
                              f"complete ({', '.join(f'{k}: {v}' for k, v in sorted(state.items()))}){who}{forgot}")
                 if err:
                     lines.append(f"  error: {err}")
@@ -257,7 +277,7 @@ class Verdict:
                              f"({e.get('state')}): rank {peer} did not post the matching "
                              f"{'recv' if e['op'].endswith('send') else 'send'}, or is stuck")
         for g, (seq, e) in self.last_completed.items():
-            lines.append(f"group {list(g)}: last op every reporting rank completed: "
+            lines.append(f"{_label(*_unkey(g))}: last op every reporting rank completed: "
                          f"{describe(e) if e else 'none'}")
         lines.append("")
         lines.append(f"{'rank':>4}  {'last completed':<40}  {'in flight / failed':<40}  caller")
@@ -282,7 +302,7 @@ def analyze(dumps: list, world_size: int | None = None) -> Verdict:
     by_rank = {d["rank"]: d for d in dumps if d.get("rank") is not None}
     world = max([world_size or 0, *(d.get("world_size") or 0 for d in dumps), *(r + 1 for r in by_rank)])
     missing = [r for r in range(world) if r not in by_rank]
-    # group -> rank -> seq -> record (collectives only)
+    # (members, group id) -> rank -> seq -> record (collectives only)
     hist: dict = {}
     rows = {}
     mixed: dict = {}        # group -> ranks whose records of it cannot be one group's
@@ -300,7 +320,9 @@ def analyze(dumps: list, world_size: int | None = None) -> Verdict:
                 if e.get("state") != "completed":
                     p2p_pending.setdefault(r, []).append(e)
                 continue
-            g = tuple(e["group"])
+            # a group is its members and its id: records with an id are one group's (an id names one
+            # group for a process's life); for records without one (older dumps), the numbers tell
+            g = (tuple(e["group"]), e.get("group_id"))
             mine = hist.setdefault(g, {}).setdefault(r, {})
             # One group's records in a ring are numbered 1, 2, 3... in the order they were issued.
             # Back to 1: the group was made again with the same members (a new init_process_group):
@@ -318,10 +340,11 @@ def analyze(dumps: list, world_size: int | None = None) -> Verdict:
         rows[r] = {"last_completed": last_done, "in_flight": in_flight, "reason": d.get("reason")}
     divergences = []
     last_completed = {}
-    for group in sorted(hist, key=lambda g: (-len(g), g)):
-        if group in mixed:
+    for key in sorted(hist, key=lambda g: (-len(g[0]), g[0], g[1] or "")):
+        if key in mixed:
             continue
-        per = hist[group]
+        group, group_id = key
+        per = hist[key]
         members = list(group)
         reporting = [r for r in members if r in by_rank]
         absent = [r for r in members if r not in by_rank]
@@ -344,7 +367,7 @@ def analyze(dumps: list, world_size: int | None = None) -> Verdict:
                 for r, h in per.items()}
         common = min(done.values(), default=0)
         ref = next((per[r][common] for r in reporting if common in per[r]), None)
-        last_completed[group] = (common, ref)
+        last_completed[key] = (common, ref)
         div = stuck = None
         for s in range(low, high + 1):
             present = {r: per[r][s] for r in reporting if s in per[r]}
@@ -386,13 +409,27 @@ def analyze(dumps: list, world_size: int | None = None) -> Verdict:
         if div is None:
             div = stuck
         if div is not None:
+            div.group_id = group_id
             divergences.append(div)
     divergences, deadlock = _causes_first(divergences, by_rank)
     # members whose rings do not show the group made again may hold only the old group's records
-    older = {g: sorted(r for r in g if r in by_rank and r not in rs and hist[g].get(r)) for g, rs in remade.items()
-             if g not in mixed}
-    return Verdict(world, sorted(by_rank), missing, divergences, last_completed, rows, deadlock,
-                   {g: sorted(rs) for g, rs in mixed.items()}, p2p_pending, {g: rs for g, rs in older.items() if rs})
+    older = {g: sorted(r for r in g[0] if r in by_rank and r not in rs and hist[g].get(r))
+             for g, rs in remade.items() if g not in mixed}
+    # the Verdict's dicts are keyed by members alone where no other group of the dumps has them
+    shared = Counter(g[0] for g in hist)
+
+    def public(g):
+        return g[0] if shared[g[0]] == 1 else g
+    return Verdict(world, sorted(by_rank), missing, divergences, {public(g): v for g, v in last_completed.items()},
+                   rows, deadlock, {public(g): sorted(rs) for g, rs in mixed.items()}, p2p_pending,
+                   {public(g): rs for g, rs in older.items() if rs})
+
+
+def _unkey(g: tuple) -> tuple:
+    """``(members, group_id)`` of a key of the Verdict's dicts (members alone, or members and id)."""
+    if len(g) == 2 and isinstance(g[0], tuple):
+        return g
+    return g, None
 
 
 def _unseen(per: dict, seq: int) -> list:
@@ -419,14 +456,14 @@ def _causes_first(divergences: list, by_rank: dict) -> tuple:
     sub-group's all_reduce is behind on the world only because of it, so the sub-group's divergence
     is the one to read first.
     """
-    where = {(d.group, d.seq): d for d in divergences}
+    where = {(d.group, d.group_id, d.seq): d for d in divergences}
 
     def effect(d: Divergence) -> bool:
         if d.kind == "mismatch" or d.missing or not (d.behind or d.forgotten):
             return False
         for r in (*d.behind, *d.forgotten):
             blocked = any(e.get("state") != "completed" and not e.get("p2p") and
-                          where.get((tuple(e["group"]), e["seq"])) not in (None, d)
+                          where.get((tuple(e["group"]), e.get("group_id"), e["seq"])) not in (None, d)
                           for e in by_rank[r].get("entries", ()))
             if not blocked:
                 return False

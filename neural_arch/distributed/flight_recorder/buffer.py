@@ -12,7 +12,8 @@ object of a training process, model and autograd graph included -- came that muc
 process holding many objects the 1 KiB all_reduce took twice as long, all of it in the collector
 (``benchmarks/bench_flight_recorder.py`` measures what is left).
 
-Fields: the group (its *global* ranks), sequence number (per group; point-to-point ops have their
+Fields: the group (its *global* ranks, as a :class:`GroupIdentity`: a list that also carries the group's
+id, made once per backend, so the record stays one slot and one assignment), sequence number (per group; point-to-point ops have their
 own counter), op, shape, dtype, reduce op, root or peer (group rank), state (``queued`` /
 ``started`` / ``completed`` / ``failed``), start and end times (``time.monotonic``; a dump turns
 them into wall-clock seconds), the caller's file and line (the first frame outside ``neural_arch``)
@@ -39,8 +40,8 @@ import weakref
 
 from neural_arch import config
 
-__all__ = ["COMPLETED", "FAILED", "QUEUED", "RECORDER", "STARTED", "FlightRecorder", "Ring", "as_dict", "caller",
-           "line_of", "mark_failed"]
+__all__ = ["COMPLETED", "FAILED", "QUEUED", "RECORDER", "STARTED", "FlightRecorder", "GroupIdentity", "Ring", "as_dict",
+           "caller", "line_of", "mark_failed"]
 
 SIZE_ENV = "NEURAL_ARCH_FLIGHT_RECORDER_SIZE"
 CALLER_ENV = "NEURAL_ARCH_FLIGHT_RECORDER_CALLER"
@@ -105,6 +106,35 @@ def line_of(code, offset: int) -> int:
         if ln:
             line = ln
     return line
+
+
+class GroupIdentity(list):
+    """A group's members (global ranks) that also carry its id: what a record's group field holds.
+
+    ``group_id`` is the same on every member of the group and differs between two groups with the
+    same members (torch's ``pg_name``): ``"pg<generation>/WORLD"``, ``"pg<generation>/group<n>"`` for
+    ``new_group`` and its kin (numbered in creation order on every rank of the world), a sub-communicator
+    made by ``Backend.new_group`` its parent's id plus ``.<n>``, a fault-tolerant replica group its
+    quorum's store prefix (``"ft/pg/<quorum id>"``). None: a backend nothing named (the analyzer
+    then tells groups apart by their members only, as for dumps written before ids existed).
+
+    Each backend makes one, once (``OpRunner._fr_group``), and every record of the backend's ops
+    points at it: the id costs the hot path nothing, and a dump reads it from the record's group.
+
+    Example::
+
+        >>> g = GroupIdentity([0, 1], "pg1/group2")
+        >>> g == [0, 1], g.group_id
+        (True, 'pg1/group2')
+        >>> as_dict(FlightRecorder.record(g, 1, "barrier", None, None, None, None))["group_id"]
+        'pg1/group2'
+    """
+
+    __slots__ = ("group_id",)
+
+    def __init__(self, ranks=(), group_id: str | None = None):
+        super().__init__(ranks)
+        self.group_id = group_id
 
 
 def _no_caller(depth: int = 2) -> tuple:
@@ -265,7 +295,8 @@ def mark_failed(record: list, exc: BaseException) -> None:
 
 
 def as_dict(record: list) -> dict:
-    """One record as a JSON-ready dict (lists for the group and shape; the caller as file and line).
+    """One record as a JSON-ready dict (lists for the group and shape; the group's id, None when the
+    group has none; the caller as file and line).
 
     Example::
 
@@ -273,7 +304,8 @@ def as_dict(record: list) -> dict:
         [2, 2]
     """
     code = record[CODE]
-    d = {"group": list(record[GROUP]), "seq": record[SEQ], "op": record[OP],
+    group = record[GROUP]
+    d = {"group": list(group), "group_id": getattr(group, "group_id", None), "seq": record[SEQ], "op": record[OP],
          "shape": list(record[SHAPE]) if record[SHAPE] is not None else None, "dtype": record[DTYPE],
          "reduce_op": record[REDUCE_OP], "root": record[ROOT], "state": record[STATE],
          "t_start": record[T_START], "t_end": record[T_END],

@@ -58,6 +58,9 @@ class ProcessGroupGloo:
         self.prefix = prefix
         self.backend = GlooBackend.create(PrefixStore(prefix, store), int(rank), int(world_size), self.timeout,
                                           transport=self.transport, auth_token=auth_token)
+        # the quorum's prefix names this incarnation alike on every replica (the flight recorder's and
+        # the stall inspector's group id): two quorums of the same replicas are two groups
+        self.backend.group_id = prefix.rstrip("/")
 
     def abort(self, reason: str = "the replica left the quorum") -> None:
         """Poison the current backend on every peer (best effort) and shut it down here."""
