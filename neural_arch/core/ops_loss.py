@@ -910,7 +910,10 @@ def kl_div(input: Tensor, target, *, reduction: str = "mean", log_target: bool =
 
     def d_target():
         with np.errstate(divide="ignore", invalid="ignore"):
-            return et * (td - xd + 1) if log_target else xp.log(td) + 1 - xd
+            if log_target:
+                return et * (td - xd + 1)
+            # torch's xlogy: a target of 0 contributes 0 and gets gradient 0 (log 0 would give -inf)
+            return xp.where(td == 0, 0, xp.log(xp.where(td == 0, 1, td)) + 1 - xd)
 
     return _reduced_loss(loss.astype(xd.dtype, copy=False), "mean" if reduction == "batchmean" else reduction,
                          [(x, d_input), (tt, d_target)], "KLDivLoss", divisor, saved=(input, target))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 from neural_arch.core import device_kernels
@@ -414,7 +415,7 @@ def rms_norm(input: Tensor, normalized_shape, weight=None, eps=None) -> Tensor:
                            f"shape [*, {', '.join(map(str, normalized_shape))}], got {list(xd.shape)}")
     wd = _param_data(weight, "weight", normalized_shape, "rms_norm")
     if eps is None:
-        eps = float(np.finfo(xd.dtype).eps)
+        eps = float(ml_dtypes.finfo(xd.dtype).eps)   # NumPy's finfo refuses bfloat16
     xp = _xp(xd)
     axes = tuple(range(xd.ndim - k, xd.ndim))
     inv_n = 1.0 / max(math.prod(normalized_shape), 1)  # sums scaled, not means: nothing warns when empty

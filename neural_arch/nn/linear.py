@@ -191,6 +191,8 @@ class Embedding(Module):
             return F.embedding(indices, self.weight)
         idx = indices.data if isinstance(indices, Tensor) else indices
         if self.max_norm is not None:
+            # the lookup's own index checks first: a bad index must fail before any row is rescaled
+            F.embedding(indices, self.weight.detach())
             self._renorm(idx)
         out = F.embedding(indices, self.weight)
         if self.padding_idx is None or not out.requires_grad:

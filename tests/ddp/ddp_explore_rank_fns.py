@@ -232,6 +232,17 @@ def bad_input_run(case: str) -> str:
             ddp.register_comm_hook(member[0], default_hooks.allreduce_hook)     # its own group: fine
             fresh = dist.DistributedDataParallel(nn.Linear(2, 2, dtype=np.float64), process_group=member[0])
             fresh.register_comm_hook(None, default_hooks.allreduce_hook)
+        elif case == "user-comm-hook-own-state":
+            # a user's @comm_hook with a state object of its own: not a process group to check
+            from neural_arch.distributed.algorithms.ddp_comm_hooks.comm_hook import comm_hook
+            from neural_arch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+            @comm_hook()
+            def counting(state, bucket):
+                state["calls"] += 1
+                return allreduce_hook(None, bucket)
+
+            dist.DistributedDataParallel(model).register_comm_hook({"calls": 0}, counting)
         elif case == "hook-twice":
             from neural_arch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

@@ -98,6 +98,7 @@ BAD_INPUT = {
     "group-is-ranks": r"TypeError: .*must be a ProcessGroup",
     "bucket-cap-nan": r"ValueError: bucket_cap_mb must be > 0",
     "bucket-cap-inf": r"ValueError: bucket_cap_mb must be > 0 and finite, got inf",
+    "user-comm-hook-own-state": r"no error$",
     "hook-group-not-the-ddps": r"ValueError: register_comm_hook: the hook's state communicates over ranks "
                                r"\[0, 1, 2, 3\] \(None: the default group\), but this DistributedDataParallel "
                                r"reduces over ranks \[0, 1\]",

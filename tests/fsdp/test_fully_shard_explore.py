@@ -212,3 +212,20 @@ def test_bad_calls_are_clear_errors_at_the_call(world_of_one):
     with pytest.raises(RuntimeError, match="build the optimizer after fully_shard"):
         opt.step()
     optim.SGD(early.parameters(), lr=0.1).step()      # the sharded parameters: fine
+
+
+def test_full_state_dict_group_of_blocks_sharded_over_slices_of_one_mesh(world_of_one):
+    """torchtitan's pattern calls ``mesh["dp"]`` once per block; each call makes a new DeviceMesh
+    object, so the full state dict's group must compare the meshes' groups, not the objects (found:
+    it fell back to the world, a mismatch or a hang for a model on a sub-group)."""
+    from neural_arch import nn
+    from neural_arch.distributed.checkpoint.state_dict import _state_group
+    from neural_arch.distributed.device_mesh import init_device_mesh
+    from neural_arch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("pp", "dp"))
+    assert mesh["dp"] is not mesh["dp"]
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    fully_shard(model[0], mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    assert _state_group(list(model.parameters())) is mesh["dp"].get_group()

@@ -506,3 +506,23 @@ def test_trunc_normal_in_a_far_tail_ends_and_has_the_right_mean(mean, std, a, b)
     assert abs(p.data.mean() - want) < 0.02 * (b - a), (p.data.mean(), want)
     with pytest.raises(ValueError, match="a < b"):
         nn.init.trunc_normal_(p, a=1.0, b=-1.0)
+
+
+def test_embedding_max_norm_checks_the_indices_before_rescaling_any_row():
+    """A bad index fails before the in-place renorm (found: -1 rescaled the last row, 1.5 row 1)."""
+    emb = nn.Embedding(5, 3, max_norm=0.5, dtype=np.float64)
+    emb.weight.data[...] = 2.0
+    before = emb.weight.data.copy()
+    for bad, error in ((np.array([-1]), IndexError), (np.array([1.5]), TypeError)):
+        with pytest.raises(error):
+            emb(bad)
+        assert np.array_equal(emb.weight.data, before)
+
+
+def test_rms_norm_default_eps_works_in_bfloat16():
+    """eps=None is the dtype's machine epsilon; NumPy's finfo refuses bfloat16 (found: a ValueError)."""
+    import neural_arch.nn.functional as F
+    from neural_arch.core import dtypes
+
+    out = F.rms_norm(Tensor(np.ones((2, 4), dtype=dtypes.bfloat16)), (4,))
+    assert out.dtype == dtypes.bfloat16 and np.allclose(out.data.astype(np.float32), 1.0, atol=1e-2)

@@ -463,3 +463,12 @@ def test_cross_entropy_module_reads_torch_class_layout_like_the_function(shape, 
     t = rng.integers(0, shape[-1], last_target)  # classes last
     flat = cross_entropy(Tensor(x.reshape(-1, shape[-1])), t.reshape(-1)).item()
     assert module(Tensor(x), Tensor(t)).item() == flat
+
+
+def test_kl_div_target_of_zero_gets_gradient_zero_like_torch():
+    """torch's xlogy: a target of 0 contributes 0 to the loss and gets gradient 0 (found: -inf)."""
+    x = Tensor(np.log(np.array([[0.5, 0.5]])))
+    t = Tensor(np.array([[1.0, 0.0]]), requires_grad=True)
+    kl_div(x, t, reduction="sum").backward()
+    assert np.array_equal(t.grad.data[:, 1], [0.0]) and np.isfinite(t.grad.data).all()
+    assert np.isclose(t.grad.data[0, 0], np.log(1.0) + 1 - np.log(0.5))

@@ -390,7 +390,9 @@ def _leader_average_counting_ranks(tensor, array, intra, inter, chunk_bytes):
     xp = np if type(flat) is np.ndarray else _xp(flat)
     # float16 sums in float32 here: the count is not known before the sum (to pre-scale, as
     # start_average does), and a float16 sum can overflow where the mean does not
-    scratch = xp.empty(flat.size + 1, dtype=np.float32 if flat.dtype == np.float16 else flat.dtype)
+    # (bfloat16 too: it holds whole numbers exactly only up to 256, and the count is one of them)
+    low = flat.dtype == np.float16 or flat.dtype.name == "bfloat16"
+    scratch = xp.empty(flat.size + 1, dtype=np.float32 if low else flat.dtype)
     scratch[:-1] = flat
     scratch[-1] = 1
     run_leader(scratch, ReduceOp.SUM, intra, inter, chunk_bytes)

@@ -58,6 +58,7 @@ import numpy as np
 
 from neural_arch import config
 from neural_arch.distributed.algorithms.hierarchical import (
+    _check_in_place,
     choose_algorithm,
     host_key,
     hosts_from_keys,
@@ -184,6 +185,7 @@ def all_reduce(pg, array, op) -> bool:
     algorithm = choose_algorithm(array.nbytes, array.size, lay.hosts)
     if algorithm == "flat":
         return False
+    _check_in_place(array)   # before start_average scales it: a refused call leaves the caller's array as it was
     wire, avg = wire_op(op, array.dtype)
     divide = avg and start_average(array, pg.size())
     if algorithm == "2d":

@@ -255,9 +255,12 @@ def _state_group(params) -> object | None:
         if is_dtensor(p):
             # fully_shard's parameters, all on one 1-d mesh: the model lives on that mesh's ranks alone
             # (a sub-group: the other ranks never call this). A TP DTensor may have replicas elsewhere.
-            if not getattr(p, "fully_sharded", False) or (mesh is not None and p.device_mesh is not mesh):
+            # (meshes compared by their group: mesh["dp"] makes a new DeviceMesh object per call)
+            m = p.device_mesh
+            if not getattr(p, "fully_sharded", False) or m.ndim != 1 or (
+                    mesh is not None and m.get_group() is not mesh.get_group()):
                 return None
-            mesh = p.device_mesh
+            mesh = m
             continue
         fs = getattr(p, "_flat_shard", None)
         if fs is None or fs.group is None:
@@ -266,7 +269,7 @@ def _state_group(params) -> object | None:
             return None
         group = fs.group
     if mesh is not None:
-        return mesh.get_group() if group is None and mesh.ndim == 1 else None
+        return mesh.get_group() if group is None else None
     return group
 
 

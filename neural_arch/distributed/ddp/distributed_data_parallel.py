@@ -404,7 +404,7 @@ class DistributedDataParallel(Module):
         """
         self._check_hook_group(state, hook)
         self.reducer.register_comm_hook(state, hook)
-        if not self._hooks:
+        if self._backend.size == 1 and not self._hooks:
             # a world of one reduces nothing, so no gradient hooks were installed; a hook the user
             # registers must still see every bucket, as in torch (one that scales or compresses
             # gradients would otherwise do nothing without a word)
@@ -414,10 +414,13 @@ class DistributedDataParallel(Module):
         """Refuse a built-in hook (one made with ``comm_hook``: it declares how it takes buckets)
         whose state's group holds other ranks than this DDP's; a plain function's state is its own."""
         from neural_arch.distributed.algorithms.ddp_comm_hooks.comm_hook import CommHook, hook_backend
+        from neural_arch.distributed.process_group import ProcessGroup
 
         if not isinstance(hook, CommHook) or self._backend.size == 1:
             return
         group = getattr(state, "process_group", state)      # PowerSGDState / TopKState carry it
+        if not (group is None or isinstance(group, ProcessGroup) or hasattr(group, "group_ranks")):
+            return      # a hook's own state object (a user's @comm_hook): not a group to check
         theirs = getattr(hook_backend(group), "group_ranks", None)
         ours = getattr(self._backend, "group_ranks", None)
         if theirs is not None and ours is not None and list(theirs) != list(ours):
