@@ -349,7 +349,7 @@ class DataLoader:
         # seed their random transforms as in the first epoch, not as in the one it resumes
         seeds = self._seeds_start if self._seeds_start is not None else self._seed_stream.bit_generator.state
         return {"batches_yielded": int(self._yielded), "generator": generator, "sampler": sampler,
-                "worker_seeds": seeds}
+                "worker_seeds": seeds, "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at ``state``: the next ``iter(loader)`` continues the interrupted epoch.
@@ -358,7 +358,10 @@ class DataLoader:
         serves only the rest of the epoch; otherwise the epoch's order is redrawn from the saved
         generator state and the batches already yielded are skipped (not loaded).
         """
-        if state.get("worker_seeds") is not None:      # (states saved before it existed: the loader's own)
+        # the worker-seed stream only from a loader of the same seed: ranks seeded apart (seed=base+rank)
+        # that resume from one rank's state keep their own streams, or their workers would apply the same
+        # random transforms (states saved before it existed, or of another seed: this loader's own)
+        if state.get("worker_seeds") is not None and "seed" in state and state["seed"] == self.seed:
             self._seed_stream.bit_generator.state = state["worker_seeds"]
         if state.get("generator") is not None:
             self._generator.bit_generator.state = state["generator"]

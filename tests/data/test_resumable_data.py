@@ -41,7 +41,7 @@ def test_every_sample_of_the_interrupted_epoch_is_seen_once(world, new_world, ba
     states = [json.loads(json.dumps(loader.state_dict())) for loader in before]  # what a checkpoint holds
     # the position is the same on every rank: any rank's copy resumes any rank (the worker-seed stream
     # is each loader's own: these loaders drew their seeds from one process's generator in turn)
-    position = [{k: v for k, v in s.items() if k != "worker_seeds"} for s in states]
+    position = [{k: v for k, v in s.items() if k not in ("worker_seeds", "seed")} for s in states]
     assert all(p == position[0] for p in position)
     assert states[0]["sampler"]["processed"] == min(N, batches_done * 2 * world)
     del iterators
@@ -124,3 +124,18 @@ def test_workers_of_a_job_resumed_at_an_epoch_start_draw_the_uninterrupted_jobs_
     resumed.load_state_dict(state)
     assert np.array_equal(np.concatenate([b.data for b in resumed]), epochs[1])
     assert np.array_equal(np.concatenate([b.data for b in resumed]), epochs[2])
+
+
+def test_a_loader_of_another_seed_keeps_its_own_worker_seeds():
+    """Ranks seeded apart (seed=base+rank) that resume from one rank's state must not all take that
+    rank's worker-seed stream: their workers would apply the same random transforms."""
+    def loader(seed):
+        return DataLoader(_RandomTransform(), batch_size=4, seed=seed, num_workers=1)
+
+    rank0 = loader(5)
+    list(rank0)
+    state = json.loads(json.dumps(rank0.state_dict()))
+    rank1_resumed, rank1_fresh = loader(6), loader(6)
+    rank1_resumed.load_state_dict(state)
+    assert np.array_equal(np.concatenate([b.data for b in rank1_resumed]),
+                          np.concatenate([b.data for b in rank1_fresh]))
