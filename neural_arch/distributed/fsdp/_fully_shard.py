@@ -22,7 +22,10 @@ each rank, and the next synced backward reduces their sum (gradient accumulation
 HSDP, ``set_requires_all_reduce(False)`` reduce-scatters each backward but keeps the sums until a
 backward that all-reduces them. A parameter that no rank used in a backward keeps its gradient
 (``None`` after ``zero_grad``: the optimizer skips it, as in one process); one used on some ranks
-only gets the mean with zeros for the others.
+only gets the mean with zeros for the others, as long as every rank ran the backward of some
+parameter of its module (a rank whose backward reaches none of them skips the module's
+reduce-scatter and the ranks' collectives go out of step: a CollectiveMismatchError or a timeout,
+where torch hangs).
 
 The module's class becomes a subclass of its own class and :class:`FSDPModule` (torch does this),
 so ``isinstance(model, FSDPModule)`` and ``model.unshard()`` work and everything else is unchanged.
