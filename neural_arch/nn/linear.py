@@ -187,20 +187,12 @@ class Embedding(Module):
         wd[rows] = (picked * scale[:, None]).astype(wd.dtype, copy=False)
 
     def forward(self, indices):
-        if self.max_norm is None and self.padding_idx is None:
-            return F.embedding(indices, self.weight)
-        idx = indices.data if isinstance(indices, Tensor) else indices
         if self.max_norm is not None:
             # the lookup's own index checks first: a bad index must fail before any row is rescaled
             F.embedding(indices, self.weight.detach())
-            self._renorm(idx)
-        out = F.embedding(indices, self.weight)
-        if self.padding_idx is None or not out.requires_grad:
-            return out
-        # Same values; the padding positions just take theirs from a detached copy, so their
-        # rows get no gradient from this lookup (and no host sync to find them).
-        keep = get_array_module(out.data).asarray(idx) != self.padding_idx
-        return F.where(keep[..., None], out, out.detach())
+            self._renorm(indices.data if isinstance(indices, Tensor) else indices)
+        # the padding row gets no gradient from this lookup: F.embedding's rule (one owner)
+        return F.embedding(indices, self.weight, self.padding_idx)
 
     def extra_repr(self) -> str:
         s = f"{self.num_embeddings}, {self.embedding_dim}"
