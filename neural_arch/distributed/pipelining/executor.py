@@ -187,13 +187,18 @@ def fail_before_execute(stages: dict, what: str, exc: Exception) -> None:
     group = next(iter(stages.values())).group
     if group.size() < 2:
         return
-    step = failure.next_step(group)
+    _blame_self(group, failure.next_step(group), min(stages), what, -1, exc)
+
+
+def _blame_self(group, step: int, stage: int, what: str, microbatch: int, exc: Exception) -> None:
+    """This rank's own action (or its arguments) failed: record it as the step's culprit, poison the
+    group so every waiting rank raises at once naming it, and note that on ``exc``."""
     me = group.ranks[group.rank()]
-    stage = min(stages)
     error = f"{type(exc).__name__}: {str(exc)[:1500]}"
     failure.record(group, step, me, {"kind": "self", "rank": me, "stage": stage, "action": what,
-                                     "microbatch": -1, "error": error})
-    text = f"pipeline stage {stage} (global rank {me}) failed in {what}: {error}"
+                                     "microbatch": microbatch, "error": error})
+    where = f" (micro-batch {microbatch})" if microbatch >= 0 else ""
+    text = f"pipeline stage {stage} (global rank {me}) failed in {what}{where}: {error}"
     failure.poison(group, text)
     exc.add_note(text + "; the other pipeline stages were told")
 
@@ -218,15 +223,10 @@ def _name_culprit(st: _Step, step: int, a: Action | None, exc: Exception) -> Exc
             return None
         return p2p.PipelineError(f"{found[1]} -- seen on stage {a.stage} (global rank {me}) as: {exc}")
     # this rank's own action failed (compute, or the schedule itself): it is the culprit
-    stage = a.stage if a is not None else min(st.stages)
-    what = str(a) if a is not None else "waiting for its sends"
-    mb = a.microbatch if a is not None else -1
-    error = f"{type(exc).__name__}: {str(exc)[:1500]}"
-    failure.record(group, step, me, {"kind": "self", "rank": me, "stage": stage, "action": what,
-                                     "microbatch": mb, "error": error})
-    text = f"pipeline stage {stage} (global rank {me}) failed in {what} (micro-batch {mb}): {error}"
-    failure.poison(group, text)
-    exc.add_note(text + "; the other pipeline stages were told")
+    if a is None:
+        _blame_self(group, step, min(st.stages), "waiting for its sends", -1, exc)
+    else:
+        _blame_self(group, step, a.stage, str(a), a.microbatch, exc)
     return None
 
 
