@@ -23,7 +23,7 @@ from neural_arch.distributed.ft import protocol, transfer
 from neural_arch.distributed.ft.lighthouse import Lighthouse
 from neural_arch.distributed.ft.protocol import encode_request
 from neural_arch.distributed.ft.quorum import Quorum, QuorumRequest, plan_quorum
-from neural_arch.distributed.ft.transfer import pack_state, recv_state, send_packed
+from neural_arch.distributed.ft.transfer import pack_state, recv_state, send_packed, warm_arrays, warm_buffer
 
 # -- the heal's wire format ---------------------------------------------------------------------
 
@@ -96,28 +96,62 @@ def arrays_of(state):
 
 @settings(max_examples=40, deadline=None)
 @given(state=states, head=st.sampled_from([None, 64, 512, 70000]), use_into=st.booleans(),
-       small=st.sampled_from([None, 256]))
+       small=st.sampled_from([None, 256]), buffers=st.booleans())
 # extension and structured dtypes travelled as ``dtype.str`` ("<V2", "|V12") and came back as raw void
-@example(state={"w": np.ones(3, ml_dtypes.bfloat16)}, head=None, use_into=False, small=None)
-@example(state=[np.zeros(2, [("a", "<i4"), ("b", "<f8")])], head=None, use_into=True, small=None)
+@example(state={"w": np.ones(3, ml_dtypes.bfloat16)}, head=None, use_into=False, small=None, buffers=False)
+@example(state=[np.zeros(2, [("a", "<i4"), ("b", "<f8")])], head=None, use_into=True, small=None, buffers=False)
 # a 0-d array (an optimizer's step count) came back with shape (1,)
-@example(state=[np.zeros(()), np.zeros((0, 2), np.float16), np.True_], head=64, use_into=True, small=256)
-def test_pack_and_recv_state_round_trip_bitwise(state, head, use_into, small):
+@example(state=[np.zeros(()), np.zeros((0, 2), np.float16), np.True_], head=64, use_into=True, small=256,
+         buffers=False)
+# the head received into the caller's (reused) buffer: arrays without a place must not stay views into it
+@example(state={"w": np.arange(4.0), "b": np.ones(3, np.float32)}, head=None, use_into=False, small=None,
+         buffers=True)
+def test_pack_and_recv_state_round_trip_bitwise(state, head, use_into, small, buffers):
     old = transfer.SMALL_BYTES
     transfer.SMALL_BYTES = old if small is None else small      # both ends read the same plan
+    size = transfer.HEAD_BYTES if head is None else head
+    # the Manager's warm buffers: longer than the head, holding an earlier heal's bytes
+    out = warm_buffer(size + 100) if buffers else None
+    into_head = np.full(size + 37, 0xAB, np.uint8) if buffers else None
     try:
         pipe = Pipe()
-        send_packed(pipe, pack_state({"user": state, "step": 7}, head), dst=1)
+        send_packed(pipe, pack_state({"user": state, "step": 7}, head, out=out), dst=1)
         into = {"user": zeros_like_layout(state)} if use_into else None
-        got = recv_state(pipe, src=0, into=into, head_bytes=head)
+        got = recv_state(pipe, src=0, into=into, head_bytes=head, head=into_head)
     finally:
         transfer.SMALL_BYTES = old
     assert not pipe.queue
     assert got["step"] == 7
+    if buffers:      # the next heal reuses both buffers: nothing received may change with them
+        out[:] = 0x5A
+        into_head[:] = 0x5A
     assert_bitwise(got["user"], state)
     if use_into:   # heal in place: every array landed in the receiver's own array of that place
         for mine, received in zip(arrays_of(into["user"]), arrays_of(got["user"])):
             assert mine is received
+
+
+def test_warm_arrays_keeps_every_value_and_warm_buffer_reuses_what_is_large_enough():
+    """``warm_arrays`` runs on a replacement's live state before it knows whether it will be healed:
+    it must not change a bit (the kernel maps the pages as they are), whatever the arrays hold."""
+    rng = np.random.default_rng(3)
+    fresh = np.zeros(1 << 16)                        # 512 KiB never written: the case it is for
+    state = {"w": rng.normal(size=(300, 100)), "m": fresh, "small": np.arange(5),
+             "view": rng.normal(size=(400, 200))[:, ::2], "ro": np.ones(1 << 14)}
+    state["ro"].flags.writeable = False
+    before = {k: v.copy() for k, v in state.items()}
+    warmed = warm_arrays(state)
+    # where the kernel has the advice (Linux 5.14+) the contiguous writable arrays of 64 KiB or more
+    assert warmed in (0, state["w"].nbytes + fresh.nbytes)
+    for k, v in state.items():
+        assert v.tobytes() == before[k].tobytes(), k
+    buf = warm_buffer(5000)
+    assert buf.dtype == np.uint8 and buf.size == 5000
+    assert warm_buffer(4000, buf) is buf and warm_buffer(6000, buf) is not buf
+    with pytest.raises(ValueError, match="fewer than the head"):
+        pack_state({"w": np.ones(3)}, out=warm_buffer(100))
+    with pytest.raises(TypeError, match="uint8"):
+        recv_state(Pipe(), src=0, head=np.zeros(transfer.HEAD_BYTES))
 
 
 def test_a_receiver_whose_layout_differs_gets_the_senders_state_whole_never_a_partial_mix():
@@ -229,6 +263,7 @@ def healing_manager(into_state, load_state_dict=None):
     m = object.__new__(ft.Manager)
     m.member, m._step, m._torn, m.heals, m.heal_bytes_received, m.timings = "b", 0, False, 0, 0, {}
     m._heal_into, m._load_state_dict, m._pg = (lambda: into_state), load_state_dict, Pipe()
+    m._head_buffer, m._packing = None, None
     return m
 
 

@@ -71,12 +71,15 @@ from neural_arch.distributed.ft import protocol
 from neural_arch.distributed.ft.quorum import Quorum
 from neural_arch.distributed.ft.replica_group import ProcessGroupGloo
 from neural_arch.distributed.ft.transfer import (
+    HEAD_BYTES,
     PackedState,
     head_bytes_for,
     pack_state,
     recv_state,
     send_packed,
     split_arrays,
+    warm_arrays,
+    warm_buffer,
 )
 from neural_arch.distributed.rendezvous.tcp_store import TCPStore
 
@@ -187,6 +190,10 @@ class Manager:
         self._error_lock = threading.Lock()                 # report_error may race the background rebuild
         #: how many times this replica healed, and the bytes it received / sent doing so
         self.heals, self.heal_bytes_received, self.heal_bytes_sent = 0, 0, 0
+        # the heal's first message is built in / received into memory already mapped (transfer.warm_buffer):
+        # a replacement warms it while it waits for its quorum, a healer packs while its new group connects
+        self._head_buffer: np.ndarray | None = None
+        self._packing: tuple | None = None     # (thread, result dict) of a pack running beside configure
         #: Timings of the last group rebuild and heal as seen by this replica. Keys ``configure_s``
         #: (seconds the group took to connect), ``send_started_at`` and ``send_s`` (this replica
         #: sent a state; ``pack_s`` of it went to reading and packing the state), ``recv_started_at``
@@ -221,11 +228,14 @@ class Manager:
         self._requests += 1
         n = self._requests
         reconfigure = not self._last_committed or self._quorum_id is None
+        head = self._heal_head()
         self._store.set(protocol.request_key(self.member),
                         protocol.encode_request(n, self._step, reconfigure, self.min_replica_size, self.init_sync,
                                                 self.replica_id if self._sharded else "", self.shard,
-                                                self.num_shards, self._heal_head()))
+                                                self.num_shards, head))
         self._store.add(protocol.REQ_SEQ, 1)
+        if head:
+            self._prepare_heal(head)
         # a replica that may be behind heals before its forward, so it cannot overlap the wait
         if not self.use_async_quorum or reconfigure or self._torn:
             return self._join(n, overlapped=False)
@@ -250,6 +260,17 @@ class Manager:
         except Exception as exc:  # noqa: BLE001 - only a hint: the heal works with the default head
             log.debug("ft %s: no heal head size from the local state: %s", self.member, exc)
             return 0
+
+    def _prepare_heal(self, head: int) -> None:
+        """While a replica that may be healed waits for its answer: map the memory the heal will
+        write (its head buffer, the ``heal_into`` arrays; ``transfer.warm_buffer``/``warm_arrays``),
+        so the transfer does not pay a page fault per 4 KiB of fresh memory."""
+        try:
+            self._head_buffer = warm_buffer(head, self._head_buffer)
+            if self._heal_into is not None:
+                warm_arrays(self._heal_into())
+        except Exception as exc:  # noqa: BLE001 - only a warm-up: the heal works without it
+            log.debug("ft %s: could not warm the heal's memory: %s", self.member, exc)
 
     def wait_quorum(self) -> Quorum:
         """Wait for the quorum ``start_quorum`` asked for (at once without ``use_async_quorum``);
@@ -291,6 +312,7 @@ class Manager:
         try:
             if quorum.quorum_id != self._quorum_id:
                 self._quorum_id = None
+                self._start_packing(quorum)       # beside the connect below: it waits on sockets
                 start = time.perf_counter()
                 prefix = protocol.pg_prefix(quorum.quorum_id, self.shard if self._sharded else None)
                 self._pg.configure(self._store, prefix, rank, quorum.size, auth_token=self._auth_token)
@@ -326,7 +348,8 @@ class Manager:
 
     def _pack_outgoing(self, quorum: Quorum) -> dict[str, PackedState]:
         """``{target: packed state}`` for every member this replica heals in ``quorum``: the state is
-        read once and packed once per head size the targets asked for."""
+        read once and packed once per head size the targets asked for (the most common head in this
+        replica's warm buffer)."""
         targets = sorted(t for t, src in quorum.heal.items() if src == self.member)
         start = time.perf_counter()
         state = {"user": self._state_dict() if self._state_dict is not None else None, "step": self._step}
@@ -335,10 +358,53 @@ class Manager:
         for target in targets:
             head = quorum.heal_head.get(target)
             if head not in by_head:
-                by_head[head] = pack_state(state, head)
+                out = None
+                if not by_head:                  # the first head goes in the warm buffer, others in new memory
+                    out = self._head_buffer = warm_buffer(head or HEAD_BYTES, self._head_buffer)
+                by_head[head] = pack_state(state, head, out=out)
             packed[target] = by_head[head]
         self.timings["pack_s"] = time.perf_counter() - start
         return packed
+
+    def _start_packing(self, quorum: Quorum) -> None:
+        """Pack the heals this replica sends in ``quorum`` on a thread while its new group connects
+        (the connect waits on sockets; packing copies arrays: both let the other run); ``_heal``
+        takes the result. The state is read as it is now, as it would be right after the connect:
+        nothing between the two changes it (the optimizer steps only after ``should_commit``)."""
+        self._finish_packing()           # a pack left by a failed rebuild: it uses the same buffer
+        if not any(src == self.member for src in quorum.heal.values()):
+            return
+        result: dict = {}
+
+        def pack():
+            try:
+                result["packed"] = self._pack_outgoing(quorum)
+            except BaseException as exc:  # noqa: BLE001 - re-raised by _heal on the quorum's thread
+                result["error"] = exc
+        thread = threading.Thread(target=pack, name=f"ft-pack-{self.member}", daemon=True)
+        thread.start()
+        self._packing = (thread, result, quorum.quorum_id)
+
+    def _finish_packing(self) -> tuple | None:
+        """Wait for the pack ``_start_packing`` started, if any: ``(result, quorum_id)``."""
+        packing, self._packing = self._packing, None
+        if packing is None:
+            return None
+        thread, result, quorum_id = packing
+        start = time.perf_counter()
+        thread.join()
+        self.timings["pack_wait_s"] = time.perf_counter() - start
+        return result, quorum_id
+
+    def _packed_outgoing(self, quorum: Quorum) -> dict[str, PackedState]:
+        """What ``_start_packing`` packed for ``quorum`` (waited for), else packed now."""
+        done = self._finish_packing()
+        if done is None or done[1] != quorum.quorum_id:
+            return self._pack_outgoing(quorum)
+        result = done[0]
+        if "error" in result:
+            raise result["error"]
+        return result["packed"]
 
     def _heal(self, quorum: Quorum) -> None:
         source = quorum.heal.get(self.member)
@@ -346,8 +412,10 @@ class Manager:
             self.timings["recv_started_at"] = time.time()
             into = {"user": self._heal_into()} if self._heal_into is not None else None
             self._torn = self._torn or into is not None
-            state = recv_state(self._pg, quorum.rank_of(source), into=into,
-                               head_bytes=quorum.heal_head.get(self.member))
+            head = quorum.heal_head.get(self.member)
+            buffer = self._head_buffer if self._head_buffer is not None and self._head_buffer.size >= (
+                head or HEAD_BYTES) else None
+            state = recv_state(self._pg, quorum.rank_of(source), into=into, head_bytes=head, head=buffer)
             if self._load_state_dict is not None:
                 self._load_state_dict(state["user"])
             else:
@@ -365,7 +433,7 @@ class Manager:
         if any(src == self.member for src in quorum.heal.values()):
             start = time.perf_counter()
             self.timings["send_started_at"] = time.time()
-            for target, packed in self._pack_outgoing(quorum).items():
+            for target, packed in self._packed_outgoing(quorum).items():
                 self.heal_bytes_sent += send_packed(self._pg, packed, quorum.rank_of(target))
             self.timings["send_s"] = time.perf_counter() - start
 

@@ -55,7 +55,7 @@ import pickle
 import numpy as np
 
 __all__ = ["PackedState", "head_bytes_for", "inline_offset", "join_arrays", "pack_state", "plan_messages",
-           "recv_state", "send_packed", "send_state", "split_arrays"]
+           "recv_state", "send_packed", "send_state", "split_arrays", "warm_arrays", "warm_buffer"]
 
 _TAG = 7  # one tag for the whole transfer: send and recv pair up in order on it
 #: arrays smaller than this travel in bundles (a copy each side is cheaper than a message of their own)
@@ -73,6 +73,111 @@ MAX_HEAD_BYTES = BUNDLE_BYTES + (256 << 10)
 SIZED_HEAD_MAX_ARRAYS = 64
 _ALIGN = 64
 _LEN = 8      # the skeleton's length, an int64 at the start of the head
+_PAGE = 4096
+
+
+def warm_buffer(nbytes: int, buffer: np.ndarray | None = None) -> np.ndarray:
+    """A byte array of at least ``nbytes`` whose memory is mapped: ``buffer`` when it is large
+    enough, else a new one with every page touched once.
+
+    Why: fresh memory from the allocator is mapped page by page on first write, and a heal's head
+    (a few hundred KiB for a small model) written or received into fresh memory pays a page fault
+    per 4 KiB -- on this project's VMs several microseconds each, more than copying the bytes. The
+    ``Manager`` warms its head buffer where it would wait anyway (a replacement before its quorum
+    answer, a healer while its new group connects) and passes it as ``pack_state(out=)`` and
+    ``recv_state(head=)``.
+
+    Example:
+        >>> buf = warm_buffer(10_000)
+        >>> buf.dtype, buf.size >= 10_000, warm_buffer(5_000, buf) is buf
+        (dtype('uint8'), True, True)
+    """
+    nbytes = int(nbytes)
+    if buffer is not None and buffer.size >= nbytes:
+        return buffer
+    buffer = np.empty(nbytes, dtype=np.uint8)
+    buffer[::_PAGE] = 0          # one write per page maps it (the contents are overwritten before use)
+    return buffer
+
+
+#: ``madvise`` advice that maps a range writable without changing its contents (Linux 5.14+)
+_MADV_POPULATE_WRITE = 23
+#: arrays smaller than this are not worth a system call each in :func:`warm_arrays`
+_WARM_MIN_BYTES = 64 << 10
+_madvise = None
+
+
+def warm_arrays(state) -> int:
+    """Map the memory of ``state``'s arrays before a heal writes into them; returns the bytes warmed.
+
+    A replacement's state is mostly fresh memory (optimizer moments from ``zeros_like``, a model
+    just built), and a heal received in place (``recv_state(into=)``) would pay a page fault per
+    4 KiB inside the transfer. Writing to warm the pages would change the state (this replica may
+    not be healed after all), and reading first maps the shared zero page and doubles the faults,
+    so this asks the kernel to map them as they are: ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14
+    and later, through ``ctypes``). Elsewhere, or for read-only or non-contiguous arrays, it does
+    nothing: the heal is the same, only slower. The ``Manager`` calls it while a new replica waits
+    for its quorum answer.
+
+    Example:
+        >>> state = {"w": np.zeros(1 << 17), "step": 3}
+        >>> warm_arrays(state) in (0, state["w"].nbytes)      # 0 where the kernel has no such advice
+        True
+        >>> float(state["w"].sum())                           # the contents are unchanged
+        0.0
+    """
+    global _madvise
+    if _madvise is None:
+        _madvise = _load_madvise()
+    if _madvise is False:
+        return 0
+    warmed = 0
+    stack = [state]
+    while stack:      # (not split_arrays: it copies a non-contiguous array, which would warm the copy)
+        a = stack.pop()
+        if isinstance(a, dict):
+            stack.extend(a.values())
+            continue
+        if isinstance(a, (list, tuple)):
+            stack.extend(a)
+            continue
+        if (not isinstance(a, np.ndarray) or a.nbytes < _WARM_MIN_BYTES or not a.flags.writeable
+                or not a.flags.c_contiguous):
+            continue
+        start = a.ctypes.data & ~(_PAGE - 1)
+        if _madvise(start, a.ctypes.data + a.nbytes - start, _MADV_POPULATE_WRITE) != 0:
+            return warmed          # (EINVAL on kernels without the advice: stop asking)
+        warmed += a.nbytes
+    return warmed
+
+
+def _load_madvise():
+    """libc's ``madvise`` through ctypes, or False where there is none (not Linux)."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _head_from(buffer: np.ndarray | None, head_size: int, name: str) -> np.ndarray:
+    """``head_size`` bytes of ``buffer`` (a caller's warm buffer), or a new array without one."""
+    if buffer is None:
+        return np.empty(head_size, dtype=np.uint8)
+    if (not isinstance(buffer, np.ndarray) or buffer.dtype != np.uint8 or buffer.ndim != 1
+            or not buffer.flags.c_contiguous or not buffer.flags.writeable):
+        raise TypeError(f"{name} must be a writable 1-d C-contiguous uint8 NumPy array (warm_buffer() makes one)")
+    if buffer.size < head_size:
+        raise ValueError(f"{name} holds {buffer.size} bytes, fewer than the head's {head_size}: pass "
+                         f"warm_buffer({head_size}, {name})")
+    return buffer[:head_size]
 
 
 class _ArrayRef:
@@ -272,12 +377,14 @@ class PackedState:
         self.head, self.skeleton_rest, self.plan, self.arrays = head, skeleton_rest, plan, arrays
 
 
-def pack_state(state, head_bytes: int | None = None) -> PackedState:
+def pack_state(state, head_bytes: int | None = None, out: np.ndarray | None = None) -> PackedState:
     """Lay ``state`` out for :func:`send_packed`: split it, pickle its skeleton, fill the head.
 
     ``head_bytes``: the size of the first message, as the receiver asked (default ``HEAD_BYTES``;
     the receiver's ``recv_state`` must pass the same). The arrays are not copied (the large ones
     are sent from the state's own memory): the state must not change until the send is done.
+    ``out``: a byte buffer of at least ``head_bytes`` to build the head in (:func:`warm_buffer`;
+    it must not be reused until the send is done); default a new array.
 
     Example:
         >>> packed = pack_state({"w": np.ones(3), "step": 2})
@@ -289,7 +396,7 @@ def pack_state(state, head_bytes: int | None = None) -> PackedState:
     payload = _header_payload(skeleton, arrays)
     plan = plan_messages([a.nbytes for a in arrays])
     inline = inline_offset(plan, payload.size, head_size)
-    head = np.empty(head_size, dtype=np.uint8)
+    head = _head_from(out, head_size, "out")
     head[:_LEN] = np.array([payload.size], dtype=np.int64).view(np.uint8)
     first = min(payload.size, head_size - _LEN)
     head[_LEN:_LEN + first] = payload[:first]
@@ -367,19 +474,22 @@ def _targets(skeleton, into, count: int) -> list:
     return found
 
 
-def recv_state(pg, src: int, into=None, head_bytes: int | None = None):
+def recv_state(pg, src: int, into=None, head_bytes: int | None = None, head: np.ndarray | None = None):
     """Receive what ``send_state`` sent from group rank ``src`` (trusted peers only: it unpickles).
 
     ``into``: a state of the same nesting whose matching arrays are filled in place (module
     docstring); None allocates every array. ``head_bytes``: the first message's size, the same
-    as the sender's (default ``HEAD_BYTES``).
+    as the sender's (default ``HEAD_BYTES``). ``head``: a byte buffer of at least ``head_bytes``
+    to receive the first message in (:func:`warm_buffer`; reusable afterwards: nothing returned
+    points into it); default a new array.
 
     Example::
 
         load_state_dict(recv_state(pg, src=quorum.rank_of(source), into=live_state()))
     """
     head_size = _check_head(head_bytes)
-    head = np.empty(head_size, dtype=np.uint8)
+    borrowed = head is not None
+    head = _head_from(head, head_size, "head")
     pg.recv(head, src, _TAG)
     length = int(head[:_LEN].view(np.int64)[0])
     payload = head[_LEN:_LEN + length]
@@ -400,7 +510,7 @@ def recv_state(pg, src: int, into=None, head_bytes: int | None = None):
     inline = inline_offset(plan, length, head_size)
     if inline is not None:                   # the first bundle came in the head
         _, members, size = plan[0]
-        _unpack(head[inline:inline + size], members, metas, nbytes, arrays)
+        _unpack(head[inline:inline + size], members, metas, nbytes, arrays, copy=borrowed)
         plan = plan[1:]
     scratch = None     # a bundle whose every array has a place in ``into`` is copied out: reuse its buffer
     for message in plan:
@@ -426,12 +536,13 @@ def recv_state(pg, src: int, into=None, head_bytes: int | None = None):
     return join_arrays(header["skeleton"], arrays)
 
 
-def _unpack(packed: np.ndarray, members, metas, nbytes, arrays: list) -> None:
-    """The arrays of one bundle: copied into their ``into`` places, or views into ``packed``."""
+def _unpack(packed: np.ndarray, members, metas, nbytes, arrays: list, copy: bool = False) -> None:
+    """The arrays of one bundle: copied into their ``into`` places, or views into ``packed``
+    (copies when ``copy``: ``packed`` is the caller's buffer, reused after the call)."""
     for i, offset in members:
         shape, dtype = metas[i]
         view = packed[offset:offset + nbytes[i]].view(dtype).reshape(shape)
         if arrays[i] is None:
-            arrays[i] = view          # a view into the bundle: no second copy
+            arrays[i] = view.copy() if copy else view   # a view into the bundle: no second copy
         else:
             arrays[i][...] = view
