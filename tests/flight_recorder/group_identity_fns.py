@@ -44,3 +44,25 @@ def twin_pairs(folder: str) -> dict:
         if g is not GroupMember.NON_GROUP_MEMBER:
             dist.destroy_process_group(g)
     return out
+
+
+def where_in_twins() -> list | None:
+    """Ranks 0 and 1 make two groups with the same members and run a synchronous all_reduce (the
+    fused fast path, which reuses one OpInfo) and a barrier (the general path) on each; returns how
+    MPI's presence would describe each op (``progress.where``), or None on rank 2."""
+    import numpy as np
+
+    import neural_arch.distributed as dist
+    from neural_arch.distributed.comm.mpi.progress import where
+
+    groups = [dist.new_group([0, 1]), dist.new_group([0, 1])]
+    out = None
+    if dist.get_rank() in (0, 1):
+        out = []
+        for g in groups:
+            dist.all_reduce(np.ones(2), group=g)
+            fast = g.backend._fast_info
+            out.append((g.group_id, where(fast), where(g.backend._new_info("barrier"))))
+    for g in groups:
+        dist.destroy_process_group(g)
+    return out

@@ -113,3 +113,18 @@ def test_a_sub_communicator_is_named_after_its_parent_and_a_record_carries_the_i
     assert rec.snapshot()[0]["group_id"] == "pg1/WORLD"
     parent.allreduce(np.ones(2))                    # the backend's own record (the recorder is on by default)
     assert buffer.RECORDER.snapshot()[-1]["group_id"] == "pg1/WORLD"
+
+
+def test_an_op_says_which_of_two_same_member_groups_it_waits_in(pool):
+    """MPI jobs have no store: a stalled rank asks its peers what they wait in and compares the
+    answers (``progress.where``) with its own op. Two groups with the same members and the same
+    sequence number read as one place unless the op carries the group's id: every op's ``OpInfo``
+    holds the backend's ``GroupIdentity`` (the general path and the fused all_reduce alike)."""
+    out = pool.run(fns.where_in_twins)
+    assert out[2] is None and out[0] is not None
+    (first, first_fast, first_other), (second, second_fast, second_other) = out[0]
+    assert first != second and out[0] == out[1], out          # one id per group, the same on both members
+    assert f"on group {first} [0, 1]" in first_fast and f"on group {first} [0, 1]" in first_other, out
+    assert f"on group {second} [0, 1]" in second_fast and f"on group {second} [0, 1]" in second_other, out
+    # the same op at the same number in the other group is another place (before: equal strings)
+    assert first_other.replace(first, second) == second_other and first_other != second_other, out

@@ -355,7 +355,7 @@ class Backend(OpRunner):
                 info.nbytes = array.nbytes
             else:
                 info = self._fast_info = OpInfo(
-                    "all_reduce", seq, self.group_ranks, self._global_rank, array.shape, fast[0], None,
+                    "all_reduce", seq, self._fr_group, self._global_rank, array.shape, fast[0], None,
                     op._value_, now + self.timeout, None, fast[1] | (seq & _SEQ_MASK), array.nbytes)
             rec = None
             ring = self._fr
@@ -581,7 +581,7 @@ class Backend(OpRunner):
                         info._extra = None
                     else:
                         info = self._a2av_info = OpInfo(
-                            "all_to_allv", seq, self.group_ranks, self._global_rank, shape, fast[0], None, None,
+                            "all_to_allv", seq, self._fr_group, self._global_rank, shape, fast[0], None, None,
                             now + self.timeout, None, fast[1] | (seq & _SEQ_MASK), row_bytes)
                     rec = None
                     ring = self._fr

@@ -226,7 +226,9 @@ class OpRunner(abc.ABC):
             shape, dtype = array.shape, _dtype_name(array.dtype)
             # point-to-point: 0 (unchecked in the frames; the backend's own header checks the sizes)
             nbytes = 0 if p2p else array.nbytes
-        return OpInfo(name, seq, self.group_ranks, self._global_rank, shape, dtype, root, red,
+        # the members as the group's identity (a list that also carries group_id): MPI's presence
+        # answers and timeout errors then tell apart two groups with the same members (progress.where)
+        return OpInfo(name, seq, self._fr_group, self._global_rank, shape, dtype, root, red,
                       _INF, None, None, nbytes)   # wire=None: computed when a transport first reads it
 
     def _run(self, info: OpInfo, fn: Callable[[], Any], async_op: bool,

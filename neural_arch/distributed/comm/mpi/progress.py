@@ -79,15 +79,23 @@ def describe_op(info: OpInfo) -> str:
 
 
 def where(info: OpInfo) -> str:
-    """How a rank describes the operation it waits in (peers compare these strings).
+    """How a rank describes the operation it waits in (peers compare these strings). With the
+    group's id (a backend's ops carry their ``GroupIdentity``) two groups with the same members
+    never read as the same place: a rank in barrier #7 of one is not waiting in barrier #7 of the
+    other.
 
     Example::
 
         >>> from neural_arch.distributed.comm.work import OpInfo
+        >>> from neural_arch.distributed.flight_recorder.buffer import GroupIdentity
         >>> where(OpInfo("barrier", 7, [0, 1, 2], 0))
         'in barrier #7 on group [0, 1, 2]'
+        >>> where(OpInfo("barrier", 7, GroupIdentity([0, 1], "pg1/group2"), 0))
+        'in barrier #7 on group pg1/group2 [0, 1]'
     """
-    return f"in {describe_op(info)} on group {list(info.group_ranks)}"
+    group_id = getattr(info.group_ranks, "group_id", None)
+    named = f"{group_id} " if group_id else ""
+    return f"in {describe_op(info)} on group {named}{list(info.group_ranks)}"
 
 
 class DeadlinePassed(Exception):
