@@ -266,6 +266,7 @@ class Manager:
         write (its head buffer, the ``heal_into`` arrays; ``transfer.warm_buffer``/``warm_arrays``),
         so the transfer does not pay a page fault per 4 KiB of fresh memory."""
         try:
+            self._finish_packing()      # (a pack left by a failed rebuild may still write the buffer)
             self._head_buffer = warm_buffer(head, self._head_buffer)
             if self._heal_into is not None:
                 warm_arrays(self._heal_into())
