@@ -197,7 +197,7 @@ _DIAGNOSES = textwrap.dedent("""
     dist.init_process_group("mpi", timeout=1.8)
     rank = dist.get_rank()
     a, b = dist.new_group([0, 1]), dist.new_group([0, 1])
-    try:   # both ranks wait in all_reduce #1 of a group [0, 1]: each on its own one
+    try:   # both ranks wait in all_reduce #1 of a group [0, 1]: each on its own one (same members, other ids)
         dist.all_reduce(np.ones(4), group=a if rank == 0 else b)
     except Exception as exc:
         open(f"collective_{rank}.txt", "w").write(f"{type(exc).__name__}: {exc}")
@@ -212,16 +212,24 @@ _DIAGNOSES = textwrap.dedent("""
 def test_timeouts_say_what_the_ranks_were_doing(tmp_path):
     script = tmp_path / "diagnoses.py"
     script.write_text(_DIAGNOSES)
-    # (the stall inspector warns before the timeouts: under MPI it asks the ranks' presence threads)
+    # (the stall inspector warns before the timeouts: under MPI it asks the ranks' presence threads).
+    # The two groups have the same members and each rank waits in #1 of its own: the answers carry the
+    # group's id (pg<generation>/group<n>, in creation order), so each rank names the other as missing
+    # and where it is (before ids, both read "every rank of the group is waiting in it": a wrong verdict)
     done = run_mpiexec(script, 2, timeout=50, cwd=tmp_path, env={"NEURAL_ARCH_STALL_WARNING_S": "0.6"})
-    assert "every rank of the group is waiting in it (ranks [0, 1])" in done.stderr, done.output
+    for rank in (0, 1):
+        assert (f"rank {rank}: all_reduce #1 of group [0, 1] has waited" in done.stderr
+                and f"ranks [{1 - rank}] have not arrived (rank {1 - rank} is in all_reduce #1 (shape (4,), float64) "
+                    f"on group pg1/group{2 - rank} [0, 1])" in done.stderr), done.output
+    assert "every rank of the group is waiting in it" not in done.stderr, done.output
     assert "no rendezvous store" not in done.stderr, done.output
     assert "Under MPI a blocking send of a large message returns only once the receiver posted" in done.stderr, \
         done.output
     for rank in (0, 1):
         collective = (tmp_path / f"collective_{rank}.txt").read_text()
         assert collective.startswith("CollectiveTimeoutError: all_reduce #1"), done.output
-        assert "idle" not in collective and "every rank of the group was waiting in it" in collective, collective
+        assert "idle" not in collective and f"ranks [{1 - rank}] did not arrive" in collective, collective
+        assert f"on group pg1/group{2 - rank} [0, 1]" in collective, collective     # where the other one waits
         send = (tmp_path / f"send_{rank}.txt").read_text()
         assert send.startswith(f"CollectiveTimeoutError: send #1 (shape (131072,), float64) to rank {1 - rank} "), send
         assert "root" not in send and "batch_isend_irecv" in send and "receiver" in send, send
