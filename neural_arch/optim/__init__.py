@@ -17,20 +17,27 @@ from neural_arch.optim.lamb import LAMB
 from neural_arch.optim.lars import LARS
 from neural_arch.optim.lr_scheduler import (
     ChainedScheduler,
+    ConstantLR,
     CosineAnnealingLR,
+    CosineAnnealingWarmRestarts,
     CosineAnnealingWarmup,
     CosineWithWarmup,
+    CyclicLR,
     ExponentialLR,
     LambdaLR,
     LinearLR,
     LRScheduler,
+    MultiplicativeLR,
     MultiStepLR,
     OneCycleLR,
+    PolynomialLR,
     ReduceLROnPlateau,
     SequentialLR,
     StepLR,
 )
+from neural_arch.optim.nadam import NAdam
 from neural_arch.optim.optimizer import Optimizer
+from neural_arch.optim.radam import RAdam
 from neural_arch.optim.rmsprop import RMSprop
 from neural_arch.optim.sgd import SGD
 
@@ -43,16 +50,23 @@ __all__ = [
     "Adam",
     "AdamW",
     "ChainedScheduler",
+    "ConstantLR",
     "CosineAnnealingLR",
+    "CosineAnnealingWarmRestarts",
     "CosineAnnealingWarmup",
     "CosineWithWarmup",
+    "CyclicLR",
     "ExponentialLR",
     "LRScheduler",
     "LambdaLR",
     "LinearLR",
     "MultiStepLR",
+    "MultiplicativeLR",
+    "NAdam",
     "OneCycleLR",
     "Optimizer",
+    "PolynomialLR",
+    "RAdam",
     "RMSprop",
     "ReduceLROnPlateau",
     "SequentialLR",

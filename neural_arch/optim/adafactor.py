@@ -96,6 +96,8 @@ class Adafactor(Optimizer):
                     else:
                         state["variance"] = xp.zeros_like(data)
                 state["step"] += 1
+                if data.size == 0:  # nothing to update (the means below would be of empty slices)
+                    continue
                 t = float(state["step"])
                 w = t ** group["beta2_decay"]
                 alpha = max(eps2, _rms(data)) * min(lr, 1.0 / math.sqrt(t))

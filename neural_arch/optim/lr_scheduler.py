@@ -1,4 +1,5 @@
-"""Learning-rate schedules: ``StepLR`` and ``CosineAnnealingWarmup`` (linear warm-up, cosine decay).
+"""Learning-rate schedules: torch's (``StepLR``, ``OneCycleLR``, ``CyclicLR``, ...) and ``CosineAnnealingWarmup``
+(linear warm-up, cosine decay).
 
 Call ``scheduler.step()`` once per optimizer step (or per epoch for ``StepLR``, as you prefer);
 the new rate is written into every ``param_group["lr"]``. Each schedule is a closed-form function
@@ -24,8 +25,9 @@ from collections import Counter
 
 from neural_arch.optim.optimizer import Optimizer
 
-__all__ = ["ChainedScheduler", "CosineAnnealingLR", "CosineAnnealingWarmup", "CosineWithWarmup", "ExponentialLR", "LRScheduler",
-           "LambdaLR", "LinearLR", "MultiStepLR", "OneCycleLR", "ReduceLROnPlateau", "SequentialLR", "StepLR"]
+__all__ = ["ChainedScheduler", "ConstantLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "CosineAnnealingWarmup",
+           "CosineWithWarmup", "CyclicLR", "ExponentialLR", "LRScheduler", "LambdaLR", "LinearLR", "MultiStepLR",
+           "MultiplicativeLR", "OneCycleLR", "PolynomialLR", "ReduceLROnPlateau", "SequentialLR", "StepLR"]
 
 
 class LRScheduler:
@@ -61,7 +63,7 @@ class LRScheduler:
                 )
         self.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
         self.last_epoch = last_epoch
-        self.step()
+        self._initial_step()
 
     def lr_at(self, base_lr: float, step: int) -> float:
         raise NotImplementedError
@@ -69,8 +71,18 @@ class LRScheduler:
     def get_lr(self) -> list[float]:
         return [self.lr_at(base, self.last_epoch) for base in self.base_lrs]
 
+    #: True only during the step taken at construction (or by ``SequentialLR`` starting a schedule).
+    #: As in torch 2.13, the recursive schedules (exponential, linear, polynomial, multiplicative) leave
+    #: the rate in force alone then, so one built with ``last_epoch=k`` over a loaded optimizer goes on
+    #: from the loaded rate; ``MultiplicativeLR`` restarted by ``SequentialLR`` with ``step(0)`` does scale
+    _is_initial = False
+
     def _initial_step(self) -> None:
-        self.step()
+        self._is_initial = True
+        try:
+            self.step()
+        finally:
+            self._is_initial = False
 
     def step(self, epoch: int | None = None) -> None:
         """Advance one step and write the new rates into the optimizer.
@@ -183,7 +195,8 @@ CosineWithWarmup = CosineAnnealingWarmup  # the name used in the project's issue
 
 
 class LambdaLR(LRScheduler):
-    """``base * lr_lambda(step)``; the lambda is not saved by ``state_dict()``.
+    """``base * lr_lambda(step)``; ``lr_lambda`` is one function, or a list with one per param group
+    (torch's form). The functions are not saved by ``state_dict()``.
 
     Example::
 
@@ -198,11 +211,20 @@ class LambdaLR(LRScheduler):
     """
 
     def __init__(self, optimizer: Optimizer, lr_lambda, last_epoch: int = -1):
+        self.lr_lambdas = _lambdas_per_group(lr_lambda, optimizer, "LambdaLR")
         self.lr_lambda = lr_lambda
         super().__init__(optimizer, last_epoch)
 
     def lr_at(self, base_lr: float, step: int) -> float:
-        return base_lr * self.lr_lambda(step)
+        return base_lr * self.lr_lambdas[0](step)
+
+    def get_lr(self) -> list[float]:
+        return [base * fn(self.last_epoch) for base, fn in zip(self.base_lrs, self.lr_lambdas)]
+
+    def state_dict(self) -> dict:
+        """As :meth:`LRScheduler.state_dict`, without the functions (code is not state; a list of
+        lambdas would make the dict unpicklable)."""
+        return {k: v for k, v in super().state_dict().items() if k not in ("lr_lambdas", "lr_lambda")}
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,7 +259,7 @@ class LinearLR(LRScheduler):
         groups = self.optimizer.param_groups
         if self.last_epoch == 0:
             return [g["lr"] * self.start_factor for g in groups]
-        if self.last_epoch > self.total_iters:
+        if self._is_initial or self.last_epoch > self.total_iters:  # resumed with last_epoch: keep the rate
             return [g["lr"] for g in groups]
         ratio = 1.0 + (self.end_factor - self.start_factor) / (
             self.total_iters * self.start_factor + (self.last_epoch - 1) * (self.end_factor - self.start_factor))
@@ -291,7 +313,7 @@ class ExponentialLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
-        if self.last_epoch == 0:
+        if self.last_epoch == 0 or self._is_initial:  # resumed with last_epoch: keep the rate (torch 2.13)
             return [g["lr"] for g in self.optimizer.param_groups]
         return [g["lr"] * self.gamma for g in self.optimizer.param_groups]
 
@@ -339,6 +361,180 @@ class CosineAnnealingLR(LRScheduler):
         return [self.eta_min + (base - self.eta_min) * (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
                 for base in self.base_lrs]
 
+
+class MultiplicativeLR(LRScheduler):
+    """Multiply the rate in force by ``lr_lambda(step)`` at every step after the first (torch's):
+    ``lr_t = lr_{t-1} * lr_lambda(t)``. ``lr_lambda`` is one function or a list, one per param group;
+    the functions are not saved by ``state_dict()``.
+
+    Example::
+
+        >>> from neural_arch import nn, optim
+        >>> opt = optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0)
+        >>> sched = optim.lr_scheduler.MultiplicativeLR(opt, lr_lambda=lambda step: 0.5)
+        >>> [sched.get_last_lr()[0] for _ in range(3) if not sched.step()]
+        [0.5, 0.25, 0.125]
+    """
+
+    def __init__(self, optimizer: Optimizer, lr_lambda, last_epoch: int = -1):
+        self.lr_lambdas = _lambdas_per_group(lr_lambda, optimizer, "MultiplicativeLR")
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        groups = self.optimizer.param_groups
+        if self._is_initial:
+            return [g["lr"] for g in groups]
+        return [g["lr"] * fn(self.last_epoch) for g, fn in zip(groups, self.lr_lambdas)]
+
+    def state_dict(self) -> dict:
+        """Without the functions (code is not state)."""
+        return {k: v for k, v in super().state_dict().items() if k != "lr_lambdas"}
+
+
+class ConstantLR(LRScheduler):
+    """Scale the rate by ``factor`` for the first ``total_iters`` steps, then restore it:
+    ``base * factor`` while ``t < total_iters``, ``base`` after (torch's; chainable). With
+    ``total_iters=0`` the rate is never scaled (torch's recursion would keep ``base * factor`` for ever).
+
+    Example::
+
+        >>> from neural_arch import nn, optim
+        >>> opt = optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0)
+        >>> sched = optim.lr_scheduler.ConstantLR(opt, factor=0.5, total_iters=2)
+        >>> rates = []
+        >>> for _ in range(4):
+        ...     rates.append(sched.get_last_lr()[0]); opt.step(); sched.step()
+        >>> rates
+        [0.5, 0.5, 1.0, 1.0]
+    """
+
+    def __init__(self, optimizer: Optimizer, factor: float = 1.0 / 3, total_iters: int = 5, last_epoch: int = -1):
+        if not 0 <= factor <= 1:
+            raise ValueError(f"ConstantLR: factor must be in [0, 1], got {factor}")
+        if int(total_iters) < 0:
+            raise ValueError(f"ConstantLR: total_iters must be >= 0, got {total_iters}")
+        self.factor, self.total_iters = float(factor), int(total_iters)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        groups = self.optimizer.param_groups
+        if self.last_epoch == 0:
+            # total_iters=0: no scaled steps at all (torch scales step 0 and then never restores)
+            return [g["lr"] * (self.factor if self.total_iters > 0 else 1.0) for g in groups]
+        if self.last_epoch != self.total_iters:
+            return [g["lr"] for g in groups]
+        if self.factor == 0:  # the ratio below would divide by zero (torch raises ZeroDivisionError)
+            return list(self.base_lrs)
+        return [g["lr"] * (1.0 / self.factor) for g in groups]
+
+    def _get_closed_form_lr(self) -> list[float]:
+        return [b * (self.factor + (self.last_epoch >= self.total_iters) * (1 - self.factor)) for b in self.base_lrs]
+
+
+class PolynomialLR(LRScheduler):
+    """Decay to 0 over ``total_iters`` steps: ``base * (1 - min(t, total_iters) / total_iters) ** power``
+    (torch's; chainable).
+
+    Example::
+
+        >>> from neural_arch import nn, optim
+        >>> opt = optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0)
+        >>> sched = optim.lr_scheduler.PolynomialLR(opt, total_iters=4, power=1.0)
+        >>> [sched.get_last_lr()[0] for _ in range(5) if not sched.step()]
+        [0.75, 0.5, 0.25, 0.0, 0.0]
+    """
+
+    def __init__(self, optimizer: Optimizer, total_iters: int = 5, power: float = 1.0, last_epoch: int = -1):
+        if int(total_iters) <= 0:
+            raise ValueError(f"PolynomialLR: total_iters must be a positive integer, got {total_iters}")
+        self.total_iters, self.power = int(total_iters), float(power)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        groups, t, n = self.optimizer.param_groups, self.last_epoch, self.total_iters
+        if t == 0 or t > n or self._is_initial:
+            return [g["lr"] for g in groups]
+        factor = ((1.0 - t / n) / (1.0 - (t - 1) / n)) ** self.power
+        return [g["lr"] * factor for g in groups]
+
+    def _get_closed_form_lr(self) -> list[float]:
+        frac = min(self.total_iters, self.last_epoch) / self.total_iters
+        return [b * (1.0 - frac) ** self.power for b in self.base_lrs]
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """SGDR (Loshchilov & Hutter): half a cosine from the base rate to ``eta_min`` over ``T_0`` steps,
+    then restart; each period is ``T_mult`` times longer than the one before.
+    ``eta_min + (base - eta_min) * (1 + cos(pi * T_cur / T_i)) / 2``.
+
+    ``step(epoch)`` accepts a fractional epoch (``epoch + batch / batches``), as torch's does.
+
+    Example::
+
+        >>> from neural_arch import nn, optim
+        >>> opt = optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0)
+        >>> sched = optim.lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=2)
+        >>> rates = []
+        >>> for _ in range(5):
+        ...     rates.append(round(sched.get_last_lr()[0], 3)); opt.step(); sched.step()
+        >>> rates
+        [1.0, 0.5, 1.0, 0.5, 1.0]
+    """
+
+    def __init__(self, optimizer: Optimizer, T_0: int, T_mult: int = 1, eta_min: float = 0.0, last_epoch: int = -1):
+        if not isinstance(T_0, int) or T_0 <= 0:
+            raise ValueError(f"CosineAnnealingWarmRestarts: T_0 must be a positive integer, got {T_0!r}")
+        if not isinstance(T_mult, int) or T_mult < 1:
+            raise ValueError(f"CosineAnnealingWarmRestarts: T_mult must be an integer >= 1, got {T_mult!r}")
+        self.T_0, self.T_i, self.T_mult, self.eta_min = T_0, T_0, T_mult, float(eta_min)
+        self.T_cur = last_epoch
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        cos = (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
+        return [self.eta_min + (base - self.eta_min) * cos for base in self.base_lrs]
+
+    def step(self, epoch: float | None = None) -> None:
+        """Advance one step, or jump to ``epoch`` (may be fractional)."""
+        if epoch is None and self.last_epoch < 0:
+            epoch = 0
+        if epoch is None:
+            epoch = self.last_epoch + 1
+            self.T_cur += 1
+            if self.T_cur >= self.T_i:
+                self.T_cur -= self.T_i
+                self.T_i *= self.T_mult
+        else:
+            if epoch < 0:
+                raise ValueError(f"CosineAnnealingWarmRestarts: expected a non-negative epoch, got {epoch}")
+            if epoch >= self.T_0:
+                if self.T_mult == 1:
+                    self.T_cur = epoch % self.T_0
+                else:
+                    # the period n that holds epoch, found exactly (a float log can land a hair below
+                    # an integer at a period's first epoch and pick the period before it)
+                    n, start = 0, 0
+                    while epoch >= start + self.T_0 * self.T_mult**n:
+                        start += self.T_0 * self.T_mult**n
+                        n += 1
+                    self.T_cur = epoch - start
+                    self.T_i = self.T_0 * self.T_mult**n
+            else:
+                self.T_i, self.T_cur = self.T_0, epoch
+        self.last_epoch = math.floor(epoch)
+        self._last_lr = self.get_lr()
+        for group, lr in zip(self.optimizer.param_groups, self._last_lr):
+            group["lr"] = lr
+
+
+def _lambdas_per_group(lr_lambda, optimizer, who):
+    """One function per param group: torch's ``lr_lambda`` is one function or a list of them."""
+    if isinstance(lr_lambda, (list, tuple)):
+        if len(lr_lambda) != len(optimizer.param_groups):
+            raise ValueError(f"{who}: expected {len(optimizer.param_groups)} lr_lambdas (one per param group), "
+                             f"but got {len(lr_lambda)}")
+        return list(lr_lambda)
+    return [lr_lambda] * len(optimizer.param_groups)
 
 def _per_group(value, optimizer, name, who):
     if isinstance(value, (list, tuple)):
@@ -464,6 +660,106 @@ class OneCycleLR(LRScheduler):
             if self.cycle_momentum:
                 self._set_momentum(group, mom)
         return lrs
+
+
+class CyclicLR(LRScheduler):
+    """Cyclical learning rates (Smith 2017): the rate climbs from ``base_lr`` to ``max_lr`` over
+    ``step_size_up`` steps and back over ``step_size_down`` (default: the same), with the amplitude
+    scaled by ``mode``: ``'triangular'`` (constant), ``'triangular2'`` (halved every cycle) or
+    ``'exp_range'`` (``gamma ** step``); or by your ``scale_fn`` of the cycle number (``scale_mode='cycle'``)
+    or of the step (``'iterations'``). Momentum (or Adam's beta1) cycles the other way between
+    ``max_momentum`` and ``base_momentum``. Call ``step()`` after every batch.
+
+    Example::
+
+        >>> from neural_arch import nn, optim
+        >>> opt = optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1, momentum=0.9)
+        >>> sched = optim.lr_scheduler.CyclicLR(opt, base_lr=0.1, max_lr=0.5, step_size_up=2)
+        >>> rates = []
+        >>> for _ in range(5):
+        ...     rates.append(round(sched.get_last_lr()[0], 3)); opt.step(); sched.step()
+        >>> rates
+        [0.1, 0.3, 0.5, 0.3, 0.1]
+    """
+
+    def __init__(self, optimizer: Optimizer, base_lr, max_lr, step_size_up: int = 2000, step_size_down=None,
+                 mode: str = "triangular", gamma: float = 1.0, scale_fn=None, scale_mode: str = "cycle",
+                 cycle_momentum: bool = True, base_momentum=0.8, max_momentum=0.9, last_epoch: int = -1):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"CyclicLR needs an Optimizer, got {type(optimizer).__name__}")
+        if scale_fn is None and mode not in ("triangular", "triangular2", "exp_range"):
+            raise ValueError(f"CyclicLR: mode must be 'triangular', 'triangular2' or 'exp_range', got {mode!r}")
+        if scale_mode not in ("cycle", "iterations"):
+            raise ValueError(f"CyclicLR: scale_mode must be 'cycle' or 'iterations', got {scale_mode!r}")
+        up = float(step_size_up)
+        down = float(step_size_down) if step_size_down is not None else up
+        if not (up > 0 and down >= 0):  # NaN too; a zero-length cycle would divide by zero
+            raise ValueError(f"CyclicLR: need step_size_up > 0 and step_size_down >= 0, got {step_size_up} "
+                             f"and {step_size_down}")
+        self.total_size = up + down
+        self.step_ratio = up / self.total_size
+        self.mode, self.gamma, self.scale_mode = mode, float(gamma), scale_mode
+        self.scale_fn = scale_fn  # None: the mode's rule (kept out of state_dict either way: code is not state)
+        if scale_fn is None:
+            self.scale_mode = "iterations" if mode == "exp_range" else "cycle"
+        groups = optimizer.param_groups
+        base_lrs = _per_group(base_lr, optimizer, "base_lr", "CyclicLR")
+        if last_epoch == -1:
+            for group, lr in zip(groups, base_lrs):
+                group["lr"] = lr
+        # the cycle's floor, also for the construction step (the base class sets ``base_lrs`` from
+        # ``initial_lr``, which another scheduler may have set to something else)
+        self._cycle_bases = list(base_lrs)
+        self.max_lrs = _per_group(max_lr, optimizer, "max_lr", "CyclicLR")
+        self.cycle_momentum = bool(cycle_momentum)
+        if self.cycle_momentum:
+            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+                raise ValueError(f"CyclicLR: cycle_momentum=True needs an optimizer with 'momentum' or 'betas'; "
+                                 f"{type(optimizer).__name__} has neither (pass cycle_momentum=False)")
+            self.use_beta1 = "betas" in optimizer.defaults
+            self.base_momentums = _per_group(base_momentum, optimizer, "base_momentum", "CyclicLR")
+            self.max_momentums = _per_group(max_momentum, optimizer, "max_momentum", "CyclicLR")
+            if last_epoch == -1:
+                for group, top in zip(groups, self.max_momentums):
+                    self._set_momentum(group, top)
+        super().__init__(optimizer, last_epoch)
+        self.base_lrs = list(base_lrs)
+
+    def _set_momentum(self, group, value) -> None:
+        if self.use_beta1:
+            group["betas"] = (value, *group["betas"][1:])
+        else:
+            group["momentum"] = value
+
+    def _scale(self, x: float) -> float:
+        if self.scale_fn is not None:
+            return self.scale_fn(x)
+        if self.mode == "triangular":
+            return 1.0
+        if self.mode == "triangular2":
+            return 1 / (2.0 ** (x - 1))
+        return self.gamma**x
+
+    def get_lr(self) -> list[float]:
+        t = self.last_epoch
+        cycle = math.floor(1 + t / self.total_size)
+        x = 1.0 + t / self.total_size - cycle
+        factor = x / self.step_ratio if x <= self.step_ratio else (x - 1) / (self.step_ratio - 1)
+        scale = self._scale(cycle if self.scale_mode == "cycle" else t)
+        lrs = [base + (top - base) * factor * scale for base, top in zip(self._cycle_bases, self.max_lrs)]
+        if self.cycle_momentum:
+            for group, lo, hi in zip(self.optimizer.param_groups, self.base_momentums, self.max_momentums):
+                self._set_momentum(group, hi - (hi - lo) * factor * scale)
+        return lrs
+
+    def state_dict(self) -> dict:
+        """Without ``scale_fn`` (code is not state: pass it again when rebuilding the scheduler)."""
+        return {k: v for k, v in super().state_dict().items() if k != "scale_fn"}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        fn = self.scale_fn
+        super().load_state_dict(state_dict)
+        self.scale_fn = fn
 
 
 class ReduceLROnPlateau(LRScheduler):
@@ -624,13 +920,14 @@ class SequentialLR(LRScheduler):
         self._schedulers, self._milestones = schedulers, milestones
         self.last_epoch = last_epoch + 1
         self.optimizer = optimizer
-        # Each scheduler's construction already took its step 0; undo them and restart the first.
+        # Each scheduler's construction already took its step 0; undo them (inside composites too)
+        # and restart the one that runs at step 0 -- not always the first: milestones may start at 0.
         for group in optimizer.param_groups:
             group["lr"] = group["initial_lr"]
-        for s in schedulers:
-            s.last_epoch -= 1
-        schedulers[0]._initial_step()
-        self._last_lr = schedulers[0].get_last_lr()
+        _undo_initial_steps(schedulers)
+        first = schedulers[bisect_right(milestones, 0)]
+        first._initial_step()
+        self._last_lr = first.get_last_lr()
 
     def step(self) -> None:
         self.last_epoch += 1
@@ -644,3 +941,14 @@ class SequentialLR(LRScheduler):
 
     state_dict = ChainedScheduler.state_dict
     load_state_dict = ChainedScheduler.load_state_dict
+
+
+def _undo_initial_steps(schedulers) -> None:
+    """Take back the step each scheduler took when it was built, recursing into composites
+    (``SequentialLR``/``ChainedScheduler`` hold schedulers but count no steps of their own that matter)."""
+    for s in schedulers:
+        inner = getattr(s, "_schedulers", None)
+        if inner is not None:
+            _undo_initial_steps(inner)
+        else:
+            s.last_epoch -= 1

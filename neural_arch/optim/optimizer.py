@@ -61,10 +61,61 @@ def _with_step_pre_hooks(step):
                 replaced = hook(self, args, kwargs)
                 if replaced is not None:
                     args, kwargs = replaced
-        return step(self, *args, **kwargs)
+        swapped = _hyperparameters_as_numbers(self.param_groups)
+        if not swapped:
+            return step(self, *args, **kwargs)
+        try:
+            return step(self, *args, **kwargs)
+        finally:
+            for group, key, value in swapped:  # the caller's tensors stay in the groups, as in torch
+                group[key] = value
 
     hooked_step._runs_step_pre_hooks = True
     return hooked_step
+
+
+#: hyper-parameter types used as they are (the common case: one set lookup per value)
+_PLAIN = frozenset({float, int, bool, str, type(None), np.float64, np.float32, np.int64})
+
+
+def _as_number(value, key, index):
+    """A one-element Tensor/array hyper-parameter as a Python float; anything else unchanged."""
+    if isinstance(value, Tensor):
+        value = value.data
+    if not (isinstance(value, np.ndarray) or _backend.is_device_array(value)):
+        return value
+    if value.size != 1:
+        raise ValueError(f"param group {index}: hyper-parameter {key!r} is an array of shape {tuple(value.shape)}; "
+                         "it must be a number or a one-element tensor")
+    return float(value.reshape(()))
+
+
+def _hyperparameters_as_numbers(groups) -> list:
+    """Replace every Tensor (or array) hyper-parameter of ``groups`` -- torch accepts ``lr=torch.tensor(0.01)`` --
+    by its value for the length of one ``step()``; returns ``(group, key, original)`` to put back.
+
+    Why: the update arithmetic mixes hyper-parameters with NumPy arrays, and ``array -= lr * g`` with a
+    Tensor ``lr`` rebinds a local name to a new Tensor instead of writing the parameter: the step would
+    change nothing and say nothing. Python numbers (the usual case) cost one type test each.
+    """
+    swapped = []
+    for index, group in enumerate(groups):
+        for key, value in group.items():
+            kind = type(value)
+            if kind in _PLAIN or key == "params":
+                continue
+            if kind is tuple:
+                if all(type(v) in _PLAIN for v in value):  # betas=(0.9, 0.999)
+                    continue
+                number = tuple(_as_number(v, key, index) for v in value)
+                changed = any(a is not b for a, b in zip(number, value))
+            else:
+                number = _as_number(value, key, index)
+                changed = number is not value
+            if changed:
+                swapped.append((group, key, value))
+                group[key] = number
+    return swapped
 
 
 class _Required:
@@ -200,6 +251,11 @@ class Optimizer:
                 "params must be an iterable of Parameters or of dicts, got a single Tensor; "
                 "pass model.parameters() or [tensor]"
             )
+        if isinstance(params, (set, frozenset)):
+            # torch accepts a set here, but its order changes between runs and a state dict maps
+            # parameters by position: a resumed run would load one tensor's state into another
+            raise TypeError("optimizer parameters need to be organized in ordered collections, but the "
+                            "ordering of tensors in sets will change between runs. Please use a list instead.")
         groups = list(params)
         if not groups:
             raise ValueError("optimizer got an empty parameter list; pass model.parameters()")
@@ -219,7 +275,16 @@ class Optimizer:
             raise TypeError(f"param group must be a dict, got {type(group).__name__}")
         group = dict(group)
         params = group["params"]
+        if isinstance(params, (set, frozenset)):
+            # torch's error: a set's order changes between runs, and a state dict maps by position
+            raise TypeError("optimizer parameters need to be organized in ordered collections, but the "
+                            "ordering of tensors in sets will change between runs. Please use a list instead.")
         params = [params] if isinstance(params, Tensor) else list(params)
+        if len({id(p) for p in params}) != len(params):
+            # torch only warns and then updates such a parameter once per occurrence; our multi-tensor
+            # paths would update it once: neither is what the script meant, so say so at the call
+            raise ValueError("a parameter group contains the same parameter more than once; pass each "
+                             "parameter once (model.parameters() already lists tied parameters once)")
         for p in params:
             if not isinstance(p, Tensor):
                 raise TypeError(f"optimizer can only optimize Tensors, got {type(p).__name__}")
