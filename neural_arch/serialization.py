@@ -95,7 +95,9 @@ class _Encoder:
 
     def name_for(self, path: str) -> str:
         name = path or "tensor"
-        if name in self.arrays:
+        # "__metadata__" is the safetensors header's own key: an entry of that name writes a file that
+        # no reader can open (a state dict key of that name gets a suffix, like any repeated name)
+        if name in self.arrays or name == "__metadata__":
             k = 1
             while f"{name}#{k}" in self.arrays:
                 k += 1
@@ -313,7 +315,7 @@ def save(obj, f, *, pickle_protocol: int = pickle.DEFAULT_PROTOCOL) -> None:
     _write(f, payload)
 
 
-def load(f, map_location=None, weights_only: bool = True, **pickle_load_args):
+def load(f, map_location=None, weights_only: bool | None = True, **pickle_load_args):
     """Load what :func:`save` wrote (or any safetensors file, as a dict of arrays).
 
     Args:
@@ -321,9 +323,9 @@ def load(f, map_location=None, weights_only: bool = True, **pickle_load_args):
         map_location: where to put arrays and tensors: ``None`` (where they were saved),
             ``"cpu"``, ``"cuda:N"``, a dict ``{"cuda:1": "cuda:0"}`` or a callable
             ``fn(host_array, saved_device) -> array``.
-        weights_only: ``True`` (default) never unpickles: a file that needs pickle raises
-            :class:`WeightsOnlyUnpicklingError`. ``False`` also reads pickled files; **it can run
-            arbitrary code, so use it only for files you trust**.
+        weights_only: ``True`` (default; ``None`` means the default, as in torch) never unpickles: a
+            file that needs pickle raises :class:`WeightsOnlyUnpicklingError`. ``False`` also reads
+            pickled files; **it can run arbitrary code, so use it only for files you trust**.
 
     Example::
 
@@ -347,7 +349,7 @@ def load(f, map_location=None, weights_only: bool = True, **pickle_load_args):
             except (ValueError, AttributeError):
                 reason = ""
             body = data[header_end + 1:]
-        if weights_only:
+        if weights_only or weights_only is None:  # torch's None is its default, True: never unpickle
             why = f" (it holds {reason})" if reason else ""
             raise WeightsOnlyUnpicklingError(
                 f"load(weights_only=True): this file is a pickle{why}, and unpickling can run "
@@ -376,7 +378,7 @@ def _load_safetensors(data: bytes, map_location):
     (header_len,) = struct.unpack("<Q", data[:8])
     try:
         header = json.loads(data[8:8 + header_len])
-        arrays = safetensors.numpy.load(data)
+        arrays = _with_bfloat16(data, header_len, header) if _has_bfloat16(header) else safetensors.numpy.load(data)
     except Exception as exc:  # noqa: BLE001  (the Rust reader raises its own error types)
         raise ValueError(f"load: corrupt safetensors file ({type(exc).__name__}: {exc})") from None
     meta = (header.get("__metadata__") or {}).get(_META_KEY)
@@ -400,6 +402,28 @@ def _load_safetensors(data: bytes, map_location):
         return _Decoder(get, map_location).decode(info.get("root"))
     except _MALFORMED as exc:
         raise ValueError(f"load: malformed neural_arch file ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _has_bfloat16(header) -> bool:
+    return isinstance(header, dict) and any(isinstance(v, dict) and v.get("dtype") == "BF16" for v in header.values())
+
+
+def _with_bfloat16(data: bytes, header_len: int, header: dict) -> dict:
+    """The entries of a safetensors file that holds BF16 ones (most published model weights).
+
+    ``safetensors.numpy`` cannot read BF16 (NumPy has no such dtype): this lets the Rust reader validate
+    and read the file with each BF16 entry retyped as U16 (same size), then views those bits as
+    ``ml_dtypes.bfloat16``, so a foreign BF16 file loads instead of being called corrupt.
+    """
+    import safetensors.numpy
+
+    retyped = {k: (dict(v, dtype="U16") if isinstance(v, dict) and v.get("dtype") == "BF16" else v)
+               for k, v in header.items()}
+    new_header = json.dumps(retyped, separators=(",", ":")).encode()
+    new_header += b" " * (-len(new_header) % 8)  # the data section stays 8-byte aligned
+    arrays = safetensors.numpy.load(struct.pack("<Q", len(new_header)) + new_header + data[8 + header_len:])
+    bf16 = _dtypes.as_dtype("bfloat16")
+    return {k: (v.view(bf16) if header[k].get("dtype") == "BF16" else v) for k, v in arrays.items()}
 
 
 def _place_tree(obj, map_location):

@@ -33,6 +33,9 @@ MODULES = [
     "neural_arch.core.ops_norm",
     "neural_arch.serialization",
     "neural_arch.utils.atomic_file",
+    "neural_arch.data.dataset",
+    "neural_arch.data.dataloader",
+    "neural_arch.data.sampler",
 ]
 
 

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from neural_arch.backend import to_host
+from neural_arch.data.dataset import gathers_like_getitem
 
 __all__ = ["DistributedSampler", "distributed_evaluate"]
 
@@ -282,7 +283,7 @@ def _split_data(data):
         if len(x) != len(y):
             raise ValueError(f"distributed_evaluate: inputs have {len(x)} rows but targets {len(y)}")
         return len(x), lambda idx: (x[idx], y[idx])
-    if hasattr(data, "get_batch"):
+    if gathers_like_getitem(data):   # (not any get_batch: a subclass's __getitem__ may transform rows)
         return len(data), lambda idx: tuple(to_host(a) for a in data.get_batch(idx))
     if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
         def fetch(idx):
