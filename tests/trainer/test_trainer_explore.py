@@ -4,6 +4,9 @@
   are the same size; a window of unequal micro-batches (a short last batch, a window that ``end_window``
   closes early) is the documented ``sum_j loss_j / K`` step -- each micro-batch's mean weighted ``1/K``,
   as torch's usual loop and Accelerate do, **not** the mean over the window's samples (see the report);
+  with ``count_items`` (samples, or targets that are not padding) each micro-batch weighs its items
+  over the window's items on every rank, and the window equals one step on its union's mean again
+  (a hand-written loop with ``window_items`` and ``fit``; two ranks with unequal, padded micro-batches);
 * clipping and the LR schedule run once per optimizer step, never per micro-batch; ``grad_norm`` is the
   window's accumulated gradient's norm before clipping;
 * ``step=None`` (the trainer counts): a window closed early by ``end_window`` used to shorten the next
@@ -127,3 +130,56 @@ def test_two_ranks_accumulate_with_early_window_ends_as_one_process(pool):
             assert r["lrs"] == want["lrs"], (rank, strategy)
             for name, value in want["params"].items():
                 assert np.abs(r["params"][name] - value).max() <= 1e-10, (rank, strategy, name)
+
+
+# -- count_items: each micro-batch weighs its items (Hugging Face's num_items_in_batch) ---------------
+
+@settings(max_examples=10)
+@given(_schedules(), st.sampled_from(IN_PROCESS), st.sampled_from([None, 0.05]), st.booleans(),
+       st.sampled_from([None, 1, 2, 3]), st.booleans())
+# a short last micro-batch: under 1/K its 1 sample weighed as much as the other 3 (not the union's mean)
+@example((2, [3, 1, 3, 1], [None, None, None, True]), "ddp", None, False, None, True)
+# padding: a micro-batch with no target left weighs 0 (its mean is 0/0), the window is still one mean
+@example((2, [2, 3, 2, 2], [None, None, None, True]), "fully_shard", 0.05, True, [0, 1, 5], False)
+def test_count_items_makes_a_window_one_mean_over_its_items(schedule, strategy, clip, adam, mask, use_fit):
+    k, sizes, ends = schedule
+    if use_fit:      # fit closes windows every K micro-batches and at the epoch's last one only
+        ends = [None] * (len(sizes) - 1) + [True]
+    got = fns.item_trainer_run(strategy, k, sizes, ends, clip, adam, mask, use_fit)
+    want = fns.item_reference_run(k, sizes, ends, clip, adam, mask)
+    assert got["steps"] == want["steps"]
+    for name, value in want["params"].items():
+        assert np.abs(got["params"][name] - value).max() <= 1e-10, (name, strategy)
+
+
+def test_count_items_is_checked_at_the_call():
+    import neural_arch.nn.functional as F
+    from neural_arch.distributed.trainer import DistributedTrainer
+
+    with pytest.raises(ValueError, match="count_items must be None, 'samples' or a function"):
+        DistributedTrainer(fns.build(0), count_items="tokens")
+    with fns.trainer(k=2) as (t, opt, batch):
+        with pytest.raises(ValueError, match="needs DistributedTrainer\\(count_items=...\\)"):
+            t.train_step(batch, opt, F.cross_entropy, window_items=4)
+        with pytest.raises(ValueError, match="the trainer counts no items"):
+            t.window_items([batch])
+    with DistributedTrainer(fns.build(0), gradient_accumulation_steps=2, count_items="samples") as t:
+        opt, _ = fns._optimizer(t.module.parameters(), adam=False)
+        with pytest.raises(ValueError, match="pass train_step\\(..., window_items=trainer.window_items"):
+            t.train_step(batch, opt, F.cross_entropy)
+        with pytest.raises(ValueError, match="fewer than this micro-batch's 2 items"):
+            t.train_step(batch, opt, F.cross_entropy, window_items=1)
+        assert t.window_items([batch, batch]) == 4 and t.micro_step == 0     # nothing ran
+
+
+def test_two_ranks_with_unequal_padded_micro_batches_train_as_one_mean(pool):
+    """Rank 0 and rank 1 hold micro-batches of other sizes and other padding (one of each rank's has no
+    target left); with ``count_items`` DDP and fully_shard equal one process on each window's mean over
+    every kept target of both ranks (the window's count is all-reduced)."""
+    cfg = {"k": 2, "sizes": [[3, 1, 2, 2], [1, 2, 3, 1]], "mask": [0, 4, 5, 9, 10, 11]}
+    results = pool.run(fns.two_rank_items, cfg)
+    want = fns.two_rank_items_reference(cfg)
+    for rank, per in enumerate(results):
+        for strategy, params in per.items():
+            for name, value in want.items():
+                assert np.abs(params[name] - value).max() <= 1e-10, (rank, strategy, name)

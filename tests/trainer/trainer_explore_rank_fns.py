@@ -266,3 +266,145 @@ def two_rank_reference(cfg, world: int = 2) -> dict:
         acc += [i != window[-1] for i in window]
         lrs += [lr_before] * (len(window) - 1) + [opt.param_groups[0]["lr"]]
     return {"accumulating": acc, "lrs": lrs, "params": _params(model)}
+
+
+# -- weighting by items (count_items): a window of unequal micro-batches as one mean ------------------
+
+IGNORE = -100
+
+
+def masked_targets(y, mask_seed: int | None, starts, windows_):
+    """``y`` with some targets set to ``IGNORE`` (padding; None: no mask); every window keeps at least
+    one target (a window of none is the criterion's 0/0), a micro-batch may keep none."""
+    y = y.copy()
+    if mask_seed is None:
+        return y
+    if isinstance(mask_seed, (list, tuple)):      # the rows to pad, given
+        y[np.asarray(mask_seed, dtype=int)] = IGNORE
+    else:
+        y[np.random.default_rng(mask_seed).random(len(y)) < 0.5] = IGNORE
+    for window in windows_:
+        rows = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in window])
+        if not (y[rows] != IGNORE).any():
+            y[rows[-1]] = data()[1][rows[-1]]
+    return y
+
+
+def _masked_ce(out, target):
+    import neural_arch.nn.functional as F
+
+    return F.cross_entropy(out, target, ignore_index=IGNORE)
+
+
+def _targets_kept(batch) -> int:
+    return int((np.asarray(batch[1]) != IGNORE).sum())
+
+
+def item_trainer_run(strategy: str, k: int, sizes, ends, clip, adam: bool, mask_seed, use_fit: bool) -> dict:
+    """The trainer with ``count_items`` (in this process): a hand-written loop over the schedule's
+    windows (``window_items`` per window), or ``fit`` over a loader yielding the micro-batches (its
+    last one closes the epoch's window; ``ends`` then only has the last True)."""
+    from neural_arch.distributed.trainer import DistributedTrainer
+
+    X, y = data()
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    y = masked_targets(y, mask_seed, starts, windows(k, ends))
+    batches = [(X[starts[i]:starts[i + 1]], y[starts[i]:starts[i + 1]]) for i in range(len(sizes))]
+    model = build(0)
+    count = "samples" if mask_seed is None else _targets_kept
+    with DistributedTrainer(model, strategy=strategy, gradient_accumulation_steps=k, gradient_clip_val=clip,
+                            count_items=count) as t:
+        opt, sched = _optimizer(model.parameters(), adam)
+        t.lr_scheduler = sched
+        if use_fit:
+            t.fit(batches, epochs=1, optimizer=opt, criterion=_masked_ce, progress=False, resume=False)
+        else:
+            for window in windows(k, ends):
+                n = t.window_items([batches[i] for i in window])
+                for i in window:
+                    t.train_step(batches[i], opt, _masked_ce, end_window=ends[i], window_items=n)
+        return {"params": _trainer_params(t), "steps": t.global_step}
+
+
+def item_reference_run(k: int, sizes, ends, clip, adam: bool, mask_seed) -> dict:
+    """No trainer: one step per window on the mean loss over every kept target of the window's rows."""
+    from neural_arch.core.tensor import Tensor
+    from neural_arch.optim import clip_grad_norm_
+
+    X, y = data()
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    y = masked_targets(y, mask_seed, starts, windows(k, ends))
+    model = build(0)
+    opt, sched = _optimizer(model.parameters(), adam)
+    for window in windows(k, ends):
+        rows = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in window])
+        _masked_ce(model(Tensor(X[rows])), y[rows]).backward()
+        clip_grad_norm_(model.parameters(), clip if clip is not None else math.inf)
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+    return {"params": _params(model), "steps": len(windows(k, ends))}
+
+
+def two_rank_items(cfg) -> dict:
+    """Every rank: DDP and fully_shard with ``count_items`` over per-rank micro-batches of unequal sizes
+    and padding (``cfg["sizes"][r]``: rank r's micro-batch sizes, ``cfg["k"]`` per window)."""
+    import neural_arch.distributed as dist
+    from neural_arch.distributed.trainer import DistributedTrainer
+
+    X, y = data()
+    y = two_rank_targets(y, cfg)
+    out = {}
+    for strategy in ("ddp", "fully_shard"):
+        model = build(0)
+        t = DistributedTrainer(model, strategy=strategy, gradient_accumulation_steps=cfg["k"],
+                               count_items=_targets_kept)
+        opt, sched = _optimizer(model.parameters(), adam=True)
+        t.lr_scheduler = sched
+        batches = [(X[a:b], y[a:b]) for a, b in two_rank_rows(cfg)[t.rank]]
+        for w in range(0, len(batches), cfg["k"]):
+            window = batches[w:w + cfg["k"]]
+            n = t.window_items(window)
+            for batch in window:
+                t.train_step(batch, opt, _masked_ce, window_items=n)
+        out[strategy] = _trainer_params(t)
+        dist.barrier()
+    return out
+
+
+def two_rank_rows(cfg) -> list:
+    """Per rank, its micro-batches' ``(start, stop)`` rows: rank 0's from row 0 up, rank 1's after them."""
+    out, at = [], 0
+    for sizes in cfg["sizes"]:
+        rows = []
+        for s in sizes:
+            rows.append((at, at + s))
+            at += s
+        out.append(rows)
+    return out
+
+
+def two_rank_targets(y, cfg):
+    """The targets with ``cfg["mask"]`` rows padded (IGNORE), keeping one per window over both ranks."""
+    y = y.copy()
+    y[np.asarray(cfg["mask"], dtype=int)] = IGNORE
+    return y
+
+
+def two_rank_items_reference(cfg) -> dict:
+    """One process: window ``w``'s step on the mean over every kept target of both ranks' micro-batches."""
+    from neural_arch.core.tensor import Tensor
+
+    X, y = data()
+    y = two_rank_targets(y, cfg)
+    per_rank = two_rank_rows(cfg)
+    model = build(0)
+    opt, sched = _optimizer(model.parameters(), adam=True)
+    k = cfg["k"]
+    for w in range(0, len(per_rank[0]), k):
+        rows = np.concatenate([np.arange(a, b) for rank_rows in per_rank for a, b in rank_rows[w:w + k]])
+        _masked_ce(model(Tensor(X[rows])), y[rows]).backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+    return _params(model)

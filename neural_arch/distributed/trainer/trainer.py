@@ -23,7 +23,10 @@ One :meth:`~DistributedTrainer.train_step` is one **micro-batch**. With
 one clips, steps the optimizer (through the scaler when float16), zeroes the gradients and steps
 the LR scheduler. ``K`` micro-batches of ``B`` samples
 on ``W`` ranks then equal one single-process step on the ``K*W*B`` samples (tests: float64 <= 1e-10),
-when the criterion is a mean over the batch.
+when the criterion is a mean over the batch. Micro-batches of unequal size (an epoch's last, token
+batches with padding) weigh ``1/K`` each, as in torch's usual loop, unless ``count_items`` is given:
+then each micro-batch's mean loss weighs its items over the window's items on every data-parallel
+rank (Hugging Face's ``num_items_in_batch``), and the window again equals one mean over its union.
 
 Example (seed 003; any world size, also plain ``python``)::
 
@@ -168,6 +171,15 @@ class DistributedTrainer:
             pipeline ranks) or ``"zbh1"`` (zero bubble). The window's micro-batches are the schedule's.
         pp_split_points: where stages start (blocks of an ``nn.GPT``, children of an ``nn.Sequential``;
             ``pipeline(split_points=...)``); default: equal block counts (GPT), balanced parameters.
+        count_items: how a micro-batch's loss is weighted in its window. None (default): ``1/K``
+            each, torch's usual loop. ``"samples"`` (the inputs' first dimension) or a function
+            ``batch -> int`` (e.g. the targets that are not padding: ``lambda b: int((b[1] !=
+            -100).sum())``): the criterion's mean over a micro-batch's items weighs ``n / N``, ``N``
+            the window's items summed over the data-parallel ranks (one small all-reduce per window,
+            :meth:`window_items`), so a window of unequal micro-batches trains as one mean over all
+            its items, as Hugging Face's ``num_items_in_batch`` with ``average_tokens_across_devices``.
+            :meth:`fit` counts each window itself; a hand-written loop passes ``train_step(...,
+            window_items=trainer.window_items(window))``. Not with strategy ``'pp'``.
 
     Data: each rank's loader must give it its share of the data-parallel dimension,
     ``trainer.dp_rank`` of ``trainer.dp_size`` (the world for every strategy but tensor and pipeline
@@ -189,7 +201,7 @@ class DistributedTrainer:
                  gradient_clip_val: float | None = None, enable_activation_checkpointing: bool = False,
                  cpu_offload: bool = False, checkpoint_dir=None, log_dir=None, keep_last: int | None = 3,
                  lr_scheduler=None, process_group=None, auto_wrap_policy=None, checkpoint_targets=None,
-                 tp_plan=None, pp_schedule: str = "1f1b", pp_split_points=None):
+                 tp_plan=None, pp_schedule: str = "1f1b", pp_split_points=None, count_items=None):
         from neural_arch.distributed import groups as dist
 
         if not isinstance(model, Module):
@@ -200,6 +212,10 @@ class DistributedTrainer:
                              f"got {gradient_accumulation_steps!r}")
         if gradient_clip_val is not None and not float(gradient_clip_val) > 0:
             raise ValueError(f"DistributedTrainer: gradient_clip_val must be > 0 or None, got {gradient_clip_val!r}")
+        if count_items is not None and count_items != "samples" and not callable(count_items):
+            raise ValueError(f"DistributedTrainer: count_items must be None, 'samples' or a function batch -> int "
+                             f"(the items a micro-batch's mean loss is taken over), got {count_items!r}")
+        self.count_items = count_items
         self._owns_process_group = not dist.is_initialized()
         if self._owns_process_group:
             dist.init_process_group()
@@ -276,6 +292,11 @@ class DistributedTrainer:
         self.dp_group = self.device_mesh.get_group("dp") if self.strategy.name in ("tp", "pp") else process_group
         dp = self._group if self.dp_group is None else self.dp_group
         self.dp_rank, self.dp_size = dp.rank(), dp.size()
+        self._dp = dp
+        if self.count_items is not None and self.strategy.name == "pp":
+            raise ValueError("DistributedTrainer(count_items=...) weighs each micro-batch by its items, but the "
+                             "pipeline schedule scales every micro-batch of a window alike; leave count_items=None "
+                             "with strategy 'pp'")
 
         self.scaler = None
         if self.amp_dtype == "float16":
@@ -545,7 +566,7 @@ class DistributedTrainer:
                          f"target keys, got {type(batch).__name__}")
 
     def train_step(self, batch, optimizer, criterion, step: int | None = None, *,
-                   end_window: bool | None = None) -> dict:
+                   end_window: bool | None = None, window_items=None) -> dict:
         """Run one micro-batch; at an accumulation window's end also clip, step, zero and schedule.
 
         ``step`` is the micro-batch's index (the seed's ``enumerate(loader)``): the window ends
@@ -555,6 +576,9 @@ class DistributedTrainer:
         ``end_window=True`` ends the window here anyway (the last batch of an epoch: :meth:`fit`
         does this, so no partial window leaks into the next epoch; its micro-batches keep their
         ``1/K`` weight, as torch's usual loop and Accelerate do).
+        ``window_items``: with ``count_items`` (required then), the items of this micro-batch's whole
+        window summed over the data-parallel ranks (:meth:`window_items`); the loss then weighs
+        ``count_items(batch) * dp_size / window_items`` instead of ``1/K``.
 
         Returns ``{"loss", "compute_time", "communication_time", "step", "lr", "grad_norm",
         "skipped", "accumulating"}``: ``loss`` as the criterion computed it (not divided by the
@@ -579,6 +603,7 @@ class DistributedTrainer:
             last = self._open_window + 1 >= k
         else:
             last = (int(step) + 1) % k == 0
+        weight = self._item_weight(batch, window_items)
         x, y = self._split_batch(batch)
         if self.pipeline is not None:
             return self._pipeline_step(x, y, optimizer, eff, criterion, last)
@@ -588,8 +613,17 @@ class DistributedTrainer:
         with self.metrics.step(samples=int(x.shape[0]) if x.ndim else 1):
             with (contextlib.nullcontext() if last else self._no_sync()):
                 with self._autocast():
-                    loss = criterion(_upcast(self.model(x)), y)
-                scaled = loss / k if k > 1 else loss
+                    output = _upcast(self.model(x))
+                    loss = criterion(output, y)
+                if weight is None:
+                    scaled = loss / k if k > 1 else loss
+                elif weight > 0:
+                    scaled = loss * weight
+                else:
+                    # no items here (the criterion's mean over none is 0/0): zero gradients through the
+                    # same graph, so the window's gradient hooks (DDP's buckets, FSDP's reduce) run as
+                    # on every other rank, with no collective of its own (a sharded parameter's sum has one)
+                    scaled = (output * 0.0).sum() if isinstance(output, Tensor) else loss * 0.0
                 if self.scaler is not None:
                     scaled = self.scaler.scale(scaled)
                 scaled.backward()
@@ -600,6 +634,70 @@ class DistributedTrainer:
         self.micro_step += 1
         self.batch_in_epoch += 1
         return self._metrics(out, float(loss.item()), rec, optimizer, last)
+
+    def _count(self, batch) -> int:
+        """``count_items(batch)``: this micro-batch's items (samples, or tokens that are not padding)."""
+        if self.count_items == "samples":
+            x = self._split_batch(batch)[0]
+            return int(np.shape(x)[0]) if np.ndim(x) else 1
+        n = self.count_items(batch)
+        value = float(n.item() if hasattr(n, "item") else n)
+        if value < 0 or value != int(value):
+            raise ValueError(f"DistributedTrainer: count_items(batch) must be a count (an int >= 0), got {n!r}")
+        return int(value)
+
+    def window_items(self, batches) -> int:
+        """The items of an accumulation window (``count_items`` of each of this rank's ``batches``),
+        summed over the data-parallel ranks: ``train_step``'s ``window_items``. A collective over the
+        data-parallel group (every rank calls it once per window).
+
+        Example::
+
+            window = [next(it) for _ in range(trainer.gradient_accumulation_steps)]
+            n = trainer.window_items(window)
+            for batch in window:
+                trainer.train_step(batch, optimizer, criterion, window_items=n)
+        """
+        if self.count_items is None:
+            raise ValueError("DistributedTrainer.window_items: the trainer counts no items (count_items=None: each "
+                             "micro-batch weighs 1/K); pass count_items='samples' or a function to the trainer")
+        total = np.array([float(sum(self._count(b) for b in batches))])
+        if self.dp_size > 1:
+            self._dp.backend.allreduce(total)      # SUM: every data-parallel rank's window
+        return int(total[0])
+
+    def _item_weight(self, batch, window_items):
+        """This micro-batch's loss weight under ``count_items``, None under the ``1/K`` rule."""
+        if self.count_items is None:
+            if window_items is not None:
+                raise ValueError("DistributedTrainer.train_step: window_items= weighs micro-batches by their items, "
+                                 "which needs DistributedTrainer(count_items=...); the trainer counts none")
+            return None
+        if window_items is None:
+            raise ValueError("DistributedTrainer(count_items=...) weighs each micro-batch by its share of its "
+                             "window's items: pass train_step(..., window_items=trainer.window_items(window)) "
+                             "(the window's items summed over the data-parallel ranks; fit() does this)")
+        total = float(window_items)
+        n = self._count(batch)
+        if n > total:
+            raise ValueError(f"DistributedTrainer.train_step: window_items={window_items!r} is fewer than this "
+                             f"micro-batch's {n} items; it must count the whole window on every "
+                             "data-parallel rank")
+        return 0.0 if n == 0 else n * self.dp_size / total
+
+    def _windows(self, triples):
+        """``fit``'s batches with ``count_items``: each accumulation window read whole first (to count
+        its items, :meth:`window_items`), then yielded ``(batch, is_last, state, window_items)``."""
+        k = self.gradient_accumulation_steps
+        index, window = self.batch_in_epoch, []
+        for triple in triples:
+            window.append(triple)
+            if (index + 1) % k == 0 or triple[1]:
+                n = self.window_items([t[0] for t in window])
+                for item in window:
+                    yield (*item, n)
+                window = []
+            index += 1
 
     def _pipeline_step(self, x, y, optimizer, eff, criterion, last: bool) -> dict:
         """Strategy 'pp': buffer the micro-batch; at the window's end run the schedule over the
@@ -925,11 +1023,13 @@ class DistributedTrainer:
             bar = self._progress(batches, epoch, total, progress)
             losses = []
             data_state = None
-            for batch, is_last, data_state in bar:
+            counted = (self._windows(bar) if self.count_items is not None
+                       else ((*triple, None) for triple in bar))
+            for batch, is_last, data_state, window_items in counted:
                 index = self.batch_in_epoch
                 steps_before = self.global_step
                 m = self.train_step(batch, optimizer, criterion, index,
-                                    end_window=True if is_last else None)
+                                    end_window=True if is_last else None, window_items=window_items)
                 if "losses" in m:   # 'pp': a window's losses arrive at its end
                     losses.extend(m["losses"])
                 else:
