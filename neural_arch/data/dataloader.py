@@ -40,6 +40,7 @@ import hashlib
 import itertools
 import math
 import pickle
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -337,6 +338,8 @@ class DataLoader:
         self._segment_batches = None              # batches yielded since iter() (None: not iterated yet)
         self._order_digest = None                 # digest of the epoch's order, for a sampler without state
         self._resume_digest = None                # the digest the order resumed from must have (load_state_dict)
+        self._worker_streams: list | None = None  # per worker: its random streams after its last batch yielded
+        self._resume_streams: list | None = None  # streams the next pool's workers start from (load_state_dict)
 
     def _num_samples(self) -> int:
         if self.sampler is not None:
@@ -424,7 +427,10 @@ class DataLoader:
         if self.num_workers == 0:
             batches = self._single_process(tasks)
         else:
-            batches = _MultiProcessIter(self, self._workers(base_seed), tasks)
+            pool = self._workers(base_seed)
+            # task k of an epoch goes to worker k mod n (every worker is active for a map-style
+            # dataset): a resumed epoch's first task goes where the uninterrupted one sent it
+            batches = _MultiProcessIter(self, pool, tasks, first_worker=0 if self._iterable else skip)
         if self._iterable and skip:
             batches = itertools.islice(batches, skip, None)
         return self._counted(batches)
@@ -452,8 +458,11 @@ class DataLoader:
         fetch = None if self._iterable else _Fetcher(self.dataset, self.collate_fn, self._fast, self._auto_batch)
         make_batches = _IterableBatcher(self.dataset, self.batch_size, self.drop_last, self.collate_fn) \
             if self._iterable else None
+        streams, self._resume_streams = self._resume_streams, None
         pool = WorkerPool(self.num_workers, base_seed, self.dataset, fetch, make_batches, self.worker_init_fn,
-                          context=self.multiprocessing_context, timeout=self.timeout)
+                          context=self.multiprocessing_context, timeout=self.timeout, random_states=streams)
+        # each worker's streams as of its last batch yielded: where it starts (seeded, or resumed)
+        self._worker_streams = list(streams) if streams is not None else [None] * self.num_workers
         if self.persistent_workers:
             self._pool = pool
         return pool
@@ -491,6 +500,12 @@ class DataLoader:
         seeds = self._seeds_start if self._seeds_start is not None else self._seed_stream.bit_generator.state
         state = {"batches_yielded": int(self._yielded), "generator": generator, "sampler": sampler,
                  "worker_seeds": seeds, "seed": self.seed}
+        if self._worker_streams is not None and (self._yielded or self.persistent_workers):
+            # each worker's random streams after its last batch yielded (a map-style dataset's random
+            # transforms): a resumed epoch's workers continue them, as torchdata's StatefulDataLoader
+            state["worker_random_states"] = {"num_workers": self.num_workers,
+                                             "persistent": bool(self.persistent_workers),
+                                             "states": list(self._worker_streams)}
         if self._yielded and sampler is None and (self.sampler is not None or self.batch_sampler is not None):
             state["sampler_order"] = self._order_digest  # checked on resume: see _check_resumed_order
         return state
@@ -507,6 +522,19 @@ class DataLoader:
         # random transforms (states saved before it existed, or of another seed: this loader's own)
         if state.get("worker_seeds") is not None and "seed" in state and state["seed"] == self.seed:
             self._seed_stream.bit_generator.state = state["worker_seeds"]
+        streams = state.get("worker_random_states")
+        # like the worker-seed stream: only a loader of the same seed continues these streams (ranks seeded
+        # apart that resume from one rank's state keep their own, or their workers' transforms would agree)
+        if streams is not None and not self._iterable and state.get("seed", self.seed) == self.seed:
+            if streams["num_workers"] != self.num_workers or bool(streams.get("persistent")) != bool(
+                    self.persistent_workers):
+                warnings.warn(f"DataLoader.load_state_dict: the state was saved with num_workers="
+                              f"{streams['num_workers']} (persistent_workers={bool(streams.get('persistent'))}), "
+                              f"this loader has {self.num_workers} ({bool(self.persistent_workers)}): the workers "
+                              "start with fresh random streams, so random transforms differ from the interrupted "
+                              "run's", stacklevel=2)
+            elif any(s is not None for s in streams["states"]):
+                self._resume_streams = list(streams["states"])
         if state.get("generator") is not None:
             self._generator.bit_generator.state = state["generator"]
         if state.get("sampler") is not None and callable(getattr(self.sampler, "load_state_dict", None)):
@@ -536,13 +564,15 @@ class _MultiProcessIter:
 
     _epochs = itertools.count()
 
-    def __init__(self, loader: DataLoader, pool: WorkerPool, tasks):
+    def __init__(self, loader: DataLoader, pool: WorkerPool, tasks, first_worker: int = 0):
         self._pool, self._tasks = pool, tasks
+        self._loader = loader
         self._owns_pool = pool is not loader._pool
         self._epoch = next(self._epochs)
         n = pool.num_workers
         self._active = [True] * n
-        self._cycle = itertools.cycle(range(n))
+        first = int(first_worker) % n
+        self._cycle = itertools.cycle([*range(first, n), *range(first)])
         self._worker_of: dict[int, int] = {}
         self._buffer: dict = {}
         self._sent = self._received = 0
@@ -576,16 +606,18 @@ class _MultiProcessIter:
         try:
             while self._received < self._sent:
                 if self._received not in self._buffer:
-                    (epoch, index), data = self._pool.get()
+                    (epoch, index), data, streams = self._pool.get()
                     payload = pickle.loads(data)  # trusted: our own worker processes
                     if epoch != self._epoch:
                         discard(payload)
                     else:
-                        self._buffer[index] = payload
+                        self._buffer[index] = (payload, streams)
                     continue
-                payload = self._buffer.pop(self._received)
+                payload, streams = self._buffer.pop(self._received)
                 worker_id = self._worker_of.pop(self._received)
                 self._received += 1
+                if streams is not None and self._loader._worker_streams is not None:
+                    self._loader._worker_streams[worker_id] = streams   # yielded: the state_dict's point
                 if isinstance(payload, IterableEnd):
                     self._active[worker_id] = False
                     self._try_put()
@@ -601,7 +633,7 @@ class _MultiProcessIter:
         raise StopIteration
 
     def _close(self) -> None:
-        for payload in self._buffer.values():
+        for payload, _streams in self._buffer.values():
             discard(payload)
         self._buffer.clear()
         if self._owns_pool:

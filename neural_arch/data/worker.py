@@ -31,7 +31,7 @@ import traceback
 
 import numpy as np
 
-__all__ = ["WorkerInfo", "get_worker_info"]
+__all__ = ["WorkerInfo", "capture_random_state", "get_worker_info", "restore_random_state"]
 
 #: seconds a worker waits on its index queue before checking that the main process is alive
 _POLL_S = 0.5
@@ -124,6 +124,43 @@ class IterableEnd:
     worker_id: int
 
 
+def capture_random_state() -> dict:
+    """The random streams :func:`seed_worker` seeds, as plain data (JSON-serialisable): Python's
+    ``random``, NumPy's legacy global generator and neural_arch's global generator. A worker sends
+    them with every batch, so a loader can resume mid-epoch with each worker's streams where the
+    uninterrupted run had them (:meth:`DataLoader.state_dict`).
+
+    Example::
+
+        >>> state = capture_random_state()
+        >>> import random; before = random.random(); restore_random_state(state)
+        >>> random.random() == before
+        True
+    """
+    from neural_arch.core.rng import get_generator
+
+    version, internal, gauss = random.getstate()
+    legacy = np.random.get_state(legacy=False)
+    return {"random": [version, list(internal), gauss],
+            "numpy": {"key": legacy["state"]["key"].tolist(), "pos": int(legacy["state"]["pos"]),
+                      "has_gauss": int(legacy["has_gauss"]), "gauss": float(legacy["gauss"])},
+            "neural_arch": get_generator().bit_generator.state}
+
+
+def restore_random_state(state: dict) -> None:
+    """Set the streams :func:`capture_random_state` captured (in a worker, after its seeding and
+    ``worker_init_fn``)."""
+    from neural_arch.core.rng import get_generator
+
+    version, internal, gauss = state["random"]
+    random.setstate((version, tuple(internal), gauss))
+    legacy = state["numpy"]
+    np.random.set_state({"bit_generator": "MT19937",
+                         "state": {"key": np.asarray(legacy["key"], dtype=np.uint32), "pos": legacy["pos"]},
+                         "has_gauss": legacy["has_gauss"], "gauss": legacy["gauss"]})
+    get_generator().bit_generator.state = state["neural_arch"]
+
+
 def seed_worker(seed: int) -> None:
     """Seed every random stream a transform might use: Python's, NumPy's legacy global one, ours."""
     from neural_arch.core.rng import manual_seed
@@ -134,12 +171,16 @@ def seed_worker(seed: int) -> None:
 
 
 def worker_loop(worker_id: int, num_workers: int, seed: int, dataset, fetch, make_batches,
-                init_fn, index_queue, result_queue, shm_prefix: str, parent_pid: int) -> None:
+                init_fn, index_queue, result_queue, shm_prefix: str, parent_pid: int,
+                random_state: dict | None = None) -> None:
     """The body of worker ``worker_id``: serve tasks until told to stop (``None``) or orphaned.
 
     A task is ``(key, indices)`` for a map-style dataset (``fetch(indices)`` gives the batch) or
     ``(key, None)`` for an iterable one (the next batch of ``make_batches()``, restarted by a
-    ``("reset", None)`` message at each epoch). Results are ``(key, pickled payload)``.
+    ``("reset", None)`` message at each epoch). Results are ``(key, pickled payload, random
+    state)``: for a map-style batch the worker's random streams right after it was made
+    (:func:`capture_random_state`), else None. ``random_state``: streams to resume from, set
+    after the seeding and ``worker_init_fn`` (a loader resumed mid-epoch).
     """
     from neural_arch.data.shared_batch import pack
 
@@ -154,6 +195,8 @@ def worker_loop(worker_id: int, num_workers: int, seed: int, dataset, fetch, mak
             init_fn(worker_id)
         except Exception as exc:  # noqa: BLE001 - reported with the first task, as torch does
             init_error = ExceptionWrapper(worker_id, exc)
+    if random_state is not None:
+        restore_random_state(random_state)
     batches = None
     counter = 0
     while True:
@@ -170,7 +213,7 @@ def worker_loop(worker_id: int, num_workers: int, seed: int, dataset, fetch, mak
             batches = None
             continue
         if init_error is not None:
-            result_queue.put((key, serialize(worker_id, init_error)))
+            result_queue.put((key, serialize(worker_id, init_error), None))
             continue
         try:
             if indices is not None:
@@ -181,10 +224,12 @@ def worker_loop(worker_id: int, num_workers: int, seed: int, dataset, fetch, mak
                 try:
                     batch = next(batches)
                 except StopIteration:
-                    result_queue.put((key, serialize(worker_id, IterableEnd(worker_id))))
+                    result_queue.put((key, serialize(worker_id, IterableEnd(worker_id)), None))
                     continue
             counter += 1
             payload = pack(batch, f"{shm_prefix}-{worker_id}-{counter}")
         except Exception as exc:  # noqa: BLE001 - the user's dataset may raise anything; the main process re-raises it
             payload = ExceptionWrapper(worker_id, exc)
-        result_queue.put((key, serialize(worker_id, payload)))
+        # where this batch left the worker's random streams (map-style: a resumed epoch restores them)
+        streams = capture_random_state() if indices is not None else None
+        result_queue.put((key, serialize(worker_id, payload), streams))

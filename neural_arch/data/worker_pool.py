@@ -95,15 +95,17 @@ class WorkerPool:
         dataset, fetch, make_batches, init_fn: handed to every worker (see ``worker_loop``).
         context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or a multiprocessing context.
         timeout: seconds :meth:`get` waits for a result (0: forever, still failing on a dead worker).
+        random_states: per worker, the random streams to resume from (None: freshly seeded), see
+            :func:`~neural_arch.data.worker.capture_random_state`.
 
     Example::
 
         pool = WorkerPool(2, base_seed=0, dataset=ds, fetch=fetch, make_batches=None, init_fn=None)
-        pool.put(0, ("key", [0, 1])); key, payload = pool.get(); pool.shutdown()
+        pool.put(0, ("key", [0, 1])); key, payload, streams = pool.get(); pool.shutdown()
     """
 
     def __init__(self, num_workers: int, base_seed: int, dataset, fetch, make_batches, init_fn,
-                 context=None, timeout: float = 0.0):
+                 context=None, timeout: float = 0.0, random_states=None):
         ctx = context if context is not None and not isinstance(context, str) \
             else multiprocessing.get_context(context or default_context())
         self.num_workers = int(num_workers)
@@ -116,7 +118,8 @@ class WorkerPool:
             p = ctx.Process(target=worker_loop, daemon=True, name=f"DataLoader-worker-{worker_id}",
                             args=(worker_id, self.num_workers, base_seed + worker_id, dataset, fetch,
                                   make_batches, init_fn, self.index_queues[worker_id], self.result_queue,
-                                  prefix, os.getpid()))
+                                  prefix, os.getpid(),
+                                  None if random_states is None else random_states[worker_id]))
             p.start()
             self.procs.append(p)
         self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.index_queues, self.result_queue,
@@ -127,7 +130,8 @@ class WorkerPool:
         self.index_queues[worker_id].put(task)
 
     def get(self):
-        """The next result of any worker; raises if a worker died or ``timeout`` passed."""
+        """The next result of any worker, ``(key, pickled payload, random state)``; raises if a
+        worker died or ``timeout`` passed."""
         deadline = time.monotonic() + self.timeout if self.timeout > 0 else None
         while True:
             wait = _CHECK_S if deadline is None else min(_CHECK_S, deadline - time.monotonic())
