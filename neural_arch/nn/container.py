@@ -51,8 +51,8 @@ class _IndexedContainer(Module):
         if isinstance(idx, slice):
             picked = list(self._modules.items())[idx]
             if isinstance(self, Sequential):
-                return Sequential(OrderedDict(picked)) if not self._numbered() else \
-                    Sequential(*[m for _, m in picked])
+                # torch keeps the original keys: model[2:].state_dict() names "2.weight" as model does
+                return Sequential(OrderedDict(picked))
             return type(self)([m for _, m in picked])
         return list(self._modules.values())[self._index(idx)]
 
@@ -72,21 +72,66 @@ class _IndexedContainer(Module):
 
     def __delitem__(self, idx) -> None:
         items = list(self._modules.items())
+        if not isinstance(idx, slice):
+            idx = self._index(idx)   # a clear IndexError naming the container, a float a TypeError
         del items[idx]
         self._rebuild(items)
 
+    def _next_key(self) -> str:
+        """``str(len(self))`` as torch, or past the largest number when a slice kept higher keys (torch
+        would replace the child already under that key)."""
+        key = str(len(self._modules))
+        if key in self._modules:
+            key = str(max(int(k) for k in self._modules if k.isdigit()) + 1)
+        return key
+
     def append(self, module: Module):
-        self.add_module(str(len(self._modules)), _check_module(module, f"{type(self).__name__}.append"))
+        self.add_module(self._next_key(), _check_module(module, f"{type(self).__name__}.append"))
         return self
 
+    def pop(self, idx: int = -1) -> Module:
+        """Remove and return the child at ``idx`` (numbered containers are renumbered, as torch).
+
+        Example::
+
+            >>> from neural_arch import nn
+            >>> layers = nn.ModuleList([nn.ReLU(), nn.Tanh()])
+            >>> type(layers.pop(0)).__name__, list(layers._modules)
+            ('ReLU', ['0'])
+        """
+        module = self[idx]
+        del self[idx]
+        return module
+
+    def __iadd__(self, modules: Iterable[Module]):
+        return self.extend(modules)
+
+    def __add__(self, other):
+        """A new container holding this one's children, then ``other``'s (torch's ``+``)."""
+        if isinstance(self, Sequential):
+            if not isinstance(other, Sequential):
+                return NotImplemented
+            return Sequential(*self, *other)
+        if isinstance(other, (str, bytes, Mapping)) or not hasattr(other, "__iter__"):
+            return NotImplemented   # torch's ModuleList + any iterable of modules
+        return type(self)([*self, *other])
+
     def extend(self, modules: Iterable[Module]):
-        for m in modules:
+        if isinstance(modules, Module) and not isinstance(modules, _IndexedContainer):
+            raise TypeError(f"{type(self).__name__}.extend needs an iterable of modules, got one "
+                            f"{type(modules).__name__}: use append()")
+        for m in list(modules):   # a list first: extending a container by itself must not loop forever
             self.append(m)
         return self
 
     def insert(self, index: int, module: Module) -> None:
         if not self._numbered():
             raise TypeError(f"insert() needs a numbered {type(self).__name__}; use add_module(name, module)")
+        index = operator.index(index)
+        n = len(self._modules)
+        if isinstance(self, Sequential) and not -n <= index <= n:
+            # torch's Sequential.insert: out of range is an IndexError, not an append
+            raise IndexError(f"Sequential.insert: index {index} is out of range for length {n}")
         items = list(self._modules.items())
         items.insert(index, ("", _check_module(module, f"{type(self).__name__}.insert")))
         self._rebuild(items)
@@ -193,10 +238,31 @@ class ModuleDict(Module):
     def pop(self, key: str) -> Module:
         return self._modules.pop(key)
 
+    def clear(self) -> None:
+        """Remove every module."""
+        self._modules.clear()
+
     def update(self, modules) -> None:
-        items = modules.items() if isinstance(modules, Mapping) else modules
-        for key, m in items:
-            self[key] = m
+        """Add or replace modules from a mapping, a ``ModuleDict`` or an iterable of ``(key, module)`` pairs.
+
+        Example::
+
+            >>> from neural_arch import nn
+            >>> heads = nn.ModuleDict({"cls": nn.Linear(4, 3)})
+            >>> heads.update(nn.ModuleDict({"reg": nn.Linear(4, 1)})); list(heads)
+            ['cls', 'reg']
+        """
+        if isinstance(modules, (Mapping, ModuleDict)):
+            for key, m in list(modules.items()):
+                self[key] = m
+            return
+        if isinstance(modules, (str, bytes)) or not hasattr(modules, "__iter__"):
+            raise TypeError(f"ModuleDict.update needs a mapping or an iterable of (key, module) pairs, "
+                            f"got {type(modules).__name__}")
+        for i, pair in enumerate(list(modules)):
+            if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2:
+                raise ValueError(f"ModuleDict update sequence element #{i} is not a (key, module) pair: {pair!r}")
+            self[pair[0]] = pair[1]
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError("ModuleDict has no forward(); index it in your model's forward")
