@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import inspect
 import itertools
 import threading
 import weakref
@@ -93,12 +94,47 @@ class _GradMode:
         return self.__class__()
 
     def __call__(self, func):
-        @functools.wraps(func)
-        def wrapper(*args, **kwargs):
-            with self._fresh():
-                return func(*args, **kwargs)
+        return _decorate(func, self._fresh)
 
-        return wrapper
+
+def _decorate(func, make_context):
+    """``func`` run under a fresh grad-mode context from ``make_context()`` at every call.
+
+    A generator function gets the mode around each of its resumptions, as in torch: wrapping
+    only the call would exit the context as soon as the generator object is made, and its body
+    would then run (and record graphs) in whatever mode the caller happens to be in.
+    """
+    if inspect.isgeneratorfunction(func):
+        @functools.wraps(func)
+        def generator_wrapper(*args, **kwargs):
+            gen = func(*args, **kwargs)
+            try:
+                with make_context():
+                    request = next(gen)
+                while True:
+                    try:
+                        response = yield request
+                    except GeneratorExit:
+                        with make_context():
+                            gen.close()
+                        raise
+                    except BaseException as exc:  # noqa: BLE001 - thrown into us: the generator decides
+                        with make_context():
+                            request = gen.throw(exc)
+                    else:
+                        with make_context():
+                            request = gen.send(response)
+            except StopIteration as stop:
+                return stop.value
+
+        return generator_wrapper
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        with make_context():
+            return func(*args, **kwargs)
+
+    return wrapper
 
 
 class _NoArgGradMode(_GradMode):
@@ -184,6 +220,11 @@ class set_grad_enabled(_GradMode):
         False
         >>> is_grad_enabled()
         True
+        >>> @set_grad_enabled(False)          # as a decorator: only inside the calls
+        ... def mode():
+        ...     return is_grad_enabled()
+        >>> mode(), is_grad_enabled()
+        (False, True)
     """
 
     def __init__(self, mode: bool):
@@ -196,15 +237,14 @@ class set_grad_enabled(_GradMode):
     def __enter__(self):
         return self
 
-    def __call__(self, func):  # pragma: no cover - rarely used as decorator
+    def __call__(self, func):
+        # ``__init__`` already switched the mode; as a decorator (``@set_grad_enabled(False)``)
+        # nothing will ever exit, so put the mode back now, as torch does, or decorating a
+        # function would silently switch graph recording off for the rest of the program.
+        global _grad_enabled
+        _grad_enabled = self._prev
         mode = self._mode
-
-        @functools.wraps(func)
-        def wrapper(*args, **kwargs):
-            with set_grad_enabled(mode):
-                return func(*args, **kwargs)
-
-        return wrapper
+        return _decorate(func, lambda: set_grad_enabled(mode))
 
 
 # --------------------------------------------------------------------------------------------
@@ -332,15 +372,24 @@ def next_seq() -> int:
 # the owner's id. Nothing is stored per tensor or per op output: only in-place
 # writes and the ops that save a constant input for backward touch the dict.
 #
+# Everything else a backward reads (tensors that require grad, changed under ``no_grad``: an
+# optimizer step taken between forward and backward; an op's own result that its backward reads,
+# as exp/tanh/division do) is checked another way, so that recording an op costs nothing more:
+# every write also stamps the owner with a number from the node counter, and a node refuses to run
+# when an array its backward closure holds was stamped after the node was made. Both checks run
+# only for nodes older than the latest write anywhere (one comparison per node otherwise).
+#
 # Not covered (documented limits): writes through ``.data`` or straight NumPy calls (torch does not
-# count ``.data`` writes either); tensors that require grad (in-place changes to them are refused
-# while grad mode is on, but an update under ``no_grad`` between forward and backward, e.g. an
-# optimizer step taken too early, is not detected); gradients accumulated into ``.grad``.
+# count ``.data`` writes either; the optimizers update ``p.data`` this way); gradients accumulated
+# into ``.grad``.
 #
 # An owner's entry is dropped when the owner dies (a weakref callback), so a later array that
 # reuses its id starts again at 0; an owner that takes no weak reference keeps its entry (a stale
 # count is harmless: a node holds the array it saved, so the id cannot be reused before the check).
 _versions: dict = {}
+# owner id -> node-counter number of its latest recorded write; the largest of them all
+_written: dict = {}
+_last_write = -1
 
 
 def _owner(arr):
@@ -373,6 +422,7 @@ def version_of(arr) -> int:
 
 def _forget(key: int) -> None:
     _versions.pop(key, None)
+    _written.pop(key, None)
 
 
 def bump_version(arr, to: int | None = None) -> None:
@@ -397,7 +447,13 @@ def bump_version(arr, to: int | None = None) -> None:
         except TypeError:  # bytes, mmap and the like take no weak reference: keep the entry
             pass
         cur = 0
-    _versions[key] = cur + 1 if to is None else to
+    if to is None:
+        _versions[key] = cur + 1
+        # the memory changed: stamp it later than every node recorded so far
+        global _last_write
+        _last_write = _written[key] = next(_seq)
+    else:  # a count carried over to a new array (in-place on a constant rebinds it): no write
+        _versions[key] = to
 
 
 def saved_versions(tensors) -> tuple | None:
@@ -431,13 +487,61 @@ _MODIFIED_MSG = (
 )
 
 
-def _check_saved_entries(name: str, saved: tuple) -> None:
-    """Raise torch's error when an array that node ``name`` saved was written in place since."""
-    for arr, then in saved:
-        now = _versions.get(id(_owner(arr)), 0)
-        if now != then:
-            raise RuntimeError(_MODIFIED_MSG.format(
-                dtype=arr.dtype, shape=list(arr.shape), name=name, now=now, then=then))
+_MODIFIED_LATER_MSG = (
+    "one of the variables needed for gradient computation has been modified by an inplace "
+    "operation: [{dtype} array of shape {shape}], read by {name}Backward, was written in place "
+    "(under no_grad) after that op ran; it is at version {now}. Hint: an optimizer step or a "
+    "parameter update between forward and backward, or an in-place change to an op's result, "
+    "does this; make it after backward, or change a copy (t = t.clone())"
+)
+
+
+def _closure_arrays(fn, depth: int = 3):
+    """The arrays a backward closure ``fn`` holds: its cells' arrays, tensors' arrays, those in
+    tuples/lists there, and (``depth`` deep) those of the functions it holds."""
+    cells = getattr(fn, "__closure__", None)
+    if not cells:
+        return
+    for cell in cells:
+        try:
+            v = cell.cell_contents
+        except ValueError:  # a cell not filled yet
+            continue
+        for item in (v if type(v) in (tuple, list) else (v,)):
+            if hasattr(item, "grad_fn") and hasattr(item, "data"):  # a Tensor: its array
+                item = item.data
+            if getattr(item, "__array_priority__", None) is not None and hasattr(item, "base"):
+                yield item  # an ndarray or a device array (NumPy scalars have no .base)
+            elif depth > 1 and getattr(item, "__closure__", None):
+                yield from _closure_arrays(item, depth - 1)
+
+
+def _check_saved_entries(node, fn, saved) -> None:
+    """Raise torch's error when an array ``node``'s backward reads was written in place after
+    the node was recorded (only called when some write came after it, see ``_written``):
+
+    * a constant the op declared (``Node(saved=...)``): its version moved;
+    * any array the backward closure ``fn`` holds (an input that requires grad, changed under
+      ``no_grad``: a parameter updated between forward and backward; the op's own result, which
+      exp, tanh, sigmoid, softmax and division read; an array derived from them): stamped since.
+
+    The second rule is wider than torch's: an op whose closure holds an input only for its shape or
+    array module (sum, mean, indexing, concatenation) also refuses a change to it that torch lets
+    pass. An error where torch computes is the price of never computing from changed values.
+    """
+    name = node.name
+    if saved is not None:
+        for arr, then in saved:
+            now = _versions.get(id(_owner(arr)), 0)
+            if now != then:
+                raise RuntimeError(_MODIFIED_MSG.format(
+                    dtype=arr.dtype, shape=list(arr.shape), name=name, now=now, then=then))
+    seq = node.seq
+    for arr in _closure_arrays(fn):
+        key = id(_owner(arr))
+        if _written.get(key, -1) > seq:
+            raise RuntimeError(_MODIFIED_LATER_MSG.format(
+                dtype=arr.dtype, shape=list(arr.shape), name=name, now=_versions.get(key, 0)))
 
 
 _FREED_MSG = (
@@ -501,6 +605,13 @@ def _run_tensor_hooks(hooks: dict, g, make_tensor):
                 raise RuntimeError(
                     f"gradient hook returned shape {tuple(r.shape)}, expected {tuple(gt.shape)}"
                 )
+            if r.dtype != gt.dtype:
+                # torch refuses too: a silent cast would round a float64 gradient through the
+                # hook's float32 (or feed a float32 one into a float64 graph)
+                raise RuntimeError(
+                    f"gradient hook {getattr(h, '__name__', h)!r} changed the gradient's dtype from "
+                    f"{gt.dtype} to {r.dtype}; return a tensor of the same dtype (e.g. g.to(g.dtype))"
+                )
             gt = r
             replaced = True
     return gt.data, replaced
@@ -508,14 +619,17 @@ def _run_tensor_hooks(hooks: dict, g, make_tensor):
 
 def _finalize_leaf(t, g, owned, make_tensor):
     """Give leaf ``t`` its complete gradient for this backward: hooks, accumulate, post-hooks."""
+    data = t.data
+    # cast before the hooks: a hook sees the gradient in the leaf's dtype, as in torch
+    if isinstance(g, np.generic) or getattr(g, "dtype", None) != data.dtype:
+        g = np.asarray(g, dtype=data.dtype) if isinstance(g, np.generic) else g.astype(data.dtype)
+        owned = True
     if t._hooks:
         g, replaced = _run_tensor_hooks(t._hooks, g, make_tensor)
         if replaced:
             owned = False
-    data = t.data
-    if isinstance(g, np.generic) or getattr(g, "dtype", None) != data.dtype:
-        g = np.asarray(g, dtype=data.dtype) if isinstance(g, np.generic) else g.astype(data.dtype)
-        owned = True
+            if isinstance(g, np.generic):  # a hook's 0-d result may be a NumPy scalar
+                g, owned = np.asarray(g), True
     if g.shape != data.shape:
         # Only reachable through a user-given root gradient or a hook; torch would error too.
         raise RuntimeError(f"gradient shape {g.shape} does not match tensor shape {data.shape}")
@@ -544,10 +658,12 @@ def _accumulate(bufs, key, g, fresh):
         entry[1] = True
 
 
-def run_backward(root, grad, retain_graph: bool, make_tensor) -> None:
+def run_backward(root, grad, retain_graph: bool, make_tensor, inputs=None) -> None:
     """Backpropagate ``grad`` (an array shaped like ``root``) through the graph ending at ``root``.
 
     ``make_tensor(array)`` wraps an array into a (non-grad) Tensor for hooks and ``.grad``.
+    ``inputs`` (``backward(inputs=...)``): None, or the tensors that alone get ``.grad``; a
+    non-leaf among them keeps its gradient as with ``retain_grad()``.
 
     Example::
 
@@ -564,14 +680,25 @@ def run_backward(root, grad, retain_graph: bool, make_tensor) -> None:
     prev_mode = _grad_enabled
     _grad_enabled = False  # hooks may use Tensor ops; they must not build graphs
     ok = False
+    only = None
+    retained = ()
+    if inputs is not None:
+        only = {id(t) for t in inputs if t.grad_fn is None}
+        # a non-leaf input keeps its gradient for this call the way retain_grad() does
+        retained = [(t.grad_fn, t.grad_fn.retain) for t in inputs if t.grad_fn is not None]
+        for node, _ in retained:
+            node.retain = weakref.ref(next(t for t in inputs if t.grad_fn is node))
     try:
         root_node = root.grad_fn
         if root_node is None:
-            _finalize_leaf(root, grad, False, make_tensor)
+            if only is None or id(root) in only:
+                _finalize_leaf(root, grad, False, make_tensor)
         else:
-            _execute(root_node, grad, retain_graph, make_tensor)
+            _execute(root_node, grad, retain_graph, make_tensor, only)
         ok = True
     finally:
+        for node, before in retained:
+            node.retain = before
         _grad_enabled = prev_mode
         stack.pop()
     if ok:
@@ -586,7 +713,7 @@ def run_backward(root, grad, retain_graph: bool, make_tensor) -> None:
             stack.pop()
 
 
-def _execute(root_node, grad, retain_graph, make_tensor):
+def _execute(root_node, grad, retain_graph, make_tensor, only=None):
     # 1) Discover the reachable graph, counting how many gradient contributions each node and
     #    each leaf will receive. A leaf is final (and its hooks fire) as soon as its count is 0.
     if root_node.fn is None:
@@ -650,11 +777,11 @@ def _execute(root_node, grad, retain_graph, make_tensor):
                     leaf_count[k] = c
                     if c == 0:
                         e = leaf_bufs.pop(k, None)
-                        if e is not None:
+                        if e is not None and (only is None or k in only):
                             _finalize_leaf(p, e[0], e[1], make_tensor)
             continue
-        if saved is not None:
-            _check_saved_entries(n.name, saved)
+        if n.seq < _last_write:  # something was written in place since this node ran
+            _check_saved_entries(n, fn, saved)
         g = entry[0]
         if n.hooks:
             g, replaced = _run_tensor_hooks(n.hooks, g, make_tensor)
@@ -704,5 +831,5 @@ def _execute(root_node, grad, retain_graph, make_tensor):
                 leaf_count[k] = c
                 if c == 0:
                     e = leaf_bufs.pop(k, None)
-                    if e is not None:
+                    if e is not None and (only is None or k in only):
                         _finalize_leaf(p, e[0], e[1], make_tensor)

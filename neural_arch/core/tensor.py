@@ -193,7 +193,21 @@ class Tensor:
         return self
 
     def retain_grad(self) -> None:
-        """Also keep ``.grad`` for this non-leaf tensor after backward."""
+        """Also keep ``.grad`` for this non-leaf tensor after backward (a no-op on leaves).
+
+        Example::
+
+            >>> import neural_arch as na
+            >>> y = na.ones(2, requires_grad=True) * 3
+            >>> y.retain_grad()
+            >>> (y * y).sum().backward()
+            >>> y.grad.tolist()
+            [6.0, 6.0]
+        """
+        if not self.requires_grad:
+            # torch's error: there will never be a gradient to keep, and a silent no-op would
+            # leave .grad None with no hint why
+            raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
         if self.grad_fn is None:
             return
         self.grad_fn.retain = weakref.ref(self)
@@ -380,41 +394,73 @@ class Tensor:
         return (_rebuild_tensor, (type(self), self.data, leaf_rg, self._grad, state))
 
     # ------------------------------------------------------------------ autograd entry points
-    def backward(self, grad=None, retain_graph: bool = False) -> None:
+    def backward(self, gradient=None, retain_graph=None, create_graph: bool = False, inputs=None,
+                 *, grad=None) -> None:
         """Compute gradients of this tensor w.r.t. graph leaves and accumulate them in ``.grad``.
 
-        ``grad`` defaults to 1 for single-element tensors; other shapes need an explicit ``grad``.
-        The graph is freed afterwards unless ``retain_graph=True``.
+        torch's signature: ``gradient`` defaults to 1 for single-element tensors; other shapes need
+        one (a Tensor, array or number, cast to this tensor's dtype). The graph is freed afterwards
+        unless ``retain_graph=True``. ``inputs`` (a tensor or a sequence of them) limits the
+        accumulation to those tensors; a non-leaf among them gets ``.grad`` as with
+        ``retain_grad()``. ``create_graph=True`` (higher-order gradients) is not supported: the
+        backward formulas compute on arrays, so it raises rather than return a gradient without a
+        graph. ``grad=`` is the older name of ``gradient``.
+
+        Example::
+
+            >>> import neural_arch as na
+            >>> w = na.ones(2, requires_grad=True)
+            >>> b = na.ones(2, requires_grad=True)
+            >>> (w * 3 + b).backward(gradient=na.tensor([1.0, 2.0]), inputs=[w])
+            >>> w.grad.tolist(), b.grad
+            ([3.0, 6.0], None)
         """
+        if grad is not None:
+            if gradient is not None:
+                raise TypeError("backward(): pass the gradient once, as gradient= (grad= is its older name)")
+            gradient = grad
+        if create_graph:
+            raise NotImplementedError(
+                "backward(create_graph=True): higher-order gradients are not supported here (backward "
+                "formulas compute on arrays, so the gradient would have no graph); compute the second "
+                "derivative analytically or by finite differences of first derivatives"
+            )
         if not self.requires_grad:
             raise RuntimeError(
                 "backward() called on a tensor that does not require grad: none of its inputs had "
                 "requires_grad=True (or it was computed under no_grad())"
             )
+        if inputs is not None:
+            inputs = _check_backward_inputs(inputs)
         xp = _backend.get_array_module(self.data)
-        if grad is None:
+        if gradient is None:
             if self.data.size != 1:
                 raise RuntimeError(
-                    f"backward() without a grad argument needs a single-element output, got shape "
-                    f"{self.shape}; pass grad=<tensor of that shape> (e.g. ones)"
+                    f"backward() without a gradient argument needs a single-element output, got shape "
+                    f"{self.shape}; pass gradient=<tensor of that shape> (e.g. ones)"
                 )
             g = xp.ones(self.data.shape, dtype=self.data.dtype)
         else:
-            g = grad.data if isinstance(grad, Tensor) else xp.asarray(grad, dtype=self.data.dtype)
+            g = gradient.data if isinstance(gradient, Tensor) else xp.asarray(gradient, dtype=self.data.dtype)
+            if g.dtype != self.data.dtype:
+                # as torch: the gradient takes the output's dtype before anything reads it (a
+                # float32 gradient would otherwise run a float64 graph's backward in float32 steps)
+                g = g.astype(self.data.dtype)
             if g.shape != self.data.shape:
                 if g.size == self.data.size == 1:
                     g = g.reshape(self.data.shape)
                 else:
                     raise RuntimeError(
-                        f"backward(grad): grad has shape {g.shape}, expected {self.data.shape}"
+                        f"backward(gradient): gradient has shape {g.shape}, expected {self.data.shape}"
                     )
-        _ag.run_backward(self, g, retain_graph, Tensor._wrap)
+        _ag.run_backward(self, g, bool(retain_graph), Tensor._wrap, inputs)
 
     def register_hook(self, fn) -> RemovableHandle:
         """Call ``fn(grad)`` when the gradient w.r.t. this tensor is complete in a backward.
 
         For leaves it runs before the gradient is accumulated into ``.grad``. If ``fn`` returns a
-        Tensor, that replaces the gradient. Returns a handle with ``.remove()``.
+        Tensor, that replaces the gradient (it must keep the gradient's shape and dtype, as in
+        torch). Returns a handle with ``.remove()``.
         """
         if not self.requires_grad:
             raise RuntimeError("cannot register a hook on a tensor that does not require grad")
@@ -445,6 +491,24 @@ class Tensor:
         if self._post_hooks is None:
             self._post_hooks = {}
         return _ag.add_hook(self._post_hooks, fn)
+
+
+def _check_backward_inputs(inputs) -> list:
+    """``backward(inputs=...)`` as a list of tensors, with torch's errors for bad entries."""
+    if isinstance(inputs, Tensor):
+        inputs = [inputs]
+    else:
+        inputs = list(inputs)
+    if not inputs:
+        raise RuntimeError("`inputs` argument to `backward()` cannot be empty.")
+    for i, t in enumerate(inputs):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"backward(inputs=...): entry {i} is a {type(t).__name__}, not a Tensor")
+        if not t.requires_grad:
+            raise RuntimeError(
+                f"backward(inputs=...): entry {i} does not require grad, so it can get no gradient"
+            )
+    return inputs
 
 
 def _rebuild_tensor(cls, data, requires_grad, grad, state):
