@@ -644,6 +644,13 @@ class Module:
     def __call__(self, *args, **kwargs):
         if not (self._forward_pre_hooks or self._forward_hooks or _GLOBAL_FORWARD_PRE_HOOKS):
             return self.forward(*args, **kwargs)  # the common case: no hook bookkeeping at all
+        args, kwargs = self._call_forward_pre_hooks(args, kwargs)
+        out = self.forward(*args, **kwargs)
+        return self._call_forward_hooks(args, kwargs, out)
+
+    def _call_forward_pre_hooks(self, args: tuple, kwargs: dict) -> tuple:
+        """The global and this module's forward pre-hooks, in order: ``(args, kwargs)`` as they left
+        them (also what activation checkpointing's recomputation runs, ``utils.checkpoint``)."""
         with_kwargs = getattr(self, "_forward_pre_hooks_with_kwargs", ())
         for hook in list(_GLOBAL_FORWARD_PRE_HOOKS.values()):
             result = hook(self, args)
@@ -662,7 +669,10 @@ class Module:
             result = hook(self, args)
             if result is not None:
                 args = result if isinstance(result, tuple) else (result,)
-        out = self.forward(*args, **kwargs)
+        return args, kwargs
+
+    def _call_forward_hooks(self, args: tuple, kwargs: dict, out):
+        """This module's forward hooks, in order: the output as they left it."""
         with_kwargs = getattr(self, "_forward_hooks_with_kwargs", ())
         for key, hook in list(self._forward_hooks.items()):
             result = hook(self, args, kwargs, out) if key in with_kwargs else hook(self, args, out)

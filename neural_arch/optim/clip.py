@@ -67,7 +67,7 @@ def _nonfinite_error(total) -> RuntimeError:
 
 
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
-                    error_if_nonfinite: bool = False):
+                    error_if_nonfinite: bool = False, foreach: bool | None = None):
     """Scale all gradients in place so their joint ``norm_type``-norm is at most ``max_norm``.
 
     Returns the total norm *before* clipping: a Python float for NumPy gradients, a 0-d Tensor on
@@ -75,7 +75,9 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     (``error_if_nonfinite=True`` has to read it: one sync). ``norm_type`` may be ``inf``. The
     scale is ``min(1, max_norm / (total + 1e-6))``, like torch. Sharded gradients (FSDP, ZeRO-2)
     give the global norm over their ranks (a collective; a Python float on NumPy, a 0-d device Tensor
-    without a host synchronisation on a device), see the module docstring.
+    without a host synchronisation on a device), see the module docstring. ``foreach``: torch's
+    choice of kernel (the same values either way); accepted, and the gradients are always grouped
+    by dtype here.
 
     Example::
 
@@ -84,7 +86,7 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
         >>> from neural_arch.core.tensor import Tensor
         >>> p = nn.Parameter(np.zeros(2))
         >>> p.grad = Tensor(np.array([3.0, 4.0]))
-        >>> float(optim.clip_grad_norm_([p], max_norm=1.0)), p.grad.data.round(3).tolist()
+        >>> float(optim.clip_grad_norm_([p], max_norm=1.0, foreach=True)), p.grad.data.round(3).tolist()
         (5.0, [0.6, 0.8])
     """
     params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
@@ -217,8 +219,9 @@ def _clip_device(grads, max_norm: float, norm_type: float, error_if_nonfinite: b
     return Tensor._wrap(total)
 
 
-def clip_grad_value_(parameters, clip_value: float) -> None:
-    """Clamp every gradient element into ``[-clip_value, clip_value]`` in place.
+def clip_grad_value_(parameters, clip_value: float, foreach: bool | None = None) -> None:
+    """Clamp every gradient element into ``[-clip_value, clip_value]`` in place (``foreach``:
+    torch's choice of kernel, accepted; the same values either way).
 
     Example::
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from neural_arch import backend as _backend
-from neural_arch.core.autograd import RemovableHandle, add_hook
+from neural_arch.core.autograd import RemovableHandle, add_hook, bump_version
 from neural_arch.core.tensor import Tensor
 
 __all__ = ["Optimizer", "ParamState", "register_optimizer_step_pre_hook", "required"]
@@ -62,16 +62,27 @@ def _with_step_pre_hooks(step):
                 if replaced is not None:
                     args, kwargs = replaced
         swapped = _hyperparameters_as_numbers(self.param_groups)
-        if not swapped:
-            return step(self, *args, **kwargs)
         try:
             return step(self, *args, **kwargs)
         finally:
             for group, key, value in swapped:  # the caller's tensors stay in the groups, as in torch
                 group[key] = value
+            _count_the_writes(self.param_groups)
 
     hooked_step._runs_step_pre_hooks = True
     return hooked_step
+
+
+def _count_the_writes(groups) -> None:
+    """An optimizer step writes its parameters' arrays in place through NumPy, which the core's
+    version counters cannot see: count one write per parameter that had a gradient, as torch's
+    in-place updates do. A graph recorded before the step then raises torch's "modified by an
+    inplace operation" at backward instead of mixing the old and the new weights into a gradient
+    (a forward, a step, then the backward of that forward)."""
+    for group in groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                bump_version(p.data)
 
 
 #: hyper-parameter types used as they are (the common case: one set lookup per value)

@@ -243,15 +243,12 @@ def checkpoint_wrapper(module, only_if=None, **checkpoint_kwargs):
         # unit's parameters and frees them again.
         if not is_backward_running():
             return orig(*args, **kwargs)
-        for hook in list(module._forward_pre_hooks.values()):
-            result = hook(module, args)
-            if result is not None:
-                args = result if isinstance(result, tuple) else (result,)
+        # for their side effects only (FSDP's re-gather and free), through the module's own hook runner
+        # (hooks registered with_kwargs get (args, kwargs)): what they return was applied around the
+        # first forward, outside this function -- applied again, the recomputation would differ from it
+        module._call_forward_pre_hooks(args, kwargs)
         out = orig(*args, **kwargs)
-        for hook in list(module._forward_hooks.values()):
-            result = hook(module, args, out)
-            if result is not None:
-                out = result
+        module._call_forward_hooks(args, kwargs, out)
         return out
 
     def forward(*args, **kwargs):

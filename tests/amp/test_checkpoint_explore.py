@@ -191,3 +191,40 @@ def test_a_constant_argument_changed_in_place_before_backward_is_torchs_error():
     x.add_(1.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation.*CheckpointBackward"):
         y.backward()
+
+
+def test_the_recomputation_runs_hooks_registered_with_kwargs_as_the_forward_does():
+    """``register_forward_(pre_)hook(..., with_kwargs=True)`` hooks get ``(module, args, kwargs[, out])``:
+    the recomputation inside backward called every hook as ``hook(module, args)`` (a TypeError there).
+    And the recomputation applied what hooks return a second time (the first forward applied it around
+    the checkpointed function): a forward hook that doubles the output doubled the recomputed one, and
+    the gradients came out doubled. Now the hooks run there for their side effects only."""
+    from neural_arch import nn
+    from neural_arch.utils.checkpoint import checkpoint_wrapper
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 2, dtype=np.float64)
+
+        def forward(self, x, scale=1.0):
+            return self.lin(x) * scale
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 3))
+    grads, calls = [], []
+    for wrapped in (False, True):
+        m = Scaled()
+        m.lin.weight.data[...] = rng.normal(size=(2, 3)) if not grads else grads[0][1]
+        m.lin.bias.data[...] = 0.5
+        m.register_forward_pre_hook(lambda mod, a, k: (a, {"scale": 3.0}), with_kwargs=True)
+        m.register_forward_pre_hook(lambda mod, a: (a[0] * 2.0,))        # applied twice: x * 4
+        m.register_forward_hook(lambda mod, a, k, out: calls.append(k["scale"]) or out * 2.0, with_kwargs=True)
+        if wrapped:
+            checkpoint_wrapper(m)
+        xt = Tensor(x, requires_grad=True)
+        m(xt, scale=1.0).sum().backward()
+        grads.append((xt.grad.data.copy(), m.lin.weight.data.copy(), m.lin.weight.grad.data.copy()))
+    np.testing.assert_allclose(grads[1][0], grads[0][0], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(grads[1][2], grads[0][2], rtol=0, atol=1e-12)
+    assert calls == [3.0, 3.0, 3.0]      # plain forward; checkpointed forward and its recomputation
