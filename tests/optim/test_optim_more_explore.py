@@ -404,3 +404,36 @@ def test_empty_parameter_is_left_alone_quietly():
             warnings.simplefilter("error")
             cls([e, w], lr=0.1).step()
         assert e.data.shape == (0, 3) and np.isfinite(w.data).all()
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop"])
+def test_a_step_between_forward_and_backward_is_torchs_error_not_a_mixed_gradient(name):
+    """The step writes the parameters' arrays through NumPy; it counts as an in-place write (as torch's
+    in-place updates do), so the backward of a forward recorded before it raises instead of reading the
+    updated weight for the input's gradient (x.grad came out 0.5 where it is 1)."""
+    from neural_arch import optim
+    from neural_arch.core.tensor import Tensor
+
+    w = Tensor(np.ones(3), requires_grad=True)
+    x = Tensor(np.full(3, 2.0), requires_grad=True)
+    opt = getattr(optim, name)([w], lr=0.5)
+    w.grad = Tensor(np.ones(3))
+    loss = (w * x).sum()
+    opt.step()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    opt.zero_grad()
+    loss = (w * x).sum()          # a forward after the step: its backward is fine
+    loss.backward()
+    np.testing.assert_array_equal(x.grad.data, w.data)
+
+
+def test_clip_grad_takes_torchs_foreach_argument():
+    from neural_arch import nn, optim
+    from neural_arch.core.tensor import Tensor
+
+    p = nn.Parameter(np.zeros(2))
+    p.grad = Tensor(np.array([3.0, 4.0]))
+    assert optim.clip_grad_norm_([p], 1.0, foreach=False) == 5.0
+    optim.clip_grad_value_([p], 0.5, foreach=True)
+    np.testing.assert_allclose(p.grad.data, [0.5, 0.5])
