@@ -149,7 +149,13 @@ def capture_random_state() -> dict:
 
 def restore_random_state(state: dict) -> None:
     """Set the streams :func:`capture_random_state` captured (in a worker, after its seeding and
-    ``worker_init_fn``)."""
+    ``worker_init_fn``).
+
+    Example::
+
+        state = capture_random_state()      # in a worker, after a batch (sent with it)
+        restore_random_state(state)         # in a resumed worker: its transforms draw on from there
+    """
     from neural_arch.core.rng import get_generator
 
     version, internal, gauss = state["random"]
