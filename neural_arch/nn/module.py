@@ -728,6 +728,46 @@ class Module:
         """
         return self._add_forward_hook("_forward_hooks", "_forward_hooks_with_kwargs", hook, prepend, with_kwargs)
 
+    def register_full_backward_hook(self, hook, prepend: bool = False) -> RemovableHandle:
+        """Call ``hook(module, grad_input, grad_output)`` once the gradients with respect to this
+        module's inputs are computed in a backward (tuples of Tensors, None where an input needs no
+        gradient); a non-None return replaces ``grad_input``. torch's semantics and limits:
+        :mod:`neural_arch.nn.backward_hooks`.
+
+        Example::
+
+            >>> import neural_arch as na
+            >>> from neural_arch import nn
+            >>> double = nn.Identity()
+            >>> h = double.register_full_backward_hook(lambda m, gin, gout: (gin[0] * 2,))
+            >>> x = na.ones(2, requires_grad=True)
+            >>> double(x).sum().backward()
+            >>> x.grad.tolist()
+            [2.0, 2.0]
+        """
+        from neural_arch.nn.backward_hooks import BackwardHooks
+
+        return BackwardHooks.of(self).add(hook, pre=False, prepend=prepend)
+
+    def register_full_backward_pre_hook(self, hook, prepend: bool = False) -> RemovableHandle:
+        """Call ``hook(module, grad_output)`` when the gradient with respect to this module's output
+        arrives in a backward, before the module's own backward; a non-None return replaces it.
+
+        Example::
+
+            >>> import neural_arch as na
+            >>> from neural_arch import nn
+            >>> lin = nn.Identity()
+            >>> h = lin.register_full_backward_pre_hook(lambda m, gout: (gout[0] * 0,))
+            >>> x = na.ones(2, requires_grad=True)
+            >>> lin(x).sum().backward()
+            >>> x.grad.tolist()
+            [0.0, 0.0]
+        """
+        from neural_arch.nn.backward_hooks import BackwardHooks
+
+        return BackwardHooks.of(self).add(hook, pre=True, prepend=prepend)
+
     def extra_repr(self) -> str:
         """One line of constructor arguments shown by ``repr`` (override in layers)."""
         return ""
