@@ -85,10 +85,114 @@ from .core.factory import (
     zeros_like,
 )
 from .core.generator import Generator
-from .core.ops_activation import masked_fill
-from .core.ops_basic import remainder
-from .core.ops_reduce import cumsum, logsumexp, norm, prod, return_types
-from .core.ops_shape import cat, concatenate, gather, index_select, scatter_add, stack, tril, triu
+
+# torch's top-level functions (``torch.exp(x)``, ``torch.max(x, 1)``...): each is the core op that the
+# Tensor method also is, or a thin wrapper where torch's function signature differs from the method's.
+# Names that shadow Python builtins (abs, all, any, max, min, pow, round, sum) are importable by name
+# but left out of __all__, as the dtype names are.
+from .core.ops_activation import _round as round  # noqa: F401
+from .core.ops_activation import (
+    abs,  # noqa: F401
+    atan2,
+    ceil,
+    clamp,
+    clip,
+    cos,
+    erf,
+    exp,
+    expm1,
+    floor,
+    log,
+    log1p,
+    log2,
+    log_softmax,
+    masked_fill,
+    nan_to_num,
+    relu,
+    sigmoid,
+    sign,
+    sin,
+    softmax,
+    sqrt,
+    tanh,
+    where,
+)
+from .core.ops_basic import (
+    allclose,
+    bmm,
+    einsum,
+    isclose,
+    lerp,
+    matmul,
+    neg,
+    outer,
+    remainder,
+)
+from .core.ops_basic import torch_add as add
+from .core.ops_basic import torch_div as div
+from .core.ops_basic import torch_mul as mul
+from .core.ops_basic import torch_pow as pow  # noqa: F401
+from .core.ops_basic import torch_sub as sub
+from .core.ops_reduce import _all as all  # noqa: F401
+from .core.ops_reduce import _any as any  # noqa: F401
+from .core.ops_reduce import (
+    amax,
+    amin,
+    argmax,
+    argmin,
+    argsort,
+    count_nonzero,
+    cumprod,
+    cumsum,
+    logsumexp,
+    max,  # noqa: F401
+    maximum,
+    mean,
+    min,  # noqa: F401
+    minimum,
+    nonzero,
+    norm,
+    prod,
+    return_types,
+    sort,
+    std,
+    sum,  # noqa: F401
+    topk,
+    var,
+)
+from .core.ops_shape import (
+    broadcast_to,
+    cat,
+    chunk,
+    clone,
+    concatenate,
+    diag,
+    diagonal,
+    flatten,
+    flip,
+    gather,
+    index_select,
+    masked_select,
+    movedim,
+    narrow,
+    permute,
+    repeat_interleave,
+    reshape,
+    roll,
+    scatter_add,
+    split,
+    squeeze,
+    stack,
+    swapaxes,
+    swapdims,
+    tile,
+    tril,
+    triu,
+    unbind,
+    unsqueeze,
+)
+from .core.ops_shape import movedim as moveaxis
+from .core.ops_shape import swapdims as transpose
 from .core.rng import get_generator, manual_seed
 from .core.tensor import Tensor, tensor
 from .serialization import load, save
@@ -114,6 +218,15 @@ __all__ = [
     "randint_like", "from_numpy", "is_tensor", "device", "cat", "concatenate", "stack",
     "save", "load", "return_types", "dtype", "multinomial", "remainder", "masked_fill", "tril", "triu",
     "logsumexp", "prod", "cumsum", "norm", "gather", "scatter_add", "index_select",
+    # torch's top-level math, reductions and shape functions (builtin-shadowing names left out)
+    "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "softmax", "log_softmax", "where", "clamp", "clip",
+    "sin", "cos", "erf", "expm1", "log1p", "log2", "floor", "ceil", "sign", "atan2", "nan_to_num",
+    "add", "sub", "mul", "div", "neg", "matmul", "einsum", "bmm", "outer", "lerp", "isclose", "allclose",
+    "mean", "amax", "amin", "argmax", "argmin", "maximum", "minimum", "var", "std", "sort", "argsort",
+    "topk", "cumprod", "count_nonzero", "nonzero",
+    "reshape", "transpose", "swapaxes", "swapdims", "permute", "squeeze", "unsqueeze", "flatten", "split",
+    "chunk", "clone", "broadcast_to", "flip", "roll", "unbind", "narrow", "movedim", "moveaxis", "tile",
+    "diagonal", "diag", "repeat_interleave", "masked_select",
     "nn",
     "optim",
     "data",

@@ -20,9 +20,12 @@ from .autograd import (
     queue_callback,
     set_grad_enabled,
 )
-from .ops_basic import add, div, matmul, mul, neg, pow, remainder, sub
+from .ops_basic import (
+    add, allclose, bmm, div, einsum, isclose, lerp, matmul, mul, neg, outer, pow, remainder, sub,
+)
 from .ops_reduce import (
-    amax, amin, argmax, argmin, max, maximum, mean, min, minimum, return_types, std, sum, var,
+    amax, amin, argmax, argmin, argsort, count_nonzero, cumprod, max, maximum, mean, min, minimum, nonzero,
+    return_types, sort, std, sum, topk, var,
 )
 from .op_utils import unbroadcast
 from .ops_shape import (
@@ -31,23 +34,34 @@ from .ops_shape import (
     chunk,
     clone,
     concatenate,
+    diag,
+    diagonal,
     flatten,
+    flip,
     getitem,
+    masked_select,
+    movedim,
+    narrow,
     permute,
+    repeat_interleave,
     reshape,
+    roll,
     split,
     squeeze,
     stack,
+    swapdims,
+    tile,
     transpose,
     tril,
     triu,
+    unbind,
     unsqueeze,
     view,
 )
 from .ops_nn import dropout, embedding, layer_norm, linear
 from .ops_activation import (
-    abs, clamp, clip, exp, gelu, leaky_relu, log, log_softmax, masked_fill, relu, sigmoid, silu, softmax, sqrt,
-    tanh, where,
+    abs, atan2, ceil, clamp, clip, cos, erf, exp, expm1, floor, gelu, leaky_relu, log, log1p, log2, log_softmax,
+    masked_fill, nan_to_num, relu, sigmoid, sign, silu, sin, softmax, sqrt, tanh, where,
 )
 from .ops_loss import cross_entropy, mse_loss, nll_loss
 from .ops_conv import adaptive_avg_pool2d, avg_pool2d, conv2d, dropout2d, max_pool2d, pad
@@ -75,4 +89,8 @@ __all__ = [
     "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "pad", "dropout2d", "batch_norm",
     "batch_norm_stats", "batch_norm_gather_stats", "batch_norm_elemt", "update_running_stats",
     "Generator", "remainder", "masked_fill", "tril", "triu", "multinomial",
+    "sin", "cos", "erf", "expm1", "log1p", "log2", "floor", "ceil", "sign", "atan2", "nan_to_num",
+    "einsum", "bmm", "outer", "lerp", "isclose", "allclose", "sort", "argsort", "topk", "cumprod",
+    "count_nonzero", "nonzero", "flip", "roll", "unbind", "narrow", "movedim", "tile", "diagonal", "diag",
+    "repeat_interleave", "masked_select", "swapdims",
 ]

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import builtins
 import math
 
 import numpy as np
@@ -49,7 +50,7 @@ def exp(x: Tensor) -> Tensor:
         >>> na.tensor([0.0]).exp().tolist()
         [1.0]
     """
-    xd = x.data
+    xd = _float_input(x.data)  # torch: integer input gives the default float dtype
     out = _xp(xd).exp(xd)
     if not _needs(x):
         return _result(out, None)
@@ -65,7 +66,7 @@ def log(x: Tensor) -> Tensor:
         >>> na.tensor([1.0]).log().tolist()
         [0.0]
     """
-    xd = x.data
+    xd = _float_input(x.data)  # torch: integer input gives the default float dtype
     out = _xp(xd).log(xd)
     if not _needs(x):
         return _result(out, None)
@@ -81,7 +82,7 @@ def sqrt(x: Tensor) -> Tensor:
         >>> na.tensor([4.0, 9.0]).sqrt().tolist()
         [2.0, 3.0]
     """
-    xd = x.data
+    xd = _float_input(x.data)  # torch: integer input gives the default float dtype
     out = _xp(xd).sqrt(xd)
     if not _needs(x):
         return _result(out, None)
@@ -114,7 +115,7 @@ def tanh(x: Tensor) -> Tensor:
         >>> na.tensor([0.0]).tanh().tolist()
         [0.0]
     """
-    xd = x.data
+    xd = _float_input(x.data)  # torch: integer input gives the default float dtype
     out = _xp(xd).tanh(xd)
     if not _needs(x):
         return _result(out, None)
@@ -384,6 +385,179 @@ def _gelu_device(x: Tensor, xp, approximate: str) -> Tensor:
     return _result(out, Node(lambda g: (g * dgelu,), (x,), "Gelu"))
 
 
+# ============================================================================ more elementwise math
+def _float_input(xd):
+    """torch's rule for a floating op: integer and bool input gives the default float dtype."""
+    return xd.astype(_dtypes.default_float_dtype) if xd.dtype.kind in "biu" else xd
+
+
+def _erf_array(xp, xd):
+    """erf to the dtype's full precision (the A&S form above is good to 1.5e-7 only, too coarse
+    for float64): the standard library's per element on the host, CuPy's special function on a device."""
+    if xp is np:
+        flat = np.fromiter((math.erf(v) for v in xd.reshape(-1).tolist()), dtype=np.float64, count=xd.size)
+        return flat.reshape(xd.shape).astype(xd.dtype, copy=False)
+    from cupyx.scipy import special  # only reached with CuPy arrays
+
+    return special.erf(xd)
+
+
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+_LN2 = math.log(2.0)
+
+#: name -> (forward(xp, x), derivative(xp, x, out) or None for a piecewise-constant op, promotes
+#: integer input to float): the unary ops added for torch's namespace, one node each
+_UNARY = {
+    "sin": (lambda xp, x: xp.sin(x), lambda xp, x, out: xp.cos(x), True),
+    "cos": (lambda xp, x: xp.cos(x), lambda xp, x, out: -xp.sin(x), True),
+    "erf": (_erf_array, lambda xp, x, out: _TWO_OVER_SQRT_PI * xp.exp(-x * x), True),
+    "expm1": (lambda xp, x: xp.expm1(x), lambda xp, x, out: out + 1, True),
+    "log1p": (lambda xp, x: xp.log1p(x), lambda xp, x, out: 1 / (x + 1), True),
+    "log2": (lambda xp, x: xp.log2(x), lambda xp, x, out: 1 / (x * _LN2), True),
+    "floor": (lambda xp, x: xp.floor(x), None, False),
+    "ceil": (lambda xp, x: xp.ceil(x), None, False),
+    "sign": (lambda xp, x: xp.where(xp.isnan(x), 0, xp.sign(x)), None, False),  # torch: sign(nan) = 0
+}
+
+
+def _unary(name: str, x: Tensor) -> Tensor:
+    forward, derivative, promotes = _UNARY[name]
+    xd = x.data
+    if promotes:
+        xd = _float_input(xd)
+    elif xd.dtype.kind in "biu":  # torch keeps an integer dtype: floor/ceil are the identity there
+        return _result(xd.copy() if name != "sign" or xd.dtype.kind == "b" else _xp(xd).sign(xd), None)
+    xp = _xp(xd)
+    with np.errstate(divide="ignore", invalid="ignore"):  # log2(0) = -inf, log1p(-2) = nan: as torch
+        out = forward(xp, xd)
+    out = out.astype(xd.dtype, copy=False)
+    if not _needs(x):
+        return _result(out, None)
+    if derivative is None:  # piecewise constant: a zero gradient (torch)
+        return _result(out, Node(lambda g: (xp.zeros_like(g),), (x,), name.capitalize()))
+
+    def fn(g):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return (g * derivative(xp, xd, out).astype(xd.dtype, copy=False),)
+
+    return _result(out, Node(fn, (x,), name.capitalize()))
+
+
+def _unary_op(name: str, formula: str, example: str):
+    def op(input: Tensor) -> Tensor:
+        return _unary(name, input)
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = (
+        f"torch's ``{name}``: {formula} elementwise.\n\n"
+        f"Example::\n\n"
+        f"    >>> import neural_arch as na\n"
+        f"    >>> {example}\n"
+    )
+    return op
+
+
+sin = _unary_op("sin", "the sine; integer input gives the default float dtype",
+                "na.sin(na.tensor([0.0])).tolist()\n    [0.0]")
+cos = _unary_op("cos", "the cosine; integer input gives the default float dtype",
+                "na.cos(na.tensor([0.0])).tolist()\n    [1.0]")
+erf = _unary_op("erf", "the error function, to full float64 precision",
+                "import math\n    >>> na.erf(na.tensor([1.0], dtype=na.float64)).item() == math.erf(1.0)\n    True")
+expm1 = _unary_op("expm1", "``exp(x) - 1``, exact for small ``x``",
+                  "na.expm1(na.tensor([0.0])).tolist()\n    [0.0]")
+log1p = _unary_op("log1p", "``log(1 + x)``, exact for small ``x``",
+                  "na.log1p(na.tensor([0.0])).tolist()\n    [0.0]")
+log2 = _unary_op("log2", "the base-2 logarithm",
+                 "na.log2(na.tensor([8.0])).tolist()\n    [3.0]")
+floor = _unary_op("floor", "the largest integer not above ``x`` (an integer tensor is returned as "
+                  "is; zero gradient)", "na.floor(na.tensor([-1.5, 1.5])).tolist()\n    [-2.0, 1.0]")
+ceil = _unary_op("ceil", "the smallest integer not below ``x`` (an integer tensor is returned as "
+                 "is; zero gradient)", "na.ceil(na.tensor([-1.5, 1.5])).tolist()\n    [-1.0, 2.0]")
+sign = _unary_op("sign", "-1, 0 or 1, and 0 for NaN as torch (integer and bool dtypes kept; zero gradient)",
+                 "na.sign(na.tensor([-2.0, 0.0, 3.0])).tolist()\n    [-1.0, 0.0, 1.0]")
+
+
+# Not module-level `round`: this module's examples use Python's builtin of that name (as ops_reduce
+# keeps `_any`/`_all`); neural_arch.round and Tensor.round are this function.
+def _round(input: Tensor, *, decimals: int = 0) -> Tensor:
+    """torch's ``round(input, *, decimals=0)``: to the nearest integer, halves to even (as torch
+    and NumPy), or to ``decimals`` decimal places; integer input is returned as is. Zero gradient.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.round(na.tensor([0.5, 1.5, -2.5])).tolist(), na.round(na.tensor([1.26], dtype=na.float64), decimals=1).tolist()
+        ([0.0, 2.0, -2.0], [1.3])
+    """
+    xd = input.data
+    if xd.dtype.kind in "biu":
+        return _result(xd.copy(), None)
+    xp = _xp(xd)
+    out = xp.round(xd, int(decimals)).astype(xd.dtype, copy=False)
+    if not _needs(input):
+        return _result(out, None)
+    return _result(out, Node(lambda g: (xp.zeros_like(g),), (input,), "Round"))
+
+
+def atan2(input: Tensor, other) -> Tensor:
+    """torch's ``atan2(input, other)``: the angle of the point ``(other, input)`` elementwise, with
+    broadcasting; integer input gives the default float dtype. Gradients: ``other / r2`` to
+    ``input`` and ``-input / r2`` to ``other`` (``r2 = input**2 + other**2``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> round(na.atan2(na.tensor([1.0]), na.tensor([1.0])).item(), 6)
+        0.785398
+    """
+    ot = other if isinstance(other, Tensor) else Tensor(other)
+    yd, xd = input.data, ot.data
+    _same_device([yd, xd], "atan2")
+    if yd.dtype.kind in "biu" and xd.dtype.kind in "biu":
+        yd, xd = _float_input(yd), _float_input(xd)
+    elif yd.dtype.kind in "biu":  # torch: the integer side takes the float side's dtype
+        yd = yd.astype(xd.dtype)
+    elif xd.dtype.kind in "biu":
+        xd = xd.astype(yd.dtype)
+    xp = _xp(yd)
+    out = xp.arctan2(yd, xd)
+    if out.dtype.kind in "biu":
+        out = out.astype(_dtypes.default_float_dtype)
+    ry, rx = input.requires_grad, ot.requires_grad
+    if not _needs(input if ry else None, ot if rx else None):
+        return _result(out, None)
+    ysh, xsh = yd.shape, xd.shape
+
+    def fn(g):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r2 = yd * yd + xd * xd
+            return (unbroadcast(g * xd / r2, ysh).astype(yd.dtype, copy=False) if ry else None,
+                    unbroadcast(-g * yd / r2, xsh).astype(xd.dtype, copy=False) if rx else None)
+
+    return _result(out, Node(fn, (input if ry else None, ot if rx else None), "Atan2", saved=(input, ot)))
+
+
+def nan_to_num(input: Tensor, nan: float = 0.0, posinf=None, neginf=None) -> Tensor:
+    """torch's ``nan_to_num``: NaN becomes ``nan``, +inf ``posinf`` and -inf ``neginf`` (by default
+    the dtype's largest and smallest finite values). The gradient passes where the input was finite
+    and is zero where it was replaced (torch).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.nan_to_num(na.tensor([float("nan"), 1.0, float("-inf")]), neginf=-9.0).tolist()
+        [0.0, 1.0, -9.0]
+    """
+    xd = input.data
+    if xd.dtype.kind in "biu":
+        return _result(xd.copy(), None)
+    xp = _xp(xd)
+    out = xp.nan_to_num(xd, copy=True, nan=nan, posinf=posinf, neginf=neginf)
+    if not _needs(input):
+        return _result(out, None)
+    return _result(out, Node(lambda g: (g * xp.isfinite(xd),), (input,), "NanToNum"))
+
+
 def clip(x: Tensor, min=None, max=None) -> Tensor:
     """Clamp to ``[min, max]`` (either may be None; numbers or tensors that broadcast with ``x``),
     as torch's ``clamp``: ``minimum(maximum(x, min), max)``, so ``max`` wins where ``min > max``.
@@ -411,6 +585,9 @@ def clip(x: Tensor, min=None, max=None) -> Tensor:
         out = xp.minimum(out, hi)
     if xd.dtype.kind not in "biu":  # keep a float dtype (bfloat16 too); an int one clamped to 1.5 is float (torch)
         out = out.astype(xd.dtype, copy=False)
+    elif out.dtype.kind == "f":  # torch: the float bound's dtype, the default float for a Python float
+        floats = [b.dtype for b in (lo, hi) if getattr(b, "dtype", None) is not None and b.dtype.kind == "f"]
+        out = out.astype(np.result_type(*floats) if floats else _dtypes.default_float_dtype, copy=False)
     lot = min if isinstance(min, Tensor) and min.requires_grad else None
     hit = max if isinstance(max, Tensor) and max.requires_grad else None
     rx = x.requires_grad
@@ -440,8 +617,14 @@ def clip(x: Tensor, min=None, max=None) -> Tensor:
 clamp = clip
 
 
-def where(cond, a, b) -> Tensor:
+_NOT_GIVEN = object()
+
+
+def where(cond, a=_NOT_GIVEN, b=_NOT_GIVEN):
     """Pick from ``a`` where ``cond`` is true, else ``b`` (broadcasting; a or b may be scalars).
+    ``cond`` must be boolean (torch's error otherwise); two Python numbers, or a Python float
+    against an integer tensor, give torch's default float dtype. ``where(cond)`` alone is torch's
+    ``nonzero(cond, as_tuple=True)``.
 
     Example::
 
@@ -451,6 +634,15 @@ def where(cond, a, b) -> Tensor:
         [0.0, 2.0]
     """
     cd = cond.data if isinstance(cond, Tensor) else cond
+    if a is _NOT_GIVEN and b is _NOT_GIVEN:  # torch.where(condition): the indices of the true elements
+        cx = _xp(cd)
+        hits = cx.nonzero(cd.reshape(1) if cd.ndim == 0 else cd)
+        return tuple(_result(i.astype(cx.int64, copy=False), None) for i in hits)
+    if a is _NOT_GIVEN or b is _NOT_GIVEN:
+        raise TypeError("where(condition, input, other): give both input and other, or neither")
+    if hasattr(cd, "dtype") and cd.dtype != np.bool_:  # torch: a float mask is a bug, not "non-zero"
+        raise TypeError(f"where expected condition to be a boolean tensor, but got a tensor with dtype "
+                        f"{cd.dtype}; compare it first (e.g. x > 0) or convert it with .bool()")
     at = a if isinstance(a, Tensor) else None
     bt = b if isinstance(b, Tensor) else None
     ad = at.data if at is not None else a
@@ -460,6 +652,11 @@ def where(cond, a, b) -> Tensor:
         _same_device(arrays, "where")
     xp = _xp(arrays[0]) if arrays else np
     out = xp.where(cd, ad, bd)
+    if out.dtype.kind == "f" and not builtins.any(
+            hasattr(d, "dtype") and d.dtype.kind in "fc" for d in (ad, bd)):
+        # a Python float against Python numbers or an integer tensor: torch's default float dtype
+        # (NumPy would make it float64)
+        out = out.astype(_dtypes.default_float_dtype)
     ra = at is not None and at.requires_grad
     rb = bt is not None and bt.requires_grad
     if not _needs(at if ra else None, bt if rb else None):
@@ -523,8 +720,20 @@ def masked_fill(input: Tensor, mask, value) -> Tensor:
 
 
 # ============================================================================ softmax family
-def softmax(x: Tensor, axis: int = -1, *, dim=None) -> Tensor:
-    """Softmax along ``axis`` (``dim=`` accepted as torch's alias).
+def _softmax_input(x: Tensor, dtype, op: str) -> Tensor:
+    """torch's ``dtype=``: the input cast first (differentiably); an integer input without it is
+    torch's error."""
+    if dtype is not None:
+        return x.astype(dtype)
+    if x.data.dtype.kind in "biu":
+        raise TypeError(f"{op}: expected a floating-point tensor, got dtype {x.data.dtype}; convert it "
+                        f"with .float() or pass dtype=")
+    return x
+
+
+def softmax(x: Tensor, axis: int = -1, *, dim=None, dtype=None) -> Tensor:
+    """Softmax along ``axis`` (``dim=`` accepted as torch's alias; ``dtype=`` casts the input first,
+    as torch; an integer input without it is torch's error).
 
     Example::
 
@@ -535,6 +744,7 @@ def softmax(x: Tensor, axis: int = -1, *, dim=None) -> Tensor:
     """
     if dim is not None:
         axis = dim
+    x = _softmax_input(x, dtype, "softmax")
     xd = x.data
     xp = _xp(xd)
     if not xd.size:  # torch: an empty result (the max below has nothing to reduce)
@@ -582,8 +792,9 @@ def _log_softmax_array(xp, xd, axis):
     return shifted - lse
 
 
-def log_softmax(x: Tensor, axis: int = -1, *, dim=None) -> Tensor:
-    """Log-softmax along ``axis`` (alias ``dim=``), computed stably in one fused op.
+def log_softmax(x: Tensor, axis: int = -1, *, dim=None, dtype=None) -> Tensor:
+    """Log-softmax along ``axis`` (alias ``dim=``; ``dtype=`` casts first), computed stably in one
+    fused op.
 
     Example::
 
@@ -595,6 +806,7 @@ def log_softmax(x: Tensor, axis: int = -1, *, dim=None) -> Tensor:
     """
     if dim is not None:
         axis = dim
+    x = _softmax_input(x, dtype, "log_softmax")
     xd = x.data
     xp = _xp(xd)
     out = _log_softmax_array(xp, xd, axis)
@@ -618,3 +830,6 @@ def _bind_methods(T) -> None:
     T.softmax = softmax
     T.masked_fill = masked_fill
     T.log_softmax = log_softmax
+    T.sin, T.cos, T.erf, T.expm1, T.log1p, T.log2 = sin, cos, erf, expm1, log1p, log2
+    T.floor, T.ceil, T.round, T.sign = floor, ceil, _round, sign
+    T.atan2, T.arctan2, T.nan_to_num = atan2, atan2, nan_to_num

@@ -18,9 +18,13 @@ Example::
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 
+import numpy as np
+
 from .. import backend as _backend
+from . import dtypes as _dtypes
 from .autograd import Node
 from .op_utils import (
     _SCALARS,
@@ -194,6 +198,8 @@ def pow(a: Tensor, b) -> Tensor:  # noqa: A001  (mirrors the operator name)
     """
     bd, bt = _operand(a, b)
     ad = a.data
+    if type(bd) is float and ad.dtype.kind in "biu":  # torch: an integer tensor ** 0.5 is the default float
+        ad = ad.astype(_dtypes.default_float_dtype)
     out = ad**bd
     if not _needs(a, bt):
         return _result(out, None)
@@ -443,6 +449,293 @@ def rmatmul(a: Tensor, b) -> Tensor:
     return matmul(b, a)
 
 
+# ============================================================================ einsum, bmm, outer, lerp
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _einsum_explicit(equation: str, shapes):
+    """``(input subscripts, output subscripts)`` with every ``...`` spelled out as letters (right
+    aligned across operands, as broadcasting aligns them) and the implicit output made explicit
+    (the ellipsis dims, then the letters used once, sorted: NumPy's and torch's rule)."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    subs = lhs.split(",")
+    if len(subs) != len(shapes):
+        raise ValueError(f"einsum(): the equation names {len(subs)} operands but {len(shapes)} were given")
+    used = {c for c in eq if c.isalpha()}
+    free = [c for c in _LETTERS if c not in used]
+    ell = [len(shp) - len(sub.replace("...", "")) for sub, shp in zip(subs, shapes)]
+    n_ell = max([e for e, sub in zip(ell, subs) if "..." in sub] or [0])
+    ell_letters = "".join(free[:n_ell])
+    del free[:n_ell]
+    subs = [sub.replace("...", ell_letters[n_ell - e:] if e else "") for sub, e in zip(subs, ell)]
+    if arrow:
+        out = rhs.replace("...", ell_letters)
+    else:
+        counts = {}
+        for c in "".join(subs):
+            counts[c] = counts.get(c, 0) + 1
+        out = ell_letters + "".join(sorted(c for c, k in counts.items() if k == 1 and c not in ell_letters))
+    return subs, out, free
+
+
+def einsum(equation: str, *operands) -> Tensor:
+    """torch's ``einsum(equation, *operands)`` (operands also as one list): NumPy's Einstein
+    summation, ellipsis and implicit output included, differentiable in every operand. The
+    gradient of an operand is the einsum of the upstream gradient with the other operands; a
+    letter repeated in one operand (a diagonal) and size-1 dims broadcast against other operands
+    are handled.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> a, b = na.ones(2, 3), na.ones(3, 4)
+        >>> na.einsum("ij,jk->ik", a, b).shape, na.einsum("ii", na.eye(3)).item()
+        ((2, 4), 3.0)
+    """
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    ts = [t if isinstance(t, Tensor) else Tensor(t) for t in operands]
+    if not ts:
+        raise ValueError("einsum(): must provide at least one operand")
+    datas = [t.data for t in ts]
+    _backend_same_device(datas)
+    xp = _xp(datas[0])
+    # the spelled-out form: NumPy refuses an ellipsis summed away (``"i...->i"``), torch sums it
+    subs, out_sub, free = _einsum_explicit(equation, [d.shape for d in datas])
+    out = xp.asarray(xp.einsum(",".join(subs) + "->" + out_sub, *datas))
+    if not _needs(*ts):
+        return _result(out, None)
+    sizes = {}
+    for sub, d in zip(subs, datas):
+        for c, n in zip(sub, d.shape):
+            if n != 1 or c not in sizes:
+                sizes[c] = n
+
+    def grad_of(i, g):
+        spare = list(free)
+        target, eyes, present = [], [], set(out_sub).union(*(subs[j] for j in range(len(subs)) if j != i))
+        for c, n in zip(subs[i], datas[i].shape):
+            if n == 1 and sizes[c] != 1:  # broadcast against a larger dim: summed back to 1
+                target.append(spare.pop())
+            elif c in target:  # a repeated letter: a diagonal, written through an identity
+                fresh = spare.pop()
+                eyes.append(c + fresh)
+                target.append(fresh)
+                present.update(c + fresh)
+            else:
+                target.append(c)
+        kept = "".join(c for c in target if c in present)
+        ins = [out_sub] + [subs[j] for j in range(len(subs)) if j != i] + eyes
+        arrays = [g] + [datas[j] for j in range(len(datas)) if j != i] + \
+                 [xp.eye(sizes[e[0]], dtype=g.dtype) for e in eyes]
+        gi = xp.einsum(",".join(ins) + "->" + kept, *arrays)
+        gi = xp.asarray(gi).reshape([n if c in present else 1 for c, n in zip(target, datas[i].shape)])
+        return xp.broadcast_to(gi, datas[i].shape).astype(datas[i].dtype, copy=False)
+
+    def fn(g):
+        return tuple(grad_of(i, g) if t.requires_grad else None for i, t in enumerate(ts))
+
+    parents = tuple(t if t.requires_grad else None for t in ts)
+    return _result(out, Node(fn, parents, "Einsum", saved=tuple(ts)))
+
+
+def _backend_same_device(datas) -> None:
+    if not all(type(d) is type(datas[0]) for d in datas):
+        for d in datas[1:]:
+            _backend.check_same_device(datas[0], d, "einsum")
+
+
+
+def bmm(input: Tensor, mat2: Tensor) -> Tensor:
+    """torch's ``bmm``: batched matrix product of two 3-d tensors ``(b, n, m) @ (b, m, p)``, with no
+    broadcasting (a mismatched batch or inner size is torch's error; use ``matmul`` to broadcast).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.bmm(na.ones(2, 3, 4), na.ones(2, 4, 5)).shape
+        (2, 3, 5)
+    """
+    a, b = input, mat2
+    if not isinstance(b, Tensor):
+        raise TypeError(f"bmm(): mat2 must be a Tensor, got {type(b).__name__}")
+    if a.ndim != 3 or b.ndim != 3:
+        raise RuntimeError(f"bmm(): batch1 and batch2 must be 3D tensors, got {a.ndim}D and {b.ndim}D")
+    if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
+        raise RuntimeError(f"bmm(): expected size {list(a.shape)} @ {list(b.shape)} to have the same batch "
+                           f"and matching inner sizes")
+    return matmul(a, b)
+
+
+def outer(input: Tensor, vec2: Tensor) -> Tensor:
+    """torch's ``outer`` (alias ``ger``): ``out[i, j] = input[i] * vec2[j]`` for two 1-d tensors.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.outer(na.tensor([1.0, 2.0]), na.tensor([1.0, 10.0, 100.0])).tolist()
+        [[1.0, 10.0, 100.0], [2.0, 20.0, 200.0]]
+    """
+    b = vec2 if isinstance(vec2, Tensor) else Tensor(vec2)
+    if input.ndim != 1 or b.ndim != 1:
+        raise RuntimeError(f"outer(): expected two 1-D tensors, got {input.ndim}D and {b.ndim}D")
+    return mul(input.reshape(-1, 1), b.reshape(1, -1))
+
+
+def lerp(input: Tensor, end: Tensor, weight) -> Tensor:
+    """torch's ``lerp(input, end, weight)``: ``input + weight * (end - input)`` elementwise, with
+    broadcasting; ``weight`` a number or a tensor, differentiable in all three.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.lerp(na.zeros(2), na.tensor([1.0, 2.0]), 0.25).tolist()
+        [0.25, 0.5]
+    """
+    end = end if isinstance(end, Tensor) else Tensor(end)
+    if end.dtype != input.dtype:
+        raise RuntimeError(f"lerp(): expected dtype {input.dtype} for `end` but got dtype {end.dtype}")
+    return add(input, mul(sub(end, input), weight))
+
+
+def isclose(input: Tensor, other, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+    """torch's ``isclose``: ``|input - other| <= atol + rtol * |other|`` elementwise (equal infinities
+    are close; NaN only with ``equal_nan``), as a bool tensor; the dtypes must match (torch).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.isclose(na.tensor([1.0, 2.0]), na.tensor([1.0 + 1e-9, 2.1])).tolist()
+        [True, False]
+    """
+    od = other.data if isinstance(other, Tensor) else other
+    xd = input.data
+    if hasattr(od, "dtype") and not isinstance(od, (np.generic,)) and od.dtype != xd.dtype:
+        raise RuntimeError(f"isclose(): {xd.dtype} did not match {od.dtype}")
+    if type(od) is not type(xd) and hasattr(od, "dtype") and not isinstance(od, np.generic):
+        _backend.check_same_device(xd, od, "isclose")
+    return _result(_xp(xd).isclose(xd, od, rtol=rtol, atol=atol, equal_nan=equal_nan), None)
+
+
+def allclose(input: Tensor, other, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
+    """torch's ``allclose``: whether :func:`isclose` holds everywhere (a Python bool).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.allclose(na.tensor([1.0]), na.tensor([1.0 + 1e-9])), na.allclose(na.ones(2), na.zeros(2))
+        (True, False)
+    """
+    return builtins.bool(isclose(input, other, rtol, atol, equal_nan).data.all())
+
+
+# ============================================================================ torch's function signatures
+def _tensor_first(input, other, op: str):
+    """torch's binary functions take a number on either side; ours dispatch on the Tensor."""
+    if isinstance(input, Tensor):
+        return input, other, False
+    if isinstance(other, Tensor):
+        return other, input, True
+    raise TypeError(f"{op}(): expected a Tensor for input or other, got {type(input).__name__} and "
+                    f"{type(other).__name__}")
+
+
+def torch_add(input, other, *, alpha=1) -> Tensor:
+    """torch's ``add(input, other, *, alpha=1)``: ``input + alpha * other``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.add(na.tensor([1.0, 2.0]), na.tensor([1.0, 1.0]), alpha=2).tolist(), na.add(1, na.ones(1)).tolist()
+        ([3.0, 4.0], [2.0])
+    """
+    if alpha != 1:
+        other = other * alpha
+    t, o, _ = _tensor_first(input, other, "add")
+    return add(t, o)
+
+
+def torch_sub(input, other, *, alpha=1) -> Tensor:
+    """torch's ``sub(input, other, *, alpha=1)``: ``input - alpha * other``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.sub(na.tensor([3.0]), na.tensor([1.0]), alpha=2).tolist(), na.sub(1, na.ones(1)).tolist()
+        ([1.0], [0.0])
+    """
+    if alpha != 1:
+        other = other * alpha
+    t, o, swapped = _tensor_first(input, other, "sub")
+    return rsub(t, o) if swapped else sub(t, o)
+
+
+def torch_mul(input, other) -> Tensor:
+    """torch's ``mul(input, other)`` (a number on either side).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.mul(2, na.tensor([1.0, 3.0])).tolist()
+        [2.0, 6.0]
+    """
+    t, o, _ = _tensor_first(input, other, "mul")
+    return mul(t, o)
+
+
+def torch_pow(input, exponent) -> Tensor:
+    """torch's ``pow(input, exponent)``: either side may be a number (``pow(2, t)`` is ``2 ** t``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.pow(na.tensor([2.0, 3.0]), 2).tolist(), na.pow(2, na.tensor([1.0, 3.0])).tolist()
+        ([4.0, 9.0], [2.0, 8.0])
+    """
+    t, o, swapped = _tensor_first(input, exponent, "pow")
+    return rpow(t, o) if swapped else pow(t, o)
+
+
+def torch_div(input, other, *, rounding_mode=None) -> Tensor:
+    """torch's ``div(input, other, *, rounding_mode=None)``: true division, or rounded toward
+    ``"trunc"`` zero or ``"floor"`` minus infinity (integer inputs then stay integers; the rounded
+    quotient has a zero gradient).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.div(na.tensor([-7.0, 7.0]), 2, rounding_mode="floor").tolist(), na.div(na.tensor([-7, 7]), 2, rounding_mode="trunc").tolist()
+        ([-4.0, 3.0], [-3, 3])
+    """
+    if rounding_mode not in (None, "trunc", "floor"):
+        raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
+                         f"{rounding_mode!r}")
+    t, o, swapped = _tensor_first(input, other, "div")
+    if rounding_mode is None:
+        return rdiv(t, o) if swapped else div(t, o)
+    od, _ = _operand(t, o)
+    num, den = (od, t.data) if swapped else (t.data, od)
+    xp = _xp(t.data)
+    if _integral(num) and _integral(den):
+        if bool((xp.asarray(den) == 0).any()):
+            raise RuntimeError("ZeroDivisionError: div: integer division by zero")
+        q = xp.floor_divide(num, den)
+        if rounding_mode == "trunc":  # floor differs from trunc where the exact quotient is negative
+            q = q + ((q < 0) & (q * den != num))
+        return Tensor._wrap(xp.asarray(q))
+    with _errstate(xp):
+        q = xp.true_divide(num, den)
+        q = xp.floor(q) if rounding_mode == "floor" else xp.trunc(q)
+    parents = tuple(v if isinstance(v, Tensor) and v.requires_grad else None for v in (t, o))
+    if not _needs(*parents):
+        return _result(xp.asarray(q), None)
+    shapes = tuple(v.data.shape if v is not None else None for v in parents)
+    # a rounded quotient is piecewise constant: a zero gradient (torch)
+    return _result(xp.asarray(q), Node(lambda g: tuple(None if sh is None else xp.zeros(sh, dtype=g.dtype)
+                                                        for sh in shapes), parents, "DivRounded"))
+
+
 # ============================================================================ method binding
 def _bind_methods(T) -> None:
     import operator
@@ -471,6 +764,7 @@ def _bind_methods(T) -> None:
     T.__hash__ = object.__hash__
     T.add, T.sub, T.mul, T.div, T.pow, T.neg, T.matmul = add, sub, mul, div, pow, neg, matmul
     T.remainder = remainder
+    T.bmm, T.outer, T.ger, T.lerp, T.isclose, T.allclose = bmm, outer, outer, lerp, isclose, allclose
     for name, op in (("eq", operator.eq), ("ne", operator.ne), ("lt", operator.lt),
                      ("le", operator.le), ("gt", operator.gt), ("ge", operator.ge)):
         setattr(T, name, _compare_method(name, op))

@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import builtins
 import math
 
 import numpy as np
@@ -49,6 +50,10 @@ def _reduce_args(dim, keepdim, axis, keepdims):
         keepdim = keepdims
     if isinstance(dim, list):
         dim = tuple(dim)
+    if dim == ():  # torch: an empty dim list reduces every dim (NumPy's axis=() would reduce none)
+        dim = None
+    if isinstance(dim, bool) or (isinstance(dim, tuple) and builtins.any(isinstance(d, bool) for d in dim)):
+        raise TypeError(f"dim must be an int or a tuple of ints, not bool (got dim={dim!r})")
     return dim, bool(keepdim)
 
 
@@ -187,6 +192,12 @@ class return_types:  # lower-case: a namespace named like torch.return_types
     class min(_ReturnType):
         __slots__ = ()
 
+    class sort(_ReturnType):
+        __slots__ = ()
+
+    class topk(_ReturnType):
+        __slots__ = ()
+
 
 def _minmax_dim(x: Tensor, dim, keepdim: bool, which: str):
     """``(values, indices)`` along one dim; the gradient goes to the selected index only."""
@@ -197,11 +208,11 @@ def _minmax_dim(x: Tensor, dim, keepdim: bool, which: str):
         )
     xd = x.data
     xp = _xp(xd)
+    ax = _check_dim(dim, xd.ndim)  # out of range is torch's IndexError, never a wrapped-around dim
     if xd.ndim == 0:
         idx = xp.zeros((), dtype=xp.int64)
         vals = xd.copy()
     else:
-        ax = dim % xd.ndim
         idx = (xd.argmax if which == "Max" else xd.argmin)(axis=ax, keepdims=True).astype(xp.int64)
         vals = xp.take_along_axis(xd, idx, axis=ax)
         if not keepdim:
@@ -317,6 +328,10 @@ def var(x: Tensor, dim=None, unbiased=None, keepdim: bool = False, *, correction
         >>> na.tensor([1.0, 3.0]).var().item(), na.tensor([1.0, 3.0]).var(unbiased=False).item()
         (2.0, 1.0)
     """
+    if isinstance(dim, bool):  # torch's overload var(input, unbiased): a bool there is not a dim
+        if unbiased is not None:
+            raise TypeError("var: unbiased given twice (positionally as a bool and by keyword)")
+        dim, unbiased = None, dim
     axis, keepdims = _reduce_args(dim, keepdim, axis, keepdims)
     given = [c for c in (correction, ddof) if c is not None]
     if unbiased is not None:
@@ -571,6 +586,187 @@ def cumsum(input: Tensor, dim=None, *, dtype=None, axis=None) -> Tensor:
     return _result(out, Node(fn, (x,), "Cumsum"))
 
 
+# ============================================================================ sort, argsort, topk, cumprod, counts
+def _sort_indices(xp, xd, ax: int, descending: bool):
+    """Stable sort order along ``ax``: NaN counts as the largest value (torch), and equal values
+    keep their original order in both directions."""
+    if not descending:
+        return xp.argsort(xd, axis=ax, kind="stable")
+    # ascending stable on the reversed slice, read backwards: descending, ties in original order
+    n = xd.shape[ax]
+    rev = xp.argsort(xp.flip(xd, axis=ax), axis=ax, kind="stable")
+    return xp.flip((n - 1) - rev, axis=ax)
+
+
+def _take_sorted(x: Tensor, idx, ax: int, name: str):
+    """``x``'s values at ``idx`` along ``ax``; the gradient goes back to the picked positions."""
+    xd = x.data
+    xp = _xp(xd)
+    vals = xp.take_along_axis(xd, idx, axis=ax)
+    if not _needs(x) or not _dtypes.is_floating_dtype(vals.dtype):
+        return _result(vals, None)
+    shape = xd.shape
+
+    def fn(g):
+        gx = xp.zeros(shape, dtype=g.dtype)
+        xp.put_along_axis(gx, idx, g, axis=ax)  # indices are distinct per slice: assignment is exact
+        return (gx,)
+
+    return _result(vals, Node(fn, (x,), name))
+
+
+def sort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = False):
+    """torch's ``sort(input, dim=-1, descending=False, stable=False)``: ``(values, indices)`` as
+    ``return_types.sort``. NaN sorts as the largest value; the sort is always stable. The gradient
+    goes back to each value's original position.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> values, indices = na.sort(na.tensor([3.0, 1.0, 2.0]), descending=True)
+        >>> values.tolist(), indices.tolist()
+        ([3.0, 2.0, 1.0], [0, 2, 1])
+    """
+    xd = input.data
+    xp = _xp(xd)
+    if xd.ndim == 0:
+        _check_dim(dim, 0)
+        return return_types.sort(_take_sorted(input.reshape(1), xp.zeros(1, dtype=xp.int64), 0, "Sort")
+                                 .reshape(()), _result(xp.zeros((), dtype=xp.int64), None))
+    ax = _check_dim(dim, xd.ndim)
+    idx = _sort_indices(xp, xd, ax, descending).astype(xp.int64, copy=False)
+    return return_types.sort(_take_sorted(input, idx, ax, "Sort"), _result(idx, None))
+
+
+def argsort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
+    """torch's ``argsort``: the indices that :func:`sort` returns (int64, stable; NaN largest).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.argsort(na.tensor([[3, 1, 2]])).tolist(), na.tensor([1, 3, 2]).argsort(descending=True).tolist()
+        ([[1, 2, 0]], [1, 2, 0])
+    """
+    return sort(input, dim, descending, stable).indices
+
+
+def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
+    """torch's ``topk(input, k, dim=-1, largest=True, sorted=True)``: the ``k`` largest (or smallest)
+    values along ``dim`` and their indices, as ``return_types.topk``, in sorted order (NaN counts as
+    the largest). ``k`` beyond the dim's size is torch's error.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> values, indices = na.topk(na.tensor([1.0, 5.0, 3.0, 4.0]), 2)
+        >>> values.tolist(), indices.tolist()
+        ([5.0, 4.0], [1, 3])
+    """
+    xd = input.data
+    n = xd.shape[_check_dim(dim, xd.ndim)] if xd.ndim else 1
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"topk(): k must be an int, got {k!r}")
+    if not 0 <= k <= n:
+        raise RuntimeError(f"topk(): selected index k ({k}) out of range for a dimension of size {n}")
+    values, indices = sort(input, dim, descending=largest)
+    if xd.ndim == 0:
+        return return_types.topk(values, indices)
+    ax = _check_dim(dim, xd.ndim)
+    lead = (slice(None),) * ax + (slice(0, k),)
+    return return_types.topk(values[lead], _result(indices.data[lead], None))
+
+
+def cumprod(input: Tensor, dim, *, dtype=None) -> Tensor:
+    """torch's ``cumprod(input, dim, *, dtype=None)``: running products along ``dim``; integer and
+    bool input gives int64, ``dtype=`` casts first. The gradient is exact with zeros in the slice
+    (no division by the input): ``sum_{j >= i} g_j * prod_{k <= j, k != i} x_k``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> x = na.tensor([2.0, 0.0, 3.0], requires_grad=True)
+        >>> y = na.cumprod(x, 0)
+        >>> y.tolist()
+        [2.0, 0.0, 0.0]
+        >>> y.sum().backward()
+        >>> x.grad.tolist()
+        [1.0, 8.0, 0.0]
+    """
+    if dim is None or isinstance(dim, (tuple, list)):
+        raise TypeError(f"cumprod: dim must be a single int (torch's cumprod(input, dim)), got {dim!r}")
+    x = input
+    xd = _int_to_int64(x.data, dtype)
+    xp = _xp(xd)
+    ax = _check_dim(dim, xd.ndim)
+    out = xp.cumprod(xd, axis=ax) if xd.ndim else xd.copy()
+    if not _needs(x) or not _dtypes.is_floating_dtype(out.dtype):
+        return _result(out, None)
+    src = x.data.dtype
+
+    def fn(g):
+        if not g.ndim:
+            return (g.astype(src, copy=False),)
+        n = xd.shape[ax]
+        if n == 0:
+            return (xp.zeros(xd.shape, dtype=src),)
+        def take(a, i):
+            return a[(slice(None),) * ax + (slice(i, i + 1),)]
+
+        # exclusive running product: prod_{k < i} x_k
+        ones = xp.ones(_kept_shape(xd.shape, (ax,)), dtype=xd.dtype)
+        before = xp.cumprod(xp.concatenate([ones, xd[(slice(None),) * ax + (slice(0, n - 1),)]], axis=ax), axis=ax)
+        # S_i = g_i + x_{i+1} * S_{i+1}: the upstream gradients carried back through the later factors
+        acc = [None] * n
+        acc[n - 1] = take(g, n - 1)
+        for i in range(n - 2, -1, -1):
+            acc[i] = take(g, i) + take(xd, i + 1) * acc[i + 1]
+        return ((before * xp.concatenate(acc, axis=ax)).astype(src, copy=False),)
+
+    return _result(out, Node(fn, (x,), "Cumprod"))
+
+
+def count_nonzero(input: Tensor, dim=None) -> Tensor:
+    """torch's ``count_nonzero(input, dim=None)``: the number of non-zero elements over ``dim``
+    (None = all, an int or a tuple), as int64.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> x = na.tensor([[0, 1, 2], [0, 0, 3]])
+        >>> na.count_nonzero(x).item(), x.count_nonzero(dim=1).tolist()
+        (3, [2, 1])
+    """
+    xd = input.data
+    axes = _reduce_dims(dim, xd.ndim, "count_nonzero")
+    out = (xd != 0).sum(axis=axes if xd.ndim else None)
+    return _result(_xp(xd).asarray(out).astype(_xp(xd).int64, copy=False), None)
+
+
+def nonzero(input: Tensor, *, as_tuple: bool = False):
+    """torch's ``nonzero(input, *, as_tuple=False)``: the indices of the non-zero elements, one row
+    per element (an ``(n, ndim)`` int64 tensor, row-major order), or with ``as_tuple=True`` one 1-d
+    index tensor per dim (NumPy's ``nonzero``; a 0-d input counts as 1-d there, as torch).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> x = na.tensor([[0, 1], [2, 0]])
+        >>> na.nonzero(x).tolist(), [t.tolist() for t in x.nonzero(as_tuple=True)]
+        ([[0, 1], [1, 0]], [[0, 1], [1, 0]])
+    """
+    xd = input.data
+    xp = _xp(xd)
+    if xd.ndim == 0:
+        hit = bool(xd != 0)
+        if as_tuple:
+            return (_result(xp.zeros(int(hit), dtype=xp.int64), None),)
+        return _result(xp.zeros((int(hit), 0), dtype=xp.int64), None)
+    idx = tuple(i.astype(xp.int64, copy=False) for i in xp.nonzero(xd))
+    if as_tuple:
+        return tuple(_result(i, None) for i in idx)
+    return _result(xp.stack(idx, axis=1), None)
+
+
 def vector_norm(x: Tensor, ord=2, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
     """torch's ``linalg.vector_norm``: ``(sum |x|**ord) ** (1/ord)`` over ``dim`` (None = every
     element, an int or a tuple). ``ord`` is any number: ``inf`` is ``max |x|``, ``-inf`` ``min |x|``,
@@ -678,3 +874,5 @@ def _bind_methods(T) -> None:
     T.amax, T.amin, T.maximum, T.minimum = amax, amin, maximum, minimum
     T.any, T.all, T.argmax, T.argmin = _any, _all, argmax, argmin
     T.logsumexp, T.prod, T.cumsum, T.norm = logsumexp, prod, cumsum, norm
+    T.sort, T.argsort, T.topk, T.cumprod = sort, argsort, topk, cumprod
+    T.count_nonzero, T.nonzero = count_nonzero, nonzero

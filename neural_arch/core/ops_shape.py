@@ -14,6 +14,8 @@ Example::
 
 from __future__ import annotations
 
+from builtins import max as builtins_max
+
 import numpy as np
 
 from .. import backend as _backend
@@ -174,6 +176,7 @@ def permute(x: Tensor, *axes) -> Tensor:
     axes = _shape_arg(axes)
     if len(axes) != x.ndim:
         raise ValueError(f"permute needs {x.ndim} axes for a {x.ndim}-d tensor, got {axes}")
+    axes = _unique_dims(axes, x.ndim, "permute") if x.ndim else tuple(axes)
     xd = x.data
     out = xd.transpose(axes)
     if not _needs(x):
@@ -182,8 +185,9 @@ def permute(x: Tensor, *axes) -> Tensor:
     return _result(out, Node(lambda g: (g.transpose(inv),), (x,), "Permute", fresh=False))
 
 
-def swapaxes(x: Tensor, a: int, b: int) -> Tensor:
-    """Exchange axes ``a`` and ``b`` (a view; torch's ``transpose(a, b)``).
+def swapaxes(input: Tensor, axis0: int, axis1: int) -> Tensor:
+    """Exchange axes ``axis0`` and ``axis1`` (a view; torch's ``swapaxes``, an alias of
+    ``transpose(input, dim0, dim1)``); a dim out of range is torch's ``IndexError``.
 
     Example::
 
@@ -191,9 +195,21 @@ def swapaxes(x: Tensor, a: int, b: int) -> Tensor:
         >>> na.ones(2, 3).swapaxes(0, 1).shape
         (3, 2)
     """
-    perm = list(range(x.ndim))
-    perm[a], perm[b] = perm[b], perm[a]
-    return permute(x, *perm)
+    return transpose(input, axis0, axis1)
+
+
+def swapdims(input: Tensor, dim0: int, dim1: int) -> Tensor:
+    """torch's ``transpose(input, dim0, dim1)`` (also named ``swapdims``): exactly two dims swapped,
+    the form ``neural_arch.transpose`` takes (the method ``x.transpose(...)`` also takes NumPy's
+    full permutation).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.transpose(na.ones(2, 3, 4), 0, -1).shape, na.swapdims(na.ones(2, 3), dim0=0, dim1=1).shape
+        ((4, 3, 2), (3, 2))
+    """
+    return transpose(input, dim0, dim1)
 
 
 def squeeze(x: Tensor, dim=None, *, axis=None) -> Tensor:
@@ -849,6 +865,324 @@ def index_select(input: Tensor, dim: int, index) -> Tensor:
     return _result(out, Node(fn, (input,), "IndexSelect", saved=(index,)))
 
 
+# ============================================================================ torch's reordering and selection ops
+def _dims_arg(dims) -> tuple:
+    """``dims`` given as ints, a tuple/list, or one tuple/list (torch's ``x.flip(0, 1)`` / ``flip(x, (0, 1))``)."""
+    if isinstance(dims, (int, np.integer)):
+        return (int(dims),)
+    dims = _shape_arg(tuple(dims))
+    if isinstance(dims, (int, np.integer)):
+        return (int(dims),)
+    return tuple(dims)
+
+
+def _unique_dims(dims, ndim: int, op: str) -> tuple:
+    axes = tuple(_check_dim(int(d), ndim) for d in dims)
+    if len(set(axes)) != len(axes):
+        raise RuntimeError(f"{op}: dim {list(dims)} appears multiple times in the list of dims")
+    return axes
+
+
+def flip(input: Tensor, *dims) -> Tensor:
+    """torch's ``flip(input, dims)``: reverse the order along every dim in ``dims`` (a copy, as torch).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.flip(na.tensor([[1, 2], [3, 4]]), (0, 1)).tolist(), na.arange(3).flip(0).tolist()
+        ([[4, 3], [2, 1]], [2, 1, 0])
+    """
+    xd = input.data
+    axes = _unique_dims(_dims_arg(dims), xd.ndim, "flip")
+    xp = _xp(xd)
+    out = xp.flip(xd, axis=axes).copy() if axes and xd.ndim else xd.copy()
+    if not _needs(input):
+        return _result(out, None)
+    return _result(out, Node(lambda g: (xp.flip(g, axis=axes) if axes and g.ndim else g,), (input,), "Flip"))
+
+
+def roll(input: Tensor, shifts, dims=None) -> Tensor:
+    """torch's ``roll(input, shifts, dims=None)``: shift elements along ``dims`` cyclically
+    (``dims=None``: over the flattened tensor, the shape kept). ``shifts`` and ``dims`` are ints or
+    tuples of one length.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.roll(na.arange(5), 2).tolist(), na.roll(na.tensor([[1, 2], [3, 4]]), 1, 1).tolist()
+        ([3, 4, 0, 1, 2], [[2, 1], [4, 3]])
+    """
+    xd = input.data
+    xp = _xp(xd)
+    sh = _dims_arg(shifts)
+    if dims is None:
+        if len(sh) != 1:
+            raise RuntimeError(f"roll: with dims=None, shifts must be one int, got {shifts!r}")
+        axes = None
+    else:
+        if xd.ndim == 0:
+            raise IndexError("roll: Dimension specified as 0 but tensor has no dimensions")
+        axes = tuple(_check_dim(int(d), xd.ndim) for d in _dims_arg(dims))
+        if len(axes) != len(sh):
+            raise RuntimeError(f"roll: shifts and dimensions must align: shifts {len(sh)}, dims {len(axes)}")
+    shift = sh[0] if axes is None else sh
+    out = xp.roll(xd, shift, axis=axes) if xd.ndim or axes is None else xd.copy()
+    if not _needs(input):
+        return _result(out, None)
+    back = -shift if axes is None else tuple(-s for s in sh)
+
+    def fn(g):
+        return (xp.roll(g, back, axis=axes) if g.ndim or axes is None else g,)
+
+    return _result(out, Node(fn, (input,), "Roll"))
+
+
+def unbind(input: Tensor, dim: int = 0) -> tuple:
+    """torch's ``unbind``: the slices along ``dim`` as a tuple, that dim removed.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> [t.tolist() for t in na.unbind(na.tensor([[1, 2], [3, 4]]), 1)]
+        [[1, 3], [2, 4]]
+    """
+    if input.ndim == 0:
+        raise IndexError("unbind: dimension specified as 0 but tensor has no dimensions")
+    ax = _check_dim(dim, input.ndim)
+    lead = (slice(None),) * ax
+    return tuple(getitem(input, lead + (i,)) for i in range(input.shape[ax]))
+
+
+def narrow(input: Tensor, dim: int, start: int, length: int) -> Tensor:
+    """torch's ``narrow(input, dim, start, length)``: ``length`` entries from ``start`` along ``dim``
+    (a negative ``start`` counts from the end); out of range is torch's error, not a shorter result.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.arange(6).reshape(2, 3).narrow(1, 1, 2).tolist()
+        [[1, 2], [4, 5]]
+    """
+    if input.ndim == 0:
+        raise RuntimeError("narrow() cannot be applied to a 0-dim tensor.")
+    ax = _check_dim(dim, input.ndim)
+    size = input.shape[ax]
+    start, length = int(start), int(length)
+    if not -size <= start <= size:
+        raise IndexError(f"narrow(): start ({start}) out of range for dimension {ax} of size {size}")
+    if start < 0:
+        start += size
+    if length < 0 or start + length > size:
+        raise RuntimeError(f"narrow(): start ({start}) + length ({length}) exceeds dimension size ({size}).")
+    return getitem(input, (slice(None),) * ax + (slice(start, start + length),))
+
+
+def movedim(input: Tensor, source, destination) -> Tensor:
+    """torch's ``movedim(input, source, destination)`` (alias ``moveaxis``): move the dims
+    ``source`` (an int or a tuple) to the positions ``destination``, the others in their order.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.movedim(na.ones(2, 3, 4), 0, -1).shape, na.ones(2, 3, 4).movedim((0, 1), (2, 0)).shape
+        ((3, 4, 2), (3, 4, 2))
+    """
+    nd = input.ndim
+    src, dst = _dims_arg(source), _dims_arg(destination)
+    if len(src) != len(dst):
+        raise RuntimeError(f"movedim: Invalid source or destination dims: source ({list(src)} dims) should "
+                           f"contain the same number of dims as destination ({list(dst)} dims)")
+    src, dst = _unique_dims(src, nd, "movedim"), _unique_dims(dst, nd, "movedim")
+    if not nd:
+        return clone(input) if src else input
+    perm = [None] * nd
+    for s, d in zip(src, dst):
+        perm[d] = s
+    rest = iter(d for d in range(nd) if d not in src)
+    perm = [p if p is not None else next(rest) for p in perm]
+    return permute(input, *perm)
+
+
+def tile(input: Tensor, *dims) -> Tensor:
+    """torch's ``tile(input, dims)``: repeat the whole tensor ``dims[i]`` times along each dim
+    (fewer ``dims`` than dims: leading 1s; more: the tensor gains leading dims). The gradient sums
+    the copies back.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.tile(na.tensor([1, 2]), (2,)).tolist(), na.tensor([[1], [2]]).tile(1, 2).tolist()
+        ([1, 2, 1, 2], [[1, 1], [2, 2]])
+    """
+    reps = tuple(int(r) for r in _dims_arg(dims))
+    if any(r < 0 for r in reps):
+        raise RuntimeError(f"tile: repeats can not be negative, got {list(reps)}")
+    xd = input.data
+    xp = _xp(xd)
+    nd = builtins_max(len(reps), xd.ndim)
+    reps = (1,) * (nd - len(reps)) + reps
+    shape = (1,) * (nd - xd.ndim) + xd.shape
+    out = xp.tile(xd.reshape(shape), reps)
+    if not _needs(input):
+        return _result(out, None)
+    ish = xd.shape
+
+    def fn(g):
+        inter = tuple(v for pair in zip(reps, shape) for v in pair)  # (r0, s0, r1, s1, ...)
+        return (g.reshape(inter).sum(axis=tuple(range(0, 2 * nd, 2))).reshape(ish),)
+
+    return _result(out, Node(fn, (input,), "Tile"))
+
+
+def diagonal(input: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    """torch's ``diagonal(input, offset=0, dim1=0, dim2=1)``: the diagonal of the (``dim1``,
+    ``dim2``) planes as the last dim (``offset > 0`` above the main diagonal, ``< 0`` below).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> x = na.arange(9).reshape(3, 3)
+        >>> na.diagonal(x).tolist(), x.diagonal(1).tolist(), x.diagonal(-1).tolist()
+        ([0, 4, 8], [1, 5], [3, 7])
+    """
+    xd = input.data
+    if xd.ndim < 2:
+        raise RuntimeError(f"diagonal: expected a tensor of at least 2 dims, got {xd.ndim}")
+    d1, d2 = _check_dim(dim1, xd.ndim), _check_dim(dim2, xd.ndim)
+    if d1 == d2:
+        raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    xp = _xp(xd)
+    out = xp.diagonal(xd, int(offset), d1, d2).copy()
+    if not _needs(input):
+        return _result(out, None)
+    shape = xd.shape
+
+    def fn(g):
+        gx = xp.zeros(shape, dtype=g.dtype)
+        n = g.shape[-1]
+        if n:
+            moved = xp.moveaxis(gx, (d1, d2), (-2, -1))  # a view: writing it writes gx
+            i = xp.arange(n)
+            rows, cols = (i, i + offset) if offset >= 0 else (i - offset, i)
+            moved[..., rows, cols] = g
+        return (gx,)
+
+    return _result(out, Node(fn, (input,), "Diagonal"))
+
+
+def diag(input: Tensor, diagonal: int = 0) -> Tensor:
+    """torch's ``diag(input, diagonal=0)``: a 1-d input becomes a square matrix with it on the
+    ``diagonal``-th diagonal; a 2-d input gives that diagonal as 1-d.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.diag(na.tensor([1, 2])).tolist(), na.diag(na.arange(4).reshape(2, 2)).tolist()
+        ([[1, 0], [0, 2]], [0, 3])
+    """
+    xd = input.data
+    if xd.ndim not in (1, 2):
+        raise RuntimeError(f"diag(): Supports 1D or 2D tensors. Got {xd.ndim}D")
+    if xd.ndim == 2:
+        return globals()["diagonal"](input, diagonal, 0, 1)
+    xp = _xp(xd)
+    k = int(diagonal)
+    out = xp.diag(xd, k)
+    if not _needs(input):
+        return _result(out, None)
+    return _result(out, Node(lambda g: (xp.diagonal(g, k).copy(),), (input,), "Diag"))
+
+
+def repeat_interleave(input: Tensor, repeats, dim=None, *, output_size=None) -> Tensor:
+    """torch's ``repeat_interleave(input, repeats, dim=None)``: each element repeated ``repeats``
+    times (an int, or one count per element along ``dim``) along ``dim``; ``dim=None`` flattens
+    first. The gradient sums each element's copies.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> na.repeat_interleave(na.tensor([1, 2]), 2).tolist()
+        [1, 1, 2, 2]
+        >>> na.tensor([[1, 2], [3, 4]]).repeat_interleave(na.tensor([1, 2]), dim=0).tolist()
+        [[1, 2], [3, 4], [3, 4]]
+    """
+    if dim is not None and input.ndim == 0:
+        raise IndexError("repeat_interleave: Dimension specified as 0 but tensor has no dimensions")
+    x = input if dim is not None else reshape(input, -1)
+    xd = x.data
+    xp = _xp(xd)
+    ax = _check_dim(0 if dim is None else dim, xd.ndim)
+    n = xd.shape[ax] if xd.ndim else 1
+    rd = repeats.data if isinstance(repeats, Tensor) else repeats
+    if isinstance(rd, (list, tuple)):
+        rd = np.asarray(rd, dtype=np.int64)
+    if hasattr(rd, "dtype") and not isinstance(rd, np.generic):
+        if rd.dtype.kind not in "iu":
+            raise RuntimeError(f"repeat_interleave: repeats must be an integer tensor, got dtype {rd.dtype}")
+        if rd.ndim > 1 or (rd.size != 1 and rd.size != n):
+            raise RuntimeError(f"repeat_interleave: repeats must have the same size as input along dim, but got "
+                               f"repeats.size(0) = {rd.size} and input.size({ax}) = {n}")
+        counts = np.asarray(_backend.to_device(rd, "cpu")).reshape(-1).astype(np.int64)
+        if counts.size == 1:
+            counts = np.full(n, int(counts[0]), dtype=np.int64)
+    else:
+        counts = np.full(n, int(rd), dtype=np.int64)
+    if (counts < 0).any():
+        raise RuntimeError("repeat_interleave: repeats can not be negative")
+    if output_size is not None and int(output_size) != int(counts.sum()):
+        raise RuntimeError(f"repeat_interleave: output_size {output_size} does not match the sum of repeats "
+                           f"{int(counts.sum())}")
+    src = np.repeat(np.arange(n), counts)
+    if xd.ndim == 0:
+        xd = xd.reshape(1)
+    out = xp.take(xd, xp.asarray(src), axis=ax)
+    if not _needs(x):
+        return _result(out, None)
+    shape = x.data.shape
+    isrc = xp.asarray(src)
+
+    def fn(g):
+        gx = xp.zeros(xd.shape, dtype=g.dtype)
+        _scatter_add_at(xp, gx, (slice(None),) * ax + (isrc,), g)
+        return (gx.reshape(shape),)
+
+    return _result(out, Node(fn, (x,), "RepeatInterleave"))
+
+
+def masked_select(input: Tensor, mask) -> Tensor:
+    """torch's ``masked_select(input, mask)``: the elements where the boolean ``mask`` (broadcast with
+    ``input``) is true, as a 1-d tensor in row-major order.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> x = na.tensor([[1.0, 2.0], [3.0, 4.0]])
+        >>> na.masked_select(x, x > 2).tolist(), x.masked_select(na.tensor([True, False])).tolist()
+        ([3.0, 4.0], [1.0, 3.0])
+    """
+    md = mask.data if isinstance(mask, Tensor) else mask
+    if getattr(md, "dtype", None) is None or md.dtype != np.bool_:
+        got = getattr(md, "dtype", type(md).__name__)
+        raise RuntimeError(f"masked_select: expected a boolean mask, got dtype {got}")
+    xd = input.data
+    _same_device([xd, md], "masked_select")
+    xp = _xp(xd)
+    shape = xp.broadcast_shapes(xd.shape, md.shape) if hasattr(xp, "broadcast_shapes") else \
+        np.broadcast_shapes(xd.shape, md.shape)
+    mb = xp.broadcast_to(md, shape)
+    out = xp.broadcast_to(xd, shape)[mb]
+    if not _needs(input):
+        return _result(out, None)
+    ish = xd.shape
+
+    def fn(g):
+        gx = xp.zeros(shape, dtype=g.dtype)
+        gx[mb] = g
+        return (unbroadcast(gx, ish),)
+
+    return _result(out, Node(fn, (input,), "MaskedSelect", saved=(mask,)))
+
+
 # ============================================================================ method binding
 def _bind_methods(T) -> None:
     T.__getitem__ = getitem
@@ -862,6 +1196,7 @@ def _bind_methods(T) -> None:
     T.transpose = transpose
     T.permute = permute
     T.swapaxes = swapaxes
+    T.swapdims = swapdims
     T.squeeze = squeeze
     T.unsqueeze = unsqueeze
     T.flatten = flatten
@@ -888,3 +1223,7 @@ def _bind_methods(T) -> None:
     T.scatter_add = scatter_add
     T.scatter_add_ = scatter_add_
     T.index_select = index_select
+    T.flip, T.roll, T.unbind, T.narrow, T.tile = flip, roll, unbind, narrow, tile
+    T.movedim = T.moveaxis = movedim
+    T.diagonal, T.diag = diagonal, diag
+    T.repeat_interleave, T.masked_select = repeat_interleave, masked_select
