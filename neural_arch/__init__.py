@@ -239,7 +239,7 @@ __all__ = [
 
 # Lazily imported subpackages. `distributed` is deliberately absent: it must be imported
 # explicitly (`import neural_arch.distributed as dist`), never as a side effect.
-_LAZY = {"nn", "optim", "data", "backend", "cuda", "amp", "profiler", "linalg"}
+_LAZY = {"nn", "optim", "data", "backend", "cuda", "amp", "profiler", "linalg", "autograd"}
 
 
 def __getattr__(name: str):
