@@ -1,6 +1,9 @@
 """Loss modules: ``CrossEntropyLoss``, ``NLLLoss``, ``MSELoss``, ``L1Loss``, ``SmoothL1Loss``, ``HuberLoss``,
 ``BCELoss``, ``BCEWithLogitsLoss`` and ``KLDivLoss``, each over its function in
-:mod:`neural_arch.core.ops_loss` with torch's constructor arguments (class weights as buffers).
+:mod:`neural_arch.core.ops_loss`, and torch's margin / embedding / likelihood losses
+(``MarginRankingLoss``, ``HingeEmbeddingLoss``, ``SoftMarginLoss``, ``CosineEmbeddingLoss``,
+``TripletMarginLoss``, ``PoissonNLLLoss``, ``GaussianNLLLoss``, ``MultiLabelSoftMarginLoss``) over
+:mod:`neural_arch.nn.functional.losses`, with torch's constructor arguments (class weights as buffers).
 
 Example::
 
@@ -30,7 +33,9 @@ from neural_arch.nn import functional as F
 from neural_arch.nn.module import Module
 
 __all__ = ["BCELoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "HuberLoss", "KLDivLoss", "L1Loss", "MSELoss",
-           "NLLLoss", "SmoothL1Loss"]
+           "NLLLoss", "SmoothL1Loss", "MarginRankingLoss", "HingeEmbeddingLoss", "SoftMarginLoss",
+           "CosineEmbeddingLoss", "TripletMarginLoss", "PoissonNLLLoss", "GaussianNLLLoss",
+           "MultiLabelSoftMarginLoss"]
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -312,3 +317,204 @@ class KLDivLoss(Module):
 
     def extra_repr(self) -> str:
         return f"reduction={self.reduction!r}, log_target={self.log_target}"
+
+
+# ---- margin, embedding and likelihood losses (torch's second positional argument is the legacy
+# size_average in each: everything after the loss's own leading arguments is keyword-only here).
+class MarginRankingLoss(Module):
+    """``max(0, -y (x1 - x2) + margin)`` (torch's ``nn.MarginRankingLoss(margin=0.0)``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> nn.MarginRankingLoss(margin=1.0)(na.tensor([2.0]), na.tensor([1.0]), na.tensor([1.0])).item()
+        0.0
+    """
+
+    def __init__(self, margin: float = 0.0, *, reduction: str = "mean"):
+        super().__init__()
+        self.margin = float(margin)
+        self.reduction = _check_reduction(reduction, "MarginRankingLoss")
+
+    def forward(self, input1, input2, target):
+        return F.margin_ranking_loss(input1, input2, target, self.margin, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"margin={self.margin}, reduction={self.reduction!r}"
+
+
+class HingeEmbeddingLoss(Module):
+    """``x`` for ``y = 1``, ``max(0, margin - x)`` for ``y = -1`` (torch's ``nn.HingeEmbeddingLoss(margin=1.0)``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> nn.HingeEmbeddingLoss()(na.tensor([0.25]), na.tensor([-1.0])).item()
+        0.75
+    """
+
+    def __init__(self, margin: float = 1.0, *, reduction: str = "mean"):
+        super().__init__()
+        self.margin = float(margin)
+        self.reduction = _check_reduction(reduction, "HingeEmbeddingLoss")
+
+    def forward(self, input, target):
+        return F.hinge_embedding_loss(input, target, self.margin, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"margin={self.margin}, reduction={self.reduction!r}"
+
+
+class SoftMarginLoss(Module):
+    """``log(1 + exp(-y x))`` averaged (torch's ``nn.SoftMarginLoss``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> round(nn.SoftMarginLoss()(na.tensor([0.0]), na.tensor([1.0])).item(), 4)
+        0.6931
+    """
+
+    def __init__(self, *, reduction: str = "mean"):
+        super().__init__()
+        self.reduction = _check_reduction(reduction, "SoftMarginLoss")
+
+    def forward(self, input, target):
+        return F.soft_margin_loss(input, target, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction!r}"
+
+
+class CosineEmbeddingLoss(Module):
+    """``1 - cos`` for ``y = 1``, ``max(0, cos - margin)`` for ``y = -1`` (torch's
+    ``nn.CosineEmbeddingLoss(margin=0.0)``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> nn.CosineEmbeddingLoss()(na.tensor([[1.0, 0.0]]), na.tensor([[1.0, 0.0]]), na.tensor([-1.0])).item()
+        1.0
+    """
+
+    def __init__(self, margin: float = 0.0, *, reduction: str = "mean"):
+        super().__init__()
+        self.margin = float(margin)
+        self.reduction = _check_reduction(reduction, "CosineEmbeddingLoss")
+
+    def forward(self, input1, input2, target):
+        return F.cosine_embedding_loss(input1, input2, target, self.margin, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"margin={self.margin}, reduction={self.reduction!r}"
+
+
+class TripletMarginLoss(Module):
+    """``max(d(a, p) - d(a, n) + margin, 0)`` (torch's ``nn.TripletMarginLoss(margin=1.0, p=2.0, eps=1e-6,
+    swap=False)``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> loss = nn.TripletMarginLoss(margin=1.0, eps=0.0)
+        >>> loss(na.zeros(1, 2), na.zeros(1, 2), na.tensor([[3.0, 4.0]])).item()
+        0.0
+    """
+
+    def __init__(self, margin: float = 1.0, p: float = 2.0, eps: float = 1e-6, swap: bool = False, *,
+                 reduction: str = "mean"):
+        super().__init__()
+        if float(margin) <= 0:
+            raise ValueError(f"TripletMarginLoss: margin must be greater than 0, got {margin}")
+        self.margin = float(margin)
+        self.p = float(p)
+        self.eps = float(eps)
+        self.swap = bool(swap)
+        self.reduction = _check_reduction(reduction, "TripletMarginLoss")
+
+    def forward(self, anchor, positive, negative):
+        return F.triplet_margin_loss(anchor, positive, negative, self.margin, self.p, self.eps, self.swap,
+                                     reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"margin={self.margin}, p={self.p}, eps={self.eps}, swap={self.swap}, reduction={self.reduction!r}"
+
+
+class PoissonNLLLoss(Module):
+    """Poisson negative log-likelihood (torch's ``nn.PoissonNLLLoss(log_input=True, full=False, eps=1e-8)``).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> nn.PoissonNLLLoss()(na.tensor([0.0]), na.tensor([1.0])).item()
+        1.0
+    """
+
+    def __init__(self, log_input: bool = True, full: bool = False, *, eps: float = 1e-8, reduction: str = "mean"):
+        super().__init__()
+        self.log_input = bool(log_input)
+        self.full = bool(full)
+        self.eps = float(eps)
+        self.reduction = _check_reduction(reduction, "PoissonNLLLoss")
+
+    def forward(self, log_input, target):
+        return F.poisson_nll_loss(log_input, target, self.log_input, self.full, eps=self.eps,
+                                  reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"log_input={self.log_input}, full={self.full}, eps={self.eps}, reduction={self.reduction!r}"
+
+
+class GaussianNLLLoss(Module):
+    """Gaussian negative log-likelihood with a predicted variance (torch's ``nn.GaussianNLLLoss(*,
+    full=False, eps=1e-6, reduction="mean")``); called as ``loss(input, target, var)``.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> nn.GaussianNLLLoss()(na.tensor([1.0]), na.tensor([3.0]), na.tensor([1.0])).item()
+        2.0
+    """
+
+    def __init__(self, *, full: bool = False, eps: float = 1e-6, reduction: str = "mean"):
+        super().__init__()
+        self.full = bool(full)
+        self.eps = float(eps)
+        self.reduction = _check_reduction(reduction, "GaussianNLLLoss")
+
+    def forward(self, input, target, var):
+        return F.gaussian_nll_loss(input, target, var, full=self.full, eps=self.eps, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"full={self.full}, eps={self.eps}, reduction={self.reduction!r}"
+
+
+class MultiLabelSoftMarginLoss(Module):
+    """One-versus-all logistic loss over ``(N, C)`` multi-label targets (torch's
+    ``nn.MultiLabelSoftMarginLoss(weight=None)``; ``weight`` ``(C,)`` is kept as a buffer).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> round(nn.MultiLabelSoftMarginLoss()(na.zeros(1, 3), na.tensor([[1.0, 0.0, 1.0]])).item(), 4)
+        0.6931
+    """
+
+    def __init__(self, weight=None, *, reduction: str = "mean"):
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.reduction = _check_reduction(reduction, "MultiLabelSoftMarginLoss")
+
+    def forward(self, input, target):
+        return F.multilabel_soft_margin_loss(input, target, self.weight, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction!r}"

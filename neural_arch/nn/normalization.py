@@ -1,5 +1,6 @@
-"""``LayerNorm``, ``RMSNorm``, ``GroupNorm``, ``Dropout`` and ``Dropout2d`` (batch norm lives in
-``nn.batchnorm``).
+"""``LayerNorm``, ``RMSNorm``, ``GroupNorm``, ``LocalResponseNorm``, ``Dropout``, ``Dropout1d``,
+``Dropout2d`` and ``AlphaDropout`` (batch norm lives in ``nn.batchnorm``, instance norm in
+``nn.instancenorm``).
 
 Example::
 
@@ -20,7 +21,8 @@ from neural_arch.nn import functional as F
 from neural_arch.nn.module import Module
 from neural_arch.nn.parameter import Parameter
 
-__all__ = ["LayerNorm", "RMSNorm", "GroupNorm", "Dropout", "Dropout2d"]
+__all__ = ["LayerNorm", "RMSNorm", "GroupNorm", "LocalResponseNorm", "Dropout", "Dropout1d", "Dropout2d",
+           "AlphaDropout"]
 
 
 class LayerNorm(Module):
@@ -184,3 +186,62 @@ class Dropout2d(Dropout):
     """
 
     _op = staticmethod(F.dropout2d)
+
+
+class Dropout1d(Dropout):
+    """Zero whole channels of ``(N, C, L)`` (or unbatched ``(C, L)``) input with probability ``p`` while
+    training, scaling the rest by 1/(1-p) (torch's ``nn.Dropout1d``; other ranks are refused).
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> y = nn.Dropout1d(p=0.5)(na.ones(1, 8, 3)).data
+        >>> sorted(set(y.std(axis=-1).ravel().tolist()))     # each channel all kept or all zeroed
+        [0.0]
+    """
+
+    _op = staticmethod(F.dropout1d)
+
+
+class AlphaDropout(Dropout):
+    """Dropout that keeps SELU's self-normalising mean and variance (torch's ``nn.AlphaDropout(p=0.5)``):
+    dropped elements take SELU's saturation value, then an affine map restores the statistics.
+    Identity in ``eval()`` mode.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> nn.AlphaDropout(0.2).eval()(na.ones(2)).tolist()
+        [1.0, 1.0]
+    """
+
+    _op = staticmethod(F.alpha_dropout)
+
+
+class LocalResponseNorm(Module):
+    """Local response normalisation across channels (torch's ``nn.LocalResponseNorm(size, alpha=1e-4,
+    beta=0.75, k=1.0)``), over :func:`~neural_arch.nn.functional.local_response_norm`.
+
+    Example::
+
+        >>> import neural_arch as na
+        >>> from neural_arch import nn
+        >>> nn.LocalResponseNorm(2)(na.zeros(1, 3, 4)).shape
+        (1, 3, 4)
+    """
+
+    def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0):
+        super().__init__()
+        self.size = int(size)
+        self.alpha = float(alpha)
+        self.beta = float(beta)
+        self.k = float(k)
+
+    def forward(self, x):
+        return F.local_response_norm(x if isinstance(x, Tensor) else Tensor(x), self.size, self.alpha, self.beta,
+                                     self.k)
+
+    def extra_repr(self) -> str:
+        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"

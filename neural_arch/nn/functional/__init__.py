@@ -110,3 +110,45 @@ __all__ = [
 from neural_arch.core.ops_attention import scaled_dot_product_attention
 
 __all__ += ["scaled_dot_product_attention"]
+
+# ---- torch parity (issue h6): activations, distances, encodings, random regularisers, norms, losses ------
+from neural_arch.nn.functional.activations import (
+    celu,
+    elu,
+    glu,
+    hardsigmoid,
+    hardswish,
+    hardtanh,
+    logsigmoid,
+    mish,
+    prelu,
+    relu6,
+    selu,
+    softmin,
+    softsign,
+    tanhshrink,
+    threshold,
+)
+from neural_arch.nn.functional.bilinear_form import bilinear
+from neural_arch.nn.functional.distances import cosine_similarity, normalize, pairwise_distance
+from neural_arch.nn.functional.encodings import one_hot
+from neural_arch.nn.functional.losses import (
+    cosine_embedding_loss,
+    gaussian_nll_loss,
+    hinge_embedding_loss,
+    margin_ranking_loss,
+    multilabel_soft_margin_loss,
+    poisson_nll_loss,
+    soft_margin_loss,
+    triplet_margin_loss,
+)
+from neural_arch.nn.functional.norms import instance_norm, local_response_norm
+from neural_arch.nn.functional.stochastic import alpha_dropout, dropout1d, gumbel_softmax
+
+__all__ += [
+    "elu", "selu", "celu", "mish", "hardswish", "hardsigmoid", "hardtanh", "relu6", "logsigmoid", "softsign",
+    "tanhshrink", "threshold", "glu", "prelu", "softmin", "one_hot", "normalize", "cosine_similarity",
+    "pairwise_distance", "dropout1d", "alpha_dropout", "gumbel_softmax", "instance_norm", "local_response_norm",
+    "margin_ranking_loss", "hinge_embedding_loss", "soft_margin_loss", "cosine_embedding_loss",
+    "triplet_margin_loss", "poisson_nll_loss", "gaussian_nll_loss", "multilabel_soft_margin_loss", "bilinear",
+]
