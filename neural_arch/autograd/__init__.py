@@ -1,5 +1,5 @@
-"""``neural_arch.autograd``: torch's ``torch.autograd`` names -- :func:`grad`, :func:`backward`,
-:class:`Function` (custom ops with their own backward) and the grad-mode switches.
+"""``neural_arch.autograd``: torch's ``torch.autograd`` names -- ``grad``, ``backward``, ``Function``
+(custom ops with their own backward) and the grad-mode switches.
 
 :func:`grad` returns the gradients of ``outputs`` with respect to ``inputs`` without touching any
 ``.grad`` (nor the gradient hooks that run when a leaf's ``.grad`` is accumulated, such as DDP's):

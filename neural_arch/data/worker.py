@@ -125,10 +125,10 @@ class IterableEnd:
 
 
 def capture_random_state() -> dict:
-    """The random streams :func:`seed_worker` seeds, as plain data (JSON-serialisable): Python's
+    """The random streams ``seed_worker`` seeds, as plain data (JSON-serialisable): Python's
     ``random``, NumPy's legacy global generator and neural_arch's global generator. A worker sends
     them with every batch, so a loader can resume mid-epoch with each worker's streams where the
-    uninterrupted run had them (:meth:`DataLoader.state_dict`).
+    uninterrupted run had them (:meth:`neural_arch.data.DataLoader.state_dict`).
 
     Example::
 
