@@ -228,7 +228,9 @@ def test_timeouts_say_what_the_ranks_were_doing(tmp_path):
     for rank in (0, 1):
         collective = (tmp_path / f"collective_{rank}.txt").read_text()
         assert collective.startswith("CollectiveTimeoutError: all_reduce #1"), done.output
-        assert "idle" not in collective and f"ranks [{1 - rank}] did not arrive" in collective, collective
+        # (the other rank may have timed out already: then it answers "idle ...; it timed out ... in all_reduce #1
+        # ... on group <its group>", still another place than this one)
+        assert f"ranks [{1 - rank}] did not arrive" in collective, collective
         assert f"on group pg1/group{2 - rank} [0, 1]" in collective, collective     # where the other one waits
         send = (tmp_path / f"send_{rank}.txt").read_text()
         assert send.startswith(f"CollectiveTimeoutError: send #1 (shape (131072,), float64) to rank {1 - rank} "), send
