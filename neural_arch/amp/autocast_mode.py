@@ -58,9 +58,14 @@ from neural_arch.core.tensor import Tensor
 
 __all__ = ["FP32_OPS", "LOWER_PRECISION_OPS", "autocast", "get_autocast_dtype", "is_autocast_enabled"]
 
-LOWER_PRECISION_OPS = ("linear", "matmul", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d")
-FP32_OPS = ("softmax", "log_softmax", "layer_norm", "batch_norm", "cross_entropy", "nll_loss", "mse_loss",
-            "sum", "mean", "exp", "log")
+LOWER_PRECISION_OPS = ("linear", "matmul", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "prelu")
+# torch's float32 list (its CUDA table; its CPU table holds the losses too): reductions, norms, exponentials and
+# every loss, whose sums lose too much in 16 bits
+FP32_OPS = ("softmax", "log_softmax", "softmin", "softplus", "layer_norm", "group_norm", "batch_norm", "normalize",
+            "cosine_similarity", "pairwise_distance", "cross_entropy", "nll_loss", "mse_loss", "l1_loss",
+            "smooth_l1_loss", "huber_loss", "kl_div", "binary_cross_entropy_with_logits", "poisson_nll_loss",
+            "margin_ranking_loss", "hinge_embedding_loss", "soft_margin_loss", "multilabel_soft_margin_loss",
+            "cosine_embedding_loss", "triplet_margin_loss", "sum", "mean", "exp", "log")
 
 # Regions are per thread, as torch's autocast state is thread-local: a region in one thread must not
 # cast the ops another thread runs (an evaluation thread would silently compute in bfloat16). The
