@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 import neural_arch as na
 import neural_arch.nn.functional as F
-from neural_arch import Tensor, backend, nn
+from neural_arch import Tensor, nn
 from neural_arch.core.ops_reduce import vector_norm
 from tests.core import ops_added_references as ref
 
@@ -504,21 +504,4 @@ DEVICE_CASES = {
 def test_the_ops_run_on_the_strict_fake_device_without_waiting_for_it(fd, name):
     fn, shapes, consts = DEVICE_CASES[name]
     arrays = [_data(10 + i, s) for i, s in enumerate(shapes)]
-    results = {}
-    with fd.installed("fake"):
-        for dev in ("cpu", "fake"):
-            leaves = [Tensor(a.copy(), device=dev, requires_grad=True) for a in arrays]
-            cs = [c if dev == "cpu" else backend.to_device(c, "fake") for c in consts]
-            with fd.counting() as ev:
-                out = fn(*leaves, *cs)
-            upstream = Tensor(_data(1, out.shape), device=dev)
-            with fd.counting() as ev_back:
-                out.backward(upstream)
-            if dev == "fake":
-                assert type(out.data) is fd.FakeArray, "the result left the device"
-                for events in (ev, ev_back):
-                    assert events.host_waits == [] and events.from_host == [], f"the host waited or copied: {events}"
-            results[dev] = [np.asarray(backend.to_host(t.data) if dev == "fake" else t.data)
-                            for t in [out] + [leaf.grad for leaf in leaves]]
-    for host, device in zip(results["cpu"], results["fake"]):
-        np.testing.assert_allclose(device, host, rtol=1e-12, atol=1e-12)
+    fd.assert_host_and_device_agree(fn, arrays, lambda shape: _data(1, shape), consts)

@@ -21,7 +21,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import neural_arch as na
-from neural_arch import Tensor, backend, nn
+from neural_arch import Tensor, nn
 from neural_arch.amp import LOWER_PRECISION_OPS, autocast
 from neural_arch.nn import functional as F
 
@@ -337,20 +337,5 @@ def fd():
 def test_the_strict_fake_device_gives_the_host_results_without_waiting(fd, fn, shapes, kwargs):
     rng = np.random.default_rng(5)
     arrays = [rng.standard_normal(s) for s in shapes]
-    results = {}
-    with fd.installed("fake"):
-        for dev in ("cpu", "fake"):
-            leaves = [Tensor(a.copy(), device=dev, requires_grad=True) for a in arrays]
-            with fd.counting() as ev:
-                out = fn(*leaves, **kwargs)
-            upstream = Tensor(np.random.default_rng(6).standard_normal(out.shape), device=dev)
-            with fd.counting() as ev_back:
-                out.backward(upstream)
-            if dev == "fake":
-                assert type(out.data) is fd.FakeArray, "the result left the device"
-                for events in (ev, ev_back):
-                    assert events.host_waits == [] and events.from_host == [], f"the host waited or copied: {events}"
-            results[dev] = [np.asarray(backend.to_host(t.data) if dev == "fake" else t.data)
-                            for t in [out] + [leaf.grad for leaf in leaves]]
-    for host, device in zip(results["cpu"], results["fake"]):
-        np.testing.assert_allclose(device, host, rtol=1e-12, atol=1e-12)
+    fd.assert_host_and_device_agree(lambda *leaves: fn(*leaves, **kwargs), arrays,
+                                    lambda shape: np.random.default_rng(6).standard_normal(shape))

@@ -738,3 +738,36 @@ def installed(name: str = "fake"):
         yield xp
     finally:
         uninstall(name)
+
+
+def assert_host_and_device_agree(fn, arrays, upstream, consts=()) -> None:
+    """Run ``fn(*leaves, *consts)`` forward and backward on the host and on the fake device (leaves
+    made from ``arrays``, the upstream gradient ``upstream(shape)``): on the device the result stays a
+    device array and neither pass waits for the device or copies from the host, and the result and
+    every leaf's gradient equal the host's (1e-12). What an op's strict-device test asserts.
+
+    Example::
+
+        fd.assert_host_and_device_agree(lambda t: t.exp(), [np.ones(3)], np.ones)
+    """
+    from neural_arch import backend
+    from neural_arch.core.tensor import Tensor
+
+    results = {}
+    with installed("fake"):
+        for dev in ("cpu", "fake"):
+            leaves = [Tensor(a.copy(), device=dev, requires_grad=True) for a in arrays]
+            cs = [c if dev == "cpu" else backend.to_device(c, "fake") for c in consts]
+            with counting() as ev:
+                out = fn(*leaves, *cs)
+            grad = Tensor(upstream(out.shape), device=dev)
+            with counting() as ev_back:
+                out.backward(grad)
+            if dev == "fake":
+                assert type(out.data) is FakeArray, "the result left the device"
+                for events in (ev, ev_back):
+                    assert events.host_waits == [] and events.from_host == [], f"the host waited or copied: {events}"
+            results[dev] = [np.asarray(backend.to_host(t.data) if dev == "fake" else t.data)
+                            for t in [out] + [leaf.grad for leaf in leaves]]
+    for host, device in zip(results["cpu"], results["fake"]):
+        np.testing.assert_allclose(device, host, rtol=1e-12, atol=1e-12)
