@@ -49,6 +49,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import math
 import pickle
 
@@ -132,17 +133,9 @@ def warm_arrays(state) -> int:
     if _madvise is False:
         return 0
     warmed = 0
-    stack = [state]
-    while stack:      # (not split_arrays: it copies a non-contiguous array, which would warm the copy)
-        a = stack.pop()
-        if isinstance(a, dict):
-            stack.extend(a.values())
-            continue
-        if isinstance(a, (list, tuple)):
-            stack.extend(a)
-            continue
-        if (not isinstance(a, np.ndarray) or a.nbytes < _WARM_MIN_BYTES or not a.flags.writeable
-                or not a.flags.c_contiguous):
+    # (not split_arrays: it copies a non-contiguous array, which would warm the copy)
+    for a in _arrays_in(state):
+        if a.nbytes < _WARM_MIN_BYTES or not a.flags.writeable or not a.flags.c_contiguous:
             continue
         start = a.ctypes.data & ~(_PAGE - 1)
         if _madvise(start, a.ctypes.data + a.nbytes - start, _MADV_POPULATE_WRITE) != 0:
@@ -326,21 +319,22 @@ def head_bytes_for(state) -> int:
     return int(min(max(wanted, HEAD_BYTES), MAX_HEAD_BYTES))
 
 
-def _more_arrays_than(state, limit: int) -> bool:
-    """Whether ``state`` holds more than ``limit`` arrays (the walk stops once it knows)."""
-    count = 0
+def _arrays_in(state):
+    """The numeric arrays of a nested state, as they are (no copies), in no particular order."""
     stack = [state]
     while stack:
         x = stack.pop()
         if isinstance(x, np.ndarray) and x.dtype != object:
-            count += 1
-            if count > limit:
-                return True
+            yield x
         elif isinstance(x, dict):
             stack.extend(x.values())
         elif isinstance(x, (list, tuple)):
             stack.extend(x)
-    return False
+
+
+def _more_arrays_than(state, limit: int) -> bool:
+    """Whether ``state`` holds more than ``limit`` arrays (the walk stops once it knows)."""
+    return next(itertools.islice(_arrays_in(state), limit, None), None) is not None
 
 
 def _check_head(head: int | None) -> int:
