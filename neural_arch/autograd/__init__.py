@@ -19,10 +19,9 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
+from neural_arch import backend as _backend
 from neural_arch.autograd.function import Function, FunctionCtx, once_differentiable
 from neural_arch.core.autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from neural_arch.core.tensor import Tensor
@@ -64,8 +63,9 @@ def _root(outputs: tuple, grad_outputs) -> tuple:
     with enable_grad():
         total = None
         for out, g in zip(outputs, grad_outputs):
-            g = 1.0 if g is None else (g.data if isinstance(g, Tensor) else np.asarray(g))
-            part = (out * Tensor(np.asarray(g, dtype=out.data.dtype))).sum()
+            g = 1.0 if g is None else (g.data if isinstance(g, Tensor) else g)
+            xp = _backend.get_array_module(out.data)      # (a device output's gradient stays on its device)
+            part = (out * Tensor._wrap(xp.asarray(g, dtype=out.data.dtype))).sum()
             total = part if total is None else total + part
     return total, None
 
