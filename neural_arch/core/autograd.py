@@ -7,9 +7,9 @@ fine, in the order PyTorch uses: among ready nodes the most recently created one
 That order finishes the gradients of the *last* layers first, which is what lets DDP start
 reducing them while backward is still running.
 
-Grad mode (``no_grad``) is a process-wide switch, not a per-thread one: it is read by every op,
-and a module global is the cheapest read. Build graphs from one thread at a time (communication
-threads move raw arrays and never call ops, so DDP is unaffected).
+Grad mode (``no_grad``, ``set_grad_enabled``, ``inference_mode``) is per thread, as in torch:
+one thread's ``no_grad`` (or a backward running there) leaves another thread's recording alone,
+and a new thread starts with grad enabled.
 
 Example::
 
@@ -50,10 +50,18 @@ __all__ = [
     "run_backward",
 ]
 
-# Grad mode is a plain module global rather than thread-local: it is read by every op, and a
-# global read is the cheapest check there is. Training loops are single-threaded here (DDP's
-# communication threads move raw arrays and never build graphs).
-_grad_enabled = True
+class _GradModeState(threading.local):
+    """Grad mode, one per thread as in torch: a thread's ``no_grad`` (an evaluation or logging
+    thread, a user callback on a background thread) must not stop another thread's forward from
+    recording -- with one process-wide switch, the ops that ran in that window silently dropped
+    out of the graph and their share of the gradient was lost. A new thread starts enabled."""
+
+    enabled = True
+
+
+#: read by every op (``_grad_mode.enabled``); a thread-local attribute costs a few tens of
+#: nanoseconds more than a module global
+_grad_mode = _GradModeState()
 
 
 def is_grad_enabled() -> bool:
@@ -69,7 +77,7 @@ def is_grad_enabled() -> bool:
         ...     is_grad_enabled()
         False
     """
-    return _grad_enabled
+    return _grad_mode.enabled
 
 
 class _GradMode:
@@ -78,14 +86,12 @@ class _GradMode:
     _mode = True
 
     def __enter__(self):
-        global _grad_enabled
-        self._prev = _grad_enabled
-        _grad_enabled = self._mode
+        self._prev = _grad_mode.enabled
+        _grad_mode.enabled = self._mode
         return self
 
     def __exit__(self, *exc):
-        global _grad_enabled
-        _grad_enabled = self._prev
+        _grad_mode.enabled = self._prev
         return False
 
     def _fresh(self):
@@ -199,10 +205,9 @@ class inference_mode(_GradMode):
         self._enabled = bool(mode)
 
     def __enter__(self):
-        global _grad_enabled
-        self._prev = _grad_enabled
+        self._prev = _grad_mode.enabled
         if self._enabled:
-            _grad_enabled = False
+            _grad_mode.enabled = False
         return self
 
     def _fresh(self):
@@ -228,11 +233,10 @@ class set_grad_enabled(_GradMode):
     """
 
     def __init__(self, mode: bool):
-        global _grad_enabled
         self._mode = bool(mode)
         # Calling it plainly (not in a with-block) sets the mode at once, like torch.
-        self._prev = _grad_enabled
-        _grad_enabled = self._mode
+        self._prev = _grad_mode.enabled
+        _grad_mode.enabled = self._mode
 
     def __enter__(self):
         return self
@@ -241,8 +245,7 @@ class set_grad_enabled(_GradMode):
         # ``__init__`` already switched the mode; as a decorator (``@set_grad_enabled(False)``)
         # nothing will ever exit, so put the mode back now, as torch does, or decorating a
         # function would silently switch graph recording off for the rest of the program.
-        global _grad_enabled
-        _grad_enabled = self._prev
+        _grad_mode.enabled = self._prev
         mode = self._mode
         return _decorate(func, lambda: set_grad_enabled(mode))
 
@@ -673,12 +676,11 @@ def run_backward(root, grad, retain_graph: bool, make_tensor, inputs=None) -> No
         >>> w.grad.tolist()
         [2.0, 2.0]
     """
-    global _grad_enabled
     stack = _callback_stack()
     callbacks: list = []
     stack.append(callbacks)
-    prev_mode = _grad_enabled
-    _grad_enabled = False  # hooks may use Tensor ops; they must not build graphs
+    prev_mode = _grad_mode.enabled
+    _grad_mode.enabled = False  # hooks may use Tensor ops; they must not build graphs
     ok = False
     only = None
     retained = ()
@@ -699,7 +701,7 @@ def run_backward(root, grad, retain_graph: bool, make_tensor, inputs=None) -> No
     finally:
         for node, before in retained:
             node.retain = before
-        _grad_enabled = prev_mode
+        _grad_mode.enabled = prev_mode
         stack.pop()
     if ok:
         # Callbacks may queue more callbacks (e.g. a follow-up wait); keep draining in order.

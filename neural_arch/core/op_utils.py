@@ -170,7 +170,7 @@ def _same_device(datas, op: str) -> None:
 
 
 def _needs(*ts) -> bool:
-    if not _ag._grad_enabled:
+    if not _ag._grad_mode.enabled:
         return False
     for t in ts:
         if t is not None and t.requires_grad:

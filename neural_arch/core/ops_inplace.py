@@ -57,14 +57,14 @@ _NONLEAF_MSG = (
 
 def _refuse_graph_tensor(t: Tensor, op: str, alt: str) -> None:
     """Raise torch's error for in-place changes to a tensor that autograd tracks."""
-    if _ag._grad_enabled and t.requires_grad:
+    if _ag._grad_mode.enabled and t.requires_grad:
         msg = _LEAF_MSG if t.grad_fn is None else _NONLEAF_MSG
         raise RuntimeError(msg.format(op=op, alt=alt))
 
 
 def _records(t: Tensor, other) -> bool:
     """True when updating constant ``t`` from ``other`` must be recorded (other requires grad)."""
-    return _ag._grad_enabled and isinstance(other, Tensor) and other.requires_grad
+    return _ag._grad_mode.enabled and isinstance(other, Tensor) and other.requires_grad
 
 
 def _adopt(t: Tensor, out: Tensor) -> Tensor:
@@ -122,7 +122,7 @@ div_ = _binary("div_", "/", _ob.div, "true_divide")
 
 def _augmented(name: str, fn, method):
     def iop(self: Tensor, other):
-        if _ag._grad_enabled and (self.grad_fn is not None or _records(self, other)):
+        if _ag._grad_mode.enabled and (self.grad_fn is not None or _records(self, other)):
             # Python rebinds the name to what we return: the out-of-place result has torch's
             # value and gradient (only other aliases of the old tensor do not see the change).
             return fn(self, other)

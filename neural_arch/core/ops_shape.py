@@ -446,18 +446,18 @@ def setitem(x: Tensor, idx, value) -> None:
         >>> x.tolist()
         [0.0, 5.0, 0.0]
     """
-    if x.grad_fn is not None and _ag._grad_enabled:
+    if x.grad_fn is not None and _ag._grad_mode.enabled:
         raise RuntimeError(
             "in-place assignment to a tensor that is part of an autograd graph would corrupt its "
             "gradients; build a new tensor instead (e.g. F.where or F.cat), or write under no_grad()"
         )
-    if x.requires_grad and _ag._grad_enabled:
+    if x.requires_grad and _ag._grad_mode.enabled:
         raise RuntimeError(
             "a leaf tensor that requires grad is being used in an in-place assignment (x[idx] = value); "
             "an op that already used it would compute wrong gradients. Write under "
             "`with neural_arch.no_grad():` (as initialisers do), or build a new tensor (F.where, F.cat)"
         )
-    if isinstance(value, Tensor) and value.requires_grad and _ag._grad_enabled:
+    if isinstance(value, Tensor) and value.requires_grad and _ag._grad_mode.enabled:
         raise RuntimeError(
             "x[idx] = value: value requires grad, but the assignment is not recorded by autograd, so its "
             "gradient would be lost; build the result with F.where or F.cat (recorded), or assign "
