@@ -144,6 +144,26 @@ class GroupPoisonedError(DistributedError):
     """
 
 
+class GroupDestroyedError(DistributedError):
+    """An operation another thread of this rank was waiting in when its process group was destroyed
+    (``destroy_process_group()`` or the group's shutdown): it did not complete, and it stops as soon as
+    the destroy begins rather than waiting for peers that may never come.
+
+    Example::
+
+        >>> from neural_arch.distributed.errors import GroupDestroyedError
+        >>> str(GroupDestroyedError.during("recv #3 (shape (4,), float32, root 1)", rank=0))[:44]
+        'recv #3 (shape (4,), float32, root 1) on ran'
+    """
+
+    @classmethod
+    def during(cls, what: str, rank: int) -> "GroupDestroyedError":
+        """The error for the op ``what`` (``info.describe()``) on ``rank``."""
+        return cls(f"{what} on rank {rank} did not complete: its process group was destroyed "
+                   "(destroy_process_group() or the group's shutdown, from another thread of this rank) while "
+                   "it was waiting; wait for every operation before destroying the group")
+
+
 class ProtocolError(DistributedError):
     """A peer sent bytes that break the wire protocol (a header announcing 2**40 bytes, an unknown
     channel): the connection is dropped, never trusted.

@@ -654,6 +654,10 @@ def destroy_process_group(group=None) -> None:
     with _STATE.lock:
         if group is None or group is GroupMember.WORLD or group is _STATE.world:
             if _STATE.world is not None:
+                # an op another thread of this rank still waits in can no longer complete: it stops now
+                # with an error saying so, not after the leave wait below
+                for pg in [_STATE.world, *_STATE.groups]:
+                    pg.backend.interrupt_waits()
                 # Before the sockets close: a peer may still be in its init. Called while an exception
                 # propagates (a `finally:`), this rank is failing: no wait then.
                 _leave_world(_STATE.world, failing=sys.exc_info()[0] is not None)

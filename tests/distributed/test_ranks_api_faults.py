@@ -209,3 +209,24 @@ def test_recv_from_a_silent_peer_times_out_naming_it(backend):
     # and it must fire at all: the bound is generous (2 cores shared with other runs), it only tells
     # "timed out" from "hung until run_ranks' 60 s limit".
     assert elapsed < 45, elapsed
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_destroy_while_an_op_waits_stops_it_at_once_with_a_clear_error(transport, tmp_path):
+    # before: the op waited until the peer left (the destroying rank's store waits up to 10 s for
+    # that) and then failed with "operation forbidden on released memoryview object" (shm) or blamed
+    # the peer (tcp)
+    ops = ["recv", "all_reduce", "all_reduce_large", "broadcast"]     # (rank 0 receives the broadcast)
+    results = run_ranks(F.destroy_in_flight_fn, 2, args=(str(tmp_path), ops), init=False, timeout=90,
+                        env={"NEURAL_ARCH_GLOO_TRANSPORT": transport})
+    assert results[1].ok, results[1].traceback
+    assert results[0].ok, results[0].traceback
+    for op, kind, message, seconds in results[0].value:
+        assert kind == "GroupDestroyedError", (op, kind, message)
+        # (a large all_reduce's first use over TCP waits in the all_gather that picks its algorithm)
+        names = ("all_reduce", "all_gather") if op == "all_reduce_large" else (op,)
+        assert message.split(" #")[0] in names and "on rank 0 did not complete" in message, message
+        assert "destroy_process_group()" in message, message
+        # stopped by the destroy itself, not by the peer leaving (rank 1 leaves only after this
+        # error): the bound only tells the two apart on a loaded machine
+        assert seconds < 5.0, (op, seconds)

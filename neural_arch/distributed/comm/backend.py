@@ -155,6 +155,12 @@ class Backend(OpRunner):
     def _shutdown(self) -> None:
         """Release sockets, shared memory, communicators. Called once by :meth:`shutdown`."""
 
+    def interrupt_waits(self) -> None:
+        """Make the operations other threads of this rank are waiting in stop with an error that
+        says the group is being destroyed. ``destroy_process_group`` calls it first, before it
+        waits for its peers to leave: an op that can no longer complete should not wait as long.
+        Default: nothing (a backend whose waits cannot be interrupted, such as MPI's)."""
+
     # -- derived operations (override for speed) --------------------------------------------
     def _sendrecv(self, send_array, dst: int, recv_array, src: int, tag: int, info: OpInfo) -> None:
         """Send to ``dst`` while receiving from ``src`` (no deadlock when all ranks do it in a ring)."""

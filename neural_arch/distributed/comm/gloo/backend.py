@@ -499,6 +499,13 @@ class GlooBackend(Backend):
                            peers=peers, path=path, owns_transport=False, store=self._store,
                            lazy_direct=lazy, segments=self._segments)
 
+    def interrupt_waits(self) -> None:
+        for direct in [self._direct, *(self._segments if self._owns_transport else ())]:
+            if direct is not None:
+                direct.seg.interrupt_waits()
+        if self._owns_transport and self._t is not None:    # a sub-group shares the world's links: not its call
+            self._t.interrupt_waits()
+
     def _shutdown(self) -> None:
         self.plans.clear()
         self._direct_lazy = False

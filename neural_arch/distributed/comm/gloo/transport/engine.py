@@ -66,7 +66,7 @@ from neural_arch.distributed.comm.gloo.transport.framing import (
     as_bytes_view,
 )
 from neural_arch.distributed.comm.work import OpInfo
-from neural_arch.distributed.errors import GroupPoisonedError, PeerFailureError, RendezvousError
+from neural_arch.distributed.errors import GroupDestroyedError, GroupPoisonedError, PeerFailureError, RendezvousError
 from neural_arch.distributed.host import host_identity
 
 __all__ = [
@@ -158,6 +158,9 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def isend(self, peer: int, buf, channel: int, info: OpInfo) -> TransportHandle: ...
 
+    def interrupt_waits(self) -> None:
+        """Ops other threads still wait in stop with an error naming the destroyed group (default: nothing)."""
+
     @abc.abstractmethod
     def close(self) -> None: ...
 
@@ -179,6 +182,11 @@ class LinkTransport(Transport):
     def __init__(self, rank: int, size: int, links: dict[int, Link], local_ranks: int | None = None):
         self.rank, self.size, self.links = rank, size, links
         self._closed = False
+        #: set by ``close``: an op still waiting in the progress loop (another thread's) stops with a
+        #: clear error instead of reading links that are being closed under it
+        self._closing = False
+        self._driving = 0                 # threads inside ``_drive`` (close waits for them to leave)
+        self._driving_done = threading.Condition()
         #: (dead rank, reporting rank, why) once any rank saw a peer fail: every op then fails fast
         self._abort: tuple | None = None
         self._abort_sent = False
@@ -390,11 +398,23 @@ class LinkTransport(Transport):
         else:
             self._drive([send, recv], info)
 
+    def interrupt_waits(self) -> None:
+        """Ops still waiting in the progress loop (another thread's) stop within a poll slice with
+        an error naming the destroyed group; new ops still run (the links stay open until ``close``)."""
+        self._closing = True
+
     def close(self) -> None:
-        """Close every link. Messages already sent are delivered (a peer reads them before EOF)."""
+        """Close every link. Messages already sent are delivered (a peer reads them before EOF).
+
+        An op another thread is still waiting in (``destroy_process_group()`` called while a recv
+        or collective runs) stops within one poll slice with an error that says so; the links are
+        closed only once it has left them."""
         if self._closed:
             return
         self._flush(1.0)      # give pending isends a moment to drain: a peer may still be reading them
+        self.interrupt_waits()
+        with self._driving_done:
+            self._driving_done.wait_for(lambda: self._driving == 0, timeout=2 * _POLL_SLICE + 1.0)
         self._closed = True
         for link in self.links.values():
             try:
@@ -405,6 +425,17 @@ class LinkTransport(Transport):
     # -- the progress loop -----------------------------------------------------------------------
     def _drive(self, ops: Sequence, info: OpInfo) -> None:
         """Progress ``ops`` (and every pending send) until all are done, the deadline, or a failure."""
+        with self._driving_done:
+            self._driving += 1
+        try:
+            self._drive_until_done(ops, info)
+        finally:
+            with self._driving_done:
+                self._driving -= 1
+                if not self._driving:
+                    self._driving_done.notify_all()
+
+    def _drive_until_done(self, ops: Sequence, info: OpInfo) -> None:
         start = time.monotonic()
         last_check = start
         idle_since = None
@@ -427,6 +458,10 @@ class LinkTransport(Transport):
                 return
             if self._abort is not None:
                 raise self._abort_error(info, pending)
+            if self._closing:
+                for op in pending:
+                    abandon(op)
+                raise GroupDestroyedError.during(info.describe(), self.rank)
             moved = progressed
             for link in links:  # keep every pipelined isend flowing while we wait
                 if link.send_q and link.pump_sends():

@@ -69,6 +69,7 @@ from neural_arch.distributed.comm.gloo.transport.shm import (
 )
 from neural_arch.distributed.errors import (
     CollectiveMismatchError,
+    GroupDestroyedError,
     GroupPoisonedError,
     PeerFailureError,
     RendezvousError,
@@ -237,6 +238,10 @@ class ShmSegment:
         self._gen = ctypes.c_int32.from_buffer(mm, _GEN)
         self._gen_addr = ctypes.addressof(self._gen)
         self._futex = _Futex()
+        #: set by ``interrupt_waits``/``close``: a barrier another thread waits in stops with an error
+        self._closing = False
+        self._waiters = 0                        # threads inside ``_wait`` (close waits for them to leave)
+        self._waiters_done = threading.Condition()
         self._epoch = int(q[self._my_arrive])
         self._pids: list[int] = [0] * size
         local = size if local_ranks is None else local_ranks
@@ -325,9 +330,19 @@ class ShmSegment:
                 except FileNotFoundError:
                     pass
 
+    def interrupt_waits(self) -> None:
+        """A barrier another thread of this rank waits in stops (within a slice) with
+        :class:`~neural_arch.distributed.errors.GroupDestroyedError`; new ops still run until ``close``."""
+        self._closing = True
+        if not self._closed:
+            self._futex.wake(self._gen_addr)
+
     def close(self) -> None:
         if self._closed:
             return
+        self.interrupt_waits()
+        with self._waiters_done:     # unmapping under a waiting thread would fault it, not tell it
+            self._waiters_done.wait_for(lambda: self._waiters == 0, timeout=1.0)
         self._closed = True
         self._q.release()
         self._u.release()
@@ -487,6 +502,17 @@ class ShmSegment:
         return True
 
     def _wait(self, e: int, info) -> None:
+        with self._waiters_done:
+            self._waiters += 1
+        try:
+            self._wait_for_ranks(e, info)
+        finally:
+            with self._waiters_done:
+                self._waiters -= 1
+                if not self._waiters:
+                    self._waiters_done.notify_all()
+
+    def _wait_for_ranks(self, e: int, info) -> None:
         q, arrive, poison_idx = self._q, self._arrive, self._poison_idx
         # A short poll first: ranks in step (a loop of small collectives on an idle host) arrive within
         # moments of each other, sooner than setting up the wait below takes. Eight rounds of loads:
@@ -523,6 +549,9 @@ class ShmSegment:
             if q[poison_idx]:
                 q[self._my_sleep] = 0
                 raise self._poison_error(info)
+            if self._closing:
+                q[self._my_sleep] = 0
+                raise GroupDestroyedError.during(info.describe(), self.names[self.rank])
             g = gen.value
             if g != target:
                 futex.wait(addr, g)
