@@ -200,6 +200,95 @@ def _operand(a: Tensor, b):
     return xp.asarray(b, dtype=dt), None
 
 
+# torch's type categories: a binary op's result takes the highest category among its operands
+_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "V": 2, "c": 3}      # ("V": ml_dtypes' bfloat16 and friends)
+
+
+def _float_default():
+    from .dtypes import default_float_dtype
+    return default_float_dtype
+
+
+def promote_operands(ad, bd, true_divide: bool = False):
+    """``(ad, bd, result_dtype)``: a binary arithmetic op's operands cast the way torch promotes,
+    where NumPy's rules differ, and the dtype to cast its result to (None: as computed).
+
+    NumPy widens where torch does not: an integer tensor with a float32 tensor, or with a Python
+    float, or divided by an integer, gives float64 in NumPy and the float dtype (float32, the
+    default) in torch; a bfloat16 tensor times a Python float gives float32 in NumPy (ml_dtypes)
+    and bfloat16 in torch; a 0-d tensor of a higher precision than a same-kind tensor it meets
+    widens the result in NumPy, not in torch. Left alone, one integer position tensor silently
+    turned a float32 model's activations into float64. The cases NumPy gets right (the common
+    ones: equal dtypes, a float tensor with a Python number) cost one comparison.
+
+    Example:
+        >>> import numpy as np
+        >>> a, b, out = promote_operands(np.arange(3), np.ones(3, np.float32))
+        >>> a.dtype, b.dtype, out
+        (dtype('float32'), dtype('float32'), None)
+    """
+    if type(bd) in _SCALARS or not hasattr(bd, "dtype"):
+        kind = ad.dtype.kind
+        if type(bd) is float or isinstance(bd, float):
+            if kind in "biu":
+                return ad.astype(_float_default()), bd, None
+            if kind == "V":                      # bfloat16: computed in float32, stored as bfloat16 (torch's opmath)
+                return ad, bd, ad.dtype
+        elif true_divide and kind in "biu":      # integer / integer: the default float, not float64
+            return ad.astype(_float_default()), bd, None
+        return ad, bd, None
+    da, db = ad.dtype, bd.dtype
+    if da == db:
+        if true_divide and da.kind in "biu":
+            f = _float_default()
+            return ad.astype(f), bd.astype(f), None
+        return ad, bd, None
+    ca, cb = _CATEGORY.get(da.kind, 2), _CATEGORY.get(db.kind, 2)
+    if ca != cb:                                 # the lower kind takes the higher operand's dtype
+        if ca < cb:
+            ad = ad.astype(db)
+        else:
+            bd = bd.astype(da)
+    elif (ad.ndim == 0) != (bd.ndim == 0):       # same kind: a 0-d tensor does not widen a dimensioned one
+        if ad.ndim == 0:
+            ad = ad.astype(db)
+        else:
+            bd = bd.astype(da)
+    if true_divide and ad.dtype.kind in "biu" and bd.dtype.kind in "biu":
+        f = _float_default()
+        return ad.astype(f), bd.astype(f), None
+    return ad, bd, None
+
+
+def arith_operands(a: Tensor, b, true_divide: bool = False):
+    """``(a_data, b_data, b_tensor_or_None, result_dtype)`` for an arithmetic op: :func:`_operand`
+    and :func:`promote_operands` in one call, with the common cases (equal dtypes, a float tensor
+    with a Python number) decided by a comparison or two.
+
+    Example:
+        >>> import neural_arch as na
+        >>> ad, bd, bt, od = arith_operands(na.tensor([1, 2]), 0.5)
+        >>> ad.dtype, bd, bt, od
+        (dtype('float32'), 0.5, None, None)
+    """
+    ad = a.data
+    if isinstance(b, Tensor):
+        bd = b.data
+        if type(bd) is not type(ad):
+            _backend.check_same_device(ad, bd, "binary op")
+        bt = b if b.requires_grad else None
+        if bd.dtype is ad.dtype and not true_divide:
+            return ad, bd, bt, None
+    elif type(b) is float or type(b) is int:
+        if ad.dtype.kind in "fc" or (type(b) is int and not true_divide):
+            return ad, b, None, None
+        bd, bt = b, None
+    else:
+        bd, bt = _operand(a, b)
+    ad, bd, od = promote_operands(ad, bd, true_divide)
+    return ad, bd, bt, od
+
+
 def unbroadcast(g, shape):
     """Sum ``g`` down to ``shape`` (undo NumPy broadcasting). No work when shapes already match.
 

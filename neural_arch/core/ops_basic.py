@@ -24,7 +24,6 @@ import contextlib
 import numpy as np
 
 from .. import backend as _backend
-from . import dtypes as _dtypes
 from .autograd import Node
 from .op_utils import (
     _SCALARS,
@@ -32,6 +31,7 @@ from .op_utils import (
     _operand,
     _result,
     _xp,
+    arith_operands,
     unbroadcast,
 )
 from .tensor import Tensor
@@ -47,9 +47,10 @@ def add(a: Tensor, b) -> Tensor:
         >>> (na.tensor([1.0, 2.0]) + 1).tolist()
         [2.0, 3.0]
     """
-    bd, bt = _operand(a, b)
-    ad = a.data
+    ad, bd, bt, od = arith_operands(a, b)
     out = ad + bd
+    if od is not None:
+        out = out.astype(od)
     if not _needs(a, bt):
         return _result(out, None)
     ash, bsh = ad.shape, getattr(bd, "shape", ())
@@ -70,9 +71,10 @@ def sub(a: Tensor, b) -> Tensor:
         >>> (na.tensor([1.0, 2.0]) - na.tensor([1.0, 1.0])).tolist()
         [0.0, 1.0]
     """
-    bd, bt = _operand(a, b)
-    ad = a.data
+    ad, bd, bt, od = arith_operands(a, b)
     out = ad - bd
+    if od is not None:
+        out = out.astype(od)
     if not _needs(a, bt):
         return _result(out, None)
     ash, bsh = ad.shape, getattr(bd, "shape", ())
@@ -93,9 +95,10 @@ def rsub(a: Tensor, b) -> Tensor:
         >>> (1 - na.tensor([1.0, 2.0])).tolist()
         [0.0, -1.0]
     """
-    bd, bt = _operand(a, b)
-    ad = a.data
+    ad, bd, bt, od = arith_operands(a, b)
     out = bd - ad
+    if od is not None:
+        out = out.astype(od)
     if not _needs(a, bt):
         return _result(out, None)
     ash, bsh = ad.shape, getattr(bd, "shape", ())
@@ -116,9 +119,10 @@ def mul(a: Tensor, b) -> Tensor:
         >>> (na.tensor([1.0, 2.0]) * 3).tolist()
         [3.0, 6.0]
     """
-    bd, bt = _operand(a, b)
-    ad = a.data
+    ad, bd, bt, od = arith_operands(a, b)
     out = ad * bd
+    if od is not None:
+        out = out.astype(od)
     if not _needs(a, bt):
         return _result(out, None)
     ash, bsh = ad.shape, getattr(bd, "shape", ())
@@ -142,9 +146,10 @@ def div(a: Tensor, b) -> Tensor:
         >>> (na.tensor([1.0, 2.0]) / 2).tolist()
         [0.5, 1.0]
     """
-    bd, bt = _operand(a, b)
-    ad = a.data
+    ad, bd, bt, od = arith_operands(a, b, True)
     out = ad / bd
+    if od is not None:
+        out = out.astype(od)
     if not _needs(a, bt):
         return _result(out, None)
     ash, bsh = ad.shape, getattr(bd, "shape", ())
@@ -169,9 +174,10 @@ def rdiv(a: Tensor, b) -> Tensor:
         >>> (1 / na.tensor([2.0, 4.0])).tolist()
         [0.5, 0.25]
     """
-    bd, bt = _operand(a, b)
-    ad = a.data
+    ad, bd, bt, od = arith_operands(a, b, True)
     out = bd / ad
+    if od is not None:
+        out = out.astype(od)
     if not _needs(a, bt):
         return _result(out, None)
     ash, bsh = ad.shape, getattr(bd, "shape", ())
@@ -196,11 +202,11 @@ def pow(a: Tensor, b) -> Tensor:  # noqa: A001  (mirrors the operator name)
         >>> (na.tensor([2.0, 3.0]) ** 2).tolist()
         [4.0, 9.0]
     """
-    bd, bt = _operand(a, b)
-    ad = a.data
-    if type(bd) is float and ad.dtype.kind in "biu":  # torch: an integer tensor ** 0.5 is the default float
-        ad = ad.astype(_dtypes.default_float_dtype)
+    # torch's promotion (an integer tensor ** 0.5 is the default float, not float64)
+    ad, bd, bt, od = arith_operands(a, b)
     out = ad**bd
+    if od is not None:
+        out = out.astype(od)
     if not _needs(a, bt):
         return _result(out, None)
     ash, bsh = ad.shape, getattr(bd, "shape", ())
@@ -226,9 +232,10 @@ def rpow(a: Tensor, b) -> Tensor:
         >>> (2 ** na.tensor([1.0, 3.0])).tolist()
         [2.0, 8.0]
     """
-    bd, bt = _operand(a, b)
-    ad = a.data
+    ad, bd, bt, od = arith_operands(a, b)
     out = bd**ad
+    if od is not None:
+        out = out.astype(od)
     if not _needs(a, bt):
         return _result(out, None)
     ash, bsh = ad.shape, getattr(bd, "shape", ())
