@@ -404,6 +404,7 @@ def _erf_array(xp, xd):
 
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 _LN2 = math.log(2.0)
+_LN10 = math.log(10.0)
 
 #: name -> (forward(xp, x), derivative(xp, x, out) or None for a piecewise-constant op, promotes
 #: integer input to float): the unary ops added for torch's namespace, one node each
@@ -417,6 +418,18 @@ _UNARY = {
     "floor": (lambda xp, x: xp.floor(x), None, False),
     "ceil": (lambda xp, x: xp.ceil(x), None, False),
     "sign": (lambda xp, x: xp.where(xp.isnan(x), 0, xp.sign(x)), None, False),  # torch: sign(nan) = 0
+    "tan": (lambda xp, x: xp.tan(x), lambda xp, x, out: 1 + out * out, True),
+    "sinh": (lambda xp, x: xp.sinh(x), lambda xp, x, out: xp.cosh(x), True),
+    "cosh": (lambda xp, x: xp.cosh(x), lambda xp, x, out: xp.sinh(x), True),
+    "asin": (lambda xp, x: xp.arcsin(x), lambda xp, x, out: 1 / xp.sqrt(1 - x * x), True),
+    "acos": (lambda xp, x: xp.arccos(x), lambda xp, x, out: -1 / xp.sqrt(1 - x * x), True),
+    "atan": (lambda xp, x: xp.arctan(x), lambda xp, x, out: 1 / (1 + x * x), True),
+    "log10": (lambda xp, x: xp.log10(x), lambda xp, x, out: 1 / (x * _LN10), True),
+    "reciprocal": (lambda xp, x: 1 / x, lambda xp, x, out: -out * out, True),
+    "rsqrt": (lambda xp, x: 1 / xp.sqrt(x), lambda xp, x, out: -0.5 * out * out * out, True),
+    "trunc": (lambda xp, x: xp.trunc(x), None, False),
+    # x - trunc(x): the gradient is 1 (torch's), so not piecewise constant; integers refused below
+    "frac": (lambda xp, x: x - xp.trunc(x), lambda xp, x, out: xp.ones_like(x), False),
 }
 
 
@@ -425,7 +438,10 @@ def _unary(name: str, x: Tensor) -> Tensor:
     xd = x.data
     if promotes:
         xd = _float_input(xd)
-    elif xd.dtype.kind in "biu":  # torch keeps an integer dtype: floor/ceil are the identity there
+    elif xd.dtype.kind in "biu":  # torch keeps an integer dtype: floor/ceil/trunc are the identity there
+        if name == "frac":  # torch's kernel is floating-point only
+            raise RuntimeError(f"frac: not implemented for integer tensors (got {xd.dtype}); an integer "
+                               f"has no fractional part, so convert first (x.float().frac()) or use zeros")
         return _result(xd.copy() if name != "sign" or xd.dtype.kind == "b" else _xp(xd).sign(xd), None)
     xp = _xp(xd)
     with np.errstate(divide="ignore", invalid="ignore"):  # log2(0) = -inf, log1p(-2) = nan: as torch
@@ -473,6 +489,21 @@ floor = _unary_op("floor", "the largest integer not above ``x`` (an integer tens
                   "is; zero gradient)", "na.floor(na.tensor([-1.5, 1.5])).tolist()\n    [-2.0, 1.0]")
 ceil = _unary_op("ceil", "the smallest integer not below ``x`` (an integer tensor is returned as "
                  "is; zero gradient)", "na.ceil(na.tensor([-1.5, 1.5])).tolist()\n    [-1.0, 2.0]")
+tan = _unary_op("tan", "the tangent; integer input gives the default float dtype",
+                "na.tensor([0.0]).tan().tolist()\n    [0.0]")
+sinh = _unary_op("sinh", "the hyperbolic sine", "na.tensor([0.0]).sinh().tolist()\n    [0.0]")
+cosh = _unary_op("cosh", "the hyperbolic cosine", "na.tensor([0.0]).cosh().tolist()\n    [1.0]")
+asin = _unary_op("asin", "the arcsine (NaN outside [-1, 1])", "na.tensor([0.0]).asin().tolist()\n    [0.0]")
+acos = _unary_op("acos", "the arccosine (NaN outside [-1, 1])", "na.tensor([1.0]).acos().tolist()\n    [0.0]")
+atan = _unary_op("atan", "the arctangent", "na.tensor([0.0]).atan().tolist()\n    [0.0]")
+log10 = _unary_op("log10", "the base-10 logarithm", "na.tensor([100.0]).log10().tolist()\n    [2.0]")
+reciprocal = _unary_op("reciprocal", "``1 / x``; integer input gives the default float dtype",
+                       "na.tensor([4, 2]).reciprocal().tolist()\n    [0.25, 0.5]")
+rsqrt = _unary_op("rsqrt", "``1 / sqrt(x)``", "na.tensor([4.0]).rsqrt().tolist()\n    [0.5]")
+trunc = _unary_op("trunc", "the integer part, rounded toward zero (an integer tensor is returned as is; "
+                  "zero gradient)", "na.tensor([-1.5, 1.5]).trunc().tolist()\n    [-1.0, 1.0]")
+frac = _unary_op("frac", "``x - trunc(x)``, the fractional part with ``x``'s sign (gradient 1; floats only)",
+                 "na.tensor([-1.5, 2.25]).frac().tolist()\n    [-0.5, 0.25]")
 sign = _unary_op("sign", "-1, 0 or 1, and 0 for NaN as torch (integer and bool dtypes kept; zero gradient)",
                  "na.sign(na.tensor([-2.0, 0.0, 3.0])).tolist()\n    [-1.0, 0.0, 1.0]")
 
@@ -833,3 +864,6 @@ def _bind_methods(T) -> None:
     T.sin, T.cos, T.erf, T.expm1, T.log1p, T.log2 = sin, cos, erf, expm1, log1p, log2
     T.floor, T.ceil, T.round, T.sign = floor, ceil, _round, sign
     T.atan2, T.arctan2, T.nan_to_num = atan2, atan2, nan_to_num
+    T.tan, T.sinh, T.cosh, T.log10 = tan, sinh, cosh, log10
+    T.asin, T.acos, T.atan = T.arcsin, T.arccos, T.arctan = asin, acos, atan
+    T.reciprocal, T.rsqrt, T.trunc, T.fix, T.frac = reciprocal, rsqrt, trunc, trunc, frac

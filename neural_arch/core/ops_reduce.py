@@ -198,6 +198,9 @@ class return_types:  # lower-case: a namespace named like torch.return_types
     class topk(_ReturnType):
         __slots__ = ()
 
+    class median(_ReturnType):
+        __slots__ = ()
+
 
 def _minmax_dim(x: Tensor, dim, keepdim: bool, which: str):
     """``(values, indices)`` along one dim; the gradient goes to the selected index only."""

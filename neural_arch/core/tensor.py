@@ -599,6 +599,7 @@ from . import ops_basic as _ops_basic
 from . import ops_inplace as _ops_inplace
 from . import ops_reduce as _ops_reduce
 from . import ops_shape as _ops_shape
+from . import tensor_methods as _tensor_methods
 
 _ops_basic._bind_methods(Tensor)
 _ops_reduce._bind_methods(Tensor)
@@ -606,3 +607,4 @@ _ops_shape._bind_methods(Tensor)
 _ops_activation._bind_methods(Tensor)
 _ops_inplace._bind_methods(Tensor)
 _factory._bind_methods(Tensor)
+_tensor_methods._bind_methods(Tensor)

@@ -88,8 +88,17 @@ from neural_arch.nn.pooling import (
     MaxPool1d,
     MaxPool2d,
 )
+from neural_arch.nn.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase
 from neural_arch.nn.sketched import SKLinear
 from neural_arch.nn.transformer import GPT, TransformerBlock
+from neural_arch.nn.transformer_layers import (
+    Transformer,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
+from neural_arch.nn.upsample import Upsample, UpsamplingBilinear2d, UpsamplingNearest2d
 
 __all__ = [
     "CELU",
@@ -97,6 +106,9 @@ __all__ = [
     "GELU",
     "GLU",
     "GPT",
+    "GRU",
+    "LSTM",
+    "RNN",
     "SELU",
     "AdaptiveAvgPool1d",
     "AdaptiveAvgPool2d",
@@ -122,6 +134,7 @@ __all__ = [
     "Dropout2d",
     "Embedding",
     "Flatten",
+    "GRUCell",
     "GaussianNLLLoss",
     "GroupNorm",
     "Hardsigmoid",
@@ -136,6 +149,7 @@ __all__ = [
     "KLDivLoss",
     "KVCache",
     "L1Loss",
+    "LSTMCell",
     "LayerNorm",
     "Linear",
     "LocalResponseNorm",
@@ -160,6 +174,9 @@ __all__ = [
     "ParameterList",
     "PoissonNLLLoss",
     "RMSNorm",
+    "RNNBase",
+    "RNNCell",
+    "RNNCellBase",
     "ReLU",
     "ReLU6",
     "SKLinear",
@@ -174,9 +191,17 @@ __all__ = [
     "Tanh",
     "Tanhshrink",
     "Threshold",
+    "Transformer",
     "TransformerBlock",
+    "TransformerDecoder",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerEncoderLayer",
     "TripletMarginLoss",
     "Unflatten",
+    "Upsample",
+    "UpsamplingBilinear2d",
+    "UpsamplingNearest2d",
     "functional",
     "init",
     "utils",

@@ -9,12 +9,16 @@ Example::
 """
 
 from neural_arch.optim import lr_scheduler
+from neural_arch.optim.adadelta import Adadelta
 from neural_arch.optim.adafactor import Adafactor
 from neural_arch.optim.adagrad import Adagrad
 from neural_arch.optim.adam import Adam, AdamW
+from neural_arch.optim.adamax import Adamax
+from neural_arch.optim.asgd import ASGD
 from neural_arch.optim.clip import clip_grad_norm_, clip_grad_value_
 from neural_arch.optim.lamb import LAMB
 from neural_arch.optim.lars import LARS
+from neural_arch.optim.lbfgs import LBFGS
 from neural_arch.optim.lr_scheduler import (
     ChainedScheduler,
     ConstantLR,
@@ -39,16 +43,21 @@ from neural_arch.optim.nadam import NAdam
 from neural_arch.optim.optimizer import Optimizer
 from neural_arch.optim.radam import RAdam
 from neural_arch.optim.rmsprop import RMSprop
+from neural_arch.optim.rprop import Rprop
 from neural_arch.optim.sgd import SGD
 
 __all__ = [
+    "ASGD",
     "LAMB",
     "LARS",
+    "LBFGS",
     "SGD",
+    "Adadelta",
     "Adafactor",
     "Adagrad",
     "Adam",
     "AdamW",
+    "Adamax",
     "ChainedScheduler",
     "ConstantLR",
     "CosineAnnealingLR",
@@ -69,6 +78,7 @@ __all__ = [
     "RAdam",
     "RMSprop",
     "ReduceLROnPlateau",
+    "Rprop",
     "SequentialLR",
     "StepLR",
     "clip_grad_norm_",

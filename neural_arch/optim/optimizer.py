@@ -225,6 +225,22 @@ class ParamState:
         self._entries.clear()
 
 
+def refuse_unsupported_flags(name: str, group: dict) -> None:
+    """torch's ``capturable`` (CUDA-graph capture) and ``differentiable`` (autograd through the
+    step) have no counterpart here: say so instead of stepping as if they were honoured.
+
+    Example::
+
+        >>> refuse_unsupported_flags("Adamax", {"capturable": False, "differentiable": False})
+    """
+    if group.get("capturable"):
+        raise ValueError(f"{name}: capturable=True (CUDA-graph capture) is not supported by neural_arch; pass "
+                         "capturable=False (the default): the update is the same")
+    if group.get("differentiable"):
+        raise ValueError(f"{name}: differentiable=True (autograd through the optimizer step) is not supported "
+                         "by neural_arch; pass differentiable=False (the default)")
+
+
 class Optimizer:
     """Holds ``param_groups`` (a list of dicts with ``"params"`` plus hyper-parameters) and ``state``.
 
@@ -407,6 +423,12 @@ class Optimizer:
                 else:
                     value = copy.deepcopy(value)
                 restored[name] = value
+            step = restored.get("step")
+            if step is not None and not isinstance(step, (int, float)):
+                # torch saves ``step`` as a 0-d tensor: hold it as the number every optimizer here
+                # counts with (the multi-tensor path groups parameters by it, in a set)
+                value = float(step)
+                restored["step"] = int(value) if value.is_integer() else value
             self.state[p] = restored
         for saved, group in zip(saved_groups, self.param_groups):
             for k, v in saved.items():

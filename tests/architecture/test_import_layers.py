@@ -63,6 +63,7 @@ LAYERS: list[tuple[str, list[str]]] = [
 CORE_CYCLE = frozenset({
     "neural_arch.core.tensor", "neural_arch.core.factory", "neural_arch.core.op_utils", "neural_arch.core.ops_activation",
     "neural_arch.core.ops_basic", "neural_arch.core.ops_inplace", "neural_arch.core.ops_reduce", "neural_arch.core.ops_shape",
+    "neural_arch.core.tensor_methods",
 })
 
 #: Packages whose modules stand for themselves in the folder graph (torch keeps these flat too).

@@ -152,3 +152,7 @@ __all__ += [
     "margin_ranking_loss", "hinge_embedding_loss", "soft_margin_loss", "cosine_embedding_loss",
     "triplet_margin_loss", "poisson_nll_loss", "gaussian_nll_loss", "multilabel_soft_margin_loss", "bilinear",
 ]
+
+from neural_arch.nn.functional.resampling import interpolate  # noqa: E402
+
+__all__ += ["interpolate"]
