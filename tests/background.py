@@ -72,6 +72,7 @@ class Job:
     stderr: str = ""
     timed_out: bool = False
     seconds: float = 0.0
+    ended_at: float | None = None        # time.monotonic() when its (last) run ended
     ran_in_background: bool = False
     _done: threading.Event = field(default_factory=threading.Event, repr=False)
     _proc: subprocess.Popen | None = field(default=None, repr=False)
@@ -103,7 +104,8 @@ class Job:
         except OSError as exc:  # could not start: the test reports it like a failed run
             self.returncode, self.stderr = -1, f"could not start {self.argv[0]}: {exc}"
         finally:
-            self.seconds = time.monotonic() - start
+            self.ended_at = time.monotonic()
+            self.seconds = self.ended_at - start
             self._done.set()
 
     def kill(self) -> None:
@@ -193,6 +195,27 @@ class JobQueue:
 
 
 QUEUE = JobQueue()
+_TIMES: dict = {}     # "queued": when the session queued its jobs; "summary": the line for the run's summary
+
+
+def queue_summary(jobs, queued_at: float, now: float) -> str:
+    """One line on where the background queue's time went (the suite's budget is wall time: a queue that
+    drains late holds the run's end, one that drains early left idle cycles for more jobs).
+
+    Example::
+
+        >>> j = Job("docs", ["true"]); j.seconds, j.ended_at, j.ran_in_background = 30.0, 130.0, True
+        >>> print(queue_summary([j], queued_at=100.0, now=400.0))
+        background queue: 1 jobs, 30 s of job time (1 in the background, 0 in their tests); the last ended 30 s after queueing, 270 s before the session's end
+    """
+    ran = [j for j in jobs if j.ended_at is not None]
+    if not ran:
+        return "background queue: no job ran"
+    last = max(j.ended_at for j in ran)
+    back = sum(1 for j in ran if j.ran_in_background)
+    return (f"background queue: {len(ran)} jobs, {sum(j.seconds for j in ran):.0f} s of job time ({back} in the "
+            f"background, {len(ran) - back} in their tests); the last ended {last - queued_at:.0f} s after queueing, "
+            f"{now - last:.0f} s before the session's end")
 
 
 def result(name: str, make: Callable[[], Job]) -> Job:
@@ -229,6 +252,7 @@ def pytest_collection_finish(session):
         module = getattr(item, "module", None)
         if module is not None and callable(getattr(module, "background_jobs", None)):
             by_module.setdefault(module, []).append(item)
+    _TIMES["queued"] = time.monotonic()
     for module, items in by_module.items():
         for job in module.background_jobs(items):
             QUEUE.submit(job, first=job.first)
@@ -236,4 +260,13 @@ def pytest_collection_finish(session):
 
 @pytest.hookimpl(tryfirst=True)   # before the leak check looks at processes and the temporary folder
 def pytest_sessionfinish(session, exitstatus):
+    with QUEUE._lock:
+        jobs = list(QUEUE._jobs.values())
+    if jobs and "queued" in _TIMES:
+        _TIMES["summary"] = queue_summary(jobs, _TIMES["queued"], time.monotonic())
     QUEUE.stop()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if "summary" in _TIMES:
+        terminalreporter.write_line(_TIMES.pop("summary"))

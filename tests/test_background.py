@@ -8,11 +8,10 @@ from __future__ import annotations
 import os
 import sys
 import threading
-
 import types
 
 import pytest
-from background import Job, JobQueue, pytest_collection_modifyitems
+from background import Job, JobQueue, pytest_collection_modifyitems, queue_summary
 
 
 def _python(name: str, code: str, timeout: float = 30.0) -> Job:
@@ -61,3 +60,13 @@ def test_latency_bound_tests_run_after_the_rest_and_before_the_tests_that_read_a
              item("spins-and-reads", "latency_bound", reads=True), item("spins too", "latency_bound")]
     pytest_collection_modifyitems(None, None, items)
     assert [i.name for i in items] == ["plain", "slow", "spins", "spins too", "reads", "spins-and-reads"]
+
+
+def test_the_summary_says_how_much_job_time_ran_where_and_when_the_queue_drained():
+    a, b, idle = Job("a", ["true"]), Job("b", ["true"]), Job("never", ["true"])
+    a.seconds, a.ended_at, a.ran_in_background = 40.0, 150.0, True
+    b.seconds, b.ended_at = 5.0, 300.0                       # ran in its test, at normal priority
+    line = queue_summary([a, b, idle], queued_at=100.0, now=320.0)
+    assert line == ("background queue: 2 jobs, 45 s of job time (1 in the background, 1 in their tests); "
+                    "the last ended 200 s after queueing, 20 s before the session's end")
+    assert queue_summary([idle], 0.0, 1.0) == "background queue: no job ran"
