@@ -204,7 +204,7 @@ def queue_summary(jobs, queued_at: float, now: float) -> str:
 
     Example::
 
-        >>> j = Job("docs", ["true"]); j.seconds, j.ended_at, j.ran_in_background = 30.0, 130.0, True
+        >>> j = Job("docs", ["true"], workdir=Path(".")); j.seconds, j.ended_at, j.ran_in_background = 30.0, 130.0, True
         >>> print(queue_summary([j], queued_at=100.0, now=400.0))
         background queue: 1 jobs, 30 s of job time (1 in the background, 0 in their tests); the last ended 30 s after queueing, 270 s before the session's end
     """

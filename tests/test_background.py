@@ -62,8 +62,9 @@ def test_latency_bound_tests_run_after_the_rest_and_before_the_tests_that_read_a
     assert [i.name for i in items] == ["plain", "slow", "spins", "spins too", "reads", "spins-and-reads"]
 
 
-def test_the_summary_says_how_much_job_time_ran_where_and_when_the_queue_drained():
-    a, b, idle = Job("a", ["true"]), Job("b", ["true"]), Job("never", ["true"])
+def test_the_summary_says_how_much_job_time_ran_where_and_when_the_queue_drained(tmp_path):
+    # (a workdir given: a Job makes a temporary folder of its own otherwise, which the leak check counts)
+    a, b, idle = (Job(name, ["true"], workdir=tmp_path) for name in ("a", "b", "never"))
     a.seconds, a.ended_at, a.ran_in_background = 40.0, 150.0, True
     b.seconds, b.ended_at = 5.0, 300.0                       # ran in its test, at normal priority
     line = queue_summary([a, b, idle], queued_at=100.0, now=320.0)

@@ -240,8 +240,9 @@ class ShmSegment:
         self._futex = _Futex()
         #: set by ``interrupt_waits``/``close``: a barrier another thread waits in stops with an error
         self._closing = False
-        self._waiters = 0                        # threads inside ``_wait`` (close waits for them to leave)
-        self._waiters_done = threading.Condition()
+        # threads inside ``_wait`` (close waits for them to leave); a plain count, not a lock, on this hot
+        # path: one group's collectives run one at a time (its lane), so no two threads wait here at once
+        self._waiters = 0
         self._epoch = int(q[self._my_arrive])
         self._pids: list[int] = [0] * size
         local = size if local_ranks is None else local_ranks
@@ -341,8 +342,10 @@ class ShmSegment:
         if self._closed:
             return
         self.interrupt_waits()
-        with self._waiters_done:     # unmapping under a waiting thread would fault it, not tell it
-            self._waiters_done.wait_for(lambda: self._waiters == 0, timeout=1.0)
+        # unmapping under a waiting thread would fault it, not tell it: it leaves within a futex slice
+        deadline = time.monotonic() + 1.0
+        while self._waiters and time.monotonic() < deadline:
+            time.sleep(1e-3)
         self._closed = True
         self._q.release()
         self._u.release()
@@ -502,15 +505,11 @@ class ShmSegment:
         return True
 
     def _wait(self, e: int, info) -> None:
-        with self._waiters_done:
-            self._waiters += 1
+        self._waiters += 1
         try:
             self._wait_for_ranks(e, info)
         finally:
-            with self._waiters_done:
-                self._waiters -= 1
-                if not self._waiters:
-                    self._waiters_done.notify_all()
+            self._waiters -= 1
 
     def _wait_for_ranks(self, e: int, info) -> None:
         q, arrive, poison_idx = self._q, self._arrive, self._poison_idx
