@@ -157,7 +157,7 @@ class GroupDestroyedError(DistributedError):
     """
 
     @classmethod
-    def during(cls, what: str, rank: int) -> "GroupDestroyedError":
+    def during(cls, what: str, rank: int) -> GroupDestroyedError:
         """The error for the op ``what`` (``info.describe()``) on ``rank``."""
         return cls(f"{what} on rank {rank} did not complete: its process group was destroyed "
                    "(destroy_process_group() or the group's shutdown, from another thread of this rank) while "

@@ -184,37 +184,42 @@ def ready_marker_fn(folder: str):
 def destroy_in_flight_fn(flag_dir: str, ops: list):
     """For each op: rank 0 runs it while rank 1 stays away, and another thread of rank 0 calls
     destroy_process_group() once the op is waiting; rank 1 leaves once rank 0 wrote its flag file.
-    Returns rank 0's (error class, message, seconds from the destroy call to the error) per op."""
-    import threading
-
-    from neural_arch.distributed.groups import GroupMember
-
+    Returns rank 0's (op, error class, message, seconds from the destroy call to the error) per op."""
     rank, out = int(os.environ["RANK"]), []
     for i, op in enumerate(ops):
         dist.init_process_group(timeout=30)
         dist.barrier()
         flag = os.path.join(flag_dir, f"{op}-{i}")
         if rank == 1:
-            assert wait_for(lambda: os.path.exists(flag), timeout=30), "rank 0 wrote no flag file"
+            assert wait_for(lambda f=flag: os.path.exists(f), timeout=30), "rank 0 wrote no flag file"
             dist.destroy_process_group()
-            continue
-        backend = GroupMember.WORLD.backend
-        called = {}
-
-        def destroy_when_waiting():
-            # the scenario: the op must be waiting (its slot filled) when the destroy comes
-            wait_for(lambda: backend._op_now is not None or bool(backend._p2p_now), timeout=30, interval=0.01)
-            called["at"] = time.monotonic()
-            dist.destroy_process_group()
-        helper = threading.Thread(target=destroy_when_waiting)
-        helper.start()
-        x = Tensor(np.zeros(300_000 if op == "all_reduce_large" else 4, np.float32))
-        run = {"recv": lambda: dist.recv(x, src=1), "all_reduce": lambda: dist.all_reduce(x),
-               "all_reduce_large": lambda: dist.all_reduce(x), "broadcast": lambda: dist.broadcast(x, src=1)}[op]
-        kind, message = _catch(run)[:2]     # ("ok", value) if it completed after all
-        ended = time.monotonic()
-        with open(flag, "w"):
-            pass
-        helper.join(30)
-        out.append((op, kind, str(message), ended - called.get("at", float("nan"))))
+        else:
+            out.append(_destroy_during(op, flag))
     return out
+
+
+def _destroy_during(op: str, flag: str) -> tuple:
+    """Rank 0's half of :func:`destroy_in_flight_fn` for one op."""
+    import threading
+
+    from neural_arch.distributed.groups import GroupMember
+
+    backend = GroupMember.WORLD.backend
+    called = {}
+
+    def destroy_when_waiting():
+        # the scenario: the op must be waiting (its slot filled) when the destroy comes
+        wait_for(lambda: backend._op_now is not None or bool(backend._p2p_now), timeout=30, interval=0.01)
+        called["at"] = time.monotonic()
+        dist.destroy_process_group()
+    helper = threading.Thread(target=destroy_when_waiting)
+    helper.start()
+    x = Tensor(np.zeros(300_000 if op == "all_reduce_large" else 4, np.float32))
+    run = {"recv": lambda: dist.recv(x, src=1), "all_reduce": lambda: dist.all_reduce(x),
+           "all_reduce_large": lambda: dist.all_reduce(x), "broadcast": lambda: dist.broadcast(x, src=1)}[op]
+    kind, message = _catch(run)[:2]     # ("ok", value) if it completed after all
+    ended = time.monotonic()
+    with open(flag, "w"):
+        pass
+    helper.join(30)
+    return (op, kind, str(message), ended - called.get("at", float("nan")))

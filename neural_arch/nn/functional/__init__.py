@@ -153,6 +153,6 @@ __all__ += [
     "triplet_margin_loss", "poisson_nll_loss", "gaussian_nll_loss", "multilabel_soft_margin_loss", "bilinear",
 ]
 
-from neural_arch.nn.functional.resampling import interpolate  # noqa: E402
+from neural_arch.nn.functional.resampling import interpolate
 
 __all__ += ["interpolate"]

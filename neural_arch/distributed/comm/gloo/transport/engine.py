@@ -66,7 +66,12 @@ from neural_arch.distributed.comm.gloo.transport.framing import (
     as_bytes_view,
 )
 from neural_arch.distributed.comm.work import OpInfo
-from neural_arch.distributed.errors import GroupDestroyedError, GroupPoisonedError, PeerFailureError, RendezvousError
+from neural_arch.distributed.errors import (
+    GroupDestroyedError,
+    GroupPoisonedError,
+    PeerFailureError,
+    RendezvousError,
+)
 from neural_arch.distributed.host import host_identity
 
 __all__ = [
@@ -182,8 +187,8 @@ class LinkTransport(Transport):
     def __init__(self, rank: int, size: int, links: dict[int, Link], local_ranks: int | None = None):
         self.rank, self.size, self.links = rank, size, links
         self._closed = False
-        #: set by ``close``: an op still waiting in the progress loop (another thread's) stops with a
-        #: clear error instead of reading links that are being closed under it
+        #: set by ``interrupt_waits`` (destroy) and ``close``: an op still waiting in the progress loop
+        #: (another thread's) stops with a clear error instead of reading links being closed under it
         self._closing = False
         self._driving = 0                 # threads inside ``_drive`` (close waits for them to leave)
         self._driving_done = threading.Condition()
