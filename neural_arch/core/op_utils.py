@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import backend as _backend
 from . import autograd as _ag
+from . import dtypes as _dtypes
 from .tensor import Tensor
 
 _SCALARS = (int, float, bool)
@@ -204,11 +205,6 @@ def _operand(a: Tensor, b):
 _CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "V": 2, "c": 3}      # ("V": ml_dtypes' bfloat16 and friends)
 
 
-def _float_default():
-    from .dtypes import default_float_dtype
-    return default_float_dtype
-
-
 def promote_operands(ad, bd, true_divide: bool = False):
     """``(ad, bd, result_dtype)``: a binary arithmetic op's operands cast the way torch promotes,
     where NumPy's rules differ, and the dtype to cast its result to (None: as computed).
@@ -229,18 +225,18 @@ def promote_operands(ad, bd, true_divide: bool = False):
     """
     if type(bd) in _SCALARS or not hasattr(bd, "dtype"):
         kind = ad.dtype.kind
-        if type(bd) is float or isinstance(bd, float):
+        if isinstance(bd, float):
             if kind in "biu":
-                return ad.astype(_float_default()), bd, None
+                return ad.astype(_dtypes.default_float_dtype), bd, None
             if kind == "V":                      # bfloat16: computed in float32, stored as bfloat16 (torch's opmath)
                 return ad, bd, ad.dtype
         elif true_divide and kind in "biu":      # integer / integer: the default float, not float64
-            return ad.astype(_float_default()), bd, None
+            return ad.astype(_dtypes.default_float_dtype), bd, None
         return ad, bd, None
     da, db = ad.dtype, bd.dtype
     if da == db:
         if true_divide and da.kind in "biu":
-            f = _float_default()
+            f = _dtypes.default_float_dtype
             return ad.astype(f), bd.astype(f), None
         return ad, bd, None
     ca, cb = _CATEGORY.get(da.kind, 2), _CATEGORY.get(db.kind, 2)
@@ -255,7 +251,7 @@ def promote_operands(ad, bd, true_divide: bool = False):
         else:
             bd = bd.astype(da)
     if true_divide and ad.dtype.kind in "biu" and bd.dtype.kind in "biu":
-        f = _float_default()
+        f = _dtypes.default_float_dtype
         return ad.astype(f), bd.astype(f), None
     return ad, bd, None
 

@@ -631,6 +631,15 @@ bitwise_xor = _bitwise("bitwise_xor", "bitwise_xor")
 bitwise_not = _bitwise("bitwise_not", "invert")
 
 
+def _float_test(self: Tensor, ufunc: str, integers: bool) -> Tensor:
+    """A bool tensor of ``xp.<ufunc>`` on a float tensor; on an integer or bool one (no NaN, no inf) the
+    answer ``integers`` everywhere."""
+    xp = _xp(self.data)
+    if self.data.dtype.kind in "biu":
+        return _result((xp.ones if integers else xp.zeros)(self.shape, dtype=bool), None)
+    return _result(getattr(xp, ufunc)(self.data), None)
+
+
 def isnan(self: Tensor) -> Tensor:
     """A bool tensor: True where the value is NaN (torch's ``isnan``).
 
@@ -640,10 +649,7 @@ def isnan(self: Tensor) -> Tensor:
         >>> na.tensor([1.0, float("nan")]).isnan().tolist()
         [False, True]
     """
-    xp = _xp(self.data)
-    if self.data.dtype.kind in "biu":
-        return _result(xp.zeros(self.shape, dtype=bool), None)
-    return _result(xp.isnan(self.data), None)
+    return _float_test(self, "isnan", integers=False)
 
 
 def isinf(self: Tensor) -> Tensor:
@@ -655,10 +661,7 @@ def isinf(self: Tensor) -> Tensor:
         >>> na.tensor([1.0, float("-inf")]).isinf().tolist()
         [False, True]
     """
-    xp = _xp(self.data)
-    if self.data.dtype.kind in "biu":
-        return _result(xp.zeros(self.shape, dtype=bool), None)
-    return _result(xp.isinf(self.data), None)
+    return _float_test(self, "isinf", integers=False)
 
 
 def isfinite(self: Tensor) -> Tensor:
@@ -670,10 +673,7 @@ def isfinite(self: Tensor) -> Tensor:
         >>> na.tensor([1.0, float("inf"), float("nan")]).isfinite().tolist()
         [True, False, False]
     """
-    xp = _xp(self.data)
-    if self.data.dtype.kind in "biu":
-        return _result(xp.ones(self.shape, dtype=bool), None)
-    return _result(xp.isfinite(self.data), None)
+    return _float_test(self, "isfinite", integers=True)
 
 
 def where(self: Tensor, condition, other) -> Tensor:
