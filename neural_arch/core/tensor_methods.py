@@ -578,10 +578,14 @@ def rsub(self: Tensor, other, *, alpha=1) -> Tensor:
 
 
 # ============================================================================ logical and bitwise
-def _logical(name: str, fn):
+def _logical(name: str):
+    arity = 1 if name == "logical_not" else 2
+
     def op(self: Tensor, *other) -> Tensor:
+        if 1 + len(other) != arity:     # (a third array would be the ufunc's ``out``)
+            raise TypeError(f"{name}() takes {arity - 1} tensor argument(s) ({len(other)} given)")
         arrays = [self.data] + [o.data if isinstance(o, Tensor) else o for o in other]
-        return _result(fn(_xp(self.data), *arrays), None)
+        return _result(getattr(_xp(self.data), name)(*arrays), None)
 
     op.__name__ = op.__qualname__ = name
     args = "" if name == "logical_not" else "na.tensor([1.0, 1.0, 0.0])"
@@ -598,10 +602,10 @@ def _logical(name: str, fn):
     return op
 
 
-logical_and = _logical("logical_and", lambda xp, a, b: xp.logical_and(a, b))
-logical_or = _logical("logical_or", lambda xp, a, b: xp.logical_or(a, b))
-logical_xor = _logical("logical_xor", lambda xp, a, b: xp.logical_xor(a, b))
-logical_not = _logical("logical_not", lambda xp, a: xp.logical_not(a))
+logical_and = _logical("logical_and")
+logical_or = _logical("logical_or")
+logical_xor = _logical("logical_xor")
+logical_not = _logical("logical_not")
 
 
 def _bitwise(name: str, ufunc: str):
